@@ -1,0 +1,8 @@
+"""vllm-rs: vLLM's process and runtime layer on a Rust core.
+
+Public entry points: `vllm_rs.utils` (a drop-in for `vllm.v1.utils`) and
+`vllm_rs.network_utils`. Importing this package is cheap: nothing heavy
+(torch, zmq) loads until a submodule that needs it is imported.
+"""
+
+__version__ = "0.1.0"

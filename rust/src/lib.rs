@@ -1,0 +1,34 @@
+//! vllm-rs process core: spawning with an exact set of inherited fds, pid-fd
+//! handles, children that die with their parent (descendants included), and
+//! a kill-tree that leaves no survivor. Linux only: elsewhere only the Python
+//! module builds, and its functions raise `NotImplementedError`.
+//!
+//! The Python module `vllm_rs._core` (feature `python`) is a thin layer over
+//! these modules.
+
+#[cfg(target_os = "linux")]
+pub mod error;
+#[cfg(target_os = "linux")]
+pub mod guardian;
+#[cfg(target_os = "linux")]
+pub mod killtree;
+#[cfg(target_os = "linux")]
+pub mod process;
+#[cfg(target_os = "linux")]
+pub mod supervisor;
+#[cfg(target_os = "linux")]
+pub mod sys;
+#[cfg(target_os = "linux")]
+pub mod wire;
+
+#[cfg(feature = "python")]
+mod python;
+
+#[cfg(target_os = "linux")]
+pub use {
+    error::SpawnError,
+    killtree::kill_process_tree,
+    process::ChildProcess,
+    supervisor::{spawn, SpawnSpec},
+    sys::ExitStatus,
+};

@@ -1,0 +1,287 @@
+//! The PyO3 module `vllm_rs._core`: a thin, typed layer over the process
+//! core. Blocking calls release the GIL and let Python signal handlers (a
+//! Ctrl-C) interrupt them.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+use std::time::Duration;
+
+#[cfg(target_os = "linux")]
+use pyo3::exceptions::{PyOSError, PyRuntimeError};
+use pyo3::exceptions::{PyNotImplementedError, PyValueError};
+use pyo3::prelude::*;
+
+#[cfg(target_os = "linux")]
+mod linux {
+    use super::*;
+    use crate::error::SpawnError;
+    use crate::wire::FailStage;
+    use crate::{guardian, killtree, supervisor, sys, ChildProcess, ExitStatus};
+
+    fn to_duration(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+        match timeout {
+            None => Ok(None),
+            Some(t) if t.is_nan() => Err(PyValueError::new_err("timeout must be a number, not NaN")),
+            Some(t) => Ok(Some(Duration::from_secs_f64(t.max(0.0).min(1e9)))),
+        }
+    }
+
+    /// Runs a blocking call without the GIL; a Python exception raised by a
+    /// signal handler while it waits (KeyboardInterrupt) ends it and propagates.
+    fn blocking<T: Send>(
+        py: Python<'_>,
+        f: impl FnOnce(&mut dyn FnMut() -> io::Result<()>) -> io::Result<T> + Send,
+    ) -> PyResult<T> {
+        let raised: Mutex<Option<PyErr>> = Mutex::new(None);
+        let result = py.detach(|| {
+            let mut on_interrupt = || match Python::attach(|py| py.check_signals()) {
+                Ok(()) => Ok(()),
+                Err(err) => {
+                    *raised.lock().unwrap() = Some(err);
+                    Err(io::Error::from(io::ErrorKind::Interrupted))
+                }
+            };
+            f(&mut on_interrupt)
+        });
+        if let Some(err) = raised.into_inner().unwrap() {
+            return Err(err);
+        }
+        result.map_err(|e| PyOSError::new_err(e.to_string()))
+    }
+
+    fn os_error(errno: i32, message: String, filename: Option<String>) -> PyErr {
+        // OSError(errno, ...) picks the subclass (FileNotFoundError, ...) itself.
+        match filename {
+            Some(f) => PyOSError::new_err((errno, message, f)),
+            None => PyOSError::new_err((errno, message)),
+        }
+    }
+
+    fn spawn_error(err: SpawnError, program: &str) -> PyErr {
+        match &err {
+            SpawnError::EmptyArgv => PyValueError::new_err(err.to_string()),
+            SpawnError::BadFd(_) => os_error(libc::EBADF, err.to_string(), None),
+            SpawnError::BadCwd(cwd) => os_error(libc::ENOTDIR, err.to_string(), Some(cwd.to_string_lossy().into_owned())),
+            SpawnError::Failed { errno, stage: FailStage::Exec, .. } => {
+                os_error(*errno, io::Error::from_raw_os_error(*errno).to_string(), Some(program.to_owned()))
+            }
+            SpawnError::Failed { errno, .. } => os_error(*errno, err.to_string(), None),
+            SpawnError::Guardian(_) => PyRuntimeError::new_err(err.to_string()),
+        }
+    }
+
+    /// A child process with the `multiprocessing.BaseProcess` surface.
+    #[pyclass(name = "Process", module = "vllm_rs._core")]
+    pub struct PyProcess {
+        inner: ChildProcess,
+        /// The process name (`multiprocessing` style).
+        #[pyo3(get, set)]
+        name: String,
+        /// Fds kept open for the child's lifetime (closed by `close()`).
+        held: Mutex<Vec<OwnedFd>>,
+    }
+
+    impl PyProcess {
+        fn status(&self) -> PyResult<Option<ExitStatus>> {
+            self.inner.try_status().map_err(|e| PyOSError::new_err(e.to_string()))
+        }
+    }
+
+    #[pymethods]
+    impl PyProcess {
+        /// The child's pid.
+        #[getter]
+        fn pid(&self) -> i32 {
+            self.inner.pid()
+        }
+
+        /// Same as `pid`, as in `multiprocessing`.
+        #[getter]
+        fn ident(&self) -> i32 {
+            self.inner.pid()
+        }
+
+        /// A pid fd: readable once the process has exited; works with
+        /// `select` and `multiprocessing.connection.wait`.
+        #[getter]
+        fn sentinel(&self) -> RawFd {
+            self.inner.pidfd()
+        }
+
+        /// None while running; the exit code, or minus the signal number.
+        #[getter]
+        fn exitcode(&self) -> PyResult<Option<i32>> {
+            Ok(self.status()?.map(ExitStatus::exitcode))
+        }
+
+        /// True until the process has exited.
+        fn is_alive(&self) -> PyResult<bool> {
+            Ok(self.status()?.is_none())
+        }
+
+        /// Sends SIGTERM (through the pid fd: never to a reused pid).
+        fn terminate(&self) -> PyResult<()> {
+            self.send_signal(libc::SIGTERM)
+        }
+
+        /// Sends SIGKILL (through the pid fd).
+        fn kill(&self) -> PyResult<()> {
+            self.send_signal(libc::SIGKILL)
+        }
+
+        /// Sends `signal` through the pid fd; nothing once the process exited.
+        fn send_signal(&self, signal: i32) -> PyResult<()> {
+            self.inner.signal(signal).map_err(|e| PyOSError::new_err(e.to_string()))
+        }
+
+        /// Waits up to `timeout` seconds (forever if None) for the process to
+        /// exit, without holding the GIL. Returns None either way.
+        #[pyo3(signature = (timeout=None))]
+        fn join(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+            let timeout = to_duration(timeout)?;
+            let inner = &self.inner;
+            blocking(py, |on_interrupt| inner.wait(timeout, on_interrupt))?;
+            Ok(())
+        }
+
+        /// Releases the fds held for the child. Raises ValueError while it runs.
+        fn close(&self) -> PyResult<()> {
+            if self.status()?.is_none() {
+                return Err(PyValueError::new_err(format!(
+                    "Cannot close a process while it is still running. You should first call join() or terminate(). ({})",
+                    self.name
+                )));
+            }
+            self.held.lock().unwrap().clear();
+            Ok(())
+        }
+
+        fn __repr__(&self) -> PyResult<String> {
+            let state = match self.status()? {
+                None => "started".to_owned(),
+                Some(s) => format!("stopped exitcode={}", s.exitcode()),
+            };
+            Ok(format!("<Process name={:?} pid={} {}>", self.name, self.inner.pid(), state))
+        }
+    }
+
+    /// Starts `argv` through this process's guardian. The child inherits
+    /// exactly `pass_fds` at the same numbers (plus open stdio), `env` (None:
+    /// ours), `cwd` (None: ours); it dies with this process and takes its
+    /// descendants along. `hold_fds` are owned by the handle from now on.
+    /// Exec failures raise OSError naming the path, with nothing left running.
+    #[pyfunction]
+    #[pyo3(signature = (argv, *, name, env=None, cwd=None, pass_fds=Vec::new(), hold_fds=Vec::new()))]
+    pub fn spawn(
+        py: Python<'_>,
+        argv: Vec<OsString>,
+        name: String,
+        env: Option<Vec<(OsString, OsString)>>,
+        cwd: Option<OsString>,
+        pass_fds: Vec<RawFd>,
+        hold_fds: Vec<RawFd>,
+    ) -> PyResult<PyProcess> {
+        for &fd in &hold_fds {
+            if !sys::fd_is_open(fd) {
+                return Err(os_error(libc::EBADF, format!("cannot hold fd {fd}: it is not open"), None));
+            }
+        }
+        let program = argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
+        let spec = supervisor::SpawnSpec { argv, env, cwd, pass_fds };
+        let child = py.detach(|| supervisor::spawn(&spec)).map_err(|e| spawn_error(e, &program))?;
+        // SAFETY: ownership of each checked-open fd passes to the handle.
+        let held = hold_fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect();
+        Ok(PyProcess { inner: child, name, held: Mutex::new(held) })
+    }
+
+    /// SIGKILLs `pid` and every descendant, including ones that fork while
+    /// this runs and (below children started here) ones that detached; waits
+    /// until they have exited. Returns quietly if `pid` is gone.
+    #[pyfunction]
+    pub fn kill_process_tree(py: Python<'_>, pid: i32) -> PyResult<usize> {
+        if pid <= 0 {
+            return Err(PyValueError::new_err(format!("kill_process_tree: invalid pid {pid}")));
+        }
+        py.detach(|| killtree::kill_process_tree(pid)).map_err(|e| PyOSError::new_err(format!("kill_process_tree({pid}): {e}")))
+    }
+
+    /// Waits until any of `fds` is readable (or hung up), or `timeout`
+    /// seconds pass (None: forever), without the GIL. Returns the ready fds.
+    #[pyfunction]
+    #[pyo3(signature = (fds, timeout=None))]
+    pub fn wait_fds(py: Python<'_>, fds: Vec<RawFd>, timeout: Option<f64>) -> PyResult<Vec<RawFd>> {
+        let timeout = to_duration(timeout)?;
+        let outcome = blocking(py, |on_interrupt| sys::poll_readable(&fds, timeout, on_interrupt))?;
+        Ok(match outcome {
+            sys::PollOutcome::TimedOut => Vec::new(),
+            sys::PollOutcome::Ready(ready) => ready.into_iter().map(|i| fds[i]).collect(),
+        })
+    }
+
+    /// Sets the command that starts this process's guardian (the control fd
+    /// and our pid are appended).
+    #[pyfunction]
+    pub fn set_guardian_command(argv: Vec<OsString>) {
+        supervisor::set_guardian_command(argv);
+    }
+
+    /// Pid of this process's guardian, or None before the first spawn.
+    #[pyfunction]
+    pub fn guardian_pid() -> Option<i32> {
+        supervisor::guardian_pid()
+    }
+
+    /// Runs the guardian loop in this (fresh, single-threaded) interpreter.
+    /// Never returns.
+    #[pyfunction]
+    pub fn guardian_main(py: Python<'_>, ctrl_fd: RawFd, supervisor_pid: i32) {
+        py.detach(|| guardian::run(ctrl_fd, supervisor_pid))
+    }
+
+    pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add_class::<PyProcess>()?;
+        m.add_function(wrap_pyfunction!(spawn, m)?)?;
+        m.add_function(wrap_pyfunction!(kill_process_tree, m)?)?;
+        m.add_function(wrap_pyfunction!(wait_fds, m)?)?;
+        m.add_function(wrap_pyfunction!(set_guardian_command, m)?)?;
+        m.add_function(wrap_pyfunction!(guardian_pid, m)?)?;
+        m.add_function(wrap_pyfunction!(guardian_main, m)?)?;
+        m.add("SUPPORTED", true)?;
+        Ok(())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod other {
+    use super::*;
+
+    /// Process management needs Linux (pid fds, prctl, /proc).
+    #[pyfunction]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn unsupported(_args: &Bound<'_, pyo3::types::PyTuple>, _kwargs: Option<&Bound<'_, pyo3::types::PyDict>>) -> PyResult<()> {
+        Err(PyNotImplementedError::new_err(format!(
+            "vllm_rs process management needs Linux (pidfd, prctl, /proc); this is {}",
+            std::env::consts::OS
+        )))
+    }
+
+    pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        let f = wrap_pyfunction!(unsupported, m)?;
+        for name in ["spawn", "kill_process_tree", "wait_fds", "set_guardian_command", "guardian_pid", "guardian_main"] {
+            m.add(name, &f)?;
+        }
+        m.add("SUPPORTED", false)?;
+        Ok(())
+    }
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    #[cfg(target_os = "linux")]
+    linux::register(m)?;
+    #[cfg(not(target_os = "linux"))]
+    other::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install vllm-rs for development: a virtual environment kept outside the clone
+# (reused across clones and CI runs), its Python dependencies, and the Rust
+# extension built in place with maturin. Idempotent; prints the venv's path last.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=${VLLM_RS_CACHE:-$HOME/.cache/vllm-rs}
+venv=${VLLM_RS_VENV:-$cache/venv}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$cache/target}
+
+if [ "$(uname -s)" != Linux ]; then
+  echo "vllm-rs targets Linux (pidfd, prctl, /proc); $(uname -s) is not supported" >&2
+  exit 1
+fi
+command -v cargo >/dev/null || { echo "cargo not found: install a Rust toolchain (rustup)" >&2; exit 1; }
+
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip >&2
+fi
+# Quick when everything is installed already: pip only checks the pins.
+"$venv/bin/pip" install -q -r "$root/requirements-dev.txt" >&2
+
+cd "$root"
+# Build output goes to stderr: stdout carries only the venv's path.
+VIRTUAL_ENV=$venv PATH="$venv/bin:$PATH" "$venv/bin/maturin" develop --release >&2
+"$venv/bin/python" -c "import vllm_rs._core" || { echo "vllm_rs._core failed to import after the build" >&2; exit 1; }
+echo "$venv"
