@@ -1,0 +1,424 @@
+"""Torch-facing helpers of `vllm_rs.utils` (the "Tensor utilities" contract).
+
+Everything here works on a CPU-only machine (`device="cpu"`, `PIN_MEMORY`
+False) and uses pinned host memory and non-blocking copies on CUDA. The
+scheduler-output dataclasses at the bottom are the minimal shapes that
+`compute_iteration_details` reads; any object with the same attributes works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import platform
+from collections.abc import Iterable, Mapping, MutableSequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "PIN_MEMORY",
+    "CachedRequestData",
+    "CpuGpuBuffer",
+    "EncoderInputStats",
+    "IterationDetails",
+    "NewRequestData",
+    "SchedulerOutput",
+    "bind_kv_cache",
+    "compute_iteration_details",
+    "copy_slice",
+    "extract_layer_index",
+    "is_pin_memory_available",
+    "record_function_or_nullcontext",
+    "tensor_data",
+]
+
+
+# --------------------------------------------------------------------------
+# Pinned memory
+# --------------------------------------------------------------------------
+
+
+def _pin_memory_unavailable_reason() -> str | None:
+    """Why pinned host memory cannot be used here, or None when it can."""
+    if "microsoft" in platform.uname().release.lower():
+        return "WSL is detected (pinned memory is unreliable there)"
+    if torch.version.cuda is None and torch.version.hip is None:
+        return "torch is a CPU-only build"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible (torch.cuda.is_available() is False)"
+    return None
+
+
+@functools.cache
+def is_pin_memory_available() -> bool:
+    """True when page-locked host memory can be used for host/device copies.
+
+    Computed once per process; when False, the reason is logged once at
+    debug level.
+    """
+    reason = _pin_memory_unavailable_reason()
+    if reason is not None:
+        logger.debug("Using pin_memory=False: %s", reason)
+        return False
+    return True
+
+
+PIN_MEMORY: bool = is_pin_memory_available()
+"""Whether host buffers are pinned by default (False on CPU-only machines)."""
+
+
+# --------------------------------------------------------------------------
+# Host/device buffers and copies
+# --------------------------------------------------------------------------
+
+
+class CpuGpuBuffer:
+    """A host tensor `.cpu`, a same-shaped device tensor `.gpu` and, unless
+    `with_numpy=False`, a numpy array `.np` sharing `.cpu`'s memory.
+
+    `.cpu` is pinned when `pin_memory` is asked for and pinned memory is
+    available. Works with `device="cpu"` (then `.gpu` is a second host tensor).
+    """
+
+    def __init__(
+        self,
+        *size: int | torch.SymInt,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        pin_memory: bool = PIN_MEMORY,
+        with_numpy: bool = True,
+    ) -> None:
+        if with_numpy and dtype == torch.bfloat16:
+            # Checked before allocating: no point in creating the buffers.
+            raise ValueError(
+                "Bfloat16 torch tensors cannot be directly cast to a "
+                "numpy array, so call CpuGpuBuffer with with_numpy=False"
+            )
+        pin = bool(pin_memory) and is_pin_memory_available()
+        # These buffers are mutable runtime state: allocate them as normal
+        # tensors even when the caller runs under inference mode.
+        with torch.inference_mode(False):
+            self.cpu: torch.Tensor = torch.zeros(
+                *size, dtype=dtype, device="cpu", pin_memory=pin
+            )
+            self.gpu: torch.Tensor = torch.zeros_like(self.cpu, device=device)
+        self.np: np.ndarray
+        # Like vLLM, `.np` only exists with with_numpy=True (AttributeError
+        # otherwise), which keeps the type simple.
+        if with_numpy:
+            self.np = self.cpu.numpy()
+
+    def copy_to_gpu(self, n: int | None = None) -> torch.Tensor:
+        """Copy `.cpu` (its first `n` rows when given) into `.gpu`,
+        non-blocking; returns the written part of `.gpu`.
+
+        From an unpinned `.cpu` to a CUDA device the rows are staged through
+        pinned memory first, so the copy stays asynchronous for the host.
+        """
+        cpu, gpu = self.cpu, self.gpu
+        if n is not None:
+            cpu, gpu = cpu[:n], gpu[:n]
+        if gpu.is_cuda and PIN_MEMORY and not cpu.is_pinned():
+            cpu = cpu.pin_memory()
+        return gpu.copy_(cpu, non_blocking=True)
+
+    def copy_to_cpu(self, n: int | None = None) -> torch.Tensor:
+        """Copy `.gpu` (its first `n` rows when given) into `.cpu`,
+        non-blocking; returns the written part of `.cpu`.
+
+        NOTE: Because this method is non-blocking, explicit synchronization
+        (e.g. `torch.cuda.synchronize()`) is needed before reading `.cpu` or
+        `.np` after a copy from a CUDA device.
+        """
+        if n is None:
+            return self.cpu.copy_(self.gpu, non_blocking=True)
+        return self.cpu[:n].copy_(self.gpu[:n], non_blocking=True)
+
+
+def copy_slice(
+    from_tensor: torch.Tensor, to_tensor: torch.Tensor, length: int
+) -> torch.Tensor:
+    """Copy the first `length` elements (rows) of `from_tensor` into
+    `to_tensor`, non-blocking; returns the written slice of `to_tensor`.
+
+    Used to copy pinned CPU tensor data to pre-allocated GPU tensors.
+    """
+    return to_tensor[:length].copy_(from_tensor[:length], non_blocking=True)
+
+
+def tensor_data(tensor: torch.Tensor) -> memoryview:
+    """The bytes of `tensor` (row-major, as if contiguous) as a flat uint8
+    memoryview, useful for serializing and hashing.
+
+    When `tensor` is already contiguous on the CPU the view aliases its own
+    memory (same address, no copy). Otherwise (non-contiguous, on a device,
+    conjugate/negative views) the bytes are materialized once.
+    """
+    t = tensor.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if t.device.type != "cpu":
+        # Make it contiguous where it lives (one device kernel), then one
+        # transfer of exactly the needed bytes.
+        t = t.contiguous().cpu()
+    # contiguous() is the tensor itself when already contiguous and one copy
+    # otherwise; reshape(-1) of it is a view (0-d included); view(uint8)
+    # reinterprets without copying, which also covers dtypes numpy lacks
+    # (bfloat16, float8).
+    flat = t.contiguous().reshape(-1)
+    if flat.numel() <= 1 and flat.stride(0) != 1:
+        # A contiguous 0/1-element tensor may keep any stride (e.g. the
+        # `.imag` of one complex number); view(uint8) needs stride 1.
+        flat = flat.as_strided((flat.numel(),), (1,))
+    return flat.view(torch.uint8).numpy().data
+
+
+# --------------------------------------------------------------------------
+# KV cache binding
+# --------------------------------------------------------------------------
+
+
+def extract_layer_index(layer_name: str, num_attn_module: int = 1) -> int:
+    """The layer index in a module name: its one dot-separated integer part.
+
+    Examples: "model.layers.0.self_attn" -> 0, "2.attn" -> 2.
+    A name with no integer or several integers raises ValueError naming the
+    layer. With `num_attn_module > 1` and "attn" in the name, two integers
+    `i.j` mean index `i * num_attn_module + j` (as in vLLM).
+    """
+    int_vals = [int(part) for part in layer_name.split(".") if part.isascii() and part.isdigit()]
+    if num_attn_module > 1 and "attn" in layer_name and len(int_vals) == 2:
+        return int_vals[0] * num_attn_module + int_vals[1]
+    if len(int_vals) != 1:
+        found = "no integer" if not int_vals else f"{len(int_vals)} integers"
+        raise ValueError(
+            f"layer name {layer_name!r} should contain exactly one integer "
+            f"(the layer index), found {found}"
+        )
+    return int_vals[0]
+
+
+def bind_kv_cache(
+    kv_caches: Mapping[str, torch.Tensor],
+    forward_context: Mapping[str, Any],
+    runner_kv_caches: MutableSequence[torch.Tensor],
+) -> None:
+    """Bind allocated KV caches to the model runner and the forward context.
+
+    Fills the empty `runner_kv_caches` with the tensors of `kv_caches` in
+    layer-index order and sets `forward_context[name].kv_cache = [tensor]`
+    for every layer. Everything is checked before anything is changed:
+    a non-empty `runner_kv_caches` raises ValueError; a layer name without
+    exactly one integer raises ValueError naming it; two layers with one index
+    (e.g. self and cross attention of an encoder-decoder layer) raise
+    NotImplementedError naming both; a layer missing from `forward_context`
+    raises KeyError naming it.
+    """
+    if len(runner_kv_caches) != 0:
+        raise ValueError(
+            "runner_kv_caches must be empty before bind_kv_cache, "
+            f"it has {len(runner_kv_caches)} entries"
+        )
+    index_to_name: dict[int, str] = {}
+    for layer_name in kv_caches:
+        index = extract_layer_index(layer_name)
+        other = index_to_name.setdefault(index, layer_name)
+        if other != layer_name:
+            raise NotImplementedError(
+                f"layers {other!r} and {layer_name!r} share layer index "
+                f"{index}; binding several KV caches to one layer index "
+                "(e.g. encoder-decoder cross attention) is not supported"
+            )
+    for layer_name in kv_caches:
+        if layer_name not in forward_context:
+            raise KeyError(f"layer {layer_name!r} is not in the forward context")
+
+    for index in sorted(index_to_name):
+        runner_kv_caches.append(kv_caches[index_to_name[index]])
+    for layer_name, kv_cache in kv_caches.items():
+        # A list, as in vLLM (one entry per virtual engine in v0 PP).
+        forward_context[layer_name].kv_cache = [kv_cache]
+
+
+# --------------------------------------------------------------------------
+# Iteration details
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class IterationDetails:
+    """Counts of context (prefill) and generation (decode) requests and
+    tokens in one scheduler step, plus encoder inputs and their tokens."""
+
+    num_ctx_requests: int
+    num_ctx_tokens: int
+    num_generation_requests: int
+    num_generation_tokens: int
+    num_encoder_inputs: int = 0
+    num_encoder_output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class NewRequestData:
+    """A request scheduled for the first time (only `req_id` is read by
+    `compute_iteration_details`)."""
+
+    req_id: str
+    prompt_token_ids: list[int] | None = None
+    num_computed_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class CachedRequestData:
+    """Requests scheduled before: `req_ids[i]` has produced
+    `num_output_tokens[i]` output tokens so far.
+
+    Built fresh for each scheduler step and not changed afterwards (the
+    per-request lookup is cached on first use, as in vLLM).
+    """
+
+    req_ids: list[str] = field(default_factory=list)
+    num_output_tokens: list[int] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.num_output_tokens) != len(self.req_ids):
+            raise ValueError(
+                f"num_output_tokens has {len(self.num_output_tokens)} entries "
+                f"for {len(self.req_ids)} req_ids"
+            )
+
+    @classmethod
+    def make_empty(cls) -> CachedRequestData:
+        """No cached requests."""
+        return cls()
+
+    @property
+    def num_reqs(self) -> int:
+        """Number of cached requests."""
+        return len(self.req_ids)
+
+    @functools.cached_property
+    def context_phase_req_ids(self) -> frozenset[str]:
+        """Ids of the cached requests with no output token yet (a later
+        chunk of a chunked prefill)."""
+        # With duplicate ids the last entry wins, as in is_context_phase.
+        out = dict(zip(self.req_ids, self.num_output_tokens))
+        return frozenset(rid for rid, n in out.items() if n == 0)
+
+    def is_context_phase(self, req_id: str) -> bool:
+        """True when `req_id` is a cached request still without output
+        tokens; False for unknown ids."""
+        return req_id in self.context_phase_req_ids
+
+
+@dataclass(frozen=True)
+class EncoderInputStats:
+    """Encoder inputs scheduled in one step and their output tokens."""
+
+    num_inputs: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class SchedulerOutput:
+    """The parts of a scheduler step that `compute_iteration_details` reads:
+    new and cached requests, tokens scheduled per request id, and encoder
+    input stats (None when there are none)."""
+
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
+    scheduled_cached_reqs: CachedRequestData = field(
+        default_factory=CachedRequestData
+    )
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    scheduled_encoder_input_stats: EncoderInputStats | None = None
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        """Sum of `num_scheduled_tokens`."""
+        return sum(self.num_scheduled_tokens.values())
+
+
+def compute_iteration_details(scheduler_output: Any) -> IterationDetails:
+    """Count context and generation requests and tokens of one scheduler step.
+
+    A request is a context request when it is new
+    (`scheduled_new_reqs[*].req_id`) or
+    `scheduled_cached_reqs.is_context_phase(req_id)` (no output token yet,
+    e.g. a later chunk of a chunked prefill); every other request in
+    `num_scheduled_tokens` is a generation request. Encoder counts come from
+    `scheduled_encoder_input_stats` (`num_inputs`, `output_tokens`), 0 when
+    it is None. Any object with these attributes works.
+    """
+    num_scheduled_tokens = scheduler_output.num_scheduled_tokens
+    cached = scheduler_output.scheduled_cached_reqs
+    new_req_ids = {req.req_id for req in scheduler_output.scheduled_new_reqs}
+
+    num_reqs = len(num_scheduled_tokens)
+    num_tokens = sum(num_scheduled_tokens.values())
+    if type(cached) is CachedRequestData and type(num_scheduled_tokens) is dict:
+        # Our own dataclass: is_context_phase is set membership, so the whole
+        # classification is set intersections done in C.
+        ctx_ids: Iterable[str] = num_scheduled_tokens.keys() & (
+            new_req_ids | cached.context_phase_req_ids
+        )
+    else:
+        # Duck-typed input: one is_context_phase call per request that is not
+        # known to be new (same answer as the seed, which calls it for all).
+        is_context_phase = cached.is_context_phase
+        ctx_ids = [
+            req_id
+            for req_id in num_scheduled_tokens
+            if req_id in new_req_ids or is_context_phase(req_id)
+        ]
+    num_ctx_requests = len(ctx_ids)
+    num_ctx_tokens = sum(map(num_scheduled_tokens.__getitem__, ctx_ids))
+
+    num_encoder_inputs = 0
+    num_encoder_output_tokens = 0
+    encoder_stats = scheduler_output.scheduled_encoder_input_stats
+    if encoder_stats is not None:
+        num_encoder_inputs = encoder_stats.num_inputs
+        num_encoder_output_tokens = encoder_stats.output_tokens
+
+    return IterationDetails(
+        num_ctx_requests,
+        num_ctx_tokens,
+        num_reqs - num_ctx_requests,
+        num_tokens - num_ctx_tokens,
+        num_encoder_inputs,
+        num_encoder_output_tokens,
+    )
+
+
+# --------------------------------------------------------------------------
+# Profiling scopes
+# --------------------------------------------------------------------------
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def record_function_or_nullcontext(name: str) -> contextlib.AbstractContextManager:
+    """A profiler scope named `name` when profiling scopes are switched on,
+    else a no-op context manager.
+
+    `VLLM_CUSTOM_SCOPES_FOR_PROFILING=1` gives `torch.profiler.record_function`
+    (visible in torch profiler traces); `VLLM_NVTX_SCOPES_FOR_PROFILING=1`
+    gives an NVTX range when CUDA is available. Read on every call.
+    """
+    if _env_flag("VLLM_CUSTOM_SCOPES_FOR_PROFILING"):
+        return torch.profiler.record_function(name)
+    if _env_flag("VLLM_NVTX_SCOPES_FOR_PROFILING") and torch.cuda.is_available():
+        return torch.cuda.nvtx.range(name)
+    return contextlib.nullcontext()
