@@ -159,27 +159,31 @@ def tensor_data(tensor: torch.Tensor) -> memoryview:
 
     When `tensor` is already contiguous on the CPU the view aliases its own
     memory (same address, no copy). Otherwise (non-contiguous, on a device,
-    conjugate/negative views) the bytes are materialized once.
+    conjugate/negative views) the bytes are materialized once, into a new
+    buffer the view owns.
     """
     t = tensor.detach()
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    if t.device.type != "cpu":
-        # Make it contiguous where it lives (one device kernel), then one
-        # transfer of exactly the needed bytes.
-        t = t.contiguous().cpu()
-    # contiguous() is the tensor itself when already contiguous and one copy
-    # otherwise; reshape(-1) of it is a view (0-d included); view(uint8)
-    # reinterprets without copying, which also covers dtypes numpy lacks
-    # (bfloat16, float8).
-    flat = t.contiguous().reshape(-1)
-    if flat.numel() <= 1 and flat.stride(0) != 1:
-        # A contiguous 0/1-element tensor may keep any stride (e.g. the
-        # `.imag` of one complex number); view(uint8) needs stride 1.
-        flat = flat.as_strided((flat.numel(),), (1,))
-    return flat.view(torch.uint8).numpy().data
+    if t.device.type == "cpu" and t.is_contiguous():
+        # reshape(-1) of a contiguous tensor is a view (0-d included);
+        # view(uint8) reinterprets without copying, which also covers dtypes
+        # numpy lacks (bfloat16, float8).
+        flat = t.reshape(-1)
+        if flat.numel() <= 1 and flat.stride(0) != 1:
+            # A contiguous 0/1-element tensor may keep any stride (e.g. the
+            # `.imag` of one complex number); view(uint8) needs stride 1.
+            flat = flat.as_strided((flat.numel(),), (1,))
+        return flat.view(torch.uint8).numpy().data
+    # One copy, straight into the returned buffer. numpy allocates it
+    # (transparent huge pages for large arrays on Linux, which makes first
+    # touch several times cheaper than torch's allocator); copy_ gathers the
+    # strided source, and from a device makes it contiguous there first.
+    out = np.empty(t.numel() * t.element_size(), dtype=np.uint8)
+    torch.from_numpy(out).view(t.dtype).view(t.shape).copy_(t)
+    return out.data
 
 
 # --------------------------------------------------------------------------
