@@ -1,26 +1,38 @@
 //! The `vllm-rs` command line.
-use clap::{Parser, Subcommand};
 
-/// vllm-rs: the process and runtime layer of LLM serving.
-#[derive(Parser)]
-#[command(name = "vllm-rs", version, about)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
+use clap::Parser;
+use std::process::ExitCode;
+use vllm_rs_frontend::cli::{Cli, Command};
+use vllm_rs_frontend::error::ExitError;
+
+/// Logs go to stderr; the level comes from `VLLM_LOGGING_LEVEL` (vLLM's variable), default INFO.
+fn init_logging() {
+    let level = std::env::var("VLLM_LOGGING_LEVEL")
+        .ok()
+        .and_then(|l| l.parse::<tracing::Level>().ok())
+        .unwrap_or(tracing::Level::INFO);
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .with_target(false)
+        .with_ansi(false)
+        .init();
 }
 
-#[derive(Subcommand)]
-enum Command {
-    /// Serve the OpenAI API on an inherited socket, driving engine cores over ZeroMQ.
-    Frontend,
-}
-
-fn main() -> std::process::ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Frontend => {
-            eprintln!("vllm-rs frontend: not implemented yet");
-            std::process::ExitCode::from(2)
+    init_logging();
+    let outcome = match cli.command {
+        Command::Frontend(args) => vllm_rs_frontend::app::run(args),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            match &error {
+                ExitError::Usage(message) => eprintln!("vllm-rs frontend: error: {message}"),
+                ExitError::Fatal(_) => tracing::error!("vllm-rs frontend failed: {error}"),
+            }
+            error.exit_code()
         }
     }
 }

@@ -1,0 +1,164 @@
+//! `vllm-rs frontend` from arguments to exit: validate everything (usage
+//! errors exit 2 before anything starts), adopt the sockets, wait for the
+//! engines, serve HTTP, and drain on SIGTERM/SIGINT.
+
+use crate::cli::FrontendArgs;
+use crate::config::ServerConfig;
+use crate::engine::registration::wait_for_engines;
+use crate::engine::sockets::{open_input_socket, open_output_socket, SocketSource};
+use crate::engine::EngineClient;
+use crate::error::ExitError;
+use crate::fds::{adopt_listening_socket, ListeningSocket};
+use crate::http::server::{serve, HttpListener, ServeOptions};
+use crate::http::state::{unix_now, AppState};
+use crate::metrics::Metrics;
+use crate::stats_log::{log_stats_forever, STATS_LOG_INTERVAL};
+use crate::tokenizer::{load_tokenizer, Tokenizer};
+use anyhow::{anyhow, Context};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+/// Everything the frontend needs, validated.
+struct Startup {
+    config: ServerConfig,
+    tokenizer: Arc<dyn Tokenizer>,
+    http: ListeningSocket,
+    input: SocketSource,
+    output: SocketSource,
+    engine_start_index: u32,
+    engine_count: u32,
+}
+
+/// Runs the frontend to completion.
+pub fn run(args: FrontendArgs) -> Result<(), ExitError> {
+    let startup = validate(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("frontend")
+        .build()
+        .context("starting the async runtime")?;
+    let outcome = runtime.block_on(run_server(startup));
+    // The registration wait may still sit in a blocking thread: do not wait for it.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    outcome.map_err(ExitError::Fatal)
+}
+
+fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
+    if args.grpc_listen_fd.is_some() {
+        return Err(ExitError::usage("--grpc-listen-fd: the gRPC service is not supported yet"));
+    }
+    if args.coordinator_address.is_some() {
+        return Err(ExitError::usage("--coordinator-address: the data-parallel coordinator is not supported yet"));
+    }
+    if args.engine_count == 0 {
+        return Err(ExitError::usage("--engine-count must be at least 1"));
+    }
+    if args.data_parallel_size == 0 {
+        return Err(ExitError::usage("--data-parallel-size must be at least 1"));
+    }
+    let last_engine = u64::from(args.engine_start_index) + u64::from(args.engine_count);
+    if last_engine > u64::from(args.data_parallel_size) {
+        return Err(ExitError::usage(format!(
+            "--engine-start-index {} with --engine-count {} exceeds --data-parallel-size {}",
+            args.engine_start_index, args.engine_count, args.data_parallel_size
+        )));
+    }
+    if last_engine > u64::from(u16::MAX) + 1 {
+        return Err(ExitError::usage("--engine-count: engine indices must fit in 2 bytes"));
+    }
+    let config = ServerConfig::from_args_json(&args.args_json)?;
+    tracing::debug!(?config, "configuration");
+    let tokenizer = load_tokenizer(&config)?;
+    let http = adopt_listening_socket(args.listen_fd, "listen-fd")?;
+    let source = |fd: Option<i32>, address: Option<String>, flag: &str| -> Result<SocketSource, ExitError> {
+        match (fd, address) {
+            (Some(fd), _) => adopt_listening_socket(fd, flag).map(SocketSource::Listener),
+            (None, Some(address)) => Ok(SocketSource::Address(address)),
+            (None, None) => Err(ExitError::usage(format!("--{flag} or its address flag is required"))),
+        }
+    };
+    let input = source(args.input_listener_fd, args.input_address, "input-listener-fd")?;
+    let output = source(args.output_listener_fd, args.output_address, "output-listener-fd")?;
+    Ok(Startup {
+        config,
+        tokenizer,
+        http,
+        input,
+        output,
+        engine_start_index: args.engine_start_index,
+        engine_count: args.engine_count,
+    })
+}
+
+/// A flag that turns true on the first SIGTERM or SIGINT.
+fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let name = tokio::select! {
+            _ = sigterm.recv() => "SIGTERM",
+            _ = sigint.recv() => "SIGINT",
+        };
+        tracing::info!("{name} received: shutting down");
+        let _ = tx.send(true);
+    });
+    Ok(rx)
+}
+
+async fn run_server(startup: Startup) -> anyhow::Result<()> {
+    let Startup { config, tokenizer, http, input, output, engine_start_index: start, engine_count: count } = startup;
+    let mut stop = shutdown_signal()?;
+    let http_address = http.address.clone();
+    let ctx = zmq::Context::new();
+    let router = open_input_socket(&ctx, input)?;
+    let pull = open_output_socket(&ctx, output)?;
+
+    tracing::info!("waiting for engines {start}..={} to register", start + count - 1);
+    let cancel = Arc::new(AtomicBool::new(false));
+    let cancel_for_wait = cancel.clone();
+    let timeout = config.engine_ready_timeout;
+    let waiting = tokio::task::spawn_blocking(move || {
+        wait_for_engines(&router, start, count, timeout, &cancel_for_wait).map(|regs| (router, regs))
+    });
+    let (router, registrations) = tokio::select! {
+        joined = waiting => joined.map_err(|e| anyhow!("the registration wait panicked: {e}"))??,
+        _ = stop.wait_for(|stopped| *stopped) => {
+            cancel.store(true, Ordering::Relaxed);
+            tracing::info!("stopped before every engine registered");
+            return Ok(());
+        }
+    };
+    let max_model_len = registrations.iter().filter_map(|r| r.max_model_len).chain(config.max_model_len).min();
+
+    let engines = EngineClient::start(router, pull, start, count, 0);
+    let metrics = Arc::new(Metrics::new(config.primary_model_name()));
+    if !config.disable_log_stats {
+        tokio::spawn(log_stats_forever(metrics.clone(), engines.clone(), STATS_LOG_INTERVAL));
+    }
+    let options = ServeOptions { keep_alive_timeout: config.http_timeout_keep_alive, drain_timeout: config.shutdown_timeout };
+    let state = Arc::new(AppState { config, tokenizer, engines: engines.clone(), metrics, max_model_len, created: unix_now() });
+    let listener = HttpListener::from_socket(http)?;
+    tracing::info!(
+        "serving the OpenAI API on {} (model {}, max_model_len {:?}, engines {start}..={})",
+        http_address.zmq_endpoint().replace("tcp://", "http://").replace("ipc://", "unix:"),
+        state.config.primary_model_name(),
+        max_model_len,
+        start + count - 1
+    );
+    let stopping = async move {
+        let _ = stop.wait_for(|stopped| *stopped).await;
+        engines.stop_accepting();
+    };
+    let drained = serve(listener, crate::http::router(state.clone()), options, stopping).await;
+    if !drained {
+        tracing::warn!("requests still in flight after the drain timeout: aborting them");
+        state.engines.abort_all("the server is shutting down");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::info!("frontend stopped");
+    Ok(())
+}

@@ -1,0 +1,432 @@
+//! The engine client: submits requests to engines, routes their outputs back to
+//! the waiting HTTP handlers, aborts, utility calls, and engine failure.
+//!
+//! ZeroMQ sockets are not thread-safe, so each lives on its own thread: the
+//! input thread owns the ROUTER and sends what the async side queues; the
+//! output thread owns the PULL, decodes and dispatches to per-request channels.
+
+use super::balancer::Balancer;
+use super::codec::{decode_outputs, encode_abort, encode_add, encode_utility, DecodeError};
+use super::protocol::{
+    engine_identity, EngineOutput, EngineRequest, FinishReason, OutputsMessage, StopReason, UtilityReply,
+    REQUEST_ABORT, REQUEST_ADD, REQUEST_UTILITY,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex, OnceLock};
+use std::thread;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// How often the output thread looks at its stop flag while idle.
+const OUTPUT_POLL_INTERVAL_MS: i32 = 200;
+
+/// What a request's handler receives.
+#[derive(Debug)]
+pub enum RequestEvent {
+    /// New tokens; the last one carries the finish reason.
+    Output {
+        /// Tokens generated since the previous event.
+        token_ids: Vec<u32>,
+        /// Set when the request is finished.
+        finish_reason: Option<FinishReason>,
+        /// What stopped it, when known.
+        stop_reason: Option<StopReason>,
+    },
+    /// The request failed outside the engine's control (engine dead, protocol error, send failure).
+    Failed(String),
+}
+
+/// Why a request could not be submitted.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The engines are gone or the client is shutting down.
+    #[error("{0}")]
+    Unavailable(String),
+    /// `X-data-parallel-rank` names an engine this frontend does not serve.
+    #[error("data parallel rank {rank} is out of range: this frontend serves engines {first}..={last}")]
+    RankOutOfRange {
+        /// The rank asked for.
+        rank: u32,
+        /// First engine served.
+        first: u32,
+        /// Last engine served.
+        last: u32,
+    },
+}
+
+/// One message for the input thread.
+struct InputCommand {
+    engine: u32,
+    kind: u8,
+    payload: Vec<u8>,
+    /// The request to fail if the send fails.
+    request_id: Option<String>,
+}
+
+struct RequestSlot {
+    slot: usize,
+    events: mpsc::UnboundedSender<RequestEvent>,
+}
+
+type UtilityResult = Result<Option<rmpv::Value>, String>;
+
+struct Shared {
+    start_index: u32,
+    client_index: u32,
+    balancer: Balancer,
+    requests: Mutex<HashMap<String, RequestSlot>>,
+    utility_calls: Mutex<HashMap<i64, oneshot::Sender<UtilityResult>>>,
+    next_call_id: AtomicI64,
+    input: Mutex<std_mpsc::Sender<InputCommand>>,
+    failure: OnceLock<String>,
+    stopping: AtomicBool,
+}
+
+/// Handle to the engines of this frontend. Cheap to clone.
+#[derive(Clone)]
+pub struct EngineClient {
+    shared: Arc<Shared>,
+}
+
+impl EngineClient {
+    /// Starts the input and output threads over the (registered) sockets.
+    pub fn start(router: zmq::Socket, pull: zmq::Socket, start_index: u32, engine_count: u32, client_index: u32) -> Self {
+        let (input_tx, input_rx) = std_mpsc::channel();
+        let shared = Arc::new(Shared {
+            start_index,
+            client_index,
+            balancer: Balancer::new(engine_count as usize),
+            requests: Mutex::new(HashMap::new()),
+            utility_calls: Mutex::new(HashMap::new()),
+            next_call_id: AtomicI64::new(1),
+            input: Mutex::new(input_tx),
+            failure: OnceLock::new(),
+            stopping: AtomicBool::new(false),
+        });
+        let for_input = shared.clone();
+        thread::Builder::new()
+            .name("engine-input".into())
+            .spawn(move || run_input_thread(router, input_rx, for_input))
+            .expect("spawning the engine input thread");
+        let for_output = shared.clone();
+        thread::Builder::new()
+            .name("engine-output".into())
+            .spawn(move || run_output_thread(pull, for_output))
+            .expect("spawning the engine output thread");
+        EngineClient { shared }
+    }
+
+    /// Sends `request` to the engine `pinned_rank` names, or else to the least
+    /// loaded one, and returns the stream of its outputs.
+    pub fn submit(&self, mut request: EngineRequest, pinned_rank: Option<u32>) -> Result<RequestStream, SubmitError> {
+        let shared = &self.shared;
+        if let Some(reason) = shared.failure.get() {
+            return Err(SubmitError::Unavailable(reason.clone()));
+        }
+        if shared.stopping.load(Ordering::Relaxed) {
+            return Err(SubmitError::Unavailable("the server is shutting down".into()));
+        }
+        let count = shared.balancer.engines().len() as u32;
+        let slot = match pinned_rank {
+            Some(rank) if rank >= shared.start_index && rank < shared.start_index + count => {
+                (rank - shared.start_index) as usize
+            }
+            Some(rank) => {
+                return Err(SubmitError::RankOutOfRange {
+                    rank,
+                    first: shared.start_index,
+                    last: shared.start_index + count - 1,
+                })
+            }
+            None => shared.balancer.choose(),
+        };
+        request.data_parallel_rank = pinned_rank;
+        request.client_index = shared.client_index;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let request_id = request.request_id.clone();
+        shared.requests.lock().unwrap().insert(request_id.clone(), RequestSlot { slot, events: tx });
+        shared.balancer.engine(slot).started();
+        let engine = shared.start_index + slot as u32;
+        let payload = encode_add(&request);
+        shared.send(InputCommand { engine, kind: REQUEST_ADD, payload, request_id: Some(request_id.clone()) });
+        Ok(RequestStream { request_id, engine, events: rx, shared: shared.clone(), done: false })
+    }
+
+    /// Calls `method` on engine `engine` and waits at most `timeout` for its reply.
+    pub async fn call_utility(
+        &self,
+        engine: u32,
+        method: &str,
+        args: Vec<rmpv::Value>,
+        timeout: Duration,
+    ) -> Result<Option<rmpv::Value>, String> {
+        let shared = &self.shared;
+        if let Some(reason) = shared.failure.get() {
+            return Err(reason.clone());
+        }
+        let call_id = shared.next_call_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        shared.utility_calls.lock().unwrap().insert(call_id, tx);
+        let payload = encode_utility(shared.client_index, call_id, method, &args);
+        shared.send(InputCommand { engine, kind: REQUEST_UTILITY, payload, request_id: None });
+        let outcome = tokio::time::timeout(timeout, rx).await;
+        shared.utility_calls.lock().unwrap().remove(&call_id);
+        match outcome {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(format!("utility call {method} to engine {engine} was dropped")),
+            Err(_) => Err(format!("utility call {method} to engine {engine} timed out after {timeout:?}")),
+        }
+    }
+
+    /// The indices of the engines this frontend serves.
+    pub fn engine_indices(&self) -> std::ops::Range<u32> {
+        let start = self.shared.start_index;
+        start..start + self.shared.balancer.engines().len() as u32
+    }
+
+    /// Why the engines are unusable, once they are.
+    pub fn failure(&self) -> Option<&str> {
+        self.shared.failure.get().map(String::as_str)
+    }
+
+    /// Requests in flight over all engines.
+    pub fn inflight(&self) -> u64 {
+        self.shared.balancer.total_inflight()
+    }
+
+    /// Stops taking requests; the ones in flight go on.
+    pub fn stop_accepting(&self) {
+        self.shared.stopping.store(true, Ordering::Relaxed);
+    }
+
+    /// Aborts every request in flight: their handlers get `reason`, the engines an ABORT.
+    pub fn abort_all(&self, reason: &str) {
+        let drained: Vec<(String, RequestSlot)> = self.shared.requests.lock().unwrap().drain().collect();
+        for (request_id, entry) in drained {
+            self.shared.balancer.engine(entry.slot).finished();
+            let _ = entry.events.send(RequestEvent::Failed(reason.to_string()));
+            self.shared.send_abort(entry.slot, request_id);
+        }
+    }
+}
+
+impl Shared {
+    fn send(&self, command: InputCommand) {
+        if let Err(std_mpsc::SendError(command)) = self.input.lock().unwrap().send(command) {
+            if let Some(id) = command.request_id {
+                self.fail_request(&id, "the engine input thread has stopped".into());
+            }
+        }
+    }
+
+    fn send_abort(&self, slot: usize, request_id: String) {
+        let engine = self.start_index + slot as u32;
+        let payload = encode_abort(&[request_id]);
+        self.send(InputCommand { engine, kind: REQUEST_ABORT, payload, request_id: None });
+    }
+
+    /// Forgets `request_id` and sends ABORT for it, if it is still in flight.
+    fn abort(&self, request_id: &str) {
+        let removed = self.requests.lock().unwrap().remove(request_id);
+        if let Some(entry) = removed {
+            self.balancer.engine(entry.slot).finished();
+            tracing::debug!(request_id, "aborting request");
+            self.send_abort(entry.slot, request_id.to_string());
+        }
+    }
+
+    fn fail_request(&self, request_id: &str, reason: String) {
+        let removed = self.requests.lock().unwrap().remove(request_id);
+        if let Some(entry) = removed {
+            self.balancer.engine(entry.slot).finished();
+            let _ = entry.events.send(RequestEvent::Failed(reason));
+        }
+    }
+
+    /// The engines are unusable: fail everything in flight and everything to come.
+    fn fail_all(&self, reason: String) {
+        tracing::error!("{reason}");
+        let reason = self.failure.get_or_init(|| reason).clone();
+        let drained: Vec<RequestSlot> = self.requests.lock().unwrap().drain().map(|(_, s)| s).collect();
+        for entry in drained {
+            self.balancer.engine(entry.slot).finished();
+            let _ = entry.events.send(RequestEvent::Failed(reason.clone()));
+        }
+        for (_, call) in self.utility_calls.lock().unwrap().drain() {
+            let _ = call.send(Err(reason.clone()));
+        }
+    }
+
+    fn dispatch(&self, message: OutputsMessage) {
+        match message {
+            OutputsMessage::Batch { engine_index, outputs, stats, finished_requests } => {
+                if let Some(stats) = stats {
+                    if let Some(load) = engine_index
+                        .checked_sub(self.start_index)
+                        .and_then(|slot| self.balancer.engines().get(slot as usize))
+                    {
+                        load.record_stats(stats);
+                    }
+                }
+                self.dispatch_outputs(outputs, finished_requests);
+            }
+            OutputsMessage::Utility { engine_index, reply } => self.dispatch_utility(engine_index, reply),
+            OutputsMessage::Wave { engine_index, .. } => {
+                tracing::debug!(engine_index, "ignoring a wave message (no coordinator)");
+            }
+            OutputsMessage::EngineDead => {
+                self.fail_all("engine core died (ENGINE_CORE_DEAD); requests in flight were failed".into());
+            }
+        }
+    }
+
+    fn dispatch_outputs(&self, outputs: Vec<EngineOutput>, finished_requests: Vec<String>) {
+        let mut requests = self.requests.lock().unwrap();
+        for output in outputs {
+            let finished = output.finish_reason.is_some();
+            let Some(entry) = requests.get(&output.request_id) else {
+                tracing::debug!(request_id = %output.request_id, "dropping output of a request no longer in flight");
+                continue;
+            };
+            let _ = entry.events.send(RequestEvent::Output {
+                token_ids: output.new_token_ids,
+                finish_reason: output.finish_reason,
+                stop_reason: output.stop_reason,
+            });
+            if finished {
+                if let Some(entry) = requests.remove(&output.request_id) {
+                    self.balancer.engine(entry.slot).finished();
+                }
+            }
+        }
+        // Finished in the engine without a final output: end them as aborted.
+        for request_id in finished_requests {
+            if let Some(entry) = requests.remove(&request_id) {
+                self.balancer.engine(entry.slot).finished();
+                let _ = entry.events.send(RequestEvent::Output {
+                    token_ids: Vec::new(),
+                    finish_reason: Some(FinishReason::Abort),
+                    stop_reason: None,
+                });
+            }
+        }
+    }
+
+    fn dispatch_utility(&self, engine_index: u32, reply: UtilityReply) {
+        let Some(call) = self.utility_calls.lock().unwrap().remove(&reply.call_id) else {
+            tracing::debug!(engine_index, call_id = reply.call_id, "dropping a utility reply nobody waits for");
+            return;
+        };
+        let _ = call.send(match reply.failure_message {
+            Some(message) => Err(message),
+            None => Ok(reply.result),
+        });
+    }
+}
+
+fn run_input_thread(router: zmq::Socket, commands: std_mpsc::Receiver<InputCommand>, shared: Arc<Shared>) {
+    while let Ok(command) = commands.recv() {
+        let identity = engine_identity(command.engine);
+        let sent = router
+            .send(&identity[..], zmq::SNDMORE)
+            .and_then(|()| router.send(&[command.kind][..], zmq::SNDMORE))
+            .and_then(|()| router.send(command.payload, 0));
+        if let Err(e) = sent {
+            let reason = format!("cannot send to engine {}: {e}", command.engine);
+            tracing::warn!("{reason}");
+            if let Some(id) = command.request_id {
+                shared.fail_request(&id, reason);
+            }
+        }
+    }
+}
+
+fn run_output_thread(pull: zmq::Socket, shared: Arc<Shared>) {
+    if let Err(e) = pull.set_rcvtimeo(OUTPUT_POLL_INTERVAL_MS) {
+        shared.fail_all(format!("cannot configure the output socket: {e}"));
+        return;
+    }
+    loop {
+        if shared.stopping.load(Ordering::Relaxed) && shared.requests.lock().unwrap().is_empty() {
+            return;
+        }
+        let frames = match pull.recv_multipart(0) {
+            Ok(frames) => frames,
+            Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => continue,
+            Err(e) => {
+                shared.fail_all(format!("receiving engine outputs failed: {e}"));
+                return;
+            }
+        };
+        match decode_outputs(&frames) {
+            Ok(message) => shared.dispatch(message),
+            Err(DecodeError::Malformed(why)) => tracing::warn!("skipping a malformed engine message: {why}"),
+            Err(e @ DecodeError::Protocol(_)) => shared.fail_all(format!("engine {e}; requests in flight were failed")),
+        }
+    }
+}
+
+/// The outputs of one submitted request. Dropping it before the request
+/// finished aborts the request in its engine.
+pub struct RequestStream {
+    request_id: String,
+    engine: u32,
+    events: mpsc::UnboundedReceiver<RequestEvent>,
+    shared: Arc<Shared>,
+    done: bool,
+}
+
+impl RequestStream {
+    /// The engine-side request id.
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// The engine that serves this request.
+    pub fn engine(&self) -> u32 {
+        self.engine
+    }
+
+    /// The next event; `None` after the last one.
+    pub async fn recv(&mut self) -> Option<RequestEvent> {
+        if self.done {
+            return None;
+        }
+        let event = self.events.recv().await;
+        self.note(event)
+    }
+
+    /// The next event if one is already queued.
+    pub fn try_recv(&mut self) -> Option<RequestEvent> {
+        if self.done {
+            return None;
+        }
+        let event = self.events.try_recv().ok();
+        self.note(event)
+    }
+
+    fn note(&mut self, event: Option<RequestEvent>) -> Option<RequestEvent> {
+        match &event {
+            None | Some(RequestEvent::Failed(_)) | Some(RequestEvent::Output { finish_reason: Some(_), .. }) => {
+                self.done = true
+            }
+            Some(RequestEvent::Output { .. }) => {}
+        }
+        event
+    }
+
+    /// Stops the request: sends ABORT to its engine unless it already finished.
+    pub fn abort(&mut self) {
+        if !self.done {
+            self.done = true;
+            self.shared.abort(&self.request_id);
+        }
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}

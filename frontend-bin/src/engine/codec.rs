@@ -1,0 +1,489 @@
+//! MessagePack encoding of frontend-to-engine payloads and lenient decoding of
+//! engine-to-frontend messages (short arrays take their trailing defaults).
+
+use super::protocol::{
+    EngineOutput, EngineRequest, FinishReason, OutputsMessage, Registration, SamplingParams,
+    SchedulerStats, StopReason, UtilityReply, ENGINE_CORE_DEAD,
+};
+use rmp::encode;
+use rmpv::Value;
+
+/// Why an outputs message could not be used.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DecodeError {
+    /// Not the expected msgpack shape: log and skip it.
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    /// Well-formed but against the protocol (empty, or a mix of kinds): fatal.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+fn malformed(what: impl Into<String>) -> DecodeError {
+    DecodeError::Malformed(what.into())
+}
+
+// Writes into a Vec never fail; these helpers drop the impossible error.
+fn put_array_len(buf: &mut Vec<u8>, len: u32) {
+    encode::write_array_len(buf, len).expect("write to Vec");
+}
+fn put_str(buf: &mut Vec<u8>, s: &str) {
+    encode::write_str(buf, s).expect("write to Vec");
+}
+fn put_uint(buf: &mut Vec<u8>, n: u64) {
+    encode::write_uint(buf, n).expect("write to Vec");
+}
+fn put_int(buf: &mut Vec<u8>, n: i64) {
+    encode::write_sint(buf, n).expect("write to Vec");
+}
+fn put_nil(buf: &mut Vec<u8>) {
+    encode::write_nil(buf).expect("write to Vec");
+}
+fn put_uint_array(buf: &mut Vec<u8>, items: &[u32]) {
+    put_array_len(buf, items.len() as u32);
+    for &item in items {
+        put_uint(buf, item.into());
+    }
+}
+
+/// Number of EngineCoreRequest slots sent: through `external_req_id` (slot 16).
+const REQUEST_SLOTS: u32 = 17;
+
+/// Encodes an ADD payload (EngineCoreRequest as an array).
+pub fn encode_add(req: &EngineRequest) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(128 + 2 * req.prompt_token_ids.len());
+    put_array_len(&mut buf, REQUEST_SLOTS);
+    put_str(&mut buf, &req.request_id); // 0 request_id
+    put_uint_array(&mut buf, &req.prompt_token_ids); // 1 prompt_token_ids
+    put_nil(&mut buf); // 2 mm_features
+    encode_sampling_params(&mut buf, &req.sampling); // 3 sampling_params
+    put_nil(&mut buf); // 4 pooling_params
+    encode::write_f64(&mut buf, req.arrival_time).expect("write to Vec"); // 5 arrival_time
+    put_nil(&mut buf); // 6 lora_request
+    put_nil(&mut buf); // 7 cache_salt
+    match req.data_parallel_rank {
+        Some(rank) => put_uint(&mut buf, rank.into()),
+        None => put_nil(&mut buf),
+    } // 8 data_parallel_rank
+    put_nil(&mut buf); // 9 prompt_embeds
+    put_nil(&mut buf); // 10 prompt_is_token_ids
+    put_uint(&mut buf, req.client_index.into()); // 11 client_index
+    put_uint(&mut buf, 0); // 12 current_wave
+    put_uint(&mut buf, 0); // 13 priority
+    put_nil(&mut buf); // 14 trace_headers
+    encode::write_bool(&mut buf, false).expect("write to Vec"); // 15 resumable
+    put_str(&mut buf, &req.external_request_id); // 16 external_req_id
+    buf
+}
+
+/// Encodes the sampling-params map: string keys, unset values left out.
+fn encode_sampling_params(buf: &mut Vec<u8>, p: &SamplingParams) {
+    enum V<'a> {
+        F(f64),
+        I(i64),
+        U(u64),
+        B(bool),
+        L(&'a [u32]),
+    }
+    let mut entries: Vec<(&str, V)> = Vec::with_capacity(14);
+    let floats = [
+        ("temperature", p.temperature),
+        ("top_p", p.top_p),
+        ("min_p", p.min_p),
+        ("frequency_penalty", p.frequency_penalty),
+        ("presence_penalty", p.presence_penalty),
+        ("repetition_penalty", p.repetition_penalty),
+    ];
+    entries.extend(floats.into_iter().filter_map(|(k, v)| v.map(|v| (k, V::F(v)))));
+    if let Some(v) = p.top_k {
+        entries.push(("top_k", V::I(v)));
+    }
+    if let Some(v) = p.max_tokens {
+        entries.push(("max_tokens", V::U(v)));
+    }
+    if let Some(v) = p.min_tokens {
+        entries.push(("min_tokens", V::U(v)));
+    }
+    entries.push(("stop_token_ids", V::L(&p.stop_token_ids)));
+    entries.push(("_all_stop_token_ids", V::L(&p.all_stop_token_ids)));
+    if let Some(v) = p.seed {
+        entries.push(("seed", V::I(v)));
+    }
+    if let Some(v) = p.eos_token_id {
+        entries.push(("_eos_token_id", V::U(v.into())));
+    }
+    if p.ignore_eos {
+        entries.push(("ignore_eos", V::B(true)));
+    }
+    encode::write_map_len(buf, entries.len() as u32).expect("write to Vec");
+    for (key, value) in entries {
+        put_str(buf, key);
+        match value {
+            V::F(v) => encode::write_f64(buf, v).expect("write to Vec"),
+            V::I(v) => put_int(buf, v),
+            V::U(v) => put_uint(buf, v),
+            V::B(v) => encode::write_bool(buf, v).expect("write to Vec"),
+            V::L(v) => put_uint_array(buf, v),
+        }
+    }
+}
+
+/// Encodes an ABORT payload: the array of request ids.
+pub fn encode_abort<S: AsRef<str>>(request_ids: &[S]) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(16 + 24 * request_ids.len());
+    put_array_len(&mut buf, request_ids.len() as u32);
+    for id in request_ids {
+        put_str(&mut buf, id.as_ref());
+    }
+    buf
+}
+
+/// Encodes a UTILITY payload: `[client_index, call_id, method_name, args]`.
+pub fn encode_utility(client_index: u32, call_id: i64, method: &str, args: &[Value]) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(32 + method.len());
+    put_array_len(&mut buf, 4);
+    put_uint(&mut buf, client_index.into());
+    put_int(&mut buf, call_id);
+    put_str(&mut buf, method);
+    rmpv::encode::write_value(&mut buf, &Value::Array(args.to_vec())).expect("write to Vec");
+    buf
+}
+
+/// Decodes one complete msgpack value, rejecting trailing bytes.
+fn read_value(bytes: &[u8]) -> Result<Value, DecodeError> {
+    let mut rest = bytes;
+    let value = rmpv::decode::read_value(&mut rest).map_err(|e| malformed(format!("not msgpack: {e}")))?;
+    if !rest.is_empty() {
+        return Err(malformed(format!("{} trailing bytes", rest.len())));
+    }
+    Ok(value)
+}
+
+/// Slot `i` of a short-able array; `None` when missing or nil.
+fn slot(items: &[Value], i: usize) -> Option<&Value> {
+    items.get(i).filter(|v| !v.is_nil())
+}
+
+fn as_int(v: &Value, what: &str) -> Result<i64, DecodeError> {
+    v.as_i64().ok_or_else(|| malformed(format!("{what}: expected an integer, got {v}")))
+}
+
+fn as_str<'a>(v: &'a Value, what: &str) -> Result<&'a str, DecodeError> {
+    v.as_str().ok_or_else(|| malformed(format!("{what}: expected a string, got {v}")))
+}
+
+fn as_array<'a>(v: &'a Value, what: &str) -> Result<&'a [Value], DecodeError> {
+    v.as_array().map(Vec::as_slice).ok_or_else(|| malformed(format!("{what}: expected an array, got {v}")))
+}
+
+/// Decodes one message from the output socket: its frames are
+/// `[EngineCoreOutputs, aux frames...]` or the single frame `ENGINE_CORE_DEAD`.
+pub fn decode_outputs(frames: &[impl AsRef<[u8]>]) -> Result<OutputsMessage, DecodeError> {
+    let first = frames.first().ok_or_else(|| malformed("no frames"))?.as_ref();
+    if first == ENGINE_CORE_DEAD {
+        return Ok(OutputsMessage::EngineDead);
+    }
+    let value = read_value(first)?;
+    let items = as_array(&value, "EngineCoreOutputs")?;
+    let engine_index = match slot(items, 0) {
+        Some(v) => u32::try_from(as_int(v, "engine_index")?).map_err(|_| malformed("engine_index out of range"))?,
+        None => 0,
+    };
+    let outputs = match slot(items, 1) {
+        Some(v) => as_array(v, "outputs")?.iter().map(decode_output).collect::<Result<Vec<_>, _>>()?,
+        None => Vec::new(),
+    };
+    let stats = slot(items, 2).map(decode_stats).transpose()?;
+    let utility = slot(items, 4).map(decode_utility).transpose()?;
+    let finished_requests = match slot(items, 5) {
+        Some(v) => as_array(v, "finished_requests")?
+            .iter()
+            .map(|id| as_str(id, "finished_requests").map(str::to_owned))
+            .collect::<Result<Vec<_>, _>>()?,
+        None => Vec::new(),
+    };
+    let wave_complete = slot(items, 6).map(|v| as_int(v, "wave_complete")).transpose()?;
+    let start_wave = slot(items, 7).map(|v| as_int(v, "start_wave")).transpose()?;
+
+    let is_batch = !outputs.is_empty() || stats.is_some() || !finished_requests.is_empty();
+    let is_wave = wave_complete.is_some() || start_wave.is_some();
+    match (is_batch, utility, is_wave) {
+        (true, None, false) => Ok(OutputsMessage::Batch { engine_index, outputs, stats, finished_requests }),
+        (false, Some(reply), false) => Ok(OutputsMessage::Utility { engine_index, reply }),
+        (false, None, true) => Ok(OutputsMessage::Wave { engine_index, wave_complete, start_wave }),
+        (false, None, false) => Err(DecodeError::Protocol(format!("empty outputs message from engine {engine_index}"))),
+        _ => Err(DecodeError::Protocol(format!(
+            "outputs message from engine {engine_index} mixes request outputs, a utility reply and wave fields"
+        ))),
+    }
+}
+
+fn decode_output(value: &Value) -> Result<EngineOutput, DecodeError> {
+    let items = as_array(value, "EngineCoreOutput")?;
+    if items.len() < 2 {
+        return Err(malformed(format!("EngineCoreOutput has {} slots, needs at least 2", items.len())));
+    }
+    let request_id = as_str(&items[0], "request_id")?.to_owned();
+    let new_token_ids = match slot(items, 1) {
+        Some(v) => as_array(v, "new_token_ids")?
+            .iter()
+            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| malformed(format!("bad token id {t}"))))
+            .collect::<Result<Vec<_>, _>>()?,
+        None => Vec::new(),
+    };
+    let finish_reason = match slot(items, 5) {
+        Some(v) => {
+            let code = as_int(v, "finish_reason")?;
+            Some(FinishReason::from_code(code).ok_or_else(|| malformed(format!("unknown finish_reason {code}")))?)
+        }
+        None => None,
+    };
+    let stop_reason = match slot(items, 6) {
+        None => None,
+        Some(Value::String(s)) => Some(StopReason::Text(s.as_str().unwrap_or_default().to_owned())),
+        Some(v) => Some(StopReason::Token(as_int(v, "stop_reason")?)),
+    };
+    Ok(EngineOutput { request_id, new_token_ids, finish_reason, stop_reason })
+}
+
+fn decode_stats(value: &Value) -> Result<SchedulerStats, DecodeError> {
+    let map = value.as_map().ok_or_else(|| malformed(format!("scheduler_stats: expected a map, got {value}")))?;
+    let mut stats = SchedulerStats::default();
+    for (k, v) in map {
+        match k.as_str() {
+            Some("num_running_reqs") => stats.num_running_reqs = v.as_u64().unwrap_or(0),
+            Some("num_waiting_reqs") => stats.num_waiting_reqs = v.as_u64().unwrap_or(0),
+            _ => {}
+        }
+    }
+    Ok(stats)
+}
+
+fn decode_utility(value: &Value) -> Result<UtilityReply, DecodeError> {
+    let items = as_array(value, "UtilityOutput")?;
+    let call_id = as_int(slot(items, 0).ok_or_else(|| malformed("UtilityOutput without call_id"))?, "call_id")?;
+    let failure_message = slot(items, 1).map(|v| as_str(v, "failure_message").map(str::to_owned)).transpose()?;
+    let result = match slot(items, 2) {
+        Some(v) => as_array(v, "UtilityResult")?.get(1).cloned(),
+        None => None,
+    };
+    Ok(UtilityReply { call_id, failure_message, result })
+}
+
+/// Decodes a registration payload: empty, or a map with `max_model_len` and
+/// `num_gpu_blocks` (both required) and optionally `dp_stats_address`.
+pub fn decode_registration(payload: &[u8]) -> Result<Registration, String> {
+    if payload.is_empty() {
+        return Ok(Registration::default());
+    }
+    let value = read_value(payload).map_err(|e| e.to_string())?;
+    let map = value.as_map().ok_or_else(|| format!("expected an empty payload or a map, got {value}"))?;
+    let get = |key: &str| map.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v);
+    let required_int = |key: &str| -> Result<u64, String> {
+        let v = get(key).ok_or_else(|| format!("registration map lacks `{key}`"))?;
+        v.as_u64().ok_or_else(|| format!("registration `{key}` must be a non-negative integer, got {v}"))
+    };
+    let dp_stats_address = match get("dp_stats_address") {
+        None | Some(Value::Nil) => None,
+        Some(v) => Some(v.as_str().ok_or_else(|| format!("registration `dp_stats_address` must be a string, got {v}"))?.to_owned()),
+    };
+    Ok(Registration {
+        max_model_len: Some(required_int("max_model_len")?),
+        num_gpu_blocks: Some(required_int("num_gpu_blocks")?),
+        dp_stats_address,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `b"ab"` as a msgpack fixstr.
+    fn fixstr(s: &str) -> Vec<u8> {
+        let mut v = vec![0xa0 | s.len() as u8];
+        v.extend_from_slice(s.as_bytes());
+        v
+    }
+
+    fn cat(parts: &[&[u8]]) -> Vec<u8> {
+        parts.concat()
+    }
+
+    #[test]
+    fn add_request_matches_hand_written_bytes() {
+        let req = EngineRequest {
+            request_id: "r-1".into(),
+            prompt_token_ids: vec![1, 300],
+            sampling: SamplingParams { max_tokens: Some(5), temperature: Some(0.5), ..Default::default() },
+            arrival_time: 2.0,
+            data_parallel_rank: Some(1),
+            client_index: 0,
+            external_request_id: "x".into(),
+        };
+        let expected = cat(&[
+            &[0xdc, 0x00, 0x11], // array16 of 17
+            &fixstr("r-1"),
+            &[0x92, 0x01, 0xcd, 0x01, 0x2c], // [1, 300]
+            &[0xc0],                         // mm_features
+            &[0x84],                         // map of 4
+            &fixstr("temperature"),
+            &[0xcb, 0x3f, 0xe0, 0, 0, 0, 0, 0, 0], // 0.5
+            &fixstr("max_tokens"),
+            &[0x05],
+            &fixstr("stop_token_ids"),
+            &[0x90],
+            &fixstr("_all_stop_token_ids"),
+            &[0x90],
+            &[0xc0],                                     // pooling_params
+            &[0xcb, 0x40, 0x00, 0, 0, 0, 0, 0, 0],       // arrival_time 2.0
+            &[0xc0, 0xc0],                               // lora_request, cache_salt
+            &[0x01],                                     // data_parallel_rank
+            &[0xc0, 0xc0],                               // prompt_embeds, prompt_is_token_ids
+            &[0x00, 0x00, 0x00],                         // client_index, current_wave, priority
+            &[0xc0, 0xc2],                               // trace_headers, resumable
+            &fixstr("x"),
+        ]);
+        assert_eq!(encode_add(&req), expected);
+    }
+
+    #[test]
+    fn sampling_params_include_seed_eos_and_ignore_eos_when_set() {
+        let mut buf = Vec::new();
+        let p = SamplingParams { seed: Some(-1), eos_token_id: Some(256), ignore_eos: true, stop_token_ids: vec![7], all_stop_token_ids: vec![7, 256], ..Default::default() };
+        encode_sampling_params(&mut buf, &p);
+        let expected = cat(&[
+            &[0x85],
+            &fixstr("stop_token_ids"),
+            &[0x91, 0x07],
+            &fixstr("_all_stop_token_ids"),
+            &[0x92, 0x07, 0xcd, 0x01, 0x00],
+            &fixstr("seed"),
+            &[0xff],
+            &fixstr("_eos_token_id"),
+            &[0xcd, 0x01, 0x00],
+            &fixstr("ignore_eos"),
+            &[0xc3],
+        ]);
+        assert_eq!(buf, expected);
+    }
+
+    #[test]
+    fn abort_and_utility_match_hand_written_bytes() {
+        assert_eq!(encode_abort(&["a", "bc"]), cat(&[&[0x92], &fixstr("a"), &fixstr("bc")]));
+        assert_eq!(
+            encode_utility(0, 7, "get_stats", &[Value::from(1)]),
+            cat(&[&[0x94, 0x00, 0x07], &fixstr("get_stats"), &[0x91, 0x01]])
+        );
+    }
+
+    #[test]
+    fn short_outputs_take_defaults() {
+        // [0, [["r1", [65, 66]]]]
+        let bytes = cat(&[&[0x92, 0x00, 0x91, 0x92], &fixstr("r1"), &[0x92, 0x41, 0x42]]);
+        let msg = decode_outputs(&[bytes]).unwrap();
+        let expected = OutputsMessage::Batch {
+            engine_index: 0,
+            outputs: vec![EngineOutput { request_id: "r1".into(), new_token_ids: vec![65, 66], finish_reason: None, stop_reason: None }],
+            stats: None,
+            finished_requests: vec![],
+        };
+        assert_eq!(msg, expected);
+    }
+
+    #[test]
+    fn full_output_with_finish_stats_and_finished_ids() {
+        // [1, [["r", [1], nil, nil, nil, 0, 9, nil]], {"num_running_reqs": 2, "num_waiting_reqs": 3}, 1.5, nil, ["r"]]
+        let bytes = cat(&[
+            &[0x96, 0x01, 0x91, 0x98],
+            &fixstr("r"),
+            &[0x91, 0x01, 0xc0, 0xc0, 0xc0, 0x00, 0x09, 0xc0],
+            &[0x82],
+            &fixstr("num_running_reqs"),
+            &[0x02],
+            &fixstr("num_waiting_reqs"),
+            &[0x03],
+            &[0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0],
+            &[0xc0, 0x91],
+            &fixstr("r"),
+        ]);
+        let OutputsMessage::Batch { engine_index, outputs, stats, finished_requests } = decode_outputs(&[bytes]).unwrap() else {
+            panic!("expected a batch")
+        };
+        assert_eq!(engine_index, 1);
+        assert_eq!(outputs[0].finish_reason, Some(FinishReason::Stop));
+        assert_eq!(outputs[0].stop_reason, Some(StopReason::Token(9)));
+        assert_eq!(stats, Some(SchedulerStats { num_running_reqs: 2, num_waiting_reqs: 3 }));
+        assert_eq!(finished_requests, vec!["r".to_string()]);
+    }
+
+    #[test]
+    fn stop_string_reason_and_length_finish() {
+        let bytes = cat(&[&[0x92, 0x00, 0x91, 0x97], &fixstr("r"), &[0x90, 0xc0, 0xc0, 0xc0, 0x01], &fixstr("END")]);
+        let OutputsMessage::Batch { outputs, .. } = decode_outputs(&[bytes]).unwrap() else { panic!() };
+        assert_eq!(outputs[0].finish_reason, Some(FinishReason::Length));
+        assert_eq!(outputs[0].stop_reason, Some(StopReason::Text("END".into())));
+    }
+
+    #[test]
+    fn utility_reply_is_decoded() {
+        // [0, [], nil, 0.0, [5, nil, [nil, "ok"]]]
+        let bytes = cat(&[&[0x95, 0x00, 0x90, 0xc0, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x93, 0x05, 0xc0, 0x92, 0xc0], &fixstr("ok")]);
+        let msg = decode_outputs(&[bytes]).unwrap();
+        let reply = UtilityReply { call_id: 5, failure_message: None, result: Some(Value::from("ok")) };
+        assert_eq!(msg, OutputsMessage::Utility { engine_index: 0, reply });
+        // failure: [0, nil, nil, nil, [6, "boom"]]
+        let bytes = cat(&[&[0x95, 0x00, 0xc0, 0xc0, 0xc0, 0x92, 0x06], &fixstr("boom")]);
+        let OutputsMessage::Utility { reply, .. } = decode_outputs(&[bytes]).unwrap() else { panic!() };
+        assert_eq!(reply.failure_message.as_deref(), Some("boom"));
+    }
+
+    #[test]
+    fn wave_message_is_decoded() {
+        // [0, [], nil, 0, nil, nil, 3]
+        let bytes = vec![0x97, 0x00, 0x90, 0xc0, 0x00, 0xc0, 0xc0, 0x03];
+        assert_eq!(
+            decode_outputs(&[bytes]).unwrap(),
+            OutputsMessage::Wave { engine_index: 0, wave_complete: Some(3), start_wave: None }
+        );
+    }
+
+    #[test]
+    fn engine_dead_frame() {
+        assert_eq!(decode_outputs(&[b"ENGINE_CORE_DEAD".to_vec()]).unwrap(), OutputsMessage::EngineDead);
+    }
+
+    #[test]
+    fn empty_and_mixed_messages_are_protocol_errors() {
+        assert!(matches!(decode_outputs(&[vec![0x91, 0x00]]), Err(DecodeError::Protocol(_))));
+        // outputs plus a wave_complete
+        let bytes = cat(&[&[0x97, 0x00, 0x91, 0x92], &fixstr("r"), &[0x90, 0xc0, 0xc0, 0xc0, 0xc0, 0x01]]);
+        assert!(matches!(decode_outputs(&[bytes]), Err(DecodeError::Protocol(_))));
+    }
+
+    #[test]
+    fn malformed_messages_are_reported_not_panicked() {
+        for bytes in [
+            vec![],                              // nothing
+            vec![0xc1],                          // reserved byte
+            vec![0x92, 0x00],                    // truncated
+            vec![0xa1, b'x'],                    // not an array
+            vec![0x92, 0x00, 0x91, 0x91, 0x01],  // output too short, id not a string
+            vec![0x92, 0x00, 0x91, 0x92, 0xa1, b'r', 0x91, 0xff], // negative token id
+            cat(&[&[0x92, 0x00, 0x91, 0x96], &fixstr("r"), &[0x90, 0xc0, 0xc0, 0xc0, 0x09]]), // unknown finish
+            vec![0x91, 0x00, 0x00],              // trailing byte
+        ] {
+            assert!(matches!(decode_outputs(&[bytes.clone()]), Err(DecodeError::Malformed(_))), "{bytes:x?}");
+        }
+    }
+
+    #[test]
+    fn registration_payloads() {
+        assert_eq!(decode_registration(b"").unwrap(), Registration::default());
+        let map = cat(&[&[0x83], &fixstr("max_model_len"), &[0xcd, 0x08, 0x00], &fixstr("num_gpu_blocks"), &[0x10], &fixstr("dp_stats_address"), &[0xc0]]);
+        let r = decode_registration(&map).unwrap();
+        assert_eq!((r.max_model_len, r.num_gpu_blocks, r.dp_stats_address), (Some(2048), Some(16), None));
+        let missing = cat(&[&[0x81], &fixstr("max_model_len"), &[0x10]]);
+        assert!(decode_registration(&missing).unwrap_err().contains("num_gpu_blocks"));
+        assert!(decode_registration(&[0x01]).is_err());
+    }
+}

@@ -1,0 +1,10 @@
+//! The engine side: vLLM's engine-core protocol over ZeroMQ.
+
+pub mod balancer;
+pub mod client;
+pub mod codec;
+pub mod protocol;
+pub mod registration;
+pub mod sockets;
+
+pub use client::{EngineClient, RequestEvent, RequestStream, SubmitError};

@@ -1,0 +1,202 @@
+//! The messages of the engine-core protocol (docs: engine-protocol.md), as Rust types.
+
+use std::fmt;
+
+/// Type byte of an ADD request.
+pub const REQUEST_ADD: u8 = 0x00;
+/// Type byte of an ABORT request.
+pub const REQUEST_ABORT: u8 = 0x01;
+/// Type byte of a UTILITY call.
+pub const REQUEST_UTILITY: u8 = 0x03;
+/// The single-frame message an engine sends on its output socket when it dies.
+pub const ENGINE_CORE_DEAD: &[u8] = b"ENGINE_CORE_DEAD";
+
+/// The ZeroMQ routing identity of engine `index`: 2 bytes little-endian.
+pub fn engine_identity(index: u32) -> [u8; 2] {
+    (index as u16).to_le_bytes()
+}
+
+/// Sampling parameters sent in slot 3 of an EngineCoreRequest; `None` fields are left out.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SamplingParams {
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling mass.
+    pub top_p: Option<f64>,
+    /// Top-k cut-off (-1: off).
+    pub top_k: Option<i64>,
+    /// Min-p cut-off.
+    pub min_p: Option<f64>,
+    /// Frequency penalty.
+    pub frequency_penalty: Option<f64>,
+    /// Presence penalty.
+    pub presence_penalty: Option<f64>,
+    /// Repetition penalty.
+    pub repetition_penalty: Option<f64>,
+    /// Maximum number of generated tokens.
+    pub max_tokens: Option<u64>,
+    /// Minimum number of generated tokens before stop tokens count.
+    pub min_tokens: Option<u64>,
+    /// Seed for sampling.
+    pub seed: Option<i64>,
+    /// Token ids that stop generation (the request's own).
+    pub stop_token_ids: Vec<u32>,
+    /// Every stop token: the request's plus EOS unless `ignore_eos`.
+    pub all_stop_token_ids: Vec<u32>,
+    /// The tokenizer's EOS id, unless `ignore_eos`.
+    pub eos_token_id: Option<u32>,
+    /// Keep generating past EOS.
+    pub ignore_eos: bool,
+}
+
+/// One ADD request (EngineCoreRequest).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineRequest {
+    /// Id inside the engine: the external id plus `-` and 8 random hex digits.
+    pub request_id: String,
+    /// The prompt as token ids.
+    pub prompt_token_ids: Vec<u32>,
+    /// How to sample.
+    pub sampling: SamplingParams,
+    /// When the HTTP request arrived (unix seconds).
+    pub arrival_time: f64,
+    /// Engine pinned by `X-data-parallel-rank`, if any.
+    pub data_parallel_rank: Option<u32>,
+    /// Index of this frontend among the engines' clients.
+    pub client_index: u32,
+    /// The id the client sees (`cmpl-X`, `chatcmpl-X`).
+    pub external_request_id: String,
+}
+
+/// Why a request finished (EngineCoreOutput slot 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// A stop token, a stop string or EOS.
+    Stop,
+    /// `max_tokens` or the model length reached.
+    Length,
+    /// Aborted.
+    Abort,
+    /// The engine failed the request.
+    Error,
+    /// Stopped for repetition.
+    Repetition,
+}
+
+impl FinishReason {
+    /// The reason for a wire code (STOP=0 .. REPETITION=4).
+    pub fn from_code(code: i64) -> Option<Self> {
+        Some(match code {
+            0 => FinishReason::Stop,
+            1 => FinishReason::Length,
+            2 => FinishReason::Abort,
+            3 => FinishReason::Error,
+            4 => FinishReason::Repetition,
+            _ => return None,
+        })
+    }
+
+    /// The OpenAI `finish_reason` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
+            FinishReason::Repetition => "repetition",
+        }
+    }
+}
+
+impl fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What stopped a request with reason STOP: a stop token id or a stop string.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// A stop token id.
+    Token(i64),
+    /// A stop string.
+    Text(String),
+}
+
+/// One EngineCoreOutput: new tokens of one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineOutput {
+    /// The engine-side request id.
+    pub request_id: String,
+    /// Tokens generated since the previous output.
+    pub new_token_ids: Vec<u32>,
+    /// Set on the last output of the request.
+    pub finish_reason: Option<FinishReason>,
+    /// What stopped it, when known.
+    pub stop_reason: Option<StopReason>,
+}
+
+/// The part of an engine's scheduler stats used for load balancing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    /// Requests running in the engine.
+    pub num_running_reqs: u64,
+    /// Requests waiting in the engine.
+    pub num_waiting_reqs: u64,
+}
+
+/// The reply to a UTILITY call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UtilityReply {
+    /// The call id the frontend chose.
+    pub call_id: i64,
+    /// Set when the call failed.
+    pub failure_message: Option<String>,
+    /// The result value, when any.
+    pub result: Option<rmpv::Value>,
+}
+
+/// One message received on the output socket.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OutputsMessage {
+    /// Request outputs, scheduler stats and/or finished request ids.
+    Batch {
+        /// The engine that sent it.
+        engine_index: u32,
+        /// Per-request outputs.
+        outputs: Vec<EngineOutput>,
+        /// Scheduler stats, when sent.
+        stats: Option<SchedulerStats>,
+        /// Ids of requests the engine finished.
+        finished_requests: Vec<String>,
+    },
+    /// A utility reply.
+    Utility {
+        /// The engine that sent it.
+        engine_index: u32,
+        /// The reply.
+        reply: UtilityReply,
+    },
+    /// A data-parallel wave message.
+    Wave {
+        /// The engine that sent it.
+        engine_index: u32,
+        /// Wave that completed, if any.
+        wave_complete: Option<i64>,
+        /// Wave to start, if any.
+        start_wave: Option<i64>,
+    },
+    /// The engine died (the `ENGINE_CORE_DEAD` frame).
+    EngineDead,
+}
+
+/// An engine's registration message.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Registration {
+    /// The engine's maximum model length, when it says.
+    pub max_model_len: Option<u64>,
+    /// KV-cache blocks, when it says.
+    pub num_gpu_blocks: Option<u64>,
+    /// Where it publishes data-parallel stats, when it does.
+    pub dp_stats_address: Option<String>,
+}

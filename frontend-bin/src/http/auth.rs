@@ -1,0 +1,57 @@
+//! Bearer-token authentication when `api_key` is set. `/health` and
+//! `/metrics` stay open.
+
+use super::error::ApiError;
+use super::state::SharedState;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+/// Paths served without a key.
+const OPEN_PATHS: &[&str] = &["/health", "/metrics"];
+
+/// Rejects requests without a valid `Authorization: Bearer <key>` with 401.
+pub async fn require_api_key(State(state): State<SharedState>, request: Request, next: Next) -> Response {
+    let keys = &state.config.api_keys;
+    if keys.is_empty() || OPEN_PATHS.contains(&request.uri().path()) {
+        return next.run(request).await;
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    // Every key is compared in full, so timing does not reveal which one is near.
+    let accepted = presented.is_some_and(|given| keys.iter().fold(false, |ok, key| ok | constant_time_eq(given, key)));
+    if accepted {
+        next.run(request).await
+    } else {
+        ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized: a valid API key is required").into_response()
+    }
+}
+
+/// Compares without an early exit on the first differing byte.
+fn constant_time_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        diff |= usize::from(a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0xff));
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn compares_exactly() {
+        assert!(constant_time_eq("abc", "abc"));
+        assert!(!constant_time_eq("abc", "abd"));
+        assert!(!constant_time_eq("abc", "abcd"));
+        assert!(!constant_time_eq("", "a"));
+        assert!(constant_time_eq("", ""));
+    }
+}

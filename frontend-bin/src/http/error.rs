@@ -1,0 +1,73 @@
+//! Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+/// An HTTP error answered in the OpenAI shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    /// The HTTP status (also the `code` field).
+    pub status: StatusCode,
+    /// What went wrong.
+    pub message: String,
+    /// The request parameter at fault, if one is.
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    /// An error with `status` and `message`.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into(), param: None }
+    }
+
+    /// 400 for a bad `param`.
+    pub fn invalid_param(param: &str, message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: Some(param.to_string()) }
+    }
+
+    /// 400 for a bad request as a whole.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// 500 for an engine-side failure.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+
+    /// 503 when the engines are unusable.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
+    }
+
+    /// The OpenAI error type for this status.
+    pub fn error_type(&self) -> &'static str {
+        match self.status {
+            StatusCode::BAD_REQUEST => "BadRequestError",
+            StatusCode::UNAUTHORIZED => "AuthenticationError",
+            StatusCode::NOT_FOUND => "NotFoundError",
+            StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
+            StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
+            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
+            _ => "InternalServerError",
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.error_type(),
+            "param": self.param,
+            "code": self.status.as_u16(),
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}

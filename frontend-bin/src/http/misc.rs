@@ -1,0 +1,91 @@
+//! The small routes: health, models, load, version, metrics, and the engine
+//! utility calls (`/reset_prefix_cache`, `/sleep`, `/wake_up`).
+
+use super::error::ApiError;
+use super::state::SharedState;
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+use std::time::Duration;
+
+/// How long a utility call may take per engine.
+const UTILITY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `GET /health`: 200 while the engines are usable, 503 after one died.
+pub async fn health(State(state): State<SharedState>) -> Response {
+    match state.engines.failure() {
+        None => StatusCode::OK.into_response(),
+        Some(reason) => ApiError::unavailable(reason.to_string()).into_response(),
+    }
+}
+
+/// `GET /v1/models`: every served name.
+pub async fn list_models(State(state): State<SharedState>) -> Response {
+    let data: Vec<_> = state
+        .config
+        .served_model_names
+        .iter()
+        .map(|name| {
+            json!({
+                "id": name,
+                "object": "model",
+                "created": state.created,
+                "owned_by": "vllm-rs",
+                "root": state.config.model_tag,
+                "parent": null,
+                "max_model_len": state.max_model_len,
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /load`: requests in flight.
+pub async fn load(State(state): State<SharedState>) -> Response {
+    Json(json!({"server_load": state.engines.inflight()})).into_response()
+}
+
+/// `GET /version`.
+pub async fn version() -> Response {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(state): State<SharedState>) -> Response {
+    let body = state.metrics.render(state.engines.inflight());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+}
+
+/// Calls `method` with `args` on every engine; 500 with the first failure.
+async fn call_all_engines(state: &SharedState, method: &str, args: Vec<rmpv::Value>) -> Response {
+    for engine in state.engines.engine_indices() {
+        if let Err(why) = state.engines.call_utility(engine, method, args.clone(), UTILITY_TIMEOUT).await {
+            return ApiError::internal(format!("{method} failed on engine {engine}: {why}")).into_response();
+        }
+    }
+    StatusCode::OK.into_response()
+}
+
+/// `POST /reset_prefix_cache`.
+pub async fn reset_prefix_cache(State(state): State<SharedState>) -> Response {
+    call_all_engines(&state, "reset_prefix_cache", Vec::new()).await
+}
+
+/// Query of `POST /sleep`.
+#[derive(Deserialize)]
+pub struct SleepQuery {
+    level: Option<u32>,
+}
+
+/// `POST /sleep?level=N` (level 1 by default).
+pub async fn sleep(State(state): State<SharedState>, Query(query): Query<SleepQuery>) -> Response {
+    call_all_engines(&state, "sleep", vec![rmpv::Value::from(query.level.unwrap_or(1))]).await
+}
+
+/// `POST /wake_up`.
+pub async fn wake_up(State(state): State<SharedState>) -> Response {
+    call_all_engines(&state, "wake_up", vec![rmpv::Value::Nil]).await
+}

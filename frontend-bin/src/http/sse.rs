@@ -1,0 +1,132 @@
+//! Streaming answers as server-sent events: `data: {json}` per chunk, an
+//! error chunk if the generation fails, then `data: [DONE]`. Dropping the
+//! body (client gone) drops the generation, which aborts the request.
+
+use super::error::ApiError;
+use crate::generate::{Delta, Generation, GenerationError, Usage};
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use futures_util::stream;
+use serde::Serialize;
+use std::convert::Infallible;
+
+/// Formats the chunks of one kind of streamed answer.
+pub trait ChunkWriter: Send + 'static {
+    /// The chunk sent before any text, if any (chat: the assistant role).
+    fn opening(&self) -> Option<Bytes>;
+    /// The chunk for one delta.
+    fn delta(&self, delta: &Delta) -> Bytes;
+    /// The final usage chunk.
+    fn usage(&self, usage: Usage) -> Bytes;
+}
+
+/// One `data:` event holding `value` as JSON.
+pub fn event<T: Serialize>(value: &T) -> Bytes {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"data: ");
+    serde_json::to_writer(&mut out, value).expect("serializing a chunk");
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// What every chunk of one streamed answer repeats: id, object, created, model.
+pub struct ChunkHeader {
+    /// The id the client sees.
+    pub id: String,
+    /// `text_completion` or `chat.completion.chunk`.
+    pub object: &'static str,
+    /// Creation time (unix seconds).
+    pub created: u64,
+    /// The model name reported.
+    pub model: String,
+}
+
+#[derive(Serialize)]
+struct Chunk<'a, C> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: Vec<C>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+}
+
+impl ChunkHeader {
+    /// The event for a chunk with these `choices` and, when given, `usage`.
+    pub fn event<C: Serialize>(&self, choices: Vec<C>, usage: Option<Usage>) -> Bytes {
+        event(&Chunk { id: &self.id, object: self.object, created: self.created, model: &self.model, choices, usage })
+    }
+}
+
+const DONE: &[u8] = b"data: [DONE]\n\n";
+
+enum Phase {
+    Opening,
+    Deltas,
+    Finished,
+    End,
+}
+
+struct StreamState<W> {
+    generation: Generation,
+    writer: W,
+    include_usage: bool,
+    phase: Phase,
+}
+
+/// The error chunk for a failed generation.
+pub fn error_event(error: &GenerationError) -> Bytes {
+    let api_error = match error {
+        GenerationError::Engine => ApiError::internal(error.to_string()),
+        GenerationError::Unavailable(why) => ApiError::unavailable(why.clone()),
+    };
+    event(&api_error.body())
+}
+
+/// A `text/event-stream` response that streams `generation` through `writer`.
+pub fn sse_response<W: ChunkWriter>(generation: Generation, writer: W, include_usage: bool) -> Response {
+    let state = StreamState { generation, writer, include_usage, phase: Phase::Opening };
+    let body = stream::unfold(state, |mut s| async move {
+        loop {
+            match s.phase {
+                Phase::Opening => {
+                    s.phase = Phase::Deltas;
+                    if let Some(chunk) = s.writer.opening() {
+                        return Some((Ok::<Bytes, Infallible>(chunk), s));
+                    }
+                }
+                Phase::Deltas => match s.generation.next_delta().await {
+                    Some(Ok(delta)) => {
+                        let mut chunk = s.writer.delta(&delta).to_vec();
+                        if delta.finish.is_some() {
+                            if s.include_usage {
+                                chunk.extend_from_slice(&s.writer.usage(s.generation.usage()));
+                            }
+                            chunk.extend_from_slice(DONE);
+                            s.phase = Phase::End;
+                        }
+                        return Some((Ok(Bytes::from(chunk)), s));
+                    }
+                    Some(Err(error)) => {
+                        s.phase = Phase::Finished;
+                        return Some((Ok(error_event(&error)), s));
+                    }
+                    None => s.phase = Phase::Finished,
+                },
+                Phase::Finished => {
+                    s.phase = Phase::End;
+                    return Some((Ok(Bytes::from_static(DONE)), s));
+                }
+                Phase::End => return None,
+            }
+        }
+    });
+    let mut response = Response::new(Body::from_stream(body));
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}

@@ -1,0 +1,190 @@
+//! The part of `/v1/completions` and `/v1/chat/completions` that is the same:
+//! model check, length checks, ids, EOS handling, submission to an engine.
+
+use super::error::ApiError;
+use super::params::CommonParams;
+use super::state::{unix_now, unix_now_f64, AppState};
+use crate::engine::protocol::{EngineRequest, StopReason};
+use crate::engine::SubmitError;
+use crate::generate::Generation;
+use crate::ids::random_hex;
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::Value;
+use std::time::Instant;
+
+/// Header that pins a request to one engine.
+pub const DATA_PARALLEL_RANK_HEADER: &str = "x-data-parallel-rank";
+/// Header whose value becomes part of the request id.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Which endpoint a request came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/completions`
+    Completions,
+    /// `/v1/chat/completions`
+    Chat,
+}
+
+impl Endpoint {
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "cmpl",
+            Endpoint::Chat => "chatcmpl",
+        }
+    }
+
+    /// The parameter that holds the prompt.
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "prompt",
+            Endpoint::Chat => "messages",
+        }
+    }
+}
+
+/// A request that is running in an engine.
+pub struct Submitted {
+    /// The id the client sees.
+    pub id: String,
+    /// When it was created (unix seconds).
+    pub created: u64,
+    /// Its generation.
+    pub generation: Generation,
+}
+
+/// 404 unless `model` is absent or one of the served names.
+pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(name) if !state.config.served_model_names.iter().any(|n| n == name) => Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model `{name}` does not exist."),
+            param: Some("model".into()),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Checks the prompt against the vocabulary and the model length, fills in
+/// `max_tokens` and the stop tokens, and sends the request to an engine.
+pub fn submit(
+    state: &AppState,
+    headers: &HeaderMap,
+    endpoint: Endpoint,
+    prompt_token_ids: Vec<u32>,
+    mut common: CommonParams,
+) -> Result<Submitted, ApiError> {
+    let started = Instant::now();
+    let prompt_param = endpoint.prompt_param();
+    if let Some(reason) = state.engines.failure() {
+        return Err(ApiError::unavailable(reason.to_string()));
+    }
+    if prompt_token_ids.is_empty() {
+        return Err(ApiError::invalid_param(prompt_param, format!("`{prompt_param}` must not be empty")));
+    }
+    let vocab_size = state.tokenizer.vocab_size();
+    if let Some(bad) = prompt_token_ids.iter().find(|&&t| t as usize >= vocab_size) {
+        return Err(ApiError::invalid_param(
+            prompt_param,
+            format!("token id {bad} is out of vocabulary (vocab size {vocab_size})"),
+        ));
+    }
+    let prompt_len = prompt_token_ids.len() as u64;
+    let sampling = &mut common.sampling;
+    if let Some(max_len) = state.max_model_len {
+        if prompt_len >= max_len {
+            return Err(ApiError::invalid_param(
+                prompt_param,
+                format!("This model's maximum context length is {max_len} tokens. However, your prompt has {prompt_len} tokens, leaving no room for completion tokens."),
+            ));
+        }
+        let max_tokens = *sampling.max_tokens.get_or_insert(match endpoint {
+            Endpoint::Completions => DEFAULT_COMPLETION_MAX_TOKENS.min(max_len - prompt_len),
+            Endpoint::Chat => max_len - prompt_len,
+        });
+        if prompt_len + max_tokens > max_len {
+            return Err(ApiError::invalid_param(
+                "max_tokens",
+                format!("This model's maximum context length is {max_len} tokens. However, you requested {} tokens ({prompt_len} in the {prompt_param}, {max_tokens} in the completion). Please reduce the length of the {prompt_param} or completion.", prompt_len + max_tokens),
+            ));
+        }
+    } else if endpoint == Endpoint::Completions {
+        sampling.max_tokens.get_or_insert(DEFAULT_COMPLETION_MAX_TOKENS);
+    }
+    sampling.all_stop_token_ids = sampling.stop_token_ids.clone();
+    if !sampling.ignore_eos {
+        if let Some(eos) = state.tokenizer.eos_token_id() {
+            sampling.eos_token_id = Some(eos);
+            if !sampling.all_stop_token_ids.contains(&eos) {
+                sampling.all_stop_token_ids.push(eos);
+            }
+        }
+    }
+
+    let id = format!("{}-{}", endpoint.id_prefix(), client_request_id(headers));
+    let pinned_rank = pinned_rank(headers)?;
+    let request = EngineRequest {
+        request_id: format!("{id}-{}", random_hex(8)),
+        prompt_token_ids,
+        sampling: common.sampling,
+        arrival_time: unix_now_f64(),
+        data_parallel_rank: None,
+        client_index: 0,
+        external_request_id: id.clone(),
+    };
+    if state.config.enable_log_requests {
+        tracing::info!(
+            request_id = %request.request_id,
+            prompt_tokens = prompt_len,
+            max_tokens = ?request.sampling.max_tokens,
+            temperature = ?request.sampling.temperature,
+            stream = common.stream,
+            "received request"
+        );
+    }
+    let stream = state.engines.submit(request, pinned_rank).map_err(|e| match e {
+        SubmitError::RankOutOfRange { .. } => ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, e.to_string()),
+        SubmitError::Unavailable(why) => ApiError::unavailable(why),
+    })?;
+    let generation = Generation::new(
+        stream,
+        state.tokenizer.decoder(),
+        common.stop,
+        prompt_len as usize,
+        state.metrics.clone(),
+        started,
+    );
+    Ok(Submitted { id, created: unix_now(), generation })
+}
+
+/// `max_tokens` of a completion that does not say (OpenAI's default).
+const DEFAULT_COMPLETION_MAX_TOKENS: u64 = 16;
+
+/// The `X-Request-Id` header when it is a usable id, else random hex.
+fn client_request_id(headers: &HeaderMap) -> String {
+    headers
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_owned)
+        .unwrap_or_else(|| random_hex(32))
+}
+
+fn pinned_rank(headers: &HeaderMap) -> Result<Option<u32>, ApiError> {
+    let Some(value) = headers.get(DATA_PARALLEL_RANK_HEADER) else { return Ok(None) };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .map(Some)
+        .ok_or_else(|| ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, "X-data-parallel-rank must be a non-negative integer"))
+}
+
+/// The `stop_reason` field: a token id, a stop string, or null.
+pub fn stop_reason_json(reason: &Option<StopReason>) -> Value {
+    match reason {
+        None => Value::Null,
+        Some(StopReason::Token(id)) => Value::from(*id),
+        Some(StopReason::Text(s)) => Value::from(s.as_str()),
+    }
+}

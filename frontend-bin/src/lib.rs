@@ -1,0 +1,17 @@
+//! `vllm-rs frontend`: an OpenAI-compatible HTTP server in front of engine-core
+//! processes that speak vLLM's ZeroMQ/MessagePack protocol
+//! (`docs/frontend.md`, `shared/docs/engine-protocol.md`).
+
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod fds;
+pub mod generate;
+pub mod http;
+pub mod ids;
+pub mod metrics;
+pub mod stats_log;
+pub mod stop;
+pub mod tokenizer;

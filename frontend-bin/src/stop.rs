@@ -1,0 +1,103 @@
+//! Stop strings matched in the frontend on the detokenized text. Text that
+//! could still be the start of a stop string is held back until it is not.
+
+/// Matches stop strings across streamed text pieces.
+#[derive(Debug, Default)]
+pub struct StopStrings {
+    stops: Vec<String>,
+    pending: String,
+}
+
+impl StopStrings {
+    /// A matcher for `stops` (empty strings are ignored).
+    pub fn new(stops: Vec<String>) -> Self {
+        StopStrings { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), pending: String::new() }
+    }
+
+    /// Adds `text`. Returns the text that is safe to emit and, when a stop
+    /// string matched, that string (the text from it onwards is dropped).
+    pub fn push(&mut self, text: &str) -> (String, Option<String>) {
+        if self.stops.is_empty() {
+            return (text.to_string(), None);
+        }
+        self.pending.push_str(text);
+        let first_match = self
+            .stops
+            .iter()
+            .filter_map(|stop| self.pending.find(stop.as_str()).map(|at| (at, stop)))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, stop)) = first_match {
+            let stop = stop.clone();
+            self.pending.truncate(at);
+            return (std::mem::take(&mut self.pending), Some(stop));
+        }
+        let held = self.held_back_len();
+        let emit = self.pending[..self.pending.len() - held].to_string();
+        self.pending.drain(..self.pending.len() - held);
+        (emit, None)
+    }
+
+    /// Everything still held back (the stream ended without a match).
+    pub fn flush(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Length in bytes of the longest suffix of the pending text that is a
+    /// proper prefix of some stop string.
+    fn held_back_len(&self) -> usize {
+        self.stops
+            .iter()
+            .flat_map(|stop| stop.char_indices().skip(1).map(move |(end, _)| &stop[..end]))
+            .filter(|prefix| self.pending.ends_with(prefix))
+            .map(str::len)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_stops_passes_text_through() {
+        let mut s = StopStrings::new(vec![]);
+        assert_eq!(s.push("abc"), ("abc".into(), None));
+    }
+
+    #[test]
+    fn match_inside_one_piece_truncates() {
+        let mut s = StopStrings::new(vec!["STOP".into()]);
+        assert_eq!(s.push("hello STOP world"), ("hello ".into(), Some("STOP".into())));
+    }
+
+    #[test]
+    fn match_across_pieces_is_held_back_then_found() {
+        let mut s = StopStrings::new(vec!["STOP".into()]);
+        assert_eq!(s.push("hello ST"), ("hello ".into(), None));
+        assert_eq!(s.push("O"), ("".into(), None));
+        assert_eq!(s.push("P!"), ("".into(), Some("STOP".into())));
+    }
+
+    #[test]
+    fn false_start_is_released() {
+        let mut s = StopStrings::new(vec!["STOP".into()]);
+        assert_eq!(s.push("ST"), ("".into(), None));
+        assert_eq!(s.push("AR"), ("STAR".into(), None));
+        assert_eq!(s.push("S"), ("".into(), None));
+        assert_eq!(s.flush(), "S");
+    }
+
+    #[test]
+    fn earliest_of_several_stops_wins() {
+        let mut s = StopStrings::new(vec!["world".into(), "lo".into()]);
+        assert_eq!(s.push("hello world"), ("hel".into(), Some("lo".into())));
+    }
+
+    #[test]
+    fn multibyte_prefixes_respect_char_boundaries() {
+        let mut s = StopStrings::new(vec!["é!".into()]);
+        assert_eq!(s.push("café"), ("caf".into(), None));
+        assert_eq!(s.push("?"), ("é?".into(), None));
+    }
+}

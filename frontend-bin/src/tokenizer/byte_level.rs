@@ -1,0 +1,121 @@
+//! The built-in byte-level tokenizer of the built-in models (`toy`, `echo`):
+//! ids 0..=255 are the bytes of the UTF-8 text, 256 is end-of-sequence.
+
+use super::{ChatMessage, TextDecoder, Tokenizer};
+use anyhow::Result;
+
+/// The end-of-sequence id of the byte-level vocabulary.
+pub const BYTE_EOS_TOKEN_ID: u32 = 256;
+
+/// Model names served with the byte-level tokenizer.
+pub const BUILTIN_MODELS: &[&str] = &["toy", "echo"];
+
+/// Byte-level tokenizer: one token per byte.
+#[derive(Debug, Default)]
+pub struct ByteLevelTokenizer;
+
+impl Tokenizer for ByteLevelTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(text.bytes().map(u32::from).collect())
+    }
+
+    fn decoder(&self) -> Box<dyn TextDecoder> {
+        Box::new(ByteLevelDecoder::default())
+    }
+
+    fn eos_token_id(&self) -> Option<u32> {
+        Some(BYTE_EOS_TOKEN_ID)
+    }
+
+    fn vocab_size(&self) -> usize {
+        BYTE_EOS_TOKEN_ID as usize + 1
+    }
+
+    /// `role: content` lines, then `assistant: ` when a reply is wanted.
+    fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String> {
+        let mut prompt = String::new();
+        for m in messages {
+            prompt.push_str(&m.role);
+            prompt.push_str(": ");
+            prompt.push_str(&m.content);
+            prompt.push('\n');
+        }
+        if add_generation_prompt {
+            prompt.push_str("assistant: ");
+        }
+        Ok(prompt)
+    }
+}
+
+/// Streams bytes to text, holding back an incomplete UTF-8 sequence.
+#[derive(Debug, Default)]
+pub struct ByteLevelDecoder {
+    pending: Vec<u8>,
+}
+
+impl TextDecoder for ByteLevelDecoder {
+    fn push(&mut self, ids: &[u32]) -> String {
+        // Ids outside the byte range (EOS, special) have no text.
+        self.pending.extend(ids.iter().filter_map(|&id| u8::try_from(id).ok()));
+        let mut text = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(valid) => {
+                    text.push_str(valid);
+                    self.pending.clear();
+                    return text;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    text.push_str(std::str::from_utf8(&self.pending[..valid]).expect("valid prefix"));
+                    match e.error_len() {
+                        // An incomplete sequence at the end: wait for more bytes.
+                        None => {
+                            self.pending.drain(..valid);
+                            return text;
+                        }
+                        Some(bad) => {
+                            text.push(char::REPLACEMENT_CHARACTER);
+                            self.pending.drain(..valid + bad);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn flush(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_utf8_one_byte_at_a_time_without_splitting_chars() {
+        let t = ByteLevelTokenizer;
+        let ids = t.encode("añ€😀").unwrap();
+        let mut d = t.decoder();
+        let pieces: Vec<String> = ids.iter().map(|&id| d.push(&[id])).collect();
+        assert_eq!(pieces.concat(), "añ€😀");
+        assert!(pieces.iter().all(|p| p.chars().count() <= 1));
+        assert_eq!(pieces.iter().filter(|p| !p.is_empty()).count(), 4);
+    }
+
+    #[test]
+    fn invalid_bytes_become_replacement_characters_and_eos_is_silent() {
+        let mut d = ByteLevelTokenizer.decoder();
+        assert_eq!(d.push(&[0x61, 0xff, 0x62, BYTE_EOS_TOKEN_ID, 0xe2, 0x82]), "a\u{fffd}b");
+        assert_eq!(d.flush(), "\u{fffd}");
+    }
+
+    #[test]
+    fn chat_template_lists_roles() {
+        let messages = vec![ChatMessage { role: "user".into(), content: "hi".into() }];
+        assert_eq!(ByteLevelTokenizer.apply_chat_template(&messages, true).unwrap(), "user: hi\nassistant: ");
+    }
+}
