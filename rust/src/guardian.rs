@@ -224,8 +224,9 @@ fn spawn_child(
         .map(|f| sys::dup_at_least(f.as_raw_fd(), high))
         .collect::<io::Result<_>>()
         .map_err(|e| os_failure(e, FailStage::Fd, -1))?;
-    let (err_r, err_w) = sys::pipe().map_err(|e| os_failure(e, FailStage::Fork, -1))?;
-    let err_w = sys::dup_at_least(err_w.as_raw_fd(), high).map_err(|e| os_failure(e, FailStage::Fork, -1))?;
+    let (err_r, low_err_w) = sys::pipe().map_err(|e| os_failure(e, FailStage::Fork, -1))?;
+    let err_w = sys::dup_at_least(low_err_w.as_raw_fd(), high).map_err(|e| os_failure(e, FailStage::Fork, -1))?;
+    drop(low_err_w);
     let staged_raw: Vec<RawFd> = staged.iter().map(|f| f.as_raw_fd()).collect();
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };

@@ -51,6 +51,15 @@ mod linux {
         result.map_err(|e| PyOSError::new_err(e.to_string()))
     }
 
+    /// The C library's text for `errno`, without Rust's " (os error N)" suffix.
+    fn strerror(errno: i32) -> String {
+        let text = io::Error::from_raw_os_error(errno).to_string();
+        match text.rfind(" (os error") {
+            Some(at) => text[..at].to_owned(),
+            None => text,
+        }
+    }
+
     fn os_error(errno: i32, message: String, filename: Option<String>) -> PyErr {
         // OSError(errno, ...) picks the subclass (FileNotFoundError, ...) itself.
         match filename {
@@ -65,7 +74,7 @@ mod linux {
             SpawnError::BadFd(_) => os_error(libc::EBADF, err.to_string(), None),
             SpawnError::BadCwd(cwd) => os_error(libc::ENOTDIR, err.to_string(), Some(cwd.to_string_lossy().into_owned())),
             SpawnError::Failed { errno, stage: FailStage::Exec, .. } => {
-                os_error(*errno, io::Error::from_raw_os_error(*errno).to_string(), Some(program.to_owned()))
+                os_error(*errno, strerror(*errno), Some(program.to_owned()))
             }
             SpawnError::Failed { errno, .. } => os_error(*errno, err.to_string(), None),
             SpawnError::Guardian(_) => PyRuntimeError::new_err(err.to_string()),

@@ -95,6 +95,8 @@ impl Guardian {
                     } else {
                         sys::cvt(libc::dup2(their_fd, GUARDIAN_CTRL_FD))?;
                     }
+                    // Nothing else of ours (or fds others leaked to us) goes along.
+                    libc::syscall(libc::SYS_close_range, GUARDIAN_CTRL_FD as u32 + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
                     Ok(())
                 });
             }

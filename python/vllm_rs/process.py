@@ -1,0 +1,167 @@
+"""Starting and watching processes through the Rust core.
+
+Every child is started by this process's guardian (see `rust/src/guardian.rs`):
+it inherits exactly the fds it is given, dies when this process dies (SIGKILL
+included) and takes its descendants with it. Handles are `vllm_rs._core.Process`
+objects with the `multiprocessing.BaseProcess` surface.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from multiprocessing import context as mp_context
+from multiprocessing import popen_spawn_posix, reduction
+from multiprocessing import spawn as mp_spawn
+from typing import Any
+
+from vllm_rs import _core
+
+Process = _core.Process
+
+# Run by the guardian: load this very extension file and enter its loop.
+_GUARDIAN_BOOT = (
+    "import sys, importlib.util as u\n"
+    "spec = u.spec_from_file_location('vllm_rs._core', sys.argv[1])\n"
+    "core = u.module_from_spec(spec)\n"
+    "spec.loader.exec_module(core)\n"
+    "core.guardian_main(int(sys.argv[2]), int(sys.argv[3]))\n"
+)
+_CHILD_BOOT = "from vllm_rs._child import main; main()"
+_configured = False
+
+
+def _require_linux() -> None:
+    if not sys.platform.startswith("linux") or not getattr(_core, "SUPPORTED", False):
+        raise NotImplementedError(
+            f"vllm_rs process management needs Linux (pidfd, prctl, /proc); this is {sys.platform}"
+        )
+
+
+def _configure() -> None:
+    global _configured
+    _require_linux()
+    if not _configured:
+        _core.set_guardian_command([sys.executable, "-I", "-S", "-c", _GUARDIAN_BOOT, _core.__file__])
+        _configured = True
+
+
+def spawn_executable(
+    argv: Sequence[str | os.PathLike],
+    *,
+    name: str,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    pass_fds: Iterable[int] = (),
+) -> Process:
+    """Starts `argv` with exactly `pass_fds` inherited at the same numbers.
+    Raises `FileNotFoundError`/`PermissionError` naming the program, or
+    `OSError` naming a bad fd; nothing is left running on failure."""
+    _configure()
+    return _core.spawn(
+        [os.fsdecode(a) for a in argv],
+        name=name,
+        env=None if env is None else list(env.items()),
+        cwd=None if cwd is None else os.fsdecode(cwd),
+        pass_fds=list(pass_fds),
+    )
+
+
+class _ChildFds:
+    """Stands in for multiprocessing's spawning Popen while a target is
+    pickled: every fd the pickle needs (sockets, connections, queues) is
+    collected so the child inherits it at the same number."""
+
+    DupFd = popen_spawn_posix._DupFd
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []
+
+    def duplicate_for_child(self, fd: int) -> int:
+        if fd not in self.fds:
+            self.fds.append(fd)
+        return fd
+
+
+class PreparedTarget:
+    """A Python callable pickled for a fresh interpreter, with the fds its
+    arguments need. Pickling happens here, so a target that cannot be pickled
+    fails before any process starts."""
+
+    def __init__(
+        self,
+        target: Callable[..., Any],
+        *,
+        name: str,
+        args: tuple = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        _require_linux()
+        self.name = name
+        process_obj = mp_context.SpawnProcess(target=target, name=name, args=args, kwargs=dict(kwargs or {}))
+        child_fds = _ChildFds()
+        buf = io.BytesIO()
+        mp_context.set_spawning_popen(child_fds)
+        try:
+            reduction.dump(mp_spawn.get_preparation_data(name), buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            mp_context.set_spawning_popen(None)
+        self.payload = buf.getvalue()
+        self.fds = child_fds.fds
+
+    def start(self) -> Process:
+        """Starts a fresh interpreter running the target, with the spawn start
+        method's semantics (a target from `__main__` or a test module works)."""
+        _configure()
+        data_r, data_w = os.pipe()
+        try:
+            argv = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", _CHILD_BOOT, str(data_r)]
+            # The handle keeps the write end open for the child's lifetime, so
+            # that multiprocessing.parent_process() in the child sees us alive.
+            proc = _core.spawn(argv, name=self.name, pass_fds=[data_r, *self.fds], hold_fds=[data_w])
+        except BaseException:
+            os.close(data_w)
+            raise
+        finally:
+            os.close(data_r)
+        try:
+            with open(data_w, "wb", closefd=False) as pipe:
+                pipe.write(self.payload)
+        except BrokenPipeError:
+            pass  # the child died before reading; its exit code tells why
+        return proc
+
+
+def start_target(
+    target: Callable[..., Any], *, name: str, args: tuple = (), kwargs: Mapping[str, Any] | None = None
+) -> Process:
+    """Pickles and starts `target(*args, **kwargs)` in a fresh interpreter."""
+    return PreparedTarget(target, name=name, args=args, kwargs=kwargs).start()
+
+
+def _fileno(obj: Any) -> int:
+    return obj if isinstance(obj, int) else obj.fileno()
+
+
+def wait(objects: Iterable[Any], timeout: float | None = None) -> list[Any]:
+    """Like `multiprocessing.connection.wait`: blocks (without the GIL) until
+    some of `objects` (fds, or objects with `fileno()`: sentinels, pipe ends,
+    sockets) are readable, or `timeout` passes. Returns the ready objects."""
+    objects = list(objects)
+    by_fd: dict[int, list[Any]] = {}
+    for obj in objects:
+        by_fd.setdefault(_fileno(obj), []).append(obj)
+    ready = set(_core.wait_fds(list(by_fd), timeout))
+    return [obj for obj in objects if _fileno(obj) in ready]
+
+
+def kill_process_tree(pid: int) -> None:
+    """SIGKILLs `pid` and every descendant, including ones forking meanwhile
+    and, below children started by vllm_rs, ones that detached. Returns
+    quietly if `pid` is gone."""
+    _require_linux()
+    _core.kill_process_tree(pid)
