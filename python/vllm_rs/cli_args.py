@@ -1,0 +1,66 @@
+"""The command-line arguments of `python -m vllm_rs serve`, and their JSON
+form for the Rust frontend (`--args-json`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable
+from typing import Any
+
+#: Arguments whose values never reach a log.
+SENSITIVE_ARGS = frozenset({"api_key", "hf_token", "watermark_config"})
+
+
+def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Adds the serving options (model, host/port, engines, frontend, auth,
+    limits) to `parser` (a new one if None) and returns it."""
+    parser = parser or argparse.ArgumentParser(prog="vllm_rs serve")
+    parser.add_argument("--model", default="toy", help="`toy`, `echo`, or a model directory")
+    parser.add_argument("--served-model-name", nargs="+", default=None, help="name(s) the API serves the model under")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
+    parser.add_argument("--host", default=None, help="address to listen on (default: all)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--uds", default=None, help="listen on this Unix socket instead of TCP")
+    parser.add_argument("--data-parallel-size", type=int, default=1, help="number of engine processes")
+    parser.add_argument("--frontend", choices=("rust", "python"), default="rust")
+    parser.add_argument("--api-server-count", type=int, default=1, help="Python API servers (python frontend)")
+    parser.add_argument("--api-key", default=None, help="require this bearer token")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--engine-ready-timeout", type=int, default=None, help="seconds to wait for engines")
+    parser.add_argument("--enable-log-requests", action="store_true")
+    parser.add_argument("--disable-log-stats", action="store_true")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error", "critical"))
+    return parser
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return str(value)
+
+
+def jsonify_non_default_args(args: argparse.Namespace, exclude: Iterable[str] = ()) -> dict[str, Any]:
+    """The arguments of `args` that differ from `make_arg_parser()`'s defaults
+    (arguments the parser does not know count when not None), minus `exclude`,
+    as JSON-ready values."""
+    defaults = vars(make_arg_parser().parse_args([]))
+    skip = set(exclude)
+    out: dict[str, Any] = {}
+    for key, value in vars(args).items():
+        if key in skip or key.startswith("_"):
+            continue
+        if key in defaults:
+            if value == defaults[key]:
+                continue
+        elif value is None:
+            continue
+        out[key] = _jsonable(value)
+    return out
+
+
+def redact_sensitive_args(args: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `args` with credentials (`SENSITIVE_ARGS`) replaced by `"***"`."""
+    return {k: ("***" if k in SENSITIVE_ARGS and v is not None else v) for k, v in args.items()}

@@ -1,0 +1,241 @@
+"""The Rust process core through its Python face: spawning, fd inheritance,
+handles, exec failures, kill-tree on hard trees, waiting on many sentinels."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from multiprocessing import connection
+
+import pytest
+
+from tests.support.trees import TREE_SCRIPT, descendants, is_running, survivors, wait_built
+from vllm_rs import _core
+from vllm_rs.process import kill_process_tree, spawn_executable, start_target, wait
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_child_gets_exactly_the_given_fds_at_the_same_numbers(tmp_path):
+    keep_r, keep_w = os.pipe()
+    leak_r, leak_w = os.pipe()
+    os.set_inheritable(leak_w, True)  # inheritable, but not passed: must not leak
+    out_r, out_w = os.pipe()
+    script = f"ls /proc/$$/fd > {tmp_path}/fds; echo through >&{keep_w}"
+    proc = spawn_executable(["bash", "-c", script], name="fds", pass_fds=[keep_w, out_w])
+    proc.join(10)
+    os.close(keep_w)
+    os.close(out_w)
+    assert proc.exitcode == 0
+    assert _read_all(keep_r) == b"through\n"
+    listed = sorted(int(x) for x in (tmp_path / "fds").read_text().split())
+    # stdio, the two passed fds, and the fd `ls` opened on /proc/PID/fd... of
+    # the shell: `ls` runs as a child, so the shell's own table is listed.
+    assert listed == sorted({0, 1, 2, keep_w, out_w})
+    for fd in (keep_r, leak_r, leak_w, out_r):
+        os.close(fd)
+
+
+def test_env_cwd_and_exit_code(tmp_path):
+    out = tmp_path / "out"
+    proc = spawn_executable(
+        ["sh", "-c", f'printf "%s|%s" "$GREETING" "$PWD" > {out}; exit 7'],
+        name="envcwd",
+        env={"GREETING": "hi", "PATH": os.environ["PATH"]},
+        cwd=tmp_path,
+    )
+    proc.join(10)
+    assert proc.exitcode == 7
+    assert out.read_text() == f"hi|{tmp_path}"
+
+
+def test_exec_failures_name_the_path_and_leave_nothing_running(tmp_path):
+    guardian = _guardian_pid_after_warmup()
+    before = set(descendants(guardian))
+    with pytest.raises(FileNotFoundError) as missing:
+        spawn_executable([str(tmp_path / "no-such-program")], name="x")
+    assert str(tmp_path / "no-such-program") in str(missing.value)
+    with pytest.raises(FileNotFoundError, match="no-such-command-anywhere"):
+        spawn_executable(["no-such-command-anywhere"], name="x")
+    not_executable = tmp_path / "data.txt"
+    not_executable.write_text("not a program")
+    with pytest.raises(PermissionError) as denied:
+        spawn_executable([str(not_executable)], name="x")
+    assert str(not_executable) in str(denied.value)
+    with pytest.raises(OSError, match="fd 987"):
+        spawn_executable(["true"], name="x", pass_fds=[987])
+    with pytest.raises(NotADirectoryError, match="nowhere"):
+        spawn_executable(["true"], name="x", cwd=tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="argv is empty"):
+        spawn_executable([], name="x")
+    assert set(descendants(guardian)) == before
+
+
+def _guardian_pid_after_warmup() -> int:
+    spawn_executable(["true"], name="warmup").join(10)
+    pid = _core.guardian_pid()
+    assert pid is not None
+    return pid
+
+
+def test_handle_surface_signals_and_no_zombies():
+    proc = spawn_executable(["sleep", "100"], name="sleeper")
+    assert proc.name == "sleeper" and proc.pid > 0 and proc.ident == proc.pid
+    assert proc.is_alive() and proc.exitcode is None
+    proc.join(0.05)
+    assert proc.is_alive()
+    assert select.select([proc.sentinel], [], [], 0)[0] == []
+    proc.terminate()
+    proc.join(10)
+    assert not proc.is_alive()
+    assert proc.exitcode == -signal.SIGTERM
+    assert select.select([proc.sentinel], [], [], 0)[0] == [proc.sentinel]
+    # Reaped by the guardian: no zombie anywhere, and the pid is gone.
+    assert not os.path.exists(f"/proc/{proc.pid}")
+    proc.kill()  # signalling an exited process is a no-op
+    proc.close()
+    assert "stopped exitcode=-15" in repr(proc)
+
+
+def test_close_refuses_a_running_process():
+    proc = spawn_executable(["sleep", "100"], name="sleeper")
+    with pytest.raises(ValueError, match="still running"):
+        proc.close()
+    proc.kill()
+    proc.join(10)
+    assert proc.exitcode == -signal.SIGKILL
+
+
+def test_join_releases_the_gil():
+    import threading
+
+    proc = spawn_executable(["sleep", "1"], name="sleeper")
+    ticks = 0
+    done = threading.Event()
+
+    def count() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    proc.join()
+    done.set()
+    counter.join()
+    assert proc.exitcode == 0
+    assert ticks > 50  # the other thread ran while join() waited
+
+
+def test_sentinels_mix_with_multiprocessing_connections_and_pipes():
+    proc = spawn_executable(["sleep", "0.3"], name="sleeper")
+    recv, send = multiprocessing.Pipe(duplex=False)
+    pipe_r, pipe_w = os.pipe()
+    objects = [proc.sentinel, recv, pipe_r]
+    assert wait(objects, timeout=0.01) == []
+    send.send("x")
+    assert wait(objects, timeout=5) == [recv]
+    recv.recv()
+    os.write(pipe_w, b"y")
+    assert wait(objects, timeout=5) == [pipe_r]
+    os.read(pipe_r, 1)
+    assert wait(objects, timeout=10) == [proc.sentinel]
+    # The standard library's wait works on our sentinel too.
+    assert connection.wait([proc.sentinel, recv], timeout=5) == [proc.sentinel]
+    for fd in (pipe_r, pipe_w):
+        os.close(fd)
+    send.close()
+    recv.close()
+
+
+def _target_writes(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(f"{value}|{multiprocessing.current_process().name}|{os.getpid()}")
+
+
+def _target_uses_socket(sock: socket.socket) -> None:
+    conn, _ = sock.accept()
+    conn.sendall(b"from child")
+    conn.close()
+
+
+def test_python_target_runs_with_spawn_semantics(tmp_path):
+    out = tmp_path / "out"
+    proc = start_target(_target_writes, name="Writer", args=(str(out), "hello"))
+    proc.join(60)
+    assert proc.exitcode == 0
+    value, name, pid = out.read_text().split("|")
+    assert (value, name, int(pid)) == ("hello", "Writer", proc.pid)
+
+
+def test_sockets_in_arguments_arrive_as_inherited_fds():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    proc = start_target(_target_uses_socket, name="SockUser", args=(listener,))
+    with socket.create_connection(listener.getsockname(), timeout=60) as client:
+        assert client.recv(100) == b"from child"
+    proc.join(60)
+    assert proc.exitcode == 0
+    listener.close()
+
+
+def test_unpicklable_target_fails_before_starting_anything():
+    guardian = _guardian_pid_after_warmup()
+    before = set(descendants(guardian))
+    with pytest.raises(Exception, match="pickle|local"):
+        start_target(lambda: None, name="Lambda")
+    assert set(descendants(guardian)) == before
+
+
+def test_target_exception_gives_exit_code_1():
+    proc = start_target(_raise_value_error, name="Raiser")
+    proc.join(60)
+    assert proc.exitcode == 1
+
+
+def _raise_value_error() -> None:
+    raise ValueError("boom")
+
+
+@pytest.mark.parametrize("kind", ["idle", "forking", "daemons"])
+def test_kill_process_tree_leaves_no_survivor(tmp_path, kind):
+    pidfile = tmp_path / "pids"
+    root = spawn_executable(["sh", str(TREE_SCRIPT), kind, str(pidfile)], name=f"tree-{kind}")
+    members = wait_built(pidfile, kind)
+    if kind == "forking":
+        time.sleep(0.3)  # let it fork busily while we kill it
+    assert all(is_running(pid) for pid in members)
+    kill_process_tree(root.pid)
+    root.join(10)
+    assert root.exitcode == -signal.SIGKILL
+    assert survivors(pidfile) == []
+
+
+def test_kill_process_tree_of_a_vanished_pid_returns_quietly():
+    proc = spawn_executable(["true"], name="gone")
+    proc.join(10)
+    kill_process_tree(proc.pid)  # gone (or reused by now: then it is not ours)
+    with pytest.raises(ValueError):
+        _core.kill_process_tree(0)
+
+
+def test_non_linux_platforms_import_but_refuse_to_spawn(monkeypatch):
+    import vllm_rs.utils  # noqa: F401  (import works everywhere)
+
+    monkeypatch.setattr(sys, "platform", "darwin")
+    with pytest.raises(NotImplementedError, match="needs Linux"):
+        spawn_executable(["true"], name="x")
+    with pytest.raises(NotImplementedError, match="needs Linux"):
+        kill_process_tree(os.getpid())
