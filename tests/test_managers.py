@@ -1,0 +1,427 @@
+"""The process managers of vllm_rs.utils against real processes, sockets and
+ZeroMQ peers: engines, API servers, the Rust frontend launcher, failure
+watching, shutdown bounds, die-with-parent and leak-freedom."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from tests.support.trees import descendants, is_running, read_pids
+from vllm_rs.network_utils import make_zmq_listener, make_zmq_socket
+from vllm_rs.process import spawn_executable
+from vllm_rs.utils import (
+    APIServerProcessManager,
+    CoreEngineProcManager,
+    RustFrontendProcessManager,
+    shutdown,
+    wait_for_completion_or_failure,
+)
+
+SUPPORT = Path(__file__).parent / "support"
+
+
+# ---- targets (module level: pickled by reference, imported by the child) ----
+
+
+def engine_records_kwargs(vllm_config, **kwargs):
+    Path(vllm_config, f"engine{kwargs['dp_rank']}.json").write_text(
+        json.dumps({k: v for k, v in kwargs.items() if k != "executor_class"} | {"pid": os.getpid()})
+    )
+    time.sleep(1000)
+
+
+def engine_exits_with(vllm_config, dp_rank, **kwargs):
+    code = vllm_config.get(dp_rank)
+    if code is None:
+        time.sleep(1000)
+    time.sleep(0.2)
+    sys.exit(code)
+
+
+def api_server_echo(listen_address, sock, args, client_config):
+    """Adopts its listeners and answers on them through real ZeroMQ sockets."""
+    ctx = zmq.Context()
+    from vllm_rs.network_utils import ZmqListener
+
+    inp = ZmqListener(client_config["input_address"], client_config["input_listener"], zmq.ROUTER)
+    out = ZmqListener(client_config["output_address"], client_config["output_listener"], zmq.PULL)
+    router = make_zmq_socket(ctx, inp.address, zmq.ROUTER, listener=inp)
+    pull = make_zmq_socket(ctx, out.address, zmq.PULL, listener=out)
+    identity, payload = router.recv_multipart()
+    router.send_multipart([identity, payload + f"|{client_config['client_index']}".encode()])
+    assert pull.recv() == b"done"
+    conn, _ = sock.accept()
+    conn.sendall(f"{listen_address}|{client_config['client_count']}".encode())
+    conn.close()
+    router.close(linger=0)
+    pull.close(linger=0)
+    ctx.term()
+
+
+def api_server_exits_with(listen_address, sock, args, client_config):
+    time.sleep(0.2)
+    sys.exit(args.codes[client_config["client_index"]])
+
+
+# ---- CoreEngineProcManager ----
+
+
+def test_engines_get_names_and_kwargs(tmp_path):
+    manager = CoreEngineProcManager(engine_records_kwargs, 2, 4, 0, str(tmp_path), True, "tcp://127.0.0.1:5", object, True)
+    try:
+        assert [p.name for p in manager.processes] == ["EngineCore_4", "EngineCore_5"]
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("engine*.json"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        rec = json.loads((tmp_path / "engine5.json").read_text())
+        assert rec["dp_rank"] == 5 and rec["local_dp_rank"] == 1
+        assert rec["on_head_node"] is True and rec["log_stats"] is True
+        assert rec["input_address"] == "tcp://127.0.0.1:5"
+        assert rec["pid"] == manager.processes[1].pid
+        assert manager.sentinels() == [p.sentinel for p in manager.processes]
+        assert manager.finished_procs() == {}
+    finally:
+        manager.close()
+    assert all(p.exitcode == -signal.SIGTERM for p in manager.processes)
+    manager.shutdown()  # idempotent
+
+
+def test_engine_failure_is_named_and_close_removes_the_ipc_file(tmp_path):
+    ipc_file = tmp_path / "engine.sock"
+    ipc_file.touch()
+    manager = CoreEngineProcManager(engine_exits_with, 2, 0, 0, {1: 3}, True, f"ipc://{ipc_file}", None, False)
+    manager.monitor_engine_liveness()
+    assert manager.failed_proc_name == "EngineCore_1"
+    assert manager.finished_procs() == {"EngineCore_1": 3}
+    manager.shutdown(timeout=2)
+    assert not ipc_file.exists()
+    assert not any(p.is_alive() for p in manager.processes)
+
+
+def test_join_first_returns_when_an_engine_exits():
+    manager = CoreEngineProcManager(engine_exits_with, 2, 0, 0, {0: 0}, True, "tcp://127.0.0.1:1", None, False)
+    manager.join_first()
+    assert manager.finished_procs() == {"EngineCore_0": 0}
+    assert manager.failed_proc_name is None
+    manager.close()
+
+
+def test_unpicklable_engine_target_starts_nothing():
+    before = set(descendants(os.getpid()))
+    with pytest.raises(Exception, match="pickle|local"):
+        CoreEngineProcManager(lambda **kw: None, 2, 0, 0, None, True, "tcp://127.0.0.1:1", None, False)
+    assert set(descendants(os.getpid())) == before
+
+
+# ---- wait_for_completion_or_failure ----
+
+
+def _api_servers(codes, tmp_path):
+    sock = __import__("socket").socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    inputs = [make_zmq_listener(f"ipc://{tmp_path}/in{i}", zmq.ROUTER) for i in range(len(codes))]
+    outputs = [make_zmq_listener(f"ipc://{tmp_path}/out{i}", zmq.PULL) for i in range(len(codes))]
+    args = argparse.Namespace(codes=codes)
+    return APIServerProcessManager(
+        "addr", sock, args, len(codes), inputs, outputs, target_server_fn=api_server_exits_with
+    ), sock
+
+
+def test_wait_raises_when_an_api_server_fails(tmp_path, caplog):
+    manager, sock = _api_servers([0, 5], tmp_path)
+    try:
+        with caplog.at_level(logging.INFO, logger="vllm_rs"), pytest.raises(RuntimeError) as err:
+            wait_for_completion_or_failure(manager)
+        proc = manager.processes[1]
+        assert str(err.value) == f"Process ApiServer_1 (PID: {proc.pid}) died with exit code 5"
+        assert "Waiting for API servers to complete ..." in caplog.text
+        assert "Exception occurred while running API servers" in caplog.text
+    finally:
+        manager.shutdown()
+        sock.close()
+    assert not list(tmp_path.iterdir())  # ipc socket files removed
+
+
+def test_wait_returns_when_all_api_servers_exit_cleanly(tmp_path):
+    manager, sock = _api_servers([0, 0], tmp_path)
+    engines = CoreEngineProcManager(engine_exits_with, 1, 0, 0, {}, True, "tcp://127.0.0.1:1", None, False)
+    try:
+        wait_for_completion_or_failure(manager, engines)
+        assert all(p.exitcode == 0 for p in manager.processes)
+    finally:
+        manager.shutdown()
+        engines.close()
+        sock.close()
+
+
+def test_wait_raises_as_soon_as_an_engine_dies(tmp_path):
+    api_manager, sock = _long_api_server(tmp_path)
+    engines = CoreEngineProcManager(engine_exits_with, 2, 0, 0, {1: 9}, True, "tcp://127.0.0.1:1", None, False)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"^Engine core process EngineCore_1 died unexpectedly\.$"):
+            wait_for_completion_or_failure(api_manager, engines)
+        assert time.monotonic() - started < 30
+    finally:
+        api_manager.shutdown()
+        engines.close()
+        sock.close()
+
+
+def api_server_sleeps(listen_address, sock, args, client_config):
+    time.sleep(1000)
+
+
+def _long_api_server(tmp_path):
+    sock = __import__("socket").socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    inp = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
+    out = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    manager = APIServerProcessManager("addr", sock, argparse.Namespace(), 1, [inp], [out], target_server_fn=api_server_sleeps)
+    return manager, sock
+
+
+def test_keyboard_interrupt_while_waiting_is_logged_and_returns(tmp_path, caplog):
+    manager, sock = _long_api_server(tmp_path)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        timer.start()
+        with caplog.at_level(logging.INFO, logger="vllm_rs"):
+            wait_for_completion_or_failure(manager)
+        assert "Received KeyboardInterrupt, shutting down API servers..." in caplog.text
+    finally:
+        timer.cancel()
+        manager.shutdown()
+        sock.close()
+
+
+# ---- APIServerProcessManager ----
+
+
+def test_api_servers_adopt_their_listeners_over_real_zeromq(tmp_path, caplog):
+    import socket
+
+    http = socket.socket()
+    http.bind(("127.0.0.1", 0))
+    http.listen()
+    inputs = [make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER), make_zmq_listener(f"ipc://{tmp_path}/in1", zmq.ROUTER)]
+    outputs = [make_zmq_listener("tcp://[::1]:0", zmq.PULL), make_zmq_listener(f"ipc://{tmp_path}/out1", zmq.PULL)]
+    addresses = [(i.address, o.address) for i, o in zip(inputs, outputs)]
+    with caplog.at_level(logging.INFO, logger="vllm_rs"):
+        manager = APIServerProcessManager(
+            "http://addr", http, argparse.Namespace(), 2, inputs, outputs, target_server_fn=api_server_echo
+        )
+    assert "Started 2 API server processes" in caplog.text
+    assert all(lst.socket.fileno() == -1 for lst in inputs + outputs)  # parent copies closed
+    ctx = zmq.Context()
+    try:
+        for index, (in_addr, out_addr) in enumerate(addresses):
+            dealer = make_zmq_socket(ctx, in_addr, zmq.DEALER, bind=False, identity=b"\x00\x00", linger=0)
+            push = make_zmq_socket(ctx, out_addr, zmq.PUSH, linger=0)
+            dealer.send(b"ping")
+            assert dealer.poll(60_000), f"API server {index} did not answer"
+            assert dealer.recv() == f"ping|{index}".encode()
+            push.send(b"done")
+            with socket.create_connection(http.getsockname(), timeout=60) as c:
+                assert c.recv(100) == b"http://addr|2"
+            dealer.close()
+            push.close()
+        for proc in manager.processes:
+            proc.join(60)
+            assert proc.exitcode == 0
+    finally:
+        manager.shutdown()
+        ctx.term()
+        http.close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_api_server_start_failure_cleans_up_listeners(tmp_path):
+    inputs = [make_zmq_listener(f"ipc://{tmp_path}/in0", zmq.ROUTER)]
+    outputs = [make_zmq_listener(f"ipc://{tmp_path}/out0", zmq.PULL)]
+    with pytest.raises(ValueError, match="num_servers=2"):
+        APIServerProcessManager("a", None, argparse.Namespace(), 2, inputs, outputs, target_server_fn=api_server_sleeps)
+    assert not list(tmp_path.iterdir())
+    assert inputs[0].socket.fileno() == -1
+
+
+# ---- RustFrontendProcessManager (with a stand-in executable) ----
+
+STAND_IN = """#!{python}
+import json, os, sys, time
+def is_open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+listed = [fd for fd in range(1024) if is_open(fd)]
+with open({out!r}, "w") as f:
+    json.dump({{"argv": sys.argv, "fds": listed}}, f)
+time.sleep(1000)
+"""
+
+
+def test_rust_frontend_manager_command_line_fds_and_redaction(tmp_path, caplog, monkeypatch):
+    import socket
+
+    out = tmp_path / "launch.json"
+    binary = tmp_path / "vllm-rs"
+    binary.write_text(STAND_IN.format(python=sys.executable, out=str(out)))
+    binary.chmod(0o755)
+    monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "42")
+    http = socket.socket()
+    http.bind(("127.0.0.1", 0))
+    http.listen()
+    inp = make_zmq_listener(f"ipc://{tmp_path}/in.sock", zmq.ROUTER)
+    outp = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    fds = [http.fileno(), inp.socket.fileno(), outp.socket.fileno()]
+    args = argparse.Namespace(model="toy", api_key="sk-secret", api_server_count=4, port=8000, max_model_len=64)
+    with caplog.at_level(logging.INFO, logger="vllm_rs"):
+        manager = RustFrontendProcessManager(str(binary), http, args, inp, outp, 0, 2, 2)
+    try:
+        assert [p.name for p in manager.processes] == ["RustFrontend"]
+        deadline = time.monotonic() + 30
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        launch = json.loads(out.read_text())
+        argv = launch["argv"]
+        assert argv[1:15] == [
+            "frontend",
+            "--listen-fd", str(fds[0]),
+            "--input-listener-fd", str(fds[1]),
+            "--output-listener-fd", str(fds[2]),
+            "--engine-start-index", "0",
+            "--engine-count", "2",
+            "--data-parallel-size", "2",
+            "--args-json",
+        ]  # fmt: skip
+        payload = json.loads(argv[15])
+        assert payload == {
+            "api_key": "sk-secret",
+            "engine_ready_timeout_secs": 42,
+            "http_timeout_keep_alive": 5,
+            "max_model_len": 64,
+            "model_tag": "toy",  # `model` itself is at its default
+        }
+        assert argv[15] == json.dumps(payload, sort_keys=True)
+        assert launch["fds"] == sorted({0, 1, 2, *fds})  # exactly stdio and the three
+        assert "sk-secret" not in caplog.text
+        assert '"api_key": "***"' in caplog.text and "Launching Rust frontend:" in caplog.text
+        assert inp.socket.fileno() == -1 and outp.socket.fileno() == -1
+    finally:
+        started = time.monotonic()
+        manager.shutdown(timeout=0.1)  # at least 5 s grace, but SIGTERM ends the stand-in at once
+        assert time.monotonic() - started < 5
+        http.close()
+    assert manager.processes[0].exitcode == -signal.SIGTERM
+    assert not (tmp_path / "in.sock").exists()
+
+
+def test_rust_frontend_manager_missing_binary_cleans_up(tmp_path):
+    import socket
+
+    http = socket.socket()
+    inp = make_zmq_listener(f"ipc://{tmp_path}/in.sock", zmq.ROUTER)
+    outp = make_zmq_listener(f"ipc://{tmp_path}/out.sock", zmq.PULL)
+    with pytest.raises(FileNotFoundError, match="no-such-binary"):
+        RustFrontendProcessManager(str(tmp_path / "no-such-binary"), http, argparse.Namespace(model="m"), inp, outp, 0, 1, 1)
+    assert not list(tmp_path.iterdir())
+    http.close()
+
+
+# ---- shutdown bounds, die-with-parent, leak-freedom ----
+
+
+def test_shutdown_of_16_sigterm_ignoring_children_is_bounded(caplog):
+    procs, readers = [], []
+    for i in range(16):
+        r, w = os.pipe()
+        procs.append(
+            spawn_executable(["bash", "-c", f"trap '' TERM; echo ready >&{w}; exec sleep 1000"], name=f"stubborn{i}", pass_fds=[w])
+        )
+        os.close(w)
+        readers.append(r)
+    for r in readers:
+        assert os.read(r, 10) == b"ready\n"
+        os.close(r)
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="vllm_rs"):
+        shutdown(procs, timeout=1)
+    elapsed = time.monotonic() - started
+    assert elapsed < 1 + 5, elapsed  # the timeout plus the kill, with a generous bound
+    assert elapsed >= 0.9
+    assert all(p.exitcode == -signal.SIGKILL for p in procs)
+    assert "[shutdown] Process manager: send sigterm to process stubborn0" in caplog.text
+    assert "[shutdown] Process manager: force killing remaining processes count=16" in caplog.text
+    assert f"[shutdown] Process manager: force killing remaining process stubborn3 pid {procs[3].pid}" in caplog.text
+
+
+def _threads() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads line")
+
+
+def test_200_spawn_and_shutdown_cycles_leave_no_trace():
+    spawn_executable(["true"], name="warmup").join(10)  # the guardian starts once
+    gc.collect()
+    fds, threads, table = len(os.listdir("/proc/self/fd")), _threads(), sorted(descendants(os.getpid()))
+    for i in range(200):
+        proc = spawn_executable(["sleep", "100"], name=f"cycle{i}")
+        shutdown([proc], timeout=5)
+        assert proc.exitcode == -signal.SIGTERM
+    del proc
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert _threads() == threads
+    assert sorted(descendants(os.getpid())) == table
+
+
+def test_engine_manager_cycles_leave_no_trace(tmp_path):
+    CoreEngineProcManager(engine_exits_with, 1, 0, 0, {}, True, "tcp://127.0.0.1:1", None, False).close()
+    gc.collect()
+    fds, threads, table = len(os.listdir("/proc/self/fd")), _threads(), sorted(descendants(os.getpid()))
+    for _ in range(5):
+        manager = CoreEngineProcManager(engine_exits_with, 2, 0, 0, {}, True, f"ipc://{tmp_path}/x", None, False)
+        manager.shutdown(timeout=5)
+    del manager
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert _threads() == threads
+    assert sorted(descendants(os.getpid())) == table
+
+
+def test_sigkill_of_the_supervisor_takes_every_descendant_along(tmp_path):
+    pidfile = tmp_path / "pids"
+    supervisor = subprocess.Popen([sys.executable, str(SUPPORT / "supervisor.py"), str(pidfile)])
+    try:
+        deadline = time.monotonic() + 60
+        # 2 engines x (engine, child, daemon) + the guardian
+        while len(read_pids(pidfile)) < 7 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pids = read_pids(pidfile)
+        assert len(pids) == 7, pids
+        assert all(is_running(pid) for pid in pids)
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+    time.sleep(1.0)
+    assert [pid for pid in pids if is_running(pid)] == []
