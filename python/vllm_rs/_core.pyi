@@ -1,0 +1,57 @@
+"""Typed stubs of the native module `vllm_rs._core` (see rust/src/python.rs)."""
+
+from collections.abc import Sequence
+
+#: False on platforms other than Linux, where every function raises NotImplementedError.
+SUPPORTED: bool
+
+class Process:
+    """A child with the `multiprocessing.BaseProcess` surface; signals go
+    through its pid fd; the guardian reaps it (no zombies)."""
+
+    name: str
+    @property
+    def pid(self) -> int: ...
+    @property
+    def ident(self) -> int: ...
+    @property
+    def sentinel(self) -> int:
+        """A pid fd, readable once the process has exited."""
+    @property
+    def exitcode(self) -> int | None:
+        """None while running; the exit code, or minus the signal number."""
+    def is_alive(self) -> bool: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+    def send_signal(self, signal: int) -> None: ...
+    def join(self, timeout: float | None = None) -> None:
+        """Waits without the GIL; KeyboardInterrupt gets through."""
+    def close(self) -> None:
+        """Releases held fds; ValueError while the process runs."""
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    name: str,
+    env: Sequence[tuple[str, str]] | None = None,
+    cwd: str | None = None,
+    pass_fds: Sequence[int] = (),
+    hold_fds: Sequence[int] = (),
+) -> Process:
+    """Starts `argv` through this process's guardian with exactly `pass_fds`
+    (plus open stdio) inherited; raises OSError subclasses naming the path or fd."""
+
+def kill_process_tree(pid: int) -> int:
+    """SIGKILLs `pid` and all descendants, waits for them; returns how many were signalled."""
+
+def wait_fds(fds: Sequence[int], timeout: float | None = None) -> list[int]:
+    """The fds of `fds` that are readable (or hung up), after waiting up to `timeout`."""
+
+def set_guardian_command(argv: Sequence[str]) -> None:
+    """Command that starts a guardian (control fd and our pid are appended)."""
+
+def guardian_pid() -> int | None:
+    """Pid of this process's guardian, or None before the first spawn."""
+
+def guardian_main(ctrl_fd: int, supervisor_pid: int) -> None:
+    """Runs the guardian loop in this interpreter; never returns."""
