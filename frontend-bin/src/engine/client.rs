@@ -402,8 +402,9 @@ impl RequestStream {
         if self.done {
             return None;
         }
-        let event = self.events.try_recv().ok();
-        self.note(event)
+        // Nothing queued is not the end of the stream: only note real events.
+        let event = self.events.try_recv().ok()?;
+        self.note(Some(event))
     }
 
     fn note(&mut self, event: Option<RequestEvent>) -> Option<RequestEvent> {

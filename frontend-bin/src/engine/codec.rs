@@ -472,7 +472,7 @@ mod tests {
             cat(&[&[0x92, 0x00, 0x91, 0x96], &fixstr("r"), &[0x90, 0xc0, 0xc0, 0xc0, 0x09]]), // unknown finish
             vec![0x91, 0x00, 0x00],              // trailing byte
         ] {
-            assert!(matches!(decode_outputs(&[bytes.clone()]), Err(DecodeError::Malformed(_))), "{bytes:x?}");
+            assert!(matches!(decode_outputs(std::slice::from_ref(&bytes)), Err(DecodeError::Malformed(_))), "{bytes:x?}");
         }
     }
 

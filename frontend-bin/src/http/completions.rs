@@ -57,12 +57,9 @@ async fn completion(state: SharedState, headers: HeaderMap, body: Map<String, Va
     .into_response())
 }
 
-/// The HTTP error for a failed generation.
+/// The HTTP error for a generation that failed after it started: 500.
 pub fn generation_error(error: GenerationError) -> ApiError {
-    match error {
-        GenerationError::Engine => ApiError::internal(error.to_string()),
-        GenerationError::Unavailable(why) => ApiError::unavailable(why),
-    }
+    ApiError::internal(error.to_string())
 }
 
 /// The prompt as token ids: a string, a list of ids, or a one-element list of either.

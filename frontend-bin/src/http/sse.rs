@@ -76,13 +76,9 @@ struct StreamState<W> {
     phase: Phase,
 }
 
-/// The error chunk for a failed generation.
+/// The error chunk for a generation that failed mid-stream.
 pub fn error_event(error: &GenerationError) -> Bytes {
-    let api_error = match error {
-        GenerationError::Engine => ApiError::internal(error.to_string()),
-        GenerationError::Unavailable(why) => ApiError::unavailable(why.clone()),
-    };
-    event(&api_error.body())
+    event(&ApiError::internal(error.to_string()).body())
 }
 
 /// A `text/event-stream` response that streams `generation` through `writer`.

@@ -1,0 +1,274 @@
+//! A mock engine core speaking the protocol over real ZeroMQ sockets: it
+//! registers, echoes prompt tokens back (one step per `step` interval, all
+//! running requests batched in one message), and records what it received.
+//!
+//! Prompts steer it: `HANG...` never answers, `ERROR...` finishes with ERROR,
+//! `DIE...` sends ENGINE_CORE_DEAD, `GARBAGE...` sends a malformed message
+//! first. Otherwise token i of the answer is prompt token i (cycled).
+
+use rmpv::Value;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Something the mock engine received.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngineEvent {
+    /// An ADD.
+    Added { id: String, external_id: Option<String>, prompt: Vec<u32>, sampling: Value, dp_rank: Option<u64> },
+    /// An ABORT.
+    Aborted(Vec<String>),
+    /// A UTILITY call.
+    Utility { method: String, args: Value },
+}
+
+/// How a mock engine starts.
+#[derive(Clone, Debug)]
+pub struct EngineSpec {
+    pub index: u32,
+    pub input: String,
+    pub output: String,
+    /// `(max_model_len, num_gpu_blocks)`, or an empty registration payload.
+    pub registration: Option<(u64, u64)>,
+    pub step: Duration,
+    pub tokens_per_step: usize,
+}
+
+impl EngineSpec {
+    pub fn new(index: u32, input: &str, output: &str) -> Self {
+        EngineSpec {
+            index,
+            input: input.into(),
+            output: output.into(),
+            registration: Some((1024, 100)),
+            step: Duration::from_millis(2),
+            tokens_per_step: 1,
+        }
+    }
+}
+
+pub struct MockEngine {
+    pub events: Arc<Mutex<Vec<EngineEvent>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MockEngine {
+    pub fn start(spec: EngineSpec) -> Self {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (e, s) = (events.clone(), stop.clone());
+        let thread = std::thread::spawn(move || run(spec, e, s));
+        MockEngine { events, stop, thread: Some(thread) }
+    }
+
+    pub fn events(&self) -> Vec<EngineEvent> {
+        self.events.lock().unwrap().clone()
+    }
+
+    pub fn added(&self) -> Vec<EngineEvent> {
+        self.events().into_iter().filter(|e| matches!(e, EngineEvent::Added { .. })).collect()
+    }
+
+    pub fn aborted_ids(&self) -> Vec<String> {
+        self.events()
+            .into_iter()
+            .filter_map(|e| match e {
+                EngineEvent::Aborted(ids) => Some(ids),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// Waits up to `timeout` for `check` to hold on the events.
+    pub async fn wait_for(&self, timeout: Duration, check: impl Fn(&[EngineEvent]) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if check(&self.events.lock().unwrap()) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+}
+
+impl Drop for MockEngine {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Active {
+    id: String,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    generated: usize,
+    stop_ids: Vec<u32>,
+    mode: Mode,
+}
+
+#[derive(PartialEq)]
+enum Mode {
+    Echo,
+    Hang,
+    Error,
+}
+
+fn encode(v: &Value) -> Vec<u8> {
+    let mut buf = Vec::new();
+    rmpv::encode::write_value(&mut buf, v).unwrap();
+    buf
+}
+
+fn map_get<'a>(map: &'a Value, key: &str) -> Option<&'a Value> {
+    map.as_map()?.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v)
+}
+
+fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicBool>) {
+    let ctx = zmq::Context::new();
+    let dealer = ctx.socket(zmq::DEALER).unwrap();
+    dealer.set_identity(&(spec.index as u16).to_le_bytes()).unwrap();
+    dealer.set_linger(0).unwrap();
+    dealer.connect(&spec.input).unwrap();
+    let push = ctx.socket(zmq::PUSH).unwrap();
+    push.set_linger(0).unwrap();
+    push.connect(&spec.output).unwrap();
+    let registration = match spec.registration {
+        Some((len, blocks)) => encode(&Value::Map(vec![
+            (Value::from("max_model_len"), Value::from(len)),
+            (Value::from("num_gpu_blocks"), Value::from(blocks)),
+            (Value::from("dp_stats_address"), Value::Nil),
+        ])),
+        None => Vec::new(),
+    };
+    dealer.send(registration, 0).unwrap();
+
+    let mut active: Vec<Active> = Vec::new();
+    let mut dead = false;
+    let mut next_step = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let wait = if active.is_empty() { 20 } else { next_step.saturating_duration_since(Instant::now()).as_millis() as i64 };
+        if dealer.poll(zmq::POLLIN, wait).unwrap_or(0) > 0 {
+            while let Ok(frames) = dealer.recv_multipart(zmq::DONTWAIT) {
+                if dead {
+                    continue;
+                }
+                let kind = frames[0][0];
+                let payload = rmpv::decode::read_value(&mut &frames[1][..]).unwrap();
+                match kind {
+                    0x00 => {
+                        let slots = payload.as_array().unwrap();
+                        let id = slots[0].as_str().unwrap().to_string();
+                        let prompt: Vec<u32> = slots[1].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+                        let sampling = slots[3].clone();
+                        let max_tokens = map_get(&sampling, "max_tokens").and_then(Value::as_u64).unwrap_or(16) as usize;
+                        let stop_ids = map_get(&sampling, "_all_stop_token_ids")
+                            .and_then(Value::as_array)
+                            .map(|a| a.iter().filter_map(Value::as_u64).map(|t| t as u32).collect())
+                            .unwrap_or_default();
+                        let text: String = prompt.iter().map(|&t| t as u8 as char).collect();
+                        events.lock().unwrap().push(EngineEvent::Added {
+                            id: id.clone(),
+                            external_id: slots.get(16).and_then(Value::as_str).map(str::to_owned),
+                            prompt: prompt.clone(),
+                            sampling,
+                            dp_rank: slots.get(8).and_then(Value::as_u64),
+                        });
+                        if text.starts_with("DIE") {
+                            push.send(&b"ENGINE_CORE_DEAD"[..], 0).unwrap();
+                            dead = true;
+                            continue;
+                        }
+                        if text.starts_with("GARBAGE") {
+                            push.send(&[0xc1u8, 0x00][..], 0).unwrap();
+                        }
+                        let mode = if text.starts_with("HANG") {
+                            Mode::Hang
+                        } else if text.starts_with("ERROR") {
+                            Mode::Error
+                        } else {
+                            Mode::Echo
+                        };
+                        active.push(Active { id, prompt, max_tokens, generated: 0, stop_ids, mode });
+                    }
+                    0x01 => {
+                        let ids: Vec<String> = payload.as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+                        active.retain(|a| !ids.contains(&a.id));
+                        events.lock().unwrap().push(EngineEvent::Aborted(ids));
+                    }
+                    0x03 => {
+                        let slots = payload.as_array().unwrap();
+                        let call_id = slots[1].clone();
+                        let method = slots[2].as_str().unwrap().to_string();
+                        events.lock().unwrap().push(EngineEvent::Utility { method: method.clone(), args: slots[3].clone() });
+                        let reply = if method == "fail" {
+                            Value::Array(vec![call_id, Value::from("it failed"), Value::Nil])
+                        } else {
+                            Value::Array(vec![call_id, Value::Nil, Value::Array(vec![Value::Nil, Value::from(format!("ok:{method}"))])])
+                        };
+                        let message = Value::Array(vec![Value::from(spec.index), Value::Array(vec![]), Value::Nil, Value::F64(now()), reply]);
+                        push.send(encode(&message), 0).unwrap();
+                    }
+                    other => panic!("mock engine: unexpected request type {other}"),
+                }
+            }
+        }
+        if dead || active.is_empty() || Instant::now() < next_step {
+            continue;
+        }
+        next_step = Instant::now() + spec.step;
+        let mut outputs = Vec::new();
+        for a in active.iter_mut().filter(|a| a.mode != Mode::Hang) {
+            if a.mode == Mode::Error {
+                outputs.push(Value::Array(vec![a.id.as_str().into(), Value::Array(vec![]), Value::Nil, Value::Nil, Value::Nil, Value::from(3)]));
+                a.generated = a.max_tokens;
+                continue;
+            }
+            let mut tokens = Vec::new();
+            let mut finish = Value::Nil;
+            let mut stop_reason = Value::Nil;
+            while tokens.len() < spec.tokens_per_step && a.generated < a.max_tokens {
+                let token = a.prompt[a.generated % a.prompt.len()];
+                a.generated += 1;
+                tokens.push(Value::from(token));
+                if a.stop_ids.contains(&token) {
+                    finish = Value::from(0);
+                    stop_reason = Value::from(token);
+                    a.generated = a.max_tokens;
+                    break;
+                }
+            }
+            if finish.is_nil() && a.generated >= a.max_tokens {
+                finish = Value::from(1);
+            }
+            outputs.push(Value::Array(vec![
+                a.id.as_str().into(),
+                Value::Array(tokens),
+                Value::Nil,
+                Value::Nil,
+                Value::Nil,
+                finish,
+                stop_reason,
+            ]));
+        }
+        active.retain(|a| a.generated < a.max_tokens);
+        let stats = Value::Map(vec![
+            (Value::from("num_running_reqs"), Value::from(active.len() as u64)),
+            (Value::from("num_waiting_reqs"), Value::from(0)),
+        ]);
+        if !outputs.is_empty() {
+            let message = Value::Array(vec![Value::from(spec.index), Value::Array(outputs), stats, Value::F64(now())]);
+            push.send(encode(&message), 0).unwrap();
+        }
+    }
+}

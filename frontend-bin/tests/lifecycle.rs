@@ -1,0 +1,83 @@
+//! The process: HTTP socket kinds it accepts, and graceful exit on signals.
+
+mod common;
+
+use common::{post_json, Frontend, HttpSocket, Options};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+async fn serves_completions_on(http: HttpSocket) {
+    let (fe, _engines) = Frontend::start_with_engines(Options { http, ..Default::default() }, |_| {}).await;
+    let body = json!({"prompt": "unix", "max_tokens": 4}).to_string();
+    if http == HttpSocket::Unix {
+        let (status, text) = fe.unix_request("POST", "/v1/completions", Some(&body)).await.unwrap();
+        assert_eq!(status, 200, "{text}");
+        assert!(text.contains("\"text\":\"unix\""), "{text}");
+    } else {
+        let (status, reply) = post_json(&fe.url("/v1/completions"), &serde_json::from_str(&body).unwrap()).await;
+        assert_eq!(status, 200, "{reply}");
+    }
+}
+
+#[tokio::test]
+async fn serves_on_ipv6() {
+    serves_completions_on(HttpSocket::Tcp6).await;
+}
+
+#[tokio::test]
+async fn serves_on_a_unix_socket() {
+    serves_completions_on(HttpSocket::Unix).await;
+}
+
+#[tokio::test]
+async fn serves_on_a_bound_but_not_listening_socket() {
+    serves_completions_on(HttpSocket::Tcp4BoundOnly).await;
+}
+
+#[tokio::test]
+async fn sigterm_when_idle_exits_0() {
+    let (mut fe, _engines) = Frontend::start_with_engines(Options::default(), |_| {}).await;
+    fe.signal(libc::SIGTERM);
+    let status = fe.wait_exit(Duration::from_secs(10)).expect("exit after SIGTERM");
+    assert_eq!(status.code(), Some(0), "{}", fe.stderr());
+}
+
+#[tokio::test]
+async fn sigint_before_engines_register_exits_0() {
+    let mut fe = Frontend::spawn(Options::default());
+    std::thread::sleep(Duration::from_millis(300));
+    fe.signal(libc::SIGINT);
+    let status = fe.wait_exit(Duration::from_secs(10)).expect("exit after SIGINT");
+    assert_eq!(status.code(), Some(0), "{}", fe.stderr());
+}
+
+#[tokio::test]
+async fn sigterm_lets_a_request_in_flight_finish() {
+    let (mut fe, _engines) = Frontend::start_with_engines(Options::default(), |s| s.step = Duration::from_millis(20)).await;
+    let url = fe.url("/v1/completions");
+    let request = tokio::spawn(async move { post_json(&url, &json!({"prompt": "abc", "max_tokens": 25})).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    fe.signal(libc::SIGTERM);
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["text"].as_str().unwrap().len(), 25);
+    let status = fe.wait_exit(Duration::from_secs(10)).expect("exit after the drain");
+    assert_eq!(status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn sigterm_aborts_what_outlives_the_shutdown_timeout() {
+    let options = Options { args: json!({"model_tag": "toy", "shutdown_timeout": 0.5}), ..Default::default() };
+    let (mut fe, engines) = Frontend::start_with_engines(options, |_| {}).await;
+    let url = fe.url("/v1/completions");
+    let request = tokio::spawn(async move { post_json(&url, &json!({"prompt": "HANG", "max_tokens": 5})).await });
+    assert!(engines[0].wait_for(Duration::from_secs(5), |e| !e.is_empty()).await);
+    let started = Instant::now();
+    fe.signal(libc::SIGTERM);
+    let status = fe.wait_exit(Duration::from_secs(10)).expect("exit after the drain timeout");
+    assert_eq!(status.code(), Some(0));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(engines[0].wait_for(Duration::from_secs(5), |e| e.iter().any(|e| matches!(e, common::mock_engine::EngineEvent::Aborted(_)))).await);
+    // The client got an answer or a closed connection, never a hang.
+    let _ = tokio::time::timeout(Duration::from_secs(5), request).await.expect("the client was not left hanging");
+}
