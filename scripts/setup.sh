@@ -23,6 +23,9 @@ fi
 
 cd "$root"
 # Build output goes to stderr: stdout carries only the venv's path.
+# The native `vllm-rs` executable, staged where maturin installs it into the venv's bin/.
+"$venv/bin/python" "$root/build_backend/stage_frontend.py" >&2
 VIRTUAL_ENV=$venv PATH="$venv/bin:$PATH" "$venv/bin/maturin" develop --release >&2
+[ -x "$venv/bin/vllm-rs" ] || { echo "the vllm-rs executable is missing from $venv/bin after the build" >&2; exit 1; }
 "$venv/bin/python" -c "import vllm_rs._core" || { echo "vllm_rs._core failed to import after the build" >&2; exit 1; }
 echo "$venv"

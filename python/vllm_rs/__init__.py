@@ -6,3 +6,12 @@ Public entry points: `vllm_rs.utils` (a drop-in for `vllm.v1.utils`) and
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # `vllm_rs.frontend_binary`, imported on first use to keep `import vllm_rs` cheap.
+    if name == "frontend_binary":
+        from vllm_rs.frontend import frontend_binary
+
+        return frontend_binary
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
