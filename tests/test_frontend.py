@@ -1,0 +1,247 @@
+"""The Rust frontend end to end: `RustFrontendProcessManager` starts the
+installed `vllm-rs` binary, `CoreEngineProcManager` starts fake engines written
+with pyzmq (tests/test_frontend_fake_engine.py), and the `openai` package is
+the client."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+import zmq
+
+from tests.test_frontend_fake_engine import engine_log, run_fake_engine
+from vllm_rs.network_utils import make_zmq_listener
+from vllm_rs.utils import CoreEngineProcManager, RustFrontendProcessManager, wait_for_completion_or_failure
+
+READY_TIMEOUT_S = 60
+
+
+@contextlib.contextmanager
+def stderr_to(path: Path):
+    """Points fd 2 at `path` while children are started, so they log there."""
+    saved = os.dup(2)
+    with open(path, "ab") as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+@dataclass
+class Stack:
+    frontend: RustFrontendProcessManager
+    engines: CoreEngineProcManager | None
+    port: int
+    log_dir: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, api_key: str = "unused") -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=api_key, max_retries=0, timeout=30)
+
+    def get(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(self.base_url + path, timeout=5) as response:
+                return response.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    def events(self, rank: int) -> list[dict]:
+        return engine_log(self.log_dir, rank)
+
+    def frontend_log(self) -> str:
+        return (self.log_dir / "frontend.log").read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        proc = self.frontend.processes[0]
+        while time.monotonic() < deadline:
+            if not proc.is_alive():
+                raise AssertionError(f"frontend exited with {proc.exitcode}:\n{self.frontend_log()}")
+            try:
+                if self.get("/health") == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"frontend not ready after {READY_TIMEOUT_S}s:\n{self.frontend_log()}")
+
+
+def wait_until(check, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@contextlib.contextmanager
+def serving(tmp_path: Path, engine_count: int = 1, step_s: float = 0.002, start_engines: bool = True, **args):
+    """A frontend with `engine_count` fake engines; `args` become the server arguments."""
+    http = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    http.bind(("127.0.0.1", 0))
+    http.listen(128)
+    port = http.getsockname()[1]
+    input_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
+    output_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    engines = None
+    frontend = None
+    try:
+        if start_engines:
+            config = {"output_address": output_listener.address, "log_dir": str(tmp_path), "step_s": step_s}
+            engines = CoreEngineProcManager(
+                run_fake_engine, engine_count, 0, 0, config, True, input_listener.address, None, False
+            )
+        namespace = argparse.Namespace(model="toy", **args)
+        with stderr_to(tmp_path / "frontend.log"):
+            frontend = RustFrontendProcessManager(
+                None, http, namespace, input_listener, output_listener, 0, engine_count, engine_count
+            )
+        http.close()
+        yield Stack(frontend, engines, port, tmp_path)
+    finally:
+        http.close()
+        if frontend is not None:
+            frontend.shutdown()
+        if engines is not None:
+            engines.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _short_engine_wait(monkeypatch):
+    monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "30")
+
+
+def test_completions_and_chat_streamed_and_not(tmp_path):
+    with serving(tmp_path) as stack:
+        stack.wait_ready()
+        client = stack.client()
+        completion = client.completions.create(model="toy", prompt="hello", max_tokens=7)
+        assert completion.choices[0].text == "hellohe"
+        assert completion.choices[0].finish_reason == "length"
+        assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (5, 7)
+
+        chunks = list(
+            client.completions.create(
+                model="toy", prompt="abc", max_tokens=5, stream=True, stream_options={"include_usage": True}
+            )
+        )
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == "abcab"
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+        assert chunks[-1].usage.completion_tokens == 5
+
+        chat = client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+        assert chat.choices[0].message.role == "assistant"
+        assert chat.choices[0].message.content == "user: hi"
+
+        stream = client.chat.completions.create(
+            model="toy", messages=[{"role": "user", "content": "yo"}], max_tokens=4, stream=True
+        )
+        chunks = list(stream)
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == "user"
+        assert chunks[-1].choices[0].finish_reason == "length"
+
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="other", prompt="x", max_tokens=1)
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model="toy", prompt="x", max_tokens=1, temperature=-1)
+        assert info.value.body["param"] == "temperature"
+        assert [m.id for m in client.models.list()] == ["toy"]
+
+
+def test_two_engines_share_the_load(tmp_path):
+    with serving(tmp_path, engine_count=2, step_s=0.01) as stack:
+        stack.wait_ready()
+        client = stack.client()
+
+        def one(_):
+            return client.completions.create(model="toy", prompt="abcdef", max_tokens=10).choices[0].text
+
+        with ThreadPoolExecutor(16) as pool:
+            assert list(pool.map(one, range(16))) == ["abcdefabcd"] * 16
+        counts = [sum(e["event"] == "add" for e in stack.events(rank)) for rank in (0, 1)]
+        assert sum(counts) == 16
+        assert min(counts) >= 4, counts
+
+
+def test_client_disconnect_aborts_in_the_engine(tmp_path):
+    with serving(tmp_path, step_s=0.02) as stack:
+        stack.wait_ready()
+        stream = stack.client().completions.create(model="toy", prompt="abc", max_tokens=400, stream=True)
+        first = next(iter(stream))
+        assert first.choices[0].text
+        stream.close()
+        assert wait_until(lambda: any(e["event"] == "abort" for e in stack.events(0))), stack.events(0)
+        added = [e["id"] for e in stack.events(0) if e["event"] == "add"]
+        aborted = [e["id"] for e in stack.events(0) if e["event"] == "abort"]
+        assert aborted == added
+
+
+def test_engine_death_gives_503_and_fails_the_wait(tmp_path):
+    with serving(tmp_path) as stack:
+        stack.wait_ready()
+        client = stack.client()
+        with ThreadPoolExecutor(1) as pool:
+            hanging = pool.submit(client.completions.create, model="toy", prompt="HANG", max_tokens=5)
+            assert wait_until(lambda: len(stack.events(0)) == 1)
+            with pytest.raises(openai.InternalServerError) as info:
+                client.completions.create(model="toy", prompt="DIE now", max_tokens=5)
+            assert "ENGINE_CORE_DEAD" in info.value.body["message"]
+            with pytest.raises(openai.InternalServerError):
+                hanging.result(timeout=10)
+        assert stack.get("/health") == 503
+        with pytest.raises(RuntimeError, match="Engine core process EngineCore_0 died unexpectedly"):
+            wait_for_completion_or_failure(stack.frontend, stack.engines)
+
+
+def test_bad_args_json_exits_2(tmp_path):
+    with serving(tmp_path, start_engines=False, max_model_len="big") as stack:
+        with pytest.raises(RuntimeError, match=r"Process RustFrontend \(PID: \d+\) died with exit code 2"):
+            wait_for_completion_or_failure(stack.frontend)
+        assert "max_model_len" in stack.frontend_log()
+
+
+def test_credentials_never_reach_the_log(tmp_path, caplog):
+    secret = "sk-very-secret-4711"
+    caplog.set_level(logging.INFO)
+    with serving(tmp_path, api_key=secret, enable_log_requests=True) as stack:
+        stack.wait_ready()
+        with pytest.raises(openai.AuthenticationError):
+            stack.client("wrong").completions.create(model="toy", prompt="x", max_tokens=1)
+        ok = stack.client(secret).completions.create(model="toy", prompt="x", max_tokens=1)
+        assert ok.choices[0].text == "x"
+        assert stack.get("/health") == 200
+    launch = [r.getMessage() for r in caplog.records if "Launching Rust frontend" in r.getMessage()]
+    assert launch and '"api_key": "***"' in launch[0]
+    assert secret not in caplog.text
+    log = stack.frontend_log()
+    assert "received request" in log  # enable_log_requests took effect
+    assert secret not in log
+
+
+def test_shutdown_is_graceful_exit_0(tmp_path):
+    with serving(tmp_path) as stack:
+        stack.wait_ready()
+        proc = stack.frontend.processes[0]
+        stack.frontend.shutdown()
+        assert proc.exitcode == 0, stack.frontend_log()
+        assert "frontend stopped" in stack.frontend_log()
