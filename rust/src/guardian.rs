@@ -231,27 +231,17 @@ fn spawn_child(
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
 
-    // SAFETY: the guardian is single-threaded, and the child below only makes
-    // async-signal-safe system calls on memory prepared before the fork.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(os_failure(io::Error::last_os_error(), FailStage::Fork, -1));
-    }
-    if pid == 0 {
-        // SAFETY: child side of fork; see above.
-        unsafe {
-            exec_child(
-                &program,
-                &argv_ptrs,
-                &env_ptrs,
-                cwd.as_ref(),
-                targets,
-                &staged_raw,
-                err_w.as_raw_fd(),
-                me,
-            )
-        }
-    }
+    let plan = ExecPlan {
+        program: &program,
+        argv: &argv_ptrs,
+        env: &env_ptrs,
+        cwd: cwd.as_ref(),
+        targets,
+        staged: &staged_raw,
+        err_w: err_w.as_raw_fd(),
+        guardian: me,
+    };
+    let pid = clone_vfork(&plan).map_err(|e| os_failure(e, FailStage::Fork, -1))?;
     drop(err_w);
     drop(staged);
 
@@ -287,37 +277,73 @@ fn spawn_child(
     Err((errno, stage, detail))
 }
 
-/// The child's side of a spawn: set up and exec, or report why not.
-#[allow(clippy::too_many_arguments)]
-unsafe fn exec_child(
-    program: &CString,
-    argv: &[*const libc::c_char],
-    env: &[*const libc::c_char],
-    cwd: Option<&CString>,
-    targets: &[RawFd],
-    staged: &[RawFd],
+/// Everything the child needs, prepared before it is created.
+struct ExecPlan<'a> {
+    program: &'a CString,
+    argv: &'a [*const libc::c_char],
+    env: &'a [*const libc::c_char],
+    cwd: Option<&'a CString>,
+    targets: &'a [RawFd],
+    staged: &'a [RawFd],
     err_w: RawFd,
     guardian: libc::pid_t,
-) -> ! {
+}
+
+/// Bytes of stack for the child between clone and exec.
+const CHILD_STACK_BYTES: usize = 256 * 1024;
+
+/// Creates the child the way `posix_spawn` does: `clone(CLONE_VM |
+/// CLONE_VFORK)` on a stack of its own, so no page tables are copied and we
+/// resume only once the child has exec'd or exited. The child shares our
+/// memory until then and touches nothing but the prepared plan.
+fn clone_vfork(plan: &ExecPlan<'_>) -> io::Result<libc::pid_t> {
+    extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the plan, alive while the parent is suspended.
+        unsafe { exec_child(&*(arg as *const ExecPlan<'_>)) }
+    }
+    let mut stack = vec![0u8; CHILD_STACK_BYTES];
+    // The stack grows down: hand over its 16-byte-aligned top.
+    let top = (stack.as_mut_ptr() as usize + CHILD_STACK_BYTES) & !15;
+    // SAFETY: the child runs `child_main` on `stack`, which outlives it (we
+    // are suspended until it execs or exits), and only makes system calls.
+    let pid = unsafe {
+        libc::clone(
+            child_main,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            plan as *const ExecPlan<'_> as *mut libc::c_void,
+        )
+    };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(pid)
+}
+
+/// The child's side of a spawn: set up and exec, or report why not.
+unsafe fn exec_child(plan: &ExecPlan<'_>) -> ! {
     let fail = |stage: FailStage, detail: i32| -> ! {
         let errno = *libc::__errno_location();
         let mut report = [0u8; 9];
         report[0..4].copy_from_slice(&errno.to_le_bytes());
         report[4] = stage as u8;
         report[5..9].copy_from_slice(&detail.to_le_bytes());
-        libc::write(err_w, report.as_ptr() as *const _, report.len());
+        libc::write(plan.err_w, report.as_ptr() as *const _, report.len());
         libc::_exit(127)
     };
-    // A clean signal state: nothing blocked, and the dispositions the host
-    // interpreter ignores (SIGPIPE, SIGXFSZ) back to default, as subprocess does.
+    // A clean signal state: the host interpreter's handler (SIGINT) and
+    // ignored signals (SIGPIPE, SIGXFSZ) back to default, as subprocess does,
+    // before anything is unblocked; dispositions are per process (no
+    // CLONE_SIGHAND), so this does not touch the guardian's.
+    for sig in [libc::SIGINT, libc::SIGPIPE, libc::SIGXFSZ] {
+        libc::signal(sig, libc::SIG_DFL);
+    }
     let empty = sigset(&[]);
     libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-    libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
 
     // Die with the guardian; keep our own orphans in our subtree.
     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-    if libc::getppid() != guardian {
+    if libc::getppid() != plan.guardian {
         libc::_exit(127);
     }
     libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
@@ -325,31 +351,27 @@ unsafe fn exec_child(
     // Everything from 3 up closes on exec, then the targets are placed
     // (dup2 clears close-on-exec on them), then unlisted stdio is closed.
     if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
-        let mut fd = 3;
         let max = libc::sysconf(libc::_SC_OPEN_MAX) as RawFd;
-        while fd < max {
-            if fd != err_w {
-                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-            }
-            fd += 1;
+        for fd in 3..max {
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
         }
     }
-    for (&target, &src) in targets.iter().zip(staged) {
+    for (&target, &src) in plan.targets.iter().zip(plan.staged) {
         if libc::dup2(src, target) < 0 {
             fail(FailStage::Fd, target);
         }
     }
     for stdio in 0..3 {
-        if !targets.contains(&stdio) {
+        if !plan.targets.contains(&stdio) {
             libc::close(stdio);
         }
     }
-    if let Some(dir) = cwd {
+    if let Some(dir) = plan.cwd {
         if libc::chdir(dir.as_ptr()) != 0 {
             fail(FailStage::Chdir, -1);
         }
     }
-    libc::execve(program.as_ptr(), argv.as_ptr(), env.as_ptr());
+    libc::execve(plan.program.as_ptr(), plan.argv.as_ptr(), plan.env.as_ptr());
     fail(FailStage::Exec, -1)
 }
 

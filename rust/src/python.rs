@@ -10,7 +10,7 @@ use std::time::Duration;
 
 #[cfg(target_os = "linux")]
 use pyo3::exceptions::{PyOSError, PyRuntimeError};
-use pyo3::exceptions::{PyNotImplementedError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 #[cfg(target_os = "linux")]
@@ -265,6 +265,7 @@ mod linux {
 #[cfg(not(target_os = "linux"))]
 mod other {
     use super::*;
+    use pyo3::exceptions::PyNotImplementedError;
 
     /// Process management needs Linux (pid fds, prctl, /proc).
     #[pyfunction]
