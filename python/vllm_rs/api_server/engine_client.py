@@ -1,0 +1,339 @@
+"""The Python API server's side of the engine-core protocol, on asyncio: adopt
+the input (ROUTER) and output (PULL) listeners, wait for the engines to
+register, send ADD/ABORT/UTILITY, route outputs to the waiting requests,
+least-loaded balancing, and failing everything when an engine dies."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from vllm_rs.engine.protocol import (
+    REQUEST_ABORT,
+    REQUEST_ADD,
+    REQUEST_UTILITY,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+    ProtocolError,
+    Registration,
+    decode_outputs,
+    decode_registration,
+    encode_abort,
+    encode_add,
+    encode_utility,
+    engine_identity,
+)
+from vllm_rs.logger import init_logger
+from vllm_rs.network_utils import ZmqListener, make_zmq_socket
+
+logger = init_logger(__name__)
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engines are gone, or the client is shutting down."""
+
+
+class RankOutOfRangeError(ValueError):
+    """`X-data-parallel-rank` names an engine this server does not serve."""
+
+
+class RegistrationError(RuntimeError):
+    """Engines did not register as the protocol requires (names them)."""
+
+
+@dataclass
+class Output:
+    """New tokens of a request; the last one carries the finish reason."""
+
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class Failed:
+    """The request failed outside the engine's control."""
+
+    reason: str
+
+
+@dataclass
+class EngineLoad:
+    """What one engine is known to be doing."""
+
+    inflight: int = 0
+    running: int = 0
+    waiting: int = 0
+    has_stats: bool = False
+
+    def score(self) -> int:
+        """Lower is better: in-flight count until stats arrive, then
+        `max(inflight, running + waiting) + 3 * waiting`."""
+        if not self.has_stats:
+            return self.inflight
+        return max(self.inflight, self.running + self.waiting) + 3 * self.waiting
+
+
+@dataclass
+class _InFlight:
+    engine: int
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+class RequestStream:
+    """The outputs of one submitted request. `close()` before the request
+    finished aborts it in its engine."""
+
+    def __init__(self, client: EngineClient, request_id: str, engine: int, queue: asyncio.Queue):
+        self.client = client
+        self.request_id = request_id
+        self.engine = engine
+        self._queue = queue
+        self.done = False
+
+    async def next_event(self) -> Output | Failed:
+        """The next event (the stream must not be done)."""
+        return self._note(await self._queue.get())
+
+    def next_queued(self) -> Output | Failed | None:
+        """The next event if one is already queued."""
+        if self.done or self._queue.empty():
+            return None
+        return self._note(self._queue.get_nowait())
+
+    def _note(self, event: Output | Failed) -> Output | Failed:
+        if isinstance(event, Failed) or event.finish_reason is not None:
+            self.done = True
+        return event
+
+    def close(self) -> None:
+        """Aborts the request unless it already finished."""
+        if not self.done:
+            self.done = True
+            self.client.abort(self.request_id)
+
+
+class EngineClient:
+    """This API server's connection to engines `start .. start+count-1`."""
+
+    def __init__(self, input_listener: ZmqListener, output_listener: ZmqListener, start: int, count: int, client_index: int):
+        self.ctx = zmq.asyncio.Context()
+        self.router = make_zmq_socket(self.ctx, input_listener.address, zmq.ROUTER, linger=0, listener=input_listener)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.pull = make_zmq_socket(self.ctx, output_listener.address, zmq.PULL, linger=0, listener=output_listener)
+        self.start = start
+        self.count = count
+        self.client_index = client_index
+        self.loads = [EngineLoad() for _ in range(count)]
+        self.failure: str | None = None
+        self.stopping = False
+        self._requests: dict[str, _InFlight] = {}
+        self._calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count(1)
+        self._tie_break = itertools.count()
+        self._output_task: asyncio.Task | None = None
+
+    # ---- start-up ----
+
+    async def wait_for_engines(self, timeout: float) -> list[Registration]:
+        """Waits until every engine has sent one registration; raises
+        RegistrationError for a stranger, a duplicate, a bad payload, or on
+        timeout (naming the missing engines)."""
+        deadline = time.monotonic() + timeout
+        registered: dict[int, Registration] = {}
+        last = self.start + self.count - 1
+        while len(registered) < self.count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await self.router.poll(remaining * 1000, zmq.POLLIN):
+                missing = ", ".join(str(i) for i in range(self.start, last + 1) if i not in registered)
+                raise RegistrationError(
+                    f"timed out after {timeout:.1f}s waiting for engines to register; missing engine(s): {missing}"
+                )
+            frames = await self.router.recv_multipart()
+            identity = frames[0]
+            if len(identity) != 2:
+                raise RegistrationError(f"registration from a peer whose identity {identity!r} is not a 2-byte engine index")
+            index = int.from_bytes(identity, "little")
+            if not self.start <= index <= last:
+                raise RegistrationError(f"engine {index} registered, but this server serves engines {self.start}..={last}")
+            if index in registered:
+                raise RegistrationError(f"engine {index} registered twice")
+            try:
+                registered[index] = decode_registration(frames[-1] if len(frames) > 1 else b"")
+            except (ProtocolError, ValueError, msgpack.UnpackException) as e:
+                raise RegistrationError(f"engine {index} sent a bad registration: {e}") from None
+            logger.info("engine %d registered (%d/%d)", index, len(registered), self.count)
+        self._output_task = asyncio.get_running_loop().create_task(self._receive_outputs())
+        return [registered[i] for i in sorted(registered)]
+
+    # ---- requests ----
+
+    @property
+    def inflight(self) -> int:
+        """Requests in flight over all engines."""
+        return len(self._requests)
+
+    def engine_indices(self) -> range:
+        """The engines this server talks to."""
+        return range(self.start, self.start + self.count)
+
+    def submit(self, request: EngineCoreRequest, pinned_rank: int | None) -> RequestStream:
+        """Sends `request` to engine `pinned_rank`, else the least loaded one."""
+        if self.failure is not None:
+            raise EngineUnavailableError(self.failure)
+        if self.stopping:
+            raise EngineUnavailableError("the server is shutting down")
+        if pinned_rank is not None:
+            if not self.start <= pinned_rank < self.start + self.count:
+                raise RankOutOfRangeError(
+                    f"data parallel rank {pinned_rank} is out of range: this frontend serves engines "
+                    f"{self.start}..={self.start + self.count - 1}"
+                )
+            engine = pinned_rank
+        else:
+            engine = self.start + self._least_loaded()
+        request.data_parallel_rank = pinned_rank
+        request.client_index = self.client_index
+        entry = _InFlight(engine)
+        self._requests[request.request_id] = entry
+        self.loads[engine - self.start].inflight += 1
+        if not self._send(engine, REQUEST_ADD, encode_add(request)):
+            self._finish(request.request_id, Failed(f"cannot send to engine {engine}"))
+        return RequestStream(self, request.request_id, engine, entry.queue)
+
+    def abort(self, request_id: str) -> None:
+        """Forgets `request_id` and sends ABORT to its engine if still in flight."""
+        entry = self._requests.pop(request_id, None)
+        if entry is not None:
+            self.loads[entry.engine - self.start].inflight -= 1
+            self._send(entry.engine, REQUEST_ABORT, encode_abort([request_id]))
+
+    def abort_all(self, reason: str) -> None:
+        """Fails every request in flight with `reason` and aborts it."""
+        for request_id in list(self._requests):
+            engine = self._requests[request_id].engine
+            self._finish(request_id, Failed(reason))
+            self._send(engine, REQUEST_ABORT, encode_abort([request_id]))
+
+    async def call_utility(self, engine: int, method: str, args: list[Any], timeout: float) -> Any:
+        """Calls `method(*args)` on `engine`; raises EngineUnavailableError with
+        the engine's failure message, or on timeout."""
+        if self.failure is not None:
+            raise EngineUnavailableError(self.failure)
+        call_id = next(self._call_ids)
+        future = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        try:
+            if not self._send(engine, REQUEST_UTILITY, encode_utility(self.client_index, call_id, method, args)):
+                raise EngineUnavailableError(f"cannot send to engine {engine}")
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise EngineUnavailableError(f"utility call {method} to engine {engine} timed out after {timeout}s") from None
+        finally:
+            self._calls.pop(call_id, None)
+
+    async def close(self) -> None:
+        """Stops receiving and closes the sockets."""
+        self.stopping = True
+        if self._output_task is not None:
+            self._output_task.cancel()
+            try:
+                await self._output_task
+            except asyncio.CancelledError:
+                pass
+        self.router.close(linger=0)
+        self.pull.close(linger=0)
+        self.ctx.term()
+
+    # ---- internals ----
+
+    def _least_loaded(self) -> int:
+        offset = next(self._tie_break) % self.count
+        slots = [(i + offset) % self.count for i in range(self.count)]
+        return min(slots, key=lambda slot: self.loads[slot].score())
+
+    def _send(self, engine: int, kind: bytes, payload: bytes) -> bool:
+        try:
+            self.router.send_multipart([engine_identity(engine), kind, payload], flags=zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as e:
+            logger.warning("cannot send to engine %d: %s", engine, e)
+            return False
+
+    def _finish(self, request_id: str, event: Output | Failed) -> None:
+        entry = self._requests.pop(request_id, None)
+        if entry is not None:
+            self.loads[entry.engine - self.start].inflight -= 1
+            entry.queue.put_nowait(event)
+
+    def fail_all(self, reason: str) -> None:
+        """The engines are unusable: fails everything in flight and to come."""
+        logger.error("%s", reason)
+        if self.failure is None:
+            self.failure = reason
+        for request_id in list(self._requests):
+            self._finish(request_id, Failed(self.failure))
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(EngineUnavailableError(self.failure))
+
+    async def _receive_outputs(self) -> None:
+        while True:
+            frames = await self.pull.recv_multipart()
+            try:
+                message = decode_outputs(frames)
+            except ProtocolError as e:
+                self.fail_all(f"engine protocol error: {e}; requests in flight were failed")
+                continue
+            except (ValueError, TypeError, msgpack.UnpackException) as e:
+                logger.warning("skipping a malformed engine message: %s", e)
+                continue
+            if message is None:
+                self.fail_all("engine core died (ENGINE_CORE_DEAD); requests in flight were failed")
+            elif message.utility_output is not None:
+                self._dispatch_utility(message)
+            else:
+                self._dispatch_batch(message)
+
+    def _dispatch_utility(self, message: EngineCoreOutputs) -> None:
+        reply = message.utility_output
+        future = self._calls.get(reply.call_id)
+        if future is None or future.done():
+            logger.debug("dropping a utility reply nobody waits for (call %s)", reply.call_id)
+        elif reply.failure_message is not None:
+            future.set_exception(EngineUnavailableError(reply.failure_message))
+        else:
+            future.set_result(reply.result)
+
+    def _dispatch_batch(self, message: EngineCoreOutputs) -> None:
+        stats = message.scheduler_stats
+        slot = message.engine_index - self.start
+        if isinstance(stats, dict) and 0 <= slot < self.count:
+            load = self.loads[slot]
+            load.running = int(stats.get("num_running_reqs") or 0)
+            load.waiting = int(stats.get("num_waiting_reqs") or 0)
+            load.has_stats = True
+        requests = self._requests
+        for output in message.outputs:
+            entry = requests.get(output.request_id)
+            if entry is None:
+                continue  # aborted or failed already
+            event = Output(output.new_token_ids, output.finish_reason, output.stop_reason)
+            if output.finish_reason is not None:
+                self._finish(output.request_id, event)
+            else:
+                entry.queue.put_nowait(event)
+        for request_id in self._finished_without_output(message.finished_requests or ()):
+            self._finish(request_id, Output([], FinishReason.ABORT))
+
+    def _finished_without_output(self, request_ids: Iterable[str]) -> list[str]:
+        return [r for r in request_ids if r in self._requests]

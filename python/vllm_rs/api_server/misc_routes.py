@@ -1,0 +1,93 @@
+"""The small routes: health, models, load, version, metrics, and the engine
+utility calls (`/reset_prefix_cache`, `/sleep`, `/wake_up`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from vllm_rs import __version__
+from vllm_rs.api_server.engine_client import EngineUnavailableError
+from vllm_rs.api_server.errors import ApiError
+from vllm_rs.api_server.openai_routes import json_response
+from vllm_rs.api_server.state import ServerState
+
+#: How long a utility call may take per engine (seconds).
+UTILITY_TIMEOUT_S = 60.0
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def health(request: Request) -> Response:
+    """200 while the engines are usable, 503 after one died."""
+    failure = _state(request).engines.failure
+    if failure is not None:
+        raise ApiError(503, failure)
+    return Response(status_code=200)
+
+
+async def list_models(request: Request) -> Response:
+    """Every served name."""
+    state = _state(request)
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "vllm-rs",
+            "root": state.settings.model_tag,
+            "parent": None,
+            "max_model_len": state.max_model_len,
+        }
+        for name in state.settings.served_model_names
+    ]
+    return json_response({"object": "list", "data": data})
+
+
+async def load(request: Request) -> Response:
+    """Requests in flight."""
+    return json_response({"server_load": _state(request).engines.inflight})
+
+
+async def version(request: Request) -> Response:
+    """The package version."""
+    return json_response({"version": __version__})
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus text."""
+    state = _state(request)
+    body = state.metrics.render(state.engines.inflight)
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def _call_all_engines(request: Request, method: str, args: list[Any]) -> Response:
+    engines = _state(request).engines
+    for engine in engines.engine_indices():
+        try:
+            await engines.call_utility(engine, method, args, UTILITY_TIMEOUT_S)
+        except EngineUnavailableError as e:
+            raise ApiError(500, f"{method} failed on engine {engine}: {e}") from None
+    return Response(status_code=200)
+
+
+async def reset_prefix_cache(request: Request) -> Response:
+    """`POST /reset_prefix_cache` on every engine."""
+    return await _call_all_engines(request, "reset_prefix_cache", [])
+
+
+async def sleep(request: Request) -> Response:
+    """`POST /sleep?level=N` (level 1 by default) on every engine."""
+    level = request.query_params.get("level", "1")
+    if not level.isdigit():
+        raise ApiError.invalid_param("level", "`level` must be a non-negative integer")
+    return await _call_all_engines(request, "sleep", [int(level)])
+
+
+async def wake_up(request: Request) -> Response:
+    """`POST /wake_up` on every engine."""
+    return await _call_all_engines(request, "wake_up", [None])

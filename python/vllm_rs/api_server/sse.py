@@ -1,0 +1,116 @@
+"""Streaming answers as server-sent events: `data: {json}` per chunk, an
+error chunk if the generation fails, then `data: [DONE]`. Closing the stream
+early (client gone) aborts the request."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import StreamingResponse
+
+from vllm_rs.api_server.errors import ApiError, dumps
+from vllm_rs.api_server.generation import Delta, Generation, GenerationError
+
+DONE = b"data: [DONE]\n\n"
+
+
+def event(value: Any) -> bytes:
+    """One `data:` event holding `value` as JSON."""
+    return b"data: " + dumps(value).encode() + b"\n\n"
+
+
+@dataclass
+class ChunkHeader:
+    """What every chunk of one streamed answer repeats."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+
+    def event(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+        """The event for a chunk with these choices and, when given, usage."""
+        chunk: dict[str, Any] = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            chunk["usage"] = usage
+        return event(chunk)
+
+
+class CompletionChunks:
+    """Chunks of `/v1/completions`."""
+
+    def __init__(self, header: ChunkHeader):
+        self.header = header
+
+    def opening(self) -> bytes | None:
+        """Nothing before the text."""
+        return None
+
+    def delta(self, delta: Delta) -> bytes:
+        """The chunk for one delta."""
+        finish = delta.finish
+        choice = {
+            "index": 0,
+            "text": delta.text,
+            "logprobs": None,
+            "finish_reason": finish.reason.openai_name if finish else None,
+            "stop_reason": finish.stop_reason if finish else None,
+        }
+        return self.header.event([choice])
+
+    def usage(self, usage: dict[str, int]) -> bytes:
+        """The final usage chunk."""
+        return self.header.event([], usage)
+
+
+class ChatChunks(CompletionChunks):
+    """Chunks of `/v1/chat/completions`: the assistant role first."""
+
+    def opening(self) -> bytes:
+        """The role chunk."""
+        delta = {"role": "assistant", "content": ""}
+        return self.header.event([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
+
+    def delta(self, delta: Delta) -> bytes:
+        """The chunk for one delta."""
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": delta.text}, "logprobs": None, "finish_reason": None}
+        if delta.finish is not None:
+            choice["finish_reason"] = delta.finish.reason.openai_name
+            choice["stop_reason"] = delta.finish.stop_reason
+        return self.header.event([choice])
+
+
+async def _events(generation: Generation, writer: CompletionChunks, include_usage: bool) -> AsyncIterator[bytes]:
+    try:
+        opening = writer.opening()
+        if opening is not None:
+            yield opening
+        while True:
+            try:
+                delta = await generation.next_delta()
+            except GenerationError as e:
+                yield event(ApiError(500, str(e)).body())
+                break
+            if delta is None:
+                break
+            chunk = writer.delta(delta)
+            if delta.finish is not None:
+                if include_usage:
+                    chunk += writer.usage(generation.usage())
+                yield chunk + DONE
+                return
+            yield chunk
+        yield DONE
+    finally:
+        generation.close()
+
+
+def sse_response(generation: Generation, writer: CompletionChunks, include_usage: bool) -> StreamingResponse:
+    """A `text/event-stream` response streaming `generation` through `writer`."""
+    return StreamingResponse(
+        _events(generation, writer, include_usage),
+        media_type="text/event-stream; charset=utf-8",
+        headers={"cache-control": "no-cache"},
+    )

@@ -1,0 +1,69 @@
+"""What every handler shares: the settings taken from the `serve` arguments,
+the tokenizer, the engine client, the metrics and the model length."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+
+from vllm_rs import envs
+from vllm_rs.api_server.engine_client import EngineClient
+from vllm_rs.api_server.metrics import Metrics
+from vllm_rs.api_server.tokenizer import ByteLevelTokenizer
+
+#: Drain time on SIGTERM/SIGINT when `--shutdown-timeout` is not given.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 4.0
+
+
+@dataclass
+class ServerSettings:
+    """The parts of the `serve` arguments the API server uses."""
+
+    model_tag: str
+    served_model_names: list[str]
+    api_keys: list[str] = field(default_factory=list)
+    max_model_len: int | None = None
+    engine_ready_timeout_s: float = 600.0
+    keep_alive_timeout_s: float = 5.0
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    enable_log_requests: bool = False
+    disable_log_stats: bool = False
+    engine_count: int = 1
+
+    @property
+    def primary_model_name(self) -> str:
+        """The name reported in responses."""
+        return self.served_model_names[0]
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServerSettings:
+        """From the `serve` namespace and vLLM's environment variables."""
+        model_tag = getattr(args, "model_tag", None) or args.model
+        names = getattr(args, "served_model_name", None) or [model_tag]
+        api_key = getattr(args, "api_key", None)
+        shutdown = getattr(args, "shutdown_timeout", None)
+        return cls(
+            model_tag=model_tag,
+            served_model_names=[names] if isinstance(names, str) else list(names),
+            api_keys=[] if not api_key else [api_key] if isinstance(api_key, str) else list(api_key),
+            max_model_len=getattr(args, "max_model_len", None),
+            engine_ready_timeout_s=float(envs.engine_ready_timeout_s()),
+            keep_alive_timeout_s=float(envs.http_timeout_keep_alive()),
+            shutdown_timeout_s=DEFAULT_SHUTDOWN_TIMEOUT_S if shutdown is None else float(shutdown),
+            enable_log_requests=bool(getattr(args, "enable_log_requests", False)),
+            disable_log_stats=bool(getattr(args, "disable_log_stats", False)),
+            engine_count=int(getattr(args, "data_parallel_size", 1) or 1),
+        )
+
+
+@dataclass
+class ServerState:
+    """The server's shared state."""
+
+    settings: ServerSettings
+    engines: EngineClient
+    metrics: Metrics
+    max_model_len: int | None
+    tokenizer: ByteLevelTokenizer = field(default_factory=ByteLevelTokenizer)
+    created: int = field(default_factory=lambda: int(time.time()))

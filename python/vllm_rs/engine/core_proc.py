@@ -1,0 +1,202 @@
+"""The engine-core process: connects to every frontend (a DEALER with the
+engine's 2-byte identity to its input socket, a PUSH to its output socket),
+registers, then loops: take ADD/ABORT/UTILITY messages, run a step, send each
+request's outputs (with scheduler stats) to the frontend named by its
+`client_index`.
+
+SIGTERM ends it cleanly (exit 0). SIGINT is ignored: a Ctrl-C at the
+terminal lets the frontends drain first, and the supervisor stops the
+engines after them. Any failure sends `ENGINE_CORE_DEAD` to every frontend
+and exits 1.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import Any
+
+import zmq
+
+from vllm_rs.engine.config import EngineConfig
+from vllm_rs.engine.core import EngineCore
+from vllm_rs.engine.protocol import (
+    ENGINE_CORE_DEAD,
+    REQUEST_ABORT,
+    REQUEST_ADD,
+    REQUEST_START_DP_WAVE,
+    REQUEST_UTILITY,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    UtilityCall,
+    UtilityOutput,
+    encode_outputs,
+    encode_registration,
+    engine_identity,
+    unpack,
+)
+from vllm_rs.logger import init_logger
+from vllm_rs.network_utils import make_zmq_socket
+
+logger = init_logger(__name__)
+
+#: How long `ENGINE_CORE_DEAD` may wait to be delivered before the exit.
+DEAD_MESSAGE_LINGER_MS = 1000
+
+
+class EngineShutdown(Exception):
+    """Raised by the SIGTERM handler to leave the loop."""
+
+
+def _raise_shutdown(signum: int, frame: Any) -> None:
+    raise EngineShutdown(signal.Signals(signum).name)
+
+
+def run_engine_core(
+    vllm_config: EngineConfig,
+    on_head_node: bool = True,
+    input_address: str | None = None,
+    executor_class: Any = None,
+    log_stats: bool = True,
+    dp_rank: int = 0,
+    local_dp_rank: int = 0,
+) -> None:
+    """Target of `CoreEngineProcManager`: runs engine `dp_rank` until SIGTERM
+    (exit 0) or a failure (ENGINE_CORE_DEAD, exit 1). The frontends' addresses
+    come from `vllm_config.clients`; `input_address` is not used."""
+    signal.signal(signal.SIGTERM, _raise_shutdown)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    proc = EngineCoreProc(vllm_config, dp_rank)
+    try:
+        proc.run()
+    except EngineShutdown:
+        logger.debug("EngineCore_%d: shutting down", dp_rank)
+        proc.close(linger=0)
+    except Exception:
+        logger.exception("EngineCore_%d failed", dp_rank)
+        proc.send_dead()
+        proc.close(linger=DEAD_MESSAGE_LINGER_MS)
+        sys.exit(1)
+
+
+class EngineCoreProc:
+    """An EngineCore behind its ZeroMQ sockets."""
+
+    def __init__(self, config: EngineConfig, engine_index: int):
+        if not config.clients:
+            raise ValueError("the engine config names no frontend (clients is empty)")
+        self.config = config
+        self.engine_index = engine_index
+        self.ctx = zmq.Context()
+        self.core: EngineCore | None = None
+        # Outputs first, so that a failure while loading can still be reported.
+        self.pushes = [make_zmq_socket(self.ctx, c.output_address, zmq.PUSH, bind=False) for c in config.clients]
+        self.dealers: list[Any] = []
+        self._sent_stats_to: set[int] = set()
+
+    def run(self) -> None:
+        """Loads the model, registers with every frontend, then serves."""
+        self.core = EngineCore(self.config, self.engine_index)
+        identity = engine_identity(self.engine_index)
+        registration = encode_registration(self.core.max_model_len, self.core.num_gpu_blocks)
+        for client in self.config.clients:
+            dealer = make_zmq_socket(self.ctx, client.input_address, zmq.DEALER, bind=False, identity=identity, linger=0)
+            dealer.send(registration)
+            self.dealers.append(dealer)
+        logger.info(
+            "EngineCore_%d ready: model %s, max_model_len %d, %d client(s)",
+            self.engine_index, self.config.model_config.model, self.core.max_model_len, len(self.dealers),
+        )  # fmt: skip
+        poller = zmq.Poller()
+        for dealer in self.dealers:
+            poller.register(dealer, zmq.POLLIN)
+        core = self.core
+        while True:
+            busy = core.has_work()
+            for sock, _ in poller.poll(0 if busy else None):
+                self._drain(sock)
+            if core.has_work():
+                self._send_outputs(core.step())
+            elif busy:
+                self._send_idle_stats()
+
+    def _drain(self, sock: Any) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(frames)
+
+    def _handle(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            logger.warning("ignoring a message of %d frame(s) on the input socket", len(frames))
+            return
+        kind, payload = frames[0], frames[-1]
+        try:
+            if kind == REQUEST_ADD:
+                request = EngineCoreRequest.from_wire(unpack(payload))
+                if not 0 <= request.client_index < len(self.pushes):
+                    logger.warning("dropping request %s: no client %d", request.request_id, request.client_index)
+                    return
+                error = self.core.add_request(request)
+                if error is not None:
+                    self._send_outputs([(request.client_index, error)])
+            elif kind == REQUEST_ABORT:
+                self.core.abort_requests([str(i) for i in unpack(payload)])
+            elif kind == REQUEST_UTILITY:
+                self._call_utility(UtilityCall.from_wire(unpack(payload)))
+            elif kind == REQUEST_START_DP_WAVE:
+                logger.debug("ignoring START_DP_WAVE (no coordinator)")
+            else:
+                logger.warning("ignoring a message of unknown type %r", kind[:4])
+        except ValueError as e:  # undecodable or malformed payloads
+            logger.warning("ignoring a malformed %r message: %s", kind[:4], e)
+
+    def _call_utility(self, call: UtilityCall) -> None:
+        if not 0 <= call.client_index < len(self.pushes):
+            logger.warning("dropping utility call %s: no client %d", call.method, call.client_index)
+            return
+        try:
+            reply = UtilityOutput(call.call_id, result=self.core.call_utility(call.method, call.args))
+        except Exception as e:  # a failing utility call fails the call, not the engine
+            reply = UtilityOutput(call.call_id, failure_message=f"{type(e).__name__}: {e}")
+        message = EngineCoreOutputs(engine_index=self.engine_index, utility_output=reply, timestamp=time.time())
+        self.pushes[call.client_index].send(encode_outputs(message))
+
+    def _send_outputs(self, outputs: list[tuple[int, EngineCoreOutput]]) -> None:
+        if not outputs:
+            return
+        by_client: dict[int, list[EngineCoreOutput]] = {}
+        for client_index, output in outputs:
+            by_client.setdefault(client_index, []).append(output)
+        stats = self.core.scheduler_stats()
+        now = time.time()
+        for client_index, client_outputs in by_client.items():
+            message = EngineCoreOutputs(self.engine_index, client_outputs, stats, now)
+            self.pushes[client_index].send(encode_outputs(message))
+            self._sent_stats_to.add(client_index)
+
+    def _send_idle_stats(self) -> None:
+        """Tells the frontends that had outputs that this engine is idle now."""
+        stats = self.core.scheduler_stats()
+        for client_index in self._sent_stats_to:
+            message = EngineCoreOutputs(self.engine_index, [], stats, time.time())
+            self.pushes[client_index].send(encode_outputs(message))
+        self._sent_stats_to.clear()
+
+    def send_dead(self) -> None:
+        """Sends `ENGINE_CORE_DEAD` to every frontend (best effort)."""
+        for push in self.pushes:
+            try:
+                push.send(ENGINE_CORE_DEAD, zmq.NOBLOCK)
+            except zmq.ZMQError as e:
+                logger.warning("could not send ENGINE_CORE_DEAD: %s", e)
+
+    def close(self, linger: int) -> None:
+        """Closes the sockets, waiting at most `linger` ms for queued sends."""
+        for sock in [*self.dealers, *self.pushes]:
+            sock.close(linger=linger)
+        self.ctx.term()

@@ -1,0 +1,100 @@
+"""Which model an engine runs: the built-in names `toy` and `echo`, or a model
+directory whose `config.json` names one of them (`"model_type"`), with the
+toy model's hyperparameters and, optionally, its weights in `model.pt`.
+
+Nothing here imports torch: `serve` validates `--model` before starting
+anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Model types the reference engine runs.
+MODEL_TYPES = ("toy", "echo")
+#: The byte-level vocabulary: ids 0..255 are bytes, 256 is end-of-sequence.
+BYTE_VOCAB_SIZE = 257
+BYTE_EOS_TOKEN_ID = 256
+#: The weights file of a model directory (a torch state dict).
+WEIGHTS_FILE = "model.pt"
+CONFIG_FILE = "config.json"
+
+#: The toy model's default hyperparameters (tiny: a CPU runs it).
+TOY_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_layers": 2,
+    "num_heads": 4,
+    "intermediate_size": 256,
+    "max_position_embeddings": 2048,
+    "seed": 0,
+}
+#: max_model_len when nothing says otherwise.
+DEFAULT_MAX_MODEL_LEN = {"toy": 1024, "echo": 8192}
+
+
+class ModelPathError(ValueError):
+    """`--model` is neither a built-in name nor a usable model directory."""
+
+
+@dataclass
+class ModelSpec:
+    """A resolved model: its type, where it came from, its hyperparameters."""
+
+    model_type: str
+    source: str
+    hparams: dict[str, Any] = field(default_factory=dict)
+    weights_path: str | None = None
+
+    @property
+    def is_directory(self) -> bool:
+        """True when the model came from a directory."""
+        return self.source not in MODEL_TYPES
+
+    @property
+    def max_position(self) -> int:
+        """Longest sequence the model can hold."""
+        if self.model_type == "toy":
+            return int(self.hparams["max_position_embeddings"])
+        return 1 << 20
+
+
+def resolve_model(model: str) -> ModelSpec:
+    """The spec for `--model`: `toy`, `echo`, or a directory holding
+    `config.json` with `"model_type": "toy"|"echo"`. Raises ModelPathError
+    with a message that names the path and what is wrong."""
+    if model in MODEL_TYPES:
+        return ModelSpec(model, model, dict(TOY_DEFAULTS) if model == "toy" else {})
+    if not os.path.isdir(model):
+        raise ModelPathError(f"--model {model!r}: not a built-in model ({', '.join(MODEL_TYPES)}) and not a directory")
+    config_path = os.path.join(model, CONFIG_FILE)
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise ModelPathError(f"--model {model!r}: the directory has no {CONFIG_FILE}") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelPathError(f"--model {model!r}: cannot read {CONFIG_FILE}: {e}") from None
+    if not isinstance(config, dict) or config.get("model_type") not in MODEL_TYPES:
+        raise ModelPathError(
+            f"--model {model!r}: {CONFIG_FILE} must name a `model_type` this engine runs ({', '.join(MODEL_TYPES)})"
+        )
+    model_type = config["model_type"]
+    hparams = dict(TOY_DEFAULTS) if model_type == "toy" else {}
+    unknown = set(config) - set(TOY_DEFAULTS) - {"model_type", "architectures"}
+    if model_type == "toy" and unknown:
+        raise ModelPathError(f"--model {model!r}: unknown keys in {CONFIG_FILE}: {', '.join(sorted(unknown))}")
+    hparams.update({k: v for k, v in config.items() if k in TOY_DEFAULTS})
+    weights = os.path.join(model, WEIGHTS_FILE)
+    return ModelSpec(model_type, os.path.abspath(model), hparams, weights if os.path.isfile(weights) else None)
+
+
+def write_model_dir(path: str, model_type: str = "toy", **hparams: Any) -> str:
+    """Writes a model directory's `config.json` (for tests and examples);
+    returns `path`."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, CONFIG_FILE), "w", encoding="utf-8") as f:
+        json.dump({"model_type": model_type, **hparams}, f)
+    return path

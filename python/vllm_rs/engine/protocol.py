@@ -1,0 +1,317 @@
+"""The engine-core wire protocol (shared/docs/engine-protocol.md) in Python:
+type bytes, finish reasons, and the MessagePack codecs both sides need.
+
+The engine side decodes requests and encodes outputs; the frontend side (the
+Python API server) encodes requests and decodes outputs. Arrays may be sent
+short (trailing defaults omitted) and are read leniently.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+#: Frontend -> engine type bytes.
+REQUEST_ADD = b"\x00"
+REQUEST_ABORT = b"\x01"
+REQUEST_START_DP_WAVE = b"\x02"
+REQUEST_UTILITY = b"\x03"
+
+#: The single frame an engine sends on its output socket when it dies.
+ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request finished (EngineCoreOutput slot 5)."""
+
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3
+    REPETITION = 4
+
+    @property
+    def openai_name(self) -> str:
+        """The OpenAI `finish_reason` string (`stop`, `length`, ...)."""
+        return self.name.lower()
+
+
+class ProtocolError(ValueError):
+    """A message that breaks the protocol (wrong shape, empty, mixed kinds)."""
+
+
+def engine_identity(index: int) -> bytes:
+    """The ZeroMQ routing identity of engine `index`: 2 bytes little-endian."""
+    return int(index).to_bytes(2, "little")
+
+
+def pack(value: Any) -> bytes:
+    """MessagePack bytes of `value` (str as str, bytes as bin)."""
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def unpack(data: bytes) -> Any:
+    """Decodes one MessagePack value (strings as str)."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def _slot(items: list, index: int, default: Any = None) -> Any:
+    if index < len(items) and items[index] is not None:
+        return items[index]
+    return default
+
+
+# ---------------------------------------------------------------------------
+# Frontend -> engine
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class EngineCoreRequest:
+    """An ADD payload (the fields this project reads; see the protocol page)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: dict[str, Any]
+    arrival_time: float = 0.0
+    cache_salt: str | None = None
+    data_parallel_rank: int | None = None
+    client_index: int = 0
+    external_req_id: str | None = None
+
+    def to_wire(self) -> list[Any]:
+        """The msgpack array, through slot 16 (`external_req_id`)."""
+        return [
+            self.request_id,
+            self.prompt_token_ids,
+            None,  # mm_features
+            self.sampling_params,
+            None,  # pooling_params
+            float(self.arrival_time),
+            None,  # lora_request
+            self.cache_salt,
+            self.data_parallel_rank,
+            None,  # prompt_embeds
+            None,  # prompt_is_token_ids
+            self.client_index,
+            0,  # current_wave
+            0,  # priority
+            None,  # trace_headers
+            False,  # resumable
+            self.external_req_id,
+        ]
+
+    @classmethod
+    def from_wire(cls, items: Any) -> EngineCoreRequest:
+        """Reads an array of at least 4 slots; raises ProtocolError otherwise."""
+        if not isinstance(items, (list, tuple)) or len(items) < 4:
+            raise ProtocolError(f"EngineCoreRequest must be an array of at least 4 slots, got {items!r:.200}")
+        request_id, prompt, params = items[0], items[1], items[3]
+        if not isinstance(request_id, str):
+            raise ProtocolError(f"request_id must be a string, got {request_id!r:.100}")
+        if not isinstance(prompt, (list, tuple)):
+            raise ProtocolError(f"prompt_token_ids of {request_id} must be an array")
+        if params is not None and not isinstance(params, dict):
+            raise ProtocolError(f"sampling_params of {request_id} must be a map")
+        return cls(
+            request_id=request_id,
+            prompt_token_ids=list(prompt),
+            sampling_params=params or {},
+            arrival_time=float(_slot(items, 5, 0.0)),
+            cache_salt=_slot(items, 7),
+            data_parallel_rank=_slot(items, 8),
+            client_index=int(_slot(items, 11, 0)),
+            external_req_id=_slot(items, 16),
+        )
+
+
+def encode_add(request: EngineCoreRequest) -> bytes:
+    """ADD payload bytes."""
+    return pack(request.to_wire())
+
+
+def encode_abort(request_ids: list[str]) -> bytes:
+    """ABORT payload bytes: the array of request ids."""
+    return pack(list(request_ids))
+
+
+def encode_utility(client_index: int, call_id: int, method: str, args: list[Any]) -> bytes:
+    """UTILITY payload bytes: `[client_index, call_id, method_name, args]`."""
+    return pack([client_index, call_id, method, list(args)])
+
+
+@dataclass
+class UtilityCall:
+    """A decoded UTILITY payload."""
+
+    client_index: int
+    call_id: int
+    method: str
+    args: list[Any]
+
+    @classmethod
+    def from_wire(cls, items: Any) -> UtilityCall:
+        """Reads `[client_index, call_id, method_name, args]`."""
+        if not isinstance(items, (list, tuple)) or len(items) < 3 or not isinstance(items[2], str):
+            raise ProtocolError(f"UTILITY must be [client_index, call_id, method, args], got {items!r:.200}")
+        args = _slot(items, 3, [])
+        return cls(int(items[0]), int(items[1]), items[2], list(args) if isinstance(args, (list, tuple)) else [args])
+
+
+# ---------------------------------------------------------------------------
+# Engine -> frontend
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class EngineCoreOutput:
+    """New tokens of one request; the last one carries the finish reason."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+
+    def to_wire(self) -> list[Any]:
+        """The msgpack array, short when there is no finish."""
+        if self.finish_reason is None:
+            return [self.request_id, self.new_token_ids]
+        return [self.request_id, self.new_token_ids, None, None, None, int(self.finish_reason), self.stop_reason]
+
+    @classmethod
+    def from_wire(cls, items: Any) -> EngineCoreOutput:
+        """Reads an array of at least 2 slots."""
+        if not isinstance(items, (list, tuple)) or len(items) < 2 or not isinstance(items[0], str):
+            raise ProtocolError(f"EngineCoreOutput must be [request_id, new_token_ids, ...], got {items!r:.200}")
+        reason = _slot(items, 5)
+        return cls(items[0], list(items[1] or ()), None if reason is None else FinishReason(reason), _slot(items, 6))
+
+
+@dataclass
+class UtilityOutput:
+    """The reply to a UTILITY call."""
+
+    call_id: int
+    failure_message: str | None = None
+    result: Any = None
+
+    def to_wire(self) -> list[Any]:
+        """`[call_id, failure_message, [type_info, result]]`."""
+        if self.failure_message is not None:
+            return [self.call_id, self.failure_message, None]
+        return [self.call_id, None, [None, self.result]]
+
+
+@dataclass
+class EngineCoreOutputs:
+    """One message on the output socket: a request batch, a utility reply or a
+    wave message (exactly one kind)."""
+
+    engine_index: int = 0
+    outputs: list[EngineCoreOutput] = field(default_factory=list)
+    scheduler_stats: dict[str, Any] | None = None
+    timestamp: float = 0.0
+    utility_output: UtilityOutput | None = None
+    finished_requests: list[str] | None = None
+    wave_complete: int | None = None
+    start_wave: int | None = None
+
+    def to_wire(self) -> list[Any]:
+        """The msgpack array, trailing defaults omitted."""
+        items: list[Any] = [
+            self.engine_index,
+            [o.to_wire() for o in self.outputs],
+            self.scheduler_stats,
+            self.timestamp or time.time(),
+            None if self.utility_output is None else self.utility_output.to_wire(),
+            self.finished_requests,
+            self.wave_complete,
+            self.start_wave,
+        ]
+        while len(items) > 4 and items[-1] is None:
+            items.pop()
+        return items
+
+    @property
+    def is_utility(self) -> bool:
+        """True for a utility reply."""
+        return self.utility_output is not None
+
+
+def encode_outputs(message: EngineCoreOutputs) -> bytes:
+    """Output-socket frame bytes for `message`."""
+    return pack(message.to_wire())
+
+
+def decode_outputs(frames: list[bytes]) -> EngineCoreOutputs | None:
+    """Decodes one output-socket message; None for `ENGINE_CORE_DEAD`.
+
+    Raises `msgpack` / `ValueError` subclasses for undecodable bytes (log and
+    skip) and `ProtocolError` for an empty or mixed message (fatal).
+    """
+    if not frames:
+        raise ProtocolError("no frames")
+    if frames[0] == ENGINE_CORE_DEAD:
+        return None
+    items = unpack(frames[0])
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(f"EngineCoreOutputs must be an array, got {type(items).__name__}")
+    engine_index = int(_slot(items, 0, 0))
+    outputs = [EngineCoreOutput.from_wire(o) for o in _slot(items, 1, ())]
+    stats = _slot(items, 2)
+    utility = _slot(items, 4)
+    finished = _slot(items, 5)
+    wave_complete, start_wave = _slot(items, 6), _slot(items, 7)
+    is_batch = bool(outputs) or stats is not None or bool(finished)
+    is_wave = wave_complete is not None or start_wave is not None
+    kinds = is_batch + (utility is not None) + is_wave
+    if kinds == 0:
+        raise ProtocolError(f"empty outputs message from engine {engine_index}")
+    if kinds > 1:
+        raise ProtocolError(f"outputs message from engine {engine_index} mixes request outputs, a utility reply and wave fields")
+    reply = None
+    if utility is not None:
+        call_id, failure, result = (list(utility) + [None, None, None])[:3]
+        reply = UtilityOutput(int(call_id), failure, None if result is None else result[1])
+    return EngineCoreOutputs(
+        engine_index=engine_index,
+        outputs=outputs,
+        scheduler_stats=stats,
+        timestamp=float(_slot(items, 3, 0.0)),
+        utility_output=reply,
+        finished_requests=list(finished) if finished else None,
+        wave_complete=wave_complete,
+        start_wave=start_wave,
+    )
+
+
+def encode_registration(max_model_len: int, num_gpu_blocks: int, dp_stats_address: str | None = None) -> bytes:
+    """The registration payload an engine sends on its input socket."""
+    return pack({"max_model_len": max_model_len, "num_gpu_blocks": num_gpu_blocks, "dp_stats_address": dp_stats_address})
+
+
+@dataclass
+class Registration:
+    """What an engine said when it registered."""
+
+    max_model_len: int | None = None
+    num_gpu_blocks: int | None = None
+    dp_stats_address: str | None = None
+
+
+def decode_registration(payload: bytes) -> Registration:
+    """Reads a registration payload (empty, or a map with `max_model_len` and
+    `num_gpu_blocks`); raises ProtocolError otherwise."""
+    if not payload:
+        return Registration()
+    value = unpack(payload)
+    if not isinstance(value, dict):
+        raise ProtocolError(f"registration must be empty or a map, got {value!r:.100}")
+    for key in ("max_model_len", "num_gpu_blocks"):
+        if not isinstance(value.get(key), int) or value[key] < 0:
+            raise ProtocolError(f"registration `{key}` must be a non-negative integer, got {value.get(key)!r}")
+    return Registration(value["max_model_len"], value["num_gpu_blocks"], value.get("dp_stats_address"))

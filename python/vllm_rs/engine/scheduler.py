@@ -1,0 +1,235 @@
+"""Continuous batching: every step, running requests get their next token (or
+the next chunk of their prompt) first, then waiting requests join while
+`max_num_seqs` and the `max_num_batched_tokens` budget allow and their KV
+blocks can be had. Long prompts are prefilled in chunks.
+
+A step's plan has the attributes `compute_iteration_details` reads
+(`scheduled_new_reqs`, `scheduled_cached_reqs`, `num_scheduled_tokens`,
+`scheduled_encoder_input_stats`), so it can be measured without copying.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from vllm_rs.engine.block_pool import BlockHasher, BlockPool
+from vllm_rs.engine.protocol import FinishReason
+from vllm_rs.engine.request import InvalidRequestError, Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """A request scheduled for the first time."""
+
+    req_id: str
+    num_computed_tokens: int
+
+
+@dataclass(frozen=True)
+class CachedRequests:
+    """Requests scheduled before; `context_phase_req_ids` have no output yet
+    (a later prefill chunk)."""
+
+    req_ids: list[str]
+    context_phase_req_ids: frozenset[str]
+
+    def is_context_phase(self, req_id: str) -> bool:
+        """True when `req_id` is still prefilling."""
+        return req_id in self.context_phase_req_ids
+
+
+@dataclass
+class StepPlan:
+    """What one step computes: tokens per request id, in batch order."""
+
+    scheduled_new_reqs: list[NewRequest] = field(default_factory=list)
+    scheduled_cached_reqs: CachedRequests = field(default_factory=lambda: CachedRequests([], frozenset()))
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    scheduled_encoder_input_stats: None = None
+    #: The scheduled requests, in the order of `num_scheduled_tokens`.
+    requests: list[Request] = field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        """Tokens computed this step."""
+        return sum(self.num_scheduled_tokens.values())
+
+
+class Scheduler:
+    """Waiting and running requests, the block pool, and the step plan."""
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        block_pool: BlockPool | None,
+        block_size: int,
+        block_hasher: BlockHasher | None = None,
+    ):
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.block_pool = block_pool
+        self.block_size = block_size
+        self.block_hasher = block_hasher if block_pool is not None and block_pool.enable_caching else None
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running batch."""
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting to join."""
+        return len(self.waiting)
+
+    def has_work(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self.waiting or self.running)
+
+    def add(self, request: Request) -> None:
+        """Queues `request`; raises InvalidRequestError when it can never run."""
+        if request.request_id in self.requests:
+            raise InvalidRequestError(f"request id {request.request_id} is already in the engine")
+        if request.num_prompt_tokens == 0:
+            raise InvalidRequestError("the prompt is empty")
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {request.num_prompt_tokens} tokens; max_model_len is {self.max_model_len}"
+            )
+        if self.block_pool is not None and self._blocks_needed(request) > self.block_pool.num_blocks:
+            raise InvalidRequestError(
+                f"the request needs {self._blocks_needed(request)} KV blocks; the cache has {self.block_pool.num_blocks}"
+            )
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_ids: Iterable[str]) -> list[Request]:
+        """Removes these requests (unknown ids are ignored); returns the removed."""
+        removed = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            if request.status == RequestStatus.WAITING:
+                self.waiting.remove(request)
+            request.finish(FinishReason.ABORT)
+            self._free(request)
+            removed.append(request)
+        if removed:
+            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        return removed
+
+    def schedule(self) -> StepPlan:
+        """Plans the next step (empty when there is nothing to do)."""
+        plan = StepPlan()
+        budget = self.max_num_batched_tokens
+        cached_ids: list[str] = []
+        context_ids: set[str] = set()
+        for request in self.running:
+            if budget == 0:
+                break
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            plan.num_scheduled_tokens[request.request_id] = n
+            plan.requests.append(request)
+            cached_ids.append(request.request_id)
+            if not request.output_token_ids:
+                context_ids.add(request.request_id)
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            if not self._allocate(request):
+                break  # first come, first served: nobody overtakes
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            plan.num_scheduled_tokens[request.request_id] = n
+            plan.requests.append(request)
+            plan.scheduled_new_reqs.append(NewRequest(request.request_id, request.num_computed_tokens))
+            budget -= n
+        plan.scheduled_cached_reqs = CachedRequests(cached_ids, frozenset(context_ids))
+        return plan
+
+    def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]:
+        """Advances the planned requests by what was computed; appends the
+        sampled tokens of those that reached the end of their known tokens,
+        applies the stop checks. Returns the requests with a new token, each
+        finished one already removed from the scheduler."""
+        advanced = []
+        for request in plan.requests:
+            if request.status != RequestStatus.RUNNING:
+                continue
+            request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
+            self._register_full_blocks(request)
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue
+            advanced.append(request)
+            if request.append_token(token, self.max_model_len):
+                self._free(request)
+        if any(r.status == RequestStatus.FINISHED for r in advanced):
+            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        return advanced
+
+    def reset_prefix_cache(self) -> bool:
+        """Forgets the prefix cache; True when done."""
+        return self.block_pool.reset_prefix_cache() if self.block_pool is not None else True
+
+    def _blocks_needed(self, request: Request) -> int:
+        total = min(request.max_total_tokens, self.max_model_len)
+        return -(-total // self.block_size)
+
+    def _allocate(self, request: Request) -> bool:
+        """Gives a request its KV blocks for its whole length, reusing cached
+        prefix blocks; False when there are not enough free blocks yet."""
+        pool = self.block_pool
+        if pool is None:
+            return True
+        cached: list[int] = []
+        hashes: list[bytes] = []
+        if self.block_hasher is not None:
+            # At least the last prompt token is computed again: it yields the first sample.
+            full_blocks = (request.num_prompt_tokens - 1) // self.block_size
+            hashes = self._prompt_block_hashes(request, full_blocks)
+            cached = pool.find_cached_prefix(hashes)
+        needed = self._blocks_needed(request) - len(cached)
+        if not pool.can_allocate(cached, needed):
+            return False
+        request.block_ids = pool.allocate(cached, needed)
+        request.block_hashes = hashes[: len(cached)]
+        request.num_computed_tokens = request.num_cached_tokens = len(cached) * self.block_size
+        return True
+
+    def _prompt_block_hashes(self, request: Request, count: int) -> list[bytes]:
+        hashes: list[bytes] = []
+        parent = None
+        for i in range(count):
+            tokens = request.prompt_token_ids[i * self.block_size : (i + 1) * self.block_size]
+            parent = self.block_hasher(parent, tokens, request.cache_salt)
+            hashes.append(parent)
+        return hashes
+
+    def _register_full_blocks(self, request: Request) -> None:
+        if self.block_hasher is None:
+            return
+        full = request.num_computed_tokens // self.block_size
+        while len(request.block_hashes) < full:
+            i = len(request.block_hashes)
+            parent = request.block_hashes[-1] if request.block_hashes else None
+            tokens = request.tokens(i * self.block_size, (i + 1) * self.block_size)
+            block_hash = self.block_hasher(parent, tokens, request.cache_salt)
+            request.block_hashes.append(block_hash)
+            self.block_pool.register(request.block_ids[i], block_hash)
+
+    def _free(self, request: Request) -> None:
+        self.requests.pop(request.request_id, None)
+        if self.block_pool is not None and request.block_ids:
+            self.block_pool.release(request.block_ids)
+            request.block_ids = []

@@ -1,0 +1,133 @@
+"""Runs the toy model for one engine: allocates the KV cache per layer and
+binds it with `bind_kv_cache`, stages each step's inputs (token ids,
+positions, cache slots) in `CpuGpuBuffer`s, runs the forward pass and samples.
+CUDA when there is one (or `--device cuda`), else the CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vllm_rs.engine.config import EngineConfig
+from vllm_rs.engine.prefix_hash import hash_block_tokens
+from vllm_rs.engine.sampler import Sampler
+from vllm_rs.engine.scheduler import StepPlan
+from vllm_rs.engine.toy_model import AttentionMetadata, SequenceSlice, ToyConfig, ToyDecoder
+from vllm_rs.logger import init_logger
+from vllm_rs.tensor_utils import CpuGpuBuffer, bind_kv_cache, compute_iteration_details
+
+logger = init_logger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` -> CUDA when available, else CPU; `cuda` without CUDA raises
+    RuntimeError."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: CUDA is not available")
+    return torch.device(name)
+
+
+def default_num_blocks(config: EngineConfig) -> int:
+    """Enough blocks for `max_num_seqs` sequences of `max_model_len` tokens."""
+    block_size = config.cache_config.block_size
+    per_sequence = -(-config.model_config.max_model_len // block_size)
+    return per_sequence * config.scheduler_config.max_num_seqs
+
+
+class ToyModelRunner:
+    """The toy model with its KV cache and input buffers."""
+
+    def __init__(self, config: EngineConfig):
+        self.device = resolve_device(config.device_config.device)
+        spec = config.model_config.spec
+        self.model_config = ToyConfig.from_hparams(spec.hparams)
+        model = ToyDecoder(self.model_config)
+        if spec.weights_path:
+            model.load_state_dict(torch.load(spec.weights_path, map_location="cpu", weights_only=True))
+        else:
+            model.init_seeded()
+        self.model = model.to(self.device).eval()
+        self.block_size = config.cache_config.block_size
+        self.num_gpu_blocks = config.cache_config.num_gpu_blocks or default_num_blocks(config)
+        self.kv_caches: list[torch.Tensor] = []
+        self._allocate_kv_cache()
+        max_tokens = config.scheduler_config.max_num_batched_tokens
+        max_keys = config.scheduler_config.max_num_seqs * config.model_config.max_model_len
+        self.input_ids = CpuGpuBuffer(max_tokens, dtype=torch.int64, device=self.device)
+        self.positions = CpuGpuBuffer(max_tokens, dtype=torch.int64, device=self.device)
+        self.slot_mapping = CpuGpuBuffer(max_tokens, dtype=torch.int64, device=self.device)
+        self.key_slots = CpuGpuBuffer(max_keys, dtype=torch.int64, device=self.device)
+        self.logits_indices = CpuGpuBuffer(config.scheduler_config.max_num_seqs, dtype=torch.int64, device=self.device)
+        self._block_offsets = np.arange(self.block_size, dtype=np.int64)
+        self.sampler = Sampler(self.device)
+        logger.info(
+            "toy model on %s: %d layers, hidden %d, %d KV blocks of %d tokens",
+            self.device, self.model_config.num_layers, self.model_config.hidden_size, self.num_gpu_blocks, self.block_size,
+        )  # fmt: skip
+
+    def _allocate_kv_cache(self) -> None:
+        c = self.model_config
+        shape = (2, self.num_gpu_blocks, self.block_size, c.num_heads, c.head_dim)
+        forward_context = self.model.attention_layers()
+        kv_caches = {name: torch.zeros(shape, dtype=torch.float32, device=self.device) for name in forward_context}
+        bind_kv_cache(kv_caches, forward_context, self.kv_caches)
+
+    def block_hasher(self):
+        """The prefix-cache hash function."""
+        return hash_block_tokens
+
+    def iteration_details(self, plan: StepPlan):
+        """Context/generation requests and tokens of the step."""
+        return compute_iteration_details(plan)
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> dict[str, int]:
+        """Runs one step; returns the sampled token of each request that
+        reached the end of its known tokens."""
+        num_tokens = plan.total_num_scheduled_tokens
+        if num_tokens == 0:
+            return {}
+        meta, sample_requests = self._stage_inputs(plan, num_tokens)
+        logits = self.model(
+            self.input_ids.copy_to_gpu(num_tokens),
+            self.positions.copy_to_gpu(num_tokens),
+            meta,
+            self.logits_indices.copy_to_gpu(len(sample_requests)),
+        )
+        tokens = self.sampler.sample(logits, sample_requests)
+        return {r.request_id: t for r, t in zip(sample_requests, tokens)}
+
+    def _stage_inputs(self, plan: StepPlan, num_tokens: int):
+        ids, positions, slots = self.input_ids.np, self.positions.np, self.slot_mapping.np
+        key_slots = self.key_slots.np
+        ranges = []
+        sample_requests = []
+        row = key_row = 0
+        for request in plan.requests:
+            n = plan.num_scheduled_tokens[request.request_id]
+            start_pos = request.num_computed_tokens
+            end_pos = start_pos + n
+            ids[row : row + n] = request.tokens(start_pos, end_pos)
+            positions[row : row + n] = np.arange(start_pos, end_pos)
+            blocks = np.asarray(request.block_ids[: -(-end_pos // self.block_size)], dtype=np.int64)
+            all_slots = (blocks[:, None] * self.block_size + self._block_offsets).reshape(-1)[:end_pos]
+            slots[row : row + n] = all_slots[start_pos:end_pos]
+            key_slots[key_row : key_row + end_pos] = all_slots
+            ranges.append((row, row + n, key_row, end_pos, start_pos))
+            if end_pos == request.num_tokens:
+                self.logits_indices.np[len(sample_requests)] = row + n - 1
+                sample_requests.append(request)
+            row += n
+            key_row += end_pos
+        key_slots_gpu = self.key_slots.copy_to_gpu(key_row)
+        sequences = []
+        for start, end, key_start, seq_len, context in ranges:
+            mask = None
+            if end - start > 1:
+                query_pos = torch.arange(context, seq_len, device=self.device)
+                mask = torch.arange(seq_len, device=self.device)[None, :] <= query_pos[:, None]
+            sequences.append(SequenceSlice(start, end, key_slots_gpu[key_start : key_start + seq_len], mask))
+        meta = AttentionMetadata(self.slot_mapping.copy_to_gpu(num_tokens), sequences)
+        return meta, sample_requests
