@@ -239,3 +239,18 @@ def test_non_linux_platforms_import_but_refuse_to_spawn(monkeypatch):
         spawn_executable(["true"], name="x")
     with pytest.raises(NotImplementedError, match="needs Linux"):
         kill_process_tree(os.getpid())
+
+
+def test_spawn_executables_starts_many_and_cleans_up_on_failure(tmp_path):
+    from vllm_rs.process import spawn_executables
+
+    procs = spawn_executables([["sh", "-c", f"exit {i}"] for i in range(40)], names=[f"n{i}" for i in range(40)])
+    for proc in procs:
+        proc.join(30)
+    assert [p.exitcode for p in procs] == list(range(40))
+    assert [p.name for p in procs] == [f"n{i}" for i in range(40)]
+    guardian = _guardian_pid_after_warmup()
+    before = set(descendants(guardian))
+    with pytest.raises(FileNotFoundError, match="missing-program"):
+        spawn_executables([["sleep", "100"], [str(tmp_path / "missing-program")], ["sleep", "100"]], names=["a", "b", "c"])
+    assert set(descendants(guardian)) == before  # the two sleepers were killed

@@ -70,6 +70,33 @@ def spawn_executable(
     )
 
 
+def spawn_executables(
+    argvs: Sequence[Sequence[str | os.PathLike]],
+    *,
+    names: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+) -> list[Process]:
+    """Starts many executables at once, pipelining the requests to the
+    guardian; same guarantees as `spawn_executable`. If any fails to start,
+    the others are killed and the first error is raised."""
+    _configure()
+    if len(argvs) != len(names):
+        raise ValueError(f"spawn_executables: {len(argvs)} commands but {len(names)} names")
+    env_items = None if env is None else list(env.items())
+    cwd_str = None if cwd is None else os.fsdecode(cwd)
+    requests = [([os.fsdecode(a) for a in argv], name, env_items, cwd_str, [], []) for argv, name in zip(argvs, names)]
+    outcomes = _core.spawn_many(requests)
+    failures = [o for o in outcomes if not isinstance(o, Process)]
+    if failures:
+        for proc in outcomes:
+            if isinstance(proc, Process):
+                proc.kill()
+                proc.join()
+        raise failures[0]
+    return outcomes
+
+
 class _ChildFds:
     """Stands in for multiprocessing's spawning Popen while a target is
     pickled: every fd the pickle needs (sockets, connections, queues) is
@@ -116,24 +143,45 @@ class PreparedTarget:
     def start(self) -> Process:
         """Starts a fresh interpreter running the target, with the spawn start
         method's semantics (a target from `__main__` or a test module works)."""
-        _configure()
-        data_r, data_w = os.pipe()
-        try:
-            argv = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", _CHILD_BOOT, str(data_r)]
-            # The handle keeps the write end open for the child's lifetime, so
-            # that multiprocessing.parent_process() in the child sees us alive.
-            proc = _core.spawn(argv, name=self.name, pass_fds=[data_r, *self.fds], hold_fds=[data_w])
-        except BaseException:
-            os.close(data_w)
-            raise
-        finally:
+        return start_targets([self])[0]
+
+
+def start_targets(targets: Sequence[PreparedTarget]) -> list[Process]:
+    """Starts every prepared target at once (requests pipelined to the
+    guardian). If any fails to start, the others are killed and the first
+    error is raised."""
+    _configure()
+    pipes = [os.pipe() for _ in targets]
+    boot = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", _CHILD_BOOT]
+    # Each handle keeps its pipe's write end open for the child's lifetime, so
+    # that multiprocessing.parent_process() in the child sees us alive.
+    requests = [
+        ([*boot, str(data_r)], t.name, None, None, [data_r, *t.fds], [data_w])
+        for t, (data_r, data_w) in zip(targets, pipes)
+    ]
+    try:
+        outcomes = _core.spawn_many(requests)
+    except BaseException:
+        for _, data_w in pipes:
+            os.close(data_w)  # not handed over: spawn_many checks before it takes them
+        raise
+    finally:
+        for data_r, _ in pipes:
             os.close(data_r)
+    procs = [o for o in outcomes if isinstance(o, Process)]
+    failures = [o for o in outcomes if not isinstance(o, Process)]
+    if failures:
+        for proc in procs:
+            proc.kill()
+            proc.join()
+        raise failures[0]
+    for target, proc, (_, data_w) in zip(targets, procs, pipes):
         try:
             with open(data_w, "wb", closefd=False) as pipe:
-                pipe.write(self.payload)
+                pipe.write(target.payload)
         except BrokenPipeError:
             pass  # the child died before reading; its exit code tells why
-        return proc
+    return procs
 
 
 def start_target(

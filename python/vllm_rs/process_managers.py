@@ -22,7 +22,7 @@ from vllm_rs import envs
 from vllm_rs.cli_args import jsonify_non_default_args, redact_sensitive_args
 from vllm_rs.logger import init_logger
 from vllm_rs.network_utils import ZmqListener
-from vllm_rs.process import PreparedTarget, Process, kill_process_tree, spawn_executable, wait
+from vllm_rs.process import PreparedTarget, Process, kill_process_tree, spawn_executable, start_targets, wait
 
 logger = init_logger("vllm_rs.utils")
 
@@ -143,8 +143,7 @@ class CoreEngineProcManager:
         self.manager_stopped = threading.Event()
         self._finalizer = weakref.finalize(self, _shutdown_engines, self.processes, input_address, self.manager_stopped)
         try:
-            for target in prepared:
-                self.processes.append(target.start())
+            self.processes.extend(start_targets(prepared))
         except BaseException:
             self.close()
             raise
@@ -241,10 +240,9 @@ class APIServerProcessManager:
                 prepared.append(
                     PreparedTarget(target_server_fn, name=f"ApiServer_{i}", args=(listen_address, sock, args, client_config))
                 )
-            for target, input_listener, output_listener in zip(prepared, input_listeners, output_listeners):
-                self.processes.append(target.start())
-                input_listener.close()
-                output_listener.close()
+            self.processes.extend(start_targets(prepared))
+            for listener in listeners:
+                listener.close()
         except BaseException:
             _shutdown_and_cleanup_listeners(self.processes, listeners)
             raise

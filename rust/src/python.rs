@@ -176,6 +176,47 @@ mod linux {
         }
     }
 
+    /// One child to start: argv, name, env (None: ours), cwd (None: ours),
+    /// fds to inherit at the same numbers, fds the handle takes ownership of.
+    type SpawnArgs = (Vec<OsString>, String, Option<Vec<(OsString, OsString)>>, Option<OsString>, Vec<RawFd>, Vec<RawFd>);
+
+    fn check_held(hold_fds: &[RawFd]) -> PyResult<()> {
+        match hold_fds.iter().find(|&&fd| !sys::fd_is_open(fd)) {
+            Some(fd) => Err(os_error(libc::EBADF, format!("cannot hold fd {fd}: it is not open"), None)),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts each request through the guardian, pipelined; each outcome is a
+    /// `Process` or the exception that request raised.
+    fn spawn_all(py: Python<'_>, requests: Vec<SpawnArgs>) -> PyResult<Vec<Result<PyProcess, PyErr>>> {
+        for request in &requests {
+            check_held(&request.5)?;
+        }
+        let specs: Vec<supervisor::SpawnSpec> = requests
+            .iter()
+            .map(|(argv, _, env, cwd, pass_fds, _)| supervisor::SpawnSpec {
+                argv: argv.clone(),
+                env: env.clone(),
+                cwd: cwd.clone(),
+                pass_fds: pass_fds.clone(),
+            })
+            .collect();
+        let started = py.detach(|| supervisor::spawn_many(&specs));
+        Ok(started
+            .into_iter()
+            .zip(requests)
+            .map(|(outcome, (argv, name, _, _, _, hold_fds))| {
+                let program = argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
+                // SAFETY: ownership of each checked-open fd passes to the handle.
+                let held = hold_fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect();
+                outcome
+                    .map(|child| PyProcess { inner: child, name, held: Mutex::new(held) })
+                    .map_err(|e| spawn_error(e, &program))
+            })
+            .collect())
+    }
+
     /// Starts `argv` through this process's guardian. The child inherits
     /// exactly `pass_fds` at the same numbers (plus open stdio), `env` (None:
     /// ours), `cwd` (None: ours); it dies with this process and takes its
@@ -192,17 +233,22 @@ mod linux {
         pass_fds: Vec<RawFd>,
         hold_fds: Vec<RawFd>,
     ) -> PyResult<PyProcess> {
-        for &fd in &hold_fds {
-            if !sys::fd_is_open(fd) {
-                return Err(os_error(libc::EBADF, format!("cannot hold fd {fd}: it is not open"), None));
-            }
-        }
-        let program = argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
-        let spec = supervisor::SpawnSpec { argv, env, cwd, pass_fds };
-        let child = py.detach(|| supervisor::spawn(&spec)).map_err(|e| spawn_error(e, &program))?;
-        // SAFETY: ownership of each checked-open fd passes to the handle.
-        let held = hold_fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect();
-        Ok(PyProcess { inner: child, name, held: Mutex::new(held) })
+        spawn_all(py, vec![(argv, name, env, cwd, pass_fds, hold_fds)])?.pop().expect("one outcome")
+    }
+
+    /// Starts many children at once: `requests` are tuples `(argv, name, env,
+    /// cwd, pass_fds, hold_fds)` as for `spawn`. The requests are pipelined to
+    /// the guardian; returns, in order, a `Process` or the exception each
+    /// request raised (nothing is left running for a failed one).
+    #[pyfunction]
+    pub fn spawn_many(py: Python<'_>, requests: Vec<SpawnArgs>) -> PyResult<Vec<Py<PyAny>>> {
+        spawn_all(py, requests)?
+            .into_iter()
+            .map(|outcome| match outcome {
+                Ok(process) => Ok(Py::new(py, process)?.into_any()),
+                Err(err) => Ok(err.into_value(py).into_any()),
+            })
+            .collect()
     }
 
     /// SIGKILLs `pid` and every descendant, including ones that fork while
@@ -252,6 +298,7 @@ mod linux {
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<PyProcess>()?;
         m.add_function(wrap_pyfunction!(spawn, m)?)?;
+        m.add_function(wrap_pyfunction!(spawn_many, m)?)?;
         m.add_function(wrap_pyfunction!(kill_process_tree, m)?)?;
         m.add_function(wrap_pyfunction!(wait_fds, m)?)?;
         m.add_function(wrap_pyfunction!(set_guardian_command, m)?)?;
@@ -279,7 +326,7 @@ mod other {
 
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let f = wrap_pyfunction!(unsupported, m)?;
-        for name in ["spawn", "kill_process_tree", "wait_fds", "set_guardian_command", "guardian_pid", "guardian_main"] {
+        for name in ["spawn", "spawn_many", "kill_process_tree", "wait_fds", "set_guardian_command", "guardian_pid", "guardian_main"] {
             m.add(name, &f)?;
         }
         m.add("SUPPORTED", false)?;

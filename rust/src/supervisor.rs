@@ -56,6 +56,8 @@ struct Guardian {
     next_id: u64,
     /// Spawn id -> raw wait status, once reported; `None` while running.
     exits: HashMap<u64, Option<i32>>,
+    /// Spawn id -> outcome of a request sent but not yet claimed.
+    outcomes: HashMap<u64, Result<(libc::pid_t, OwnedFd), SpawnError>>,
     /// Set once the guardian is gone: every unreported child counts as killed.
     dead: bool,
 }
@@ -108,7 +110,8 @@ impl Guardian {
             }
         })?;
         let pid = rx.recv().map_err(|_| io::Error::other("guardian launcher thread died"))??;
-        let mut guardian = Guardian { owner, pid, sock: ours, next_id: 1, exits: HashMap::new(), dead: false };
+        let mut guardian =
+            Guardian { owner, pid, sock: ours, next_id: 1, exits: HashMap::new(), outcomes: HashMap::new(), dead: false };
         match guardian.read_reply(Some(GUARDIAN_START_TIMEOUT))? {
             Some((Reply::Ready { .. }, _)) => Ok(guardian),
             Some((other, _)) => Err(io::Error::other(format!("guardian sent {other:?} before it was ready"))),
@@ -137,10 +140,26 @@ impl Guardian {
             return Ok(None);
         };
         let reply = Reply::decode(&body)?;
-        if let Reply::Exited { id, status } = reply {
-            if let Some(slot) = self.exits.get_mut(&id) {
-                *slot = Some(status);
+        match reply {
+            Reply::Exited { id, status } => {
+                if let Some(slot) = self.exits.get_mut(&id) {
+                    *slot = Some(status);
+                }
             }
+            Reply::Spawned { id, pid } => {
+                let outcome = fds
+                    .into_iter()
+                    .next()
+                    .map(|pidfd| (pid, pidfd))
+                    .ok_or_else(|| SpawnError::Guardian(io::Error::other("guardian sent no pid fd")));
+                self.outcomes.insert(id, outcome);
+                return Ok(Some((reply, Vec::new())));
+            }
+            Reply::Failed { id, errno, stage, detail } => {
+                self.exits.remove(&id);
+                self.outcomes.insert(id, Err(SpawnError::Failed { errno, stage, detail }));
+            }
+            Reply::Ready { .. } => {}
         }
         Ok(Some((reply, fds)))
     }
@@ -152,26 +171,24 @@ impl Guardian {
         unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
     }
 
-    fn spawn(&mut self, request: Request, fds: &[RawFd]) -> Result<(u64, libc::pid_t, OwnedFd), SpawnError> {
+    /// Sends one spawn request; its outcome is claimed with [`Self::await_spawn`].
+    fn send_spawn(&mut self, request: &Request, fds: &[RawFd]) -> Result<(), SpawnError> {
         let Request::Spawn { id, .. } = request;
-        self.exits.insert(id, None);
-        let sent = wire::send(&self.sock, &request.encode(), fds);
-        if let Err(err) = sent {
-            self.exits.remove(&id);
-            return Err(SpawnError::Guardian(err));
-        }
+        self.exits.insert(*id, None);
+        wire::send(&self.sock, &request.encode(), fds).map_err(|err| {
+            self.exits.remove(id);
+            SpawnError::Guardian(err)
+        })
+    }
+
+    /// Waits for the outcome of spawn `id` (reading, and keeping, whatever
+    /// else the guardian reports meanwhile).
+    fn await_spawn(&mut self, id: u64) -> Result<(libc::pid_t, OwnedFd), SpawnError> {
         loop {
+            if let Some(outcome) = self.outcomes.remove(&id) {
+                return outcome;
+            }
             match self.read_reply(None) {
-                Ok(Some((Reply::Spawned { id: got, pid }, fds))) if got == id => {
-                    let pidfd = fds.into_iter().next().ok_or_else(|| {
-                        SpawnError::Guardian(io::Error::other("guardian sent no pid fd"))
-                    })?;
-                    return Ok((id, pid, pidfd));
-                }
-                Ok(Some((Reply::Failed { id: got, errno, stage, detail }, _))) if got == id => {
-                    self.exits.remove(&id);
-                    return Err(SpawnError::Failed { errno, stage, detail });
-                }
                 Ok(Some(_)) => continue,
                 Ok(None) => {
                     self.exits.remove(&id);
@@ -229,11 +246,16 @@ fn resolve_program(spec: &SpawnSpec) -> Result<OsString, SpawnError> {
     })
 }
 
-/// Starts a child through this process's guardian. The child inherits exactly
-/// `pass_fds` (plus open stdio), dies when this process dies, and takes its
-/// descendants with it. Exec failures come back as errors, with nothing left
-/// running.
-pub fn spawn(spec: &SpawnSpec) -> Result<ChildProcess, SpawnError> {
+/// A spawn request ready to send: everything checked and encoded but the id.
+struct Prepared {
+    program: Vec<u8>,
+    argv: Vec<Vec<u8>>,
+    env: Vec<Vec<u8>>,
+    cwd: Option<Vec<u8>>,
+    targets: Vec<RawFd>,
+}
+
+fn prepare(spec: &SpawnSpec) -> Result<Prepared, SpawnError> {
     use std::os::unix::ffi::OsStrExt;
     let program = resolve_program(spec)?;
     for &fd in &spec.pass_fds {
@@ -248,26 +270,90 @@ pub fn spawn(spec: &SpawnSpec) -> Result<ChildProcess, SpawnError> {
     }
     let mut targets: Vec<RawFd> = (0..3).filter(|fd| !spec.pass_fds.contains(fd) && sys::fd_is_open(*fd)).collect();
     targets.extend(spec.pass_fds.iter().copied());
-    let env: Vec<Vec<u8>> = match &spec.env {
-        Some(env) => env.iter().map(|(k, v)| [k.as_bytes(), b"=", v.as_bytes()].concat()).collect(),
-        None => std::env::vars_os().map(|(k, v)| [k.as_bytes(), b"=", v.as_bytes()].concat()).collect(),
+    let pair = |k: &OsString, v: &OsString| [k.as_bytes(), b"=", v.as_bytes()].concat();
+    let env = match &spec.env {
+        Some(env) => env.iter().map(|(k, v)| pair(k, v)).collect(),
+        None => std::env::vars_os().map(|(k, v)| pair(&k, &v)).collect(),
     };
-    let cwd = spec.cwd.as_ref().map(|c| c.as_bytes().to_vec());
-    let argv: Vec<Vec<u8>> = spec.argv.iter().map(|a| a.as_bytes().to_vec()).collect();
-    let (id, pid, pidfd) = with_guardian(|g| {
-        let id = g.next_id;
-        g.next_id += 1;
-        let request = Request::Spawn {
-            id,
-            program: program.as_bytes().to_vec(),
-            argv,
-            env,
-            cwd,
-            fd_targets: targets.clone(),
+    Ok(Prepared {
+        program: program.as_bytes().to_vec(),
+        argv: spec.argv.iter().map(|a| a.as_bytes().to_vec()).collect(),
+        env,
+        cwd: spec.cwd.as_ref().map(|c| c.as_bytes().to_vec()),
+        targets,
+    })
+}
+
+/// Requests in flight at once in [`spawn_many`]: enough to keep the guardian
+/// busy, few enough that replies never fill the socket buffer.
+const SPAWN_WINDOW: usize = 32;
+
+/// Starts a child through this process's guardian. The child inherits exactly
+/// `pass_fds` (plus open stdio), dies when this process dies, and takes its
+/// descendants with it. Exec failures come back as errors, with nothing left
+/// running.
+pub fn spawn(spec: &SpawnSpec) -> Result<ChildProcess, SpawnError> {
+    spawn_many(std::slice::from_ref(spec)).pop().expect("one outcome per spec")
+}
+
+/// Starts several children, pipelining the requests to the guardian so that
+/// it starts one child while the next request is on its way. One outcome per
+/// spec, in order; a failed spec does not stop the others.
+pub fn spawn_many(specs: &[SpawnSpec]) -> Vec<Result<ChildProcess, SpawnError>> {
+    let mut outcomes: Vec<Option<Result<ChildProcess, SpawnError>>> = specs.iter().map(|_| None).collect();
+    let mut ready: Vec<(usize, Prepared)> = Vec::new();
+    for (index, spec) in specs.iter().enumerate() {
+        match prepare(spec) {
+            Ok(prepared) => ready.push((index, prepared)),
+            Err(err) => outcomes[index] = Some(Err(err)),
+        }
+    }
+    let started = with_guardian(|g| {
+        let mut in_flight: std::collections::VecDeque<(usize, u64)> = std::collections::VecDeque::new();
+        let mut done: Vec<(usize, Result<ChildProcess, SpawnError>)> = Vec::new();
+        let claim = |g: &mut Guardian, (index, id): (usize, u64), done: &mut Vec<_>| {
+            let outcome = g.await_spawn(id).map(|(pid, pidfd)| ChildProcess::new(id, pid, pidfd));
+            done.push((index, outcome));
         };
-        g.spawn(request, &targets)
-    })?;
-    Ok(ChildProcess::new(id, pid, pidfd))
+        for (index, prepared) in ready.drain(..) {
+            if in_flight.len() == SPAWN_WINDOW {
+                let next = in_flight.pop_front().unwrap();
+                claim(g, next, &mut done);
+            }
+            let id = g.next_id;
+            g.next_id += 1;
+            let request = Request::Spawn {
+                id,
+                program: prepared.program,
+                argv: prepared.argv,
+                env: prepared.env,
+                cwd: prepared.cwd,
+                fd_targets: prepared.targets.clone(),
+            };
+            match g.send_spawn(&request, &prepared.targets) {
+                Ok(()) => in_flight.push_back((index, id)),
+                Err(err) => done.push((index, Err(err))),
+            }
+        }
+        while let Some(next) = in_flight.pop_front() {
+            claim(g, next, &mut done);
+        }
+        Ok(done)
+    });
+    match started {
+        Ok(done) => {
+            for (index, outcome) in done {
+                outcomes[index] = Some(outcome);
+            }
+        }
+        Err(err) => {
+            let message = err.to_string();
+            for slot in outcomes.iter_mut().filter(|o| o.is_none()) {
+                *slot = Some(Err(SpawnError::Guardian(io::Error::other(message.clone()))));
+            }
+        }
+    }
+    outcomes.into_iter().map(|o| o.expect("every spec has an outcome")).collect()
 }
 
 /// Raw wait status of spawn `id`, which has exited (its pid fd is readable).
