@@ -41,6 +41,12 @@ def spawn(
     """Starts `argv` through this process's guardian with exactly `pass_fds`
     (plus open stdio) inherited; raises OSError subclasses naming the path or fd."""
 
+def spawn_many(
+    requests: Sequence[tuple[Sequence[str], str, Sequence[tuple[str, str]] | None, str | None, Sequence[int], Sequence[int]]],
+) -> list[Process | BaseException]:
+    """Starts many children, pipelined: each request is `(argv, name, env,
+    cwd, pass_fds, hold_fds)`; returns a Process or the exception per request."""
+
 def kill_process_tree(pid: int) -> int:
     """SIGKILLs `pid` and all descendants, waits for them; returns how many were signalled."""
 

@@ -1,0 +1,109 @@
+//! The process core end to end, with the `vllm-rs-guardian` binary as guardian:
+//! real children, real fds, real process trees.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use _core::{kill_process_tree, spawn, ExitStatus, SpawnError, SpawnSpec};
+
+fn setup() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        _core::supervisor::set_guardian_command(vec![env!("CARGO_BIN_EXE_vllm-rs-guardian").into()]);
+    });
+}
+
+fn spec(args: &[&str]) -> SpawnSpec {
+    SpawnSpec { argv: args.iter().map(OsString::from).collect(), ..Default::default() }
+}
+
+fn no_interrupt() -> std::io::Result<()> {
+    Ok(())
+}
+
+#[test]
+fn exit_codes_and_signals_are_reported() {
+    setup();
+    let child = spawn(&spec(&["sh", "-c", "exit 3"])).unwrap();
+    assert_eq!(child.wait(Some(Duration::from_secs(10)), no_interrupt).unwrap(), Some(ExitStatus::Code(3)));
+    let sleeper = spawn(&spec(&["sleep", "100"])).unwrap();
+    assert_eq!(sleeper.try_status().unwrap(), None);
+    sleeper.signal(libc::SIGTERM).unwrap();
+    let status = sleeper.wait(Some(Duration::from_secs(10)), no_interrupt).unwrap();
+    assert_eq!(status, Some(ExitStatus::Signal(libc::SIGTERM)));
+    assert_eq!(status.unwrap().exitcode(), -libc::SIGTERM);
+}
+
+#[test]
+fn passed_fds_arrive_at_the_same_number() {
+    setup();
+    let (r, w) = _core::sys::pipe().unwrap();
+    // Move the write end to a high number the child must find it at.
+    let high = _core::sys::dup_at_least(w.as_raw_fd(), 40).unwrap();
+    drop(w);
+    let fd = high.as_raw_fd();
+    let mut s = spec(&["bash", "-c", &format!("echo -n hi >&{fd}")]);
+    s.pass_fds = vec![fd];
+    let child = spawn(&s).unwrap();
+    drop(high);
+    let mut got = String::new();
+    std::fs::File::from(r).read_to_string(&mut got).unwrap();
+    assert_eq!(got, "hi");
+    assert_eq!(child.wait(None, no_interrupt).unwrap(), Some(ExitStatus::Code(0)));
+}
+
+#[test]
+fn exec_and_fd_failures_are_errors_that_say_what() {
+    setup();
+    match spawn(&spec(&["/definitely/not/here"])) {
+        Err(SpawnError::Failed { errno, .. }) => assert_eq!(errno, libc::ENOENT),
+        other => panic!("expected ENOENT, got {other:?}"),
+    }
+    let mut bad = spec(&["true"]);
+    bad.pass_fds = vec![999];
+    let err = spawn(&bad).unwrap_err();
+    assert!(err.to_string().contains("fd 999"), "{err}");
+    assert!(matches!(spawn(&spec(&[])), Err(SpawnError::EmptyArgv)));
+}
+
+fn tree_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/support/tree.sh")
+}
+
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()) != Some("Z"),
+        Err(_) => false,
+    }
+}
+
+fn recorded(pidfile: &std::path::Path) -> Vec<i32> {
+    std::fs::read_to_string(pidfile).unwrap_or_default().split_whitespace().filter_map(|p| p.parse().ok()).collect()
+}
+
+#[test]
+fn kill_process_tree_leaves_no_survivor_in_forking_and_daemon_trees() {
+    setup();
+    for (kind, size) in [("forking", 10), ("daemons", 13)] {
+        let dir = std::env::temp_dir().join(format!("vllm-rs-tree-{}-{kind}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pidfile = dir.join("pids");
+        let _ = std::fs::remove_file(&pidfile);
+        let root = spawn(&spec(&["sh", tree_script().to_str().unwrap(), kind, pidfile.to_str().unwrap()])).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while recorded(&pidfile).len() < size && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(recorded(&pidfile).len() >= size, "{kind} tree did not build");
+        std::thread::sleep(Duration::from_millis(200));
+        kill_process_tree(root.pid()).unwrap();
+        let survivors: Vec<i32> = recorded(&pidfile).into_iter().filter(|&p| alive(p)).collect();
+        assert!(survivors.is_empty(), "{kind}: survivors {survivors:?}");
+        assert_eq!(root.wait(Some(Duration::from_secs(10)), no_interrupt).unwrap(), Some(ExitStatus::Signal(libc::SIGKILL)));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
