@@ -12,6 +12,7 @@ and exits 1.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -68,11 +69,14 @@ def run_engine_core(
     come from `vllm_config.clients`; `input_address` is not used."""
     signal.signal(signal.SIGTERM, _raise_shutdown)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from vllm_rs.utils import _set_process_title
+
+    _set_process_title("EngineCore", str(dp_rank))
     proc = EngineCoreProc(vllm_config, dp_rank)
     try:
         proc.run()
     except EngineShutdown:
-        logger.debug("EngineCore_%d: shutting down", dp_rank)
+        proc.log_totals()
         proc.close(linger=0)
     except Exception:
         logger.exception("EngineCore_%d failed", dp_rank)
@@ -106,8 +110,8 @@ class EngineCoreProc:
             dealer.send(registration)
             self.dealers.append(dealer)
         logger.info(
-            "EngineCore_%d ready: model %s, max_model_len %d, %d client(s)",
-            self.engine_index, self.config.model_config.model, self.core.max_model_len, len(self.dealers),
+            "EngineCore_%d ready (pid %d): model %s, max_model_len %d, %d client(s)",
+            self.engine_index, os.getpid(), self.config.model_config.model, self.core.max_model_len, len(self.dealers),
         )  # fmt: skip
         poller = zmq.Poller()
         for dealer in self.dealers:
@@ -186,6 +190,16 @@ class EngineCoreProc:
             message = EngineCoreOutputs(self.engine_index, [], stats, time.time())
             self.pushes[client_index].send(encode_outputs(message))
         self._sent_stats_to.clear()
+
+    def log_totals(self) -> None:
+        """Logs what this engine did, as it stops."""
+        if self.core is not None:
+            t = self.core.totals
+            logger.info(
+                "EngineCore_%d stopped: %d requests finished, %d aborted, %d prompt tokens, %d generated tokens, %d steps",
+                self.engine_index, t["requests_finished"], t["requests_aborted"], t["prompt_tokens_computed"],
+                t["generation_tokens"], t["steps"],
+            )  # fmt: skip
 
     def send_dead(self) -> None:
         """Sends `ENGINE_CORE_DEAD` to every frontend (best effort)."""

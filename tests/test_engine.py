@@ -1,0 +1,351 @@
+"""The reference engine core: scheduling, stop conditions and sampling in
+process (echo and toy), then the engine process over real ZeroMQ sockets with
+two clients: registration, ADD/ABORT/UTILITY, routing by client_index,
+scheduler stats, SIGTERM, and ENGINE_CORE_DEAD on failure."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+import zmq
+
+from vllm_rs.engine import make_engine_config, run_engine_core
+from vllm_rs.engine.config import ClientAddresses
+from vllm_rs.engine.core import FAIL_AT_STEP_ENV, EngineCore
+from vllm_rs.engine.models import BYTE_EOS_TOKEN_ID, ModelPathError, resolve_model, write_model_dir
+from vllm_rs.engine.protocol import (
+    ENGINE_CORE_DEAD,
+    REQUEST_ABORT,
+    REQUEST_ADD,
+    REQUEST_UTILITY,
+    EngineCoreRequest,
+    FinishReason,
+    decode_outputs,
+    decode_registration,
+    encode_abort,
+    encode_add,
+    encode_utility,
+    engine_identity,
+)
+from vllm_rs.network_utils import make_zmq_listener, make_zmq_socket
+from vllm_rs.utils import CoreEngineProcManager
+
+
+def request(request_id: str, prompt: bytes | list[int], **sampling) -> EngineCoreRequest:
+    tokens = list(prompt) if isinstance(prompt, bytes) else prompt
+    return EngineCoreRequest(request_id, tokens, sampling)
+
+
+def run_to_end(core: EngineCore, max_steps: int = 10_000) -> dict[str, list]:
+    """Steps until idle; request id -> list of outputs."""
+    outputs: dict[str, list] = {}
+    for _ in range(max_steps):
+        if not core.has_work():
+            return outputs
+        for _, output in core.step():
+            outputs.setdefault(output.request_id, []).append(output)
+    raise AssertionError("the engine did not finish")
+
+
+def tokens(outputs: list) -> list[int]:
+    return [t for o in outputs for t in o.new_token_ids]
+
+
+# ---- scheduling and stop conditions (echo: no torch) ----
+
+
+def test_echo_repeats_the_prompt_and_stops_at_max_tokens():
+    core = EngineCore(make_engine_config("echo"))
+    core.add_request(request("a", b"hello", max_tokens=7))
+    out = run_to_end(core)["a"]
+    assert bytes(tokens(out)) == b"hellohe"
+    assert [o.finish_reason for o in out] == [None] * 6 + [FinishReason.LENGTH]
+
+
+def test_stop_token_eos_min_tokens_and_ignore_eos():
+    core = EngineCore(make_engine_config("echo"))
+    core.add_request(request("stop", b"abcabc", max_tokens=50, stop_token_ids=[ord("c")]))
+    core.add_request(request("eos", [65, 66, BYTE_EOS_TOKEN_ID], max_tokens=50, _eos_token_id=BYTE_EOS_TOKEN_ID))
+    core.add_request(request("min", b"abcabc", max_tokens=50, stop_token_ids=[ord("c")], min_tokens=4))
+    core.add_request(request("ignore", [65, BYTE_EOS_TOKEN_ID], max_tokens=5, _eos_token_id=BYTE_EOS_TOKEN_ID, ignore_eos=True))
+    out = run_to_end(core)
+    assert bytes(tokens(out["stop"])) == b"abc"
+    assert (out["stop"][-1].finish_reason, out["stop"][-1].stop_reason) == (FinishReason.STOP, ord("c"))
+    assert tokens(out["eos"]) == [65, 66, BYTE_EOS_TOKEN_ID]
+    assert (out["eos"][-1].finish_reason, out["eos"][-1].stop_reason) == (FinishReason.STOP, None)
+    assert bytes(tokens(out["min"])) == b"abcabc"  # the first c came before min_tokens
+    assert len(tokens(out["ignore"])) == 5 and out["ignore"][-1].finish_reason == FinishReason.LENGTH
+
+
+def test_new_requests_join_the_running_batch_within_the_limits():
+    core = EngineCore(make_engine_config("echo", max_num_seqs=2, max_num_batched_tokens=8))
+    core.add_request(request("a", b"xy", max_tokens=100))
+    core.step()
+    assert core.scheduler_stats()["num_running_reqs"] == 1
+    core.add_request(request("b", b"xy", max_tokens=100))
+    core.add_request(request("c", b"xy", max_tokens=100))
+    produced = {o.request_id for _, o in core.step()}
+    assert produced == {"a", "b"}  # b joined at once, c waits for a seat
+    stats = core.scheduler_stats()
+    assert (stats["num_running_reqs"], stats["num_waiting_reqs"]) == (2, 1)
+    core.abort_requests(["a"])
+    assert {o.request_id for _, o in core.step()} == {"b", "c"}
+
+
+def test_long_prompts_are_prefilled_in_chunks_of_the_token_budget():
+    core = EngineCore(make_engine_config("echo", max_num_batched_tokens=8))
+    core.add_request(request("long", b"x" * 20, max_tokens=2))
+    assert core.step() == [] and core.step() == []  # 8 + 8 prompt tokens
+    assert [o.new_token_ids for _, o in core.step()] == [[ord("x")]]  # the last 4, then a token
+    assert core.totals["prompt_tokens_computed"] == 20
+
+
+def test_invalid_requests_finish_with_error():
+    core = EngineCore(make_engine_config("echo", max_model_len=16))
+    too_long = core.add_request(request("long", b"x" * 16))
+    bad_token = core.add_request(request("bad", [1, 999]))
+    bad_param = core.add_request(request("temp", b"x", temperature="hot"))
+    for output in (too_long, bad_token, bad_param):
+        assert output is not None and output.finish_reason == FinishReason.ERROR
+    assert not core.has_work()
+
+
+def test_utilities_answer_and_unknown_ones_raise():
+    core = EngineCore(make_engine_config("echo"))
+    assert core.call_utility("reset_prefix_cache", []) is True
+    assert core.call_utility("sleep", [1]) is None and core.call_utility("is_sleeping", []) is True
+    assert core.call_utility("wake_up", [None]) is None and core.call_utility("is_sleeping", []) is False
+    assert core.call_utility("get_stats", [])["model"] == "echo"
+    with pytest.raises(ValueError, match="no utility method 'nope'"):
+        core.call_utility("nope", [])
+
+
+def test_model_directories_are_validated(tmp_path):
+    with pytest.raises(ModelPathError, match="not a directory"):
+        resolve_model(str(tmp_path / "missing"))
+    with pytest.raises(ModelPathError, match="no config.json"):
+        resolve_model(str(tmp_path))
+    write_model_dir(str(tmp_path), "gpt")
+    with pytest.raises(ModelPathError, match="model_type"):
+        resolve_model(str(tmp_path))
+    spec = resolve_model(write_model_dir(str(tmp_path / "m"), "toy", hidden_size=32, num_layers=1))
+    assert (spec.model_type, spec.hparams["hidden_size"], spec.hparams["num_layers"]) == ("toy", 32, 1)
+
+
+# ---- the toy model ----
+
+
+@pytest.fixture(scope="module")
+def toy_config():
+    return make_engine_config("toy", max_model_len=256, max_num_seqs=8)
+
+
+def test_toy_binds_one_kv_cache_per_layer(toy_config):
+    core = EngineCore(toy_config)
+    runner = core.runner
+    layers = runner.model.attention_layers()
+    assert len(runner.kv_caches) == len(layers) == runner.model_config.num_layers
+    for index, (name, attention) in enumerate(sorted(layers.items())):
+        assert attention.kv_cache[0] is runner.kv_caches[index]
+        assert runner.kv_caches[index].shape[:3] == (2, runner.num_gpu_blocks, toy_config.cache_config.block_size)
+
+
+def test_toy_seeded_sampling_is_reproducible_whatever_the_batch(toy_config):
+    prompt = b"Once upon a time"
+    alone = EngineCore(toy_config)
+    alone.add_request(request("s", prompt, max_tokens=24, temperature=0.9, top_p=0.95, top_k=50, seed=1234))
+    reference = tokens(run_to_end(alone)["s"])
+
+    batched = EngineCore(toy_config)
+    batched.add_request(request("other", b"something else entirely", max_tokens=30, temperature=1.0))
+    batched.step()
+    batched.add_request(request("s", prompt, max_tokens=24, temperature=0.9, top_p=0.95, top_k=50, seed=1234))
+    batched.add_request(request("s2", prompt, max_tokens=24, temperature=0.9, top_p=0.95, top_k=50, seed=99))
+    out = run_to_end(batched)
+    assert tokens(out["s"]) == reference
+    assert tokens(out["s2"]) != reference
+
+
+def test_toy_top_k_1_is_greedy_and_greedy_is_deterministic(toy_config):
+    core = EngineCore(toy_config)
+    core.add_request(request("greedy", b"abc", max_tokens=16, temperature=0.0))
+    core.add_request(request("topk", b"abc", max_tokens=16, temperature=1.5, top_k=1))
+    out = run_to_end(core)
+    assert tokens(out["greedy"]) == tokens(out["topk"])
+
+
+def test_toy_chunked_prefill_and_prefix_cache_do_not_change_the_result():
+    prompt = b"The quick brown fox jumps over the lazy dog. " * 3
+    plain = EngineCore(make_engine_config("toy", max_model_len=256, enable_prefix_caching=False))
+    chunked = EngineCore(make_engine_config("toy", max_model_len=256, max_num_batched_tokens=7, max_num_seqs=2))
+    results = []
+    for core in (plain, chunked):
+        for i in range(3):
+            core.add_request(request(f"r{i}", prompt + bytes([65 + i]), max_tokens=20, temperature=0.0))
+        results.append({k: tokens(v) for k, v in run_to_end(core).items()})
+    assert results[0] == results[1]
+    prefix = chunked.scheduler_stats()["prefix_cache_stats"]
+    assert prefix["hits"] > 0, prefix
+    assert chunked.last_iteration is not None and chunked.last_iteration["num_generation_requests"] >= 1
+    assert chunked.call_utility("reset_prefix_cache", []) is True
+    chunked.add_request(request("again", prompt, max_tokens=1, temperature=0.0))
+    hits_before = chunked.scheduler.block_pool.hits
+    run_to_end(chunked)
+    assert chunked.scheduler.block_pool.hits == hits_before  # nothing cached any more
+
+
+def test_toy_abort_frees_the_blocks(toy_config):
+    core = EngineCore(toy_config)
+    pool = core.scheduler.block_pool
+    free = pool.num_free_blocks
+    core.add_request(request("a", b"hello", max_tokens=100))
+    core.step()
+    assert pool.num_free_blocks < free
+    assert core.abort_requests(["a", "unknown"]) == 1
+    assert pool.num_free_blocks == free and not core.has_work()
+
+
+# ---- the engine process over ZeroMQ ----
+
+
+class FakeFrontend:
+    """One client: a ROUTER and a PULL adopted from listeners, like a frontend."""
+
+    def __init__(self, ctx: zmq.Context, index: int):
+        self.index = index
+        self.input = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
+        self.output = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+        self.addresses = ClientAddresses(self.input.address, self.output.address)
+        self.skipped: list = []  # messages `call` passed over
+        self.router = make_zmq_socket(ctx, self.input.address, zmq.ROUTER, linger=0, listener=self.input)
+        self.pull = make_zmq_socket(ctx, self.output.address, zmq.PULL, linger=0, listener=self.output)
+
+    def registration(self, timeout_s: float = 60):
+        assert self.router.poll(timeout_s * 1000), "the engine did not register"
+        identity, payload = self.router.recv_multipart()
+        return identity, decode_registration(payload)
+
+    def send(self, kind: bytes, payload: bytes, engine: int = 0) -> None:
+        self.router.send_multipart([engine_identity(engine), kind, payload])
+
+    def receive(self, timeout_s: float = 30):
+        assert self.pull.poll(timeout_s * 1000), "no message from the engine"
+        return self.pull.recv_multipart()
+
+    def collect(self, request_id: str, timeout_s: float = 30):
+        """Outputs of one request until it finishes, and every stats map seen."""
+        outputs, stats = [], []
+        while True:
+            message = decode_outputs(self.receive(timeout_s))
+            stats.append(message.scheduler_stats)
+            outputs += [o for o in message.outputs if o.request_id == request_id]
+            if outputs and outputs[-1].finish_reason is not None:
+                return outputs, stats
+
+    def call(self, call_id: int, method: str, *args):
+        """The reply to a utility call (request outputs meanwhile are skipped)."""
+        self.send(REQUEST_UTILITY, encode_utility(self.index, call_id, method, list(args)))
+        while (message := decode_outputs(self.receive())).utility_output is None:
+            self.skipped.append(message)
+        reply = message.utility_output
+        assert reply.call_id == call_id
+        return reply
+
+    def wait_for_idle_stats(self, timeout_s: float = 10):
+        """The first stats-only message saying nothing runs."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            message = self.skipped.pop(0) if self.skipped else decode_outputs(self.receive(timeout_s))
+            stats = message.scheduler_stats
+            if not message.outputs and stats is not None and stats["num_running_reqs"] == 0:
+                return stats
+        raise AssertionError("the engine never said it was idle")
+
+    def close(self) -> None:
+        self.router.close(linger=0)
+        self.pull.close(linger=0)
+
+
+@pytest.fixture
+def frontends():
+    ctx = zmq.Context()
+    pair = [FakeFrontend(ctx, 0), FakeFrontend(ctx, 1)]
+    yield pair
+    for f in pair:
+        f.close()
+    ctx.term()
+
+
+def start_engine(frontends, model: str = "echo", **config):
+    engine_config = make_engine_config(model, clients=[f.addresses for f in frontends], **config)
+    return CoreEngineProcManager(
+        run_engine_core, 1, 0, 0, engine_config, True, frontends[0].addresses.input_address, None, True
+    )
+
+
+def test_engine_process_serves_two_clients(frontends):
+    manager = start_engine(frontends)
+    try:
+        for frontend in frontends:
+            identity, registration = frontend.registration()
+            assert identity == engine_identity(0)
+            assert registration.max_model_len == 8192 and registration.num_gpu_blocks == 0
+        first, second = frontends
+        add = request("r1", b"hi there", max_tokens=5)
+        add.client_index = 1
+        second.send(REQUEST_ADD, encode_add(add))
+        outputs, stats = second.collect("r1")
+        assert bytes(tokens(outputs)) == b"hi th" and outputs[-1].finish_reason == FinishReason.LENGTH
+        assert all(s is not None and "num_running_reqs" in s and "num_waiting_reqs" in s for s in stats)
+        assert not first.pull.poll(200)  # client 0 gets nothing of client 1's request
+
+        assert first.call(7, "reset_prefix_cache").result is True
+        assert first.call(8, "sleep", 1).failure_message is None
+        assert first.call(9, "wake_up", None).failure_message is None
+        assert first.call(10, "get_stats").result["requests_finished"] == 1
+        assert "no utility method" in second.call(11, "no_such_method").failure_message
+
+        long_request = request("long", b"ab", max_tokens=1_000_000)
+        first.send(REQUEST_ADD, encode_add(long_request))
+        first.receive()
+        first.send(REQUEST_ABORT, encode_abort(["long"]))
+        assert first.call(12, "get_stats").result["requests_aborted"] == 1
+        assert first.wait_for_idle_stats()["num_waiting_reqs"] == 0
+    finally:
+        manager.shutdown(timeout=10)
+    assert manager.processes[0].exitcode == 0  # SIGTERM is a clean exit
+
+
+def test_engine_failure_sends_engine_core_dead_to_every_client(frontends, monkeypatch):
+    monkeypatch.setenv(FAIL_AT_STEP_ENV, "1")
+    manager = start_engine(frontends)
+    try:
+        for frontend in frontends:
+            frontend.registration()
+        frontends[0].send(REQUEST_ADD, encode_add(request("doomed", b"x", max_tokens=3)))
+        for frontend in frontends:
+            assert frontend.receive() == [ENGINE_CORE_DEAD]
+        manager.processes[0].join(30)
+        assert manager.processes[0].exitcode == 1
+    finally:
+        manager.shutdown(timeout=5)
+
+
+def test_engine_ignores_sigint_and_stops_on_sigterm(frontends):
+    manager = start_engine(frontends)
+    try:
+        frontends[0].registration()
+        proc = manager.processes[0]
+        proc_pid = proc.pid
+        import os
+
+        os.kill(proc_pid, signal.SIGINT)
+        time.sleep(0.3)
+        assert proc.is_alive()
+        frontends[0].send(REQUEST_ADD, encode_add(request("after", b"ok", max_tokens=2)))
+        assert bytes(tokens(frontends[0].collect("after")[0])) == b"ok"
+    finally:
+        manager.shutdown(timeout=10)
+    assert manager.processes[0].exitcode == 0
