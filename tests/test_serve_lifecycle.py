@@ -1,0 +1,182 @@
+"""`serve` keeping the stack healthy and stopping it: Ctrl-C, SIGTERM, an
+engine killed mid-stream, the frontend killed mid-stream, SIGKILL of serve,
+and the usage errors that start nothing. Both frontends where it matters."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import psutil
+import pytest
+
+from tests.test_serve import FRONTENDS, Serve, assert_all_gone
+
+ENGINE_PID = re.compile(r"EngineCore_(\d+) ready \(pid (\d+)\)")
+API_SERVER_PID = re.compile(r"\(APIServer_0 pid=(\d+)\)")
+ENGINE_TOTALS = re.compile(r"EngineCore_(\d+) stopped: (\d+) requests finished")
+
+
+def engine_pids(serve: Serve) -> dict[int, int]:
+    return {int(rank): int(pid) for rank, pid in ENGINE_PID.findall(serve.output)}
+
+
+def frontend_pid(serve: Serve, frontend: str) -> int:
+    if frontend == "python":
+        return int(API_SERVER_PID.search(serve.output).group(1))
+    (binary,) = [p for p in serve.descendants() if p.name() == "vllm-rs"]
+    return binary.pid
+
+
+def start_long_stream(serve: Serve) -> tuple:
+    """A streamed completion from the toy model that runs for seconds; returns
+    the stream after its first chunk."""
+    stream = serve.client().completions.create(
+        model="toy", prompt="Tell me a long story.", max_tokens=1900, stream=True, extra_body={"ignore_eos": True}
+    )
+    iterator = iter(stream)
+    first = next(iterator)
+    return iterator, first
+
+
+def drain_until_error(iterator) -> tuple[int, BaseException | None]:
+    count = 0
+    try:
+        for _ in iterator:
+            count += 1
+    except (openai.APIError, openai.APIConnectionError) as e:
+        return count, e
+    except Exception as e:  # the transport may fail underneath the client
+        return count, e
+    return count, None
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_ctrl_c_drains_exits_0_and_both_engines_served(frontend):
+    serve = Serve("--model", "echo", "--port", "0", "--data-parallel-size", "2", "--frontend", frontend)
+    try:
+        client = serve.client()
+        with ThreadPoolExecutor(16) as pool:
+            texts = list(pool.map(lambda i: client.completions.create(model="echo", prompt=f"r{i:02d}", max_tokens=200).choices[0].text, range(48)))
+        assert all(t.startswith(f"r{i:02d}") and len(t) == 200 for i, t in enumerate(texts))
+        processes = serve.descendants()
+        serve.interrupt()
+        assert serve.wait(30) == 0, serve.output
+        assert_all_gone(processes, within_s=1)
+        served = {int(rank): int(n) for rank, n in ENGINE_TOTALS.findall(serve.output)}
+        assert set(served) == {0, 1} and all(n > 0 for n in served.values()), served
+        assert sum(served.values()) == 48
+    finally:
+        serve.kill()
+
+
+def test_sigterm_exits_0_and_removes_the_unix_socket(tmp_path):
+    path = str(tmp_path / "api.sock")
+    serve = Serve("--model", "echo", "--uds", path, "--frontend", "python")
+    try:
+        assert serve.wait_ready().startswith("unix:")
+        conn = http.client.HTTPConnection("localhost")
+        conn.sock = socket.socket(socket.AF_UNIX)
+        conn.sock.connect(path)
+        conn.request("POST", "/v1/completions", body='{"prompt": "uds", "max_tokens": 3}', headers={"content-type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200 and b'"text":"uds"' in response.read()
+        conn.close()
+        processes = serve.descendants()
+        serve.proc.send_signal(signal.SIGTERM)
+        assert serve.wait(30) == 0, serve.output
+        assert_all_gone(processes, within_s=1)
+        assert not os.path.exists(path)
+    finally:
+        serve.kill()
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_engine_killed_mid_stream(frontend):
+    serve = Serve("--model", "toy", "--port", "0", "--max-model-len", "2048", "--frontend", frontend)
+    try:
+        iterator, _ = start_long_stream(serve)
+        processes = serve.descendants()
+        os.kill(engine_pids(serve)[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        received, error = drain_until_error(iterator)
+        assert error is not None, f"the stream ended cleanly after {received} more chunks"
+        code = serve.wait(10)
+        assert time.monotonic() - killed_at < 2.0, serve.output
+        assert code != 0
+        assert "Engine core process EngineCore_0 died unexpectedly" in serve.output
+        assert_all_gone(processes, within_s=1)
+    finally:
+        serve.kill()
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_frontend_killed_mid_stream(frontend):
+    serve = Serve("--model", "toy", "--port", "0", "--max-model-len", "2048", "--frontend", frontend)
+    try:
+        iterator, _ = start_long_stream(serve)
+        processes = serve.descendants()
+        pid = frontend_pid(serve, frontend)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, error = drain_until_error(iterator)
+        assert error is not None
+        code = serve.wait(10)
+        assert time.monotonic() - killed_at < 2.0, serve.output
+        assert code != 0 and f"(PID: {pid}) died with exit code -9" in serve.output
+        assert_all_gone(processes, within_s=1)
+    finally:
+        serve.kill()
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_sigkill_of_serve_leaves_nothing_running(frontend):
+    serve = Serve("--model", "echo", "--port", "0", "--data-parallel-size", "2", "--frontend", frontend)
+    try:
+        serve.wait_ready()
+        processes = serve.descendants()
+        assert len(processes) >= 3  # guardian, engines, frontend
+        serve.proc.kill()
+        assert_all_gone(processes, within_s=1)
+    finally:
+        serve.kill()
+
+
+def run_serve_expecting_usage_error(*args: str) -> list[str]:
+    """Runs serve, expects exit 2 with a one-line error; returns stderr lines."""
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_rs", "serve", *args],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "VLLM_NO_USAGE_STATS": "1"},
+    )  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result
+    assert len(lines) == 1 and "error:" in lines[0], result.stderr
+    assert "Launching" not in result.stdout and "Started" not in result.stdout, result.stdout
+    return lines
+
+
+def test_port_in_use_bad_model_and_bad_option_start_nothing(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        (line,) = run_serve_expecting_usage_error("--model", "echo", "--host", "127.0.0.1", "--port", str(port))
+        assert f"cannot listen on 127.0.0.1:{port}" in line and "in use" in line
+    finally:
+        taken.close()
+    (line,) = run_serve_expecting_usage_error("--model", str(tmp_path / "no-such-model"))
+    assert "no-such-model" in line
+    (line,) = run_serve_expecting_usage_error("--no-such-option")
+    assert "unrecognized arguments: --no-such-option" in line
+    (line,) = run_serve_expecting_usage_error("--frontend", "rust", "--api-server-count", "2")
+    assert "--api-server-count" in line
+    assert not psutil.Process().children(recursive=True)
