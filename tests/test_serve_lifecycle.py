@@ -15,7 +15,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
-import psutil
 import pytest
 
 from tests.test_serve import FRONTENDS, Serve, assert_all_gone
@@ -36,15 +35,14 @@ def frontend_pid(serve: Serve, frontend: str) -> int:
     return binary.pid
 
 
-def start_long_stream(serve: Serve) -> tuple:
-    """A streamed completion from the toy model that runs for seconds; returns
-    the stream after its first chunk."""
+def start_long_stream(serve: Serve):
+    """A streamed completion from the toy model that runs for seconds, after
+    its first chunk."""
     stream = serve.client().completions.create(
         model="toy", prompt="Tell me a long story.", max_tokens=1900, stream=True, extra_body={"ignore_eos": True}
     )
-    iterator = iter(stream)
-    first = next(iterator)
-    return iterator, first
+    next(iter(stream))
+    return stream
 
 
 def drain_until_error(iterator) -> tuple[int, BaseException | None]:
@@ -103,7 +101,7 @@ def test_sigterm_exits_0_and_removes_the_unix_socket(tmp_path):
 def test_engine_killed_mid_stream(frontend):
     serve = Serve("--model", "toy", "--port", "0", "--max-model-len", "2048", "--frontend", frontend)
     try:
-        iterator, _ = start_long_stream(serve)
+        iterator = start_long_stream(serve)
         processes = serve.descendants()
         os.kill(engine_pids(serve)[0], signal.SIGKILL)
         killed_at = time.monotonic()
@@ -122,7 +120,7 @@ def test_engine_killed_mid_stream(frontend):
 def test_frontend_killed_mid_stream(frontend):
     serve = Serve("--model", "toy", "--port", "0", "--max-model-len", "2048", "--frontend", frontend)
     try:
-        iterator, _ = start_long_stream(serve)
+        iterator = start_long_stream(serve)
         processes = serve.descendants()
         pid = frontend_pid(serve, frontend)
         os.kill(pid, signal.SIGKILL)
@@ -179,4 +177,24 @@ def test_port_in_use_bad_model_and_bad_option_start_nothing(tmp_path):
     assert "unrecognized arguments: --no-such-option" in line
     (line,) = run_serve_expecting_usage_error("--frontend", "rust", "--api-server-count", "2")
     assert "--api-server-count" in line
-    assert not psutil.Process().children(recursive=True)
+
+
+ENGINE_ABORTS = re.compile(r"EngineCore_0 stopped: \d+ requests finished, (\d+) aborted")
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_client_gone_mid_stream_aborts_the_request_in_the_engine(frontend):
+    serve = Serve("--model", "toy", "--port", "0", "--max-model-len", "2048", "--frontend", frontend)
+    try:
+        stream = start_long_stream(serve)
+        next(iter(stream))
+        stream.close()  # the client goes away, closing the connection
+        # The engine handles its input in order: once a later request is
+        # answered, the ABORT before it has been handled.
+        later = serve.client().completions.create(model="toy", prompt="later", max_tokens=2)
+        assert later.choices[0].finish_reason == "length"
+        serve.interrupt()
+        assert serve.wait(30) == 0
+        assert ENGINE_ABORTS.search(serve.output).group(1) == "1", serve.output
+    finally:
+        serve.kill()

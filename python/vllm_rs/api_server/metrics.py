@@ -38,7 +38,7 @@ class Histogram:
         """Appends the exposition lines."""
         out.append(f"# HELP {name} {help_text}\n# TYPE {name} histogram")
         cumulative = 0
-        for bound, count in zip(self.bounds, self.counts):
+        for bound, count in zip(self.bounds, self.counts, strict=True):
             cumulative += count
             out.append(f'{name}_bucket{{{labels},le="{format_number(bound)}"}} {cumulative}')
         out.append(f'{name}_bucket{{{labels},le="+Inf"}} {self.count}')

@@ -97,7 +97,7 @@ class ToyModelRunner:
             self.logits_indices.copy_to_gpu(len(sample_requests)),
         )
         tokens = self.sampler.sample(logits, sample_requests)
-        return {r.request_id: t for r, t in zip(sample_requests, tokens)}
+        return {r.request_id: t for r, t in zip(sample_requests, tokens, strict=True)}
 
     def _stage_inputs(self, plan: StepPlan, num_tokens: int):
         ids, positions, slots = self.input_ids.np, self.positions.np, self.slot_mapping.np

@@ -1,0 +1,140 @@
+"""The Python API server's own parts: stop strings, streaming UTF-8
+decoding, parameter validation, and its start-up against real processes and
+sockets (registration timeout naming the missing engines, a signal while
+waiting for engines)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from vllm_rs.api_server.errors import ApiError
+from vllm_rs.api_server.params import Params, common_params, parse_json_object
+from vllm_rs.api_server.stop_strings import StopStrings
+from vllm_rs.api_server.tokenizer import ByteLevelTokenizer, ChatMessage
+from vllm_rs.network_utils import make_zmq_listener
+from vllm_rs.utils import APIServerProcessManager
+
+
+def test_stop_strings_hold_back_possible_starts():
+    s = StopStrings(["STOP"])
+    assert s.push("hello ST") == ("hello ", None)
+    assert s.push("O") == ("", None)
+    assert s.push("P!") == ("", "STOP")
+    s = StopStrings(["STOP"])
+    assert s.push("ST") == ("", None)
+    assert s.push("AR") == ("STAR", None)
+    assert s.push("S") == ("", None) and s.flush() == "S"
+    assert StopStrings(["world", "lo"]).push("hello world") == ("hel", "lo")
+    assert StopStrings([]).push("abc") == ("abc", None)
+
+
+def test_byte_decoder_never_splits_a_character():
+    tokenizer = ByteLevelTokenizer()
+    decoder = tokenizer.decoder()
+    pieces = [decoder.push([t]) for t in tokenizer.encode("añ€😀")]
+    assert "".join(pieces) == "añ€😀" and sum(1 for p in pieces if p) == 4
+    decoder = tokenizer.decoder()
+    assert decoder.push([0x61, 0xFF, 0x62, tokenizer.eos_token_id, 0xE2, 0x82]) == "a\ufffdb"
+    assert decoder.flush() == "\ufffd"
+    assert tokenizer.apply_chat_template([ChatMessage("user", "hi")], True) == "user: hi\nassistant: "
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": "5"}, "max_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": -5}, "top_k"),
+        ({"n": 2}, "n"),
+        ({"stop": 3}, "stop"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream": "yes"}, "stream"),
+        ({"seed": 1.5}, "seed"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+    ],
+)
+def test_invalid_parameters_name_the_parameter(body, param):
+    with pytest.raises(ApiError) as error:
+        common_params(Params(body), ("max_completion_tokens", "max_tokens"))
+    assert (error.value.status, error.value.param) == (400, param)
+
+
+def test_parameters_are_read():
+    c = common_params(
+        Params({"model": "toy", "max_tokens": 5, "max_completion_tokens": 9, "temperature": 0, "top_k": 3, "seed": 7,
+                "stop": "x", "stop_token_ids": [1, 2], "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}),  # fmt: skip
+        ("max_completion_tokens", "max_tokens"),
+    )
+    assert (c.model, c.max_tokens, c.stop, c.stop_token_ids, c.ignore_eos) == ("toy", 9, ["x"], [1, 2], True)
+    assert c.sampling == {"temperature": 0.0, "top_k": 3, "seed": 7} and c.stream and c.include_usage
+    with pytest.raises(ApiError, match="must be a JSON object"):
+        parse_json_object(b"[1]")
+    with pytest.raises(ApiError, match="not valid JSON"):
+        parse_json_object(b"{")
+
+
+# ---- start-up of a real API server process ----
+
+
+@contextlib.contextmanager
+def stdout_to(path: Path):
+    """Points fd 1 at `path` while children start, so their logs land there."""
+    saved = os.dup(1)
+    with open(path, "ab") as f:
+        os.dup2(f.fileno(), 1)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def start_api_server(tmp_path: Path, engines: int) -> tuple[APIServerProcessManager, Path]:
+    http = socket.socket()
+    http.bind(("127.0.0.1", 0))
+    http.listen()
+    listeners = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER), make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    args = argparse.Namespace(model="echo", data_parallel_size=engines, api_key=None, max_model_len=None)
+    log = tmp_path / "api_server.log"
+    with stdout_to(log):
+        manager = APIServerProcessManager("http://127.0.0.1", http, args, 1, [listeners[0]], [listeners[1]])
+    http.close()
+    return manager, log
+
+
+def test_registration_timeout_names_the_missing_engines(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "1")
+    manager, log = start_api_server(tmp_path, engines=2)
+    try:
+        manager.processes[0].join(60)
+        assert manager.processes[0].exitcode == 1
+        assert "missing engine(s): 0, 1" in log.read_text()
+    finally:
+        manager.shutdown(timeout=5)
+
+
+def test_a_signal_while_waiting_for_engines_exits_0(tmp_path):
+    manager, log = start_api_server(tmp_path, engines=1)
+    try:
+        deadline = time.monotonic() + 60
+        while "waiting for engines" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(manager.processes[0].pid, signal.SIGTERM)
+        manager.processes[0].join(30)
+        assert manager.processes[0].exitcode == 0
+        assert "stopped before every engine registered" in log.read_text()
+    finally:
+        manager.shutdown(timeout=5)
