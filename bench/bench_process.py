@@ -134,31 +134,31 @@ def latency_baseline(samples: int) -> list[float]:
     return out
 
 
-def spawn_throughput_ours(n: int) -> float:
+TRUE = ["/bin/true"]
+
+
+def _ours_one_call_each(n: int) -> list:
+    return [spawn_executable(TRUE, name="t") for _ in range(n)]
+
+
+def _ours_pipelined(n: int) -> list:
+    return spawn_executables([TRUE] * n, names=["t"] * n)
+
+
+def _popen(n: int) -> list:
+    return [subprocess.Popen(TRUE) for _ in range(n)]
+
+
+def spawn_throughput(start_all, n: int) -> float:
+    """Children per second: start `n` /bin/true with `start_all`, then reap all."""
     t0 = time.perf_counter()
-    procs = [spawn_executable(["/bin/true"], name="t") for _ in range(n)]
+    procs = start_all(n)
     for proc in procs:
-        proc.join()
-    assert all(p.exitcode == 0 for p in procs)
-    return n / (time.perf_counter() - t0)
-
-
-def spawn_throughput_ours_batch(n: int) -> float:
-    t0 = time.perf_counter()
-    procs = spawn_executables([["/bin/true"]] * n, names=["t"] * n)
-    for proc in procs:
-        proc.join()
-    assert all(p.exitcode == 0 for p in procs)
-    return n / (time.perf_counter() - t0)
-
-
-def spawn_throughput_popen(n: int) -> float:
-    t0 = time.perf_counter()
-    procs = [subprocess.Popen(["/bin/true"]) for _ in range(n)]
-    for proc in procs:
-        proc.wait()
-    assert all(p.returncode == 0 for p in procs)
-    return n / (time.perf_counter() - t0)
+        proc.wait() if isinstance(proc, subprocess.Popen) else proc.join()
+    elapsed = time.perf_counter() - t0
+    codes = [p.returncode if isinstance(p, subprocess.Popen) else p.exitcode for p in procs]
+    assert codes == [0] * n, codes
+    return n / elapsed
 
 
 def report_running(conn) -> None:
@@ -220,7 +220,9 @@ def main() -> None:
         print(f"{label}: ours={o:.3f} baseline(Popen+thread+pipe)={b:.3f}  ratio baseline/ours={b / o:.2f}")
 
     print(f"== spawn-and-reap throughput of {spawns} /bin/true ==")
-    base_tp, ours_tp, batch_tp = spawn_throughput_popen(spawns), spawn_throughput_ours(spawns), spawn_throughput_ours_batch(spawns)
+    base_tp = spawn_throughput(_popen, spawns)
+    ours_tp = spawn_throughput(_ours_one_call_each, spawns)
+    batch_tp = spawn_throughput(_ours_pipelined, spawns)
     print(f"one call each: ours={ours_tp:.0f}/s subprocess.Popen={base_tp:.0f}/s  ratio ours/Popen={ours_tp / base_tp:.2f}")
     print(f"spawn_executables (pipelined): ours={batch_tp:.0f}/s  ratio ours/Popen={batch_tp / base_tp:.2f}")
 
