@@ -81,8 +81,8 @@ class EngineCore:
         try:
             sampling = SamplingParams.from_wire(wire.sampling_params)
             prompt = wire.prompt_token_ids
-            if any(not isinstance(t, int) or not 0 <= t < BYTE_VOCAB_SIZE for t in prompt):
-                raise InvalidRequestError(f"prompt token ids must lie in [0, {BYTE_VOCAB_SIZE})")
+            if prompt and (set(map(type, prompt)) != {int} or min(prompt) < 0 or max(prompt) >= BYTE_VOCAB_SIZE):
+                raise InvalidRequestError(f"prompt token ids must be integers in [0, {BYTE_VOCAB_SIZE})")
             room = self.max_model_len - len(prompt)
             max_tokens = min(sampling.max_tokens, room) if sampling.max_tokens is not None else room
             request = Request(

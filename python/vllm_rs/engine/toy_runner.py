@@ -5,6 +5,8 @@ CUDA when there is one (or `--device cuda`), else the CPU."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -29,6 +31,15 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def limit_cpu_threads(config: EngineConfig) -> None:
+    """Gives each engine on the CPU its share of the cores (unless
+    `OMP_NUM_THREADS` says otherwise): the toy model's ops are tiny, and
+    oversubscribed intra-op threads spin against the frontend and each other."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        share = (os.cpu_count() or 1) // (config.parallel_config.data_parallel_size + 1)
+        torch.set_num_threads(max(1, share))
+
+
 def default_num_blocks(config: EngineConfig) -> int:
     """Enough blocks for `max_num_seqs` sequences of `max_model_len` tokens."""
     block_size = config.cache_config.block_size
@@ -41,6 +52,8 @@ class ToyModelRunner:
 
     def __init__(self, config: EngineConfig):
         self.device = resolve_device(config.device_config.device)
+        if self.device.type == "cpu":
+            limit_cpu_threads(config)
         spec = config.model_config.spec
         self.model_config = ToyConfig.from_hparams(spec.hparams)
         model = ToyDecoder(self.model_config)
@@ -63,8 +76,8 @@ class ToyModelRunner:
         self._block_offsets = np.arange(self.block_size, dtype=np.int64)
         self.sampler = Sampler(self.device)
         logger.info(
-            "toy model on %s: %d layers, hidden %d, %d KV blocks of %d tokens",
-            self.device, self.model_config.num_layers, self.model_config.hidden_size, self.num_gpu_blocks, self.block_size,
+            "toy model on %s (%d threads): %d layers, hidden %d, %d KV blocks of %d tokens",
+            self.device, torch.get_num_threads(), self.model_config.num_layers, self.model_config.hidden_size, self.num_gpu_blocks, self.block_size,
         )  # fmt: skip
 
     def _allocate_kv_cache(self) -> None:

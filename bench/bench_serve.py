@@ -1,0 +1,195 @@
+"""`serve` benchmark: the Rust frontend against the Python API server, in one
+run, on the `echo` engine with 2 engines (`python -m vllm_rs serve --model
+echo --data-parallel-size 2`):
+
+  * /v1/completions with max_tokens=1 from 64 concurrent keep-alive clients:
+    requests/s and p50/p99 latency;
+  * 64 streams of 256 tokens: streamed tokens/s (SSE, counted from
+    `stream_options.include_usage`);
+
+for `--frontend rust`, `--frontend python --api-server-count 1` and `2`.
+Goal: the Rust frontend serves at least 5x the requests/s of one Python API
+server at an equal or lower p99. Also, for the record, the `toy` model's
+streamed tokens/s on this machine's CPU (one engine, 16 streams).
+
+Each measurement is repeated (`--rounds`) and the best round is reported;
+every stack is started and stopped by `serve` itself. The HTTP client is the
+small asyncio HTTP/1.1 client of bench_frontend.py (no third-party client in
+the measured path). Results also go to bench/results/serve.json.
+
+Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_serve.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_frontend import HttpConnection, last_usage, percentile  # noqa: E402
+
+PROMPT = "The quick brown fox jumps over the lazy dog. "
+READY_LINE = re.compile(rb"serving the OpenAI API on http://[^:]+:(\d+) ")
+REQUESTS_GOAL = 5.0
+STACKS = {
+    "rust": ["--frontend", "rust"],
+    "python x1": ["--frontend", "python", "--api-server-count", "1"],
+    "python x2": ["--frontend", "python", "--api-server-count", "2"],
+}
+
+
+@contextlib.contextmanager
+def serve(*args: str, log_path: Path):
+    """A `serve` process; yields its port once it is ready, Ctrl-C at the end."""
+    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm_rs", "serve", "--port", "0", "--disable-log-stats", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+        try:
+            port = None
+            for line in proc.stdout:
+                log.write(line)
+                if match := READY_LINE.search(line):
+                    port = int(match.group(1))
+                    break
+            if port is None:
+                raise RuntimeError(f"serve {' '.join(args)} did not start; see {log_path}")
+            yield port
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+            log.write(proc.stdout.read())
+            if proc.wait(60) != 0:
+                print(f"  serve exited with {proc.returncode}; see {log_path}", file=sys.stderr)
+
+
+async def measure_requests(port: int, model: str, concurrency: int, total: int) -> tuple[float, list[float]]:
+    """Requests/s and latencies of `total` max_tokens=1 completions."""
+    connections = [HttpConnection("127.0.0.1", port) for _ in range(concurrency)]
+    await asyncio.gather(*(c.open() for c in connections))
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 1}
+    latencies: list[float] = []
+    remaining = [total]
+
+    async def worker(connection: HttpConnection) -> None:
+        while remaining[0] > 0:
+            remaining[0] -= 1
+            sent = time.perf_counter()
+            status, reply = await connection.post("/v1/completions", body)
+            latencies.append(time.perf_counter() - sent)
+            assert status == 200, reply[:200]
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in connections))
+    elapsed = time.perf_counter() - start
+    for c in connections:
+        c.close()
+    return total / elapsed, latencies
+
+
+async def measure_streams(port: int, model: str, streams: int, tokens: int) -> float:
+    """Streamed tokens/s of `streams` concurrent streams of `tokens` tokens."""
+    connections = [HttpConnection("127.0.0.1", port) for _ in range(streams)]
+    await asyncio.gather(*(c.open() for c in connections))
+    body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    start = time.perf_counter()
+    replies = await asyncio.gather(*(c.post("/v1/completions", body) for c in connections))
+    elapsed = time.perf_counter() - start
+    for c in connections:
+        c.close()
+    received = 0
+    for status, sse in replies:
+        assert status == 200, sse[:200]
+        received += last_usage(sse)["completion_tokens"]
+    assert received == streams * tokens, received
+    return received / elapsed
+
+
+def run(coroutine):
+    try:
+        import uvloop
+
+        return uvloop.run(coroutine)
+    except ImportError:
+        return asyncio.run(coroutine)
+
+
+def bench_echo_stack(name: str, args: list[str], opts: argparse.Namespace, log_dir: Path) -> dict:
+    """Best rounds of both measurements on one stack."""
+    with serve("--model", "echo", "--data-parallel-size", "2", *args, log_path=log_dir / f"serve-{name.replace(' ', '')}.log") as port:
+        run(measure_requests(port, "echo", opts.concurrency, opts.concurrency * 4))  # warm-up
+        best_rps, best_latencies = 0.0, []
+        best_stream = 0.0
+        for _ in range(opts.rounds):
+            rps, latencies = run(measure_requests(port, "echo", opts.concurrency, opts.requests))
+            if rps > best_rps:
+                best_rps, best_latencies = rps, latencies
+            best_stream = max(best_stream, run(measure_streams(port, "echo", opts.streams, opts.tokens)))
+    return {
+        "requests_per_s": best_rps,
+        "p50_ms": percentile(best_latencies, 0.50) * 1000,
+        "p99_ms": percentile(best_latencies, 0.99) * 1000,
+        "stream_tokens_per_s": best_stream,
+    }
+
+
+def bench_toy(opts: argparse.Namespace, log_dir: Path) -> float:
+    """Streamed tokens/s of the toy model on this machine (one engine)."""
+    with serve("--model", "toy", "--device", "cpu", log_path=log_dir / "serve-toy.log") as port:
+        run(measure_streams(port, "toy", 2, 8))  # warm-up
+        return max(run(measure_streams(port, "toy", opts.toy_streams, opts.toy_tokens)) for _ in range(opts.rounds))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (a smoke run)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=6000, help="max_tokens=1 requests per round")
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--toy-streams", type=int, default=16)
+    parser.add_argument("--toy-tokens", type=int, default=128)
+    opts = parser.parse_args()
+    if opts.quick:
+        opts.rounds, opts.requests, opts.toy_tokens = 1, 1000, 32
+    results_dir = ROOT / "bench" / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    print(f"serve on echo, 2 engines; {opts.concurrency} clients x max_tokens=1, {opts.streams} streams x {opts.tokens} tokens; "
+          f"best of {opts.rounds}; {os.cpu_count()} CPUs")  # fmt: skip
+    results: dict = {"cpus": os.cpu_count(), "options": vars(opts), "stacks": {}}
+    for name, args in STACKS.items():
+        r = bench_echo_stack(name, args, opts, results_dir)
+        results["stacks"][name] = r
+        print(f"  {name:10s} {r['requests_per_s']:9.0f} req/s  p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
+              f"{r['stream_tokens_per_s']:9.0f} streamed tokens/s", flush=True)  # fmt: skip
+    rust, python1 = results["stacks"]["rust"], results["stacks"]["python x1"]
+    ratio = rust["requests_per_s"] / python1["requests_per_s"]
+    met = ratio >= REQUESTS_GOAL and rust["p99_ms"] <= python1["p99_ms"]
+    results["rust_vs_python1_requests_ratio"] = ratio
+    results["goal_met"] = met
+    print(f"  Rust / one Python API server: {ratio:.1f}x requests/s, p99 {rust['p99_ms']:.2f} vs {python1['p99_ms']:.2f} ms "
+          f"(goal: >= {REQUESTS_GOAL:.0f}x at equal or lower p99: {'met' if met else 'NOT met'})")  # fmt: skip
+    toy = bench_toy(opts, results_dir)
+    results["toy_cpu_stream_tokens_per_s"] = toy
+    print(f"  toy model on the CPU (1 engine, rust frontend): {toy:.0f} tokens/s over {opts.toy_streams} streams of {opts.toy_tokens}")
+    (results_dir / "serve.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
