@@ -6,12 +6,10 @@ waiting for engines)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import socket
 import time
-from pathlib import Path
 
 import pytest
 import zmq
@@ -89,52 +87,57 @@ def test_parameters_are_read():
 # ---- start-up of a real API server process ----
 
 
-@contextlib.contextmanager
-def stdout_to(path: Path):
-    """Points fd 1 at `path` while children start, so their logs land there."""
-    saved = os.dup(1)
-    with open(path, "ab") as f:
-        os.dup2(f.fileno(), 1)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
-
-
-def start_api_server(tmp_path: Path, engines: int) -> tuple[APIServerProcessManager, Path]:
+def start_api_server(engines: int) -> APIServerProcessManager:
+    """One API server process for `engines` engines that never come (its
+    output goes to the test's captured fds)."""
     http = socket.socket()
     http.bind(("127.0.0.1", 0))
     http.listen()
     listeners = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER), make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
     args = argparse.Namespace(model="echo", data_parallel_size=engines, api_key=None, max_model_len=None)
-    log = tmp_path / "api_server.log"
-    with stdout_to(log):
-        manager = APIServerProcessManager("http://127.0.0.1", http, args, 1, [listeners[0]], [listeners[1]])
+    manager = APIServerProcessManager("http://127.0.0.1", http, args, 1, [listeners[0]], [listeners[1]])
     http.close()
-    return manager, log
+    return manager
 
 
-def test_registration_timeout_names_the_missing_engines(tmp_path, monkeypatch):
+class CapturedOutput:
+    """Everything the children printed so far (they share the test's fds)."""
+
+    def __init__(self, capfd):
+        self.capfd = capfd
+        self.text = ""
+
+    def read(self) -> str:
+        captured = self.capfd.readouterr()
+        self.text += captured.out + captured.err
+        return self.text
+
+    def wait_for(self, needle: str, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while needle not in self.read():
+            assert time.monotonic() < deadline, f"{needle!r} never appeared in:\n{self.text}"
+            time.sleep(0.05)
+
+
+def test_registration_timeout_names_the_missing_engines(capfd, monkeypatch):
     monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "1")
-    manager, log = start_api_server(tmp_path, engines=2)
+    manager = start_api_server(engines=2)
     try:
         manager.processes[0].join(60)
         assert manager.processes[0].exitcode == 1
-        assert "missing engine(s): 0, 1" in log.read_text()
+        CapturedOutput(capfd).wait_for("missing engine(s): 0, 1")
     finally:
         manager.shutdown(timeout=5)
 
 
-def test_a_signal_while_waiting_for_engines_exits_0(tmp_path):
-    manager, log = start_api_server(tmp_path, engines=1)
+def test_a_signal_while_waiting_for_engines_exits_0(capfd):
+    output = CapturedOutput(capfd)
+    manager = start_api_server(engines=1)
     try:
-        deadline = time.monotonic() + 60
-        while "waiting for engines" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        output.wait_for("waiting for engines")
         os.kill(manager.processes[0].pid, signal.SIGTERM)
         manager.processes[0].join(30)
         assert manager.processes[0].exitcode == 0
-        assert "stopped before every engine registered" in log.read_text()
+        output.wait_for("stopped before every engine registered")
     finally:
         manager.shutdown(timeout=5)

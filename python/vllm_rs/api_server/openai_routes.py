@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -9,10 +11,10 @@ from starlette.responses import Response
 
 from vllm_rs.api_server.errors import ApiError, dumps
 from vllm_rs.api_server.generation import GenerationError
-from vllm_rs.api_server.params import MAX_BODY_BYTES, Params, common_params, parse_json_object
+from vllm_rs.api_server.params import MAX_BODY_BYTES, CommonParams, Params, common_params, parse_json_object
 from vllm_rs.api_server.sse import ChatChunks, ChunkHeader, CompletionChunks, sse_response
 from vllm_rs.api_server.state import ServerState
-from vllm_rs.api_server.submit import CHAT, COMPLETIONS, check_model, submit
+from vllm_rs.api_server.submit import CHAT, COMPLETIONS, Submitted, check_model, submit
 from vllm_rs.api_server.tokenizer import ChatMessage
 
 
@@ -86,8 +88,45 @@ def _messages(p: Params) -> list[ChatMessage]:
     return messages
 
 
-def _choice(finish: Any, **fields: Any) -> dict[str, Any]:
-    return {"index": 0, **fields, "logprobs": None, "finish_reason": finish.reason.openai_name, "stop_reason": finish.stop_reason}
+@dataclass(frozen=True)
+class AnswerShape:
+    """How one endpoint answers: object names, stream chunks, the choice."""
+
+    object: str
+    chunk_object: str
+    chunks: type[CompletionChunks]
+    choice_field: Callable[[str], dict[str, Any]]
+
+
+COMPLETION_SHAPE = AnswerShape("text_completion", "text_completion", CompletionChunks, lambda text: {"text": text})
+CHAT_SHAPE = AnswerShape(
+    "chat.completion", "chat.completion.chunk", ChatChunks, lambda text: {"message": {"role": "assistant", "content": text}}
+)
+
+
+async def _answer(state: ServerState, submitted: Submitted, common: CommonParams, shape: AnswerShape) -> Response:
+    """Streams the generation as SSE, or collects it into one JSON answer."""
+    model = state.settings.primary_model_name
+    if common.stream:
+        header = ChunkHeader(submitted.id, shape.chunk_object, submitted.created, model)
+        return sse_response(submitted.generation, shape.chunks(header), common.include_usage)
+    generation = submitted.generation
+    try:
+        text, finish = await generation.collect()
+    except GenerationError as e:
+        raise ApiError(500, str(e)) from None
+    finally:
+        generation.close()
+    choice = {"index": 0, **shape.choice_field(text), "logprobs": None,
+              "finish_reason": finish.reason.openai_name, "stop_reason": finish.stop_reason}  # fmt: skip
+    return json_response({
+        "id": submitted.id,
+        "object": shape.object,
+        "created": submitted.created,
+        "model": model,
+        "choices": [choice],
+        "usage": generation.usage(),
+    })  # fmt: skip
 
 
 async def create_completion(request: Request) -> Response:
@@ -101,19 +140,7 @@ async def create_completion(request: Request) -> Response:
     if p.get("logprobs") is not None:
         raise ApiError.invalid_param("logprobs", "`logprobs` is not supported")
     submitted = submit(state, request.headers, COMPLETIONS, _prompt_tokens(state, p), common)
-    model = state.settings.primary_model_name
-    if common.stream:
-        header = ChunkHeader(submitted.id, "text_completion", submitted.created, model)
-        return sse_response(submitted.generation, CompletionChunks(header), common.include_usage)
-    text, finish = await _collect(submitted.generation)
-    return json_response({
-        "id": submitted.id,
-        "object": "text_completion",
-        "created": submitted.created,
-        "model": model,
-        "choices": [_choice(finish, text=text)],
-        "usage": submitted.generation.usage(),
-    })  # fmt: skip
+    return await _answer(state, submitted, common, COMPLETION_SHAPE)
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -135,25 +162,4 @@ async def create_chat_completion(request: Request) -> Response:
     add_generation_prompt = p.bool("add_generation_prompt")
     prompt_text = state.tokenizer.apply_chat_template(messages, True if add_generation_prompt is None else add_generation_prompt)
     submitted = submit(state, request.headers, CHAT, state.tokenizer.encode(prompt_text), common)
-    model = state.settings.primary_model_name
-    if common.stream:
-        header = ChunkHeader(submitted.id, "chat.completion.chunk", submitted.created, model)
-        return sse_response(submitted.generation, ChatChunks(header), common.include_usage)
-    text, finish = await _collect(submitted.generation)
-    return json_response({
-        "id": submitted.id,
-        "object": "chat.completion",
-        "created": submitted.created,
-        "model": model,
-        "choices": [_choice(finish, message={"role": "assistant", "content": text})],
-        "usage": submitted.generation.usage(),
-    })  # fmt: skip
-
-
-async def _collect(generation: Any) -> Any:
-    try:
-        return await generation.collect()
-    except GenerationError as e:
-        raise ApiError(500, str(e)) from None
-    finally:
-        generation.close()
+    return await _answer(state, submitted, common, CHAT_SHAPE)
