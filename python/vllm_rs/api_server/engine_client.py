@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -332,8 +331,6 @@ class EngineClient:
                 self._finish(output.request_id, event)
             else:
                 entry.queue.put_nowait(event)
-        for request_id in self._finished_without_output(message.finished_requests or ()):
+        # Finished in the engine without a final output: end them as aborted.
+        for request_id in message.finished_requests or ():
             self._finish(request_id, Output([], FinishReason.ABORT))
-
-    def _finished_without_output(self, request_ids: Iterable[str]) -> list[str]:
-        return [r for r in request_ids if r in self._requests]
