@@ -77,6 +77,7 @@ def serve(*args: str, log_path: Path):
 
 
 def run(coroutine):
+    """Runs `coroutine` on uvloop when it is installed."""
     try:
         import uvloop
 
@@ -113,6 +114,7 @@ def bench_toy(opts: argparse.Namespace, log_dir: Path) -> float:
 
 
 def main() -> int:
+    """Runs every measurement; prints the table and writes serve.json."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (a smoke run)")
     parser.add_argument("--rounds", type=int, default=3)

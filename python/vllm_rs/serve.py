@@ -58,6 +58,7 @@ class _OneLineErrorParser(argparse.ArgumentParser):
     """argparse, but a bad option is one line on stderr and exit 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        """One line on stderr, exit 2."""
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

@@ -39,6 +39,7 @@ class _Server(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
+        """SIGTERM/SIGINT start the graceful shutdown while serving."""
         loop = asyncio.get_running_loop()
         for sig in SHUTDOWN_SIGNALS:
             loop.add_signal_handler(sig, self.handle_exit, sig, None)
@@ -49,6 +50,7 @@ class _Server(uvicorn.Server):
                 loop.remove_signal_handler(sig)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
+        """Logs the first signal, then lets uvicorn shut down."""
         if not self.should_exit:
             logger.info("%s received: shutting down", signal.Signals(sig).name)
         super().handle_exit(sig, frame)
