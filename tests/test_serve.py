@@ -262,7 +262,7 @@ def test_model_directory(tmp_path, frontend):
 
 def test_usage_is_reported_once(tmp_path):
     serve = Serve("--model", "echo", "--port", "0", "--frontend", "python",
-                  env={"VLLM_NO_USAGE_STATS": "", "VLLM_CONFIG_ROOT": str(tmp_path)})  # fmt: skip
+                  env={"VLLM_NO_USAGE_STATS": "", "VLLM_DO_NOT_TRACK": "", "DO_NOT_TRACK": "", "VLLM_CONFIG_ROOT": str(tmp_path)})  # fmt: skip
     try:
         serve.wait_ready()
         serve.interrupt()

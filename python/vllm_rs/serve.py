@@ -46,6 +46,8 @@ PROG = "python -m vllm_rs serve"
 ENGINE_LISTEN_ADDRESS = "tcp://127.0.0.1:0"
 #: Backlog of the HTTP socket (uvicorn's default).
 HTTP_BACKLOG = 2048
+#: How long the exit waits for the usage report to be written.
+USAGE_REPORT_WAIT_S = 1.0
 #: Log levels for `VLLM_LOGGING_LEVEL`, understood by Python and the Rust frontend.
 CHILD_LOG_LEVELS = {"debug": "DEBUG", "info": "INFO", "warning": "WARN", "error": "ERROR", "critical": "ERROR"}
 
@@ -305,11 +307,11 @@ def run_stack(plan: StackPlan) -> int:
     stop_requested = _StopRequested()
     signal.signal(signal.SIGTERM, stop_requested)
     signal.signal(signal.SIGINT, stop_requested)
-    engines = frontend = None
+    engines = frontend = usage_report = None
     ready_stop = threading.Event()
     failure: str | None = None
     try:
-        report_usage_stats(plan.engine_config, UsageContext.OPENAI_API_SERVER)
+        usage_report = report_usage_stats(plan.engine_config, UsageContext.OPENAI_API_SERVER)
         engines = CoreEngineProcManager(
             run_engine_core, args.data_parallel_size, 0, 0, plan.engine_config, True,
             plan.engine_config.clients[0].input_address, None, not args.disable_log_stats,
@@ -334,6 +336,8 @@ def run_stack(plan: StackPlan) -> int:
         if engines is not None:
             engines.shutdown()
         plan.cleanup()
+        if usage_report is not None:
+            usage_report.join(USAGE_REPORT_WAIT_S)
     if failure is not None:
         print(f"{PROG}: error: {failure}", file=sys.stderr, flush=True)
         return 1
