@@ -6,10 +6,13 @@ waiting for engines)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 import zmq
@@ -18,8 +21,10 @@ from vllm_rs.api_server.errors import ApiError
 from vllm_rs.api_server.params import Params, common_params, parse_json_object
 from vllm_rs.api_server.stop_strings import StopStrings
 from vllm_rs.api_server.tokenizer import ByteLevelTokenizer, ChatMessage
+from vllm_rs.engine import make_engine_config, run_engine_core
+from vllm_rs.engine.config import ClientAddresses
 from vllm_rs.network_utils import make_zmq_listener
-from vllm_rs.utils import APIServerProcessManager
+from vllm_rs.utils import APIServerProcessManager, CoreEngineProcManager
 
 
 def test_stop_strings_hold_back_possible_starts():
@@ -87,17 +92,35 @@ def test_parameters_are_read():
 # ---- start-up of a real API server process ----
 
 
-def start_api_server(engines: int) -> APIServerProcessManager:
-    """One API server process for `engines` engines that never come (its
-    output goes to the test's captured fds)."""
+def start_api_server(engines: int, with_engines: bool = False):
+    """One API server process for `engines` echo engines, started too when
+    `with_engines` (output goes to the test's captured fds). Returns the API
+    server manager, the engine manager or None, and the HTTP port."""
     http = socket.socket()
     http.bind(("127.0.0.1", 0))
     http.listen()
     listeners = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER), make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    engine_manager = None
+    if with_engines:
+        config = make_engine_config("echo", clients=[ClientAddresses(listeners[0].address, listeners[1].address)])
+        engine_manager = CoreEngineProcManager(run_engine_core, engines, 0, 0, config, True, listeners[0].address, None, True)
     args = argparse.Namespace(model="echo", data_parallel_size=engines, api_key=None, max_model_len=None)
     manager = APIServerProcessManager("http://127.0.0.1", http, args, 1, [listeners[0]], [listeners[1]])
+    port = http.getsockname()[1]
     http.close()
-    return manager
+    return manager, engine_manager, port
+
+
+def post_completion(port: int, timeout_s: float = 30) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", data=b'{"prompt": "hey", "max_tokens": 3}',
+        headers={"content-type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 class CapturedOutput:
@@ -121,7 +144,7 @@ class CapturedOutput:
 
 def test_registration_timeout_names_the_missing_engines(capfd, monkeypatch):
     monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "1")
-    manager = start_api_server(engines=2)
+    manager, _, _ = start_api_server(engines=2)
     try:
         manager.processes[0].join(60)
         assert manager.processes[0].exitcode == 1
@@ -132,7 +155,7 @@ def test_registration_timeout_names_the_missing_engines(capfd, monkeypatch):
 
 def test_a_signal_while_waiting_for_engines_exits_0(capfd):
     output = CapturedOutput(capfd)
-    manager = start_api_server(engines=1)
+    manager, _, _ = start_api_server(engines=1)
     try:
         output.wait_for("waiting for engines")
         os.kill(manager.processes[0].pid, signal.SIGTERM)
@@ -141,3 +164,20 @@ def test_a_signal_while_waiting_for_engines_exits_0(capfd):
         output.wait_for("stopped before every engine registered")
     finally:
         manager.shutdown(timeout=5)
+
+
+def test_an_engine_gone_without_a_word_fails_requests_instead_of_hanging(capfd):
+    output = CapturedOutput(capfd)
+    manager, engines, port = start_api_server(engines=1, with_engines=True)
+    try:
+        output.wait_for("serving the OpenAI API")
+        status, body = post_completion(port)
+        assert status == 200 and body["choices"][0]["text"] == "hey", body
+        engines.processes[0].kill()  # no ENGINE_CORE_DEAD: nobody tells the server
+        engines.processes[0].join(10)
+        time.sleep(0.5)  # the TCP connection's end reaches libzmq
+        status, body = post_completion(port, timeout_s=10)
+        assert status == 500 and "cannot send to engine 0" in body["error"]["message"], body
+    finally:
+        manager.shutdown(timeout=5)
+        engines.shutdown(timeout=5)

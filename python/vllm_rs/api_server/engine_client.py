@@ -128,6 +128,9 @@ class EngineClient:
         self.ctx = zmq.asyncio.Context()
         self.router = make_zmq_socket(self.ctx, input_listener.address, zmq.ROUTER, linger=0, listener=input_listener)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # Sends go through a blocking view of the same socket, so that a failed
+        # send raises here instead of landing in a Future nobody awaits.
+        self._router_sender = zmq.Socket.shadow(self.router.underlying)
         self.pull = make_zmq_socket(self.ctx, output_listener.address, zmq.PULL, linger=0, listener=output_listener)
         self.start = start
         self.count = count
@@ -262,7 +265,7 @@ class EngineClient:
 
     def _send(self, engine: int, kind: bytes, payload: bytes) -> bool:
         try:
-            self.router.send_multipart([engine_identity(engine), kind, payload], flags=zmq.NOBLOCK)
+            self._router_sender.send_multipart([engine_identity(engine), kind, payload], flags=zmq.NOBLOCK)
             return True
         except zmq.ZMQError as e:
             logger.warning("cannot send to engine %d: %s", engine, e)
