@@ -25,14 +25,14 @@ class Histogram:
         self.sum = 0.0
         self.count = 0
 
-    def observe(self, seconds: float) -> None:
-        """Adds one observation."""
+    def observe(self, seconds: float, times: int = 1) -> None:
+        """Adds `times` observations of `seconds`."""
         for i, bound in enumerate(self.bounds):
             if seconds <= bound:
-                self.counts[i] += 1
+                self.counts[i] += times
                 break
-        self.sum += seconds
-        self.count += 1
+        self.sum += seconds * times
+        self.count += times
 
     def render(self, out: list[str], name: str, help_text: str, labels: str) -> None:
         """Appends the exposition lines."""
@@ -70,8 +70,7 @@ class Metrics:
         if first is not None:
             self.time_to_first_token.observe(first)
         if gap is not None and tokens > 0:
-            for _ in range(tokens):
-                self.inter_token_latency.observe(gap / tokens)
+            self.inter_token_latency.observe(gap / tokens, tokens)
 
     def record_finished(self, reason: FinishReason, elapsed: float) -> None:
         """A request finished for `reason` after `elapsed` s."""
