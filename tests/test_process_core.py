@@ -254,3 +254,12 @@ def test_spawn_executables_starts_many_and_cleans_up_on_failure(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing-program"):
         spawn_executables([["sleep", "100"], [str(tmp_path / "missing-program")], ["sleep", "100"]], names=["a", "b", "c"])
     assert set(descendants(guardian)) == before  # the two sleepers were killed
+
+
+def test_arguments_exec_cannot_carry_are_value_errors():
+    with pytest.raises(ValueError, match=r"argv\[1\] contains a NUL byte"):
+        spawn_executable(["echo", "a\0b"], name="x")
+    with pytest.raises(ValueError, match='illegal environment variable name "A=B"'):
+        spawn_executable(["true"], name="x", env={"A=B": "1"})
+    with pytest.raises(ValueError, match='"K" contains a NUL byte'):
+        spawn_executable(["true"], name="x", env={"K": "v\0"})

@@ -11,6 +11,10 @@ pub enum SpawnError {
     /// argv was empty.
     #[error("cannot spawn: argv is empty")]
     EmptyArgv,
+    /// An argument, environment entry or path holds a NUL byte (or an
+    /// environment name holds `=`), which exec cannot carry.
+    #[error("cannot spawn: {0}")]
+    InvalidArgument(String),
     /// A fd to inherit is not open in this process.
     #[error("cannot pass fd {0} to the child: it is not an open file descriptor")]
     BadFd(i32),

@@ -70,7 +70,7 @@ mod linux {
 
     fn spawn_error(err: SpawnError, program: &str) -> PyErr {
         match &err {
-            SpawnError::EmptyArgv => PyValueError::new_err(err.to_string()),
+            SpawnError::EmptyArgv | SpawnError::InvalidArgument(_) => PyValueError::new_err(err.to_string()),
             SpawnError::BadFd(_) => os_error(libc::EBADF, err.to_string(), None),
             SpawnError::BadCwd(cwd) => os_error(libc::ENOTDIR, err.to_string(), Some(cwd.to_string_lossy().into_owned())),
             SpawnError::Failed { errno, stage: FailStage::Exec, .. } => {

@@ -255,8 +255,30 @@ struct Prepared {
     targets: Vec<RawFd>,
 }
 
+/// Rejects what exec cannot carry: NUL bytes anywhere, `=` in an env name.
+fn check_exec_strings(spec: &SpawnSpec) -> Result<(), SpawnError> {
+    use std::os::unix::ffi::OsStrExt;
+    let nul = |s: &OsString| s.as_bytes().contains(&0);
+    if let Some(i) = spec.argv.iter().position(nul) {
+        return Err(SpawnError::InvalidArgument(format!("argv[{i}] contains a NUL byte")));
+    }
+    for (key, value) in spec.env.iter().flatten() {
+        if nul(key) || nul(value) {
+            return Err(SpawnError::InvalidArgument(format!("environment variable {key:?} contains a NUL byte")));
+        }
+        if key.is_empty() || key.as_bytes().contains(&b'=') {
+            return Err(SpawnError::InvalidArgument(format!("illegal environment variable name {key:?}")));
+        }
+    }
+    if spec.cwd.as_ref().is_some_and(nul) {
+        return Err(SpawnError::InvalidArgument("the working directory contains a NUL byte".into()));
+    }
+    Ok(())
+}
+
 fn prepare(spec: &SpawnSpec) -> Result<Prepared, SpawnError> {
     use std::os::unix::ffi::OsStrExt;
+    check_exec_strings(spec)?;
     let program = resolve_program(spec)?;
     for &fd in &spec.pass_fds {
         if !sys::fd_is_open(fd) {
