@@ -145,14 +145,14 @@ def run_api_server_worker_proc(listen_address: str, sock: Any, args: Any, client
     `(APIServer_{index} pid=PID)` and serves the OpenAI API on `sock`."""
     client_config = client_config or {}
     index = client_config.get("client_index", 0)
-    _set_process_title("APIServer", str(index))
-    _decorate_logs(f"APIServer_{index}")
+    set_process_title("APIServer", str(index))
+    decorate_logs(f"APIServer_{index}")
     from vllm_rs.api_server import run_server_worker
 
     run_server_worker(listen_address, sock, args, client_config, **uvicorn_kwargs)
 
 
-def _set_process_title(name: str, suffix: str) -> None:
+def set_process_title(name: str, suffix: str) -> None:
     """Sets the title `{VLLM_PROCESS_NAME_PREFIX or 'VLLM'}::{name}_{suffix}`
     (via /proc/self/comm, which holds 15 bytes; best effort)."""
     prefix = os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM")
@@ -171,7 +171,7 @@ def _set_process_title(name: str, suffix: str) -> None:
         pass
 
 
-def _decorate_logs(process_name: str) -> None:
+def decorate_logs(process_name: str) -> None:
     """Prefixes every log line of this process with `(process_name pid=PID)`."""
     import logging
 
