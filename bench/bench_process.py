@@ -161,6 +161,18 @@ def spawn_throughput(start_all, n: int) -> float:
     return n / elapsed
 
 
+def children_cpu_per_true(n: int) -> float:
+    """CPU seconds one /bin/true costs (its exec, run and exit), measured on
+    direct children: the floor under any spawner's per-child cost."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for proc in _popen(n):
+        proc.wait()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / n
+
+
 def report_running(conn) -> None:
     """A Python target that says it is running."""
     conn.send_bytes(b".")
@@ -225,6 +237,11 @@ def main() -> None:
     batch_tp = spawn_throughput(_ours_pipelined, spawns)
     print(f"one call each: ours={ours_tp:.0f}/s subprocess.Popen={base_tp:.0f}/s  ratio ours/Popen={ours_tp / base_tp:.2f}")
     print(f"spawn_executables (pipelined): ours={batch_tp:.0f}/s  ratio ours/Popen={batch_tp / base_tp:.2f}")
+    child_cpu = children_cpu_per_true(200)
+    print(
+        f"ceiling: each /bin/true costs {child_cpu * 1e6:.0f} us of CPU (exec + run + exit); "
+        f"{os.cpu_count()} cores run at most {os.cpu_count() / child_cpu:.0f}/s whoever spawns them"
+    )
 
     print("== start-to-running of 8 Python targets ==")
     mp_s = statistics.median(start_multiprocessing(8) for _ in range(rounds))
