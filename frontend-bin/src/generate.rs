@@ -60,6 +60,8 @@ pub struct Generation {
     started: Instant,
     last_tokens_at: Option<Instant>,
     finished: bool,
+    /// Token ids of the delta being built (reused).
+    token_ids: Vec<u32>,
 }
 
 impl Generation {
@@ -83,6 +85,7 @@ impl Generation {
             started,
             last_tokens_at: None,
             finished: false,
+            token_ids: Vec::new(),
         }
     }
 
@@ -107,14 +110,15 @@ impl Generation {
             let Some(first) = self.stream.recv().await else {
                 return Some(self.fail(GenerationError::Unavailable("the engine client stopped".into())));
             };
-            let mut token_ids = Vec::new();
+            let mut token_ids = std::mem::take(&mut self.token_ids);
+            token_ids.clear();
             let mut finish = None;
             let mut event = Some(first);
             while let Some(current) = event.take() {
                 match current {
                     RequestEvent::Failed(reason) => return Some(self.fail(GenerationError::Unavailable(reason))),
                     RequestEvent::Output { token_ids: ids, finish_reason, stop_reason } => {
-                        token_ids.extend(ids);
+                        token_ids.extend_from_slice(ids.as_slice());
                         if let Some(reason) = finish_reason {
                             finish = Some(Finish { reason, stop_reason });
                         } else {
@@ -128,6 +132,7 @@ impl Generation {
                 return Some(self.fail(GenerationError::Engine));
             }
             let mut text = self.decoder.push(&token_ids);
+            self.token_ids = token_ids;
             if finish.is_some() {
                 text.push_str(&self.decoder.flush());
             }

@@ -37,12 +37,17 @@ impl Histogram {
     }
 
     fn observe(&self, seconds: f64) {
+        self.observe_many(seconds, 1);
+    }
+
+    /// Records `times` observations of the same value.
+    fn observe_many(&self, seconds: f64, times: u64) {
         let mut state = self.state.lock().unwrap();
         if let Some(i) = self.bounds.iter().position(|&b| seconds <= b) {
-            state.counts[i] += 1;
+            state.counts[i] += times;
         }
-        state.sum += seconds;
-        state.count += 1;
+        state.sum += seconds * times as f64;
+        state.count += times;
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
@@ -98,10 +103,7 @@ impl Metrics {
             self.time_to_first_token.observe(ttft.as_secs_f64());
         }
         if let (Some(gap), true) = (gap, tokens > 0) {
-            let per_token = gap.as_secs_f64() / tokens as f64;
-            for _ in 0..tokens {
-                self.inter_token_latency.observe(per_token);
-            }
+            self.inter_token_latency.observe_many(gap.as_secs_f64() / tokens as f64, tokens as u64);
         }
     }
 

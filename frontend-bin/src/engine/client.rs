@@ -1,9 +1,11 @@
 //! The engine client: submits requests to engines, routes their outputs back to
 //! the waiting HTTP handlers, aborts, utility calls, and engine failure.
 //!
-//! ZeroMQ sockets are not thread-safe, so each lives on its own thread: the
-//! input thread owns the ROUTER and sends what the async side queues; the
-//! output thread owns the PULL, decodes and dispatches to per-request channels.
+//! ZeroMQ sockets are not thread-safe: the ROUTER (input) sits behind a mutex
+//! and is written directly by whoever submits or aborts (a send only queues
+//! the message for libzmq's I/O thread, so the lock is held for microseconds
+//! and no thread hop is added); the PULL (output) is owned by the output
+//! thread, which decodes and dispatches to per-request channels.
 
 use super::balancer::Balancer;
 use super::codec::{decode_outputs, encode_abort, encode_add, encode_utility, DecodeError};
@@ -11,9 +13,10 @@ use super::protocol::{
     engine_identity, EngineOutput, EngineRequest, FinishReason, OutputsMessage, StopReason, UtilityReply,
     REQUEST_ABORT, REQUEST_ADD, REQUEST_UTILITY,
 };
+use super::token_ids::TokenIds;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{mpsc as std_mpsc, Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -27,7 +30,7 @@ pub enum RequestEvent {
     /// New tokens; the last one carries the finish reason.
     Output {
         /// Tokens generated since the previous event.
-        token_ids: Vec<u32>,
+        token_ids: TokenIds,
         /// Set when the request is finished.
         finish_reason: Option<FinishReason>,
         /// What stopped it, when known.
@@ -55,13 +58,13 @@ pub enum SubmitError {
     },
 }
 
-/// One message for the input thread.
-struct InputCommand {
+/// One message for an engine's input socket.
+struct InputCommand<'a> {
     engine: u32,
     kind: u8,
     payload: Vec<u8>,
     /// The request to fail if the send fails.
-    request_id: Option<String>,
+    request_id: Option<&'a str>,
 }
 
 struct RequestSlot {
@@ -78,7 +81,7 @@ struct Shared {
     requests: Mutex<HashMap<String, RequestSlot>>,
     utility_calls: Mutex<HashMap<i64, oneshot::Sender<UtilityResult>>>,
     next_call_id: AtomicI64,
-    input: Mutex<std_mpsc::Sender<InputCommand>>,
+    router: Mutex<zmq::Socket>,
     failure: OnceLock<String>,
     stopping: AtomicBool,
 }
@@ -90,9 +93,8 @@ pub struct EngineClient {
 }
 
 impl EngineClient {
-    /// Starts the input and output threads over the (registered) sockets.
+    /// Starts the output thread over the (registered) sockets.
     pub fn start(router: zmq::Socket, pull: zmq::Socket, start_index: u32, engine_count: u32, client_index: u32) -> Self {
-        let (input_tx, input_rx) = std_mpsc::channel();
         let shared = Arc::new(Shared {
             start_index,
             client_index,
@@ -100,15 +102,10 @@ impl EngineClient {
             requests: Mutex::new(HashMap::new()),
             utility_calls: Mutex::new(HashMap::new()),
             next_call_id: AtomicI64::new(1),
-            input: Mutex::new(input_tx),
+            router: Mutex::new(router),
             failure: OnceLock::new(),
             stopping: AtomicBool::new(false),
         });
-        let for_input = shared.clone();
-        thread::Builder::new()
-            .name("engine-input".into())
-            .spawn(move || run_input_thread(router, input_rx, for_input))
-            .expect("spawning the engine input thread");
         let for_output = shared.clone();
         thread::Builder::new()
             .name("engine-output".into())
@@ -149,7 +146,7 @@ impl EngineClient {
         shared.balancer.engine(slot).started();
         let engine = shared.start_index + slot as u32;
         let payload = encode_add(&request);
-        shared.send(InputCommand { engine, kind: REQUEST_ADD, payload, request_id: Some(request_id.clone()) });
+        shared.send(InputCommand { engine, kind: REQUEST_ADD, payload, request_id: Some(&request_id) });
         Ok(RequestStream { request_id, engine, events: rx, shared: shared.clone(), done: false })
     }
 
@@ -212,10 +209,21 @@ impl EngineClient {
 }
 
 impl Shared {
-    fn send(&self, command: InputCommand) {
-        if let Err(std_mpsc::SendError(command)) = self.input.lock().unwrap().send(command) {
+    /// Sends `[identity, type, payload]` on the ROUTER; a failed send fails its request.
+    fn send(&self, command: InputCommand<'_>) {
+        let identity = engine_identity(command.engine);
+        let sent = {
+            let router = self.router.lock().unwrap();
+            router
+                .send(&identity[..], zmq::SNDMORE | zmq::DONTWAIT)
+                .and_then(|()| router.send(&[command.kind][..], zmq::SNDMORE | zmq::DONTWAIT))
+                .and_then(|()| router.send(command.payload, zmq::DONTWAIT))
+        };
+        if let Err(e) = sent {
+            let reason = format!("cannot send to engine {}: {e}", command.engine);
+            tracing::warn!("{reason}");
             if let Some(id) = command.request_id {
-                self.fail_request(&id, "the engine input thread has stopped".into());
+                self.fail_request(id, reason);
             }
         }
     }
@@ -258,7 +266,7 @@ impl Shared {
         }
     }
 
-    fn dispatch(&self, message: OutputsMessage) {
+    fn dispatch(&self, message: OutputsMessage<'_>) {
         match message {
             OutputsMessage::Batch { engine_index, outputs, stats, finished_requests } => {
                 if let Some(stats) = stats {
@@ -281,11 +289,11 @@ impl Shared {
         }
     }
 
-    fn dispatch_outputs(&self, outputs: Vec<EngineOutput>, finished_requests: Vec<String>) {
+    fn dispatch_outputs(&self, outputs: Vec<EngineOutput<'_>>, finished_requests: Vec<&str>) {
         let mut requests = self.requests.lock().unwrap();
         for output in outputs {
             let finished = output.finish_reason.is_some();
-            let Some(entry) = requests.get(&output.request_id) else {
+            let Some(entry) = requests.get(output.request_id) else {
                 tracing::debug!(request_id = %output.request_id, "dropping output of a request no longer in flight");
                 continue;
             };
@@ -295,17 +303,17 @@ impl Shared {
                 stop_reason: output.stop_reason,
             });
             if finished {
-                if let Some(entry) = requests.remove(&output.request_id) {
+                if let Some(entry) = requests.remove(output.request_id) {
                     self.balancer.engine(entry.slot).finished();
                 }
             }
         }
         // Finished in the engine without a final output: end them as aborted.
         for request_id in finished_requests {
-            if let Some(entry) = requests.remove(&request_id) {
+            if let Some(entry) = requests.remove(request_id) {
                 self.balancer.engine(entry.slot).finished();
                 let _ = entry.events.send(RequestEvent::Output {
-                    token_ids: Vec::new(),
+                    token_ids: TokenIds::default(),
                     finish_reason: Some(FinishReason::Abort),
                     stop_reason: None,
                 });
@@ -325,41 +333,35 @@ impl Shared {
     }
 }
 
-fn run_input_thread(router: zmq::Socket, commands: std_mpsc::Receiver<InputCommand>, shared: Arc<Shared>) {
-    while let Ok(command) = commands.recv() {
-        let identity = engine_identity(command.engine);
-        let sent = router
-            .send(&identity[..], zmq::SNDMORE)
-            .and_then(|()| router.send(&[command.kind][..], zmq::SNDMORE))
-            .and_then(|()| router.send(command.payload, 0));
-        if let Err(e) = sent {
-            let reason = format!("cannot send to engine {}: {e}", command.engine);
-            tracing::warn!("{reason}");
-            if let Some(id) = command.request_id {
-                shared.fail_request(&id, reason);
-            }
-        }
-    }
-}
-
 fn run_output_thread(pull: zmq::Socket, shared: Arc<Shared>) {
     if let Err(e) = pull.set_rcvtimeo(OUTPUT_POLL_INTERVAL_MS) {
         shared.fail_all(format!("cannot configure the output socket: {e}"));
         return;
     }
+    // Reused for every message: the hot path allocates no frame buffers.
+    let mut frame = zmq::Message::new();
+    let mut aux = zmq::Message::new();
     loop {
         if shared.stopping.load(Ordering::Relaxed) && shared.requests.lock().unwrap().is_empty() {
             return;
         }
-        let frames = match pull.recv_multipart(0) {
-            Ok(frames) => frames,
+        match pull.recv(&mut frame, 0) {
+            Ok(()) => {}
             Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => continue,
             Err(e) => {
                 shared.fail_all(format!("receiving engine outputs failed: {e}"));
                 return;
             }
-        };
-        match decode_outputs(&frames) {
+        }
+        // Aux frames (tensors) carry nothing the frontend uses.
+        let mut more = frame.get_more();
+        while more {
+            if pull.recv(&mut aux, 0).is_err() {
+                break;
+            }
+            more = aux.get_more();
+        }
+        match decode_outputs(&frame) {
             Ok(message) => shared.dispatch(message),
             Err(DecodeError::Malformed(why)) => tracing::warn!("skipping a malformed engine message: {why}"),
             Err(e @ DecodeError::Protocol(_)) => shared.fail_all(format!("engine {e}; requests in flight were failed")),

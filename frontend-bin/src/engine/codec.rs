@@ -1,10 +1,12 @@
 //! MessagePack encoding of frontend-to-engine payloads and lenient decoding of
 //! engine-to-frontend messages (short arrays take their trailing defaults).
 
+use super::msgpack::{Cursor, ReadError};
 use super::protocol::{
     EngineOutput, EngineRequest, FinishReason, OutputsMessage, Registration, SamplingParams,
     SchedulerStats, StopReason, UtilityReply, ENGINE_CORE_DEAD,
 };
+use super::token_ids::TokenIds;
 use rmp::encode;
 use rmpv::Value;
 
@@ -159,51 +161,84 @@ fn read_value(bytes: &[u8]) -> Result<Value, DecodeError> {
     Ok(value)
 }
 
-/// Slot `i` of a short-able array; `None` when missing or nil.
-fn slot(items: &[Value], i: usize) -> Option<&Value> {
-    items.get(i).filter(|v| !v.is_nil())
+/// Attaches what was being read to a reader error.
+fn at(what: &'static str) -> impl Fn(ReadError) -> DecodeError {
+    move |e| malformed(format!("{what}: {}", e.0))
 }
 
-fn as_int(v: &Value, what: &str) -> Result<i64, DecodeError> {
-    v.as_i64().ok_or_else(|| malformed(format!("{what}: expected an integer, got {v}")))
+/// Reads a short-able array: slots past its end, and nil slots, are `None`.
+struct Slots<'c, 'a> {
+    cursor: &'c mut Cursor<'a>,
+    len: usize,
+    next: usize,
 }
 
-fn as_str<'a>(v: &'a Value, what: &str) -> Result<&'a str, DecodeError> {
-    v.as_str().ok_or_else(|| malformed(format!("{what}: expected a string, got {v}")))
-}
+impl<'c, 'a> Slots<'c, 'a> {
+    fn new(cursor: &'c mut Cursor<'a>, what: &'static str) -> Result<Self, DecodeError> {
+        let len = cursor.read_array_len().map_err(at(what))?;
+        Ok(Slots { cursor, len, next: 0 })
+    }
 
-fn as_array<'a>(v: &'a Value, what: &str) -> Result<&'a [Value], DecodeError> {
-    v.as_array().map(Vec::as_slice).ok_or_else(|| malformed(format!("{what}: expected an array, got {v}")))
+    /// The cursor at the next slot if it is present and not nil (the caller reads it).
+    fn present(&mut self) -> Result<Option<&mut Cursor<'a>>, DecodeError> {
+        if self.next >= self.len {
+            return Ok(None);
+        }
+        self.next += 1;
+        if self.cursor.read_nil().map_err(at("slot"))? {
+            return Ok(None);
+        }
+        Ok(Some(&mut *self.cursor))
+    }
+
+    /// Skips the slots not read.
+    fn finish(self) -> Result<(), DecodeError> {
+        for _ in self.next..self.len {
+            self.cursor.skip().map_err(at("trailing slot"))?;
+        }
+        Ok(())
+    }
 }
 
 /// Decodes one message from the output socket: its frames are
 /// `[EngineCoreOutputs, aux frames...]` or the single frame `ENGINE_CORE_DEAD`.
-pub fn decode_outputs(frames: &[impl AsRef<[u8]>]) -> Result<OutputsMessage, DecodeError> {
-    let first = frames.first().ok_or_else(|| malformed("no frames"))?.as_ref();
-    if first == ENGINE_CORE_DEAD {
+/// Strings in the result borrow from `frame` (the first frame).
+pub fn decode_outputs(frame: &[u8]) -> Result<OutputsMessage<'_>, DecodeError> {
+    if frame == ENGINE_CORE_DEAD {
         return Ok(OutputsMessage::EngineDead);
     }
-    let value = read_value(first)?;
-    let items = as_array(&value, "EngineCoreOutputs")?;
-    let engine_index = match slot(items, 0) {
-        Some(v) => u32::try_from(as_int(v, "engine_index")?).map_err(|_| malformed("engine_index out of range"))?,
+    let mut cursor = Cursor::new(frame);
+    let mut slots = Slots::new(&mut cursor, "EngineCoreOutputs")?;
+    let engine_index = match slots.present()? {
+        Some(c) => c.read_u32().map_err(at("engine_index"))?,
         None => 0,
     };
-    let outputs = match slot(items, 1) {
-        Some(v) => as_array(v, "outputs")?.iter().map(decode_output).collect::<Result<Vec<_>, _>>()?,
-        None => Vec::new(),
-    };
-    let stats = slot(items, 2).map(decode_stats).transpose()?;
-    let utility = slot(items, 4).map(decode_utility).transpose()?;
-    let finished_requests = match slot(items, 5) {
-        Some(v) => as_array(v, "finished_requests")?
-            .iter()
-            .map(|id| as_str(id, "finished_requests").map(str::to_owned))
-            .collect::<Result<Vec<_>, _>>()?,
-        None => Vec::new(),
-    };
-    let wave_complete = slot(items, 6).map(|v| as_int(v, "wave_complete")).transpose()?;
-    let start_wave = slot(items, 7).map(|v| as_int(v, "start_wave")).transpose()?;
+    let mut outputs = Vec::new();
+    if let Some(c) = slots.present()? {
+        let count = c.read_array_len().map_err(at("outputs"))?;
+        outputs.reserve(count.min(4096));
+        for _ in 0..count {
+            outputs.push(decode_output(c)?);
+        }
+    }
+    let stats = slots.present()?.map(decode_stats).transpose()?;
+    if let Some(c) = slots.present()? {
+        c.skip().map_err(at("timestamp"))?;
+    }
+    let utility = slots.present()?.map(decode_utility).transpose()?;
+    let mut finished_requests = Vec::new();
+    if let Some(c) = slots.present()? {
+        let count = c.read_array_len().map_err(at("finished_requests"))?;
+        for _ in 0..count {
+            finished_requests.push(c.read_str().map_err(at("finished_requests"))?);
+        }
+    }
+    let wave_complete = slots.present()?.map(|c| c.read_i64().map_err(at("wave_complete"))).transpose()?;
+    let start_wave = slots.present()?.map(|c| c.read_i64().map_err(at("start_wave"))).transpose()?;
+    slots.finish()?;
+    if cursor.remaining() > 0 {
+        return Err(malformed(format!("{} trailing bytes", cursor.remaining())));
+    }
 
     let is_batch = !outputs.is_empty() || stats.is_some() || !finished_requests.is_empty();
     let is_wave = wave_complete.is_some() || start_wave.is_some();
@@ -218,55 +253,89 @@ pub fn decode_outputs(frames: &[impl AsRef<[u8]>]) -> Result<OutputsMessage, Dec
     }
 }
 
-fn decode_output(value: &Value) -> Result<EngineOutput, DecodeError> {
-    let items = as_array(value, "EngineCoreOutput")?;
-    if items.len() < 2 {
-        return Err(malformed(format!("EngineCoreOutput has {} slots, needs at least 2", items.len())));
+/// Slot of `finish_reason` in an EngineCoreOutput.
+const FINISH_REASON_SLOT: usize = 5;
+
+fn decode_output<'a>(cursor: &mut Cursor<'a>) -> Result<EngineOutput<'a>, DecodeError> {
+    let mut slots = Slots::new(cursor, "EngineCoreOutput")?;
+    if slots.len < 2 {
+        return Err(malformed(format!("EngineCoreOutput has {} slots, needs at least 2", slots.len)));
     }
-    let request_id = as_str(&items[0], "request_id")?.to_owned();
-    let new_token_ids = match slot(items, 1) {
-        Some(v) => as_array(v, "new_token_ids")?
-            .iter()
-            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| malformed(format!("bad token id {t}"))))
-            .collect::<Result<Vec<_>, _>>()?,
-        None => Vec::new(),
+    let request_id = match slots.present()? {
+        Some(c) => c.read_str().map_err(at("request_id"))?,
+        None => return Err(malformed("request_id is nil")),
     };
-    let finish_reason = match slot(items, 5) {
-        Some(v) => {
-            let code = as_int(v, "finish_reason")?;
+    let mut new_token_ids = TokenIds::default();
+    if let Some(c) = slots.present()? {
+        let count = c.read_array_len().map_err(at("new_token_ids"))?;
+        new_token_ids = TokenIds::with_capacity(count.min(65536));
+        for _ in 0..count {
+            new_token_ids.push(c.read_u32().map_err(at("new_token_ids"))?);
+        }
+    }
+    while slots.next < FINISH_REASON_SLOT.min(slots.len) {
+        if let Some(c) = slots.present()? {
+            c.skip().map_err(at("EngineCoreOutput"))?;
+        }
+    }
+    let finish_reason = match slots.present()? {
+        Some(c) => {
+            let code = c.read_i64().map_err(at("finish_reason"))?;
             Some(FinishReason::from_code(code).ok_or_else(|| malformed(format!("unknown finish_reason {code}")))?)
         }
         None => None,
     };
-    let stop_reason = match slot(items, 6) {
+    let stop_reason = match slots.present()? {
         None => None,
-        Some(Value::String(s)) => Some(StopReason::Text(s.as_str().unwrap_or_default().to_owned())),
-        Some(v) => Some(StopReason::Token(as_int(v, "stop_reason")?)),
+        Some(c) if c.next_is_str() => Some(StopReason::Text(c.read_str().map_err(at("stop_reason"))?.to_owned())),
+        Some(c) => Some(StopReason::Token(c.read_i64().map_err(at("stop_reason"))?)),
     };
+    slots.finish()?;
     Ok(EngineOutput { request_id, new_token_ids, finish_reason, stop_reason })
 }
 
-fn decode_stats(value: &Value) -> Result<SchedulerStats, DecodeError> {
-    let map = value.as_map().ok_or_else(|| malformed(format!("scheduler_stats: expected a map, got {value}")))?;
+fn decode_stats(cursor: &mut Cursor<'_>) -> Result<SchedulerStats, DecodeError> {
+    let entries = cursor.read_map_len().map_err(at("scheduler_stats"))?;
     let mut stats = SchedulerStats::default();
-    for (k, v) in map {
-        match k.as_str() {
-            Some("num_running_reqs") => stats.num_running_reqs = v.as_u64().unwrap_or(0),
-            Some("num_waiting_reqs") => stats.num_waiting_reqs = v.as_u64().unwrap_or(0),
-            _ => {}
+    for _ in 0..entries {
+        let key = if cursor.next_is_str() {
+            Some(cursor.read_str().map_err(at("scheduler_stats"))?)
+        } else {
+            cursor.skip().map_err(at("scheduler_stats"))?;
+            None
+        };
+        match key {
+            Some("num_running_reqs") => stats.num_running_reqs = cursor.read_u64().map_err(at("num_running_reqs"))?,
+            Some("num_waiting_reqs") => stats.num_waiting_reqs = cursor.read_u64().map_err(at("num_waiting_reqs"))?,
+            _ => cursor.skip().map_err(at("scheduler_stats"))?,
         }
     }
     Ok(stats)
 }
 
-fn decode_utility(value: &Value) -> Result<UtilityReply, DecodeError> {
-    let items = as_array(value, "UtilityOutput")?;
-    let call_id = as_int(slot(items, 0).ok_or_else(|| malformed("UtilityOutput without call_id"))?, "call_id")?;
-    let failure_message = slot(items, 1).map(|v| as_str(v, "failure_message").map(str::to_owned)).transpose()?;
-    let result = match slot(items, 2) {
-        Some(v) => as_array(v, "UtilityResult")?.get(1).cloned(),
+fn decode_utility(cursor: &mut Cursor<'_>) -> Result<UtilityReply, DecodeError> {
+    let mut slots = Slots::new(cursor, "UtilityOutput")?;
+    let call_id = match slots.present()? {
+        Some(c) => c.read_i64().map_err(at("call_id"))?,
+        None => return Err(malformed("UtilityOutput without call_id")),
+    };
+    let failure_message = match slots.present()? {
+        Some(c) => Some(c.read_str().map_err(at("failure_message"))?.to_owned()),
         None => None,
     };
+    let result = match slots.present()? {
+        Some(c) => {
+            // [type_info | nil, result]: the result is decoded as a generic value.
+            let raw = c.read_raw().map_err(at("UtilityResult"))?;
+            match read_value(raw)? {
+                Value::Array(mut items) if items.len() >= 2 => Some(items.swap_remove(1)),
+                Value::Array(_) => None,
+                other => return Err(malformed(format!("UtilityResult: expected an array, got {other}"))),
+            }
+        }
+        None => None,
+    };
+    slots.finish()?;
     Ok(UtilityReply { call_id, failure_message, result })
 }
 
@@ -380,10 +449,10 @@ mod tests {
     fn short_outputs_take_defaults() {
         // [0, [["r1", [65, 66]]]]
         let bytes = cat(&[&[0x92, 0x00, 0x91, 0x92], &fixstr("r1"), &[0x92, 0x41, 0x42]]);
-        let msg = decode_outputs(&[bytes]).unwrap();
+        let msg = decode_outputs(&bytes).unwrap();
         let expected = OutputsMessage::Batch {
             engine_index: 0,
-            outputs: vec![EngineOutput { request_id: "r1".into(), new_token_ids: vec![65, 66], finish_reason: None, stop_reason: None }],
+            outputs: vec![EngineOutput { request_id: "r1", new_token_ids: vec![65, 66].into(), finish_reason: None, stop_reason: None }],
             stats: None,
             finished_requests: vec![],
         };
@@ -406,20 +475,20 @@ mod tests {
             &[0xc0, 0x91],
             &fixstr("r"),
         ]);
-        let OutputsMessage::Batch { engine_index, outputs, stats, finished_requests } = decode_outputs(&[bytes]).unwrap() else {
+        let OutputsMessage::Batch { engine_index, outputs, stats, finished_requests } = decode_outputs(&bytes).unwrap() else {
             panic!("expected a batch")
         };
         assert_eq!(engine_index, 1);
         assert_eq!(outputs[0].finish_reason, Some(FinishReason::Stop));
         assert_eq!(outputs[0].stop_reason, Some(StopReason::Token(9)));
         assert_eq!(stats, Some(SchedulerStats { num_running_reqs: 2, num_waiting_reqs: 3 }));
-        assert_eq!(finished_requests, vec!["r".to_string()]);
+        assert_eq!(finished_requests, vec!["r"]);
     }
 
     #[test]
     fn stop_string_reason_and_length_finish() {
         let bytes = cat(&[&[0x92, 0x00, 0x91, 0x97], &fixstr("r"), &[0x90, 0xc0, 0xc0, 0xc0, 0x01], &fixstr("END")]);
-        let OutputsMessage::Batch { outputs, .. } = decode_outputs(&[bytes]).unwrap() else { panic!() };
+        let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes).unwrap() else { panic!() };
         assert_eq!(outputs[0].finish_reason, Some(FinishReason::Length));
         assert_eq!(outputs[0].stop_reason, Some(StopReason::Text("END".into())));
     }
@@ -428,12 +497,12 @@ mod tests {
     fn utility_reply_is_decoded() {
         // [0, [], nil, 0.0, [5, nil, [nil, "ok"]]]
         let bytes = cat(&[&[0x95, 0x00, 0x90, 0xc0, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x93, 0x05, 0xc0, 0x92, 0xc0], &fixstr("ok")]);
-        let msg = decode_outputs(&[bytes]).unwrap();
+        let msg = decode_outputs(&bytes).unwrap();
         let reply = UtilityReply { call_id: 5, failure_message: None, result: Some(Value::from("ok")) };
         assert_eq!(msg, OutputsMessage::Utility { engine_index: 0, reply });
         // failure: [0, nil, nil, nil, [6, "boom"]]
         let bytes = cat(&[&[0x95, 0x00, 0xc0, 0xc0, 0xc0, 0x92, 0x06], &fixstr("boom")]);
-        let OutputsMessage::Utility { reply, .. } = decode_outputs(&[bytes]).unwrap() else { panic!() };
+        let OutputsMessage::Utility { reply, .. } = decode_outputs(&bytes).unwrap() else { panic!() };
         assert_eq!(reply.failure_message.as_deref(), Some("boom"));
     }
 
@@ -442,22 +511,22 @@ mod tests {
         // [0, [], nil, 0, nil, nil, 3]
         let bytes = vec![0x97, 0x00, 0x90, 0xc0, 0x00, 0xc0, 0xc0, 0x03];
         assert_eq!(
-            decode_outputs(&[bytes]).unwrap(),
+            decode_outputs(&bytes).unwrap(),
             OutputsMessage::Wave { engine_index: 0, wave_complete: Some(3), start_wave: None }
         );
     }
 
     #[test]
     fn engine_dead_frame() {
-        assert_eq!(decode_outputs(&[b"ENGINE_CORE_DEAD".to_vec()]).unwrap(), OutputsMessage::EngineDead);
+        assert_eq!(decode_outputs(b"ENGINE_CORE_DEAD").unwrap(), OutputsMessage::EngineDead);
     }
 
     #[test]
     fn empty_and_mixed_messages_are_protocol_errors() {
-        assert!(matches!(decode_outputs(&[vec![0x91, 0x00]]), Err(DecodeError::Protocol(_))));
+        assert!(matches!(decode_outputs(&[0x91, 0x00]), Err(DecodeError::Protocol(_))));
         // outputs plus a wave_complete
         let bytes = cat(&[&[0x97, 0x00, 0x91, 0x92], &fixstr("r"), &[0x90, 0xc0, 0xc0, 0xc0, 0xc0, 0x01]]);
-        assert!(matches!(decode_outputs(&[bytes]), Err(DecodeError::Protocol(_))));
+        assert!(matches!(decode_outputs(&bytes), Err(DecodeError::Protocol(_))));
     }
 
     #[test]
@@ -472,7 +541,7 @@ mod tests {
             cat(&[&[0x92, 0x00, 0x91, 0x96], &fixstr("r"), &[0x90, 0xc0, 0xc0, 0xc0, 0x09]]), // unknown finish
             vec![0x91, 0x00, 0x00],              // trailing byte
         ] {
-            assert!(matches!(decode_outputs(std::slice::from_ref(&bytes)), Err(DecodeError::Malformed(_))), "{bytes:x?}");
+            assert!(matches!(decode_outputs(&bytes), Err(DecodeError::Malformed(_))), "{bytes:x?}");
         }
     }
 

@@ -3,8 +3,10 @@
 pub mod balancer;
 pub mod client;
 pub mod codec;
+pub mod msgpack;
 pub mod protocol;
 pub mod registration;
 pub mod sockets;
+pub mod token_ids;
 
 pub use client::{EngineClient, RequestEvent, RequestStream, SubmitError};

@@ -1,5 +1,6 @@
 //! The messages of the engine-core protocol (docs: engine-protocol.md), as Rust types.
 
+use super::token_ids::TokenIds;
 use std::fmt;
 
 /// Type byte of an ADD request.
@@ -123,13 +124,13 @@ pub enum StopReason {
     Text(String),
 }
 
-/// One EngineCoreOutput: new tokens of one request.
+/// One EngineCoreOutput: new tokens of one request (the id borrowed from the frame).
 #[derive(Clone, Debug, PartialEq)]
-pub struct EngineOutput {
+pub struct EngineOutput<'a> {
     /// The engine-side request id.
-    pub request_id: String,
+    pub request_id: &'a str,
     /// Tokens generated since the previous output.
-    pub new_token_ids: Vec<u32>,
+    pub new_token_ids: TokenIds,
     /// Set on the last output of the request.
     pub finish_reason: Option<FinishReason>,
     /// What stopped it, when known.
@@ -156,19 +157,19 @@ pub struct UtilityReply {
     pub result: Option<rmpv::Value>,
 }
 
-/// One message received on the output socket.
+/// One message received on the output socket (strings borrowed from the frame).
 #[derive(Clone, Debug, PartialEq)]
-pub enum OutputsMessage {
+pub enum OutputsMessage<'a> {
     /// Request outputs, scheduler stats and/or finished request ids.
     Batch {
         /// The engine that sent it.
         engine_index: u32,
         /// Per-request outputs.
-        outputs: Vec<EngineOutput>,
+        outputs: Vec<EngineOutput<'a>>,
         /// Scheduler stats, when sent.
         stats: Option<SchedulerStats>,
         /// Ids of requests the engine finished.
-        finished_requests: Vec<String>,
+        finished_requests: Vec<&'a str>,
     },
     /// A utility reply.
     Utility {

@@ -1,0 +1,420 @@
+"""Rust frontend benchmark, against the same engine driven directly over ZeroMQ.
+
+A fake engine (pyzmq + msgpack) answers at once: every loop it takes all new
+requests and emits one token for each running request, in one message.
+
+  * /v1/completions with max_tokens=1 from 64 concurrent keep-alive clients:
+    requests/s and p50/p99 latency (and the same requests sent straight to
+    the engine, for reference);
+  * 64 streams of 256 tokens: streamed tokens/s through the frontend
+    (SSE, `stream_options.include_usage` for the count) and straight from the
+    engine (a client that plays the frontend's part on the sockets: ADD out,
+    outputs decoded in). Goal: the frontend delivers at least 90% of that.
+
+The HTTP client is a small asyncio HTTP/1.1 client (no third-party client in
+the measured path); it reads every byte of the streams in large blocks and
+parses only the final usage chunk, so that it measures the frontend rather
+than itself. Repeats each measurement and reports the best round.
+
+Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_frontend.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import msgpack  # noqa: E402
+import zmq  # noqa: E402
+
+from vllm_rs.network_utils import make_zmq_listener  # noqa: E402
+from vllm_rs.utils import CoreEngineProcManager, RustFrontendProcessManager  # noqa: E402
+
+PROMPT = "The quick brown fox jumps over the lazy dog. "
+STREAM_GOAL = 0.90
+
+
+# ---------------------------------------------------------------------------
+# The engine
+
+
+def instant_engine(vllm_config, on_head_node, input_address, executor_class, log_stats, dp_rank, local_dp_rank):
+    """Engine-process target: echoes prompt tokens, one per running request per loop."""
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, dp_rank.to_bytes(2, "little"))
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(input_address)
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 0)
+    push.connect(vllm_config["output_address"])
+    dealer.send(msgpack.packb({"max_model_len": 4096, "num_gpu_blocks": 1024, "dp_stats_address": None}))
+    active: dict[str, list] = {}  # id -> [prompt, max_tokens, generated]
+    unpackb, packb = msgpack.unpackb, msgpack.packb
+    while True:
+        if not active:
+            dealer.poll(1000)
+        while True:
+            try:
+                kind, payload = dealer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            message = unpackb(payload)
+            if kind == b"\x00":
+                active[message[0]] = [message[1], message[3].get("max_tokens", 16), 0]
+            elif kind == b"\x01":
+                for request_id in message:
+                    active.pop(request_id, None)
+        if not active:
+            continue
+        outputs = []
+        for request_id, state in list(active.items()):
+            prompt, max_tokens, generated = state
+            state[2] = generated = generated + 1
+            finished = generated >= max_tokens
+            outputs.append([request_id, [prompt[(generated - 1) % len(prompt)]], None, None, None, 1 if finished else None])
+            if finished:
+                del active[request_id]
+        stats = {"num_running_reqs": len(active), "num_waiting_reqs": 0}
+        push.send(packb([dp_rank, outputs, stats, time.time()]))
+
+
+@contextlib.contextmanager
+def engine_process(input_address: str, output_address: str):
+    manager = CoreEngineProcManager(
+        instant_engine, 1, 0, 0, {"output_address": output_address}, True, input_address, None, False
+    )
+    try:
+        yield manager
+    finally:
+        manager.shutdown()
+
+
+# ---------------------------------------------------------------------------
+# Straight to the engine
+
+
+class DirectClient:
+    """Plays the frontend's part on the sockets: ROUTER + PULL, ADD out, outputs in."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.SNDHWM, 0)
+        self.router.setsockopt(zmq.LINGER, 0)
+        port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.input_address = f"tcp://127.0.0.1:{port}"
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.RCVHWM, 0)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        port = self.pull.bind_to_random_port("tcp://127.0.0.1")
+        self.output_address = f"tcp://127.0.0.1:{port}"
+
+    def wait_registered(self) -> None:
+        if not self.router.poll(60_000):
+            raise RuntimeError("the engine did not register")
+        self.router.recv_multipart()
+
+    def add(self, prompt: list[int], max_tokens: int) -> str:
+        request_id = uuid.uuid4().hex
+        sampling = {"max_tokens": max_tokens, "ignore_eos": True, "stop_token_ids": [], "_all_stop_token_ids": []}
+        request = [request_id, prompt, None, sampling, None, time.time(), None, None, None, None, None, 0, 0, 0, None, False, request_id]
+        self.router.send_multipart([b"\x00\x00", b"\x00", msgpack.packb(request)])
+        return request_id
+
+    def drain(self, pending: set[str], on_output=None) -> int:
+        """Receives until every request in `pending` finished; returns tokens received."""
+        tokens = 0
+        while pending:
+            message = msgpack.unpackb(self.pull.recv())
+            for output in message[1]:
+                tokens += len(output[1])
+                if on_output is not None:
+                    on_output(output)
+                if len(output) > 5 and output[5] is not None:
+                    pending.discard(output[0])
+        return tokens
+
+    def close(self) -> None:
+        self.router.close()
+        self.pull.close()
+        self.ctx.term()
+
+
+def direct_streaming(client: DirectClient, streams: int, tokens: int) -> float:
+    prompt = list(PROMPT.encode())
+    start = time.perf_counter()
+    pending = {client.add(prompt, tokens) for _ in range(streams)}
+    received = client.drain(pending)
+    elapsed = time.perf_counter() - start
+    assert received == streams * tokens, received
+    return received / elapsed
+
+
+def direct_requests(client: DirectClient, concurrency: int, total: int) -> tuple[float, list[float]]:
+    prompt = list(PROMPT.encode())
+    sent_at: dict[str, float] = {}
+    latencies: list[float] = []
+    start = time.perf_counter()
+
+    def send_one() -> None:
+        sent_at[client.add(prompt, 1)] = time.perf_counter()
+
+    for _ in range(concurrency):
+        send_one()
+    sent = concurrency
+    while latencies.__len__() < total:
+        message = msgpack.unpackb(client.pull.recv())
+        for output in message[1]:
+            if len(output) > 5 and output[5] is not None:
+                latencies.append(time.perf_counter() - sent_at.pop(output[0]))
+                if sent < total:
+                    send_one()
+                    sent += 1
+    return total / (time.perf_counter() - start), latencies
+
+
+# ---------------------------------------------------------------------------
+# Through the frontend
+
+
+class HttpConnection:
+    """One keep-alive HTTP/1.1 connection."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    def _send(self, path: str, payload: bytes) -> None:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode()
+        self.writer.write(head + payload)
+
+    async def _read_head(self) -> tuple[int, int, bool]:
+        status = int((await self.reader.readline()).split()[1])
+        length, chunked = 0, False
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            name = name.strip().lower()
+            if name == "content-length":
+                length = int(value)
+            elif name == "transfer-encoding" and "chunked" in value.lower():
+                chunked = True
+        return status, length, chunked
+
+    async def post(self, path: str, payload: bytes) -> tuple[int, bytes]:
+        """A request answered with a Content-Length body."""
+        self._send(path, payload)
+        status, length, chunked = await self._read_head()
+        assert not chunked
+        return status, await self.reader.readexactly(length)
+
+    async def post_stream(self, path: str, payload: bytes) -> tuple[int, bytes]:
+        """A streamed (chunked) request: every byte is read in large blocks and
+        returned raw, chunk framing included, without per-event parsing."""
+        self._send(path, payload)
+        status, length, chunked = await self._read_head()
+        if not chunked:
+            return status, await self.reader.readexactly(length)
+        blocks = []
+        tail = b""
+        while not tail.endswith(b"\r\n0\r\n\r\n") and tail != b"0\r\n\r\n":
+            block = await self.reader.read(1 << 16)
+            if not block:
+                raise ConnectionError("the stream ended early")
+            blocks.append(block)
+            tail = (tail + block)[-16:]
+        return status, b"".join(blocks)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def last_usage(raw_body: bytes) -> dict:
+    """The usage object of the final usage chunk of a raw chunked SSE body
+    (hyper writes each event, framing apart, in one piece)."""
+    start = raw_body.rindex(b'data: {"id"')
+    end = raw_body.index(b"\n\n", start)
+    return json.loads(raw_body[start + 6 : end])["usage"]
+
+
+async def frontend_streaming(port: int, streams: int, tokens: int) -> float:
+    connections = [HttpConnection("127.0.0.1", port) for _ in range(streams)]
+    await asyncio.gather(*(c.open() for c in connections))
+    payload = json.dumps(
+        {
+            "model": "toy",
+            "prompt": PROMPT,
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
+    start = time.perf_counter()
+    replies = await asyncio.gather(*(c.post_stream("/v1/completions", payload) for c in connections))
+    elapsed = time.perf_counter() - start
+    for c in connections:
+        c.close()
+    received = 0
+    for status, sse in replies:
+        assert status == 200, sse[:200]
+        received += last_usage(sse)["completion_tokens"]
+    assert received == streams * tokens, received
+    return received / elapsed
+
+
+async def frontend_requests(port: int, concurrency: int, total: int) -> tuple[float, list[float]]:
+    connections = [HttpConnection("127.0.0.1", port) for _ in range(concurrency)]
+    await asyncio.gather(*(c.open() for c in connections))
+    payload = json.dumps({"model": "toy", "prompt": PROMPT, "max_tokens": 1}).encode()
+    latencies: list[float] = []
+    remaining = [total]
+
+    async def worker(connection: HttpConnection) -> None:
+        while remaining[0] > 0:
+            remaining[0] -= 1
+            sent = time.perf_counter()
+            status, reply = await connection.post("/v1/completions", payload)
+            latencies.append(time.perf_counter() - sent)
+            assert status == 200, reply[:200]
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in connections))
+    elapsed = time.perf_counter() - start
+    for c in connections:
+        c.close()
+    return total / elapsed, latencies
+
+
+@contextlib.contextmanager
+def frontend_stack(log_path: Path):
+    """The installed `vllm-rs` binary behind RustFrontendProcessManager, with one instant engine."""
+    import argparse as _argparse
+
+    http = socket.socket()
+    http.bind(("127.0.0.1", 0))
+    http.listen(1024)
+    port = http.getsockname()[1]
+    input_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
+    output_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    with engine_process(input_listener.address, output_listener.address):
+        args = _argparse.Namespace(model="toy", disable_log_stats=True)
+        saved = os.dup(2)
+        with open(log_path, "ab") as log:
+            os.dup2(log.fileno(), 2)
+            try:
+                frontend = RustFrontendProcessManager(None, http, args, input_listener, output_listener, 0, 1, 1)
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+        http.close()
+        try:
+            wait_healthy(port, frontend)
+            yield port
+        finally:
+            frontend.shutdown()
+
+
+def wait_healthy(port: int, frontend: RustFrontendProcessManager) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if not frontend.processes[0].is_alive():
+            raise RuntimeError("the frontend exited during start-up")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        time.sleep(0.05)
+    raise RuntimeError("the frontend did not become healthy")
+
+
+# ---------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer requests and rounds")
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=64)
+    args = parser.parse_args()
+    rounds = 3 if args.quick else 10
+    total = 2000 if args.quick else 10000
+
+    results: dict[str, object] = {"streams": args.streams, "tokens": args.tokens, "concurrency": args.concurrency}
+    client = DirectClient()
+    with (
+        engine_process(client.input_address, client.output_address),
+        tempfile.TemporaryDirectory() as tmp,
+        frontend_stack(Path(tmp) / "frontend.log") as port,
+    ):
+        client.wait_registered()
+        # Rounds alternate between the two paths, so both see the same background load.
+        direct_runs, frontend_runs = [], []
+        for _ in range(rounds + 1):  # the first round of each is a warm-up
+            direct_runs.append(direct_streaming(client, args.streams, args.tokens))
+            frontend_runs.append(asyncio.run(frontend_streaming(port, args.streams, args.tokens)))
+        direct_tok_s, fe_tok_s = max(direct_runs[1:]), max(frontend_runs[1:])
+        pair_ratios = [f / d for f, d in zip(frontend_runs[1:], direct_runs[1:])]
+        direct_requests(client, args.concurrency, min(total, 1000))  # warm-up
+        direct_rps, direct_lat = direct_requests(client, args.concurrency, total)
+        asyncio.run(frontend_requests(port, args.concurrency, min(total, 1000)))  # warm-up
+        fe_rps, fe_lat = asyncio.run(frontend_requests(port, args.concurrency, total))
+    client.close()
+
+    ratio = fe_tok_s / direct_tok_s
+    results.update(
+        stream_pair_ratio_median=statistics.median(pair_ratios),
+        direct_stream_tokens_per_s=direct_tok_s,
+        frontend_stream_tokens_per_s=fe_tok_s,
+        stream_ratio=ratio,
+        direct_requests_per_s=direct_rps,
+        direct_p50_ms=percentile(direct_lat, 0.5) * 1e3,
+        direct_p99_ms=percentile(direct_lat, 0.99) * 1e3,
+        frontend_requests_per_s=fe_rps,
+        frontend_p50_ms=percentile(fe_lat, 0.5) * 1e3,
+        frontend_p99_ms=percentile(fe_lat, 0.99) * 1e3,
+        cpus=os.cpu_count(),
+    )
+    print(f"cpus: {os.cpu_count()}  (client, engine and frontend share them)")
+    print(f"/v1/completions max_tokens=1, {args.concurrency} concurrent, {total} requests:")
+    print(f"  frontend : {fe_rps:9.0f} req/s  p50 {results['frontend_p50_ms']:6.2f} ms  p99 {results['frontend_p99_ms']:6.2f} ms")
+    print(f"  direct   : {direct_rps:9.0f} req/s  p50 {results['direct_p50_ms']:6.2f} ms  p99 {results['direct_p99_ms']:6.2f} ms")
+    print(f"streaming, {args.streams} streams x {args.tokens} tokens (best of {rounds}):")
+    print(f"  frontend : {fe_tok_s:9.0f} tokens/s")
+    print(f"  direct   : {direct_tok_s:9.0f} tokens/s")
+    verdict = "PASS" if ratio >= STREAM_GOAL else "BELOW GOAL"
+    print(f"  frontend / direct = {ratio:.2f} (goal >= {STREAM_GOAL:.2f}: {verdict}); "
+          f"median of round-by-round ratios {statistics.median(pair_ratios):.2f}")
+    out = Path(__file__).resolve().parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "frontend.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
