@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil  # noqa: E402  (baseline only)
 
 from tests.support.trees import TREE_SCRIPT, read_pids, survivors, wait_built  # noqa: E402
-from vllm_rs.process import kill_process_tree, spawn_executable, spawn_executables, start_target, wait  # noqa: E402
+from vllm_rs.process import PreparedTarget, kill_process_tree, spawn_executable, spawn_executables, start_targets, wait  # noqa: E402
 
 
 def psutil_kill_tree(pid: int) -> None:
@@ -178,25 +178,22 @@ def report_running(conn) -> None:
     conn.send_bytes(b".")
 
 
-def start_ours(count: int) -> float:
-    recv, send = multiprocessing.Pipe(duplex=False)
-    t0 = time.perf_counter()
-    procs = [start_target(report_running, name=f"T{i}", args=(send,)) for i in range(count)]
-    for _ in range(count):
-        recv.recv_bytes()
-    elapsed = time.perf_counter() - t0
-    for proc in procs:
-        proc.join()
-    return elapsed
+def _start_ours(send, count: int) -> list:
+    return start_targets([PreparedTarget(report_running, name=f"T{i}", args=(send,)) for i in range(count)])
 
 
-def start_multiprocessing(count: int) -> float:
-    ctx = multiprocessing.get_context("spawn")
-    recv, send = ctx.Pipe(duplex=False)
-    t0 = time.perf_counter()
-    procs = [ctx.Process(target=report_running, args=(send,)) for _ in range(count)]
+def _start_multiprocessing(send, count: int) -> list:
+    procs = [multiprocessing.get_context("spawn").Process(target=report_running, args=(send,)) for _ in range(count)]
     for proc in procs:
         proc.start()
+    return procs
+
+
+def time_to_running(start_all, count: int) -> float:
+    """Seconds from asking for `count` Python targets until all say they run."""
+    recv, send = multiprocessing.Pipe(duplex=False)
+    t0 = time.perf_counter()
+    procs = start_all(send, count)
     for _ in range(count):
         recv.recv_bytes()
     elapsed = time.perf_counter() - t0
@@ -244,8 +241,8 @@ def main() -> None:
     )
 
     print("== start-to-running of 8 Python targets ==")
-    mp_s = statistics.median(start_multiprocessing(8) for _ in range(rounds))
-    ours_s = statistics.median(start_ours(8) for _ in range(rounds))
+    mp_s = statistics.median(time_to_running(_start_multiprocessing, 8) for _ in range(rounds))
+    ours_s = statistics.median(time_to_running(_start_ours, 8) for _ in range(rounds))
     print(f"ours={ours_s * 1e3:.0f} ms multiprocessing spawn={mp_s * 1e3:.0f} ms  ratio mp/ours={mp_s / ours_s:.2f}")
 
 
