@@ -241,3 +241,47 @@ async fn models_version_load_and_metrics() {
         assert!(metrics.contains(&line), "missing {line} in\n{metrics}");
     }
 }
+
+fn fixture_dir() -> String {
+    format!("{}/tests/fixtures/byte-bpe", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[tokio::test]
+async fn hugging_face_tokenizer_and_chat_template_from_the_tokenizer_key() {
+    let (fe, engines) = start(json!({"model_tag": "my-model", "tokenizer": fixture_dir()})).await;
+    let (status, body) = post_json(&fe.url("/v1/chat/completions"), &json!({"messages": [{"role": "user", "content": "hi"}]})).await;
+    assert_eq!(status, 200, "{body}");
+    // The echo engine replays the templated prompt until the first stop token, <|eot|> (258).
+    assert_eq!(body["choices"][0]["message"]["content"], "[user] hi");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert_eq!(body["choices"][0]["stop_reason"], 258);
+    let common::mock_engine::EngineEvent::Added { prompt, sampling, .. } = &engines[0].added()[0] else { unreachable!() };
+    assert_eq!(prompt[0], 259, "the template writes BOS; it is not added twice");
+    assert_eq!(prompt.iter().filter(|&&t| t == 259).count(), 1);
+    let get = |k: &str| sampling.as_map().unwrap().iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone());
+    assert_eq!(get("_eos_token_id").and_then(|v| v.as_u64()), Some(258));
+    assert_eq!(get("_all_stop_token_ids").unwrap().to_string(), "[258, 10]");
+}
+
+#[tokio::test]
+async fn hugging_face_tokenizer_from_the_model_directory() {
+    let (fe, _engines) = start(json!({"model_tag": fixture_dir()})).await;
+    let (status, body) = post_json(&fe.url("/v1/completions"), &json!({"prompt": "hello wörld", "max_tokens": 11})).await;
+    assert_eq!(status, 200, "{body}");
+    // BOS is added to raw prompts and skipped when decoding.
+    assert_eq!(body["choices"][0]["text"], "hello wörld");
+    assert_eq!(body["usage"]["prompt_tokens"], 11);
+    assert_eq!(body["model"], fixture_dir());
+}
+
+#[test]
+fn unusable_tokenizer_exits_2_naming_the_key() {
+    let args = json!({"model_tag": "toy", "tokenizer": "/nonexistent/tok"}).to_string();
+    let (status, text) = common::run_to_exit(
+        &["frontend", "--listen-fd", "0", "--input-address", "tcp://127.0.0.1:1", "--output-address", "tcp://127.0.0.1:2",
+          "--engine-start-index", "0", "--engine-count", "1", "--data-parallel-size", "1", "--args-json", &args],
+        Duration::from_secs(20),
+    );
+    assert_eq!(status.code(), Some(2));
+    assert!(text.contains("`tokenizer`") && text.contains("/nonexistent/tok"), "{text}");
+}

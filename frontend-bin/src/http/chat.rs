@@ -49,7 +49,7 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: Map<Strin
         .map_err(|e| ApiError::invalid_param("messages", format!("cannot apply the chat template: {e}")))?;
     let prompt_token_ids = state
         .tokenizer
-        .encode(&prompt)
+        .encode(&prompt, false)
         .map_err(|e| ApiError::invalid_param("messages", format!("cannot tokenize the messages: {e}")))?;
     let (stream, include_usage) = (common.stream, common.include_usage);
     let mut submitted = submit(&state, &headers, Endpoint::Chat, prompt_token_ids, common)?;

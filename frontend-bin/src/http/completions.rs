@@ -69,7 +69,7 @@ fn prompt_tokens(state: &SharedState, p: &Params) -> Result<Vec<u32>, ApiError> 
         match v {
             Value::String(text) => state
                 .tokenizer
-                .encode(text)
+                .encode(text, true)
                 .map_err(|e| ApiError::invalid_param("prompt", format!("cannot tokenize the prompt: {e}"))),
             Value::Array(items) => items
                 .iter()

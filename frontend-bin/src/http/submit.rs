@@ -113,10 +113,11 @@ pub fn submit(
     }
     sampling.all_stop_token_ids = sampling.stop_token_ids.clone();
     if !sampling.ignore_eos {
-        if let Some(eos) = state.tokenizer.eos_token_id() {
-            sampling.eos_token_id = Some(eos);
-            if !sampling.all_stop_token_ids.contains(&eos) {
-                sampling.all_stop_token_ids.push(eos);
+        let model_stops = state.tokenizer.stop_token_ids();
+        sampling.eos_token_id = model_stops.first().copied();
+        for &id in model_stops {
+            if !sampling.all_stop_token_ids.contains(&id) {
+                sampling.all_stop_token_ids.push(id);
             }
         }
     }

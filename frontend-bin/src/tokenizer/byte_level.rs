@@ -15,7 +15,7 @@ pub const BUILTIN_MODELS: &[&str] = &["toy", "echo"];
 pub struct ByteLevelTokenizer;
 
 impl Tokenizer for ByteLevelTokenizer {
-    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+    fn encode(&self, text: &str, _add_special_tokens: bool) -> Result<Vec<u32>> {
         Ok(text.bytes().map(u32::from).collect())
     }
 
@@ -23,8 +23,8 @@ impl Tokenizer for ByteLevelTokenizer {
         Box::new(ByteLevelDecoder::default())
     }
 
-    fn eos_token_id(&self) -> Option<u32> {
-        Some(BYTE_EOS_TOKEN_ID)
+    fn stop_token_ids(&self) -> &[u32] {
+        &[BYTE_EOS_TOKEN_ID]
     }
 
     fn vocab_size(&self) -> usize {
@@ -98,7 +98,7 @@ mod tests {
     #[test]
     fn round_trips_utf8_one_byte_at_a_time_without_splitting_chars() {
         let t = ByteLevelTokenizer;
-        let ids = t.encode("añ€😀").unwrap();
+        let ids = t.encode("añ€😀", true).unwrap();
         let mut d = t.decoder();
         let pieces: Vec<String> = ids.iter().map(|&id| d.push(&[id])).collect();
         assert_eq!(pieces.concat(), "añ€😀");

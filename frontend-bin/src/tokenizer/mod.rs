@@ -2,6 +2,9 @@
 //! text (streaming, never splitting a UTF-8 character), and chat templates.
 
 pub mod byte_level;
+pub mod chat_template;
+pub mod hf;
+pub mod incremental;
 
 use anyhow::Result;
 
@@ -16,12 +19,15 @@ pub struct ChatMessage {
 
 /// A tokenizer as the server uses it.
 pub trait Tokenizer: Send + Sync {
-    /// Token ids of `text` (no special tokens added beyond what the model's tokenizer adds).
-    fn encode(&self, text: &str) -> Result<Vec<u32>>;
+    /// Token ids of `text`; `add_special_tokens` adds what the model's tokenizer
+    /// adds around a text (BOS...): true for raw prompts, false for chat
+    /// prompts, whose template writes them.
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>>;
     /// A fresh streaming decoder for one request.
     fn decoder(&self) -> Box<dyn TextDecoder>;
-    /// The end-of-sequence token, if the tokenizer has one.
-    fn eos_token_id(&self) -> Option<u32>;
+    /// Tokens that end generation unless `ignore_eos`: EOS first, then any
+    /// others the model's generation config names.
+    fn stop_token_ids(&self) -> &[u32];
     /// Number of token ids (valid ids are `0..vocab_size`).
     fn vocab_size(&self) -> usize;
     /// The prompt text for `messages`; errors are the client's fault (HTTP 400).
@@ -37,14 +43,25 @@ pub trait TextDecoder: Send {
 }
 
 /// The tokenizer for `config`: the built-in byte-level one for the built-in
-/// model names, else a Hugging Face `tokenizer.json`.
+/// model names, else the Hugging Face tokenizer of the `tokenizer` key or of
+/// the model directory. A tokenizer that cannot be loaded is a usage error
+/// naming the key it came from.
 pub fn load_tokenizer(config: &crate::config::ServerConfig) -> Result<std::sync::Arc<dyn Tokenizer>, crate::error::ExitError> {
-    if config.tokenizer.is_none() && byte_level::BUILTIN_MODELS.contains(&config.model_tag.as_str()) {
-        return Ok(std::sync::Arc::new(byte_level::ByteLevelTokenizer));
+    let (key, location) = match &config.tokenizer {
+        Some(tokenizer) => ("tokenizer", tokenizer.as_str()),
+        None if byte_level::BUILTIN_MODELS.contains(&config.model_tag.as_str()) => {
+            return Ok(std::sync::Arc::new(byte_level::ByteLevelTokenizer));
+        }
+        None => ("model_tag", config.model_tag.as_str()),
+    };
+    match hf::HfTokenizer::load(std::path::Path::new(location)) {
+        Ok(tokenizer) => {
+            tracing::info!("tokenizer: {location}");
+            Ok(std::sync::Arc::new(tokenizer))
+        }
+        Err(e) => Err(crate::error::ExitError::usage(format!(
+            "--args-json: `{key}` {location:?}: no usable tokenizer.json ({e:#}); built-in models: {}",
+            byte_level::BUILTIN_MODELS.join(", ")
+        ))),
     }
-    Err(crate::error::ExitError::usage(format!(
-        "--args-json: `model_tag` {:?} is not a built-in model ({}) and Hugging Face tokenizers are not available",
-        config.model_tag,
-        byte_level::BUILTIN_MODELS.join(", ")
-    )))
 }

@@ -1,0 +1,140 @@
+//! Chat templates of Hugging Face models (`chat_template` in
+//! `tokenizer_config.json`), rendered with minijinja plus Python-style string
+//! methods, as transformers' `apply_chat_template` does.
+
+use super::ChatMessage;
+use minijinja::{context, Environment, Error, ErrorKind};
+use serde_json::Value;
+
+const TEMPLATE_NAME: &str = "chat";
+
+/// A compiled chat template and the special tokens it may refer to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; `bos_token`/`eos_token` are passed to it as variables.
+    pub fn new(source: String, bos_token: String, eos_token: String) -> Result<Self, Error> {
+        let mut env = Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |message: String| -> Result<String, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, message))
+        });
+        env.add_function("strftime_now", |format: String| -> String { format_today(&format) });
+        env.add_template_owned(TEMPLATE_NAME, source)?;
+        Ok(ChatTemplate { env, bos_token, eos_token })
+    }
+
+    /// The prompt for `messages`.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String> {
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| e.to_string())?;
+        template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token,
+                eos_token => self.eos_token,
+            })
+            .map_err(|e| e.to_string())
+    }
+}
+
+const MONTHS: [&str; 12] =
+    ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+
+/// Today's UTC date in a strftime `format` (`%Y %m %d %B %b` and `%%`), for
+/// templates that print the date.
+fn format_today(format: &str) -> String {
+    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() / 86_400).unwrap_or(0);
+    let (year, month, day) = civil_from_days(days as i64);
+    let month_name = MONTHS[(month - 1) as usize];
+    format
+        .replace("%%", "\u{0}")
+        .replace("%Y", &year.to_string())
+        .replace("%m", &format!("{month:02}"))
+        .replace("%d", &format!("{day:02}"))
+        .replace("%B", month_name)
+        .replace("%b", &month_name[..3])
+        .replace('\u{0}', "%")
+}
+
+/// (year, month 1-12, day 1-31) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// The chat template in a `tokenizer_config.json` value: a string, or a list
+/// of `{name, template}` from which `default` is taken.
+pub fn template_source(config: &Value) -> Option<String> {
+    match config.get("chat_template")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(named) => named
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .or_else(|| named.first())
+            .and_then(|t| t.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        _ => None,
+    }
+}
+
+/// A special token in `tokenizer_config.json`: a string or `{"content": ...}`.
+pub fn special_token(config: &Value, key: &str) -> Option<String> {
+    match config.get(key)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_owned),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn renders_messages_with_python_methods_and_tokens() {
+        let source = "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{{ m.content.strip() }}{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
+        let t = ChatTemplate::new(source.into(), "<s>".into(), "</s>".into()).unwrap();
+        let messages = vec![ChatMessage { role: "user".into(), content: "  hi ".into() }];
+        assert_eq!(t.render(&messages, true).unwrap(), "<s><|user|>hi</s><|assistant|>");
+        assert_eq!(t.render(&messages, false).unwrap(), "<s><|user|>hi</s>");
+    }
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+        assert!(format_today("%d %b %Y").len() == 11);
+    }
+
+    #[test]
+    fn raise_exception_becomes_an_error() {
+        let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}".into(), String::new(), String::new()).unwrap();
+        assert!(t.render(&[], true).unwrap_err().contains("roles must alternate"));
+    }
+
+    #[test]
+    fn finds_the_template_and_special_tokens_in_the_config() {
+        let config = json!({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}],
+                            "eos_token": {"content": "</s>"}, "bos_token": "<s>"});
+        assert_eq!(template_source(&config).as_deref(), Some("D"));
+        assert_eq!(special_token(&config, "eos_token").as_deref(), Some("</s>"));
+        assert_eq!(special_token(&config, "bos_token").as_deref(), Some("<s>"));
+        assert_eq!(template_source(&json!({})), None);
+    }
+}
