@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
 
+from tests.test_frontend_fake_engine import connect_as_engine  # noqa: E402
 from vllm_rs.network_utils import make_zmq_listener  # noqa: E402
 from vllm_rs.utils import CoreEngineProcManager, RustFrontendProcessManager  # noqa: E402
 
@@ -52,15 +53,7 @@ STREAM_GOAL = 0.90
 
 def instant_engine(vllm_config, on_head_node, input_address, executor_class, log_stats, dp_rank, local_dp_rank):
     """Engine-process target: echoes prompt tokens, one per running request per loop."""
-    ctx = zmq.Context()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.IDENTITY, dp_rank.to_bytes(2, "little"))
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(input_address)
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.SNDHWM, 0)
-    push.connect(vllm_config["output_address"])
-    dealer.send(msgpack.packb({"max_model_len": 4096, "num_gpu_blocks": 1024, "dp_stats_address": None}))
+    _ctx, dealer, push = connect_as_engine(input_address, vllm_config["output_address"], dp_rank, max_model_len=4096)
     active: dict[str, list] = {}  # id -> [prompt, max_tokens, generated]
     unpackb, packb = msgpack.unpackb, msgpack.packb
     while True:
@@ -350,11 +343,6 @@ def wait_healthy(port: int, frontend: RustFrontendProcessManager) -> None:
 # ---------------------------------------------------------------------------
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds")
@@ -393,11 +381,11 @@ def main() -> int:
         frontend_stream_tokens_per_s=fe_tok_s,
         stream_ratio=ratio,
         direct_requests_per_s=direct_rps,
-        direct_p50_ms=percentile(direct_lat, 0.5) * 1e3,
-        direct_p99_ms=percentile(direct_lat, 0.99) * 1e3,
+        direct_p50_ms=statistics.median(direct_lat) * 1e3,
+        direct_p99_ms=statistics.quantiles(direct_lat, n=100)[98] * 1e3,
         frontend_requests_per_s=fe_rps,
-        frontend_p50_ms=percentile(fe_lat, 0.5) * 1e3,
-        frontend_p99_ms=percentile(fe_lat, 0.99) * 1e3,
+        frontend_p50_ms=statistics.median(fe_lat) * 1e3,
+        frontend_p99_ms=statistics.quantiles(fe_lat, n=100)[98] * 1e3,
         cpus=os.cpu_count(),
     )
     print(f"cpus: {os.cpu_count()}  (client, engine and frontend share them)")

@@ -30,18 +30,28 @@ def engine_log(log_dir: str | Path, rank: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_fake_engine(vllm_config, on_head_node, input_address, executor_class, log_stats, dp_rank, local_dp_rank):
-    """Engine-process target: `vllm_config` is a dict with `output_address`,
-    `log_dir` and optionally `step_s` and `max_model_len`."""
+def connect_as_engine(input_address: str, output_address: str, rank: int, max_model_len: int):
+    """Connects an engine's DEALER (identity = `rank`, 2 bytes LE) and PUSH
+    (unbounded queue) and sends its registration. Returns (ctx, dealer, push)."""
     ctx = zmq.Context()
     dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.IDENTITY, dp_rank.to_bytes(2, "little"))
+    dealer.setsockopt(zmq.IDENTITY, rank.to_bytes(2, "little"))
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(input_address)
     push = ctx.socket(zmq.PUSH)
-    push.connect(vllm_config["output_address"])
-    registration = {"max_model_len": vllm_config.get("max_model_len", 512), "num_gpu_blocks": 64, "dp_stats_address": None}
+    push.setsockopt(zmq.SNDHWM, 0)
+    push.connect(output_address)
+    registration = {"max_model_len": max_model_len, "num_gpu_blocks": 64, "dp_stats_address": None}
     dealer.send(msgpack.packb(registration))
+    return ctx, dealer, push
+
+
+def run_fake_engine(vllm_config, on_head_node, input_address, executor_class, log_stats, dp_rank, local_dp_rank):
+    """Engine-process target: `vllm_config` is a dict with `output_address`,
+    `log_dir` and optionally `step_s` and `max_model_len`."""
+    ctx, dealer, push = connect_as_engine(
+        input_address, vllm_config["output_address"], dp_rank, vllm_config.get("max_model_len", 512)
+    )
     log = open(Path(vllm_config["log_dir"]) / f"engine{dp_rank}.jsonl", "a", buffering=1)
     step_s = vllm_config.get("step_s", 0.002)
     active: dict[str, dict[str, Any]] = {}

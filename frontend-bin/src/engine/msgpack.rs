@@ -73,32 +73,36 @@ impl<'a> Cursor<'a> {
 
     /// An array header: the number of elements.
     pub fn read_array_len(&mut self) -> ReadResult<usize> {
-        let len = match self.peek_marker()? {
-            Marker::FixArray(n) => {
-                self.pos += 1;
-                return Ok(n as usize);
-            }
-            Marker::Array16 => 2,
-            Marker::Array32 => 4,
-            other => return err(format!("expected an array, got {other:?}")),
-        };
-        self.pos += 1;
-        Ok(self.be(len)? as usize)
+        self.read_container_len("an array", |m| match m {
+            Marker::FixArray(n) => Some(Ok(n)),
+            Marker::Array16 => Some(Err(2)),
+            Marker::Array32 => Some(Err(4)),
+            _ => None,
+        })
     }
 
     /// A map header: the number of key/value pairs.
     pub fn read_map_len(&mut self) -> ReadResult<usize> {
-        let len = match self.peek_marker()? {
-            Marker::FixMap(n) => {
-                self.pos += 1;
-                return Ok(n as usize);
-            }
-            Marker::Map16 => 2,
-            Marker::Map32 => 4,
-            other => return err(format!("expected a map, got {other:?}")),
+        self.read_container_len("a map", |m| match m {
+            Marker::FixMap(n) => Some(Ok(n)),
+            Marker::Map16 => Some(Err(2)),
+            Marker::Map32 => Some(Err(4)),
+            _ => None,
+        })
+    }
+
+    /// A container header; `kind` maps a marker to its inline length
+    /// (`Ok`) or the width of the length that follows (`Err`).
+    fn read_container_len(&mut self, what: &str, kind: impl Fn(Marker) -> Option<Result<u8, usize>>) -> ReadResult<usize> {
+        let marker = self.peek_marker()?;
+        let Some(len) = kind(marker) else {
+            return err(format!("expected {what}, got {marker:?}"));
         };
         self.pos += 1;
-        Ok(self.be(len)? as usize)
+        match len {
+            Ok(inline) => Ok(inline as usize),
+            Err(width) => Ok(self.be(width)? as usize),
+        }
     }
 
     /// An integer of any width, as i128 so that every u64 and i64 fits.

@@ -1,9 +1,9 @@
 //! `POST /v1/chat/completions`.
 
-use super::completions::generation_error;
+use super::answer::{answer, AnswerFormat};
 use super::error::ApiError;
 use super::params::{common_params, JsonObject, Params};
-use super::sse::{sse_response, ChunkHeader, ChunkWriter};
+use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
 use crate::generate::{Delta, Usage};
@@ -12,7 +12,6 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -52,28 +51,14 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: Map<Strin
         .encode(&prompt, false)
         .map_err(|e| ApiError::invalid_param("messages", format!("cannot tokenize the messages: {e}")))?;
     let (stream, include_usage) = (common.stream, common.include_usage);
-    let mut submitted = submit(&state, &headers, Endpoint::Chat, prompt_token_ids, common)?;
-    let model = state.config.primary_model_name().to_string();
-    if stream {
-        let writer = ChatChunks(ChunkHeader { id: submitted.id, object: "chat.completion.chunk", created: submitted.created, model });
-        return Ok(sse_response(submitted.generation, writer, include_usage));
-    }
-    let (text, finish) = submitted.generation.collect().await.map_err(generation_error)?;
-    Ok(Json(json!({
-        "id": submitted.id,
-        "object": "chat.completion",
-        "created": submitted.created,
-        "model": model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": null,
-            "finish_reason": finish.reason.as_str(),
-            "stop_reason": stop_reason_json(&finish.stop_reason),
-        }],
-        "usage": submitted.generation.usage(),
-    }))
-    .into_response())
+    let submitted = submit(&state, &headers, Endpoint::Chat, prompt_token_ids, common)?;
+    let format = AnswerFormat {
+        object: "chat.completion",
+        chunk_object: "chat.completion.chunk",
+        writer: ChatChunks,
+        content: |text| ("message", json!({"role": "assistant", "content": text})),
+    };
+    answer(&state, submitted, stream, include_usage, format).await
 }
 
 /// The `messages` parameter, each content flattened to text.

@@ -2,17 +2,17 @@
 
 use super::error::ApiError;
 use super::params::{common_params, JsonObject, Params};
-use super::sse::{sse_response, ChunkHeader, ChunkWriter};
+use super::answer::{answer, AnswerFormat};
+use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
-use crate::generate::{Delta, GenerationError, Usage};
+use crate::generate::{Delta, Usage};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::Serialize;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 /// Handles a completion request, streamed or not.
 pub async fn create_completion(State(state): State<SharedState>, headers: HeaderMap, JsonObject(body): JsonObject) -> Response {
@@ -33,33 +33,14 @@ async fn completion(state: SharedState, headers: HeaderMap, body: Map<String, Va
     }
     let prompt_token_ids = prompt_tokens(&state, &p)?;
     let (stream, include_usage) = (common.stream, common.include_usage);
-    let mut submitted = submit(&state, &headers, Endpoint::Completions, prompt_token_ids, common)?;
-    let model = state.config.primary_model_name().to_string();
-    if stream {
-        let writer = CompletionChunks(ChunkHeader { id: submitted.id, object: "text_completion", created: submitted.created, model });
-        return Ok(sse_response(submitted.generation, writer, include_usage));
-    }
-    let (text, finish) = submitted.generation.collect().await.map_err(generation_error)?;
-    Ok(Json(json!({
-        "id": submitted.id,
-        "object": "text_completion",
-        "created": submitted.created,
-        "model": model,
-        "choices": [{
-            "index": 0,
-            "text": text,
-            "logprobs": null,
-            "finish_reason": finish.reason.as_str(),
-            "stop_reason": stop_reason_json(&finish.stop_reason),
-        }],
-        "usage": submitted.generation.usage(),
-    }))
-    .into_response())
-}
-
-/// The HTTP error for a generation that failed after it started: 500.
-pub fn generation_error(error: GenerationError) -> ApiError {
-    ApiError::internal(error.to_string())
+    let submitted = submit(&state, &headers, Endpoint::Completions, prompt_token_ids, common)?;
+    let format = AnswerFormat {
+        object: "text_completion",
+        chunk_object: "text_completion",
+        writer: CompletionChunks,
+        content: |text| ("text", Value::String(text)),
+    };
+    answer(&state, submitted, stream, include_usage, format).await
 }
 
 /// The prompt as token ids: a string, a list of ids, or a one-element list of either.

@@ -1,5 +1,6 @@
 //! The OpenAI-compatible HTTP API.
 
+pub mod answer;
 pub mod auth;
 pub mod chat;
 pub mod completions;

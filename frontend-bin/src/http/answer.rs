@@ -1,0 +1,61 @@
+//! Answering a submitted completion or chat request: a server-sent-event
+//! stream, or one JSON body once the generation finished.
+
+use super::error::ApiError;
+use super::sse::{sse_response, ChunkHeader, ChunkWriter};
+use super::state::AppState;
+use super::submit::{stop_reason_json, Submitted};
+use crate::generate::GenerationError;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+/// How one endpoint shapes its answers.
+pub struct AnswerFormat<W> {
+    /// `object` of the whole answer.
+    pub object: &'static str,
+    /// `object` of each streamed chunk.
+    pub chunk_object: &'static str,
+    /// The chunk writer for a stream.
+    pub writer: fn(ChunkHeader) -> W,
+    /// The choice field holding the text (`text`, or `message`) and its value.
+    pub content: fn(String) -> (&'static str, Value),
+}
+
+/// The HTTP error for a generation that failed after it started: 500.
+pub fn generation_error(error: GenerationError) -> ApiError {
+    ApiError::internal(error.to_string())
+}
+
+/// Streams `submitted` or waits for it and answers in one body.
+pub async fn answer<W: ChunkWriter>(
+    state: &AppState,
+    mut submitted: Submitted,
+    stream: bool,
+    include_usage: bool,
+    format: AnswerFormat<W>,
+) -> Result<Response, ApiError> {
+    let model = state.config.primary_model_name().to_string();
+    if stream {
+        let header = ChunkHeader { id: submitted.id, object: format.chunk_object, created: submitted.created, model };
+        return Ok(sse_response(submitted.generation, (format.writer)(header), include_usage));
+    }
+    let (text, finish) = submitted.generation.collect().await.map_err(generation_error)?;
+    let mut choice = json!({
+        "index": 0,
+        "logprobs": null,
+        "finish_reason": finish.reason.as_str(),
+        "stop_reason": stop_reason_json(&finish.stop_reason),
+    });
+    let (key, content) = (format.content)(text);
+    choice[key] = content;
+    Ok(Json(json!({
+        "id": submitted.id,
+        "object": format.object,
+        "created": submitted.created,
+        "model": model,
+        "choices": [choice],
+        "usage": submitted.generation.usage(),
+    }))
+    .into_response())
+}
