@@ -81,3 +81,27 @@ async fn sigterm_aborts_what_outlives_the_shutdown_timeout() {
     // The client got an answer or a closed connection, never a hang.
     let _ = tokio::time::timeout(Duration::from_secs(5), request).await.expect("the client was not left hanging");
 }
+
+#[tokio::test]
+async fn idle_keep_alive_connections_close_after_the_timeout() {
+    use std::io::{Read, Write};
+    let options = Options { args: json!({"model_tag": "toy", "http_timeout_keep_alive": 0.5}), ..Default::default() };
+    let (fe, _engines) = Frontend::start_with_engines(options, |_| {}).await;
+    let address = fe.base_url.trim_start_matches("http://").to_string();
+    let outcome = tokio::task::spawn_blocking(move || {
+        let mut conn = std::net::TcpStream::connect(address).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        conn.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut buf = [0u8; 1024];
+        let n = conn.read(&mut buf).unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        let idle = Instant::now();
+        // The server closes the idle connection: read returns 0 (EOF).
+        let closed = matches!(conn.read(&mut buf), Ok(0));
+        (closed, idle.elapsed())
+    })
+    .await
+    .unwrap();
+    assert!(outcome.0, "the idle connection was not closed");
+    assert!(outcome.1 >= Duration::from_millis(300) && outcome.1 < Duration::from_secs(5), "{:?}", outcome.1);
+}
