@@ -1,9 +1,9 @@
 """Builds the native `vllm-rs` executable and stages it as a wheel script.
 
-maturin packs `target/wheel-data` (the `data` directory of `[tool.maturin]`)
+maturin packs `packaging/wheel-data` (the `data` directory of `[tool.maturin]`)
 into the wheel's `*.data/`; installers copy `*.data/scripts/*`, executable,
 into the environment's `bin/`. So staging the binary at
-`target/wheel-data/scripts/vllm-rs` puts the native executable itself on PATH.
+`packaging/wheel-data/scripts/vllm-rs` puts the native executable itself on PATH.
 
 Used by the build backend (`vllm_rs_build.py`, for `pip install .`) and run
 as a script by `scripts/setup.sh` before `maturin develop`.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BINARY_NAME = "vllm-rs"
-WHEEL_DATA = ROOT / "target" / "wheel-data"
+WHEEL_DATA = ROOT / "packaging" / "wheel-data"
 STAGED_BINARY = WHEEL_DATA / "scripts" / BINARY_NAME
 
 
