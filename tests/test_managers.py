@@ -425,3 +425,50 @@ def test_sigkill_of_the_supervisor_takes_every_descendant_along(tmp_path):
         supervisor.wait()
     time.sleep(1.0)
     assert [pid for pid in pids if is_running(pid)] == []
+
+
+SOCKET_FILES_THEN_WAIT = """
+import socket, sys, time, zmq
+from vllm_rs.network_utils import make_zmq_listener
+from vllm_rs.process import remove_on_exit
+listener = make_zmq_listener(sys.argv[1], zmq.ROUTER)
+uds = socket.socket(socket.AF_UNIX)
+uds.bind(sys.argv[2])
+remove_on_exit(sys.argv[2])
+print("ready", flush=True)
+time.sleep(1000)
+"""
+
+
+def test_socket_files_go_even_when_their_creator_is_sigkilled(tmp_path):
+    ipc_file, uds_file = tmp_path / "engine-input", tmp_path / "http.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SOCKET_FILES_THEN_WAIT, f"ipc://{ipc_file}", str(uds_file)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        assert ipc_file.exists() and uds_file.exists()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    deadline = time.monotonic() + 1.0
+    while (ipc_file.exists() or uds_file.exists()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not ipc_file.exists() and not uds_file.exists()
+
+
+def test_remove_on_exit_spares_a_new_file_at_the_same_path(tmp_path):
+    path = tmp_path / "reused.sock"
+    code = (
+        "import socket, sys; from vllm_rs.process import remove_on_exit; "
+        "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); remove_on_exit(sys.argv[1]); "
+        "import os; os.unlink(sys.argv[1]); open(sys.argv[1], 'w').write('someone else')"
+    )
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+    time.sleep(0.5)  # the guardian has run its exit by now
+    assert path.read_text() == "someone else"
+    with pytest.raises(FileNotFoundError):
+        from vllm_rs.process import remove_on_exit
+
+        remove_on_exit(tmp_path / "missing")

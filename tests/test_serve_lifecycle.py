@@ -136,6 +136,22 @@ def test_sigkill_of_serve_leaves_nothing_running(frontend):
         serve.kill()
 
 
+def test_sigkill_of_serve_on_a_unix_socket_leaves_no_socket_file(tmp_path):
+    path = tmp_path / "api.sock"
+    serve = Serve("--model", "echo", "--uds", str(path))
+    try:
+        serve.wait_ready()
+        processes = serve.descendants()
+        serve.proc.kill()
+        assert_all_gone(processes, within_s=1)
+        deadline = time.monotonic() + 1
+        while path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not path.exists()
+    finally:
+        serve.kill()
+
+
 def run_serve_expecting_usage_error(*args: str) -> list[str]:
     """Runs serve, expects exit 2 with a one-line error; returns stderr lines."""
     result = subprocess.run(

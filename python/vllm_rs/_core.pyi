@@ -56,6 +56,10 @@ def wait_fds(fds: Sequence[int], timeout: float | None = None) -> list[int]:
 def set_guardian_command(argv: Sequence[str]) -> None:
     """Command that starts a guardian (control fd and our pid are appended)."""
 
+def remove_on_exit(path: str) -> None:
+    """Has the guardian unlink `path` once this process is gone (SIGKILL
+    included), if it still names the same file."""
+
 def guardian_pid() -> int | None:
     """Pid of this process's guardian, or None before the first spawn."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import sys
 import uuid
 from typing import Any
 
@@ -143,6 +144,10 @@ def make_zmq_listener(addr: str, socket_type: int) -> ZmqListener:
         try:
             sock.bind(host)
             sock.listen(LISTEN_BACKLOG)
+            if sys.platform.startswith("linux"):
+                from vllm_rs.process import remove_on_exit
+
+                remove_on_exit(host)  # no socket file left even if we are SIGKILLed
         except BaseException:
             sock.close()
             raise

@@ -207,6 +207,15 @@ def wait(objects: Iterable[Any], timeout: float | None = None) -> list[Any]:
     return [obj for obj in objects if _fileno(obj) in ready]
 
 
+def remove_on_exit(path: str | os.PathLike) -> None:
+    """Has this process's guardian unlink `path` (a socket file this process
+    created) once this process is gone, however it ends, SIGKILL included,
+    provided the path still names the same file then."""
+    _configure()
+    os.lstat(path)  # FileNotFoundError naming the path
+    _core.remove_on_exit(os.fspath(path))
+
+
 def kill_process_tree(pid: int) -> None:
     """SIGKILLs `pid` and every descendant, including ones forking meanwhile
     and, below children started by vllm_rs, ones that detached. Returns

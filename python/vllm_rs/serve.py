@@ -13,7 +13,7 @@ stops, exit 1 with a message naming it (an engine's death is first told to
 the frontends as `ENGINE_CORE_DEAD`, so requests in flight end with an
 error). SIGKILL of `serve`: the process core takes every child along. The
 engines talk to the frontends over loopback TCP, so no socket file is ever
-left behind; a `--uds` socket file is removed on every exit but SIGKILL, and a
+left behind; a `--uds` socket file is removed on every exit (the guardian removes it after a SIGKILL), and a
 stale one is replaced at the next start.
 """
 
@@ -37,6 +37,7 @@ from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigErr
 from vllm_rs.engine.models import ModelPathError
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 from vllm_rs.logger import init_logger
+from vllm_rs.process import remove_on_exit
 from vllm_rs.network_utils import ZmqListener, is_valid_ipv6_address, make_zmq_listener
 
 logger = init_logger("vllm_rs.serve")
@@ -145,6 +146,7 @@ def create_http_endpoint(args: argparse.Namespace) -> HttpEndpoint:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise ServeUsageError(f"cannot listen on {where}: {reason}") from None
     if args.uds:
+        remove_on_exit(args.uds)  # even a SIGKILL of serve leaves no socket file
         return HttpEndpoint(sock, where, args.uds)
     host, port = sock.getsockname()[:2]
     return HttpEndpoint(sock, f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}")

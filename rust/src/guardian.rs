@@ -44,11 +44,18 @@ const SHIELDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
 /// `supervisor_pid`. Never returns: the process exits once the supervisor is
 /// gone and every descendant has been killed and reaped.
 pub fn run(ctrl_fd: RawFd, supervisor_pid: libc::pid_t) -> ! {
-    match Guardian::new(ctrl_fd, supervisor_pid).and_then(|g| g.serve()) {
-        Ok(()) => {}
+    let mut leftovers = Vec::new();
+    match Guardian::new(ctrl_fd, supervisor_pid) {
+        Ok(mut g) => {
+            if let Err(err) = g.serve() {
+                eprintln!("vllm-rs guardian: {err}; killing every child");
+            }
+            leftovers = std::mem::take(&mut g.remove_on_exit);
+        }
         Err(err) => eprintln!("vllm-rs guardian: {err}; killing every child"),
     }
     kill_everything();
+    remove_files(&leftovers);
     // SAFETY: _exit never returns and skips the host interpreter's teardown.
     unsafe { libc::_exit(0) }
 }
@@ -59,6 +66,8 @@ struct Guardian {
     me: libc::pid_t,
     /// Live children started on request: pid -> spawn id.
     children: HashMap<libc::pid_t, u64>,
+    /// Files to unlink once the supervisor is gone: (path, device, inode).
+    remove_on_exit: Vec<(std::path::PathBuf, u64, u64)>,
 }
 
 fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
@@ -88,6 +97,7 @@ impl Guardian {
                 signals: OwnedFd::from_raw_fd(sfd),
                 me: libc::getpid(),
                 children: HashMap::new(),
+                remove_on_exit: Vec::new(),
             };
             // The parent-death signal was armed before exec; if the
             // supervisor died before that, we were re-parented already.
@@ -98,7 +108,7 @@ impl Guardian {
         }
     }
 
-    fn serve(mut self) -> io::Result<()> {
+    fn serve(&mut self) -> io::Result<()> {
         wire::send(&self.ctrl, &Reply::Ready { pid: self.me }.encode(), &[])?;
         let watched = [self.ctrl.as_raw_fd(), self.signals.as_raw_fd()];
         loop {
@@ -171,7 +181,15 @@ impl Guardian {
     }
 
     fn handle(&mut self, req: Request, fds: Vec<OwnedFd>) -> io::Result<()> {
-        let Request::Spawn { id, program, argv, env, cwd, fd_targets } = req;
+        let (id, program, argv, env, cwd, fd_targets) = match req {
+            Request::Spawn { id, program, argv, env, cwd, fd_targets } => (id, program, argv, env, cwd, fd_targets),
+            Request::RemoveOnExit { path, dev, ino } => {
+                use std::os::unix::ffi::OsStringExt;
+                let path = std::path::PathBuf::from(std::ffi::OsString::from_vec(path));
+                self.remove_on_exit.push((path, dev, ino));
+                return Ok(());
+            }
+        };
         let reply = match spawn_child(&program, &argv, &env, cwd.as_deref(), &fd_targets, &fds) {
             Ok((pid, pidfd)) => {
                 self.children.insert(pid, id);
@@ -373,6 +391,19 @@ unsafe fn exec_child(plan: &ExecPlan<'_>) -> ! {
     }
     libc::execve(plan.program.as_ptr(), plan.argv.as_ptr(), plan.env.as_ptr());
     fail(FailStage::Exec, -1)
+}
+
+/// Unlinks each file that is still the one registered (same device and
+/// inode), so a file someone else created at that path since is left alone.
+fn remove_files(files: &[(std::path::PathBuf, u64, u64)]) {
+    use std::os::unix::fs::MetadataExt;
+    for (path, dev, ino) in files {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            if meta.dev() == *dev && meta.ino() == *ino {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
 }
 
 /// SIGKILLs every descendant (they are all our children or become so as

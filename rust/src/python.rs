@@ -282,6 +282,14 @@ mod linux {
         supervisor::set_guardian_command(argv);
     }
 
+    /// Has this process's guardian unlink `path` once this process is gone,
+    /// however it ends (SIGKILL included), if it still names the same file.
+    #[pyfunction]
+    pub fn remove_on_exit(py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        let program = path.to_string_lossy().into_owned();
+        py.detach(|| supervisor::remove_on_exit(&path)).map_err(|e| spawn_error(e, &program))
+    }
+
     /// Pid of this process's guardian, or None before the first spawn.
     #[pyfunction]
     pub fn guardian_pid() -> Option<i32> {
@@ -303,6 +311,7 @@ mod linux {
         m.add_function(wrap_pyfunction!(wait_fds, m)?)?;
         m.add_function(wrap_pyfunction!(set_guardian_command, m)?)?;
         m.add_function(wrap_pyfunction!(guardian_pid, m)?)?;
+        m.add_function(wrap_pyfunction!(remove_on_exit, m)?)?;
         m.add_function(wrap_pyfunction!(guardian_main, m)?)?;
         m.add("SUPPORTED", true)?;
         Ok(())
@@ -326,7 +335,7 @@ mod other {
 
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let f = wrap_pyfunction!(unsupported, m)?;
-        for name in ["spawn", "spawn_many", "kill_process_tree", "wait_fds", "set_guardian_command", "guardian_pid", "guardian_main"] {
+        for name in ["spawn", "spawn_many", "kill_process_tree", "wait_fds", "set_guardian_command", "guardian_pid", "guardian_main", "remove_on_exit"] {
             m.add(name, &f)?;
         }
         m.add("SUPPORTED", false)?;

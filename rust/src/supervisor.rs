@@ -173,7 +173,9 @@ impl Guardian {
 
     /// Sends one spawn request; its outcome is claimed with [`Self::await_spawn`].
     fn send_spawn(&mut self, request: &Request, fds: &[RawFd]) -> Result<(), SpawnError> {
-        let Request::Spawn { id, .. } = request;
+        let Request::Spawn { id, .. } = request else {
+            unreachable!("send_spawn takes spawn requests");
+        };
         self.exits.insert(*id, None);
         wire::send(&self.sock, &request.encode(), fds).map_err(|err| {
             self.exits.remove(id);
@@ -376,6 +378,19 @@ pub fn spawn_many(specs: &[SpawnSpec]) -> Vec<Result<ChildProcess, SpawnError>> 
         }
     }
     outcomes.into_iter().map(|o| o.expect("every spec has an outcome")).collect()
+}
+
+/// Has the guardian unlink `path` once this process is gone, however it
+/// ends (SIGKILL included), provided the path still names the same file.
+pub fn remove_on_exit(path: &std::path::Path) -> Result<(), SpawnError> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).map_err(|err| {
+        SpawnError::InvalidArgument(format!("cannot remove {} on exit: {err}", path.display()))
+    })?;
+    let path = std::path::absolute(path).map_err(SpawnError::Guardian)?;
+    let request = Request::RemoveOnExit { path: path.as_os_str().as_bytes().to_vec(), dev: meta.dev(), ino: meta.ino() };
+    with_guardian(|g| wire::send(&g.sock, &request.encode(), &[]).map_err(SpawnError::Guardian))
 }
 
 /// Raw wait status of spawn `id`, which has exited (its pid fd is readable).

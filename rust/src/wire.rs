@@ -24,6 +24,9 @@ pub enum Request {
         cwd: Option<Vec<u8>>,
         fd_targets: Vec<RawFd>,
     },
+    /// When the supervisor is gone, unlink `path` if it is still the file
+    /// with this device and inode (a socket file the supervisor created).
+    RemoveOnExit { path: Vec<u8>, dev: u64, ino: u64 },
 }
 
 /// Where a spawn failed, as reported back to the supervisor.
@@ -150,6 +153,12 @@ impl Request {
                     w.i32(*fd);
                 }
             }
+            Request::RemoveOnExit { path, dev, ino } => {
+                w.u8(2);
+                w.bytes(path);
+                w.u64(*dev);
+                w.u64(*ino);
+            }
         }
         w.0
     }
@@ -168,6 +177,7 @@ impl Request {
                 let fd_targets = (0..n).map(|_| r.i32()).collect::<io::Result<_>>()?;
                 Ok(Request::Spawn { id, program, argv, env, cwd, fd_targets })
             }
+            2 => Ok(Request::RemoveOnExit { path: r.bytes()?, dev: r.u64()?, ino: r.u64()? }),
             kind => Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("unknown guardian request kind {kind}"),
@@ -361,6 +371,12 @@ mod tests {
                 assert_eq!(cwd.as_deref(), Some(&b"/tmp"[..]));
                 assert_eq!(fd_targets, vec![0, 1, 2, 9]);
             }
+            other => panic!("decoded {other:?}"),
+        }
+        let req = Request::RemoveOnExit { path: b"/tmp/s".to_vec(), dev: 3, ino: 99 };
+        match Request::decode(&req.encode()).unwrap() {
+            Request::RemoveOnExit { path, dev, ino } => assert_eq!((path, dev, ino), (b"/tmp/s".to_vec(), 3, 99)),
+            other => panic!("decoded {other:?}"),
         }
     }
 
