@@ -20,7 +20,12 @@ from typing import Any
 
 from vllm_rs import _core
 
-Process = _core.Process
+if hasattr(_core, "Process"):
+    Process = _core.Process
+else:  # not Linux: nothing can be started, so no handle ever exists
+
+    class Process:  # type: ignore[no-redef]
+        """Stand-in for `_core.Process`, which exists only on Linux."""
 
 # Run by the guardian: load this very extension file and enter its loop.
 _GUARDIAN_BOOT = (
