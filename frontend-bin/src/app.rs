@@ -32,10 +32,26 @@ struct Startup {
     engine_count: u32,
 }
 
+/// Async worker threads: `TOKIO_WORKER_THREADS` when set, else half the
+/// available cores (at least one). The frontend shares its host with the
+/// engine processes, and its engine-output thread and the ZeroMQ I/O thread
+/// need a core too: on a small host, more workers only add cross-thread
+/// wake-ups and context switches to every streamed token.
+fn worker_threads() -> usize {
+    if let Some(n) = std::env::var("TOKIO_WORKER_THREADS").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+        if n > 0 {
+            return n;
+        }
+    }
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    (cores / 2).max(1)
+}
+
 /// Runs the frontend to completion.
 pub fn run(args: FrontendArgs) -> Result<(), ExitError> {
     let startup = validate(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads())
         .enable_all()
         .thread_name("frontend")
         .build()

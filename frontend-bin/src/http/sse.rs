@@ -95,15 +95,18 @@ pub fn sse_response<W: ChunkWriter>(generation: Generation, writer: W, include_u
                 }
                 Phase::Deltas => match s.generation.next_delta().await {
                     Some(Ok(delta)) => {
-                        let mut chunk = s.writer.delta(&delta).to_vec();
-                        if delta.finish.is_some() {
-                            if s.include_usage {
-                                chunk.extend_from_slice(&s.writer.usage(s.generation.usage()));
-                            }
-                            chunk.extend_from_slice(DONE);
-                            s.phase = Phase::End;
+                        let chunk = s.writer.delta(&delta);
+                        if delta.finish.is_none() {
+                            // The usual case: the chunk goes out as it is, no copy.
+                            return Some((Ok(chunk), s));
                         }
-                        return Some((Ok(Bytes::from(chunk)), s));
+                        let mut last = chunk.to_vec();
+                        if s.include_usage {
+                            last.extend_from_slice(&s.writer.usage(s.generation.usage()));
+                        }
+                        last.extend_from_slice(DONE);
+                        s.phase = Phase::End;
+                        return Some((Ok(Bytes::from(last)), s));
                     }
                     Some(Err(error)) => {
                         s.phase = Phase::Finished;
