@@ -263,3 +263,22 @@ def test_arguments_exec_cannot_carry_are_value_errors():
         spawn_executable(["true"], name="x", env={"A=B": "1"})
     with pytest.raises(ValueError, match='"K" contains a NUL byte'):
         spawn_executable(["true"], name="x", env={"K": "v\0"})
+
+
+def test_threads_spawning_and_joining_at_once_get_their_own_children():
+    import threading
+
+    results: dict[int, list[int]] = {}
+
+    def worker(index: int) -> None:
+        procs = [spawn_executable(["sh", "-c", f"exit {index * 10 + j}"], name=f"w{index}-{j}") for j in range(10)]
+        for proc in procs:
+            proc.join(60)
+        results[index] = [proc.exitcode for proc in procs]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert results == {i: [i * 10 + j for j in range(10)] for i in range(8)}
