@@ -319,11 +319,19 @@ fn clone_vfork(plan: &ExecPlan<'_>) -> io::Result<libc::pid_t> {
         // SAFETY: `arg` is the plan, alive while the parent is suspended.
         unsafe { exec_child(&*(arg as *const ExecPlan<'_>)) }
     }
-    let mut stack = vec![0u8; CHILD_STACK_BYTES];
-    // The stack grows down: hand over its 16-byte-aligned top.
-    let top = (stack.as_mut_ptr() as usize + CHILD_STACK_BYTES) & !15;
-    // SAFETY: the child runs `child_main` on `stack`, which outlives it (we
-    // are suspended until it execs or exits), and only makes system calls.
+    // One stack serves every child: the guardian is single-threaded and
+    // suspended while a child uses it, so two children never share it.
+    thread_local! {
+        static STACK: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; CHILD_STACK_BYTES]);
+    }
+    let top = STACK.with(|stack| {
+        let mut stack = stack.borrow_mut();
+        // The stack grows down: hand over its 16-byte-aligned top.
+        (stack.as_mut_ptr() as usize + CHILD_STACK_BYTES) & !15
+    });
+    // SAFETY: the child runs `child_main` on the thread-local stack, which
+    // outlives it (we are suspended until it execs or exits), and only makes
+    // system calls.
     let pid = unsafe {
         libc::clone(
             child_main,

@@ -128,8 +128,11 @@ impl Guardian {
         if self.dead {
             return Ok(None);
         }
-        if let sys::PollOutcome::TimedOut = sys::poll_readable(&[self.sock.as_raw_fd()], timeout, || Ok(()))? {
-            return Ok(None);
+        // Without a timeout the blocking read itself waits.
+        if timeout.is_some() {
+            if let sys::PollOutcome::TimedOut = sys::poll_readable(&[self.sock.as_raw_fd()], timeout, || Ok(()))? {
+                return Ok(None);
+            }
         }
         let Some((body, fds)) = wire::recv(&self.sock).or_else(|e| match e.kind() {
             io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => Ok(None),
