@@ -380,33 +380,31 @@ def _threads() -> int:
     raise AssertionError("no Threads line")
 
 
+def _resources() -> tuple[int, int, list[int]]:
+    """Open fds, OS threads, and the process table below us (after a GC)."""
+    gc.collect()
+    return len(os.listdir("/proc/self/fd")), _threads(), sorted(descendants(os.getpid()))
+
+
 def test_200_spawn_and_shutdown_cycles_leave_no_trace():
     spawn_executable(["true"], name="warmup").join(10)  # the guardian starts once
-    gc.collect()
-    fds, threads, table = len(os.listdir("/proc/self/fd")), _threads(), sorted(descendants(os.getpid()))
+    before = _resources()
     for i in range(200):
         proc = spawn_executable(["sleep", "100"], name=f"cycle{i}")
         shutdown([proc], timeout=5)
         assert proc.exitcode == -signal.SIGTERM
     del proc
-    gc.collect()
-    assert len(os.listdir("/proc/self/fd")) == fds
-    assert _threads() == threads
-    assert sorted(descendants(os.getpid())) == table
+    assert _resources() == before
 
 
 def test_engine_manager_cycles_leave_no_trace(tmp_path):
     CoreEngineProcManager(engine_exits_with, 1, 0, 0, {}, True, "tcp://127.0.0.1:1", None, False).close()
-    gc.collect()
-    fds, threads, table = len(os.listdir("/proc/self/fd")), _threads(), sorted(descendants(os.getpid()))
+    before = _resources()
     for _ in range(5):
         manager = CoreEngineProcManager(engine_exits_with, 2, 0, 0, {}, True, f"ipc://{tmp_path}/x", None, False)
         manager.shutdown(timeout=5)
     del manager
-    gc.collect()
-    assert len(os.listdir("/proc/self/fd")) == fds
-    assert _threads() == threads
-    assert sorted(descendants(os.getpid())) == table
+    assert _resources() == before
 
 
 def test_sigkill_of_the_supervisor_takes_every_descendant_along(tmp_path):
