@@ -34,8 +34,7 @@ struct Startup {
 
 /// Async worker threads: `TOKIO_WORKER_THREADS` when set, else half the
 /// available cores (at least one). The frontend shares its host with the
-/// engine processes, and its engine-output thread and the ZeroMQ I/O thread
-/// need a core too: on a small host, more workers only add cross-thread
+/// engine processes, and the ZeroMQ I/O thread needs a core too: on a small host, more workers only add cross-thread
 /// wake-ups and context switches to every streamed token.
 fn worker_threads() -> usize {
     if let Some(n) = std::env::var("TOKIO_WORKER_THREADS").ok().and_then(|v| v.trim().parse::<usize>().ok()) {

@@ -60,8 +60,6 @@ pub struct Generation {
     started: Instant,
     last_tokens_at: Option<Instant>,
     finished: bool,
-    /// Token ids of the delta being built (reused).
-    token_ids: Vec<u32>,
 }
 
 impl Generation {
@@ -85,7 +83,6 @@ impl Generation {
             started,
             last_tokens_at: None,
             finished: false,
-            token_ids: Vec::new(),
         }
     }
 
@@ -104,35 +101,20 @@ impl Generation {
     }
 
     /// The next non-empty delta (or the final one); `None` once finished.
-    /// Outputs that queued up while the caller was busy are merged into one delta.
+    /// Outputs that queued up while the caller was busy come as one delta.
     pub async fn next_delta(&mut self) -> Option<Result<Delta, GenerationError>> {
         while !self.finished {
-            let Some(first) = self.stream.recv().await else {
-                return Some(self.fail(GenerationError::Unavailable("the engine client stopped".into())));
+            let (token_ids, finish_reason, stop_reason) = match self.stream.recv().await {
+                None => return Some(self.fail(GenerationError::Unavailable("the engine client stopped".into()))),
+                Some(RequestEvent::Failed(reason)) => return Some(self.fail(GenerationError::Unavailable(reason))),
+                Some(RequestEvent::Output { token_ids, finish_reason, stop_reason }) => (token_ids, finish_reason, stop_reason),
             };
-            let mut token_ids = std::mem::take(&mut self.token_ids);
-            token_ids.clear();
-            let mut finish = None;
-            let mut event = Some(first);
-            while let Some(current) = event.take() {
-                match current {
-                    RequestEvent::Failed(reason) => return Some(self.fail(GenerationError::Unavailable(reason))),
-                    RequestEvent::Output { token_ids: ids, finish_reason, stop_reason } => {
-                        token_ids.extend_from_slice(ids.as_slice());
-                        if let Some(reason) = finish_reason {
-                            finish = Some(Finish { reason, stop_reason });
-                        } else {
-                            event = self.stream.try_recv();
-                        }
-                    }
-                }
-            }
             self.count_tokens(token_ids.len());
-            if finish.as_ref().is_some_and(|f| f.reason == FinishReason::Error) {
+            if finish_reason == Some(FinishReason::Error) {
                 return Some(self.fail(GenerationError::Engine));
             }
+            let mut finish = finish_reason.map(|reason| Finish { reason, stop_reason });
             let mut text = self.decoder.push(&token_ids);
-            self.token_ids = token_ids;
             if finish.is_some() {
                 text.push_str(&self.decoder.flush());
             }

@@ -5,40 +5,32 @@
 //! and is written directly by whoever submits or aborts (a send only queues
 //! the message for libzmq's I/O thread, so the lock is held for microseconds
 //! and no thread hop is added); the PULL (output) is owned by the output
-//! thread, which decodes and dispatches to per-request channels.
+//! task, which runs in the async runtime itself: libzmq's notification fd
+//! (`ZMQ_FD`) wakes it, it decodes and dispatches to per-request channels, and
+//! the handlers it wakes run on the same worker, with no thread in between.
 
 use super::balancer::Balancer;
+use super::inbox::{Inbox, RequestEvent};
 use super::codec::{decode_outputs, encode_abort, encode_add, encode_utility, DecodeError};
 use super::protocol::{
-    engine_identity, EngineOutput, EngineRequest, FinishReason, OutputsMessage, StopReason, UtilityReply,
-    REQUEST_ABORT, REQUEST_ADD, REQUEST_UTILITY,
+    engine_identity, EngineOutput, EngineRequest, FinishReason, OutputsMessage, UtilityReply, REQUEST_ABORT,
+    REQUEST_ADD, REQUEST_UTILITY,
 };
-use super::token_ids::TokenIds;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::oneshot;
 
-/// How often the output thread looks at its stop flag while idle.
-const OUTPUT_POLL_INTERVAL_MS: i32 = 200;
+/// How often the output task looks at its stop flag while idle.
+const OUTPUT_POLL_INTERVAL: Duration = Duration::from_millis(200);
 
-/// What a request's handler receives.
-#[derive(Debug)]
-pub enum RequestEvent {
-    /// New tokens; the last one carries the finish reason.
-    Output {
-        /// Tokens generated since the previous event.
-        token_ids: TokenIds,
-        /// Set when the request is finished.
-        finish_reason: Option<FinishReason>,
-        /// What stopped it, when known.
-        stop_reason: Option<StopReason>,
-    },
-    /// The request failed outside the engine's control (engine dead, protocol error, send failure).
-    Failed(String),
-}
+/// Engine messages the output task handles before it lets the handlers it
+/// woke run: bounds the latency one busy output socket adds to every stream.
+const MESSAGES_PER_TURN: usize = 1024;
 
 /// Why a request could not be submitted.
 #[derive(Debug, thiserror::Error)]
@@ -67,9 +59,17 @@ struct InputCommand<'a> {
     request_id: Option<&'a str>,
 }
 
+/// A request in flight, as the dispatcher sees it. Dropping it (finished,
+/// failed or aborted) closes the handler's inbox.
 struct RequestSlot {
     slot: usize,
-    events: mpsc::UnboundedSender<RequestEvent>,
+    inbox: Arc<Inbox>,
+}
+
+impl Drop for RequestSlot {
+    fn drop(&mut self) {
+        self.inbox.close();
+    }
 }
 
 type UtilityResult = Result<Option<rmpv::Value>, String>;
@@ -93,7 +93,8 @@ pub struct EngineClient {
 }
 
 impl EngineClient {
-    /// Starts the output thread over the (registered) sockets.
+    /// Starts the output task over the (registered) sockets. Must be called
+    /// from inside the tokio runtime.
     pub fn start(router: zmq::Socket, pull: zmq::Socket, start_index: u32, engine_count: u32, client_index: u32) -> Self {
         let shared = Arc::new(Shared {
             start_index,
@@ -106,11 +107,7 @@ impl EngineClient {
             failure: OnceLock::new(),
             stopping: AtomicBool::new(false),
         });
-        let for_output = shared.clone();
-        thread::Builder::new()
-            .name("engine-output".into())
-            .spawn(move || run_output_thread(pull, for_output))
-            .expect("spawning the engine output thread");
+        tokio::spawn(run_output_task(pull, shared.clone()));
         EngineClient { shared }
     }
 
@@ -140,14 +137,14 @@ impl EngineClient {
         };
         request.data_parallel_rank = pinned_rank;
         request.client_index = shared.client_index;
-        let (tx, rx) = mpsc::unbounded_channel();
+        let inbox = Arc::new(Inbox::default());
         let request_id = request.request_id.clone();
-        shared.requests.lock().unwrap().insert(request_id.clone(), RequestSlot { slot, events: tx });
+        shared.requests.lock().unwrap().insert(request_id.clone(), RequestSlot { slot, inbox: inbox.clone() });
         shared.balancer.engine(slot).started();
         let engine = shared.start_index + slot as u32;
         let payload = encode_add(&request);
         shared.send(InputCommand { engine, kind: REQUEST_ADD, payload, request_id: Some(&request_id) });
-        Ok(RequestStream { request_id, engine, events: rx, shared: shared.clone(), done: false })
+        Ok(RequestStream { request_id, engine, inbox, shared: shared.clone(), done: false })
     }
 
     /// Calls `method` on engine `engine` and waits at most `timeout` for its reply.
@@ -202,7 +199,7 @@ impl EngineClient {
         let drained: Vec<(String, RequestSlot)> = self.shared.requests.lock().unwrap().drain().collect();
         for (request_id, entry) in drained {
             self.shared.balancer.engine(entry.slot).finished();
-            let _ = entry.events.send(RequestEvent::Failed(reason.to_string()));
+            entry.inbox.fail(reason.to_string());
             self.shared.send_abort(entry.slot, request_id);
         }
     }
@@ -248,7 +245,7 @@ impl Shared {
         let removed = self.requests.lock().unwrap().remove(request_id);
         if let Some(entry) = removed {
             self.balancer.engine(entry.slot).finished();
-            let _ = entry.events.send(RequestEvent::Failed(reason));
+            entry.inbox.fail(reason);
         }
     }
 
@@ -259,7 +256,7 @@ impl Shared {
         let drained: Vec<RequestSlot> = self.requests.lock().unwrap().drain().map(|(_, s)| s).collect();
         for entry in drained {
             self.balancer.engine(entry.slot).finished();
-            let _ = entry.events.send(RequestEvent::Failed(reason.clone()));
+            entry.inbox.fail(reason.clone());
         }
         for (_, call) in self.utility_calls.lock().unwrap().drain() {
             let _ = call.send(Err(reason.clone()));
@@ -297,11 +294,7 @@ impl Shared {
                 tracing::debug!(request_id = %output.request_id, "dropping output of a request no longer in flight");
                 continue;
             };
-            let _ = entry.events.send(RequestEvent::Output {
-                token_ids: output.new_token_ids,
-                finish_reason: output.finish_reason,
-                stop_reason: output.stop_reason,
-            });
+            entry.inbox.push_output(output.new_token_ids.as_slice(), output.finish_reason, output.stop_reason);
             if finished {
                 if let Some(entry) = requests.remove(output.request_id) {
                     self.balancer.engine(entry.slot).finished();
@@ -312,11 +305,7 @@ impl Shared {
         for request_id in finished_requests {
             if let Some(entry) = requests.remove(request_id) {
                 self.balancer.engine(entry.slot).finished();
-                let _ = entry.events.send(RequestEvent::Output {
-                    token_ids: TokenIds::default(),
-                    finish_reason: Some(FinishReason::Abort),
-                    stop_reason: None,
-                });
+                entry.inbox.push_output(&[], Some(FinishReason::Abort), None);
             }
         }
     }
@@ -333,39 +322,74 @@ impl Shared {
     }
 }
 
-fn run_output_thread(pull: zmq::Socket, shared: Arc<Shared>) {
-    if let Err(e) = pull.set_rcvtimeo(OUTPUT_POLL_INTERVAL_MS) {
-        shared.fail_all(format!("cannot configure the output socket: {e}"));
-        return;
+/// libzmq's notification fd of a socket, owned by libzmq: only borrowed here.
+struct NotificationFd(RawFd);
+
+impl AsRawFd for NotificationFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
     }
+}
+
+/// Receives engine outputs until the client stops with nothing in flight or
+/// the socket fails. `ZMQ_FD` is edge-triggered and only says "look again":
+/// every wake-up drains the socket with non-blocking receives.
+async fn run_output_task(pull: zmq::Socket, shared: Arc<Shared>) {
+    let notification = match pull.get_fd() {
+        // SAFETY: libzmq keeps `ZMQ_FD` open as long as the socket, and
+        // `notification` is declared after `pull`, so it is dropped first.
+        Ok(fd) => unsafe { AsyncFd::register_with_interest(NotificationFd(fd), Interest::READABLE) }
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let notification = match notification {
+        Ok(notification) => notification,
+        Err(e) => return shared.fail_all(format!("cannot watch the output socket: {e}")),
+    };
     // Reused for every message: the hot path allocates no frame buffers.
     let mut frame = zmq::Message::new();
     let mut aux = zmq::Message::new();
     loop {
+        let mut handled = 0;
+        loop {
+            match pull.recv(&mut frame, zmq::DONTWAIT) {
+                Ok(()) => {}
+                Err(zmq::Error::EAGAIN) => break,
+                Err(zmq::Error::EINTR) => continue,
+                Err(e) => return shared.fail_all(format!("receiving engine outputs failed: {e}")),
+            }
+            handle_message(&pull, &frame, &mut aux, &shared);
+            handled += 1;
+            if handled == MESSAGES_PER_TURN {
+                handled = 0;
+                tokio::task::yield_now().await;
+            }
+        }
         if shared.stopping.load(Ordering::Relaxed) && shared.requests.lock().unwrap().is_empty() {
             return;
         }
-        match pull.recv(&mut frame, 0) {
-            Ok(()) => {}
-            Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => continue,
-            Err(e) => {
-                shared.fail_all(format!("receiving engine outputs failed: {e}"));
-                return;
-            }
+        match tokio::time::timeout(OUTPUT_POLL_INTERVAL, notification.readable()).await {
+            Ok(Ok(mut ready)) => ready.clear_ready(),
+            Ok(Err(e)) => return shared.fail_all(format!("watching the output socket failed: {e}")),
+            Err(_idle) => {}
         }
-        // Aux frames (tensors) carry nothing the frontend uses.
-        let mut more = frame.get_more();
-        while more {
-            if pull.recv(&mut aux, 0).is_err() {
-                break;
-            }
-            more = aux.get_more();
+    }
+}
+
+/// Decodes one outputs message (its first frame) and dispatches it.
+fn handle_message(pull: &zmq::Socket, frame: &zmq::Message, aux: &mut zmq::Message, shared: &Shared) {
+    // Aux frames (tensors) carry nothing the frontend uses.
+    let mut more = frame.get_more();
+    while more {
+        if pull.recv(aux, 0).is_err() {
+            break;
         }
-        match decode_outputs(&frame) {
-            Ok(message) => shared.dispatch(message),
-            Err(DecodeError::Malformed(why)) => tracing::warn!("skipping a malformed engine message: {why}"),
-            Err(e @ DecodeError::Protocol(_)) => shared.fail_all(format!("engine {e}; requests in flight were failed")),
-        }
+        more = aux.get_more();
+    }
+    match decode_outputs(frame) {
+        Ok(message) => shared.dispatch(message),
+        Err(DecodeError::Malformed(why)) => tracing::warn!("skipping a malformed engine message: {why}"),
+        Err(e @ DecodeError::Protocol(_)) => shared.fail_all(format!("engine {e}; requests in flight were failed")),
     }
 }
 
@@ -374,7 +398,7 @@ fn run_output_thread(pull: zmq::Socket, shared: Arc<Shared>) {
 pub struct RequestStream {
     request_id: String,
     engine: u32,
-    events: mpsc::UnboundedReceiver<RequestEvent>,
+    inbox: Arc<Inbox>,
     shared: Arc<Shared>,
     done: bool,
 }
@@ -390,23 +414,14 @@ impl RequestStream {
         self.engine
     }
 
-    /// The next event; `None` after the last one.
+    /// Everything that arrived since the previous call, as one event (waits
+    /// while nothing did); `None` after the last one.
     pub async fn recv(&mut self) -> Option<RequestEvent> {
         if self.done {
             return None;
         }
-        let event = self.events.recv().await;
+        let event = std::future::poll_fn(|cx| self.inbox.poll_event(cx)).await;
         self.note(event)
-    }
-
-    /// The next event if one is already queued.
-    pub fn try_recv(&mut self) -> Option<RequestEvent> {
-        if self.done {
-            return None;
-        }
-        // Nothing queued is not the end of the stream: only note real events.
-        let event = self.events.try_recv().ok()?;
-        self.note(Some(event))
     }
 
     fn note(&mut self, event: Option<RequestEvent>) -> Option<RequestEvent> {

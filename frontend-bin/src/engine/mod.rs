@@ -3,10 +3,12 @@
 pub mod balancer;
 pub mod client;
 pub mod codec;
+pub mod inbox;
 pub mod msgpack;
 pub mod protocol;
 pub mod registration;
 pub mod sockets;
 pub mod token_ids;
 
-pub use client::{EngineClient, RequestEvent, RequestStream, SubmitError};
+pub use client::{EngineClient, RequestStream, SubmitError};
+pub use inbox::RequestEvent;

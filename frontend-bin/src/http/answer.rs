@@ -38,7 +38,7 @@ pub async fn answer<W: ChunkWriter>(
     let model = state.config.primary_model_name().to_string();
     if stream {
         let header = ChunkHeader { id: submitted.id, object: format.chunk_object, created: submitted.created, model };
-        return Ok(sse_response(submitted.generation, (format.writer)(header), include_usage));
+        return Ok(sse_response(submitted.generation, (format.writer)(header), include_usage).await);
     }
     let (text, finish) = submitted.generation.collect().await.map_err(generation_error)?;
     let mut choice = json!({

@@ -74,6 +74,8 @@ struct StreamState<W> {
     writer: W,
     include_usage: bool,
     phase: Phase,
+    /// The first delta, awaited before the response started.
+    first: Option<Option<Result<Delta, GenerationError>>>,
 }
 
 /// The error chunk for a generation that failed mid-stream.
@@ -82,8 +84,13 @@ pub fn error_event(error: &GenerationError) -> Bytes {
 }
 
 /// A `text/event-stream` response that streams `generation` through `writer`.
-pub fn sse_response<W: ChunkWriter>(generation: Generation, writer: W, include_usage: bool) -> Response {
-    let state = StreamState { generation, writer, include_usage, phase: Phase::Opening };
+///
+/// Resolves once the first delta (or failure) is there, so that the response
+/// head, the opening chunk and the first delta leave in one write instead of
+/// three: with many streams, writes to the clients are most of the work.
+pub async fn sse_response<W: ChunkWriter>(mut generation: Generation, writer: W, include_usage: bool) -> Response {
+    let first = Some(generation.next_delta().await);
+    let state = StreamState { generation, writer, include_usage, phase: Phase::Opening, first };
     let body = stream::unfold(state, |mut s| async move {
         loop {
             match s.phase {
@@ -93,7 +100,10 @@ pub fn sse_response<W: ChunkWriter>(generation: Generation, writer: W, include_u
                         return Some((Ok::<Bytes, Infallible>(chunk), s));
                     }
                 }
-                Phase::Deltas => match s.generation.next_delta().await {
+                Phase::Deltas => match match s.first.take() {
+                    Some(first) => first,
+                    None => s.generation.next_delta().await,
+                } {
                     Some(Ok(delta)) => {
                         let chunk = s.writer.delta(&delta);
                         if delta.finish.is_none() {

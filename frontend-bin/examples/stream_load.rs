@@ -1,0 +1,155 @@
+//! Streaming load for `bench/bench_frontend.py`: opens `--streams` keep-alive
+//! connections to a frontend, then sends one streamed `/v1/completions` request
+//! on each at once and reads every byte of every answer.
+//!
+//! The connections are warmed up with `GET /health` first, so that accepting
+//! them is not part of the measurement. One thread, one read per readable socket into a 64 KiB buffer: the client
+//! costs little CPU, so that on a small machine the numbers are about the
+//! frontend. Prints one JSON line: `{"tokens": N, "seconds": S}`, where N is the
+//! sum of the `completion_tokens` of the final usage chunks and S runs from
+//! the first byte sent to the last byte received. Exits non-zero on any
+//! non-200 answer or a stream that ends early.
+//!
+//! Build: `cargo build --release -p vllm-rs --example stream_load`.
+
+use std::time::Instant;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+struct Options {
+    port: u16,
+    streams: usize,
+    tokens: u32,
+    prompt: String,
+}
+
+fn parse_options() -> Result<Options, String> {
+    let mut options = Options { port: 0, streams: 64, tokens: 256, prompt: "Hello".into() };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
+        match flag.as_str() {
+            "--port" => options.port = value.parse().map_err(|e| bad(&e))?,
+            "--streams" => options.streams = value.parse().map_err(|e| bad(&e))?,
+            "--tokens" => options.tokens = value.parse().map_err(|e| bad(&e))?,
+            "--prompt" => options.prompt = value,
+            _ => return Err(format!("unknown flag {flag}")),
+        }
+    }
+    if options.port == 0 {
+        return Err("--port is required".into());
+    }
+    Ok(options)
+}
+
+/// Where the body of an answer whose head is complete in `received` ends:
+/// `None` while more is to come. A chunked body ends with its last chunk.
+fn answer_end(received: &[u8]) -> Option<usize> {
+    let head_end = received.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&received[..head_end]).to_ascii_lowercase();
+    if head.contains("transfer-encoding: chunked") {
+        return received.ends_with(b"\r\n0\r\n\r\n").then_some(received.len());
+    }
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    (received.len() >= head_end + length).then_some(head_end + length)
+}
+
+/// Reads one whole answer (head and body); returns it raw, chunk framing included.
+async fn read_answer(connection: &mut TcpStream) -> Result<Vec<u8>, String> {
+    let mut received = Vec::with_capacity(64 << 10);
+    let mut block = vec![0u8; 64 << 10];
+    loop {
+        let n = connection.read(&mut block).await.map_err(|e| format!("reading: {e}"))?;
+        if n == 0 {
+            return Err("the connection closed before the answer ended".into());
+        }
+        received.extend_from_slice(&block[..n]);
+        if answer_end(&received).is_some() {
+            return Ok(received);
+        }
+    }
+}
+
+/// Sends `GET /health` and reads its answer: the connection is then accepted
+/// and served by the frontend, as a keep-alive connection is.
+async fn warm_up(connection: &mut TcpStream) -> Result<(), String> {
+    connection
+        .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .map_err(|e| format!("sending the warm-up: {e}"))?;
+    let answer = read_answer(connection).await?;
+    if answer.starts_with(b"HTTP/1.1 200") {
+        Ok(())
+    } else {
+        Err(format!("warm-up: {}", String::from_utf8_lossy(&answer)))
+    }
+}
+
+/// The status code and the `completion_tokens` of the last usage chunk of a raw answer.
+fn check_answer(raw: &[u8]) -> Result<u64, String> {
+    let text = String::from_utf8_lossy(raw);
+    let status = text.split(' ').nth(1).unwrap_or("?");
+    if status != "200" {
+        return Err(format!("status {status}: {}", &text[..text.len().min(300)]));
+    }
+    let key = "\"completion_tokens\":";
+    let at = text.rfind(key).ok_or("no usage chunk in the answer")? + key.len();
+    let digits: String = text[at..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().map_err(|e| format!("completion_tokens: {e}"))
+}
+
+async fn run(options: Options) -> Result<(u64, f64), String> {
+    let body = serde_json::json!({
+        "model": "toy",
+        "prompt": options.prompt,
+        "max_tokens": options.tokens,
+        "ignore_eos": true,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    })
+    .to_string();
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut connections = Vec::with_capacity(options.streams);
+    for _ in 0..options.streams {
+        let connection = TcpStream::connect(("127.0.0.1", options.port)).await.map_err(|e| format!("connecting: {e}"))?;
+        connection.set_nodelay(true).map_err(|e| format!("TCP_NODELAY: {e}"))?;
+        connections.push(connection);
+    }
+    for connection in &mut connections {
+        warm_up(connection).await?;
+    }
+    let start = Instant::now();
+    // Every request goes out before any answer is read, as from 64 independent clients.
+    for connection in &mut connections {
+        connection.write_all(request.as_bytes()).await.map_err(|e| format!("sending: {e}"))?;
+    }
+    let answers = futures_util::future::join_all(connections.iter_mut().map(read_answer)).await;
+    let seconds = start.elapsed().as_secs_f64();
+    let mut tokens = 0;
+    for answer in answers {
+        tokens += check_answer(&answer?)?;
+    }
+    Ok((tokens, seconds))
+}
+
+fn main() {
+    let outcome = parse_options().and_then(|options| {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        runtime.block_on(run(options))
+    });
+    match outcome {
+        Ok((tokens, seconds)) => println!("{}", serde_json::json!({"tokens": tokens, "seconds": seconds})),
+        Err(e) => {
+            eprintln!("stream_load: {e}");
+            std::process::exit(1);
+        }
+    }
+}

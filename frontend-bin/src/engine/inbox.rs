@@ -1,0 +1,153 @@
+//! The hand-off of one request's outputs from the output task to the handler
+//! that waits for them.
+//!
+//! An inbox merges: the handler gets every token that arrived since it last
+//! looked in one event, and the output task wakes the handler only once per
+//! look, however many engine messages arrive in between. Under load (many
+//! streams, an engine faster than the clients) this is what keeps the cost per
+//! token low: one lock and a copy, instead of a queued event and a wake-up.
+
+use super::protocol::{FinishReason, StopReason};
+use std::sync::Mutex;
+use std::task::{Context, Poll, Waker};
+
+/// What a request's handler receives.
+#[derive(Debug, PartialEq)]
+pub enum RequestEvent {
+    /// Every token that arrived since the previous event; the last event carries the finish reason.
+    Output {
+        /// The new tokens, oldest first.
+        token_ids: Vec<u32>,
+        /// Set when the request is finished.
+        finish_reason: Option<FinishReason>,
+        /// What stopped it, when known.
+        stop_reason: Option<StopReason>,
+    },
+    /// The request failed outside the engine's control (engine dead, protocol error, send failure).
+    Failed(String),
+}
+
+/// One request's pending outputs. Shared by the output task (which fills it)
+/// and the request's handler (which empties it).
+#[derive(Default)]
+pub struct Inbox {
+    state: Mutex<Pending>,
+}
+
+#[derive(Default)]
+struct Pending {
+    token_ids: Vec<u32>,
+    finish: Option<(FinishReason, Option<StopReason>)>,
+    failure: Option<String>,
+    /// The producer is gone: after what is pending, nothing more comes.
+    closed: bool,
+    waiting: Option<Waker>,
+}
+
+impl Inbox {
+    /// Adds the tokens of one engine output and, on the last one, its finish.
+    pub fn push_output(&self, token_ids: &[u32], finish_reason: Option<FinishReason>, stop_reason: Option<StopReason>) {
+        self.update(|pending| {
+            pending.token_ids.extend_from_slice(token_ids);
+            if let Some(reason) = finish_reason {
+                pending.finish = Some((reason, stop_reason));
+            }
+        });
+    }
+
+    /// Fails the request: the handler's next event is `Failed(reason)`.
+    pub fn fail(&self, reason: String) {
+        self.update(|pending| {
+            pending.failure.get_or_insert(reason);
+        });
+    }
+
+    /// Marks the end of the outputs, finished or not.
+    pub fn close(&self) {
+        self.update(|pending| pending.closed = true);
+    }
+
+    fn update(&self, change: impl FnOnce(&mut Pending)) {
+        let waiting = {
+            let mut pending = self.state.lock().unwrap();
+            change(&mut pending);
+            pending.waiting.take()
+        };
+        if let Some(waker) = waiting {
+            waker.wake();
+        }
+    }
+
+    /// Takes everything pending as one event; `Ready(None)` once closed and
+    /// empty; `Pending` (with a wake-up registered) when nothing arrived yet.
+    pub fn poll_event(&self, cx: &mut Context<'_>) -> Poll<Option<RequestEvent>> {
+        let mut pending = self.state.lock().unwrap();
+        if let Some(reason) = pending.failure.take() {
+            return Poll::Ready(Some(RequestEvent::Failed(reason)));
+        }
+        if !pending.token_ids.is_empty() || pending.finish.is_some() {
+            let (finish_reason, stop_reason) = pending.finish.take().unzip();
+            let token_ids = std::mem::take(&mut pending.token_ids);
+            return Poll::Ready(Some(RequestEvent::Output { token_ids, finish_reason, stop_reason: stop_reason.flatten() }));
+        }
+        if pending.closed {
+            return Poll::Ready(None);
+        }
+        match &mut pending.waiting {
+            Some(waker) => waker.clone_from(cx.waker()),
+            none => *none = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::poll_fn;
+    use std::sync::Arc;
+
+    fn poll_now(inbox: &Inbox) -> Poll<Option<RequestEvent>> {
+        let mut cx = Context::from_waker(Waker::noop());
+        inbox.poll_event(&mut cx)
+    }
+
+    #[test]
+    fn outputs_that_queued_up_arrive_merged_in_order() {
+        let inbox = Inbox::default();
+        assert_eq!(poll_now(&inbox), Poll::Pending);
+        inbox.push_output(&[1, 2], None, None);
+        inbox.push_output(&[3], None, None);
+        inbox.push_output(&[4], Some(FinishReason::Length), None);
+        let event = RequestEvent::Output { token_ids: vec![1, 2, 3, 4], finish_reason: Some(FinishReason::Length), stop_reason: None };
+        assert_eq!(poll_now(&inbox), Poll::Ready(Some(event)));
+        assert_eq!(poll_now(&inbox), Poll::Pending);
+    }
+
+    #[test]
+    fn a_failure_comes_first_and_closing_ends_the_events() {
+        let inbox = Inbox::default();
+        inbox.push_output(&[7], None, None);
+        inbox.fail("engine died".into());
+        inbox.close();
+        assert_eq!(poll_now(&inbox), Poll::Ready(Some(RequestEvent::Failed("engine died".into()))));
+        let event = RequestEvent::Output { token_ids: vec![7], finish_reason: None, stop_reason: None };
+        assert_eq!(poll_now(&inbox), Poll::Ready(Some(event)));
+        assert_eq!(poll_now(&inbox), Poll::Ready(None));
+    }
+
+    #[tokio::test]
+    async fn a_waiting_handler_is_woken_by_the_producer() {
+        let inbox = Arc::new(Inbox::default());
+        let producer = inbox.clone();
+        let waiter = tokio::spawn(async move { poll_fn(|cx| inbox.poll_event(cx)).await });
+        tokio::task::yield_now().await;
+        producer.push_output(&[5], Some(FinishReason::Stop), Some(StopReason::Token(5)));
+        let event = RequestEvent::Output {
+            token_ids: vec![5],
+            finish_reason: Some(FinishReason::Stop),
+            stop_reason: Some(StopReason::Token(5)),
+        };
+        assert_eq!(waiter.await.unwrap(), Some(event));
+    }
+}
