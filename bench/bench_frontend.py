@@ -3,18 +3,28 @@
 A fake engine (pyzmq + msgpack) answers at once: every loop it takes all new
 requests and emits one token for each running request, in one message.
 
+  * 64 streams of 256 tokens: streamed tokens/s through the frontend (SSE,
+    `stream_options.include_usage` for the count) and straight from the engine
+    (a client that plays the frontend's part on the sockets: ADD out, outputs
+    decoded in). Goal: the frontend delivers at least 90% of that.
   * /v1/completions with max_tokens=1 from 64 concurrent keep-alive clients:
     requests/s and p50/p99 latency (and the same requests sent straight to
-    the engine, for reference);
-  * 64 streams of 256 tokens: streamed tokens/s through the frontend
-    (SSE, `stream_options.include_usage` for the count) and straight from the
-    engine (a client that plays the frontend's part on the sockets: ADD out,
-    outputs decoded in). Goal: the frontend delivers at least 90% of that.
+    the engine, for reference).
 
-The HTTP client is a small asyncio HTTP/1.1 client (no third-party client in
-the measured path); it reads every byte of the streams in large blocks and
-parses only the final usage chunk, so that it measures the frontend rather
-than itself. Repeats each measurement and reports the best round.
+The streams are read by a native one-thread client
+(`frontend-bin/examples/stream_load.rs`, built here with cargo): a Python
+client costs as much CPU per token as the frontend itself. Its connections
+are opened and warmed up (`GET /health`) before the clock starts.
+
+Streaming is measured in two layouts, rounds alternating between the two
+paths in each, and reported as the median round:
+  * engine on its own core: the engine process is pinned to CPU 0, the
+    clients and the frontend to the others. This is the goal's measure: it
+    asks whether the frontend keeps up with the engine, and an engine has its
+    own cores in deployment;
+  * shared: every process on every core. On a small machine this measures
+    mostly that the frontend's CPU is taken from the engine's (printed for
+    the record).
 
 Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_frontend.py [--quick]
 """
@@ -28,13 +38,15 @@ import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
@@ -45,6 +57,8 @@ from vllm_rs.utils import CoreEngineProcManager, RustFrontendProcessManager  # n
 
 PROMPT = "The quick brown fox jumps over the lazy dog. "
 STREAM_GOAL = 0.90
+#: Seconds between streaming rounds, so that no round pays for the previous one's clean-up.
+ROUND_PAUSE = 0.05
 
 
 # ---------------------------------------------------------------------------
@@ -218,59 +232,58 @@ class HttpConnection:
         assert not chunked
         return status, await self.reader.readexactly(length)
 
-    async def post_stream(self, path: str, payload: bytes) -> tuple[int, bytes]:
-        """A streamed (chunked) request: every byte is read in large blocks and
-        returned raw, chunk framing included, without per-event parsing."""
-        self._send(path, payload)
-        status, length, chunked = await self._read_head()
-        if not chunked:
-            return status, await self.reader.readexactly(length)
-        blocks = []
-        tail = b""
-        while not tail.endswith(b"\r\n0\r\n\r\n") and tail != b"0\r\n\r\n":
-            block = await self.reader.read(1 << 16)
-            if not block:
-                raise ConnectionError("the stream ended early")
-            blocks.append(block)
-            tail = (tail + block)[-16:]
-        return status, b"".join(blocks)
-
     def close(self) -> None:
         self.writer.close()
 
 
-def last_usage(raw_body: bytes) -> dict:
-    """The usage object of the final usage chunk of a raw chunked SSE body
-    (hyper writes each event, framing apart, in one piece)."""
-    start = raw_body.rindex(b'data: {"id"')
-    end = raw_body.index(b"\n\n", start)
-    return json.loads(raw_body[start + 6 : end])["usage"]
+def build_stream_load() -> Path:
+    """Builds the native streaming client; returns the path of its executable."""
+    cache = Path(os.environ.get("VLLM_RS_CACHE") or Path.home() / ".cache" / "vllm-rs")
+    env = {**os.environ, "CARGO_TARGET_DIR": os.environ.get("CARGO_TARGET_DIR") or str(cache / "target")}
+    command = ["cargo", "build", "--release", "-p", "vllm-rs", "--example", "stream_load", "--message-format=json"]
+    built = subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.PIPE, text=True)
+    for line in built.stdout.splitlines():
+        artifact = json.loads(line)
+        if artifact.get("reason") == "compiler-artifact" and artifact["target"]["name"] == "stream_load":
+            return Path(artifact["executable"])
+    raise RuntimeError("cargo built no stream_load executable")
 
 
-async def frontend_streaming(port: int, streams: int, tokens: int) -> float:
-    connections = [HttpConnection("127.0.0.1", port) for _ in range(streams)]
-    await asyncio.gather(*(c.open() for c in connections))
-    payload = json.dumps(
-        {
-            "model": "toy",
-            "prompt": PROMPT,
-            "max_tokens": tokens,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    ).encode()
-    start = time.perf_counter()
-    replies = await asyncio.gather(*(c.post_stream("/v1/completions", payload) for c in connections))
-    elapsed = time.perf_counter() - start
-    for c in connections:
-        c.close()
-    received = 0
-    for status, sse in replies:
-        assert status == 200, sse[:200]
-        received += last_usage(sse)["completion_tokens"]
-    assert received == streams * tokens, received
-    return received / elapsed
+def frontend_streaming(stream_load: Path, port: int, streams: int, tokens: int) -> float:
+    """One round of `streams` concurrent streams through the frontend; tokens/s."""
+    command = [str(stream_load), "--port", str(port), "--streams", str(streams), "--tokens", str(tokens), "--prompt", PROMPT]
+    ran = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if ran.returncode != 0:
+        raise RuntimeError(f"stream_load failed: {ran.stderr.strip()}")
+    result = json.loads(ran.stdout)
+    assert result["tokens"] == streams * tokens, result
+    return result["tokens"] / result["seconds"]
+
+
+# ---------------------------------------------------------------------------
+# CPU layouts
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Moves every thread of `pid` to `cpus` (new threads inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(tid), cpus)
+
+
+def engine_on_own_core(engine_pids: list[int], others: list[int]) -> None:
+    """The engine processes on CPU 0; the given others (and this process) on the rest."""
+    cpus = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
+    for pid in engine_pids:
+        pin(pid, {0})
+    for pid in [os.getpid(), *others]:
+        pin(pid, cpus - {0})
+
+
+def share_all_cores(pids: list[int]) -> None:
+    """Every process given (and this one) on every core."""
+    for pid in [os.getpid(), *pids]:
+        pin(pid, set(range(os.cpu_count() or 1)))
 
 
 async def frontend_requests(port: int, concurrency: int, total: int) -> tuple[float, list[float]]:
@@ -298,7 +311,8 @@ async def frontend_requests(port: int, concurrency: int, total: int) -> tuple[fl
 
 @contextlib.contextmanager
 def frontend_stack(log_path: Path):
-    """The installed `vllm-rs` binary behind RustFrontendProcessManager, with one instant engine."""
+    """The installed `vllm-rs` binary behind RustFrontendProcessManager, with
+    one instant engine; yields (HTTP port, frontend pid, engine pid)."""
     import argparse as _argparse
 
     http = socket.socket()
@@ -307,7 +321,7 @@ def frontend_stack(log_path: Path):
     port = http.getsockname()[1]
     input_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
     output_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
-    with engine_process(input_listener.address, output_listener.address):
+    with engine_process(input_listener.address, output_listener.address) as engine:
         args = _argparse.Namespace(model="toy", disable_log_stats=True)
         saved = os.dup(2)
         with open(log_path, "ab") as log:
@@ -320,7 +334,7 @@ def frontend_stack(log_path: Path):
         http.close()
         try:
             wait_healthy(port, frontend)
-            yield port
+            yield port, frontend.processes[0].pid, engine.processes[0].pid
         finally:
             frontend.shutdown()
 
@@ -343,6 +357,32 @@ def wait_healthy(port: int, frontend: RustFrontendProcessManager) -> None:
 # ---------------------------------------------------------------------------
 
 
+def streaming_rounds(client: DirectClient, stream_load: Path, port: int, args, rounds: int) -> dict[str, float]:
+    """Alternating direct and frontend rounds (after one warm-up each); medians."""
+    direct_runs, frontend_runs = [], []
+    for _ in range(rounds + 1):
+        direct_runs.append(direct_streaming(client, args.streams, args.tokens))
+        time.sleep(ROUND_PAUSE)
+        frontend_runs.append(frontend_streaming(stream_load, port, args.streams, args.tokens))
+        time.sleep(ROUND_PAUSE)  # the frontend closes the client's connections before the next round
+    direct, frontend = statistics.median(direct_runs[1:]), statistics.median(frontend_runs[1:])
+    return {
+        "direct_tokens_per_s": direct,
+        "frontend_tokens_per_s": frontend,
+        "ratio": frontend / direct,
+        "pair_ratio_median": statistics.median(f / d for f, d in zip(frontend_runs[1:], direct_runs[1:])),
+    }
+
+
+def print_streaming(title: str, result: dict[str, float], goal: bool) -> None:
+    print(f"  {title}:")
+    print(f"    frontend : {result['frontend_tokens_per_s']:9.0f} tokens/s")
+    print(f"    direct   : {result['direct_tokens_per_s']:9.0f} tokens/s")
+    verdict = f" (goal >= {STREAM_GOAL:.2f}: {'PASS' if result['ratio'] >= STREAM_GOAL else 'BELOW GOAL'})" if goal else ""
+    print(f"    frontend / direct = {result['ratio']:.2f}{verdict}; "
+          f"median of round-by-round ratios {result['pair_ratio_median']:.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds")
@@ -350,54 +390,47 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=64)
     args = parser.parse_args()
-    rounds = 3 if args.quick else 10
+    rounds = 5 if args.quick else 30
     total = 2000 if args.quick else 10000
+    cpus = os.cpu_count() or 1
+    stream_load = build_stream_load()
 
-    results: dict[str, object] = {"streams": args.streams, "tokens": args.tokens, "concurrency": args.concurrency}
+    results: dict[str, object] = {"streams": args.streams, "tokens": args.tokens, "concurrency": args.concurrency, "cpus": cpus}
     client = DirectClient()
     with (
-        engine_process(client.input_address, client.output_address),
+        engine_process(client.input_address, client.output_address) as direct_engine,
         tempfile.TemporaryDirectory() as tmp,
-        frontend_stack(Path(tmp) / "frontend.log") as port,
+        frontend_stack(Path(tmp) / "frontend.log") as (port, frontend_pid, frontend_engine),
     ):
         client.wait_registered()
-        # Rounds alternate between the two paths, so both see the same background load.
-        direct_runs, frontend_runs = [], []
-        for _ in range(rounds + 1):  # the first round of each is a warm-up
-            direct_runs.append(direct_streaming(client, args.streams, args.tokens))
-            frontend_runs.append(asyncio.run(frontend_streaming(port, args.streams, args.tokens)))
-        direct_tok_s, fe_tok_s = max(direct_runs[1:]), max(frontend_runs[1:])
-        pair_ratios = [f / d for f, d in zip(frontend_runs[1:], direct_runs[1:])]
+        engines = [direct_engine.processes[0].pid, frontend_engine]
+        if cpus >= 2:
+            engine_on_own_core(engines, [frontend_pid])
+            results["engine_on_own_core"] = streaming_rounds(client, stream_load, port, args, rounds)
+        share_all_cores([*engines, frontend_pid])
+        results["shared"] = streaming_rounds(client, stream_load, port, args, rounds)
         direct_requests(client, args.concurrency, min(total, 1000))  # warm-up
         direct_rps, direct_lat = direct_requests(client, args.concurrency, total)
         asyncio.run(frontend_requests(port, args.concurrency, min(total, 1000)))  # warm-up
         fe_rps, fe_lat = asyncio.run(frontend_requests(port, args.concurrency, total))
     client.close()
 
-    ratio = fe_tok_s / direct_tok_s
     results.update(
-        stream_pair_ratio_median=statistics.median(pair_ratios),
-        direct_stream_tokens_per_s=direct_tok_s,
-        frontend_stream_tokens_per_s=fe_tok_s,
-        stream_ratio=ratio,
         direct_requests_per_s=direct_rps,
         direct_p50_ms=statistics.median(direct_lat) * 1e3,
         direct_p99_ms=statistics.quantiles(direct_lat, n=100)[98] * 1e3,
         frontend_requests_per_s=fe_rps,
         frontend_p50_ms=statistics.median(fe_lat) * 1e3,
         frontend_p99_ms=statistics.quantiles(fe_lat, n=100)[98] * 1e3,
-        cpus=os.cpu_count(),
     )
-    print(f"cpus: {os.cpu_count()}  (client, engine and frontend share them)")
-    print(f"/v1/completions max_tokens=1, {args.concurrency} concurrent, {total} requests:")
+    print(f"cpus: {cpus}")
+    print(f"streaming, {args.streams} streams x {args.tokens} tokens, median of {rounds} rounds:")
+    if "engine_on_own_core" in results:
+        print_streaming("engine on its own core (CPU 0), clients and frontend on the rest", results["engine_on_own_core"], goal=True)
+    print_streaming("every process on every core", results["shared"], goal=cpus < 2)
+    print(f"/v1/completions max_tokens=1, {args.concurrency} concurrent, {total} requests (every process on every core):")
     print(f"  frontend : {fe_rps:9.0f} req/s  p50 {results['frontend_p50_ms']:6.2f} ms  p99 {results['frontend_p99_ms']:6.2f} ms")
     print(f"  direct   : {direct_rps:9.0f} req/s  p50 {results['direct_p50_ms']:6.2f} ms  p99 {results['direct_p99_ms']:6.2f} ms")
-    print(f"streaming, {args.streams} streams x {args.tokens} tokens (best of {rounds}):")
-    print(f"  frontend : {fe_tok_s:9.0f} tokens/s")
-    print(f"  direct   : {direct_tok_s:9.0f} tokens/s")
-    verdict = "PASS" if ratio >= STREAM_GOAL else "BELOW GOAL"
-    print(f"  frontend / direct = {ratio:.2f} (goal >= {STREAM_GOAL:.2f}: {verdict}); "
-          f"median of round-by-round ratios {statistics.median(pair_ratios):.2f}")
     out = Path(__file__).resolve().parent / "results"
     out.mkdir(exist_ok=True)
     (out / "frontend.json").write_text(json.dumps(results, indent=2))

@@ -16,7 +16,9 @@ Each measurement is repeated (`--rounds`) and the best round is reported;
 every stack is started and stopped by `serve` itself. max_tokens=1 load comes
 from wrk when it is installed (`apt-get install wrk`; on 2 shared cores a
 Python client caps a fast server), else from bench_frontend.py's asyncio
-client (`--client python`); streams always use that client. Results also go to bench/results/serve.json.
+client (`--client python`). Streams are read by bench_frontend.py's native
+streaming client (frontend-bin/examples/stream_load.rs, built with cargo).
+Results also go to bench/results/serve.json.
 
 Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_serve.py [--quick]
 """
@@ -41,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 # The client and measurements of bench_frontend.py; they ask for the model `toy`,
 # so the echo stacks are served under that name too.
-from bench.bench_frontend import frontend_requests, frontend_streaming  # noqa: E402
+from bench.bench_frontend import build_stream_load, frontend_requests, frontend_streaming  # noqa: E402
 
 READY_LINE = re.compile(rb"serving the OpenAI API on http://[^:]+:(\d+) ")
 REQUESTS_GOAL = 5.0
@@ -115,7 +117,7 @@ def wrk_requests(port: int, concurrency: int, seconds: int, log_dir: Path) -> tu
     return rps, latency["50"], latency["99"]
 
 
-def bench_echo_stack(name: str, args: list[str], opts: argparse.Namespace, log_dir: Path) -> dict:
+def bench_echo_stack(name: str, args: list[str], opts: argparse.Namespace, stream_load: Path, log_dir: Path) -> dict:
     """Best rounds of both measurements on one stack."""
     log_path = log_dir / f"serve-{name.replace(' ', '')}.log"
     with serve("--model", "echo", "--served-model-name", "toy", "--data-parallel-size", "2", *args, log_path=log_path) as port:
@@ -129,15 +131,15 @@ def bench_echo_stack(name: str, args: list[str], opts: argparse.Namespace, log_d
                 rps, latencies = run(frontend_requests(port, opts.concurrency, opts.requests))
                 measured = (rps, statistics.median(latencies) * 1000, statistics.quantiles(latencies, n=100)[98] * 1000)
             best = max(best, measured)
-            best_stream = max(best_stream, run(frontend_streaming(port, opts.streams, opts.tokens)))
+            best_stream = max(best_stream, frontend_streaming(stream_load, port, opts.streams, opts.tokens))
     return {"requests_per_s": best[0], "p50_ms": best[1], "p99_ms": best[2], "stream_tokens_per_s": best_stream}
 
 
-def bench_toy(opts: argparse.Namespace, log_dir: Path) -> float:
+def bench_toy(opts: argparse.Namespace, stream_load: Path, log_dir: Path) -> float:
     """Streamed tokens/s of the toy model on this machine (one engine)."""
     with serve("--model", "toy", "--device", "cpu", log_path=log_dir / "serve-toy.log") as port:
-        run(frontend_streaming(port, 2, 8))  # warm-up
-        return max(run(frontend_streaming(port, opts.toy_streams, opts.toy_tokens)) for _ in range(opts.rounds))
+        frontend_streaming(stream_load, port, 2, 8)  # warm-up
+        return max(frontend_streaming(stream_load, port, opts.toy_streams, opts.toy_tokens) for _ in range(opts.rounds))
 
 
 def main() -> int:
@@ -161,11 +163,12 @@ def main() -> int:
         opts.rounds, opts.requests, opts.seconds, opts.toy_tokens = 1, 1000, 3, 32
     results_dir = ROOT / "bench" / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
+    stream_load = build_stream_load()
     print(f"serve on echo, 2 engines; {opts.concurrency} clients x max_tokens=1 ({opts.client} client), "
           f"{opts.streams} streams x {opts.tokens} tokens; best of {opts.rounds}; {os.cpu_count()} CPUs")  # fmt: skip
     results: dict = {"cpus": os.cpu_count(), "options": vars(opts), "stacks": {}}
     for name, args in STACKS.items():
-        r = bench_echo_stack(name, args, opts, results_dir)
+        r = bench_echo_stack(name, args, opts, stream_load, results_dir)
         results["stacks"][name] = r
         print(f"  {name:10s} {r['requests_per_s']:9.0f} req/s  p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
               f"{r['stream_tokens_per_s']:9.0f} streamed tokens/s", flush=True)  # fmt: skip
@@ -177,7 +180,7 @@ def main() -> int:
     verdict = "a smoke run, too short to judge" if opts.quick else ("met" if met else "NOT met")
     print(f"  Rust / one Python API server: {ratio:.1f}x requests/s, p99 {rust['p99_ms']:.2f} vs {python1['p99_ms']:.2f} ms "
           f"(goal: >= {REQUESTS_GOAL:.0f}x at equal or lower p99: {verdict})")  # fmt: skip
-    toy = bench_toy(opts, results_dir)
+    toy = bench_toy(opts, stream_load, results_dir)
     results["toy_cpu_stream_tokens_per_s"] = toy
     print(f"  toy model on the CPU (1 engine, rust frontend): {toy:.0f} tokens/s over {opts.toy_streams} streams of {opts.toy_tokens}")
     (results_dir / "serve.json").write_text(json.dumps(results, indent=2))

@@ -87,7 +87,9 @@ impl Inbox {
         }
         if !pending.token_ids.is_empty() || pending.finish.is_some() {
             let (finish_reason, stop_reason) = pending.finish.take().unzip();
-            let token_ids = std::mem::take(&mut pending.token_ids);
+            // The next batch is likely about as long as this one: no regrowing from empty.
+            let capacity = pending.token_ids.len();
+            let token_ids = std::mem::replace(&mut pending.token_ids, Vec::with_capacity(capacity));
             return Poll::Ready(Some(RequestEvent::Output { token_ids, finish_reason, stop_reason: stop_reason.flatten() }));
         }
         if pending.closed {
