@@ -5,11 +5,12 @@
 use crate::cli::FrontendArgs;
 use crate::config::ServerConfig;
 use crate::engine::registration::wait_for_engines;
-use crate::engine::sockets::{open_input_socket, open_output_socket, SocketSource};
+use crate::engine::sockets::{open_input_socket, open_output_listener, SocketSource};
 use crate::engine::EngineClient;
 use crate::error::ExitError;
 use crate::fds::{adopt_listening_socket, ListeningSocket};
-use crate::http::server::{serve, HttpListener, ServeOptions};
+use crate::http::server::{serve, ServeOptions};
+use crate::listener::StreamListener;
 use crate::http::state::{unix_now, AppState};
 use crate::metrics::Metrics;
 use crate::stats_log::{log_stats_forever, STATS_LOG_INTERVAL};
@@ -130,7 +131,7 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
     let http_address = http.address.clone();
     let ctx = zmq::Context::new();
     let router = open_input_socket(&ctx, input)?;
-    let pull = open_output_socket(&ctx, output)?;
+    let output = open_output_listener(output)?;
 
     tracing::info!("waiting for engines {start}..={} to register", start + count - 1);
     let cancel = Arc::new(AtomicBool::new(false));
@@ -149,14 +150,14 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
     };
     let max_model_len = registrations.iter().filter_map(|r| r.max_model_len).chain(config.max_model_len).min();
 
-    let engines = EngineClient::start(router, pull, start, count, 0);
+    let engines = EngineClient::start(router, output, start, count, 0);
     let metrics = Arc::new(Metrics::new(config.primary_model_name()));
     if !config.disable_log_stats {
         tokio::spawn(log_stats_forever(metrics.clone(), engines.clone(), STATS_LOG_INTERVAL));
     }
     let options = ServeOptions { keep_alive_timeout: config.http_timeout_keep_alive, drain_timeout: config.shutdown_timeout };
     let state = Arc::new(AppState { config, tokenizer, engines: engines.clone(), metrics, max_model_len, created: unix_now() });
-    let listener = HttpListener::from_socket(http)?;
+    let listener = StreamListener::from_socket(http).context("adopting the HTTP socket")?;
     tracing::info!(
         "serving the OpenAI API on {} (model {}, max_model_len {:?}, engines {start}..={})",
         http_address.zmq_endpoint().replace("tcp://", "http://").replace("ipc://", "unix:"),

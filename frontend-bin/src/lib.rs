@@ -11,6 +11,7 @@ pub mod fds;
 pub mod generate;
 pub mod http;
 pub mod ids;
+pub mod listener;
 pub mod metrics;
 pub mod stats_log;
 pub mod stop;

@@ -4,10 +4,11 @@
 //! ZeroMQ sockets are not thread-safe: the ROUTER (input) sits behind a mutex
 //! and is written directly by whoever submits or aborts (a send only queues
 //! the message for libzmq's I/O thread, so the lock is held for microseconds
-//! and no thread hop is added); the PULL (output) is owned by the output
-//! task, which runs in the async runtime itself: libzmq's notification fd
-//! (`ZMQ_FD`) wakes it, it decodes and dispatches to per-request channels, and
-//! the handlers it wakes run on the same worker, with no thread in between.
+//! and no thread hop is added). Outputs arrive on the output listener: each
+//! engine connection is read by its own task in the async runtime, speaking
+//! ZMTP as a PULL (`zmtp.rs`), which decodes every message and dispatches it
+//! to the per-request inboxes; the handlers it wakes run on the same worker,
+//! with no thread in between.
 
 use super::balancer::Balancer;
 use super::inbox::{Inbox, RequestEvent};
@@ -18,18 +19,15 @@ use super::protocol::{
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::os::fd::{AsRawFd, RawFd};
+use super::zmtp::PullConnection;
+use crate::listener::{AcceptedStream, StreamListener};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use tokio::io::unix::AsyncFd;
-use tokio::io::Interest;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
 
-/// How often the output task looks at its stop flag while idle.
-const OUTPUT_POLL_INTERVAL: Duration = Duration::from_millis(200);
-
-/// Engine messages the output task handles before it lets the handlers it
-/// woke run: bounds the latency one busy output socket adds to every stream.
+/// Engine messages a connection's task handles before it lets the handlers it
+/// woke run: bounds the latency one busy engine adds to every stream.
 const MESSAGES_PER_TURN: usize = 1024;
 
 /// Why a request could not be submitted.
@@ -93,9 +91,9 @@ pub struct EngineClient {
 }
 
 impl EngineClient {
-    /// Starts the output task over the (registered) sockets. Must be called
-    /// from inside the tokio runtime.
-    pub fn start(router: zmq::Socket, pull: zmq::Socket, start_index: u32, engine_count: u32, client_index: u32) -> Self {
+    /// Starts reading engine outputs from `output` (the input `router` has seen
+    /// every engine register). Must be called from inside the tokio runtime.
+    pub fn start(router: zmq::Socket, output: StreamListener, start_index: u32, engine_count: u32, client_index: u32) -> Self {
         let shared = Arc::new(Shared {
             start_index,
             client_index,
@@ -107,7 +105,7 @@ impl EngineClient {
             failure: OnceLock::new(),
             stopping: AtomicBool::new(false),
         });
-        tokio::spawn(run_output_task(pull, shared.clone()));
+        tokio::spawn(accept_engine_connections(output, shared.clone()));
         EngineClient { shared }
     }
 
@@ -322,70 +320,49 @@ impl Shared {
     }
 }
 
-/// libzmq's notification fd of a socket, owned by libzmq: only borrowed here.
-struct NotificationFd(RawFd);
-
-impl AsRawFd for NotificationFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0
+/// Accepts the engines' PUSH connections, each read by its own task.
+async fn accept_engine_connections(listener: StreamListener, shared: Arc<Shared>) {
+    loop {
+        match listener.accept().await {
+            Ok(AcceptedStream::Tcp(stream)) => {
+                tokio::spawn(read_engine_outputs(stream, shared.clone()));
+            }
+            Ok(AcceptedStream::Unix(stream)) => {
+                tokio::spawn(read_engine_outputs(stream, shared.clone()));
+            }
+            Err(e) => {
+                tracing::warn!("accepting an engine output connection failed: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
     }
 }
 
-/// Receives engine outputs until the client stops with nothing in flight or
-/// the socket fails. `ZMQ_FD` is edge-triggered and only says "look again":
-/// every wake-up drains the socket with non-blocking receives.
-async fn run_output_task(pull: zmq::Socket, shared: Arc<Shared>) {
-    let notification = match pull.get_fd() {
-        // SAFETY: libzmq keeps `ZMQ_FD` open as long as the socket, and
-        // `notification` is declared after `pull`, so it is dropped first.
-        Ok(fd) => unsafe { AsyncFd::register_with_interest(NotificationFd(fd), Interest::READABLE) }
-            .map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
+/// Reads one engine connection until it closes or breaks the protocol (the
+/// engine reconnects if it is still alive; its death comes as ENGINE_CORE_DEAD).
+async fn read_engine_outputs<S: AsyncRead + AsyncWrite + Unpin>(stream: S, shared: Arc<Shared>) {
+    let mut connection = match PullConnection::handshake(stream).await {
+        Ok(connection) => connection,
+        Err(e) => return tracing::warn!("refused an engine output connection: {e}"),
     };
-    let notification = match notification {
-        Ok(notification) => notification,
-        Err(e) => return shared.fail_all(format!("cannot watch the output socket: {e}")),
-    };
-    // Reused for every message: the hot path allocates no frame buffers.
-    let mut frame = zmq::Message::new();
-    let mut aux = zmq::Message::new();
+    tracing::debug!("engine output connection open");
+    let mut handled = 0;
     loop {
-        let mut handled = 0;
-        loop {
-            match pull.recv(&mut frame, zmq::DONTWAIT) {
-                Ok(()) => {}
-                Err(zmq::Error::EAGAIN) => break,
-                Err(zmq::Error::EINTR) => continue,
-                Err(e) => return shared.fail_all(format!("receiving engine outputs failed: {e}")),
-            }
-            handle_message(&pull, &frame, &mut aux, &shared);
-            handled += 1;
-            if handled == MESSAGES_PER_TURN {
-                handled = 0;
-                tokio::task::yield_now().await;
-            }
+        match connection.next_message().await {
+            Ok(Some(frame)) => handle_message(&frame, &shared),
+            Ok(None) => return tracing::debug!("engine output connection closed"),
+            Err(e) => return tracing::warn!("dropping an engine output connection: {e}"),
         }
-        if shared.stopping.load(Ordering::Relaxed) && shared.requests.lock().unwrap().is_empty() {
-            return;
-        }
-        match tokio::time::timeout(OUTPUT_POLL_INTERVAL, notification.readable()).await {
-            Ok(Ok(mut ready)) => ready.clear_ready(),
-            Ok(Err(e)) => return shared.fail_all(format!("watching the output socket failed: {e}")),
-            Err(_idle) => {}
+        handled += 1;
+        if handled == MESSAGES_PER_TURN {
+            handled = 0;
+            tokio::task::yield_now().await;
         }
     }
 }
 
 /// Decodes one outputs message (its first frame) and dispatches it.
-fn handle_message(pull: &zmq::Socket, frame: &zmq::Message, aux: &mut zmq::Message, shared: &Shared) {
-    // Aux frames (tensors) carry nothing the frontend uses.
-    let mut more = frame.get_more();
-    while more {
-        if pull.recv(aux, 0).is_err() {
-            break;
-        }
-        more = aux.get_more();
-    }
+fn handle_message(frame: &[u8], shared: &Shared) {
     match decode_outputs(frame) {
         Ok(message) => shared.dispatch(message),
         Err(DecodeError::Malformed(why)) => tracing::warn!("skipping a malformed engine message: {why}"),

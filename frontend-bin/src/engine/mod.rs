@@ -9,6 +9,7 @@ pub mod protocol;
 pub mod registration;
 pub mod sockets;
 pub mod token_ids;
+pub mod zmtp;
 
 pub use client::{EngineClient, RequestStream, SubmitError};
 pub use inbox::RequestEvent;

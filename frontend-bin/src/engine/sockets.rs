@@ -1,8 +1,11 @@
-//! The frontend's two ZeroMQ sockets: ROUTER for input, PULL for output, either
-//! adopted from an inherited listener fd (`ZMQ_USE_FD`, then `bind` to the
-//! same address: never a fresh bind) or bound to a given address.
+//! The frontend's two engine-facing sockets, each adopted from an inherited
+//! listener fd (never a fresh bind) or bound to a given address: the input
+//! ROUTER is libzmq's (`ZMQ_USE_FD`, then `bind` to the same address); the
+//! output side is a plain listener whose connections the runtime reads as a
+//! ZeroMQ PULL itself (`zmtp.rs`).
 
 use crate::fds::ListeningSocket;
+use crate::listener::StreamListener;
 use anyhow::{Context, Result};
 use std::os::fd::IntoRawFd;
 
@@ -26,12 +29,21 @@ pub fn open_input_socket(ctx: &zmq::Context, source: SocketSource) -> Result<zmq
     attach(socket, source, "input")
 }
 
-/// Opens the output socket (PULL).
-pub fn open_output_socket(ctx: &zmq::Context, source: SocketSource) -> Result<zmq::Socket> {
-    let socket = ctx.socket(zmq::PULL).context("creating the output PULL socket")?;
-    socket.set_rcvhwm(0).context("setting ZMQ_RCVHWM")?;
-    socket.set_linger(0).context("setting ZMQ_LINGER")?;
-    attach(socket, source, "output")
+/// Opens the output listener, where the engines' PUSH sockets connect.
+pub fn open_output_listener(source: SocketSource) -> Result<StreamListener> {
+    match source {
+        SocketSource::Address(address) => {
+            let listener = StreamListener::bind_endpoint(&address).context("opening the output socket")?;
+            tracing::debug!(%address, "output socket bound");
+            Ok(listener)
+        }
+        SocketSource::Listener(listener) => {
+            let endpoint = listener.address.zmq_endpoint();
+            let adopted = StreamListener::from_socket(listener).context("adopting the output listener")?;
+            tracing::debug!(%endpoint, "output socket adopted its listener");
+            Ok(adopted)
+        }
+    }
 }
 
 fn attach(mut socket: zmq::Socket, source: SocketSource, name: &str) -> Result<zmq::Socket> {

@@ -1,0 +1,374 @@
+//! The receiving end of a ZeroMQ PUSH -> PULL connection, spoken directly
+//! over an accepted stream (ZMTP 3.0, NULL security mechanism).
+//!
+//! The engines' outputs are the frontend's hottest path: with libzmq, every
+//! message crosses its I/O thread, a pipe and a mailbox wake-up before the
+//! async runtime sees it. Reading the stream in the runtime itself takes one
+//! `read` per many messages and no thread hop. Only what a PULL needs is here:
+//! the greeting, the READY handshake (the peer must be a PUSH), data frames,
+//! and PING answered with PONG; the first frame of each message is returned,
+//! later (aux) frames are skipped without being buffered.
+//!
+//! Spec: <https://rfc.zeromq.org/spec/23/> (ZMTP 3.0), <https://rfc.zeromq.org/spec/37/> (3.1 commands).
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The first frame of a message may be at most this large (the outputs of one
+/// engine step are far smaller); a bigger one is a protocol error.
+pub const MAX_FIRST_FRAME: u64 = 1 << 30;
+
+const GREETING_LEN: usize = 64;
+const FLAG_MORE: u8 = 0x01;
+const FLAG_LONG: u8 = 0x02;
+const FLAG_COMMAND: u8 = 0x04;
+/// Bytes read from the stream at a time (at least).
+const READ_CHUNK: usize = 64 << 10;
+
+/// Why a connection cannot go on.
+#[derive(Debug, thiserror::Error)]
+pub enum ZmtpError {
+    /// The stream failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The peer broke the protocol (or is not a ZeroMQ PUSH socket).
+    #[error("ZMTP protocol error: {0}")]
+    Protocol(String),
+}
+
+fn protocol(why: impl Into<String>) -> ZmtpError {
+    ZmtpError::Protocol(why.into())
+}
+
+/// Our greeting: ZMTP 3.0, mechanism NULL, not a server of a security handshake.
+fn greeting() -> [u8; GREETING_LEN] {
+    let mut g = [0u8; GREETING_LEN];
+    g[0] = 0xFF;
+    g[8] = 0x01; // padding read as a ZMTP 1.0 length by old peers
+    g[9] = 0x7F;
+    g[10] = 3;
+    g[11] = 0;
+    g[12..16].copy_from_slice(b"NULL");
+    g
+}
+
+/// A command frame holding `body`.
+fn command_frame(body: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(body.len() + 9);
+    match u8::try_from(body.len()) {
+        Ok(len) => frame.extend_from_slice(&[FLAG_COMMAND, len]),
+        Err(_) => {
+            frame.push(FLAG_COMMAND | FLAG_LONG);
+            frame.extend_from_slice(&(body.len() as u64).to_be_bytes());
+        }
+    }
+    frame.extend_from_slice(body);
+    frame
+}
+
+/// The READY command announcing a PULL socket.
+fn ready_command() -> Vec<u8> {
+    let mut body = Vec::new();
+    body.push(5);
+    body.extend_from_slice(b"READY");
+    body.push(11);
+    body.extend_from_slice(b"Socket-Type");
+    body.extend_from_slice(&4u32.to_be_bytes());
+    body.extend_from_slice(b"PULL");
+    command_frame(&body)
+}
+
+/// Splits a command body into its name and data.
+fn command_parts(body: &[u8]) -> Result<(&[u8], &[u8]), ZmtpError> {
+    let (&len, rest) = body.split_first().ok_or_else(|| protocol("empty command"))?;
+    if rest.len() < len as usize {
+        return Err(protocol("command name longer than its frame"));
+    }
+    Ok(rest.split_at(len as usize))
+}
+
+/// The value of the `Socket-Type` property in READY metadata.
+fn socket_type(mut metadata: &[u8]) -> Result<Option<&[u8]>, ZmtpError> {
+    while !metadata.is_empty() {
+        let name_len = metadata[0] as usize;
+        if metadata.len() < 1 + name_len + 4 {
+            return Err(protocol("truncated READY property"));
+        }
+        let name = &metadata[1..1 + name_len];
+        let value_len = u32::from_be_bytes(metadata[1 + name_len..5 + name_len].try_into().unwrap()) as usize;
+        let rest = &metadata[5 + name_len..];
+        if rest.len() < value_len {
+            return Err(protocol("truncated READY property value"));
+        }
+        if name.eq_ignore_ascii_case(b"Socket-Type") {
+            return Ok(Some(&rest[..value_len]));
+        }
+        metadata = &rest[value_len..];
+    }
+    Ok(None)
+}
+
+/// A frame header: flags and body size, and how many bytes the header took.
+struct FrameHeader {
+    flags: u8,
+    size: u64,
+    len: usize,
+}
+
+fn parse_header(buf: &[u8]) -> Option<FrameHeader> {
+    let &flags = buf.first()?;
+    if flags & FLAG_LONG != 0 {
+        let size = u64::from_be_bytes(buf.get(1..9)?.try_into().unwrap());
+        Some(FrameHeader { flags, size, len: 9 })
+    } else {
+        Some(FrameHeader { flags, size: u64::from(*buf.get(1)?), len: 2 })
+    }
+}
+
+/// One PUSH peer's connection, past the handshake.
+pub struct PullConnection<S> {
+    stream: S,
+    buffer: BytesMut,
+    /// Bytes of an aux frame still to discard.
+    skipping: u64,
+    /// The message being read has more (aux) frames to come.
+    in_aux_frames: bool,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> PullConnection<S> {
+    /// Runs the ZMTP handshake on `stream` as the PULL side.
+    pub async fn handshake(mut stream: S) -> Result<Self, ZmtpError> {
+        stream.write_all(&greeting()).await?;
+        let mut peer = [0u8; GREETING_LEN];
+        stream.read_exact(&mut peer).await?;
+        if peer[0] != 0xFF || peer[9] != 0x7F {
+            return Err(protocol("the peer did not send a ZMTP 3 greeting"));
+        }
+        if peer[10] < 3 {
+            return Err(protocol(format!("the peer speaks ZMTP {}.x; 3.0 or later is needed", peer[10])));
+        }
+        let mechanism = &peer[12..32];
+        if !mechanism.starts_with(b"NULL") || mechanism[4..].iter().any(|&b| b != 0) {
+            let name = String::from_utf8_lossy(mechanism).trim_end_matches('\0').to_string();
+            return Err(protocol(format!("security mechanism {name:?} is not supported (NULL only)")));
+        }
+        stream.write_all(&ready_command()).await?;
+        let mut connection = PullConnection { stream, buffer: BytesMut::with_capacity(READ_CHUNK), skipping: 0, in_aux_frames: false };
+        let header = connection.read_header().await?;
+        if header.flags & FLAG_COMMAND == 0 {
+            return Err(protocol("the peer sent data before READY"));
+        }
+        let body = connection.read_body(header).await?;
+        let (name, metadata) = command_parts(&body)?;
+        if name != b"READY" {
+            return Err(protocol(format!("expected READY, got {}", String::from_utf8_lossy(name))));
+        }
+        match socket_type(metadata)? {
+            Some(b"PUSH") => Ok(connection),
+            Some(other) => Err(protocol(format!("the peer is a {} socket, a PULL needs a PUSH", String::from_utf8_lossy(other)))),
+            None => Err(protocol("the peer's READY has no Socket-Type")),
+        }
+    }
+
+    /// The first frame of the next message (its aux frames are skipped);
+    /// `None` when the peer closed the connection between messages.
+    pub async fn next_message(&mut self) -> Result<Option<Bytes>, ZmtpError> {
+        loop {
+            if self.skipping > 0 {
+                let n = self.skipping.min(self.buffer.len() as u64) as usize;
+                self.buffer.advance(n);
+                self.skipping -= n as u64;
+                if self.skipping > 0 {
+                    self.fill().await?;
+                    continue;
+                }
+            }
+            let Some(header) = parse_header(&self.buffer) else {
+                if !self.fill_or_eof().await? {
+                    return Ok(None);
+                }
+                continue;
+            };
+            if header.flags & FLAG_COMMAND != 0 {
+                let body = self.read_body(header).await?;
+                self.answer_command(&body).await?;
+                continue;
+            }
+            let more = header.flags & FLAG_MORE != 0;
+            if self.in_aux_frames {
+                self.buffer.advance(header.len);
+                self.skipping = header.size;
+                self.in_aux_frames = more;
+                continue;
+            }
+            if header.size > MAX_FIRST_FRAME {
+                return Err(protocol(format!("a {}-byte message is over the {MAX_FIRST_FRAME}-byte limit", header.size)));
+            }
+            let frame = self.read_body(header).await?;
+            self.in_aux_frames = more;
+            return Ok(Some(frame));
+        }
+    }
+
+    /// PING gets a PONG with its context; other commands are ignored.
+    async fn answer_command(&mut self, body: &[u8]) -> Result<(), ZmtpError> {
+        let (name, data) = command_parts(body)?;
+        if name == b"PING" {
+            let context = data.get(2..).unwrap_or_default();
+            let mut pong = vec![4];
+            pong.extend_from_slice(b"PONG");
+            pong.extend_from_slice(&context[..context.len().min(16)]);
+            self.stream.write_all(&command_frame(&pong)).await?;
+        }
+        Ok(())
+    }
+
+    async fn read_header(&mut self) -> Result<FrameHeader, ZmtpError> {
+        loop {
+            if let Some(header) = parse_header(&self.buffer) {
+                return Ok(header);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// The body of the frame whose header starts the buffer.
+    async fn read_body(&mut self, header: FrameHeader) -> Result<Bytes, ZmtpError> {
+        let size = usize::try_from(header.size).map_err(|_| protocol("frame too large"))?;
+        let total = header.len + size;
+        if self.buffer.len() < total {
+            self.buffer.reserve(total - self.buffer.len());
+        }
+        while self.buffer.len() < total {
+            self.fill().await?;
+        }
+        let mut frame = self.buffer.split_to(total);
+        frame.advance(header.len);
+        Ok(frame.freeze())
+    }
+
+    /// Reads more bytes; the peer closing here (mid-frame) is an error.
+    async fn fill(&mut self) -> Result<(), ZmtpError> {
+        if self.fill_or_eof().await? {
+            Ok(())
+        } else {
+            Err(protocol("the peer closed the connection in the middle of a frame"))
+        }
+    }
+
+    /// Reads more bytes; false at end of stream.
+    async fn fill_or_eof(&mut self) -> Result<bool, ZmtpError> {
+        if self.buffer.capacity() - self.buffer.len() < READ_CHUNK / 4 {
+            self.buffer.reserve(READ_CHUNK);
+        }
+        Ok(self.stream.read_buf(&mut self.buffer).await? > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{duplex, DuplexStream};
+
+    /// Plays a PUSH peer's handshake on `peer`.
+    async fn push_handshake(peer: &mut DuplexStream, socket_type: &[u8]) {
+        let mut ours = [0u8; GREETING_LEN];
+        peer.read_exact(&mut ours).await.unwrap();
+        assert_eq!((ours[0], ours[9], ours[10]), (0xFF, 0x7F, 3));
+        assert_eq!(&ours[12..16], b"NULL");
+        let mut g = greeting();
+        g[11] = 1; // a 3.1 peer, as libzmq 4.x is
+        peer.write_all(&g).await.unwrap();
+        let mut body = vec![5];
+        body.extend_from_slice(b"READY");
+        body.push(11);
+        body.extend_from_slice(b"Socket-Type");
+        body.extend_from_slice(&(socket_type.len() as u32).to_be_bytes());
+        body.extend_from_slice(socket_type);
+        peer.write_all(&command_frame(&body)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn reads_first_frames_and_skips_aux_frames_across_reads() {
+        let (ours, mut peer) = duplex(64);
+        let pull = tokio::spawn(async move {
+            let mut connection = PullConnection::handshake(ours).await.unwrap();
+            let mut got = Vec::new();
+            while let Some(frame) = connection.next_message().await.unwrap() {
+                got.push(frame);
+            }
+            got
+        });
+        push_handshake(&mut peer, b"PUSH").await;
+        let long = vec![7u8; 300];
+        let mut wire = vec![0x00, 3, b'a', b'b', b'c']; // one-frame message
+        wire.extend_from_slice(&[0x01, 1, b'x']); // first frame, more to come
+        wire.extend_from_slice(&[0x03]); // long aux frame, more
+        wire.extend_from_slice(&300u64.to_be_bytes());
+        wire.extend_from_slice(&long);
+        wire.extend_from_slice(&[0x00, 2, 9, 9]); // last aux frame
+        wire.extend_from_slice(&[0x02]); // long first frame, alone
+        wire.extend_from_slice(&300u64.to_be_bytes());
+        wire.extend_from_slice(&long);
+        peer.write_all(&wire).await.unwrap();
+        drop(peer);
+        let got = pull.await.unwrap();
+        assert_eq!(got, vec![Bytes::from_static(b"abc"), Bytes::from_static(b"x"), Bytes::from(long)]);
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_is_not_a_push_is_refused() {
+        let (ours, mut peer) = duplex(1024);
+        let pull = tokio::spawn(PullConnection::handshake(ours));
+        push_handshake(&mut peer, b"PUB").await;
+        let error = pull.await.unwrap().err().unwrap().to_string();
+        assert!(error.contains("PUB socket"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_does_not_speak_zmtp_is_refused() {
+        let (ours, mut peer) = duplex(1024);
+        let pull = tokio::spawn(PullConnection::handshake(ours));
+        peer.write_all(&[b'G'; GREETING_LEN]).await.unwrap();
+        let error = pull.await.unwrap().err().unwrap().to_string();
+        assert!(error.contains("greeting"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn ping_is_answered_with_pong_and_its_context() {
+        let (ours, mut peer) = duplex(1024);
+        let pull = tokio::spawn(async move {
+            let mut connection = PullConnection::handshake(ours).await.unwrap();
+            connection.next_message().await.unwrap()
+        });
+        push_handshake(&mut peer, b"PUSH").await;
+        let mut ready = [0u8; 2];
+        peer.read_exact(&mut ready).await.unwrap();
+        let mut rest = vec![0u8; ready[1] as usize];
+        peer.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest[..6], b"\x05READY");
+        let mut ping = vec![4];
+        ping.extend_from_slice(b"PING");
+        ping.extend_from_slice(&[0, 10, b'c', b't', b'x']);
+        peer.write_all(&command_frame(&ping)).await.unwrap();
+        let mut pong = [0u8; 2 + 5 + 3];
+        peer.read_exact(&mut pong).await.unwrap();
+        assert_eq!(&pong, b"\x04\x08\x04PONGctx");
+        peer.write_all(&[0x00, 1, b'z']).await.unwrap();
+        assert_eq!(pull.await.unwrap(), Some(Bytes::from_static(b"z")));
+    }
+
+    #[tokio::test]
+    async fn an_oversized_first_frame_is_a_protocol_error() {
+        let (ours, mut peer) = duplex(1024);
+        let pull = tokio::spawn(async move {
+            let mut connection = PullConnection::handshake(ours).await.unwrap();
+            connection.next_message().await
+        });
+        push_handshake(&mut peer, b"PUSH").await;
+        peer.write_all(&[0x02]).await.unwrap();
+        peer.write_all(&(MAX_FIRST_FRAME + 1).to_be_bytes()).await.unwrap();
+        let error = pull.await.unwrap().err().unwrap().to_string();
+        assert!(error.contains("limit"), "{error}");
+    }
+}

@@ -1,0 +1,131 @@
+//! Listening sockets in the async runtime, TCP or Unix: adopted from an
+//! inherited fd, or bound to a ZeroMQ-style endpoint (`tcp://HOST:PORT`,
+//! `ipc://PATH`, `ipc://@NAME`), and the streams they accept.
+
+use crate::fds::{ListeningSocket, LocalAddress};
+use anyhow::{bail, Context, Result};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::fs::FileTypeExt;
+use std::path::PathBuf;
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+/// A listening socket registered with the runtime.
+pub enum StreamListener {
+    /// TCP, IPv4 or IPv6.
+    Tcp(TcpListener),
+    /// A Unix socket; `socket_file` is the path this process bound, removed on drop.
+    Unix {
+        /// The listener.
+        listener: UnixListener,
+        /// The socket file created by `bind_endpoint`, if any.
+        socket_file: Option<PathBuf>,
+    },
+}
+
+/// A connection accepted by a [`StreamListener`].
+pub enum AcceptedStream {
+    /// From a TCP listener (`TCP_NODELAY` set).
+    Tcp(TcpStream),
+    /// From a Unix listener.
+    Unix(UnixStream),
+}
+
+impl StreamListener {
+    /// Wraps an adopted listening socket.
+    pub fn from_socket(socket: ListeningSocket) -> Result<Self> {
+        Ok(match socket.address {
+            LocalAddress::Tcp(_) => {
+                let std_listener = std::net::TcpListener::from(socket.fd);
+                std_listener.set_nonblocking(true).context("making the socket non-blocking")?;
+                StreamListener::Tcp(TcpListener::from_std(std_listener).context("registering the socket")?)
+            }
+            LocalAddress::Unix(_) | LocalAddress::UnixAbstract(_) => {
+                let std_listener = std::os::unix::net::UnixListener::from(socket.fd);
+                std_listener.set_nonblocking(true).context("making the socket non-blocking")?;
+                let listener = UnixListener::from_std(std_listener).context("registering the socket")?;
+                StreamListener::Unix { listener, socket_file: None }
+            }
+        })
+    }
+
+    /// Binds `endpoint` as libzmq would: `tcp://*:PORT` means every interface;
+    /// for `ipc://PATH` a leftover socket file is replaced, and the file is
+    /// removed again when the listener is dropped.
+    pub fn bind_endpoint(endpoint: &str) -> Result<Self> {
+        if let Some(address) = endpoint.strip_prefix("tcp://") {
+            let address = address.strip_prefix("*:").map_or_else(|| address.to_string(), |port| format!("0.0.0.0:{port}"));
+            let std_listener = std::net::TcpListener::bind(&address).with_context(|| format!("binding {endpoint}"))?;
+            std_listener.set_nonblocking(true).context("making the socket non-blocking")?;
+            return Ok(StreamListener::Tcp(TcpListener::from_std(std_listener).context("registering the socket")?));
+        }
+        let Some(path) = endpoint.strip_prefix("ipc://") else {
+            bail!("{endpoint}: unsupported endpoint (tcp://HOST:PORT or ipc://PATH)");
+        };
+        let (std_listener, socket_file) = if let Some(name) = path.strip_prefix('@') {
+            let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+                .with_context(|| format!("{endpoint}: bad abstract socket name"))?;
+            (std::os::unix::net::UnixListener::bind_addr(&address).with_context(|| format!("binding {endpoint}"))?, None)
+        } else {
+            let path = PathBuf::from(path);
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
+                std::fs::remove_file(&path).with_context(|| format!("removing the old socket file {}", path.display()))?;
+            }
+            let listener = std::os::unix::net::UnixListener::bind(&path).with_context(|| format!("binding {endpoint}"))?;
+            (listener, Some(path))
+        };
+        std_listener.set_nonblocking(true).context("making the socket non-blocking")?;
+        let listener = UnixListener::from_std(std_listener).context("registering the socket")?;
+        Ok(StreamListener::Unix { listener, socket_file })
+    }
+
+    /// The next connection.
+    pub async fn accept(&self) -> std::io::Result<AcceptedStream> {
+        match self {
+            StreamListener::Tcp(listener) => {
+                let (stream, _) = listener.accept().await?;
+                let _ = stream.set_nodelay(true);
+                Ok(AcceptedStream::Tcp(stream))
+            }
+            StreamListener::Unix { listener, .. } => Ok(AcceptedStream::Unix(listener.accept().await?.0)),
+        }
+    }
+}
+
+impl Drop for StreamListener {
+    fn drop(&mut self) {
+        if let StreamListener::Unix { socket_file: Some(path), .. } = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_ipc_endpoint_replaces_a_stale_socket_file_and_removes_its_own() {
+        let dir = std::env::temp_dir().join(format!("vllm-rs-listener-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("output.sock");
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap()); // leaves a stale socket file
+        let listener = StreamListener::bind_endpoint(&format!("ipc://{}", path.display())).unwrap();
+        let client = tokio::spawn({
+            let path = path.clone();
+            async move { UnixStream::connect(path).await.unwrap() }
+        });
+        assert!(matches!(listener.accept().await.unwrap(), AcceptedStream::Unix(_)));
+        client.await.unwrap();
+        drop(listener);
+        assert!(!path.exists(), "the socket file outlived its listener");
+        std::fs::remove_dir(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn unsupported_and_unbindable_endpoints_are_errors_naming_them() {
+        let error = StreamListener::bind_endpoint("udp://127.0.0.1:5").err().unwrap().to_string();
+        assert!(error.contains("udp://127.0.0.1:5"), "{error}");
+        let error = StreamListener::bind_endpoint("ipc:///nonexistent-dir/x.sock").err().unwrap();
+        assert!(format!("{error:#}").contains("ipc:///nonexistent-dir/x.sock"), "{error:#}");
+    }
+}
