@@ -5,7 +5,8 @@
 use crate::cli::FrontendArgs;
 use crate::config::ServerConfig;
 use crate::engine::registration::wait_for_engines;
-use crate::engine::sockets::{open_input_socket, open_output_listener, SocketSource};
+use crate::engine::router::InputRouter;
+use crate::engine::sockets::{open_engine_listener, SocketSource};
 use crate::engine::EngineClient;
 use crate::error::ExitError;
 use crate::fds::{adopt_listening_socket, ListeningSocket};
@@ -15,8 +16,7 @@ use crate::http::state::{unix_now, AppState};
 use crate::metrics::Metrics;
 use crate::stats_log::{log_stats_forever, STATS_LOG_INTERVAL};
 use crate::tokenizer::{load_tokenizer, Tokenizer};
-use anyhow::{anyhow, Context};
-use std::sync::atomic::{AtomicBool, Ordering};
+use anyhow::Context;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
@@ -57,7 +57,7 @@ pub fn run(args: FrontendArgs) -> Result<(), ExitError> {
         .build()
         .context("starting the async runtime")?;
     let outcome = runtime.block_on(run_server(startup));
-    // The registration wait may still sit in a blocking thread: do not wait for it.
+    // Connection tasks may still be open: do not wait for them.
     runtime.shutdown_timeout(Duration::from_millis(200));
     outcome.map_err(ExitError::Fatal)
 }
@@ -129,25 +129,19 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
     let Startup { config, tokenizer, http, input, output, engine_start_index: start, engine_count: count } = startup;
     let mut stop = shutdown_signal()?;
     let http_address = http.address.clone();
-    let ctx = zmq::Context::new();
-    let router = open_input_socket(&ctx, input)?;
-    let output = open_output_listener(output)?;
+    let input = open_engine_listener(input, "input")?;
+    let output = open_engine_listener(output, "output")?;
+    let (router, mut received) = InputRouter::start(input);
 
     tracing::info!("waiting for engines {start}..={} to register", start + count - 1);
-    let cancel = Arc::new(AtomicBool::new(false));
-    let cancel_for_wait = cancel.clone();
-    let timeout = config.engine_ready_timeout;
-    let waiting = tokio::task::spawn_blocking(move || {
-        wait_for_engines(&router, start, count, timeout, &cancel_for_wait).map(|regs| (router, regs))
-    });
-    let (router, registrations) = tokio::select! {
-        joined = waiting => joined.map_err(|e| anyhow!("the registration wait panicked: {e}"))??,
+    let registrations = tokio::select! {
+        registered = wait_for_engines(&mut received, start, count, config.engine_ready_timeout) => registered?,
         _ = stop.wait_for(|stopped| *stopped) => {
-            cancel.store(true, Ordering::Relaxed);
             tracing::info!("stopped before every engine registered");
             return Ok(());
         }
     };
+    drop(received); // later messages on the input socket are not for us
     let max_model_len = registrations.iter().filter_map(|r| r.max_model_len).chain(config.max_model_len).min();
 
     let engines = EngineClient::start(router, output, start, count, 0);

@@ -1,14 +1,11 @@
 //! The engine client: submits requests to engines, routes their outputs back to
 //! the waiting HTTP handlers, aborts, utility calls, and engine failure.
 //!
-//! ZeroMQ sockets are not thread-safe: the ROUTER (input) sits behind a mutex
-//! and is written directly by whoever submits or aborts (a send only queues
-//! the message for libzmq's I/O thread, so the lock is held for microseconds
-//! and no thread hop is added). Outputs arrive on the output listener: each
-//! engine connection is read by its own task in the async runtime, speaking
-//! ZMTP as a PULL (`zmtp.rs`), which decodes every message and dispatches it
-//! to the per-request inboxes; the handlers it wakes run on the same worker,
-//! with no thread in between.
+//! Both engine sockets are spoken in the async runtime (`zmtp.rs`): whoever
+//! submits or aborts queues the message on the input ROUTER (`router.rs`),
+//! and each engine's output connection is read by its own task as a PULL,
+//! which decodes every message and dispatches it to the per-request inboxes;
+//! the handlers it wakes run on the same worker, with no thread in between.
 
 use super::balancer::Balancer;
 use super::inbox::{Inbox, RequestEvent};
@@ -19,11 +16,12 @@ use super::protocol::{
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use super::zmtp::PullConnection;
+use super::router::InputRouter;
+use super::zmtp::{handshake, pong_frame, Incoming};
 use crate::listener::{AcceptedStream, StreamListener};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 /// Engine messages a connection's task handles before it lets the handlers it
@@ -79,7 +77,7 @@ struct Shared {
     requests: Mutex<HashMap<String, RequestSlot>>,
     utility_calls: Mutex<HashMap<i64, oneshot::Sender<UtilityResult>>>,
     next_call_id: AtomicI64,
-    router: Mutex<zmq::Socket>,
+    router: Arc<InputRouter>,
     failure: OnceLock<String>,
     stopping: AtomicBool,
 }
@@ -93,7 +91,7 @@ pub struct EngineClient {
 impl EngineClient {
     /// Starts reading engine outputs from `output` (the input `router` has seen
     /// every engine register). Must be called from inside the tokio runtime.
-    pub fn start(router: zmq::Socket, output: StreamListener, start_index: u32, engine_count: u32, client_index: u32) -> Self {
+    pub fn start(router: Arc<InputRouter>, output: StreamListener, start_index: u32, engine_count: u32, client_index: u32) -> Self {
         let shared = Arc::new(Shared {
             start_index,
             client_index,
@@ -101,7 +99,7 @@ impl EngineClient {
             requests: Mutex::new(HashMap::new()),
             utility_calls: Mutex::new(HashMap::new()),
             next_call_id: AtomicI64::new(1),
-            router: Mutex::new(router),
+            router,
             failure: OnceLock::new(),
             stopping: AtomicBool::new(false),
         });
@@ -204,16 +202,9 @@ impl EngineClient {
 }
 
 impl Shared {
-    /// Sends `[identity, type, payload]` on the ROUTER; a failed send fails its request.
+    /// Queues `[type, payload]` for the engine on the ROUTER; a failed send fails its request.
     fn send(&self, command: InputCommand<'_>) {
-        let identity = engine_identity(command.engine);
-        let sent = {
-            let router = self.router.lock().unwrap();
-            router
-                .send(&identity[..], zmq::SNDMORE | zmq::DONTWAIT)
-                .and_then(|()| router.send(&[command.kind][..], zmq::SNDMORE | zmq::DONTWAIT))
-                .and_then(|()| router.send(command.payload, zmq::DONTWAIT))
-        };
+        let sent = self.router.send(&engine_identity(command.engine), &[&[command.kind], &command.payload]);
         if let Err(e) = sent {
             let reason = format!("cannot send to engine {}: {e}", command.engine);
             tracing::warn!("{reason}");
@@ -341,15 +332,20 @@ async fn accept_engine_connections(listener: StreamListener, shared: Arc<Shared>
 /// Reads one engine connection until it closes or breaks the protocol (the
 /// engine reconnects if it is still alive; its death comes as ENGINE_CORE_DEAD).
 async fn read_engine_outputs<S: AsyncRead + AsyncWrite + Unpin>(stream: S, shared: Arc<Shared>) {
-    let mut connection = match PullConnection::handshake(stream).await {
-        Ok(connection) => connection,
+    let mut peer = match handshake(stream, "PULL", "PUSH").await {
+        Ok(peer) => peer,
         Err(e) => return tracing::warn!("refused an engine output connection: {e}"),
     };
     tracing::debug!("engine output connection open");
     let mut handled = 0;
     loop {
-        match connection.next_message().await {
-            Ok(Some(frame)) => handle_message(&frame, &shared),
+        match peer.reader.next().await {
+            Ok(Some(Incoming::Message(frame))) => handle_message(&frame, &shared),
+            Ok(Some(Incoming::Ping(context))) => {
+                if let Err(e) = peer.writer.write_all(&pong_frame(&context)).await {
+                    return tracing::warn!("dropping an engine output connection: {e}");
+                }
+            }
             Ok(None) => return tracing::debug!("engine output connection closed"),
             Err(e) => return tracing::warn!("dropping an engine output connection: {e}"),
         }

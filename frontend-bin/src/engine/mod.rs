@@ -7,6 +7,7 @@ pub mod inbox;
 pub mod msgpack;
 pub mod protocol;
 pub mod registration;
+pub mod router;
 pub mod sockets;
 pub mod token_ids;
 pub mod zmtp;

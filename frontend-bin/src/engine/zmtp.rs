@@ -1,18 +1,20 @@
-//! The receiving end of a ZeroMQ PUSH -> PULL connection, spoken directly
-//! over an accepted stream (ZMTP 3.0, NULL security mechanism).
+//! ZeroMQ's wire protocol (ZMTP 3.0, NULL security mechanism) on an accepted
+//! stream, for the frontend's side of its two engine sockets: a PULL for the
+//! engines' PUSH (outputs) and a ROUTER for their DEALER (inputs).
 //!
-//! The engines' outputs are the frontend's hottest path: with libzmq, every
-//! message crosses its I/O thread, a pipe and a mailbox wake-up before the
-//! async runtime sees it. Reading the stream in the runtime itself takes one
-//! `read` per many messages and no thread hop. Only what a PULL needs is here:
-//! the greeting, the READY handshake (the peer must be a PUSH), data frames,
-//! and PING answered with PONG; the first frame of each message is returned,
-//! later (aux) frames are skipped without being buffered.
+//! With libzmq, every message crosses its I/O thread, a pipe and a mailbox
+//! wake-up between the socket and the async runtime. Speaking the protocol in
+//! the runtime itself takes one `read` or `write` per many messages and no
+//! thread hop. Only what those two sockets need is here: the greeting, the
+//! READY handshake (checking the peer's socket type, reading its identity),
+//! data frames, and PING (the caller answers with [`pong_frame`]). The first
+//! frame of each incoming message is returned; later (aux) frames are skipped
+//! without being buffered.
 //!
 //! Spec: <https://rfc.zeromq.org/spec/23/> (ZMTP 3.0), <https://rfc.zeromq.org/spec/37/> (3.1 commands).
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 
 /// The first frame of a message may be at most this large (the outputs of one
 /// engine step are far smaller); a bigger one is a protocol error.
@@ -66,15 +68,15 @@ fn command_frame(body: &[u8]) -> Vec<u8> {
     frame
 }
 
-/// The READY command announcing a PULL socket.
-fn ready_command() -> Vec<u8> {
+/// The READY command announcing a `socket_type` socket.
+fn ready_command(socket_type: &str) -> Vec<u8> {
     let mut body = Vec::new();
     body.push(5);
     body.extend_from_slice(b"READY");
     body.push(11);
     body.extend_from_slice(b"Socket-Type");
-    body.extend_from_slice(&4u32.to_be_bytes());
-    body.extend_from_slice(b"PULL");
+    body.extend_from_slice(&(socket_type.len() as u32).to_be_bytes());
+    body.extend_from_slice(socket_type.as_bytes());
     command_frame(&body)
 }
 
@@ -87,8 +89,8 @@ fn command_parts(body: &[u8]) -> Result<(&[u8], &[u8]), ZmtpError> {
     Ok(rest.split_at(len as usize))
 }
 
-/// The value of the `Socket-Type` property in READY metadata.
-fn socket_type(mut metadata: &[u8]) -> Result<Option<&[u8]>, ZmtpError> {
+/// The value of property `wanted` in READY metadata.
+fn property<'a>(mut metadata: &'a [u8], wanted: &[u8]) -> Result<Option<&'a [u8]>, ZmtpError> {
     while !metadata.is_empty() {
         let name_len = metadata[0] as usize;
         if metadata.len() < 1 + name_len + 4 {
@@ -100,7 +102,7 @@ fn socket_type(mut metadata: &[u8]) -> Result<Option<&[u8]>, ZmtpError> {
         if rest.len() < value_len {
             return Err(protocol("truncated READY property value"));
         }
-        if name.eq_ignore_ascii_case(b"Socket-Type") {
+        if name.eq_ignore_ascii_case(wanted) {
             return Ok(Some(&rest[..value_len]));
         }
         metadata = &rest[value_len..];
@@ -125,9 +127,98 @@ fn parse_header(buf: &[u8]) -> Option<FrameHeader> {
     }
 }
 
-/// One PUSH peer's connection, past the handshake.
-pub struct PullConnection<S> {
-    stream: S,
+/// What a peer sent: a message (its first frame) or a PING to answer.
+#[derive(Debug, PartialEq)]
+pub enum Incoming {
+    /// The first frame of a message.
+    Message(Bytes),
+    /// A PING; answer with `pong_frame(&context)`.
+    Ping(Vec<u8>),
+}
+
+/// A peer past the handshake: its frames, the write half, its identity.
+pub struct Peer<S> {
+    /// Reads the peer's frames.
+    pub reader: FrameReader<ReadHalf<S>>,
+    /// Writes to the peer.
+    pub writer: WriteHalf<S>,
+    /// The peer's `Identity` property (empty when it sent none).
+    pub identity: Vec<u8>,
+}
+
+/// Runs the ZMTP handshake on `stream` as a `socket_type` socket and checks
+/// that the peer is a `peer_type` socket.
+pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    socket_type: &str,
+    peer_type: &str,
+) -> Result<Peer<S>, ZmtpError> {
+    stream.write_all(&greeting()).await?;
+    let mut peer = [0u8; GREETING_LEN];
+    stream.read_exact(&mut peer).await?;
+    if peer[0] != 0xFF || peer[9] != 0x7F {
+        return Err(protocol("the peer did not send a ZMTP 3 greeting"));
+    }
+    if peer[10] < 3 {
+        return Err(protocol(format!("the peer speaks ZMTP {}.x; 3.0 or later is needed", peer[10])));
+    }
+    let mechanism = &peer[12..32];
+    if !mechanism.starts_with(b"NULL") || mechanism[4..].iter().any(|&b| b != 0) {
+        let name = String::from_utf8_lossy(mechanism).trim_end_matches('\0').to_string();
+        return Err(protocol(format!("security mechanism {name:?} is not supported (NULL only)")));
+    }
+    stream.write_all(&ready_command(socket_type)).await?;
+    let (read_half, writer) = tokio::io::split(stream);
+    let mut reader = FrameReader::new(read_half);
+    let header = reader.read_header().await?;
+    if header.flags & FLAG_COMMAND == 0 {
+        return Err(protocol("the peer sent data before READY"));
+    }
+    let body = reader.read_body(header).await?;
+    let (name, metadata) = command_parts(&body)?;
+    if name != b"READY" {
+        return Err(protocol(format!("expected READY, got {}", String::from_utf8_lossy(name))));
+    }
+    match property(metadata, b"Socket-Type")? {
+        Some(t) if t == peer_type.as_bytes() => {}
+        Some(t) => {
+            return Err(protocol(format!(
+                "the peer is a {} socket, a {socket_type} needs a {peer_type}",
+                String::from_utf8_lossy(t)
+            )))
+        }
+        None => return Err(protocol("the peer's READY has no Socket-Type")),
+    }
+    let identity = property(metadata, b"Identity")?.unwrap_or_default().to_vec();
+    Ok(Peer { reader, writer, identity })
+}
+
+/// Appends `frames`, as one message, to `out`.
+pub fn encode_message(frames: &[&[u8]], out: &mut Vec<u8>) {
+    for (i, frame) in frames.iter().enumerate() {
+        let more = if i + 1 < frames.len() { FLAG_MORE } else { 0 };
+        match u8::try_from(frame.len()) {
+            Ok(len) => out.extend_from_slice(&[more, len]),
+            Err(_) => {
+                out.push(more | FLAG_LONG);
+                out.extend_from_slice(&(frame.len() as u64).to_be_bytes());
+            }
+        }
+        out.extend_from_slice(frame);
+    }
+}
+
+/// The PONG command answering a PING with `context`.
+pub fn pong_frame(context: &[u8]) -> Vec<u8> {
+    let mut body = vec![4];
+    body.extend_from_slice(b"PONG");
+    body.extend_from_slice(&context[..context.len().min(16)]);
+    command_frame(&body)
+}
+
+/// Reads frames from one peer, buffered.
+pub struct FrameReader<R> {
+    stream: R,
     buffer: BytesMut,
     /// Bytes of an aux frame still to discard.
     skipping: u64,
@@ -135,44 +226,14 @@ pub struct PullConnection<S> {
     in_aux_frames: bool,
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> PullConnection<S> {
-    /// Runs the ZMTP handshake on `stream` as the PULL side.
-    pub async fn handshake(mut stream: S) -> Result<Self, ZmtpError> {
-        stream.write_all(&greeting()).await?;
-        let mut peer = [0u8; GREETING_LEN];
-        stream.read_exact(&mut peer).await?;
-        if peer[0] != 0xFF || peer[9] != 0x7F {
-            return Err(protocol("the peer did not send a ZMTP 3 greeting"));
-        }
-        if peer[10] < 3 {
-            return Err(protocol(format!("the peer speaks ZMTP {}.x; 3.0 or later is needed", peer[10])));
-        }
-        let mechanism = &peer[12..32];
-        if !mechanism.starts_with(b"NULL") || mechanism[4..].iter().any(|&b| b != 0) {
-            let name = String::from_utf8_lossy(mechanism).trim_end_matches('\0').to_string();
-            return Err(protocol(format!("security mechanism {name:?} is not supported (NULL only)")));
-        }
-        stream.write_all(&ready_command()).await?;
-        let mut connection = PullConnection { stream, buffer: BytesMut::with_capacity(READ_CHUNK), skipping: 0, in_aux_frames: false };
-        let header = connection.read_header().await?;
-        if header.flags & FLAG_COMMAND == 0 {
-            return Err(protocol("the peer sent data before READY"));
-        }
-        let body = connection.read_body(header).await?;
-        let (name, metadata) = command_parts(&body)?;
-        if name != b"READY" {
-            return Err(protocol(format!("expected READY, got {}", String::from_utf8_lossy(name))));
-        }
-        match socket_type(metadata)? {
-            Some(b"PUSH") => Ok(connection),
-            Some(other) => Err(protocol(format!("the peer is a {} socket, a PULL needs a PUSH", String::from_utf8_lossy(other)))),
-            None => Err(protocol("the peer's READY has no Socket-Type")),
-        }
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    fn new(stream: R) -> Self {
+        FrameReader { stream, buffer: BytesMut::with_capacity(READ_CHUNK), skipping: 0, in_aux_frames: false }
     }
 
-    /// The first frame of the next message (its aux frames are skipped);
+    /// The next message's first frame (its aux frames are skipped) or PING;
     /// `None` when the peer closed the connection between messages.
-    pub async fn next_message(&mut self) -> Result<Option<Bytes>, ZmtpError> {
+    pub async fn next(&mut self) -> Result<Option<Incoming>, ZmtpError> {
         loop {
             if self.skipping > 0 {
                 let n = self.skipping.min(self.buffer.len() as u64) as usize;
@@ -191,8 +252,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> PullConnection<S> {
             };
             if header.flags & FLAG_COMMAND != 0 {
                 let body = self.read_body(header).await?;
-                self.answer_command(&body).await?;
-                continue;
+                let (name, data) = command_parts(&body)?;
+                if name == b"PING" {
+                    return Ok(Some(Incoming::Ping(data.get(2..).unwrap_or_default().to_vec())));
+                }
+                continue; // other commands carry nothing for us
             }
             let more = header.flags & FLAG_MORE != 0;
             if self.in_aux_frames {
@@ -206,21 +270,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> PullConnection<S> {
             }
             let frame = self.read_body(header).await?;
             self.in_aux_frames = more;
-            return Ok(Some(frame));
+            return Ok(Some(Incoming::Message(frame)));
         }
-    }
-
-    /// PING gets a PONG with its context; other commands are ignored.
-    async fn answer_command(&mut self, body: &[u8]) -> Result<(), ZmtpError> {
-        let (name, data) = command_parts(body)?;
-        if name == b"PING" {
-            let context = data.get(2..).unwrap_or_default();
-            let mut pong = vec![4];
-            pong.extend_from_slice(b"PONG");
-            pong.extend_from_slice(&context[..context.len().min(16)]);
-            self.stream.write_all(&command_frame(&pong)).await?;
-        }
-        Ok(())
     }
 
     async fn read_header(&mut self) -> Result<FrameHeader, ZmtpError> {
@@ -270,8 +321,8 @@ mod tests {
     use super::*;
     use tokio::io::{duplex, DuplexStream};
 
-    /// Plays a PUSH peer's handshake on `peer`.
-    async fn push_handshake(peer: &mut DuplexStream, socket_type: &[u8]) {
+    /// Plays a peer's side of the handshake on `peer`; returns our READY body.
+    async fn peer_handshake(peer: &mut DuplexStream, properties: &[(&[u8], &[u8])]) -> Vec<u8> {
         let mut ours = [0u8; GREETING_LEN];
         peer.read_exact(&mut ours).await.unwrap();
         assert_eq!((ours[0], ours[9], ours[10]), (0xFF, 0x7F, 3));
@@ -281,25 +332,33 @@ mod tests {
         peer.write_all(&g).await.unwrap();
         let mut body = vec![5];
         body.extend_from_slice(b"READY");
-        body.push(11);
-        body.extend_from_slice(b"Socket-Type");
-        body.extend_from_slice(&(socket_type.len() as u32).to_be_bytes());
-        body.extend_from_slice(socket_type);
+        for (name, value) in properties {
+            body.push(name.len() as u8);
+            body.extend_from_slice(name);
+            body.extend_from_slice(&(value.len() as u32).to_be_bytes());
+            body.extend_from_slice(value);
+        }
         peer.write_all(&command_frame(&body)).await.unwrap();
+        let mut head = [0u8; 2];
+        peer.read_exact(&mut head).await.unwrap();
+        let mut ready = vec![0u8; head[1] as usize];
+        peer.read_exact(&mut ready).await.unwrap();
+        ready
     }
 
     #[tokio::test]
     async fn reads_first_frames_and_skips_aux_frames_across_reads() {
         let (ours, mut peer) = duplex(64);
         let pull = tokio::spawn(async move {
-            let mut connection = PullConnection::handshake(ours).await.unwrap();
+            let mut connection = handshake(ours, "PULL", "PUSH").await.unwrap();
             let mut got = Vec::new();
-            while let Some(frame) = connection.next_message().await.unwrap() {
-                got.push(frame);
+            while let Some(incoming) = connection.reader.next().await.unwrap() {
+                got.push(incoming);
             }
             got
         });
-        push_handshake(&mut peer, b"PUSH").await;
+        let ready = peer_handshake(&mut peer, &[(b"Socket-Type", b"PUSH")]).await;
+        assert_eq!(ready, b"\x05READY\x0bSocket-Type\x00\x00\x00\x04PULL");
         let long = vec![7u8; 300];
         let mut wire = vec![0x00, 3, b'a', b'b', b'c']; // one-frame message
         wire.extend_from_slice(&[0x01, 1, b'x']); // first frame, more to come
@@ -312,63 +371,79 @@ mod tests {
         wire.extend_from_slice(&long);
         peer.write_all(&wire).await.unwrap();
         drop(peer);
-        let got = pull.await.unwrap();
-        assert_eq!(got, vec![Bytes::from_static(b"abc"), Bytes::from_static(b"x"), Bytes::from(long)]);
+        let messages = [Bytes::from_static(b"abc"), Bytes::from_static(b"x"), Bytes::from(long)];
+        assert_eq!(pull.await.unwrap(), Vec::from(messages.map(Incoming::Message)));
     }
 
     #[tokio::test]
-    async fn a_peer_that_is_not_a_push_is_refused() {
+    async fn a_dealer_peer_gives_its_identity_and_gets_frames_it_can_read() {
         let (ours, mut peer) = duplex(1024);
-        let pull = tokio::spawn(PullConnection::handshake(ours));
-        push_handshake(&mut peer, b"PUB").await;
-        let error = pull.await.unwrap().err().unwrap().to_string();
+        let router = tokio::spawn(async move {
+            let mut connection = handshake(ours, "ROUTER", "DEALER").await.unwrap();
+            let mut out = Vec::new();
+            encode_message(&[b"\x00", &[1u8; 300]], &mut out);
+            connection.writer.write_all(&out).await.unwrap();
+            (connection.identity, connection.reader.next().await.unwrap())
+        });
+        peer_handshake(&mut peer, &[(b"Socket-Type", b"DEALER"), (b"Identity", b"\x01\x00")]).await;
+        let mut first = [0u8; 3];
+        peer.read_exact(&mut first).await.unwrap();
+        assert_eq!(first, [FLAG_MORE, 1, 0]);
+        let mut second = [0u8; 9];
+        peer.read_exact(&mut second).await.unwrap();
+        assert_eq!(second[0], FLAG_LONG);
+        assert_eq!(u64::from_be_bytes(second[1..].try_into().unwrap()), 300);
+        peer.write_all(&[0x00, 2, b'h', b'i']).await.unwrap();
+        let (identity, incoming) = router.await.unwrap();
+        assert_eq!(identity, b"\x01\x00");
+        assert_eq!(incoming, Some(Incoming::Message(Bytes::from_static(b"hi"))));
+    }
+
+    #[tokio::test]
+    async fn a_peer_of_the_wrong_type_is_refused() {
+        let (ours, mut peer) = duplex(1024);
+        let pull = tokio::spawn(async move { handshake(ours, "PULL", "PUSH").await.err().unwrap().to_string() });
+        peer_handshake(&mut peer, &[(b"Socket-Type", b"PUB")]).await;
+        let error = pull.await.unwrap();
         assert!(error.contains("PUB socket"), "{error}");
     }
 
     #[tokio::test]
     async fn a_peer_that_does_not_speak_zmtp_is_refused() {
         let (ours, mut peer) = duplex(1024);
-        let pull = tokio::spawn(PullConnection::handshake(ours));
+        let pull = tokio::spawn(async move { handshake(ours, "PULL", "PUSH").await.err().unwrap().to_string() });
         peer.write_all(&[b'G'; GREETING_LEN]).await.unwrap();
-        let error = pull.await.unwrap().err().unwrap().to_string();
+        let error = pull.await.unwrap();
         assert!(error.contains("greeting"), "{error}");
     }
 
     #[tokio::test]
-    async fn ping_is_answered_with_pong_and_its_context() {
+    async fn ping_comes_out_with_its_context_for_a_pong() {
         let (ours, mut peer) = duplex(1024);
         let pull = tokio::spawn(async move {
-            let mut connection = PullConnection::handshake(ours).await.unwrap();
-            connection.next_message().await.unwrap()
+            let mut connection = handshake(ours, "PULL", "PUSH").await.unwrap();
+            connection.reader.next().await.unwrap()
         });
-        push_handshake(&mut peer, b"PUSH").await;
-        let mut ready = [0u8; 2];
-        peer.read_exact(&mut ready).await.unwrap();
-        let mut rest = vec![0u8; ready[1] as usize];
-        peer.read_exact(&mut rest).await.unwrap();
-        assert_eq!(&rest[..6], b"\x05READY");
+        peer_handshake(&mut peer, &[(b"Socket-Type", b"PUSH")]).await;
         let mut ping = vec![4];
         ping.extend_from_slice(b"PING");
         ping.extend_from_slice(&[0, 10, b'c', b't', b'x']);
         peer.write_all(&command_frame(&ping)).await.unwrap();
-        let mut pong = [0u8; 2 + 5 + 3];
-        peer.read_exact(&mut pong).await.unwrap();
-        assert_eq!(&pong, b"\x04\x08\x04PONGctx");
-        peer.write_all(&[0x00, 1, b'z']).await.unwrap();
-        assert_eq!(pull.await.unwrap(), Some(Bytes::from_static(b"z")));
+        assert_eq!(pull.await.unwrap(), Some(Incoming::Ping(b"ctx".to_vec())));
+        assert_eq!(pong_frame(b"ctx"), b"\x04\x08\x04PONGctx");
     }
 
     #[tokio::test]
     async fn an_oversized_first_frame_is_a_protocol_error() {
         let (ours, mut peer) = duplex(1024);
         let pull = tokio::spawn(async move {
-            let mut connection = PullConnection::handshake(ours).await.unwrap();
-            connection.next_message().await
+            let mut connection = handshake(ours, "PULL", "PUSH").await.unwrap();
+            connection.reader.next().await.err().unwrap().to_string()
         });
-        push_handshake(&mut peer, b"PUSH").await;
+        peer_handshake(&mut peer, &[(b"Socket-Type", b"PUSH")]).await;
         peer.write_all(&[0x02]).await.unwrap();
         peer.write_all(&(MAX_FIRST_FRAME + 1).to_be_bytes()).await.unwrap();
-        let error = pull.await.unwrap().err().unwrap().to_string();
+        let error = pull.await.unwrap();
         assert!(error.contains("limit"), "{error}");
     }
 }
