@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import uuid
 
@@ -46,10 +47,17 @@ def test_listener_resolves_port_zero_and_holds_it():
     listener.cleanup()
 
 
-@pytest.mark.parametrize("kind", ["tcp4", "tcp6", "ipc"])
+@pytest.mark.parametrize("kind", ["tcp4", "tcp6", "ipc", "ipc-abstract"])
 def test_adopted_listener_carries_real_zeromq_traffic(kind, tmp_path):
-    addr = {"tcp4": "tcp://127.0.0.1:0", "tcp6": "tcp://[::1]:0", "ipc": f"ipc://{tmp_path}/s"}[kind]
+    addr = {
+        "tcp4": "tcp://127.0.0.1:0",
+        "tcp6": "tcp://[::1]:0",
+        "ipc": f"ipc://{tmp_path}/s",
+        "ipc-abstract": f"ipc://@vllm-rs-test-{os.getpid()}-{tmp_path.name}",
+    }[kind]
     listener = make_zmq_listener(addr, zmq.ROUTER)
+    if kind == "ipc-abstract":
+        assert listener.address == addr and listener.ipc_path is None  # no file anywhere
     ctx = zmq.Context()
     router = make_zmq_socket(ctx, listener.address, zmq.ROUTER, listener=listener)
     assert listener.socket.fileno() == -1  # libzmq owns the fd now

@@ -110,8 +110,11 @@ class ZmqListener:
 
     @property
     def ipc_path(self) -> str | None:
-        """The socket file of an ipc:// listener, else None."""
-        return self.address[len("ipc://"):] if self.address.startswith("ipc://") else None
+        """The socket file of an ipc:// listener, else None (also for an
+        abstract `ipc://@NAME`, which has no file)."""
+        if not self.address.startswith("ipc://") or self.address.startswith("ipc://@"):
+            return None
+        return self.address[len("ipc://"):]
 
     def fileno(self) -> int:
         """The listening fd (-1 once closed)."""
@@ -136,15 +139,17 @@ class ZmqListener:
 
 
 def make_zmq_listener(addr: str, socket_type: int) -> ZmqListener:
-    """Creates, binds and listens on an OS socket for `addr` (tcp:// or ipc://).
-    Port 0 is resolved; the returned listener's `.address` is concrete."""
+    """Creates, binds and listens on an OS socket for `addr` (tcp://, ipc://PATH,
+    or Linux's abstract `ipc://@NAME`, which leaves no file behind). Port 0 is
+    resolved; the returned listener's `.address` is concrete."""
     scheme, host, port = split_zmq_path(addr)
     if scheme == "ipc":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        abstract = host.startswith("@")
         try:
-            sock.bind(host)
+            sock.bind("\0" + host[1:] if abstract else host)
             sock.listen(LISTEN_BACKLOG)
-            if sys.platform.startswith("linux"):
+            if sys.platform.startswith("linux") and not abstract:
                 from vllm_rs.process import remove_on_exit
 
                 remove_on_exit(host)  # no socket file left even if we are SIGKILLed

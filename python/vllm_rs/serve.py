@@ -27,6 +27,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,14 +44,20 @@ from vllm_rs.network_utils import ZmqListener, is_valid_ipv6_address, make_zmq_l
 logger = init_logger("vllm_rs.serve")
 
 PROG = "python -m vllm_rs serve"
-#: Where engines and frontends meet: loopback TCP (no socket files).
-ENGINE_LISTEN_ADDRESS = "tcp://127.0.0.1:0"
+
 #: Backlog of the HTTP socket (uvicorn's default).
 HTTP_BACKLOG = 2048
 #: How long the exit waits for the usage report to be written.
 USAGE_REPORT_WAIT_S = 1.0
 #: Log levels for `VLLM_LOGGING_LEVEL`, understood by Python and the Rust frontend.
 CHILD_LOG_LEVELS = {"debug": "DEBUG", "info": "INFO", "warning": "WARN", "error": "ERROR", "critical": "ERROR"}
+
+
+def engine_listen_address() -> str:
+    """A fresh endpoint where engines and a frontend meet: a Unix socket in
+    Linux's abstract namespace, as local as vLLM's ipc:// paths and about half
+    the kernel work of loopback TCP per message, with no file to leave behind."""
+    return f"ipc://@vllm-rs-{os.getpid()}-{uuid.uuid4().hex[:16]}"
 
 
 class ServeUsageError(Exception):
@@ -223,7 +230,7 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
     try:
         for _ in range(args.api_server_count):
             listeners.append(
-                (make_zmq_listener(ENGINE_LISTEN_ADDRESS, zmq.ROUTER), make_zmq_listener(ENGINE_LISTEN_ADDRESS, zmq.PULL))
+                (make_zmq_listener(engine_listen_address(), zmq.ROUTER), make_zmq_listener(engine_listen_address(), zmq.PULL))
             )
     except OSError as e:
         for pair in listeners:
