@@ -33,25 +33,26 @@ struct Startup {
     engine_count: u32,
 }
 
-/// Async worker threads: `TOKIO_WORKER_THREADS` when set, else half the
-/// available cores (at least one). The frontend shares its host with the
-/// engine processes, and the ZeroMQ I/O thread needs a core too: on a small host, more workers only add cross-thread
-/// wake-ups and context switches to every streamed token.
-fn worker_threads() -> usize {
-    if let Some(n) = std::env::var("TOKIO_WORKER_THREADS").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
-        if n > 0 {
-            return n;
-        }
+/// Async worker threads: `TOKIO_WORKER_THREADS` when set (a positive integer,
+/// else a usage error; tokio itself would panic), else one per available core:
+/// with both engine sockets in the runtime, nothing else in the frontend needs one.
+fn worker_threads() -> Result<usize, ExitError> {
+    match std::env::var("TOKIO_WORKER_THREADS") {
+        Err(std::env::VarError::NotPresent) => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        Ok(value) => match value.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(ExitError::usage(format!("TOKIO_WORKER_THREADS must be a positive integer, got {value:?}"))),
+        },
+        Err(std::env::VarError::NotUnicode(_)) => Err(ExitError::usage("TOKIO_WORKER_THREADS must be a positive integer")),
     }
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    (cores / 2).max(1)
 }
 
 /// Runs the frontend to completion.
 pub fn run(args: FrontendArgs) -> Result<(), ExitError> {
+    let workers = worker_threads()?;
     let startup = validate(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(worker_threads())
+        .worker_threads(workers)
         .enable_all()
         .thread_name("frontend")
         .build()

@@ -4,7 +4,7 @@
 mod common;
 
 use common::mock_engine::{EngineEvent, EngineSpec, MockEngine};
-use common::{post_json, run_to_exit, Frontend, Options, ZmqSockets};
+use common::{post_json, run_to_exit, run_to_exit_with_env, Frontend, Options, ZmqSockets};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -227,6 +227,14 @@ fn usage_errors_exit_2_naming_the_flag_or_key() {
     let (code, text) = base(r#"{"model_tag": "toy", "api_key": 123456789}"#, &[]);
     assert_eq!(code, Some(2));
     assert!(text.contains("api_key") && !text.contains("123456789"), "{text}");
+    for bad in ["0", "many"] {
+        let args = ["frontend", "--listen-fd", "0", "--input-address", "tcp://127.0.0.1:1", "--output-address",
+            "tcp://127.0.0.1:2", "--engine-start-index", "0", "--engine-count", "1", "--data-parallel-size", "1",
+            "--args-json", r#"{"model_tag": "toy"}"#];
+        let (status, text) = run_to_exit_with_env(&args, &[("TOKIO_WORKER_THREADS", bad)], Duration::from_secs(20));
+        assert_eq!(status.code(), Some(2), "{text}");
+        assert!(text.contains("TOKIO_WORKER_THREADS") && !text.contains("panicked"), "{text}");
+    }
 }
 
 #[test]

@@ -267,7 +267,14 @@ impl Drop for Frontend {
 
 /// Runs the binary with `args` and no engines; returns its exit status and stderr.
 pub fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, String) {
-    let mut child = Command::new(BINARY).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    run_to_exit_with_env(args, &[], timeout)
+}
+
+/// `run_to_exit` with extra environment variables.
+pub fn run_to_exit_with_env(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> (ExitStatus, String) {
+    let mut command = Command::new(BINARY);
+    command.args(args).envs(env.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = command.spawn().unwrap();
     let deadline = Instant::now() + timeout;
     loop {
         if child.try_wait().unwrap().is_some() {
