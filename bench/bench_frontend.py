@@ -19,9 +19,10 @@ are opened and warmed up (`GET /health`) before the clock starts.
 Streaming is measured in two layouts, rounds alternating between the two
 paths in each, and reported as the median round:
   * engine on its own core: the engine process is pinned to CPU 0, the
-    clients and the frontend to the others. This is the goal's measure: it
-    asks whether the frontend keeps up with the engine, and an engine has its
-    own cores in deployment;
+    clients and the frontend to the others, and the frontend runs one async
+    worker per core it has (as it sizes itself when started on that cpuset).
+    This is the goal's measure: it asks whether the frontend keeps up with
+    the engine, and an engine has its own cores in deployment;
   * shared: every process on every core. On a small machine this measures
     mostly that the frontend's CPU is taken from the engine's (printed for
     the record).
@@ -310,9 +311,11 @@ async def frontend_requests(port: int, concurrency: int, total: int) -> tuple[fl
 
 
 @contextlib.contextmanager
-def frontend_stack(log_path: Path):
+def frontend_stack(log_path: Path, workers: int | None = None):
     """The installed `vllm-rs` binary behind RustFrontendProcessManager, with
-    one instant engine; yields (HTTP port, frontend pid, engine pid)."""
+    one instant engine; yields (HTTP port, frontend pid, engine pid). `workers`
+    sets the frontend's async workers (TOKIO_WORKER_THREADS), else it sizes
+    itself to the machine."""
     import argparse as _argparse
 
     http = socket.socket()
@@ -326,9 +329,12 @@ def frontend_stack(log_path: Path):
         saved = os.dup(2)
         with open(log_path, "ab") as log:
             os.dup2(log.fileno(), 2)
+            if workers is not None:
+                os.environ["TOKIO_WORKER_THREADS"] = str(workers)
             try:
                 frontend = RustFrontendProcessManager(None, http, args, input_listener, output_listener, 0, 1, 1)
             finally:
+                os.environ.pop("TOKIO_WORKER_THREADS", None)
                 os.dup2(saved, 2)
                 os.close(saved)
         http.close()
@@ -397,22 +403,23 @@ def main() -> int:
 
     results: dict[str, object] = {"streams": args.streams, "tokens": args.tokens, "concurrency": args.concurrency, "cpus": cpus}
     client = DirectClient()
-    with (
-        engine_process(client.input_address, client.output_address) as direct_engine,
-        tempfile.TemporaryDirectory() as tmp,
-        frontend_stack(Path(tmp) / "frontend.log") as (port, frontend_pid, frontend_engine),
-    ):
+    with engine_process(client.input_address, client.output_address) as direct_engine, tempfile.TemporaryDirectory() as tmp:
         client.wait_registered()
-        engines = [direct_engine.processes[0].pid, frontend_engine]
+        log = Path(tmp) / "frontend.log"
+        direct_pid = direct_engine.processes[0].pid
         if cpus >= 2:
-            engine_on_own_core(engines, [frontend_pid])
-            results["engine_on_own_core"] = streaming_rounds(client, stream_load, port, args, rounds)
-        share_all_cores([*engines, frontend_pid])
-        results["shared"] = streaming_rounds(client, stream_load, port, args, rounds)
-        direct_requests(client, args.concurrency, min(total, 1000))  # warm-up
-        direct_rps, direct_lat = direct_requests(client, args.concurrency, total)
-        asyncio.run(frontend_requests(port, args.concurrency, min(total, 1000)))  # warm-up
-        fe_rps, fe_lat = asyncio.run(frontend_requests(port, args.concurrency, total))
+            # The frontend gets the cores the engine leaves, and one async worker
+            # per core it has, as it would started on that cpuset.
+            with frontend_stack(log, workers=cpus - 1) as (port, frontend_pid, frontend_engine):
+                engine_on_own_core([direct_pid, frontend_engine], [frontend_pid])
+                results["engine_on_own_core"] = streaming_rounds(client, stream_load, port, args, rounds)
+        with frontend_stack(log) as (port, frontend_pid, frontend_engine):
+            share_all_cores([direct_pid, frontend_engine, frontend_pid])
+            results["shared"] = streaming_rounds(client, stream_load, port, args, rounds)
+            direct_requests(client, args.concurrency, min(total, 1000))  # warm-up
+            direct_rps, direct_lat = direct_requests(client, args.concurrency, total)
+            asyncio.run(frontend_requests(port, args.concurrency, min(total, 1000)))  # warm-up
+            fe_rps, fe_lat = asyncio.run(frontend_requests(port, args.concurrency, total))
     client.close()
 
     results.update(
