@@ -27,10 +27,10 @@ pub struct FrontendArgs {
     /// Inherited HTTP socket (TCP v4/v6 or Unix; listening or only bound).
     #[arg(long, value_name = "FD")]
     pub listen_fd: RawFd,
-    /// Inherited listener for the engines' input socket (ROUTER), adopted with ZMQ_USE_FD.
+    /// Inherited listener for the engines' input socket (ROUTER), adopted: never re-bound.
     #[arg(long, value_name = "FD")]
     pub input_listener_fd: Option<RawFd>,
-    /// Inherited listener for the engines' output socket (PULL), adopted with ZMQ_USE_FD.
+    /// Inherited listener for the engines' output socket (PULL), adopted: never re-bound.
     #[arg(long, value_name = "FD")]
     pub output_listener_fd: Option<RawFd>,
     /// Bind the input socket to this ZeroMQ address instead (engines started elsewhere).
