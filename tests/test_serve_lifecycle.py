@@ -152,6 +152,12 @@ def test_sigkill_of_serve_on_a_unix_socket_leaves_no_socket_file(tmp_path):
         serve.kill()
 
 
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def run_serve_expecting_usage_error(*args: str) -> list[str]:
     """Runs serve, expects exit 2 with a one-line error; returns stderr lines."""
     result = subprocess.run(
@@ -181,6 +187,12 @@ def test_port_in_use_bad_model_and_bad_option_start_nothing(tmp_path):
     assert "unrecognized arguments: --no-such-option" in line
     (line,) = run_serve_expecting_usage_error("--frontend", "rust", "--api-server-count", "2")
     assert "--api-server-count" in line
+
+
+@pytest.mark.skipif(torch_cuda_available(), reason="this machine has CUDA")
+def test_device_cuda_without_cuda_is_a_usage_error_starting_nothing():
+    (line,) = run_serve_expecting_usage_error("--model", "toy", "--device", "cuda", "--port", "0")
+    assert "--device cuda" in line and "not available" in line
 
 
 ENGINE_ABORTS = re.compile(r"EngineCore_0 stopped: \d+ requests finished, (\d+) aborted")

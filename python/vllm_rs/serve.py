@@ -178,6 +178,14 @@ class StackPlan:
         self.http.close()
 
 
+def _cuda_available() -> bool:
+    """Whether torch sees a CUDA device (imports torch: only asked when
+    `--device cuda` is given explicitly)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
     if args.api_server_count < 1:
         raise ServeUsageError("--api-server-count must be at least 1")
@@ -205,6 +213,8 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
         )
     except (ModelPathError, EngineConfigError) as e:
         raise ServeUsageError(str(e)) from None
+    if args.device == "cuda" and config.model_config.spec.model_type == "toy" and not _cuda_available():
+        raise ServeUsageError("--device cuda: CUDA is not available on this machine")
     binary = None
     if args.frontend == "rust":
         from vllm_rs.frontend import frontend_binary
