@@ -20,6 +20,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, Wr
 /// engine step are far smaller); a bigger one is a protocol error.
 pub const MAX_FIRST_FRAME: u64 = 1 << 30;
 
+/// How long a connecting peer has to complete the handshake.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 const GREETING_LEN: usize = 64;
 const FLAG_MORE: u8 = 0x01;
 const FLAG_LONG: u8 = 0x02;
@@ -147,8 +150,19 @@ pub struct Peer<S> {
 }
 
 /// Runs the ZMTP handshake on `stream` as a `socket_type` socket and checks
-/// that the peer is a `peer_type` socket.
+/// that the peer is a `peer_type` socket; a peer that has not finished it
+/// within `HANDSHAKE_TIMEOUT` is dropped.
 pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    socket_type: &str,
+    peer_type: &str,
+) -> Result<Peer<S>, ZmtpError> {
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, run_handshake(stream, socket_type, peer_type))
+        .await
+        .unwrap_or_else(|_| Err(protocol(format!("no ZMTP handshake within {HANDSHAKE_TIMEOUT:?}"))))
+}
+
+async fn run_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     socket_type: &str,
     peer_type: &str,
@@ -406,6 +420,13 @@ mod tests {
         peer_handshake(&mut peer, &[(b"Socket-Type", b"PUB")]).await;
         let error = pull.await.unwrap();
         assert!(error.contains("PUB socket"), "{error}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_never_finishes_the_handshake_is_dropped() {
+        let (ours, _silent_peer) = duplex(1024);
+        let error = handshake(ours, "PULL", "PUSH").await.err().unwrap().to_string();
+        assert!(error.contains("no ZMTP handshake"), "{error}");
     }
 
     #[tokio::test]
