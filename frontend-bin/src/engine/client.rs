@@ -8,17 +8,17 @@
 //! the handlers it wakes run on the same worker, with no thread in between.
 
 use super::balancer::Balancer;
-use super::inbox::{Inbox, RequestEvent};
 use super::codec::{decode_outputs, encode_abort, encode_add, encode_utility, DecodeError};
+use super::inbox::{Inbox, RequestEvent};
 use super::protocol::{
     engine_identity, EngineOutput, EngineRequest, FinishReason, OutputsMessage, UtilityReply, REQUEST_ABORT,
     REQUEST_ADD, REQUEST_UTILITY,
 };
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use super::router::InputRouter;
 use super::zmtp::{handshake, pong_frame, Incoming};
 use crate::listener::{AcceptedStream, StreamListener};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};

@@ -110,6 +110,9 @@ async fn serve_engine<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(stream
         async move {
             loop {
                 link.filled.notified().await;
+                // Woken by a handler, this task would run right after it (tokio's
+                // LIFO slot): let the other handlers that are ready queue theirs first.
+                tokio::task::yield_now().await;
                 let pending = std::mem::take(&mut *link.outbox.lock().unwrap());
                 if let Err(e) = writer.write_all(&pending).await {
                     return tracing::warn!("writing to an engine failed: {e}");
