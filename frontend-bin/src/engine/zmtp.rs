@@ -29,6 +29,8 @@ const FLAG_LONG: u8 = 0x02;
 const FLAG_COMMAND: u8 = 0x04;
 /// Bytes read from the stream at a time (at least).
 const READ_CHUNK: usize = 64 << 10;
+/// At most this much is reserved for a frame before its bytes arrive.
+const UPFRONT_RESERVE_LIMIT: usize = 1 << 20;
 
 /// Why a connection cannot go on.
 #[derive(Debug, thiserror::Error)]
@@ -302,7 +304,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         let size = usize::try_from(header.size).map_err(|_| protocol("frame too large"))?;
         let total = header.len + size;
         if self.buffer.len() < total {
-            self.buffer.reserve(total - self.buffer.len());
+            // Room for the frame up to a bound: beyond it the buffer grows as
+            // bytes arrive, so a size the peer announces but never sends costs nothing.
+            self.buffer.reserve((total - self.buffer.len()).min(UPFRONT_RESERVE_LIMIT));
         }
         while self.buffer.len() < total {
             self.fill().await?;
@@ -387,6 +391,21 @@ mod tests {
         drop(peer);
         let messages = [Bytes::from_static(b"abc"), Bytes::from_static(b"x"), Bytes::from(long)];
         assert_eq!(pull.await.unwrap(), Vec::from(messages.map(Incoming::Message)));
+    }
+
+    #[tokio::test]
+    async fn a_frame_larger_than_the_upfront_reservation_arrives_whole() {
+        let (ours, mut peer) = duplex(64 << 10);
+        let pull = tokio::spawn(async move {
+            let mut connection = handshake(ours, "PULL", "PUSH").await.unwrap();
+            connection.reader.next().await.unwrap()
+        });
+        peer_handshake(&mut peer, &[(b"Socket-Type", b"PUSH")]).await;
+        let big: Vec<u8> = (0..3 * UPFRONT_RESERVE_LIMIT).map(|i| (i % 251) as u8).collect();
+        let mut wire = Vec::new();
+        encode_message(&[&big], &mut wire);
+        peer.write_all(&wire).await.unwrap();
+        assert_eq!(pull.await.unwrap(), Some(Incoming::Message(Bytes::from(big))));
     }
 
     #[tokio::test]
