@@ -4,9 +4,15 @@
 
 use crate::fds::{ListeningSocket, LocalAddress};
 use anyhow::{bail, Context, Result};
+use std::future::Future;
+use std::io;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
 /// A listening socket registered with the runtime.
@@ -22,7 +28,8 @@ pub enum StreamListener {
     },
 }
 
-/// A connection accepted by a [`StreamListener`].
+/// A connection accepted by a [`StreamListener`]; reads and writes go to
+/// whichever stream it holds.
 pub enum AcceptedStream {
     /// From a TCP listener (`TCP_NODELAY` set).
     Tcp(TcpStream),
@@ -79,7 +86,7 @@ impl StreamListener {
     }
 
     /// The next connection.
-    pub async fn accept(&self) -> std::io::Result<AcceptedStream> {
+    pub async fn accept(&self) -> io::Result<AcceptedStream> {
         match self {
             StreamListener::Tcp(listener) => {
                 let (stream, _) = listener.accept().await?;
@@ -87,6 +94,74 @@ impl StreamListener {
                 Ok(AcceptedStream::Tcp(stream))
             }
             StreamListener::Unix { listener, .. } => Ok(AcceptedStream::Unix(listener.accept().await?.0)),
+        }
+    }
+}
+
+/// Accepts on `listener` for as long as the task runs, serving each connection
+/// with `serve` on a task of its own; a failed accept (out of fds, say) is
+/// logged, naming `what`, and retried shortly after.
+pub async fn accept_forever<F, Fut>(listener: StreamListener, what: &str, serve: F)
+where
+    F: Fn(AcceptedStream) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                tokio::spawn(serve(stream));
+            }
+            Err(e) => {
+                tracing::warn!("accepting {what} failed: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+impl AsyncRead for AcceptedStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AcceptedStream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            AcceptedStream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for AcceptedStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            AcceptedStream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            AcceptedStream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            AcceptedStream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            AcceptedStream::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AcceptedStream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            AcceptedStream::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AcceptedStream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            AcceptedStream::Unix(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }

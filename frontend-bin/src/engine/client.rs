@@ -16,12 +16,12 @@ use super::protocol::{
 };
 use super::router::InputRouter;
 use super::zmtp::{handshake, pong_frame, Incoming};
-use crate::listener::{AcceptedStream, StreamListener};
+use crate::listener::{accept_forever, AcceptedStream, StreamListener};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::oneshot;
 
 /// Engine messages a connection's task handles before it lets the handlers it
@@ -103,7 +103,13 @@ impl EngineClient {
             failure: OnceLock::new(),
             stopping: AtomicBool::new(false),
         });
-        tokio::spawn(accept_engine_connections(output, shared.clone()));
+        let for_outputs = shared.clone();
+        tokio::spawn(async move {
+            accept_forever(output, "an engine output connection", move |stream| {
+                read_engine_outputs(stream, for_outputs.clone())
+            })
+            .await
+        });
         EngineClient { shared }
     }
 
@@ -311,27 +317,9 @@ impl Shared {
     }
 }
 
-/// Accepts the engines' PUSH connections, each read by its own task.
-async fn accept_engine_connections(listener: StreamListener, shared: Arc<Shared>) {
-    loop {
-        match listener.accept().await {
-            Ok(AcceptedStream::Tcp(stream)) => {
-                tokio::spawn(read_engine_outputs(stream, shared.clone()));
-            }
-            Ok(AcceptedStream::Unix(stream)) => {
-                tokio::spawn(read_engine_outputs(stream, shared.clone()));
-            }
-            Err(e) => {
-                tracing::warn!("accepting an engine output connection failed: {e}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
-}
-
 /// Reads one engine connection until it closes or breaks the protocol (the
 /// engine reconnects if it is still alive; its death comes as ENGINE_CORE_DEAD).
-async fn read_engine_outputs<S: AsyncRead + AsyncWrite + Unpin>(stream: S, shared: Arc<Shared>) {
+async fn read_engine_outputs(stream: AcceptedStream, shared: Arc<Shared>) {
     let mut peer = match handshake(stream, "PULL", "PUSH").await {
         Ok(peer) => peer,
         Err(e) => return tracing::warn!("refused an engine output connection: {e}"),

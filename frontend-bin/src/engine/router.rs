@@ -9,13 +9,12 @@
 //! thread stands between the HTTP handlers and the socket.
 
 use super::zmtp::{encode_message, handshake, pong_frame, Incoming};
-use crate::listener::{AcceptedStream, StreamListener};
+use crate::listener::{accept_forever, AcceptedStream, StreamListener};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, Notify};
 
 /// A message an engine sent on its DEALER: its identity and the first frame.
@@ -55,7 +54,11 @@ impl InputRouter {
     pub fn start(listener: StreamListener) -> (Arc<InputRouter>, mpsc::UnboundedReceiver<EngineMessage>) {
         let (received, receiver) = mpsc::unbounded_channel();
         let router = Arc::new(InputRouter { links: Mutex::new(HashMap::new()), received, next_link_id: AtomicU64::new(0) });
-        tokio::spawn(accept_engines(listener, router.clone()));
+        let for_engines = router.clone();
+        tokio::spawn(async move {
+            accept_forever(listener, "an engine input connection", move |stream| serve_engine(stream, for_engines.clone()))
+                .await
+        });
         (router, receiver)
     }
 
@@ -73,26 +76,9 @@ impl InputRouter {
     }
 }
 
-async fn accept_engines(listener: StreamListener, router: Arc<InputRouter>) {
-    loop {
-        match listener.accept().await {
-            Ok(AcceptedStream::Tcp(stream)) => {
-                tokio::spawn(serve_engine(stream, router.clone()));
-            }
-            Ok(AcceptedStream::Unix(stream)) => {
-                tokio::spawn(serve_engine(stream, router.clone()));
-            }
-            Err(e) => {
-                tracing::warn!("accepting an engine input connection failed: {e}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
-}
-
 /// Serves one DEALER connection: its writer task drains the outbox, this task
 /// reads. A reconnecting engine's new connection takes over its identity.
-async fn serve_engine<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(stream: S, router: Arc<InputRouter>) {
+async fn serve_engine(stream: AcceptedStream, router: Arc<InputRouter>) {
     let peer = match handshake(stream, "ROUTER", "DEALER").await {
         Ok(peer) => peer,
         Err(e) => return tracing::warn!("refused an engine input connection: {e}"),

@@ -59,17 +59,23 @@ fn greeting() -> [u8; GREETING_LEN] {
     g
 }
 
+/// Appends a frame with `flags` holding `body`: a short header when the body
+/// fits in 255 bytes, else a long one.
+fn push_frame(flags: u8, body: &[u8], out: &mut Vec<u8>) {
+    match u8::try_from(body.len()) {
+        Ok(len) => out.extend_from_slice(&[flags, len]),
+        Err(_) => {
+            out.push(flags | FLAG_LONG);
+            out.extend_from_slice(&(body.len() as u64).to_be_bytes());
+        }
+    }
+    out.extend_from_slice(body);
+}
+
 /// A command frame holding `body`.
 fn command_frame(body: &[u8]) -> Vec<u8> {
     let mut frame = Vec::with_capacity(body.len() + 9);
-    match u8::try_from(body.len()) {
-        Ok(len) => frame.extend_from_slice(&[FLAG_COMMAND, len]),
-        Err(_) => {
-            frame.push(FLAG_COMMAND | FLAG_LONG);
-            frame.extend_from_slice(&(body.len() as u64).to_be_bytes());
-        }
-    }
-    frame.extend_from_slice(body);
+    push_frame(FLAG_COMMAND, body, &mut frame);
     frame
 }
 
@@ -213,14 +219,7 @@ async fn run_handshake<S: AsyncRead + AsyncWrite + Unpin>(
 pub fn encode_message(frames: &[&[u8]], out: &mut Vec<u8>) {
     for (i, frame) in frames.iter().enumerate() {
         let more = if i + 1 < frames.len() { FLAG_MORE } else { 0 };
-        match u8::try_from(frame.len()) {
-            Ok(len) => out.extend_from_slice(&[more, len]),
-            Err(_) => {
-                out.push(more | FLAG_LONG);
-                out.extend_from_slice(&(frame.len() as u64).to_be_bytes());
-            }
-        }
-        out.extend_from_slice(frame);
+        push_frame(more, frame, out);
     }
 }
 

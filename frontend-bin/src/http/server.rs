@@ -8,7 +8,6 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite};
 
 /// HTTP settings.
 #[derive(Clone, Copy, Debug)]
@@ -33,8 +32,7 @@ pub async fn serve(listener: StreamListener, app: Router, options: ServeOptions,
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok(AcceptedStream::Tcp(stream)) => spawn_connection(&builder, &graceful, stream, app.clone()),
-            Ok(AcceptedStream::Unix(stream)) => spawn_connection(&builder, &graceful, stream, app.clone()),
+            Ok(stream) => spawn_connection(&builder, &graceful, stream, app.clone()),
             Err(e) => {
                 tracing::warn!("accepting an HTTP connection failed: {e}");
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -46,10 +44,7 @@ pub async fn serve(listener: StreamListener, app: Router, options: ServeOptions,
     tokio::time::timeout(options.drain_timeout, graceful.shutdown()).await.is_ok()
 }
 
-fn spawn_connection<IO>(builder: &hyper::server::conn::http1::Builder, graceful: &GracefulShutdown, io: IO, app: Router)
-where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
+fn spawn_connection(builder: &hyper::server::conn::http1::Builder, graceful: &GracefulShutdown, io: AcceptedStream, app: Router) {
     let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
     let connection = graceful.watch(connection);
     tokio::spawn(async move {
