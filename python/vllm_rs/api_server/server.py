@@ -20,6 +20,8 @@ import zmq
 
 from vllm_rs.api_server.app import build_app
 from vllm_rs.api_server.engine_client import EngineClient, RegistrationError
+from vllm_rs.api_server.http_protocol import guarded_protocol
+from vllm_rs.api_server.limits import LimitError
 from vllm_rs.api_server.metrics import Metrics
 from vllm_rs.api_server.state import ServerSettings, ServerState
 from vllm_rs.logger import init_logger
@@ -60,7 +62,11 @@ def run_server_worker(listen_address: str, sock: Any, args: Any, client_config: 
     """Serves the OpenAI API on `sock` for `args` (the `serve` arguments),
     talking to the engines through the listeners in `client_config`. Exits 1
     when the engines do not register."""
-    settings = ServerSettings.from_args(args)
+    try:
+        settings = ServerSettings.from_args(args)
+    except LimitError as e:
+        logger.error("%s", e)
+        sys.exit(1)
     code = uvloop.run(_serve(listen_address, sock, settings, client_config, uvicorn_kwargs))
     if code:
         sys.exit(code)
@@ -94,6 +100,7 @@ async def _serve(listen_address: str, sock: Any, settings: ServerSettings, clien
         start=0,
         count=settings.engine_count,
         client_index=client_config.get("client_index", 0),
+        limits=settings.limits,
     )
     try:
         logger.info("waiting for engines 0..=%d to register", settings.engine_count - 1)
@@ -120,7 +127,8 @@ async def _serve_http(listen_address: str, sock: Any, state: ServerState, uvicor
     logging.getLogger("uvicorn").setLevel(logging.WARNING)
     config = uvicorn.Config(
         build_app(state),
-        http="httptools",
+        http=guarded_protocol(settings.limits),
+        ws="none",
         lifespan="off",
         access_log=False,
         log_config=None,
