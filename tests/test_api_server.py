@@ -16,6 +16,8 @@ import urllib.request
 
 import pytest
 import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllm_rs.api_server.errors import ApiError
 from vllm_rs.api_server.params import Params, common_params, parse_json_object
@@ -38,6 +40,43 @@ def test_stop_strings_hold_back_possible_starts():
     assert s.push("S") == ("", None) and s.flush() == "S"
     assert StopStrings(["world", "lo"]).push("hello world") == ("hel", "lo")
     assert StopStrings([]).push("abc") == ("abc", None)
+
+
+class NaiveStopStrings:
+    """The obvious quadratic matcher, the reference StopStrings must agree with."""
+
+    def __init__(self, stops):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def push(self, text):
+        if not self.stops:
+            return text, None
+        self.pending += text
+        first = None
+        for stop in self.stops:
+            at = self.pending.find(stop)
+            if at >= 0 and (first is None or at < first[0]):
+                first = (at, stop)
+        if first is not None:
+            emit, self.pending = self.pending[: first[0]], ""
+            return emit, first[1]
+        held = max((n for stop in self.stops for n in range(1, len(stop)) if self.pending.endswith(stop[:n])), default=0)
+        cut = len(self.pending) - held
+        emit, self.pending = self.pending[:cut], self.pending[cut:]
+        return emit, None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text("abc", max_size=5), max_size=5), st.lists(st.text("abc", max_size=4), max_size=8))
+def test_stop_strings_agree_with_the_naive_matcher(stops, pieces):
+    fast, naive = StopStrings(stops), NaiveStopStrings(stops)
+    for piece in pieces:
+        got = fast.push(piece)
+        assert got == naive.push(piece), (stops, pieces)
+        if got[1] is not None:
+            return
+    assert fast.flush() == naive.pending
 
 
 def test_byte_decoder_never_splits_a_character():

@@ -347,7 +347,15 @@ class EngineClient:
             return True
         except zmq.ZMQError as e:
             logger.warning("cannot send to engine %d: %s", engine, e)
+            if e.errno == zmq.EHOSTUNREACH:
+                self._fail_engine_requests(engine, f"cannot send to engine {engine}: it is not connected")
             return False
+
+    def _fail_engine_requests(self, engine: int, reason: str) -> None:
+        """The engine's own connection is gone (ROUTER_MANDATORY refused a
+        send): nothing it had in flight can be answered any more."""
+        for request_id in [r for r, entry in self._requests.items() if entry.engine == engine]:
+            self._finish(request_id, Failed(reason))
 
     def _finish(self, request_id: str, event: Output | Failed) -> None:
         entry = self._requests.pop(request_id, None)

@@ -17,6 +17,9 @@ from vllm_rs.api_server.errors import ApiError
 MAX_BODY_BYTES = 16 * 1024 * 1024
 #: Most entries of `stop`, `stop_token_ids` and `logit_bias`.
 MAX_LIST_ITEMS = 1024
+#: Most characters over all `stop` strings: matching them costs memory and
+#: set-up time in proportion.
+MAX_STOP_CHARS = 32 * 1024
 #: Integers with more digits than this are out of range for every parameter
 #: (and are never converted: that costs quadratic time).
 MAX_INT_DIGITS = 40
@@ -185,6 +188,14 @@ class Params:
             return value
         raise self.wrong(name, "a string or a list of strings")
 
+    def stop_strings(self, name: str) -> list[str]:
+        """`strings(name)` holding at most MAX_STOP_CHARS characters in all."""
+        stops = self.strings(name)
+        total = sum(len(s) for s in stops)
+        if total > MAX_STOP_CHARS:
+            raise ApiError.invalid_param(name, f"`{name}` strings hold {total} characters; at most {MAX_STOP_CHARS} are allowed")
+        return stops
+
     def logit_bias(self, name: str) -> dict[int, float] | None:
         """A map of at most MAX_LIST_ITEMS token ids (as strings) to biases
         from -100 to 100."""
@@ -275,7 +286,7 @@ def common_params(p: Params, max_tokens_names: tuple[str, ...]) -> CommonParams:
         max_tokens=max_tokens,
         ignore_eos=p.bool("ignore_eos") or False,
         stop_token_ids=p.token_ids("stop_token_ids") or [],
-        stop=p.strings("stop"),
+        stop=p.stop_strings("stop"),
         stream=stream,
         include_usage=include_usage,
     )
