@@ -19,12 +19,12 @@ from typing import Any
 
 import msgpack
 import zmq
-
-from tests.test_frontend_fake_engine import connect_as_engine
 from vllm_rs.engine import make_engine_config, run_engine_core
 from vllm_rs.engine.config import ClientAddresses
 from vllm_rs.network_utils import make_zmq_listener
 from vllm_rs.utils import APIServerProcessManager, CoreEngineProcManager
+
+from tests.test_frontend_fake_engine import connect_as_engine
 
 ADD, ABORT, UTILITY = b"\x00", b"\x01", b"\x03"
 FINISH_LENGTH = 1

@@ -18,7 +18,6 @@ import pytest
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from vllm_rs.api_server.errors import ApiError
 from vllm_rs.api_server.params import Params, common_params, parse_json_object
 from vllm_rs.api_server.stop_strings import StopStrings

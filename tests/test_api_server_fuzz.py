@@ -13,10 +13,16 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from vllm_rs.api_server.engine_outputs import EngineOutputError, decode_engine_message
+from vllm_rs.engine.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    FinishReason,
+    UtilityOutput,
+    encode_outputs,
+)
 
 from tests.api_server_harness import api_server, assert_error_shape, request
-from vllm_rs.api_server.engine_outputs import EngineOutputError, decode_engine_message
-from vllm_rs.engine.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, UtilityOutput, encode_outputs
 
 QUICK = settings(max_examples=150, deadline=None)
 

@@ -11,8 +11,20 @@ from starlette.responses import Response
 
 from vllm_rs.api_server.errors import ApiError, dumps
 from vllm_rs.api_server.generation import GenerationError
-from vllm_rs.api_server.params import MAX_BODY_BYTES, CommonParams, Params, common_params, parse_decimal, parse_json_object
-from vllm_rs.api_server.sse import ChatChunks, ChunkHeader, CompletionChunks, sse_response
+from vllm_rs.api_server.params import (
+    MAX_BODY_BYTES,
+    CommonParams,
+    Params,
+    common_params,
+    parse_decimal,
+    parse_json_object,
+)
+from vllm_rs.api_server.sse import (
+    ChatChunks,
+    ChunkHeader,
+    CompletionChunks,
+    sse_response,
+)
 from vllm_rs.api_server.state import ServerState
 from vllm_rs.api_server.submit import CHAT, COMPLETIONS, Submitted, check_model, submit
 from vllm_rs.api_server.tokenizer import ChatMessage

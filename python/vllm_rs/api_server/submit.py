@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from starlette.datastructures import Headers
 
 from vllm_rs.api_server.engine_client import EngineUnavailableError, RankOutOfRangeError
+from vllm_rs.api_server.engine_outputs import MAX_ENGINE_INDEX
 from vllm_rs.api_server.errors import ApiError
 from vllm_rs.api_server.generation import Generation
-from vllm_rs.api_server.engine_outputs import MAX_ENGINE_INDEX
 from vllm_rs.api_server.params import CommonParams, parse_decimal
 from vllm_rs.api_server.state import ServerState
 from vllm_rs.engine.protocol import EngineCoreRequest
