@@ -66,7 +66,7 @@ class NaiveStopStrings:
         return emit, None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, database=None)
 @given(st.lists(st.text("abc", max_size=5), max_size=5), st.lists(st.text("abc", max_size=4), max_size=8))
 def test_stop_strings_agree_with_the_naive_matcher(stops, pieces):
     fast, naive = StopStrings(stops), NaiveStopStrings(stops)

@@ -24,7 +24,7 @@ from vllm_rs.engine.protocol import (
 
 from tests.api_server_harness import api_server, assert_error_shape, request
 
-QUICK = settings(max_examples=150, deadline=None)
+QUICK = settings(max_examples=150, deadline=None, database=None)
 
 msgpack_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1) | st.floats() | st.text(max_size=8) | st.binary(max_size=8),
@@ -143,7 +143,7 @@ def echo_server():
         yield server
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), bodies)
 def test_any_json_body_is_answered_or_refused_in_the_error_shape(echo_server, path, body):
     status, answer = request("POST", echo_server.port, path, json.dumps(body).encode(), timeout_s=30)
