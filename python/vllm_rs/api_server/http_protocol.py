@@ -193,7 +193,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         """Back to idle (evictable; uvicorn's keep-alive timeout applies)."""
         super().on_response_complete()
-        if not self.transport.is_closing() and self._deadline is None:
+        # Not idle while a pipelined request runs or a body is still arriving.
+        running = self.cycle is not None and not self.cycle.response_complete
+        if not self.transport.is_closing() and self._deadline is None and not running:
             self._expect_headers()
 
 
