@@ -27,7 +27,7 @@ from tests.api_server_harness import api_server, assert_error_shape, request
 QUICK = settings(max_examples=150, deadline=None, database=None)
 
 msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1) | st.floats() | st.text(max_size=8) | st.binary(max_size=8),
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=8) | st.binary(max_size=8),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4),
     max_leaves=12,
 )
