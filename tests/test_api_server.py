@@ -191,6 +191,21 @@ def test_registration_timeout_names_the_missing_engines(capfd, monkeypatch):
         manager.shutdown(timeout=5)
 
 
+@pytest.mark.parametrize(
+    "name, value", [("VLLM_RS_ENGINE_STALL_TIMEOUT_S", "inf"), ("VLLM_RS_HTTP_BODY_TIMEOUT_S", "-1"),
+                    ("VLLM_RS_MAX_ENGINE_MESSAGE_BYTES", "1e6"), ("VLLM_RS_HTTP_MAX_CONNECTIONS", "0")],
+)  # fmt: skip
+def test_a_bad_limit_variable_exits_1_naming_it(capfd, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    manager, _, _ = start_api_server(engines=1)
+    try:
+        manager.processes[0].join(60)
+        assert manager.processes[0].exitcode == 1
+        CapturedOutput(capfd).wait_for(f"{name} must be")
+    finally:
+        manager.shutdown(timeout=5)
+
+
 def test_a_signal_while_waiting_for_engines_exits_0(capfd):
     output = CapturedOutput(capfd)
     manager, _, _ = start_api_server(engines=1)
