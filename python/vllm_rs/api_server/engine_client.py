@@ -23,6 +23,7 @@ import zmq.asyncio
 
 from vllm_rs.api_server.engine_outputs import EngineOutputError, decode_engine_message
 from vllm_rs.api_server.limits import ServerLimits
+from vllm_rs.api_server.throttled_log import ThrottledWarning
 from vllm_rs.engine.protocol import (
     REQUEST_ABORT,
     REQUEST_ADD,
@@ -89,25 +90,6 @@ class EngineLoad:
         if not self.has_stats:
             return self.inflight
         return max(self.inflight, self.running + self.waiting) + 3 * self.waiting
-
-
-class _ThrottledWarning:
-    """A warning a peer can trigger at will: logged at most once per
-    `interval_s`, with the number of occurrences in between."""
-
-    def __init__(self, interval_s: float = 10.0):
-        self.interval_s = interval_s
-        self._last = -interval_s
-        self._suppressed = 0
-
-    def __call__(self, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now - self._last < self.interval_s:
-            self._suppressed += 1
-            return
-        suffix = f" ({self._suppressed} more since the last report)" if self._suppressed else ""
-        logger.warning(message + suffix, *args)
-        self._last, self._suppressed = now, 0
 
 
 @dataclass
@@ -191,8 +173,8 @@ class EngineClient:
         self._call_ids = itertools.count(1)
         self._tie_break = itertools.count()
         self._tasks: list[asyncio.Task] = []
-        self._warn_malformed = _ThrottledWarning()
-        self._warn_unexpected_input = _ThrottledWarning()
+        self._warn_malformed = ThrottledWarning(logger)
+        self._warn_unexpected_input = ThrottledWarning(logger)
 
     # ---- start-up ----
 

@@ -14,9 +14,11 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from vllm_rs.api_server.errors import ApiError, dumps
 from vllm_rs.api_server.limits import ServerLimits
+from vllm_rs.api_server.throttled_log import ThrottledWarning
 from vllm_rs.logger import init_logger
 
 logger = init_logger(__name__)
+_warn_refused = ThrottledWarning(logger)
 
 
 class HeaderTooLargeError(Exception):
@@ -57,7 +59,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         idle), and starts the header deadline."""
         if len(self.connections) >= self.limits.http_max_connections and not self._evict_idle():
             super().connection_made(transport)
-            logger.warning("refusing a connection: %d connections are busy", len(self.connections) - 1)
+            _warn_refused("refusing a connection: all %d connections are busy with requests", len(self.connections) - 1)
             transport.close()
             return
         super().connection_made(transport)
@@ -78,7 +80,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 oldest = other
         if oldest is None:
             return False
-        logger.info("connection limit (%d) reached: closing the connection idle the longest", self.limits.http_max_connections)
+        logger.debug("connection limit (%d) reached: closing the connection idle the longest", self.limits.http_max_connections)
         oldest._idle_since = None
         oldest.transport.close()
         self.connections.discard(oldest)
@@ -104,7 +106,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _headers_timed_out(self) -> None:
         self._deadline = None
         if not self.transport.is_closing():
-            logger.info("closing a connection that sent no complete request headers within %gs", self.limits.http_header_timeout_s)
+            logger.debug("closing a connection that sent no complete request headers within %gs", self.limits.http_header_timeout_s)
             self.transport.close()
 
     def _body_timed_out(self) -> None:
@@ -112,7 +114,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         seconds = self.limits.http_body_timeout_s
-        logger.info("closing a connection whose request body did not arrive within %gs", seconds)
+        logger.debug("closing a connection whose request body did not arrive within %gs", seconds)
         cycle = self.cycle
         if cycle is not None and not cycle.response_started:
             self.transport.write(error_response_bytes(ApiError(408, f"the request body did not arrive within {seconds:g}s")))
