@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,12 @@ def _refuse_constant(name: str) -> Any:
     raise _NotJson(f"{name} is not a JSON value")
 
 
+#: What a surrogate looks like in a JSON body: a `\uD800`-`\uDFFF` escape, or
+#: its raw bytes (json.loads decodes bytes with `surrogatepass`). Only bodies
+#: holding one are walked.
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
 def _has_lone_surrogate(value: Any) -> bool:
     """True when a string anywhere in `value` (keys included) holds a lone
     UTF-16 surrogate, which JSON allows as an escape but UTF-8 cannot carry.
@@ -78,7 +85,7 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
         raise ApiError(400, "the request body is not valid JSON: it is nested too deeply") from None
     if not isinstance(value, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    if _has_lone_surrogate(value):
+    if _MAYBE_SURROGATE.search(body) and _has_lone_surrogate(value):
         raise ApiError(400, "the request body is not valid JSON: a string holds a lone UTF-16 surrogate")
     return value
 
