@@ -413,6 +413,10 @@ def test_bad_query_and_header_values_are_4xx_naming_the_parameter(quiet_server, 
     assert_error_shape(status, answer, 400, param)
 
 
+def test_an_upgrade_request_is_served_as_plain_http(quiet_server):
+    assert request("GET", quiet_server.port, "/health", headers={"connection": "Upgrade", "upgrade": "h2c"})[0] == 200
+
+
 def test_unknown_routes_and_methods_answer_in_the_error_shape(quiet_server):
     assert_error_shape(*request("GET", quiet_server.port, "/nope"), 404)
     assert_error_shape(*request("GET", quiet_server.port, "/v1/completions"), 405)

@@ -142,7 +142,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._reject(ApiError(400, "protocol upgrades are not supported"))
+            # No upgrade is supported: the request is served as plain HTTP/1.1
+            # (as uvicorn does); a body after it never arrives, so the body
+            # deadline ends such a request.
             return
         except httptools.HttpParserError:
             if self._header_too_large:
