@@ -93,6 +93,24 @@ def test_malformed_engine_messages_fail_only_the_requests_they_name():
             engine.close()
 
 
+def test_shutting_down_with_requests_on_a_gone_engine_exits_0():
+    with api_server() as server:
+        engine = ScriptedEngine(server)
+        server.wait_until_serving()
+        waiting = [in_background(request, "POST", server.port, "/v1/completions", COMPLETION) for _ in range(3)]
+        for _ in waiting:
+            engine.next_add()
+        engine.close()  # the engine's connection ends without a word
+        server.manager.processes[0].terminate()
+        server.manager.processes[0].join(DEADLINE_S)
+        assert server.manager.processes[0].exitcode == 0
+        for future in waiting:
+            status, body = future.result(DEADLINE_S)
+            # 503 "shutting down" for the first; a refused ABORT then fails the rest with 500.
+            assert status in (500, 503), (status, body)
+            assert_error_shape(status, body, status)
+
+
 def test_engine_core_dead_still_fails_everything():
     with api_server() as server:
         engine = ScriptedEngine(server)

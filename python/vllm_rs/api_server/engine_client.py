@@ -281,12 +281,15 @@ class EngineClient:
             self.loads[entry.engine - self.start].inflight -= 1
             self._send(entry.engine, REQUEST_ABORT, encode_abort([request_id]))
 
-    def abort_all(self, reason: str) -> None:
-        """Fails every request in flight with `reason` and aborts it."""
+    def abort_all(self, reason: str, status: int = 500) -> None:
+        """Fails every request in flight with `reason` (answered with HTTP
+        `status`) and aborts it."""
         for request_id in list(self._requests):
-            engine = self._requests[request_id].engine
-            self._finish(request_id, Failed(reason))
-            self._send(engine, REQUEST_ABORT, encode_abort([request_id]))
+            entry = self._requests.get(request_id)
+            if entry is None:
+                continue  # failed meanwhile: a refused send fails its engine's requests
+            self._finish(request_id, Failed(reason, status))
+            self._send(entry.engine, REQUEST_ABORT, encode_abort([request_id]))
 
     async def call_utility(self, engine: int, method: str, args: list[Any], timeout: float) -> Any:
         """Calls `method(*args)` on `engine`; raises EngineUnavailableError with
@@ -382,9 +385,11 @@ class EngineClient:
         named = [r for r in error.request_ids if r in self._requests]
         self._warn_malformed("dropping a malformed engine message (%s); failing %d request(s) it named", error, len(named))
         for request_id in named:
-            engine = self._requests[request_id].engine
-            self._finish(request_id, Failed(f"engine {engine} sent a malformed output for this request"))
-            self._send(engine, REQUEST_ABORT, encode_abort([request_id]))
+            entry = self._requests.get(request_id)
+            if entry is None:
+                continue  # failed meanwhile: a refused send fails its engine's requests
+            self._finish(request_id, Failed(f"engine {entry.engine} sent a malformed output for this request"))
+            self._send(entry.engine, REQUEST_ABORT, encode_abort([request_id]))
 
     async def _discard_input_messages(self) -> None:
         """Engines send nothing on the input socket after registering; reading

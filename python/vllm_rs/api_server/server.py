@@ -34,10 +34,31 @@ STATS_LOG_INTERVAL_S = 10.0
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+#: After the drain time, the handlers of the aborted requests get this long
+#: to send their error answers before uvicorn cancels them.
+ABORT_ANSWER_GRACE_S = 1.0
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server with signals handled on the loop: a signal starts the
     graceful shutdown and is not raised again afterwards (the process then
-    exits 0)."""
+    exits 0). Requests still running after `drain_s` are failed through the
+    engine client, so they are answered in the OpenAI error shape instead of
+    being cancelled by uvicorn (whose answer is a plain-text 500)."""
+
+    def __init__(self, config: uvicorn.Config, engines: EngineClient, drain_s: float):
+        super().__init__(config)
+        self.engines = engines
+        self.drain_s = drain_s
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        """uvicorn's shutdown, with the requests left after the drain aborted."""
+        loop = asyncio.get_running_loop()
+        abort = loop.call_later(self.drain_s, self.engines.abort_all, "the server is shutting down", 503)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            abort.cancel()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -133,10 +154,10 @@ async def _serve_http(listen_address: str, sock: Any, state: ServerState, uvicor
         access_log=False,
         log_config=None,
         timeout_keep_alive=int(settings.keep_alive_timeout_s),
-        timeout_graceful_shutdown=int(settings.shutdown_timeout_s + 0.999),
+        timeout_graceful_shutdown=int(settings.shutdown_timeout_s + ABORT_ANSWER_GRACE_S + 0.999),
         **uvicorn_kwargs,
     )
-    server = _Server(config)
+    server = _Server(config, state.engines, settings.shutdown_timeout_s)
     stats = None if settings.disable_log_stats else asyncio.ensure_future(_log_stats_forever(state))
     logger.info(
         "serving the OpenAI API on %s (model %s, max_model_len %s, engines 0..=%d)",
