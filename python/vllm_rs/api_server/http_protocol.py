@@ -116,7 +116,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         seconds = self.limits.http_body_timeout_s
         logger.debug("closing a connection whose request body did not arrive within %gs", seconds)
         cycle = self.cycle
-        if cycle is not None and not cycle.response_started:
+        # A pipelined request waits behind an earlier answer still being
+        # written: no 408 in the middle of that one, the connection just closes.
+        if cycle is not None and not cycle.response_started and not self.pipeline:
             self.transport.write(error_response_bytes(ApiError(408, f"the request body did not arrive within {seconds:g}s")))
             # The handler still waiting for the body sees a disconnect, and
             # anything it sends afterwards is dropped.
