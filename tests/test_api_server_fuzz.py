@@ -3,11 +3,13 @@ the Python API server reads untrusted input: the engine-output MessagePack
 decoder (arbitrary bytes and mutated valid messages raise nothing but
 EngineOutputError) and request parsing, driven over HTTP against a real
 server and echo engine (any JSON body is answered 200 or with a 4xx in the
-OpenAI error shape, never a 5xx)."""
+OpenAI error shape, never a 5xx; any bytes on the HTTP socket get no 5xx and
+leave the server serving)."""
 
 from __future__ import annotations
 
 import json
+import socket
 
 import msgpack
 import pytest
@@ -149,3 +151,27 @@ def test_any_json_body_is_answered_or_refused_in_the_error_shape(echo_server, pa
     status, answer = request("POST", echo_server.port, path, json.dumps(body).encode(), timeout_s=30)
     if status != 200:
         assert_error_shape(status, answer)
+
+
+# ---- raw HTTP bytes ----
+
+request_lines = st.sampled_from([b"GET /health HTTP/1.1\r\n", b"POST /v1/completions HTTP/1.1\r\n", b"GET / HTTP/1.0\r\n", b""])
+raw_requests = st.one_of(
+    st.binary(max_size=200),
+    st.builds(lambda line, junk, tail: line + junk + tail, request_lines, st.binary(max_size=120),
+              st.sampled_from([b"", b"\r\n", b"\r\n\r\n", b"\r\nContent-Length: 5\r\n\r\nab"])),  # fmt: skip
+)
+
+
+@settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw_requests)
+def test_any_bytes_on_the_http_socket_get_no_5xx(echo_server, data):
+    with socket.create_connection(("127.0.0.1", echo_server.port), timeout=30) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    statuses = [int(line.split(b" ")[1]) for line in answer.split(b"\r\n") if line.startswith(b"HTTP/1.")]
+    assert all(status < 500 for status in statuses), answer
+    assert request("GET", echo_server.port, "/health")[0] == 200
