@@ -105,3 +105,66 @@ def test_sigkill_of_a_vllm_supervisor_leaves_nothing(tmp_path):
     time.sleep(1.0)
     assert [pid for pid in pids if is_running(pid)] == []
     assert not handshake.exists()
+
+
+def test_vllms_rust_frontend_manager_serves_our_engine_through_the_core(patched, tmp_path):
+    """vLLM's own parser and (patched) RustFrontendProcessManager start this
+    project's frontend binary, which serves the reference engine."""
+    import http.client
+    import socket
+
+    import openai
+    import zmq
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.utils.network_utils import make_zmq_listener
+    from vllm.v1.utils import RustFrontendProcessManager
+
+    from vllm_rs.engine import make_engine_config, run_engine_core
+    from vllm_rs.engine.config import ClientAddresses
+    from vllm_rs.frontend import frontend_binary
+    from vllm_rs.process import Process
+    from vllm_rs.utils import CoreEngineProcManager
+
+    try:
+        binary = frontend_binary()
+    except FileNotFoundError as e:
+        pytest.skip(f"no vllm-rs binary (set VLLM_RS_FRONTEND_PATH): {e}")
+    args = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(["echo", "--max-model-len", "64"])
+    args.model = args.model_tag
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+    inp = make_zmq_listener(f"ipc://{tmp_path}/input", zmq.ROUTER)
+    out = make_zmq_listener(f"ipc://{tmp_path}/output", zmq.PULL)
+    config = make_engine_config("echo", max_model_len=64, clients=[ClientAddresses(inp.address, out.address)])
+    engines = CoreEngineProcManager(run_engine_core, 1, 0, 0, config, True, inp.address, None, True)
+    frontend = None
+    try:
+        frontend = RustFrontendProcessManager(binary, sock, args, inp, out, 0, 1, 1)
+        assert isinstance(frontend.processes[0], Process) and frontend.processes[0].name == "RustFrontend"
+        deadline = time.monotonic() + 60
+        while True:  # /health answers once the engine has registered
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            finally:
+                conn.close()
+            assert time.monotonic() < deadline and frontend.processes[0].is_alive(), "the frontend never became healthy"
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        completion = client.completions.create(model="echo", prompt="hello", max_tokens=7)
+        assert completion.choices[0].text == "hellohe" and completion.choices[0].finish_reason == "length"
+        client.close()
+    finally:
+        if frontend is not None:
+            frontend.shutdown(timeout=5)
+        engines.shutdown(timeout=10)
+        sock.close()
+    assert frontend.processes[0].exitcode == 0
+    assert not (tmp_path / "input").exists() and not (tmp_path / "output").exists()
