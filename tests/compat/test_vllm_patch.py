@@ -168,3 +168,31 @@ def test_vllms_rust_frontend_manager_serves_our_engine_through_the_core(patched,
         sock.close()
     assert frontend.processes[0].exitcode == 0
     assert not (tmp_path / "input").exists() and not (tmp_path / "output").exists()
+
+
+PLUGIN_PROBE = """
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+import vllm.v1.utils
+print("shutdown from", vllm.v1.utils.shutdown.__module__)
+"""
+
+
+@pytest.mark.parametrize(("switch", "expected"), [("1", "vllm_rs.process_managers"), ("0", "vllm.v1.utils")])
+def test_vllms_plugin_loader_applies_the_declared_entry_point(tmp_path, switch, expected):
+    """vLLM's own `load_general_plugins` in a fresh interpreter, with the
+    entry point from pyproject.toml installed as package metadata."""
+    import os
+    import tomllib
+
+    declared = tomllib.loads((HERE.parents[1] / "pyproject.toml").read_text())["project"]["entry-points"]
+    dist_info = tmp_path / "vllm_rs_entry_points-0.0.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-rs-entry-points\nVersion: 0.0.0\n")
+    lines = ["[vllm.general_plugins]", *(f"{k} = {v}" for k, v in declared["vllm.general_plugins"].items())]
+    (dist_info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    env = os.environ | {"VLLM_RS_PATCH": switch}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    probe = subprocess.run([sys.executable, "-c", PLUGIN_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert f"shutdown from {expected}" in probe.stdout, probe.stdout[-2000:]
