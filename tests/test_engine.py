@@ -397,6 +397,29 @@ def test_engine_process_serves_two_clients(frontends):
     assert manager.processes[0].exitcode == 0  # SIGTERM is a clean exit
 
 
+def test_sleep_wait_is_answered_once_the_running_requests_finished(frontends):
+    manager = start_engine(frontends)
+    try:
+        first = frontends[0]
+        first.registration()
+        first.send(REQUEST_ADD, encode_add(request("drains", b"abc", max_tokens=40)))
+        decode_outputs(first.receive())  # it runs
+        first.send(REQUEST_UTILITY, encode_utility(0, 21, "sleep", [0, "wait"]))
+        first.send(REQUEST_ADD, encode_add(request("queued", b"q", max_tokens=1)))
+        seen, reply = [], None
+        while reply is None:
+            message = decode_outputs(first.receive())
+            if message.utility_output is not None:
+                reply = message.utility_output
+            seen += [(o.request_id, o.finish_reason) for o in message.outputs]
+        assert reply.call_id == 21 and reply.failure_message is None
+        assert seen[-1] == ("drains", FinishReason.LENGTH) and "queued" not in {i for i, _ in seen}
+        assert first.call(22, "wake_up", None).result is True
+        assert bytes(tokens(first.collect("queued")[0])) == b"q"
+    finally:
+        manager.shutdown(timeout=10)
+
+
 def test_engine_failure_sends_engine_core_dead_to_every_client(frontends, monkeypatch):
     monkeypatch.setenv(FAIL_AT_STEP_ENV, "1")
     manager = start_engine(frontends)
