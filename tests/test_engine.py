@@ -578,3 +578,17 @@ def test_every_utility_call_encoded_by_vllm_is_answered(name):
     core = EngineCore(make_engine_config("echo"))
     result = core.call_utility(call.method, call.args)
     unpack(pack([None, result]))  # the result travels as msgpack
+
+
+def test_outputs_decode_back_with_events_and_errors_and_reject_malformed_ones():
+    core = EngineCore(make_engine_config("echo", max_model_len=8))
+    core.add_request(request("a", b"xy", max_tokens=1))
+    error = core.add_request(request("bad", b"x" * 8))
+    message = decode_outputs([encode_outputs(EngineCoreOutputs(0, [o for _, o in core.step()] + [error]))])
+    first, rejected = message.outputs
+    assert [e.type for e in first.events] == [EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED]
+    assert rejected.error.code == "validation_error" and rejected.finish_reason == FinishReason.ERROR
+    broken = first.to_wire()
+    broken[7] = [{"type": 1}]  # no timestamp
+    with pytest.raises(ValueError, match="malformed events"):
+        decode_outputs([pack([0, [broken]])])

@@ -249,15 +249,15 @@ class EngineCoreOutput:
         if not isinstance(items, (list, tuple)) or len(items) < 2 or not isinstance(items[0], str):
             raise ProtocolError(f"EngineCoreOutput must be [request_id, new_token_ids, ...], got {items!r:.200}")
         reason = _slot(items, 5)
-        events = [EngineCoreEvent(EngineCoreEventType(e["type"]), e["timestamp"]) for e in _slot(items, 7, ())]
-        error = _slot(items, 18)
+        try:
+            events = [EngineCoreEvent(EngineCoreEventType(e["type"]), float(e["timestamp"])) for e in _slot(items, 7, ())]
+            error = _slot(items, 18)
+            if error is not None:
+                error = RequestError(str(error["code"]), str(error["message"]), bool(error.get("retryable")))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"malformed events or error in the output of {items[0]}: {e!r}") from e
         return cls(
-            items[0],
-            list(items[1] or ()),
-            None if reason is None else FinishReason(reason),
-            _slot(items, 6),
-            events or None,
-            None if error is None else RequestError(error["code"], error["message"], bool(error.get("retryable"))),
+            items[0], list(items[1] or ()), None if reason is None else FinishReason(reason), _slot(items, 6), events or None, error
         )
 
 
