@@ -213,10 +213,11 @@ class UtilityCall:
 # ---------------------------------------------------------------------------
 
 
-#: Slots of vLLM 0.33's EngineCoreOutput array, through `error` (18).
-OUTPUT_SLOTS = 19
-#: Slot of `num_nans_in_logits`, the one slot whose default is not nil.
-_NUM_NANS_SLOT = 13
+#: EngineCoreOutput slots 8..17 at their defaults: kv/ec_transfer_params,
+#: trace_headers, prefill_stats, routed_experts, num_nans_in_logits (0),
+#: mm_cache_miss_hashes, new_sampling_mask, spec_decode_metrics,
+#: prompt_token_id_logprobs. Slot 18 is `error`.
+_DEFAULT_SLOTS_8_TO_17 = (None, None, None, None, None, 0, None, None, None, None)
 
 
 @dataclass
@@ -233,15 +234,26 @@ class EngineCoreOutput:
     error: RequestError | None = None
 
     def to_wire(self) -> list[Any]:
-        """The full array, as vLLM encodes it (every slot, defaults included)."""
-        items: list[Any] = [None] * OUTPUT_SLOTS
-        items[0], items[1] = self.request_id, list(self.new_token_ids)
-        items[5] = None if self.finish_reason is None else int(self.finish_reason)
-        items[6] = self.stop_reason
-        items[7] = None if not self.events else [e.to_wire() for e in self.events]
-        items[_NUM_NANS_SLOT] = 0
-        items[18] = None if self.error is None else self.error.to_wire()
-        return items
+        """vLLM's 19-slot array without its trailing default slots (vLLM's
+        decoder fills them in, as for any array-like struct): two slots for
+        most outputs, which keeps a step of many requests cheap to encode."""
+        if self.error is not None:
+            return [*self._through_events(), *_DEFAULT_SLOTS_8_TO_17, self.error.to_wire()]
+        if self.events:
+            return self._through_events()
+        if self.finish_reason is not None or self.stop_reason is not None:
+            return self._through_events()[:7]
+        return [self.request_id, self.new_token_ids]
+
+    def _through_events(self) -> list[Any]:
+        return [
+            self.request_id,
+            self.new_token_ids,
+            None, None, None,  # new_logprobs, new_prompt_logprobs_tensors, pooling_output
+            None if self.finish_reason is None else int(self.finish_reason),
+            self.stop_reason,
+            None if not self.events else [e.to_wire() for e in self.events],
+        ]  # fmt: skip
 
     @classmethod
     def from_wire(cls, items: Any) -> EngineCoreOutput:
