@@ -168,13 +168,14 @@ def _remove_ipc_file_on_exit(address: str | None) -> None:
 
 
 def _rebind(original: Any, replacement: Any) -> None:
-    """Points every loaded module's global that names `original` at
-    `replacement` (vLLM modules import these names directly)."""
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if not namespace or getattr(module, "__name__", "").startswith("vllm_rs"):
+    """Points every global of vLLM's loaded modules that names `original` at
+    `replacement` (vLLM modules import these names directly, so patching
+    the defining module alone would miss them; modules imported later get
+    the replacement from there)."""
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == "vllm" or module_name.startswith("vllm.")):
             continue
-        for name, value in list(namespace.items()):
+        for name, value in list(vars(module).items()):
             if value is original:
                 setattr(module, name, replacement)
 
