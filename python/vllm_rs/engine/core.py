@@ -7,7 +7,6 @@ from __future__ import annotations
 import enum
 import os
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from vllm_rs.engine.block_pool import BlockPool
@@ -54,12 +53,9 @@ class PauseState(enum.Enum):
     PAUSED_ALL = "paused_all"
 
 
-@dataclass(frozen=True)
 class WhenIdle:
-    """A utility result that is sent once no request runs (vLLM answers
-    `sleep(mode="wait")` when the engine has drained)."""
-
-    value: Any = None
+    """Returned by a utility method whose reply (None) waits until no request
+    runs: vLLM answers `sleep(mode="wait")` once the engine has drained."""
 
 
 def make_runner(config: EngineConfig) -> Any:

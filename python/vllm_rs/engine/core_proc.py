@@ -100,8 +100,8 @@ class EngineCoreProc:
         self.pushes = [make_zmq_socket(self.ctx, c.output_address, zmq.PUSH, bind=False) for c in config.clients]
         self.dealers: list[Any] = []
         self._sent_stats_to: set[int] = set()
-        #: Utility replies that wait until no request runs: (client, call id, result).
-        self._replies_when_idle: list[tuple[int, int, Any]] = []
+        #: Utility calls answered (None) once no request runs: (client, call id).
+        self._replies_when_idle: list[tuple[int, int]] = []
 
     def run(self) -> None:
         """Loads the model, registers with every frontend, then serves."""
@@ -178,7 +178,7 @@ class EngineCoreProc:
         finally:
             self._send_outputs(self.core.take_pending_outputs())
         if isinstance(result, WhenIdle):
-            self._replies_when_idle.append((call.client_index, call.call_id, result.value))
+            self._replies_when_idle.append((call.client_index, call.call_id))
         else:
             self._send_reply(call.client_index, UtilityOutput(call.call_id, result=result))
 
@@ -188,8 +188,8 @@ class EngineCoreProc:
 
     def _send_replies_when_idle(self) -> None:
         replies, self._replies_when_idle = self._replies_when_idle, []
-        for client_index, call_id, value in replies:
-            self._send_reply(client_index, UtilityOutput(call_id, result=value))
+        for client_index, call_id in replies:
+            self._send_reply(client_index, UtilityOutput(call_id, result=None))
 
     def _send_outputs(self, outputs: list[tuple[int, EngineCoreOutput]]) -> None:
         if not outputs:
