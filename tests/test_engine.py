@@ -593,3 +593,24 @@ def test_outputs_decode_back_with_events_and_errors_and_reject_malformed_ones():
     broken[7] = [{"type": 1}]  # no timestamp
     with pytest.raises(ValueError, match="malformed events"):
         decode_outputs([pack([0, [broken]])])
+
+
+@pytest.mark.parametrize("name", fixtures_of_kind("outputs"))
+def test_the_api_servers_decoder_reads_every_message_vllms_engine_sends(name):
+    message = decode_outputs([(FIXTURES / f"{name}.msgpack").read_bytes()])
+    raw = fixture(name)
+    assert message.engine_index == raw[0] and message.timestamp == raw[3]
+    assert [o.request_id for o in message.outputs] == [o[0] for o in raw[1]]
+    assert [o.finish_reason for o in message.outputs] == [None if o[5] is None else FinishReason(o[5]) for o in raw[1]]
+    assert (message.utility_output is None) == (raw[4] is None)
+    assert (message.wave_complete, message.finished_requests) == (raw[6], raw[5])
+    if name == "outputs_first_token_events":
+        assert [e.type for e in message.outputs[0].events] == [EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED]
+        assert message.scheduler_stats["num_running_reqs"] == 2
+    if name == "outputs_request_error":
+        assert message.outputs[0].error.code == "validation_error"
+
+
+def test_the_api_servers_registration_reads_vllms_ready_response():
+    registration = decode_registration((FIXTURES / "ready_response.msgpack").read_bytes())
+    assert (registration.max_model_len, registration.num_gpu_blocks, registration.dp_stats_address) == (2048, 512, None)
