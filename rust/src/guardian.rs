@@ -60,6 +60,8 @@ pub fn run(ctrl_fd: RawFd, supervisor_pid: libc::pid_t) -> ! {
             if let Err(err) = g.serve() {
                 eprintln!("vllm-rs guardian: {err}; killing every child");
             }
+            // However serving ended, what the supervisor sent still counts.
+            g.drain_requests();
             removals = std::mem::take(&mut g.removals);
         }
         Err(err) => eprintln!("vllm-rs guardian: {err}; killing every child"),
@@ -140,17 +142,15 @@ impl Guardian {
                 }
             }
             if ready.contains(&1) && self.drain_signals()? {
-                // SIGTERM: the supervisor died, or someone asked us to stop.
-                self.drain_requests();
-                return Ok(());
+                return Ok(()); // SIGTERM: the supervisor died, or someone asked us to stop.
             }
         }
     }
 
     /// Handles every request still queued on the control socket, without
     /// waiting for more: registrations take effect, spawns are dropped (the
-    /// guardian is about to kill everything it started). Used once the
-    /// guardian is stopping, so failures only end the draining.
+    /// guardian is about to kill everything it started). Runs once serving
+    /// has ended, so failures only end the draining.
     fn drain_requests(&mut self) {
         let ctrl = [self.ctrl.as_raw_fd()];
         while let Ok(sys::PollOutcome::Ready(_)) = sys::poll_readable(&ctrl, Some(Duration::ZERO), || Ok(())) {
