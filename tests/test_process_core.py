@@ -115,6 +115,34 @@ def test_os_failures_carry_errno_and_filename(tmp_path):
         proc.join(10)
 
 
+GUARDIAN_THAT_CANNOT_START = """
+import json, sys
+from vllm_rs import _core
+_core.set_guardian_command([sys.argv[1]])
+try:
+    _core.spawn(["true"], name="x")
+except RuntimeError as e:
+    cause = e.__cause__
+    print(json.dumps([str(e), type(cause).__name__, getattr(cause, "errno", None)]))
+"""
+
+
+@pytest.mark.parametrize(
+    "command, message, cause, code",
+    [
+        ("/no/such/guardian", "cannot start it", "FileNotFoundError", errno.ENOENT),
+        ("/bin/true", "exited during start-up", "NoneType", None),
+    ],
+)
+def test_a_guardian_that_cannot_start_is_a_runtime_error_with_its_os_cause(command, message, cause, code):
+    import json
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", GUARDIAN_THAT_CANNOT_START, command], capture_output=True, text=True, timeout=60)
+    text, cause_type, cause_errno = json.loads(out.stdout)
+    assert message in text and (cause_type, cause_errno) == (cause, code), out
+
+
 def test_spawn_many_takes_typed_requests():
     requests = [_core.SpawnRequest(["sh", "-c", f"exit {i}"], name=f"r{i}") for i in range(3)]
     requests.append(_core.SpawnRequest(["no-such-command-anywhere"], name="missing", env=[("PATH", "/nowhere")]))

@@ -2,14 +2,15 @@
 //! the `OSError` subclass its errno selects (`FileNotFoundError`,
 //! `PermissionError`, `ProcessLookupError`, `ChildProcessError`,
 //! `TimeoutError`, ...) with `errno` set, and `filename` set when the error
-//! is about a path; bad arguments become `ValueError`; a guardian that is
-//! gone becomes `RuntimeError`.
+//! is about a path; bad arguments become `ValueError`. A guardian that cannot
+//! be started or reached is a `RuntimeError` (callers such as `serve` treat
+//! it as a failed stack), whose `__cause__` is the `OSError` behind it, if any.
 
 use std::ffi::OsStr;
 use std::io;
 
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
-use pyo3::PyErr;
+use pyo3::{PyErr, Python};
 
 use crate::error::{GuardianError, ProcessError, RegisterError, SpawnError};
 use crate::wire::FailStage;
@@ -70,14 +71,15 @@ impl IntoPyErr for ProcessError {
 
 impl IntoPyErr for GuardianError {
     fn into_pyerr(self) -> PyErr {
-        match &self {
-            GuardianError::Start(err) => io_error(err, "vllm-rs guardian: cannot start it", None),
-            GuardianError::Io(err) => io_error(err, "vllm-rs guardian", None),
-            GuardianError::NoAnswer(_) => os_error(libc::ETIMEDOUT, self.to_string(), None),
-            GuardianError::NotConfigured | GuardianError::ExitedDuringStartup | GuardianError::Died => {
-                PyRuntimeError::new_err(self.to_string())
-            }
-        }
+        let cause = match &self {
+            GuardianError::Start(err) => Some(io_error(err, "cannot start the guardian", None)),
+            GuardianError::Io(err) => Some(io_error(err, "talking to the guardian", None)),
+            GuardianError::NoAnswer(_) => Some(os_error(libc::ETIMEDOUT, strerror(libc::ETIMEDOUT), None)),
+            GuardianError::NotConfigured | GuardianError::ExitedDuringStartup | GuardianError::Died => None,
+        };
+        let err = PyRuntimeError::new_err(self.to_string());
+        Python::attach(|py| err.set_cause(py, cause));
+        err
     }
 }
 
