@@ -164,13 +164,29 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::net::UnixListener;
 
-    /// A fresh private directory for one test, removed by the test.
-    fn scratch(name: &str) -> PathBuf {
+    /// A fresh private directory for one test, removed with everything in
+    /// it when dropped, also when the test fails.
+    struct Scratch(PathBuf);
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    impl std::ops::Deref for Scratch {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    fn scratch(name: &str) -> Scratch {
         let dir = std::env::temp_dir().join(format!("vllm-rs-removal-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir(&dir).unwrap();
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
-        dir
+        Scratch(dir)
     }
 
     fn register(list: &mut RemovalList, path: &Path) {
@@ -192,7 +208,6 @@ mod tests {
         assert!(list.remove_all().is_empty());
         assert!(!same.exists());
         assert_eq!(fs::read_to_string(&replaced).unwrap(), "someone else's");
-        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
@@ -207,7 +222,7 @@ mod tests {
         register(&mut list, &dir.join("input.sock"));
         assert!(list.remove_all().is_empty());
         assert!(!dir.exists());
-        fs::remove_dir(&root).unwrap();
+        assert!(fs::read_dir(&*root).unwrap().next().is_none());
     }
 
     #[test]
@@ -231,7 +246,6 @@ mod tests {
             assert!(dir.join("engine.sock").exists() && fs::symlink_metadata(dir.join(extra)).is_ok(), "{name}");
         }
         assert!(outside.exists());
-        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
@@ -247,7 +261,6 @@ mod tests {
         list.cancel(&cancelled);
         assert!(list.remove_all().is_empty());
         assert!(!outer.exists() && cancelled.is_dir());
-        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
@@ -263,6 +276,5 @@ mod tests {
         std::os::unix::fs::symlink(&target, &dir).unwrap();
         assert!(list.remove_all().is_empty());
         assert!(target.join("keep.sock").exists() && fs::symlink_metadata(&dir).unwrap().is_symlink());
-        fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -6,7 +6,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
@@ -37,6 +37,25 @@ fn start_guardian() -> (Child, UnixStream) {
     (child, ours)
 }
 
+/// A fresh directory for one test, removed with everything in it when
+/// dropped, also when the test fails.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("vllm-rs-guardian-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn registration(id: u64, path: &Path) -> Vec<u8> {
     let meta = std::fs::symlink_metadata(path).unwrap();
     let path = path.as_os_str().as_bytes().to_vec();
@@ -45,10 +64,8 @@ fn registration(id: u64, path: &Path) -> Vec<u8> {
 
 #[test]
 fn registrations_queued_before_a_sigterm_still_count() {
-    let dir = std::env::temp_dir().join(format!("vllm-rs-guardian-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir(&dir).unwrap();
-    let (file, sockets) = (dir.join("registered.sock"), dir.join("sockets"));
+    let scratch = Scratch::new("sigterm");
+    let (file, sockets) = (scratch.0.join("registered.sock"), scratch.0.join("sockets"));
     let _file = UnixListener::bind(&file).unwrap();
     std::fs::create_dir(&sockets).unwrap();
     let _inside = UnixListener::bind(sockets.join("engine.sock")).unwrap();
@@ -71,13 +88,12 @@ fn registrations_queued_before_a_sigterm_still_count() {
     assert!(matches!(outcome, PollOutcome::Ready(_)), "the guardian did not exit");
     assert!(guardian.wait().unwrap().success());
     assert!(!file.exists() && !sockets.exists());
-    std::fs::remove_dir(&dir).unwrap();
 }
 
 #[test]
 fn every_registration_is_acknowledged() {
-    let dir = std::env::temp_dir().join(format!("vllm-rs-guardian-ack-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = Scratch::new("ack");
+    let dir = scratch.0.join("cancelled");
     std::fs::create_dir(&dir).unwrap();
     let (mut guardian, ctrl) = start_guardian();
     wire::send(&ctrl, &registration(7, &dir), &[]).unwrap();
@@ -90,5 +106,4 @@ fn every_registration_is_acknowledged() {
     drop(ctrl); // the supervisor "exits": the guardian follows, leaving the cancelled directory
     assert!(guardian.wait().unwrap().success());
     assert!(dir.is_dir());
-    std::fs::remove_dir(&dir).unwrap();
 }
