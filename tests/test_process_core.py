@@ -154,6 +154,18 @@ def test_spawn_many_takes_typed_requests():
     assert isinstance(outcomes[3], FileNotFoundError) and outcomes[3].filename == "no-such-command-anywhere"
     with pytest.raises(TypeError, match="SpawnRequest"):
         _core.spawn_many([(["true"], "x", None, None, [], [])])
+    # hold_fds get one owner: the same fds twice, or a second start, are refused before anything starts.
+    r, w = os.pipe()
+    holding = _core.SpawnRequest(["true"], name="holder", hold_fds=[w])
+    with pytest.raises(ValueError, match=f"fd {w} is in hold_fds twice"):
+        _core.spawn_many([holding, holding])
+    (proc,) = _core.spawn_many([holding])
+    proc.join(30)
+    proc.close()  # closes w
+    assert select.select([r], [], [], 30)[0] == [r] and os.read(r, 1) == b""  # the only write end is gone
+    os.close(r)
+    with pytest.raises(ValueError, match="already started a process"):
+        _core.spawn_many([holding])
     with pytest.raises(TypeError, match="name"):
         _core.SpawnRequest(["true"])
 

@@ -14,6 +14,8 @@ use pyo3::prelude::*;
 #[cfg(target_os = "linux")]
 mod linux {
     use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use crate::error::ProcessError;
     use crate::python_errors::{os_error, IntoPyErr};
     use crate::{guardian, killtree, supervisor, sys, ChildProcess, ExitStatus};
@@ -145,6 +147,7 @@ mod linux {
     }
 
     /// One child for `spawn_many`, with the fields of `spawn`'s arguments.
+    /// One with `hold_fds` starts one process only: that process owns them.
     #[pyclass(name = "SpawnRequest", module = "vllm_rs._core", frozen)]
     pub struct SpawnRequest {
         /// The command; argv[0] is looked up in PATH unless it holds a `/`.
@@ -165,6 +168,8 @@ mod linux {
         /// Fds the handle takes ownership of (kept open while the child runs).
         #[pyo3(get)]
         hold_fds: Vec<RawFd>,
+        /// Set once a process took ownership of `hold_fds`.
+        started: AtomicBool,
     }
 
     #[pymethods]
@@ -179,7 +184,7 @@ mod linux {
             pass_fds: Vec<RawFd>,
             hold_fds: Vec<RawFd>,
         ) -> Self {
-            SpawnRequest { argv, name, env, cwd, pass_fds, hold_fds }
+            SpawnRequest { argv, name, env, cwd, pass_fds, hold_fds, started: AtomicBool::new(false) }
         }
 
         fn __repr__(&self) -> String {
@@ -187,19 +192,44 @@ mod linux {
         }
     }
 
-    fn check_held(hold_fds: &[RawFd]) -> PyResult<()> {
-        match hold_fds.iter().find(|&&fd| !sys::fd_is_open(fd)) {
-            Some(fd) => Err(os_error(libc::EBADF, format!("cannot hold fd {fd}: it is not open"), None)),
-            None => Ok(()),
+    /// Takes ownership of every request's `hold_fds`, after refusing (with
+    /// nothing taken) an fd that is not open, one listed twice, or a request
+    /// whose fds a process it started already owns: two owners would close
+    /// the same fd number twice.
+    fn claim_held(requests: &[&SpawnRequest]) -> PyResult<Vec<Vec<OwnedFd>>> {
+        let mut seen = std::collections::HashSet::new();
+        for request in requests {
+            if !request.hold_fds.is_empty() && request.started.load(Ordering::Relaxed) {
+                return Err(PyValueError::new_err(format!(
+                    "{} already started a process, which owns its hold_fds",
+                    request.__repr__()
+                )));
+            }
+            for &fd in &request.hold_fds {
+                if !sys::fd_is_open(fd) {
+                    return Err(os_error(libc::EBADF, format!("cannot hold fd {fd}: it is not open"), None));
+                }
+                if !seen.insert(fd) {
+                    return Err(PyValueError::new_err(format!("fd {fd} is in hold_fds twice")));
+                }
+            }
         }
+        Ok(requests
+            .iter()
+            .map(|request| {
+                if !request.hold_fds.is_empty() {
+                    request.started.store(true, Ordering::Relaxed);
+                }
+                // SAFETY: each fd is open and listed once: ownership passes here.
+                request.hold_fds.iter().map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect()
+            })
+            .collect())
     }
 
     /// Starts each request through the guardian, pipelined; each outcome is a
     /// `Process` or the exception that request raised.
     fn spawn_all(py: Python<'_>, requests: &[&SpawnRequest]) -> PyResult<Vec<Result<PyProcess, PyErr>>> {
-        for request in requests {
-            check_held(&request.hold_fds)?;
-        }
+        let held = claim_held(requests)?;
         let specs: Vec<supervisor::SpawnSpec> = requests
             .iter()
             .map(|r| supervisor::SpawnSpec {
@@ -213,9 +243,9 @@ mod linux {
         Ok(started
             .into_iter()
             .zip(requests)
-            .map(|(outcome, request)| {
-                // SAFETY: ownership of each checked-open fd passes to the handle.
-                let held = request.hold_fds.iter().map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect();
+            .zip(held)
+            .map(|((outcome, request), held)| {
+                // A failed request's fds close with `held` right here.
                 outcome
                     .map(|child| PyProcess { inner: child, name: request.name.clone(), held: Mutex::new(held) })
                     .map_err(IntoPyErr::into_pyerr)
@@ -240,7 +270,7 @@ mod linux {
         pass_fds: Vec<RawFd>,
         hold_fds: Vec<RawFd>,
     ) -> PyResult<PyProcess> {
-        let request = SpawnRequest { argv, name, env, cwd, pass_fds, hold_fds };
+        let request = SpawnRequest::new(argv, name, env, cwd, pass_fds, hold_fds);
         spawn_all(py, &[&request])?.pop().expect("one outcome")
     }
 
