@@ -138,7 +138,9 @@ def test_a_guardian_that_cannot_start_is_a_runtime_error_with_its_os_cause(comma
     import json
     import subprocess
 
-    out = subprocess.run([sys.executable, "-c", GUARDIAN_THAT_CANNOT_START, command], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", GUARDIAN_THAT_CANNOT_START, command], capture_output=True, text=True, timeout=60, check=True
+    )
     text, cause_type, cause_errno = json.loads(out.stdout)
     assert message in text and (cause_type, cause_errno) == (cause, code), out
 
