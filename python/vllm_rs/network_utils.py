@@ -133,6 +133,10 @@ class ZmqListener:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+            if sys.platform.startswith("linux"):
+                from vllm_rs.process import cancel_remove_on_exit
+
+                cancel_remove_on_exit(path)  # removed here: the guardian must not touch a later file there
 
     def __repr__(self) -> str:
         return f"ZmqListener(address={self.address!r}, fd={self.socket.fileno()})"
