@@ -540,6 +540,44 @@ fn usage_errors_exit_2_naming_the_flag_or_key() {
 }
 
 #[test]
+fn bad_engine_limits_exit_2_naming_the_key_or_variable() {
+    let run = |args_json: &str, env: &[(&str, &str)]| -> (Option<i32>, String) {
+        let args = [
+            "frontend",
+            "--listen-fd",
+            "0",
+            "--input-address",
+            "tcp://127.0.0.1:1",
+            "--output-address",
+            "tcp://127.0.0.1:2",
+            "--engine-start-index",
+            "0",
+            "--engine-count",
+            "1",
+            "--data-parallel-size",
+            "1",
+            "--args-json",
+            args_json,
+        ];
+        let (status, text) = run_to_exit_with_env(&args, env, Duration::from_secs(20));
+        (status.code(), text)
+    };
+    for (args_json, env, named) in [
+        (r#"{"model_tag": "toy", "engine_stall_timeout_s": 0}"#, &[][..], "engine_stall_timeout_s"),
+        (r#"{"model_tag": "toy", "engine_stall_timeout_s": "soon"}"#, &[][..], "engine_stall_timeout_s"),
+        (r#"{"model_tag": "toy", "max_engine_message_bytes": 0}"#, &[][..], "max_engine_message_bytes"),
+        (r#"{"model_tag": "toy"}"#, &[("VLLM_RS_ENGINE_STALL_TIMEOUT_S", "0")][..], "VLLM_RS_ENGINE_STALL_TIMEOUT_S"),
+        (r#"{"model_tag": "toy"}"#, &[("VLLM_RS_ENGINE_STALL_TIMEOUT_S", "inf")][..], "VLLM_RS_ENGINE_STALL_TIMEOUT_S"),
+        (r#"{"model_tag": "toy"}"#, &[("VLLM_RS_MAX_ENGINE_MESSAGE_BYTES", "1.5")][..], "VLLM_RS_MAX_ENGINE_MESSAGE_BYTES"),
+        (r#"{"model_tag": "toy"}"#, &[("VLLM_RS_MAX_ENGINE_MESSAGE_BYTES", "lots")][..], "VLLM_RS_MAX_ENGINE_MESSAGE_BYTES"),
+    ] {
+        let (code, text) = run(args_json, env);
+        assert_eq!(code, Some(2), "{args_json} {env:?}: {text}");
+        assert!(text.contains(named) && !text.contains("panicked"), "{text}");
+    }
+}
+
+#[test]
 fn help_and_version() {
     let (status, text) = run_to_exit(&["--version"], Duration::from_secs(10));
     assert!(status.success());
