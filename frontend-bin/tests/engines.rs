@@ -568,8 +568,16 @@ fn bad_engine_limits_exit_2_naming_the_key_or_variable() {
         (r#"{"model_tag": "toy", "max_engine_message_bytes": 0}"#, &[][..], "max_engine_message_bytes"),
         (r#"{"model_tag": "toy"}"#, &[("VLLM_RS_ENGINE_STALL_TIMEOUT_S", "0")][..], "VLLM_RS_ENGINE_STALL_TIMEOUT_S"),
         (r#"{"model_tag": "toy"}"#, &[("VLLM_RS_ENGINE_STALL_TIMEOUT_S", "inf")][..], "VLLM_RS_ENGINE_STALL_TIMEOUT_S"),
-        (r#"{"model_tag": "toy"}"#, &[("VLLM_RS_MAX_ENGINE_MESSAGE_BYTES", "1.5")][..], "VLLM_RS_MAX_ENGINE_MESSAGE_BYTES"),
-        (r#"{"model_tag": "toy"}"#, &[("VLLM_RS_MAX_ENGINE_MESSAGE_BYTES", "lots")][..], "VLLM_RS_MAX_ENGINE_MESSAGE_BYTES"),
+        (
+            r#"{"model_tag": "toy"}"#,
+            &[("VLLM_RS_MAX_ENGINE_MESSAGE_BYTES", "1.5")][..],
+            "VLLM_RS_MAX_ENGINE_MESSAGE_BYTES",
+        ),
+        (
+            r#"{"model_tag": "toy"}"#,
+            &[("VLLM_RS_MAX_ENGINE_MESSAGE_BYTES", "lots")][..],
+            "VLLM_RS_MAX_ENGINE_MESSAGE_BYTES",
+        ),
     ] {
         let (code, text) = run(args_json, env);
         assert_eq!(code, Some(2), "{args_json} {env:?}: {text}");

@@ -200,3 +200,59 @@ async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, router: Ar
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::linux::net::SocketAddrExt;
+    use tokio::io::AsyncReadExt;
+
+    /// A command frame (short form) holding `body`.
+    fn command(body: &[u8]) -> Vec<u8> {
+        let mut frame = vec![0x04, body.len() as u8];
+        frame.extend_from_slice(body);
+        frame
+    }
+
+    /// Connects to `name` as a DEALER with identity `[0, 0]` and finishes the
+    /// handshake (reading the router's greeting and READY).
+    async fn dealer(name: &str) -> tokio::net::UnixStream {
+        let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let stream = std::os::unix::net::UnixStream::connect_addr(&address).unwrap();
+        stream.set_nonblocking(true).unwrap();
+        let mut stream = tokio::net::UnixStream::from_std(stream).unwrap();
+        let mut greeting = [0u8; 64];
+        greeting[0] = 0xFF;
+        greeting[9] = 0x7F;
+        greeting[10] = 3;
+        greeting[12..16].copy_from_slice(b"NULL");
+        stream.write_all(&greeting).await.unwrap();
+        let mut ready = b"\x05READY\x0bSocket-Type\x00\x00\x00\x06DEALER".to_vec();
+        ready.extend_from_slice(b"\x08Identity\x00\x00\x00\x02\x00\x00");
+        stream.write_all(&command(&ready)).await.unwrap();
+        let mut theirs = [0u8; 64 + 2 + 28];
+        stream.read_exact(&mut theirs).await.unwrap();
+        stream
+    }
+
+    #[tokio::test]
+    async fn pings_from_a_peer_that_never_reads_do_not_grow_its_outbox() {
+        let name = format!("vllm-rs-router-pong-{}-{}", std::process::id(), crate::ids::random_hex(6));
+        let listener = StreamListener::bind_endpoint(&format!("ipc://@{name}")).unwrap();
+        let (router, mut received) = InputRouter::start(listener, FrameLimits::default());
+        let mut peer = dealer(&name).await;
+        // 100k PINGs (about 1 MiB of PONGs) and never a read; then a message,
+        // which comes out once every PING before it was handled.
+        let ping = command(b"\x04PING\x00\x00ctx");
+        let pings: Vec<u8> = ping.iter().copied().cycle().take(ping.len() * 100_000).collect();
+        let writing = tokio::spawn(async move {
+            peer.write_all(&pings).await.unwrap();
+            peer.write_all(&[0x00, 2, b'h', b'i']).await.unwrap();
+            peer
+        });
+        assert_eq!(received.recv().await, Some((vec![0, 0], Bytes::from_static(b"hi"))));
+        let queued = router.links.lock().unwrap()[&vec![0u8, 0]].outbox.lock().unwrap().len();
+        assert!(queued <= MAX_OUTBOX_FOR_PONG + 64, "{queued} bytes of PONGs queued");
+        drop(writing.await.unwrap());
+    }
+}
