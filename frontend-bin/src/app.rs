@@ -7,6 +7,8 @@ use crate::config::ServerConfig;
 use crate::engine::registration::wait_for_engines;
 use crate::engine::router::InputRouter;
 use crate::engine::sockets::{open_engine_listener, SocketSource};
+use crate::engine::client::EngineSettings;
+use crate::engine::zmtp::FrameLimits;
 use crate::engine::EngineClient;
 use crate::error::ExitError;
 use crate::fds::{adopt_listening_socket, ListeningSocket};
@@ -132,7 +134,8 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
     let http_address = http.address.clone();
     let input = open_engine_listener(input, "input")?;
     let output = open_engine_listener(output, "output")?;
-    let (router, mut received) = InputRouter::start(input);
+    let limits = FrameLimits { max_message_bytes: config.max_engine_message_bytes };
+    let (router, mut received) = InputRouter::start(input, limits);
 
     tracing::info!("waiting for engines {start}..={} to register", start + count - 1);
     let registrations = tokio::select! {
@@ -145,7 +148,8 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
     drop(received); // later messages on the input socket are not for us
     let max_model_len = registrations.iter().filter_map(|r| r.max_model_len).chain(config.max_model_len).min();
 
-    let engines = EngineClient::start(router, output, start, count, 0);
+    let settings = EngineSettings { limits, stall_timeout: config.engine_stall_timeout };
+    let engines = EngineClient::start(router, output, start, count, 0, settings);
     let metrics = Arc::new(Metrics::new(config.primary_model_name()));
     if !config.disable_log_stats {
         tokio::spawn(log_stats_forever(metrics.clone(), engines.clone(), STATS_LOG_INTERVAL));

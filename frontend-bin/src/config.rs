@@ -1,5 +1,7 @@
 //! `--args-json`: the server arguments, validated with errors that name the key.
 
+use crate::engine::client::DEFAULT_STALL_TIMEOUT;
+use crate::engine::zmtp::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::error::ExitError;
 use serde_json::{Map, Value};
 use std::fmt;
@@ -18,7 +20,14 @@ const KNOWN_KEYS: &[&str] = &[
     "enable_log_requests",
     "disable_log_stats",
     "shutdown_timeout",
+    "engine_stall_timeout_s",
+    "max_engine_message_bytes",
 ];
+
+/// Environment variable for [`ServerConfig::engine_stall_timeout`] (`--args-json` wins).
+pub const STALL_TIMEOUT_ENV: &str = "VLLM_RS_ENGINE_STALL_TIMEOUT_S";
+/// Environment variable for [`ServerConfig::max_engine_message_bytes`] (`--args-json` wins).
+pub const MAX_ENGINE_MESSAGE_ENV: &str = "VLLM_RS_MAX_ENGINE_MESSAGE_BYTES";
 
 /// The server configuration taken from `--args-json`.
 #[derive(Clone)]
@@ -43,6 +52,10 @@ pub struct ServerConfig {
     pub disable_log_stats: bool,
     /// How long a SIGTERM/SIGINT drain may take before in-flight requests are aborted.
     pub shutdown_timeout: Duration,
+    /// An engine with requests in flight that sends nothing for this long is hung.
+    pub engine_stall_timeout: Duration,
+    /// The largest message accepted from an engine.
+    pub max_engine_message_bytes: u64,
 }
 
 impl fmt::Debug for ServerConfig {
@@ -58,6 +71,8 @@ impl fmt::Debug for ServerConfig {
             .field("enable_log_requests", &self.enable_log_requests)
             .field("disable_log_stats", &self.disable_log_stats)
             .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("engine_stall_timeout", &self.engine_stall_timeout)
+            .field("max_engine_message_bytes", &self.max_engine_message_bytes)
             .finish()
     }
 }
@@ -94,6 +109,21 @@ impl ServerConfig {
             enable_log_requests: keys.bool("enable_log_requests")?.unwrap_or(false),
             disable_log_stats: keys.bool("disable_log_stats")?.unwrap_or(false),
             shutdown_timeout: keys.seconds("shutdown_timeout")?.unwrap_or(Duration::from_secs(4)),
+            engine_stall_timeout: match keys.seconds("engine_stall_timeout_s")? {
+                Some(timeout) if timeout.is_zero() => {
+                    return Err(ExitError::usage("--args-json: `engine_stall_timeout_s` must be more than 0"))
+                }
+                Some(timeout) => timeout,
+                None => env_positive(STALL_TIMEOUT_ENV)?.map_or(DEFAULT_STALL_TIMEOUT, Duration::from_secs_f64),
+            },
+            max_engine_message_bytes: match keys.positive_int("max_engine_message_bytes")? {
+                Some(bytes) => bytes,
+                None => match env_positive(MAX_ENGINE_MESSAGE_ENV)? {
+                    Some(bytes) if bytes.fract() == 0.0 => bytes as u64,
+                    Some(_) => return Err(ExitError::usage(format!("{MAX_ENGINE_MESSAGE_ENV} must be a whole number of bytes"))),
+                    None => DEFAULT_MAX_MESSAGE_BYTES,
+                },
+            },
             model_tag,
         })
     }
@@ -101,6 +131,15 @@ impl ServerConfig {
     /// The name reported in responses.
     pub fn primary_model_name(&self) -> &str {
         &self.served_model_names[0]
+    }
+}
+
+/// A positive, finite number from the environment variable `name`, if set.
+fn env_positive(name: &str) -> Result<Option<f64>, ExitError> {
+    let Some(value) = std::env::var_os(name) else { return Ok(None) };
+    match value.to_str().and_then(|v| v.trim().parse::<f64>().ok()) {
+        Some(n) if n.is_finite() && n > 0.0 => Ok(Some(n)),
+        _ => Err(ExitError::usage(format!("{name} must be a positive number, got {value:?}"))),
     }
 }
 

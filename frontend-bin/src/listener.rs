@@ -1,6 +1,7 @@
 //! Listening sockets in the async runtime, TCP or Unix: adopted from an
 //! inherited fd, or bound to a ZeroMQ-style endpoint (`tcp://HOST:PORT`,
-//! `ipc://PATH`, `ipc://@NAME`), and the streams they accept.
+//! `ipc://PATH`, `ipc://@NAME`), the streams they accept, and the accept loop
+//! of the engine sockets, which only lets this user's processes in.
 
 use crate::fds::{ListeningSocket, LocalAddress};
 use anyhow::{bail, Context, Result};
@@ -10,10 +11,16 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// At most this many engine connections may be pending at once (accepted,
+/// and not yet past their handshake or registration); more are refused.
+pub const MAX_PENDING_CONNECTIONS: usize = 64;
 
 /// A listening socket registered with the runtime.
 pub enum StreamListener {
@@ -60,7 +67,8 @@ impl StreamListener {
     /// removed again when the listener is dropped.
     pub fn bind_endpoint(endpoint: &str) -> Result<Self> {
         if let Some(address) = endpoint.strip_prefix("tcp://") {
-            let address = address.strip_prefix("*:").map_or_else(|| address.to_string(), |port| format!("0.0.0.0:{port}"));
+            let address =
+                address.strip_prefix("*:").map_or_else(|| address.to_string(), |port| format!("0.0.0.0:{port}"));
             let std_listener = std::net::TcpListener::bind(&address).with_context(|| format!("binding {endpoint}"))?;
             std_listener.set_nonblocking(true).context("making the socket non-blocking")?;
             return Ok(StreamListener::Tcp(TcpListener::from_std(std_listener).context("registering the socket")?));
@@ -71,13 +79,18 @@ impl StreamListener {
         let (std_listener, socket_file) = if let Some(name) = path.strip_prefix('@') {
             let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
                 .with_context(|| format!("{endpoint}: bad abstract socket name"))?;
-            (std::os::unix::net::UnixListener::bind_addr(&address).with_context(|| format!("binding {endpoint}"))?, None)
+            (
+                std::os::unix::net::UnixListener::bind_addr(&address).with_context(|| format!("binding {endpoint}"))?,
+                None,
+            )
         } else {
             let path = PathBuf::from(path);
             if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
-                std::fs::remove_file(&path).with_context(|| format!("removing the old socket file {}", path.display()))?;
+                std::fs::remove_file(&path)
+                    .with_context(|| format!("removing the old socket file {}", path.display()))?;
             }
-            let listener = std::os::unix::net::UnixListener::bind(&path).with_context(|| format!("binding {endpoint}"))?;
+            let listener =
+                std::os::unix::net::UnixListener::bind(&path).with_context(|| format!("binding {endpoint}"))?;
             (listener, Some(path))
         };
         std_listener.set_nonblocking(true).context("making the socket non-blocking")?;
@@ -98,18 +111,65 @@ impl StreamListener {
     }
 }
 
-/// Accepts on `listener` for as long as the task runs, serving each connection
-/// with `serve` on a task of its own; a failed accept (out of fds, say) is
-/// logged, naming `what`, and retried shortly after.
-pub async fn accept_forever<F, Fut>(listener: StreamListener, what: &str, serve: F)
+/// Why an accepted Unix-socket peer was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerCheckError {
+    /// The kernel did not say who the peer is.
+    #[error("cannot read the peer's credentials: {0}")]
+    Unknown(#[source] io::Error),
+    /// The peer runs as another user.
+    #[error("the peer (pid {pid:?}) runs as uid {peer_uid}, not as this process's uid {own_uid}")]
+    OtherUser {
+        /// The peer's pid, when the kernel gives it.
+        pid: Option<i32>,
+        /// The peer's effective uid when it connected.
+        peer_uid: u32,
+        /// Ours.
+        own_uid: u32,
+    },
+}
+
+/// Checks that a Unix-socket peer is this process's user (`SO_PEERCRED`). A
+/// TCP peer cannot be checked: engine sockets on TCP carry no authentication.
+pub fn check_peer_user(stream: &AcceptedStream) -> Result<(), PeerCheckError> {
+    let AcceptedStream::Unix(stream) = stream else { return Ok(()) };
+    let credentials = stream.peer_cred().map_err(PeerCheckError::Unknown)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let own_uid = unsafe { libc::geteuid() };
+    if credentials.uid() == own_uid {
+        Ok(())
+    } else {
+        Err(PeerCheckError::OtherUser { pid: credentials.pid(), peer_uid: credentials.uid(), own_uid })
+    }
+}
+
+/// A pending connection's place among the [`MAX_PENDING_CONNECTIONS`]; the
+/// connection counts as pending until this is dropped.
+pub type PendingPermit = OwnedSemaphorePermit;
+
+/// Accepts engine connections on `listener` for as long as the task runs,
+/// serving each with `serve` on a task of its own. A Unix-socket peer of
+/// another user is refused, and so is any connection beyond
+/// [`MAX_PENDING_CONNECTIONS`] pending ones (both logged, naming `what`). A
+/// failed accept (out of fds, say) is logged and retried shortly after.
+pub async fn accept_engine_connections<F, Fut>(listener: StreamListener, what: &str, serve: F)
 where
-    F: Fn(AcceptedStream) -> Fut,
+    F: Fn(AcceptedStream, PendingPermit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let pending = Arc::new(Semaphore::new(MAX_PENDING_CONNECTIONS));
     loop {
         match listener.accept().await {
             Ok(stream) => {
-                tokio::spawn(serve(stream));
+                if let Err(e) = check_peer_user(&stream) {
+                    tracing::warn!("refused {what}: {e}");
+                    continue;
+                }
+                let Ok(permit) = pending.clone().try_acquire_owned() else {
+                    tracing::warn!("refused {what}: {MAX_PENDING_CONNECTIONS} connections are already pending");
+                    continue;
+                };
+                tokio::spawn(serve(stream, permit));
             }
             Err(e) => {
                 tracing::warn!("accepting {what} failed: {e}");
@@ -194,6 +254,43 @@ mod tests {
         drop(listener);
         assert!(!path.exists(), "the socket file outlived its listener");
         std::fs::remove_dir(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_pending_cap_are_refused_until_one_finishes() {
+        use tokio::io::AsyncReadExt;
+        let name = format!("vllm-rs-pending-cap-{}-{}", std::process::id(), crate::ids::random_hex(6));
+        let listener = StreamListener::bind_endpoint(&format!("ipc://@{name}")).unwrap();
+        let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+        // Each connection stays pending until its client closes it.
+        let accepting =
+            tokio::spawn(accept_engine_connections(listener, "a test connection", move |mut stream, permit| {
+                let events_tx = events_tx.clone();
+                async move {
+                    let _ = events_tx.send("served");
+                    let _ = stream.read(&mut [0u8; 1]).await;
+                    drop(permit);
+                    let _ = events_tx.send("released");
+                }
+            }));
+        let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let connect = || {
+            let stream = std::os::unix::net::UnixStream::connect_addr(&address).unwrap();
+            stream.set_nonblocking(true).unwrap();
+            UnixStream::from_std(stream).unwrap()
+        };
+        let mut held: Vec<UnixStream> = (0..MAX_PENDING_CONNECTIONS).map(|_| connect()).collect();
+        for _ in 0..MAX_PENDING_CONNECTIONS {
+            assert_eq!(events.recv().await, Some("served"));
+        }
+        let mut refused = connect();
+        let closed = tokio::time::timeout(Duration::from_secs(10), refused.read(&mut [0u8; 1])).await;
+        assert_eq!(closed.expect("the connection over the cap was served").unwrap(), 0);
+        drop(held.pop());
+        assert_eq!(events.recv().await, Some("released"));
+        let _admitted = connect();
+        assert_eq!(events.recv().await, Some("served"), "a connection under the cap was not served");
+        accepting.abort();
     }
 
     #[tokio::test]

@@ -6,6 +6,12 @@
 //! and each engine's output connection is read by its own task as a PULL,
 //! which decodes every message and dispatches it to the per-request inboxes;
 //! the handlers it wakes run on the same worker, with no thread in between.
+//!
+//! What engines send is checked, not trusted: a message that does not decode
+//! drops only its connection, outputs for unknown requests are dropped, and no
+//! request gets more than its `max_tokens`. An engine whose registered input
+//! connection ends, or that has requests in flight and sends nothing for the
+//! stall timeout, fails the client as `ENGINE_CORE_DEAD` does.
 
 use super::balancer::Balancer;
 use super::codec::{decode_outputs, encode_abort, encode_add, encode_utility, DecodeError};
@@ -15,18 +21,37 @@ use super::protocol::{
     REQUEST_ADD, REQUEST_UTILITY,
 };
 use super::router::InputRouter;
-use super::zmtp::{handshake, pong_frame, Incoming};
-use crate::listener::{accept_forever, AcceptedStream, StreamListener};
+use super::zmtp::{handshake, pong_frame, FrameLimits, Incoming};
+use crate::listener::{accept_engine_connections, AcceptedStream, PendingPermit, StreamListener};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 /// Engine messages a connection's task handles before it lets the handlers it
 /// woke run: bounds the latency one busy engine adds to every stream.
 const MESSAGES_PER_TURN: usize = 1024;
+
+/// The default for [`EngineSettings::stall_timeout`].
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How the client treats its engines.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineSettings {
+    /// What an engine output connection may send.
+    pub limits: FrameLimits,
+    /// An engine with requests in flight that sends nothing for this long is hung.
+    pub stall_timeout: Duration,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        EngineSettings { limits: FrameLimits::default(), stall_timeout: DEFAULT_STALL_TIMEOUT }
+    }
+}
 
 /// Why a request could not be submitted.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +85,8 @@ struct InputCommand<'a> {
 struct RequestSlot {
     slot: usize,
     inbox: Arc<Inbox>,
+    /// Tokens the request may still receive (its `max_tokens`), when bounded.
+    tokens_left: Option<u64>,
 }
 
 impl Drop for RequestSlot {
@@ -80,6 +107,10 @@ struct Shared {
     router: Arc<InputRouter>,
     failure: OnceLock<String>,
     stopping: AtomicBool,
+    /// Per engine slot: when it last sent something (or last became busy),
+    /// in milliseconds since `epoch`.
+    last_heard_ms: Vec<AtomicU64>,
+    epoch: Instant,
 }
 
 /// Handle to the engines of this frontend. Cheap to clone.
@@ -90,8 +121,17 @@ pub struct EngineClient {
 
 impl EngineClient {
     /// Starts reading engine outputs from `output` (the input `router` has seen
-    /// every engine register). Must be called from inside the tokio runtime.
-    pub fn start(router: Arc<InputRouter>, output: StreamListener, start_index: u32, engine_count: u32, client_index: u32) -> Self {
+    /// every engine register), watching for a lost or hung engine. Must be
+    /// called from inside the tokio runtime.
+    pub fn start(
+        router: Arc<InputRouter>,
+        output: StreamListener,
+        start_index: u32,
+        engine_count: u32,
+        client_index: u32,
+        settings: EngineSettings,
+    ) -> Self {
+        let mut lost_engine = router.lost_engine();
         let shared = Arc::new(Shared {
             start_index,
             client_index,
@@ -102,14 +142,30 @@ impl EngineClient {
             router,
             failure: OnceLock::new(),
             stopping: AtomicBool::new(false),
+            last_heard_ms: (0..engine_count).map(|_| AtomicU64::new(0)).collect(),
+            epoch: Instant::now(),
         });
         let for_outputs = shared.clone();
         tokio::spawn(async move {
-            accept_forever(output, "an engine output connection", move |stream| {
-                read_engine_outputs(stream, for_outputs.clone())
+            accept_engine_connections(output, "an engine output connection", move |stream, pending| {
+                read_engine_outputs(stream, pending, settings.limits, for_outputs.clone())
             })
             .await
         });
+        let for_lost = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            let Ok(identity) = lost_engine.wait_for(Option::is_some).await.map(|lost| lost.clone().unwrap_or_default())
+            else {
+                return;
+            };
+            if let Some(shared) = for_lost.upgrade() {
+                shared.fail_all(format!(
+                    "engine {} is gone: its connection closed (handled as ENGINE_CORE_DEAD); requests in flight were failed",
+                    engine_name(&identity)
+                ));
+            }
+        });
+        tokio::spawn(watch_for_stalls(Arc::downgrade(&shared), settings.stall_timeout));
         EngineClient { shared }
     }
 
@@ -141,7 +197,16 @@ impl EngineClient {
         request.client_index = shared.client_index;
         let inbox = Arc::new(Inbox::default());
         let request_id = request.request_id.clone();
-        shared.requests.lock().unwrap().insert(request_id.clone(), RequestSlot { slot, inbox: inbox.clone() });
+        let tokens_left = request.sampling.max_tokens;
+        shared
+            .requests
+            .lock()
+            .unwrap()
+            .insert(request_id.clone(), RequestSlot { slot, inbox: inbox.clone(), tokens_left });
+        if shared.balancer.engine(slot).inflight() == 0 {
+            // An idle engine owes nothing: its stall clock starts now.
+            shared.heard_from(slot);
+        }
         shared.balancer.engine(slot).started();
         let engine = shared.start_index + slot as u32;
         let payload = encode_add(&request);
@@ -208,6 +273,29 @@ impl EngineClient {
 }
 
 impl Shared {
+    /// Milliseconds since `epoch`.
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Notes that the engine in `slot` is alive now.
+    fn heard_from(&self, slot: usize) {
+        if let Some(heard) = self.last_heard_ms.get(slot) {
+            heard.store(self.now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// The first engine that has requests in flight and has sent nothing
+    /// for `timeout`: its slot and how many requests wait on it.
+    fn stalled_engine(&self, timeout: Duration) -> Option<(usize, u64)> {
+        let now = self.now_ms();
+        self.balancer.engines().iter().enumerate().find_map(|(slot, load)| {
+            let silent = now.saturating_sub(self.last_heard_ms[slot].load(Ordering::Relaxed));
+            let inflight = load.inflight();
+            (inflight > 0 && u128::from(silent) >= timeout.as_millis()).then_some((slot, inflight))
+        })
+    }
+
     /// Queues `[type, payload]` for the engine on the ROUTER; a failed send fails its request.
     fn send(&self, command: InputCommand<'_>) {
         let sent = self.router.send(&engine_identity(command.engine), &[&[command.kind], &command.payload]);
@@ -259,6 +347,14 @@ impl Shared {
     }
 
     fn dispatch(&self, message: OutputsMessage<'_>) {
+        if let OutputsMessage::Batch { engine_index, .. }
+        | OutputsMessage::Utility { engine_index, .. }
+        | OutputsMessage::Wave { engine_index, .. } = &message
+        {
+            if let Some(slot) = engine_index.checked_sub(self.start_index) {
+                self.heard_from(slot as usize);
+            }
+        }
         match message {
             OutputsMessage::Batch { engine_index, outputs, stats, finished_requests } => {
                 if let Some(stats) = stats {
@@ -282,15 +378,32 @@ impl Shared {
     }
 
     fn dispatch_outputs(&self, outputs: Vec<EngineOutput<'_>>, finished_requests: Vec<&str>) {
+        let mut overran = Vec::new();
         let mut requests = self.requests.lock().unwrap();
         for output in outputs {
-            let finished = output.finish_reason.is_some();
-            let Some(entry) = requests.get(output.request_id) else {
-                tracing::debug!(request_id = %output.request_id, "dropping output of a request no longer in flight");
+            let Some(entry) = requests.get_mut(output.request_id) else {
+                tracing::debug!(request_id = %output.request_id, "dropping output of an unknown request or one no longer in flight");
                 continue;
             };
-            entry.inbox.push_output(output.new_token_ids.as_slice(), output.finish_reason, output.stop_reason);
-            if finished {
+            let (mut tokens, mut finish_reason, mut stop_reason) =
+                (output.new_token_ids.as_slice(), output.finish_reason, output.stop_reason);
+            if let Some(left) = &mut entry.tokens_left {
+                if tokens.len() as u64 >= *left {
+                    if tokens.len() as u64 > *left || finish_reason.is_none() {
+                        // The engine sent more than `max_tokens` or did not end the request
+                        // there: end it here, and stop it in the engine.
+                        tracing::debug!(request_id = %output.request_id, "engine output reached max_tokens: finishing with length");
+                        tokens = &tokens[..*left as usize];
+                        (finish_reason, stop_reason) = (Some(FinishReason::Length), None);
+                        overran.push((entry.slot, output.request_id.to_string()));
+                    }
+                    *left = 0;
+                } else {
+                    *left -= tokens.len() as u64;
+                }
+            }
+            entry.inbox.push_output(tokens, finish_reason, stop_reason);
+            if finish_reason.is_some() {
                 if let Some(entry) = requests.remove(output.request_id) {
                     self.balancer.engine(entry.slot).finished();
                 }
@@ -302,6 +415,10 @@ impl Shared {
                 self.balancer.engine(entry.slot).finished();
                 entry.inbox.push_output(&[], Some(FinishReason::Abort), None);
             }
+        }
+        drop(requests);
+        for (slot, request_id) in overran {
+            self.send_abort(slot, request_id);
         }
     }
 
@@ -317,18 +434,57 @@ impl Shared {
     }
 }
 
+/// `engine N` for a 2-byte engine identity, else the identity's bytes.
+fn engine_name(identity: &[u8]) -> String {
+    match identity {
+        [lo, hi] => u16::from_le_bytes([*lo, *hi]).to_string(),
+        other => format!("{other:02x?}"),
+    }
+}
+
+/// Fails the client once an engine has requests in flight and sent nothing
+/// for `timeout`; ends with the client (or after failing it).
+async fn watch_for_stalls(shared: Weak<Shared>, timeout: Duration) {
+    let tick = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut ticks = tokio::time::interval(tick);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(shared) = shared.upgrade() else { return };
+        if shared.failure.get().is_some() {
+            return;
+        }
+        if let Some((slot, inflight)) = shared.stalled_engine(timeout) {
+            return shared.fail_all(format!(
+                "engine {} is hung: it sent nothing for {:.1}s with {inflight} request(s) in flight \
+                 (VLLM_RS_ENGINE_STALL_TIMEOUT_S); requests in flight were failed",
+                shared.start_index + slot as u32,
+                timeout.as_secs_f64()
+            ));
+        }
+    }
+}
+
 /// Reads one engine connection until it closes or breaks the protocol (the
 /// engine reconnects if it is still alive; its death comes as ENGINE_CORE_DEAD).
-async fn read_engine_outputs(stream: AcceptedStream, shared: Arc<Shared>) {
-    let mut peer = match handshake(stream, "PULL", "PUSH").await {
+/// A message that does not decode drops the connection, nothing else.
+async fn read_engine_outputs(stream: AcceptedStream, pending: PendingPermit, limits: FrameLimits, shared: Arc<Shared>) {
+    let mut peer = match handshake(stream, "PULL", "PUSH", limits).await {
         Ok(peer) => peer,
         Err(e) => return tracing::warn!("refused an engine output connection: {e}"),
     };
+    drop(pending);
     tracing::debug!("engine output connection open");
     let mut handled = 0;
     loop {
         match peer.reader.next().await {
-            Ok(Some(Incoming::Message(frame))) => handle_message(&frame, &shared),
+            Ok(Some(Incoming::Message(frame))) => {
+                if let Err(e) = handle_message(&frame, &shared) {
+                    return tracing::warn!(
+                        "dropping an engine output connection: it sent a message that does not decode: {e}"
+                    );
+                }
+            }
             Ok(Some(Incoming::Ping(context))) => {
                 if let Err(e) = peer.writer.write_all(&pong_frame(&context)).await {
                     return tracing::warn!("dropping an engine output connection: {e}");
@@ -346,12 +502,9 @@ async fn read_engine_outputs(stream: AcceptedStream, shared: Arc<Shared>) {
 }
 
 /// Decodes one outputs message (its first frame) and dispatches it.
-fn handle_message(frame: &[u8], shared: &Shared) {
-    match decode_outputs(frame) {
-        Ok(message) => shared.dispatch(message),
-        Err(DecodeError::Malformed(why)) => tracing::warn!("skipping a malformed engine message: {why}"),
-        Err(e @ DecodeError::Protocol(_)) => shared.fail_all(format!("engine {e}; requests in flight were failed")),
-    }
+fn handle_message(frame: &[u8], shared: &Shared) -> Result<(), DecodeError> {
+    shared.dispatch(decode_outputs(frame)?);
+    Ok(())
 }
 
 /// The outputs of one submitted request. Dropping it before the request

@@ -13,10 +13,10 @@ use rmpv::Value;
 /// Why an outputs message could not be used.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DecodeError {
-    /// Not the expected msgpack shape: log and skip it.
+    /// Not the expected msgpack shape.
     #[error("malformed message: {0}")]
     Malformed(String),
-    /// Well-formed but against the protocol (empty, or a mix of kinds): fatal.
+    /// Well-formed but against the protocol (empty, or a mix of kinds).
     #[error("protocol error: {0}")]
     Protocol(String),
 }
@@ -554,5 +554,100 @@ mod tests {
         let missing = cat(&[&[0x81], &fixstr("max_model_len"), &[0x10]]);
         assert!(decode_registration(&missing).unwrap_err().contains("num_gpu_blocks"));
         assert!(decode_registration(&[0x01]).is_err());
+    }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn encode(value: &Value) -> Vec<u8> {
+            let mut bytes = Vec::new();
+            rmpv::encode::write_value(&mut bytes, value).unwrap();
+            bytes
+        }
+
+        /// A well-formed EngineCoreOutputs with batch outputs, stats and finished ids.
+        fn outputs_message() -> impl Strategy<Value = Vec<u8>> {
+            let output =
+                ("[a-z0-9-]{0,12}", proptest::collection::vec(any::<u32>(), 0..8), proptest::option::of(0i64..5))
+                    .prop_map(|(id, tokens, finish)| {
+                        Value::Array(vec![
+                            Value::from(id),
+                            Value::Array(tokens.into_iter().map(Value::from).collect()),
+                            Value::Nil,
+                            Value::Nil,
+                            Value::Nil,
+                            finish.map_or(Value::Nil, Value::from),
+                            Value::Nil,
+                        ])
+                    });
+            (any::<u16>(), proptest::collection::vec(output, 0..4), proptest::collection::vec("[a-z]{0,6}", 0..3))
+                .prop_map(|(engine, outputs, finished)| {
+                    encode(&Value::Array(vec![
+                        Value::from(engine),
+                        Value::Array(outputs),
+                        Value::Map(vec![(Value::from("num_running_reqs"), Value::from(1))]),
+                        Value::F64(1.0),
+                        Value::Nil,
+                        Value::Array(finished.into_iter().map(Value::from).collect()),
+                    ]))
+                })
+        }
+
+        /// A mutation of a message: a byte overwritten, bytes cut off or inserted.
+        #[derive(Debug, Clone)]
+        enum Mutation {
+            Set(usize, u8),
+            Truncate(usize),
+            Insert(usize, Vec<u8>),
+        }
+
+        fn mutation() -> impl Strategy<Value = Mutation> {
+            prop_oneof![
+                (any::<usize>(), any::<u8>()).prop_map(|(at, byte)| Mutation::Set(at, byte)),
+                any::<usize>().prop_map(Mutation::Truncate),
+                (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..6))
+                    .prop_map(|(at, bytes)| Mutation::Insert(at, bytes)),
+            ]
+        }
+
+        fn apply(bytes: &mut Vec<u8>, mutation: &Mutation) {
+            let at = |i: usize, len: usize| if len == 0 { 0 } else { i % len };
+            match mutation {
+                Mutation::Set(i, byte) if !bytes.is_empty() => {
+                    let i = at(*i, bytes.len());
+                    bytes[i] = *byte;
+                }
+                Mutation::Set(..) => {}
+                Mutation::Truncate(i) => bytes.truncate(at(*i, bytes.len() + 1)),
+                Mutation::Insert(i, new) => {
+                    let i = at(*i, bytes.len() + 1);
+                    bytes.splice(i..i, new.iter().copied());
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+                let _ = decode_outputs(&bytes);
+                let _ = decode_registration(&bytes);
+            }
+
+            #[test]
+            fn valid_messages_decode_and_their_mutations_never_panic(
+                message in outputs_message(),
+                mutations in proptest::collection::vec(mutation(), 1..4),
+            ) {
+                prop_assert!(decode_outputs(&message).is_ok(), "{message:x?}");
+                let mut mutated = message;
+                for m in &mutations {
+                    apply(&mut mutated, m);
+                }
+                let _ = decode_outputs(&mutated);
+            }
+        }
     }
 }

@@ -8,23 +8,39 @@
 //! else was queued meanwhile, so a burst of requests costs one `write`, and no
 //! thread stands between the HTTP handlers and the socket.
 
-use super::zmtp::{encode_message, handshake, pong_frame, Incoming};
-use crate::listener::{accept_forever, AcceptedStream, StreamListener};
+use super::zmtp::{encode_message, handshake, pong_frame, FrameLimits, Incoming};
+use crate::listener::{accept_engine_connections, AcceptedStream, PendingPermit, StreamListener};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch, Notify};
+
+/// A PING is answered only while the connection's outbox holds less than
+/// this: a peer that sends PINGs and never reads cannot grow it without bound.
+const MAX_OUTBOX_FOR_PONG: usize = 64 << 10;
 
 /// A message an engine sent on its DEALER: its identity and the first frame.
 pub type EngineMessage = (Vec<u8>, Bytes);
 
-/// The engines connected to the input socket, by identity.
+/// Why a message could not be queued for an engine.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SendError {
+    /// No live connection holds the engine's identity (ZMQ_ROUTER_MANDATORY).
+    #[error("the engine is not connected")]
+    NotConnected,
+}
+
+/// The engines connected to the input socket, by identity. An identity
+/// belongs to the first live connection that claimed it.
 pub struct InputRouter {
     links: Mutex<HashMap<Vec<u8>, Arc<Link>>>,
     received: mpsc::UnboundedSender<EngineMessage>,
     next_link_id: AtomicU64,
+    limits: FrameLimits,
+    /// The identity of the first engine whose registered connection ended.
+    lost: watch::Sender<Option<Vec<u8>>>,
 }
 
 /// One engine connection's outbox.
@@ -46,40 +62,82 @@ impl Link {
             self.filled.notify_one();
         }
     }
+
+    /// Queues a PONG unless the outbox is already backed up; false if dropped.
+    fn queue_pong(&self, context: &[u8]) -> bool {
+        if self.outbox.lock().unwrap().len() >= MAX_OUTBOX_FOR_PONG {
+            return false;
+        }
+        self.queue(|outbox| outbox.extend_from_slice(&pong_frame(context)));
+        true
+    }
 }
 
 impl InputRouter {
-    /// Accepts engine connections on `listener` from now on. Messages the
-    /// engines send come out of the receiver (dropping it discards them).
-    pub fn start(listener: StreamListener) -> (Arc<InputRouter>, mpsc::UnboundedReceiver<EngineMessage>) {
+    /// Accepts engine connections on `listener` from now on, reading messages
+    /// of at most `limits`. Messages the engines send come out of the
+    /// receiver (dropping it discards them).
+    pub fn start(
+        listener: StreamListener,
+        limits: FrameLimits,
+    ) -> (Arc<InputRouter>, mpsc::UnboundedReceiver<EngineMessage>) {
         let (received, receiver) = mpsc::unbounded_channel();
-        let router = Arc::new(InputRouter { links: Mutex::new(HashMap::new()), received, next_link_id: AtomicU64::new(0) });
+        let router = Arc::new(InputRouter {
+            links: Mutex::new(HashMap::new()),
+            received,
+            next_link_id: AtomicU64::new(0),
+            limits,
+            lost: watch::Sender::new(None),
+        });
         let for_engines = router.clone();
         tokio::spawn(async move {
-            accept_forever(listener, "an engine input connection", move |stream| serve_engine(stream, for_engines.clone()))
-                .await
+            accept_engine_connections(listener, "an engine input connection", move |stream, pending| {
+                serve_engine(stream, pending, for_engines.clone())
+            })
+            .await
         });
         (router, receiver)
     }
 
-    /// Queues `frames` as one message for the engine with `identity`; an
-    /// engine that is not connected is an error (ZMQ_ROUTER_MANDATORY).
-    pub fn send(&self, identity: &[u8], frames: &[&[u8]]) -> Result<(), String> {
-        let link = self.links.lock().unwrap().get(identity).cloned();
-        match link {
-            Some(link) => {
-                link.queue(|outbox| encode_message(frames, outbox));
-                Ok(())
-            }
-            None => Err("the engine is not connected".into()),
+    /// Queues `frames` as one message for the engine with `identity`.
+    pub fn send(&self, identity: &[u8], frames: &[&[u8]]) -> Result<(), SendError> {
+        let link = self.links.lock().unwrap().get(identity).cloned().ok_or(SendError::NotConnected)?;
+        link.queue(|outbox| encode_message(frames, outbox));
+        Ok(())
+    }
+
+    /// Watches for an engine whose own connection (the one it registered
+    /// on) ended: the value turns to that engine's identity, once.
+    pub fn lost_engine(&self) -> watch::Receiver<Option<Vec<u8>>> {
+        self.lost.subscribe()
+    }
+
+    /// Gives `identity` to `link` unless a live connection already holds it.
+    fn claim(&self, identity: &[u8], link: &Arc<Link>) -> bool {
+        let mut links = self.links.lock().unwrap();
+        if links.contains_key(identity) {
+            return false;
+        }
+        links.insert(identity.to_vec(), link.clone());
+        true
+    }
+
+    /// Frees `identity` if `link` holds it.
+    fn release(&self, identity: &[u8], link: &Link) {
+        let mut links = self.links.lock().unwrap();
+        if links.get(identity).is_some_and(|current| current.id == link.id) {
+            links.remove(identity);
         }
     }
 }
 
 /// Serves one DEALER connection: its writer task drains the outbox, this task
-/// reads. A reconnecting engine's new connection takes over its identity.
-async fn serve_engine(stream: AcceptedStream, router: Arc<InputRouter>) {
-    let peer = match handshake(stream, "ROUTER", "DEALER").await {
+/// reads. The connection stays pending (`pending`) until its first message.
+/// A connection whose identity is held by another live one is refused; when
+/// the holder ends after it sent something (its registration), that engine
+/// is lost.
+async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, router: Arc<InputRouter>) {
+    let peer = match handshake(stream, "ROUTER", "DEALER", router.limits).await {
         Ok(peer) => peer,
         Err(e) => return tracing::warn!("refused an engine input connection: {e}"),
     };
@@ -89,7 +147,12 @@ async fn serve_engine(stream: AcceptedStream, router: Arc<InputRouter>) {
         outbox: Mutex::new(Vec::new()),
         filled: Notify::new(),
     });
-    router.links.lock().unwrap().insert(identity.clone(), link.clone());
+    if !router.claim(&identity, &link) {
+        return tracing::warn!(
+            identity = ?identity,
+            "refused an engine input connection: a live connection already holds its identity"
+        );
+    }
     tracing::debug!(identity = ?identity, "engine input connection open");
     let writing = tokio::spawn({
         let link = link.clone();
@@ -99,28 +162,97 @@ async fn serve_engine(stream: AcceptedStream, router: Arc<InputRouter>) {
                 // Woken by a handler, this task would run right after it (tokio's
                 // LIFO slot): let the other handlers that are ready queue theirs first.
                 tokio::task::yield_now().await;
-                let pending = std::mem::take(&mut *link.outbox.lock().unwrap());
-                if let Err(e) = writer.write_all(&pending).await {
+                let queued = std::mem::take(&mut *link.outbox.lock().unwrap());
+                if let Err(e) = writer.write_all(&queued).await {
                     return tracing::warn!("writing to an engine failed: {e}");
                 }
             }
         }
     });
+    let (mut pending, mut registered) = (Some(pending), false);
     loop {
         match reader.next().await {
             Ok(Some(Incoming::Message(frame))) => {
+                registered = true;
+                pending.take();
                 if router.received.send((identity.clone(), frame)).is_err() {
                     tracing::debug!(identity = ?identity, "ignoring a message from an engine after start-up");
                 }
             }
-            Ok(Some(Incoming::Ping(context))) => link.queue(|outbox| outbox.extend_from_slice(&pong_frame(&context))),
+            Ok(Some(Incoming::Ping(context))) => {
+                if !link.queue_pong(&context) {
+                    tracing::debug!(identity = ?identity, "not answering a PING: the engine is not reading");
+                }
+            }
             Ok(None) => break tracing::debug!(identity = ?identity, "engine input connection closed"),
-            Err(e) => break tracing::warn!("dropping an engine input connection: {e}"),
+            Err(e) => break tracing::warn!(identity = ?identity, "dropping an engine input connection: {e}"),
         }
     }
     writing.abort();
-    let mut links = router.links.lock().unwrap();
-    if links.get(&identity).is_some_and(|current| current.id == link.id) {
-        links.remove(&identity);
+    router.release(&identity, &link);
+    if registered {
+        router.lost.send_if_modified(|lost| {
+            let first = lost.is_none();
+            if first {
+                *lost = Some(identity);
+            }
+            first
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::linux::net::SocketAddrExt;
+    use tokio::io::AsyncReadExt;
+
+    /// A command frame (short form) holding `body`.
+    fn command(body: &[u8]) -> Vec<u8> {
+        let mut frame = vec![0x04, body.len() as u8];
+        frame.extend_from_slice(body);
+        frame
+    }
+
+    /// Connects to `name` as a DEALER with identity `[0, 0]` and finishes the
+    /// handshake (reading the router's greeting and READY).
+    async fn dealer(name: &str) -> tokio::net::UnixStream {
+        let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let stream = std::os::unix::net::UnixStream::connect_addr(&address).unwrap();
+        stream.set_nonblocking(true).unwrap();
+        let mut stream = tokio::net::UnixStream::from_std(stream).unwrap();
+        let mut greeting = [0u8; 64];
+        greeting[0] = 0xFF;
+        greeting[9] = 0x7F;
+        greeting[10] = 3;
+        greeting[12..16].copy_from_slice(b"NULL");
+        stream.write_all(&greeting).await.unwrap();
+        let mut ready = b"\x05READY\x0bSocket-Type\x00\x00\x00\x06DEALER".to_vec();
+        ready.extend_from_slice(b"\x08Identity\x00\x00\x00\x02\x00\x00");
+        stream.write_all(&command(&ready)).await.unwrap();
+        let mut theirs = [0u8; 64 + 2 + 28];
+        stream.read_exact(&mut theirs).await.unwrap();
+        stream
+    }
+
+    #[tokio::test]
+    async fn pings_from_a_peer_that_never_reads_do_not_grow_its_outbox() {
+        let name = format!("vllm-rs-router-pong-{}-{}", std::process::id(), crate::ids::random_hex(6));
+        let listener = StreamListener::bind_endpoint(&format!("ipc://@{name}")).unwrap();
+        let (router, mut received) = InputRouter::start(listener, FrameLimits::default());
+        let mut peer = dealer(&name).await;
+        // 100k PINGs (about 1 MiB of PONGs) and never a read; then a message,
+        // which comes out once every PING before it was handled.
+        let ping = command(b"\x04PING\x00\x00ctx");
+        let pings: Vec<u8> = ping.iter().copied().cycle().take(ping.len() * 100_000).collect();
+        let writing = tokio::spawn(async move {
+            peer.write_all(&pings).await.unwrap();
+            peer.write_all(&[0x00, 2, b'h', b'i']).await.unwrap();
+            peer
+        });
+        assert_eq!(received.recv().await, Some((vec![0, 0], Bytes::from_static(b"hi"))));
+        let queued = router.links.lock().unwrap()[&vec![0u8, 0]].outbox.lock().unwrap().len();
+        assert!(queued <= MAX_OUTBOX_FOR_PONG + 64, "{queued} bytes of PONGs queued");
+        drop(writing.await.unwrap());
     }
 }

@@ -16,9 +16,26 @@
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 
-/// The first frame of a message may be at most this large (the outputs of one
-/// engine step are far smaller); a bigger one is a protocol error.
-pub const MAX_FIRST_FRAME: u64 = 1 << 30;
+/// The default for [`FrameLimits::max_message_bytes`]: 256 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 256 << 20;
+
+/// A command frame (READY, PING, ...) may be at most this large: the ones we
+/// read carry a few properties or a 16-byte context.
+pub const MAX_COMMAND_BYTES: u64 = 64 << 10;
+
+/// What a connection accepts from its peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameLimits {
+    /// The largest message (all its frames together) accepted; a frame
+    /// announcing more ends the connection before any of it is buffered.
+    pub max_message_bytes: u64,
+}
+
+impl Default for FrameLimits {
+    fn default() -> Self {
+        FrameLimits { max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES }
+    }
+}
 
 /// How long a connecting peer has to complete the handshake.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -164,8 +181,9 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
     socket_type: &str,
     peer_type: &str,
+    limits: FrameLimits,
 ) -> Result<Peer<S>, ZmtpError> {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, run_handshake(stream, socket_type, peer_type))
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, run_handshake(stream, socket_type, peer_type, limits))
         .await
         .unwrap_or_else(|_| Err(protocol(format!("no ZMTP handshake within {HANDSHAKE_TIMEOUT:?}"))))
 }
@@ -174,6 +192,7 @@ async fn run_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     socket_type: &str,
     peer_type: &str,
+    limits: FrameLimits,
 ) -> Result<Peer<S>, ZmtpError> {
     stream.write_all(&greeting()).await?;
     let mut peer = [0u8; GREETING_LEN];
@@ -191,12 +210,12 @@ async fn run_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     }
     stream.write_all(&ready_command(socket_type)).await?;
     let (read_half, writer) = tokio::io::split(stream);
-    let mut reader = FrameReader::new(read_half);
+    let mut reader = FrameReader::new(read_half, limits);
     let header = reader.read_header().await?;
     if header.flags & FLAG_COMMAND == 0 {
         return Err(protocol("the peer sent data before READY"));
     }
-    let body = reader.read_body(header).await?;
+    let body = reader.read_body(header, MAX_COMMAND_BYTES, "command").await?;
     let (name, metadata) = command_parts(&body)?;
     if name != b"READY" {
         return Err(protocol(format!("expected READY, got {}", String::from_utf8_lossy(name))));
@@ -235,15 +254,40 @@ pub fn pong_frame(context: &[u8]) -> Vec<u8> {
 pub struct FrameReader<R> {
     stream: R,
     buffer: BytesMut,
+    limits: FrameLimits,
     /// Bytes of an aux frame still to discard.
     skipping: u64,
     /// The message being read has more (aux) frames to come.
     in_aux_frames: bool,
+    /// Bytes of the message being read so far (all its frames).
+    message_bytes: u64,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
-    fn new(stream: R) -> Self {
-        FrameReader { stream, buffer: BytesMut::with_capacity(READ_CHUNK), skipping: 0, in_aux_frames: false }
+    fn new(stream: R, limits: FrameLimits) -> Self {
+        FrameReader {
+            stream,
+            buffer: BytesMut::with_capacity(READ_CHUNK),
+            limits,
+            skipping: 0,
+            in_aux_frames: false,
+            message_bytes: 0,
+        }
+    }
+
+    /// Counts a frame of `size` bytes towards the current message; past the
+    /// limit is an error, before any of the frame is read.
+    fn count_message_bytes(&mut self, size: u64) -> Result<(), ZmtpError> {
+        let max = self.limits.max_message_bytes;
+        match self.message_bytes.checked_add(size) {
+            Some(total) if total <= max => {
+                self.message_bytes = total;
+                Ok(())
+            }
+            _ => Err(protocol(format!(
+                "a message of more than {max} bytes is over the limit (max_engine_message_bytes)"
+            ))),
+        }
     }
 
     /// The next message's first frame (its aux frames are skipped) or PING;
@@ -266,7 +310,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 continue;
             };
             if header.flags & FLAG_COMMAND != 0 {
-                let body = self.read_body(header).await?;
+                let body = self.read_body(header, MAX_COMMAND_BYTES, "command").await?;
                 let (name, data) = command_parts(&body)?;
                 if name == b"PING" {
                     return Ok(Some(Incoming::Ping(data.get(2..).unwrap_or_default().to_vec())));
@@ -275,15 +319,15 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
             let more = header.flags & FLAG_MORE != 0;
             if self.in_aux_frames {
+                self.count_message_bytes(header.size)?;
                 self.buffer.advance(header.len);
                 self.skipping = header.size;
                 self.in_aux_frames = more;
                 continue;
             }
-            if header.size > MAX_FIRST_FRAME {
-                return Err(protocol(format!("a {}-byte message is over the {MAX_FIRST_FRAME}-byte limit", header.size)));
-            }
-            let frame = self.read_body(header).await?;
+            self.message_bytes = 0;
+            self.count_message_bytes(header.size)?;
+            let frame = self.read_body(header, self.limits.max_message_bytes, "message").await?;
             self.in_aux_frames = more;
             return Ok(Some(Incoming::Message(frame)));
         }
@@ -298,9 +342,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    /// The body of the frame whose header starts the buffer.
-    async fn read_body(&mut self, header: FrameHeader) -> Result<Bytes, ZmtpError> {
-        let size = usize::try_from(header.size).map_err(|_| protocol("frame too large"))?;
+    /// The body of the frame whose header starts the buffer; a `what` frame
+    /// announcing more than `max` bytes is an error, before any is buffered.
+    async fn read_body(&mut self, header: FrameHeader, max: u64, what: &str) -> Result<Bytes, ZmtpError> {
+        let size = usize::try_from(header.size)
+            .ok()
+            .filter(|&size| size as u64 <= max)
+            .ok_or_else(|| protocol(format!("a {}-byte {what} frame is over the {max}-byte limit", header.size)))?;
         let total = header.len + size;
         if self.buffer.len() < total {
             // Room for the frame up to a bound: beyond it the buffer grows as
@@ -367,7 +415,7 @@ mod tests {
     async fn reads_first_frames_and_skips_aux_frames_across_reads() {
         let (ours, mut peer) = duplex(64);
         let pull = tokio::spawn(async move {
-            let mut connection = handshake(ours, "PULL", "PUSH").await.unwrap();
+            let mut connection = handshake(ours, "PULL", "PUSH", FrameLimits::default()).await.unwrap();
             let mut got = Vec::new();
             while let Some(incoming) = connection.reader.next().await.unwrap() {
                 got.push(incoming);
@@ -396,7 +444,7 @@ mod tests {
     async fn a_frame_larger_than_the_upfront_reservation_arrives_whole() {
         let (ours, mut peer) = duplex(64 << 10);
         let pull = tokio::spawn(async move {
-            let mut connection = handshake(ours, "PULL", "PUSH").await.unwrap();
+            let mut connection = handshake(ours, "PULL", "PUSH", FrameLimits::default()).await.unwrap();
             connection.reader.next().await.unwrap()
         });
         peer_handshake(&mut peer, &[(b"Socket-Type", b"PUSH")]).await;
@@ -411,7 +459,7 @@ mod tests {
     async fn a_dealer_peer_gives_its_identity_and_gets_frames_it_can_read() {
         let (ours, mut peer) = duplex(1024);
         let router = tokio::spawn(async move {
-            let mut connection = handshake(ours, "ROUTER", "DEALER").await.unwrap();
+            let mut connection = handshake(ours, "ROUTER", "DEALER", FrameLimits::default()).await.unwrap();
             let mut out = Vec::new();
             encode_message(&[b"\x00", &[1u8; 300]], &mut out);
             connection.writer.write_all(&out).await.unwrap();
@@ -434,7 +482,9 @@ mod tests {
     #[tokio::test]
     async fn a_peer_of_the_wrong_type_is_refused() {
         let (ours, mut peer) = duplex(1024);
-        let pull = tokio::spawn(async move { handshake(ours, "PULL", "PUSH").await.err().unwrap().to_string() });
+        let pull = tokio::spawn(async move {
+            handshake(ours, "PULL", "PUSH", FrameLimits::default()).await.err().unwrap().to_string()
+        });
         peer_handshake(&mut peer, &[(b"Socket-Type", b"PUB")]).await;
         let error = pull.await.unwrap();
         assert!(error.contains("PUB socket"), "{error}");
@@ -443,14 +493,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_peer_that_never_finishes_the_handshake_is_dropped() {
         let (ours, _silent_peer) = duplex(1024);
-        let error = handshake(ours, "PULL", "PUSH").await.err().unwrap().to_string();
+        let error = handshake(ours, "PULL", "PUSH", FrameLimits::default()).await.err().unwrap().to_string();
         assert!(error.contains("no ZMTP handshake"), "{error}");
     }
 
     #[tokio::test]
     async fn a_peer_that_does_not_speak_zmtp_is_refused() {
         let (ours, mut peer) = duplex(1024);
-        let pull = tokio::spawn(async move { handshake(ours, "PULL", "PUSH").await.err().unwrap().to_string() });
+        let pull = tokio::spawn(async move {
+            handshake(ours, "PULL", "PUSH", FrameLimits::default()).await.err().unwrap().to_string()
+        });
         peer.write_all(&[b'G'; GREETING_LEN]).await.unwrap();
         let error = pull.await.unwrap();
         assert!(error.contains("greeting"), "{error}");
@@ -460,7 +512,7 @@ mod tests {
     async fn ping_comes_out_with_its_context_for_a_pong() {
         let (ours, mut peer) = duplex(1024);
         let pull = tokio::spawn(async move {
-            let mut connection = handshake(ours, "PULL", "PUSH").await.unwrap();
+            let mut connection = handshake(ours, "PULL", "PUSH", FrameLimits::default()).await.unwrap();
             connection.reader.next().await.unwrap()
         });
         peer_handshake(&mut peer, &[(b"Socket-Type", b"PUSH")]).await;
@@ -472,17 +524,165 @@ mod tests {
         assert_eq!(pong_frame(b"ctx"), b"\x04\x08\x04PONGctx");
     }
 
-    #[tokio::test]
-    async fn an_oversized_first_frame_is_a_protocol_error() {
-        let (ours, mut peer) = duplex(1024);
+    /// Handshakes as a PULL with `limits`, lets a PUSH peer write `wire` and
+    /// close, and returns what the reader made of it: every message, then the
+    /// error that ended the connection, if any.
+    async fn read_all_after_handshake(limits: FrameLimits, wire: Vec<u8>) -> (Vec<Incoming>, Option<String>) {
+        let (ours, mut peer) = duplex(64 << 10);
         let pull = tokio::spawn(async move {
-            let mut connection = handshake(ours, "PULL", "PUSH").await.unwrap();
-            connection.reader.next().await.err().unwrap().to_string()
+            let mut connection = handshake(ours, "PULL", "PUSH", limits).await.unwrap();
+            let mut got = Vec::new();
+            loop {
+                match connection.reader.next().await {
+                    Ok(Some(incoming)) => got.push(incoming),
+                    Ok(None) => return (got, None),
+                    Err(e) => return (got, Some(e.to_string())),
+                }
+            }
         });
         peer_handshake(&mut peer, &[(b"Socket-Type", b"PUSH")]).await;
-        peer.write_all(&[0x02]).await.unwrap();
-        peer.write_all(&(MAX_FIRST_FRAME + 1).to_be_bytes()).await.unwrap();
-        let error = pull.await.unwrap();
-        assert!(error.contains("limit"), "{error}");
+        // The reader may stop before it took everything: a failed write is fine.
+        let _ = peer.write_all(&wire).await;
+        drop(peer);
+        pull.await.unwrap()
+    }
+
+    fn long_header(flags: u8, size: u64) -> Vec<u8> {
+        let mut header = vec![flags | FLAG_LONG];
+        header.extend_from_slice(&size.to_be_bytes());
+        header
+    }
+
+    #[tokio::test]
+    async fn an_oversized_first_frame_is_refused_before_its_bytes_arrive() {
+        let limits = FrameLimits { max_message_bytes: 1000 };
+        // Only the header is sent: the reader must not wait for (or reserve) the body.
+        let (got, error) = read_all_after_handshake(limits, long_header(0, 1001)).await;
+        assert!(got.is_empty());
+        let error = error.unwrap();
+        assert!(error.contains("1000") && error.contains("limit"), "{error}");
+        let mut at_limit = long_header(0, 1000);
+        at_limit.extend_from_slice(&[5u8; 1000]);
+        let (got, error) = read_all_after_handshake(limits, at_limit).await;
+        assert_eq!((got, error), (vec![Incoming::Message(Bytes::from(vec![5u8; 1000]))], None));
+    }
+
+    #[tokio::test]
+    async fn aux_frames_count_towards_the_message_limit() {
+        let limits = FrameLimits { max_message_bytes: 1000 };
+        let mut wire = vec![FLAG_MORE, 100];
+        wire.extend_from_slice(&[1u8; 100]);
+        wire.extend_from_slice(&long_header(0, 901)); // 100 + 901 > 1000
+        let (got, error) = read_all_after_handshake(limits, wire).await;
+        assert_eq!(got, vec![Incoming::Message(Bytes::from(vec![1u8; 100]))]);
+        assert!(error.unwrap().contains("limit"));
+    }
+
+    #[tokio::test]
+    async fn frame_sizes_that_overflow_are_errors_not_panics() {
+        for wire in [long_header(0, u64::MAX), long_header(FLAG_COMMAND, u64::MAX), {
+            let mut aux = vec![FLAG_MORE, 1, 7];
+            aux.extend_from_slice(&long_header(0, u64::MAX));
+            aux
+        }] {
+            let (_, error) = read_all_after_handshake(FrameLimits::default(), wire).await;
+            assert!(error.unwrap().contains("limit"));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_command_frame_over_the_command_cap_is_refused() {
+        let (got, error) =
+            read_all_after_handshake(FrameLimits::default(), long_header(FLAG_COMMAND, MAX_COMMAND_BYTES + 1)).await;
+        assert!(got.is_empty());
+        assert!(error.unwrap().contains("command frame"));
+    }
+
+    /// The property tests run their cases on this runtime.
+    fn current_thread_runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    }
+
+    /// A valid PUSH peer's greeting and READY.
+    fn push_peer_preamble() -> Vec<u8> {
+        let mut wire = greeting().to_vec();
+        let mut ready = vec![5];
+        ready.extend_from_slice(b"READY\x0bSocket-Type\x00\x00\x00\x04PUSH");
+        wire.extend_from_slice(&command_frame(&ready));
+        wire
+    }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Cap used by the properties: small, so that arbitrary headers often cross it.
+        const CAP: u64 = 4096;
+
+        /// Runs a PULL handshake and reader over `wire` (then end of stream);
+        /// returns the reader's largest buffer capacity seen, or None if the
+        /// handshake failed. Panics are what the properties look for.
+        fn read_wire(runtime: &tokio::runtime::Runtime, wire: Vec<u8>) -> Option<usize> {
+            runtime.block_on(async move {
+                let (ours, mut peer) = duplex(1 << 20);
+                peer.write_all(&wire).await.unwrap();
+                // End of stream for the reader; what we write still has room.
+                peer.shutdown().await.unwrap();
+                let mut connection =
+                    handshake(ours, "PULL", "PUSH", FrameLimits { max_message_bytes: CAP }).await.ok()?;
+                let mut largest = connection.reader.buffer.capacity();
+                while let Ok(Some(incoming)) = connection.reader.next().await {
+                    largest = largest.max(connection.reader.buffer.capacity());
+                    if let Incoming::Message(frame) = incoming {
+                        assert!(frame.len() as u64 <= CAP);
+                    }
+                }
+                Some(largest.max(connection.reader.buffer.capacity()))
+            })
+        }
+
+        /// A frame with arbitrary flags and an announced size that may lie.
+        fn frame() -> impl Strategy<Value = Vec<u8>> {
+            (
+                any::<u8>(),
+                prop_oneof![0u64..300, Just(CAP), Just(CAP + 1), Just(u64::MAX), any::<u64>()],
+                proptest::collection::vec(any::<u8>(), 0..300),
+            )
+                .prop_map(|(flags, size, body)| {
+                    let mut wire =
+                        if flags & FLAG_LONG != 0 { long_header(flags, size) } else { vec![flags, size as u8] };
+                    wire.extend_from_slice(&body);
+                    wire
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+            #[test]
+            fn arbitrary_bytes_during_the_handshake_never_panic(wire in proptest::collection::vec(any::<u8>(), 0..400)) {
+                read_wire(&current_thread_runtime(), wire);
+            }
+
+            #[test]
+            fn arbitrary_bytes_after_the_handshake_never_panic_or_grow_past_the_cap(
+                tail in proptest::collection::vec(any::<u8>(), 0..2000),
+            ) {
+                let mut wire = push_peer_preamble();
+                wire.extend_from_slice(&tail);
+                let largest = read_wire(&current_thread_runtime(), wire).expect("the preamble is a valid handshake");
+                prop_assert!(largest <= 2 * (CAP as usize + 2 * READ_CHUNK), "buffer grew to {largest}");
+            }
+
+            #[test]
+            fn arbitrary_frames_after_the_handshake_never_panic_or_grow_past_the_cap(
+                frames in proptest::collection::vec(frame(), 0..12),
+            ) {
+                let mut wire = push_peer_preamble();
+                wire.extend(frames.concat());
+                let largest = read_wire(&current_thread_runtime(), wire).expect("the preamble is a valid handshake");
+                prop_assert!(largest <= 2 * (CAP as usize + 2 * READ_CHUNK), "buffer grew to {largest}");
+            }
+        }
     }
 }

@@ -22,9 +22,14 @@ pub struct AnswerFormat<W> {
     pub content: fn(String) -> (&'static str, Value),
 }
 
-/// The HTTP error for a generation that failed after it started: 500.
+/// The HTTP error for a generation that failed after it started: 500 when
+/// the engine failed the request, 503 when the engines became unusable
+/// (dead, hung, disconnected).
 pub fn generation_error(error: GenerationError) -> ApiError {
-    ApiError::internal(error.to_string())
+    match error {
+        GenerationError::Engine => ApiError::internal(error.to_string()),
+        GenerationError::Unavailable(reason) => ApiError::unavailable(reason),
+    }
 }
 
 /// Streams `submitted` or waits for it and answers in one body.

@@ -3,8 +3,9 @@
 //! running requests batched in one message), and records what it received.
 //!
 //! Prompts steer it: `HANG...` never answers, `ERROR...` finishes with ERROR,
-//! `DIE...` sends ENGINE_CORE_DEAD, `GARBAGE...` sends a malformed message
-//! first. Otherwise token i of the answer is prompt token i (cycled).
+//! `DIE...` sends ENGINE_CORE_DEAD, `FLOOD...` ignores `max_tokens` (four
+//! times as many tokens per step, never finished). Otherwise token i of the
+//! answer is prompt token i (cycled).
 
 use rmpv::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -118,6 +119,7 @@ enum Mode {
     Echo,
     Hang,
     Error,
+    Flood,
 }
 
 fn encode(v: &Value) -> Vec<u8> {
@@ -157,7 +159,8 @@ fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicB
     let mut dead = false;
     let mut next_step = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        let wait = if active.is_empty() { 20 } else { next_step.saturating_duration_since(Instant::now()).as_millis() as i64 };
+        let wait =
+            if active.is_empty() { 20 } else { next_step.saturating_duration_since(Instant::now()).as_millis() as i64 };
         if dealer.poll(zmq::POLLIN, wait).unwrap_or(0) > 0 {
             while let Ok(frames) = dealer.recv_multipart(zmq::DONTWAIT) {
                 if dead {
@@ -169,9 +172,11 @@ fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicB
                     0x00 => {
                         let slots = payload.as_array().unwrap();
                         let id = slots[0].as_str().unwrap().to_string();
-                        let prompt: Vec<u32> = slots[1].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+                        let prompt: Vec<u32> =
+                            slots[1].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
                         let sampling = slots[3].clone();
-                        let max_tokens = map_get(&sampling, "max_tokens").and_then(Value::as_u64).unwrap_or(16) as usize;
+                        let max_tokens =
+                            map_get(&sampling, "max_tokens").and_then(Value::as_u64).unwrap_or(16) as usize;
                         let stop_ids = map_get(&sampling, "_all_stop_token_ids")
                             .and_then(Value::as_array)
                             .map(|a| a.iter().filter_map(Value::as_u64).map(|t| t as u32).collect())
@@ -189,20 +194,20 @@ fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicB
                             dead = true;
                             continue;
                         }
-                        if text.starts_with("GARBAGE") {
-                            push.send(&[0xc1u8, 0x00][..], 0).unwrap();
-                        }
                         let mode = if text.starts_with("HANG") {
                             Mode::Hang
                         } else if text.starts_with("ERROR") {
                             Mode::Error
+                        } else if text.starts_with("FLOOD") {
+                            Mode::Flood
                         } else {
                             Mode::Echo
                         };
                         active.push(Active { id, prompt, max_tokens, generated: 0, stop_ids, mode });
                     }
                     0x01 => {
-                        let ids: Vec<String> = payload.as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+                        let ids: Vec<String> =
+                            payload.as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
                         active.retain(|a| !ids.contains(&a.id));
                         events.lock().unwrap().push(EngineEvent::Aborted(ids));
                     }
@@ -210,13 +215,26 @@ fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicB
                         let slots = payload.as_array().unwrap();
                         let call_id = slots[1].clone();
                         let method = slots[2].as_str().unwrap().to_string();
-                        events.lock().unwrap().push(EngineEvent::Utility { method: method.clone(), args: slots[3].clone() });
+                        events
+                            .lock()
+                            .unwrap()
+                            .push(EngineEvent::Utility { method: method.clone(), args: slots[3].clone() });
                         let reply = if method == "fail" {
                             Value::Array(vec![call_id, Value::from("it failed"), Value::Nil])
                         } else {
-                            Value::Array(vec![call_id, Value::Nil, Value::Array(vec![Value::Nil, Value::from(format!("ok:{method}"))])])
+                            Value::Array(vec![
+                                call_id,
+                                Value::Nil,
+                                Value::Array(vec![Value::Nil, Value::from(format!("ok:{method}"))]),
+                            ])
                         };
-                        let message = Value::Array(vec![Value::from(spec.index), Value::Array(vec![]), Value::Nil, Value::F64(now()), reply]);
+                        let message = Value::Array(vec![
+                            Value::from(spec.index),
+                            Value::Array(vec![]),
+                            Value::Nil,
+                            Value::F64(now()),
+                            reply,
+                        ]);
                         push.send(encode(&message), 0).unwrap();
                     }
                     other => panic!("mock engine: unexpected request type {other}"),
@@ -230,8 +248,20 @@ fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicB
         let mut outputs = Vec::new();
         for a in active.iter_mut().filter(|a| a.mode != Mode::Hang) {
             if a.mode == Mode::Error {
-                outputs.push(Value::Array(vec![a.id.as_str().into(), Value::Array(vec![]), Value::Nil, Value::Nil, Value::Nil, Value::from(3)]));
+                outputs.push(Value::Array(vec![
+                    a.id.as_str().into(),
+                    Value::Array(vec![]),
+                    Value::Nil,
+                    Value::Nil,
+                    Value::Nil,
+                    Value::from(3),
+                ]));
                 a.generated = a.max_tokens;
+                continue;
+            }
+            if a.mode == Mode::Flood {
+                let tokens = (0..4 * a.max_tokens).map(|i| Value::from(a.prompt[i % a.prompt.len()])).collect();
+                outputs.push(Value::Array(vec![a.id.as_str().into(), Value::Array(tokens)]));
                 continue;
             }
             let mut tokens = Vec::new();

@@ -17,7 +17,11 @@ pub const BINARY: &str = env!("CARGO_BIN_EXE_vllm-rs");
 
 /// A fresh temporary directory for this test.
 pub fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("vllm-rs-test-{tag}-{}-{}", std::process::id(), vllm_rs_frontend::ids::random_hex(6)));
+    let dir = std::env::temp_dir().join(format!(
+        "vllm-rs-test-{tag}-{}-{}",
+        std::process::id(),
+        vllm_rs_frontend::ids::random_hex(6)
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
@@ -38,6 +42,8 @@ pub enum ZmqSockets {
     TcpListeners,
     IpcListeners,
     Addresses,
+    /// `ipc://@NAME` addresses the frontend binds (abstract: no file permissions).
+    AbstractAddresses,
 }
 
 pub struct Options {
@@ -83,7 +89,8 @@ fn bound_only_tcp4() -> (OwnedFd, u16) {
         let mut addr: libc::sockaddr_in = std::mem::zeroed();
         addr.sin_family = libc::AF_INET as _;
         addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
-        let rc = libc::bind(fd, (&addr as *const libc::sockaddr_in).cast(), std::mem::size_of::<libc::sockaddr_in>() as u32);
+        let rc =
+            libc::bind(fd, (&addr as *const libc::sockaddr_in).cast(), std::mem::size_of::<libc::sockaddr_in>() as u32);
         assert_eq!(rc, 0);
         let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
         libc::getsockname(fd, (&mut addr as *mut libc::sockaddr_in).cast(), &mut len);
@@ -109,6 +116,10 @@ fn zmq_listener(kind: ZmqSockets, dir: &std::path::Path, name: &str) -> (Option<
             let port = l.local_addr().unwrap().port();
             drop(l);
             (None, format!("tcp://127.0.0.1:{port}"))
+        }
+        ZmqSockets::AbstractAddresses => {
+            let unique = dir.file_name().unwrap().to_string_lossy().to_string();
+            (None, format!("ipc://@{unique}-{name}"))
         }
     }
 }
@@ -146,7 +157,12 @@ impl Frontend {
         let mut inherited: Vec<RawFd> = vec![http_fd.as_raw_fd()];
         match (&input_fd, &output_fd) {
             (Some(i), Some(o)) => {
-                command.args(["--input-listener-fd", &i.as_raw_fd().to_string(), "--output-listener-fd", &o.as_raw_fd().to_string()]);
+                command.args([
+                    "--input-listener-fd",
+                    &i.as_raw_fd().to_string(),
+                    "--output-listener-fd",
+                    &o.as_raw_fd().to_string(),
+                ]);
                 inherited.extend([i.as_raw_fd(), o.as_raw_fd()]);
             }
             _ => {
@@ -223,6 +239,18 @@ impl Frontend {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
+    /// Waits up to `timeout` until the log holds `needle` at least `count` times.
+    pub async fn wait_for_log(&self, needle: &str, count: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.stderr().matches(needle).count() >= count {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
     pub fn signal(&self, signal: libc::c_int) {
         unsafe { libc::kill(self.child.id() as i32, signal) };
     }
@@ -292,9 +320,7 @@ pub fn run_to_exit_with_env(args: &[&str], env: &[(&str, &str)], timeout: Durati
 
 /// The `data:` payloads of a server-sent-event body.
 pub fn sse_payloads(body: &str) -> Vec<String> {
-    body.split("\n\n")
-        .filter_map(|event| event.trim().strip_prefix("data: ").map(str::to_owned))
-        .collect()
+    body.split("\n\n").filter_map(|event| event.trim().strip_prefix("data: ").map(str::to_owned)).collect()
 }
 
 /// Posts JSON and returns `(status, body as JSON or string)`.
