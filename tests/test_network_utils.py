@@ -86,7 +86,7 @@ def test_ipc_paths_are_in_a_private_directory_removed_at_exit(short_tmp_path, en
     libzmq binds there is out of other users' reach whatever the umask; the
     directory and a socket left in it are gone once the process is."""
     out = subprocess.run(
-        [sys.executable, "-c", IPC_PATHS_SCRIPT, ending], capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", IPC_PATHS_SCRIPT, ending], check=False, capture_output=True, text=True, timeout=60,
         env={**os.environ, "VLLM_RPC_BASE_PATH": str(tmp_path)},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

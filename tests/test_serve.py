@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import openai
 import psutil
@@ -173,7 +174,7 @@ def stack(request):
 
 def test_api_key_is_on_no_command_line_and_is_required(stack):
     for process in stack.stack_processes():
-        assert API_KEY.encode() not in open(f"/proc/{process.pid}/cmdline", "rb").read(), process.cmdline()
+        assert API_KEY.encode() not in Path(f"/proc/{process.pid}/cmdline").read_bytes(), process.cmdline()
     assert stack.http("GET", "/v1/models")[0] == 401
     assert stack.http("GET", "/v1/models", headers={"authorization": "Bearer wrong"})[0] == 401
     assert stack.http("GET", "/v1/models", headers={"authorization": f"Bearer {API_KEY}"})[0] == 200

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import psutil
@@ -344,7 +345,7 @@ def test_api_key_option_warns_and_stays_off_the_frontends_command_lines(frontend
         serve.wait_ready()
         assert "--api-key is visible to every local user" in serve.output
         for process in serve.descendants():  # serve's own command line holds it: that is what the warning is about
-            assert key.encode() not in open(f"/proc/{process.pid}/cmdline", "rb").read(), process.cmdline()
+            assert key.encode() not in Path(f"/proc/{process.pid}/cmdline").read_bytes(), process.cmdline()
         assert serve.http("GET", "/v1/models")[0] == 401
         assert serve.http("GET", "/v1/models", headers={"authorization": f"Bearer {key}"})[0] == 200
         serve.interrupt()

@@ -92,7 +92,7 @@ def _skip_reason() -> str | None:
     if not os.access(SYSTEM_PYTHON, os.X_OK):
         return f"{SYSTEM_PYTHON} is missing"
     probe = subprocess.run(
-        [SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
+        [SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], check=False, capture_output=True, text=True
     )
     ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
     if probe.stdout.strip() != ours:
@@ -146,7 +146,7 @@ def run_as_nobody(attacker_files: Path, *args: str) -> dict:
     result = subprocess.run(
         ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
          SYSTEM_PYTHON, "-s", str(attacker_files / "attack.py"), *args],
-        capture_output=True, text=True, timeout=120, cwd="/",
+        check=False, capture_output=True, text=True, timeout=120, cwd="/",
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(attacker_files)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
