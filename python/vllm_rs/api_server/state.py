@@ -38,8 +38,7 @@ class ServerSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerSettings:
-        """From the `serve` namespace and vLLM's environment variables (the
-        API key from `args.api_key`, else `VLLM_API_KEY`)."""
+        """From the `serve` namespace and vLLM's environment variables."""
         model_tag = getattr(args, "model_tag", None) or args.model
         names = getattr(args, "served_model_name", None) or [model_tag]
         api_key = getattr(args, "api_key", None) or envs.api_key()  # vLLM's order
