@@ -16,7 +16,8 @@ import urllib.request
 
 import pytest
 import zmq
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from vllm_rs.api_server.errors import ApiError
 from vllm_rs.api_server.params import Params, common_params, parse_json_object
 from vllm_rs.api_server.stop_strings import StopStrings
@@ -38,6 +39,43 @@ def test_stop_strings_hold_back_possible_starts():
     assert s.push("S") == ("", None) and s.flush() == "S"
     assert StopStrings(["world", "lo"]).push("hello world") == ("hel", "lo")
     assert StopStrings([]).push("abc") == ("abc", None)
+
+
+class NaiveStopStrings:
+    """The obvious quadratic matcher, the reference StopStrings must agree with."""
+
+    def __init__(self, stops):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def push(self, text):
+        if not self.stops:
+            return text, None
+        self.pending += text
+        first = None
+        for stop in self.stops:
+            at = self.pending.find(stop)
+            if at >= 0 and (first is None or at < first[0]):
+                first = (at, stop)
+        if first is not None:
+            emit, self.pending = self.pending[: first[0]], ""
+            return emit, first[1]
+        held = max((n for stop in self.stops for n in range(1, len(stop)) if self.pending.endswith(stop[:n])), default=0)
+        cut = len(self.pending) - held
+        emit, self.pending = self.pending[:cut], self.pending[cut:]
+        return emit, None
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(st.text("abc", max_size=5), max_size=5), st.lists(st.text("abc", max_size=4), max_size=8))
+def test_stop_strings_agree_with_the_naive_matcher(stops, pieces):
+    fast, naive = StopStrings(stops), NaiveStopStrings(stops)
+    for piece in pieces:
+        got = fast.push(piece)
+        assert got == naive.push(piece), (stops, pieces)
+        if got[1] is not None:
+            return
+    assert fast.flush() == naive.pending
 
 
 def test_byte_decoder_never_splits_a_character():
@@ -153,6 +191,21 @@ def test_registration_timeout_names_the_missing_engines(capfd, monkeypatch):
         manager.shutdown(timeout=5)
 
 
+@pytest.mark.parametrize(
+    "name, value", [("VLLM_RS_ENGINE_STALL_TIMEOUT_S", "inf"), ("VLLM_RS_HTTP_BODY_TIMEOUT_S", "-1"),
+                    ("VLLM_RS_MAX_ENGINE_MESSAGE_BYTES", "1e6"), ("VLLM_RS_HTTP_MAX_CONNECTIONS", "0")],
+)  # fmt: skip
+def test_a_bad_limit_variable_exits_1_naming_it(capfd, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    manager, _, _ = start_api_server(engines=1)
+    try:
+        manager.processes[0].join(60)
+        assert manager.processes[0].exitcode == 1
+        CapturedOutput(capfd).wait_for(f"{name} must be")
+    finally:
+        manager.shutdown(timeout=5)
+
+
 def test_a_signal_while_waiting_for_engines_exits_0(capfd):
     output = CapturedOutput(capfd)
     manager, _, _ = start_api_server(engines=1)
@@ -166,7 +219,10 @@ def test_a_signal_while_waiting_for_engines_exits_0(capfd):
         manager.shutdown(timeout=5)
 
 
-def test_an_engine_gone_without_a_word_fails_requests_instead_of_hanging(capfd):
+def test_an_engine_gone_without_a_word_fails_requests_instead_of_hanging(capfd, monkeypatch):
+    # A request sent before the connection's end reaches libzmq is lost with
+    # it: the stall timeout ends that one.
+    monkeypatch.setenv("VLLM_RS_ENGINE_STALL_TIMEOUT_S", "2")
     output = CapturedOutput(capfd)
     manager, engines, port = start_api_server(engines=1, with_engines=True)
     try:
@@ -175,9 +231,14 @@ def test_an_engine_gone_without_a_word_fails_requests_instead_of_hanging(capfd):
         assert status == 200 and body["choices"][0]["text"] == "hey", body
         engines.processes[0].kill()  # no ENGINE_CORE_DEAD: nobody tells the server
         engines.processes[0].join(10)
-        time.sleep(0.5)  # the TCP connection's end reaches libzmq
-        status, body = post_completion(port, timeout_s=10)
-        assert status == 500 and "cannot send to engine 0" in body["error"]["message"], body
+        deadline = time.monotonic() + 60
+        while status == 200:
+            assert time.monotonic() < deadline, "requests still succeed after the engine died"
+            status, body = post_completion(port)
+        message = body["error"]["message"]
+        gone = status == 500 and "cannot send to engine 0" in message
+        hung = status == 503 and "engine 0 is not responding" in message
+        assert gone or hung, body
     finally:
         manager.shutdown(timeout=5)
         engines.shutdown(timeout=5)

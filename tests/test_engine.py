@@ -5,8 +5,10 @@ scheduler stats, SIGTERM, and ENGINE_CORE_DEAD on failure."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import zmq
@@ -20,15 +22,24 @@ from vllm_rs.engine.protocol import (
     REQUEST_ABORT,
     REQUEST_ADD,
     REQUEST_UTILITY,
+    EngineCoreEventType,
+    EngineCoreOutputs,
     EngineCoreRequest,
     FinishReason,
+    UtilityCall,
+    UtilityOutput,
     decode_outputs,
     decode_registration,
     encode_abort,
     encode_add,
+    encode_outputs,
+    encode_ready_response,
     encode_utility,
     engine_identity,
+    pack,
+    unpack,
 )
+from vllm_rs.engine.request import SamplingParams
 from vllm_rs.network_utils import make_zmq_listener, make_zmq_socket
 from vllm_rs.utils import CoreEngineProcManager
 
@@ -83,13 +94,13 @@ def test_new_requests_join_the_running_batch_within_the_limits():
     core = EngineCore(make_engine_config("echo", max_num_seqs=2, max_num_batched_tokens=8))
     core.add_request(request("a", b"xy", max_tokens=100))
     core.step()
-    assert core.scheduler_stats()["num_running_reqs"] == 1
+    assert core.scheduler_stats().num_running_reqs == 1
     core.add_request(request("b", b"xy", max_tokens=100))
     core.add_request(request("c", b"xy", max_tokens=100))
     produced = {o.request_id for _, o in core.step()}
     assert produced == {"a", "b"}  # b joined at once, c waits for a seat
     stats = core.scheduler_stats()
-    assert (stats["num_running_reqs"], stats["num_waiting_reqs"]) == (2, 1)
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (2, 1)
     core.abort_requests(["a"])
     assert {o.request_id for _, o in core.step()} == {"b", "c"}
 
@@ -109,17 +120,87 @@ def test_invalid_requests_finish_with_error():
     bad_param = core.add_request(request("temp", b"x", temperature="hot"))
     for output in (too_long, bad_token, bad_param):
         assert output is not None and output.finish_reason == FinishReason.ERROR
+        assert output.stop_reason is None and output.error.code == "validation_error"
+    assert "max_model_len is 16" in too_long.error.message
+    assert "temperature" in bad_param.error.message
+    assert core.take_finished(0) == ["long", "bad", "temp"]
     assert not core.has_work()
 
 
-def test_utilities_answer_and_unknown_ones_raise():
+def test_outputs_carry_queued_and_scheduled_events_on_the_first_token_only():
     core = EngineCore(make_engine_config("echo"))
-    assert core.call_utility("reset_prefix_cache", []) is True
-    assert core.call_utility("sleep", [1]) is None and core.call_utility("is_sleeping", []) is True
-    assert core.call_utility("wake_up", [None]) is None and core.call_utility("is_sleeping", []) is False
+    core.add_request(request("a", b"xyz", max_tokens=3))
+    first, second, third = (o for step in range(3) for _, o in core.step())
+    assert [e.type for e in first.events] == [EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED]
+    assert first.events[0].timestamp <= first.events[1].timestamp <= time.monotonic()
+    assert second.events is None and third.events is None
+    assert core.take_finished(0) == ["a"]
+
+
+def test_scheduler_stats_have_vllms_fields_and_prefix_cache_deltas():
+    core = EngineCore(make_engine_config("toy", max_model_len=256))
+    prompt = b"0123456789abcdef" * 3
+    core.add_request(request("a", prompt, max_tokens=1, temperature=0.0))
+    run_to_end(core)
+    first = core.scheduler_stats()
+    assert first.prefix_cache_stats.requests == 1 and first.prefix_cache_stats.hits == 0
+    assert first.prefix_cache_stats.queries == len(prompt)
+    core.add_request(request("b", prompt, max_tokens=1, temperature=0.0))
+    run_to_end(core)
+    second = core.scheduler_stats().to_wire()
+    assert second["prefix_cache_stats"]["requests"] == 1 and second["prefix_cache_stats"]["hits"] == 32
+    assert core.scheduler_stats().prefix_cache_stats.requests == 0  # reported once
+    assert second["iteration_details"]["num_ctx_requests"] == 1
+
+
+def test_utilities_answer_with_vllms_signatures_and_unknown_ones_raise():
+    core = EngineCore(make_engine_config("echo"))
+    assert core.call_utility("reset_prefix_cache", [False, False]) is True
+    assert core.call_utility("sleep", [1, "abort"]) is None and core.call_utility("is_sleeping", []) is True
+    assert core.call_utility("wake_up", [None]) is True and core.call_utility("is_sleeping", []) is False
+    assert core.call_utility("sleep", [0, "keep"]) is None and core.call_utility("is_scheduler_paused", []) is True
+    assert core.call_utility("wake_up", [["scheduling"]]) is True and not core.is_sleeping()
+    assert core.call_utility("get_supported_tasks", []) == ["generate"]
+    assert core.call_utility("get_weight_version", []) == "default"
     assert core.call_utility("get_stats", [])["model"] == "echo"
+    with pytest.raises(ValueError, match="Invalid pause mode: nap"):
+        core.call_utility("sleep", [1, "nap"])
+    with pytest.raises(ValueError, match="sleep level"):
+        core.call_utility("sleep", ["deep"])
     with pytest.raises(ValueError, match="no utility method 'nope'"):
         core.call_utility("nope", [])
+
+
+def test_omitted_max_tokens_is_vllms_16_and_nil_is_up_to_max_model_len():
+    core = EngineCore(make_engine_config("echo", max_model_len=64))
+    core.add_request(request("omitted", b"abc"))
+    core.add_request(EngineCoreRequest("nil", list(b"abc"), {"max_tokens": None}))
+    out = run_to_end(core)
+    assert len(tokens(out["omitted"])) == 16
+    assert len(tokens(out["nil"])) == 64 - 3
+
+
+def test_sleep_modes_abort_queue_and_freeze_like_vllm():
+    core = EngineCore(make_engine_config("echo"))
+    core.add_request(request("running", b"ab", max_tokens=50))
+    core.step()
+    assert core.sleep(1, "abort") is None
+    aborted = core.take_pending_outputs()
+    assert [(o.request_id, o.finish_reason) for _, o in aborted] == [("running", FinishReason.ABORT)]
+    assert core.take_finished(0) == ["running"]
+    core.add_request(request("queued", b"cd", max_tokens=2))
+    assert not core.has_work() and core.step() == []  # paused: new requests wait
+    assert core.wake_up() is True
+    assert bytes(tokens(run_to_end(core)["queued"])) == b"cd"
+
+    core.add_request(request("drains", b"ef", max_tokens=3))
+    core.step()
+    pending = core.sleep(0, "wait")
+    assert pending is not None  # answered once nothing runs
+    core.add_request(request("later", b"gh", max_tokens=1))
+    out = run_to_end(core)
+    assert set(out) == {"drains"} and out["drains"][-1].finish_reason == FinishReason.LENGTH
+    assert core.scheduler.num_waiting == 1 and core.is_sleeping()
 
 
 def test_model_directories_are_validated(tmp_path):
@@ -186,9 +267,7 @@ def test_toy_chunked_prefill_and_prefix_cache_do_not_change_the_result():
             core.add_request(request(f"r{i}", prompt + bytes([65 + i]), max_tokens=20, temperature=0.0))
         results.append({k: tokens(v) for k, v in run_to_end(core).items()})
     assert results[0] == results[1]
-    prefix = chunked.scheduler_stats()["prefix_cache_stats"]
-    assert prefix["hits"] > 0, prefix
-    assert chunked.last_iteration is not None and chunked.last_iteration["num_generation_requests"] >= 1
+    assert chunked.scheduler.block_pool.hits > 0
     assert chunked.call_utility("reset_prefix_cache", []) is True
     chunked.add_request(request("again", prompt, max_tokens=1, temperature=0.0))
     hits_before = chunked.scheduler.block_pool.hits
@@ -318,6 +397,29 @@ def test_engine_process_serves_two_clients(frontends):
     assert manager.processes[0].exitcode == 0  # SIGTERM is a clean exit
 
 
+def test_sleep_wait_is_answered_once_the_running_requests_finished(frontends):
+    manager = start_engine(frontends)
+    try:
+        first = frontends[0]
+        first.registration()
+        first.send(REQUEST_ADD, encode_add(request("drains", b"abc", max_tokens=40)))
+        decode_outputs(first.receive())  # it runs
+        first.send(REQUEST_UTILITY, encode_utility(0, 21, "sleep", [0, "wait"]))
+        first.send(REQUEST_ADD, encode_add(request("queued", b"q", max_tokens=1)))
+        seen, reply = [], None
+        while reply is None:
+            message = decode_outputs(first.receive())
+            if message.utility_output is not None:
+                reply = message.utility_output
+            seen += [(o.request_id, o.finish_reason) for o in message.outputs]
+        assert reply.call_id == 21 and reply.failure_message is None
+        assert seen[-1] == ("drains", FinishReason.LENGTH) and "queued" not in {i for i, _ in seen}
+        assert first.call(22, "wake_up", None).result is True
+        assert bytes(tokens(first.collect("queued")[0])) == b"q"
+    finally:
+        manager.shutdown(timeout=10)
+
+
 def test_engine_failure_sends_engine_core_dead_to_every_client(frontends, monkeypatch):
     monkeypatch.setenv(FAIL_AT_STEP_ENV, "1")
     manager = start_engine(frontends)
@@ -349,3 +451,166 @@ def test_engine_ignores_sigint_and_stops_on_sigterm(frontends):
     finally:
         manager.shutdown(timeout=10)
     assert manager.processes[0].exitcode == 0
+
+
+# ---- vLLM 0.33 on the wire: the golden fixtures (scripts/make_vllm_fixtures.py) ----
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.33"
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+
+
+def fixture(name: str):
+    return unpack((FIXTURES / f"{name}.msgpack").read_bytes())
+
+
+def fixtures_of_kind(kind: str) -> list[str]:
+    return sorted(n.removesuffix(".msgpack") for n, f in MANIFEST["files"].items() if f["kind"] == kind)
+
+
+def assert_same_shape(ours, theirs, path: str = "$") -> None:
+    """Same map keys and array lengths all the way down, and the same types
+    wherever both sides hold a value (nil is allowed where vLLM's field is
+    optional, which the fixture cannot tell: both sides may hold either)."""
+    if ours is None or theirs is None:
+        return
+    if isinstance(theirs, dict):
+        assert isinstance(ours, dict), f"{path}: a map in vLLM, {type(ours).__name__} here"
+        assert set(ours) == set(theirs), f"{path}: keys differ: {set(ours) ^ set(theirs)}"
+        for key in theirs:
+            assert_same_shape(ours[key], theirs[key], f"{path}.{key}")
+    elif isinstance(theirs, list):
+        assert isinstance(ours, list), f"{path}: an array in vLLM, {type(ours).__name__} here"
+        for index, (mine, vllms) in enumerate(zip(ours, theirs)):
+            assert_same_shape(mine, vllms, f"{path}[{index}]")
+    else:
+        assert type(ours) is type(theirs), f"{path}: {type(theirs).__name__} in vLLM, {type(ours).__name__} here"
+
+
+def test_the_fixtures_come_from_vllm_0_33():
+    assert MANIFEST["vllm_version"] == "0.33.0"
+    assert {f["kind"] for f in MANIFEST["files"].values()} >= {"ready_response", "outputs", "request", "utility_call"}
+
+
+@pytest.mark.parametrize("model", ["echo", "toy"])
+def test_ready_response_has_every_field_of_vllms(model):
+    core = EngineCore(make_engine_config(model, max_model_len=256))
+    ours, theirs = unpack(encode_ready_response(core.ready_response())), fixture("ready_response")
+    assert list(ours) == list(theirs)  # every field, in vLLM's order
+    assert_same_shape(ours, theirs)
+    required = ("max_model_len", "num_gpu_blocks", "block_size", "dtype", "vllm_version", "instance_id", "max_num_seqs")
+    assert all(ours[key] is not None for key in required)
+    assert (ours["max_model_len"], ours["vllm_version"]) == (256, "0.33.0")
+    assert decode_registration(encode_ready_response(core.ready_response())).max_model_len == 256
+
+
+def our_messages() -> dict[str, list]:
+    """The engine's own messages, one per fixture kind, from a real EngineCore."""
+    core = EngineCore(make_engine_config("echo", max_model_len=32))
+    messages = {}
+
+    def batch(outputs, stats=True, finished_client=0):
+        finished = core.take_finished(finished_client) or None
+        stats_map = core.scheduler_stats().to_wire() if stats else None
+        return unpack(encode_outputs(EngineCoreOutputs(0, outputs, stats_map, finished_requests=finished)))
+
+    core.add_request(request("r1", b"Hi!", max_tokens=3, stop_token_ids=[7]))
+    messages["outputs_first_token_events"] = batch([o for _, o in core.step()])
+    messages["outputs_tokens"] = batch([o for _, o in core.step()])
+    last = [o for _, o in core.step()]
+    messages["outputs_finish_length"] = batch(last)
+    core.add_request(request("s", [7], max_tokens=5, stop_token_ids=[7]))
+    messages["outputs_finish_stop_token"] = batch([o for _, o in core.step()])
+    core.add_request(request("e", [256], max_tokens=5, _eos_token_id=256))
+    messages["outputs_finish_eos"] = batch([o for _, o in core.step()])
+    messages["outputs_request_error"] = batch([core.add_request(request("bad", b"x" * 40))], stats=False)
+    core.add_request(request("r2", b"ab", max_tokens=9))
+    core.step()
+    core.sleep(1, "abort")
+    messages["outputs_abort"] = batch([o for _, o in core.take_pending_outputs()], stats=False)
+    messages["outputs_scheduler_stats"] = batch([])
+    for name, result in (("outputs_utility_result", True), ("outputs_utility_none", None)):
+        messages[name] = unpack(encode_outputs(EngineCoreOutputs(0, utility_output=UtilityOutput(5, result=result))))
+    failure = UtilityOutput(7, failure_message="Call to nope method failed: engine core has no utility method 'nope'")
+    messages["outputs_utility_failure"] = unpack(encode_outputs(EngineCoreOutputs(0, utility_output=failure)))
+    return messages
+
+
+@pytest.mark.parametrize("name", [n for n in fixtures_of_kind("outputs") if n != "outputs_wave_complete"])
+def test_every_message_kind_the_engine_sends_has_vllms_shape(name):
+    ours, theirs = our_messages()[name], fixture(name)
+    assert len(ours) == len(theirs) == 9
+    assert len(ours[1]) >= 1 or len(theirs[1]) == 0
+    for mine in ours[1]:  # vLLM's decoder fills in trailing defaults
+        assert 2 <= len(mine) <= len(theirs[1][0]) == 19
+    assert_same_shape(ours, theirs)
+    # Set where vLLM sets them: the utility reply exactly; stats and
+    # finished_requests at least (the engine sends them with every batch).
+    assert (ours[4] is None) == (theirs[4] is None), f"utility_output of {name}"
+    for index in (2, 5):
+        assert theirs[index] is None or ours[index] is not None, f"slot {index} of {name}"
+    if theirs[1]:
+        mine, vllms = ours[1][0] + [None] * (19 - len(ours[1][0])), theirs[1][0]
+        for slot in (5, 18):  # finish_reason, error
+            assert (mine[slot] is None) == (vllms[slot] is None), f"output slot {slot} of {name}"
+        assert vllms[7] is None or mine[7] is not None, f"events of {name}"
+    assert isinstance(ours[3], float) and ours[3] <= time.monotonic()  # monotonic, like vLLM's
+
+
+@pytest.mark.parametrize("name", fixtures_of_kind("request"))
+def test_every_request_encoded_by_vllm_is_honoured(name):
+    expect = MANIFEST["files"][f"{name}.msgpack"]["expect"]
+    wire = EngineCoreRequest.from_wire(fixture(name))
+    sampling = SamplingParams.from_wire(wire.sampling_params)
+    for key, value in expect.items():
+        got = getattr(sampling, key)
+        assert (list(got) if isinstance(got, tuple) else got) == value, key
+    assert sampling.eos_token_id == 256 and wire.external_req_id is not None
+    core = EngineCore(make_engine_config("echo", max_model_len=64))
+    assert core.add_request(wire) is None
+    produced = tokens(run_to_end(core)[wire.request_id])
+    room = 64 - len(wire.prompt_token_ids)
+    if not sampling.stop_token_ids:
+        assert len(produced) == min(expect["max_tokens"] or room, room)
+
+
+@pytest.mark.parametrize("name", fixtures_of_kind("utility_call"))
+def test_every_utility_call_encoded_by_vllm_is_answered(name):
+    call = UtilityCall.from_wire(fixture(name))
+    core = EngineCore(make_engine_config("echo"))
+    result = core.call_utility(call.method, call.args)
+    unpack(pack([None, result]))  # the result travels as msgpack
+
+
+def test_outputs_decode_back_with_events_and_errors_and_reject_malformed_ones():
+    core = EngineCore(make_engine_config("echo", max_model_len=8))
+    core.add_request(request("a", b"xy", max_tokens=1))
+    error = core.add_request(request("bad", b"x" * 8))
+    message = decode_outputs([encode_outputs(EngineCoreOutputs(0, [o for _, o in core.step()] + [error]))])
+    first, rejected = message.outputs
+    assert [e.type for e in first.events] == [EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED]
+    assert rejected.error.code == "validation_error" and rejected.finish_reason == FinishReason.ERROR
+    broken = first.to_wire()
+    broken[7] = [{"type": 1}]  # no timestamp
+    with pytest.raises(ValueError, match="malformed events"):
+        decode_outputs([pack([0, [broken]])])
+
+
+@pytest.mark.parametrize("name", fixtures_of_kind("outputs"))
+def test_the_api_servers_decoder_reads_every_message_vllms_engine_sends(name):
+    message = decode_outputs([(FIXTURES / f"{name}.msgpack").read_bytes()])
+    raw = fixture(name)
+    assert message.engine_index == raw[0] and message.timestamp == raw[3]
+    assert [o.request_id for o in message.outputs] == [o[0] for o in raw[1]]
+    assert [o.finish_reason for o in message.outputs] == [None if o[5] is None else FinishReason(o[5]) for o in raw[1]]
+    assert (message.utility_output is None) == (raw[4] is None)
+    assert (message.wave_complete, message.finished_requests) == (raw[6], raw[5])
+    if name == "outputs_first_token_events":
+        assert [e.type for e in message.outputs[0].events] == [EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED]
+        assert message.scheduler_stats["num_running_reqs"] == 2
+    if name == "outputs_request_error":
+        assert message.outputs[0].error.code == "validation_error"
+
+
+def test_the_api_servers_registration_reads_vllms_ready_response():
+    registration = decode_registration((FIXTURES / "ready_response.msgpack").read_bytes())
+    assert (registration.max_model_len, registration.num_gpu_blocks, registration.dp_stats_address) == (2048, 512, None)

@@ -9,6 +9,7 @@ import gc
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -431,6 +432,23 @@ def test_engine_manager_cycles_leave_no_trace(tmp_path):
     assert _resources() == before
 
 
+def _guardian_of(pid: int) -> int:
+    """Pid of the one guardian of `pid`: its only child (every other process
+    it starts is a child of the guardian)."""
+    children = [int(c) for t in os.listdir(f"/proc/{pid}/task") for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
+    assert len(children) == 1, children
+    return children[0]
+
+
+def _wait_for_exit(pidfd: int, timeout: float = 60.0) -> None:
+    """Waits until the process behind `pidfd` (opened while it ran, so never
+    a reused pid) has exited, and closes the fd."""
+    try:
+        assert select.select([pidfd], [], [], timeout)[0] == [pidfd], f"still running after {timeout} s"
+    finally:
+        os.close(pidfd)
+
+
 def test_sigkill_of_the_supervisor_takes_every_descendant_along(tmp_path):
     pidfile = tmp_path / "pids"
     supervisor = subprocess.Popen([sys.executable, str(SUPPORT / "supervisor.py"), str(pidfile)])
@@ -442,55 +460,159 @@ def test_sigkill_of_the_supervisor_takes_every_descendant_along(tmp_path):
         pids = read_pids(pidfile)
         assert len(pids) == 7, pids
         assert all(is_running(pid) for pid in pids)
+        guardian = os.pidfd_open(_guardian_of(supervisor.pid))
     finally:
         supervisor.kill()
         supervisor.wait()
-    time.sleep(1.0)
+    # The guardian exits only once it has killed and reaped everything below it.
+    _wait_for_exit(guardian)
     assert [pid for pid in pids if is_running(pid)] == []
 
 
 SOCKET_FILES_THEN_WAIT = """
 import socket, sys, time, zmq
+from vllm_rs import _core
 from vllm_rs.network_utils import make_zmq_listener
 from vllm_rs.process import remove_on_exit
 listener = make_zmq_listener(sys.argv[1], zmq.ROUTER)
 uds = socket.socket(socket.AF_UNIX)
 uds.bind(sys.argv[2])
 remove_on_exit(sys.argv[2])
-print("ready", flush=True)
+print(_core.guardian_pid(), flush=True)
 time.sleep(1000)
 """
 
 
-def test_socket_files_go_even_when_their_creator_is_sigkilled(tmp_path):
-    ipc_file, uds_file = tmp_path / "engine-input", tmp_path / "http.sock"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SOCKET_FILES_THEN_WAIT, f"ipc://{ipc_file}", str(uds_file)], stdout=subprocess.PIPE, text=True
-    )
+def _run_until_killed(code: str, *args: str) -> None:
+    """Runs `code` in a fresh interpreter until it prints its guardian's pid,
+    SIGKILLs it, and waits until that guardian has finished its exit work."""
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout.readline() == "ready\n"
-        assert ipc_file.exists() and uds_file.exists()
+        guardian = os.pidfd_open(int(proc.stdout.readline()))
     finally:
         proc.kill()
         proc.wait()
         proc.stdout.close()
-    deadline = time.monotonic() + 1.0
-    while (ipc_file.exists() or uds_file.exists()) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _wait_for_exit(guardian)
+
+
+def test_socket_files_go_even_when_their_creator_is_sigkilled(tmp_path):
+    ipc_file, uds_file = tmp_path / "engine-input", tmp_path / "http.sock"
+    _run_until_killed(SOCKET_FILES_THEN_WAIT, f"ipc://{ipc_file}", str(uds_file))
     assert not ipc_file.exists() and not uds_file.exists()
+
+
+REGISTER_THEN_SIGKILL_SELF = """
+import os, signal, socket, sys
+from vllm_rs import _core
+from vllm_rs.process import remove_on_exit
+paths = [os.path.join(sys.argv[1], f"s{i}.sock") for i in range(20)]
+socks = [socket.socket(socket.AF_UNIX) for _ in paths]
+for sock, path in zip(socks, paths):
+    sock.bind(path)
+remove_on_exit(paths[0])
+print(_core.guardian_pid(), flush=True)
+sys.stdin.readline()
+for path in paths[1:]:
+    remove_on_exit(path)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_registration_holds_as_soon_as_remove_on_exit_returns(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REGISTER_THEN_SIGKILL_SELF, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        guardian = os.pidfd_open(int(proc.stdout.readline()))
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.wait(60) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+    _wait_for_exit(guardian)
+    assert list(tmp_path.iterdir()) == []
+
+
+PRIVATE_DIRECTORIES_THEN_WAIT = """
+import os, socket, sys, time
+from vllm_rs import _core
+from vllm_rs.process import remove_on_exit
+socks = []
+for name in ("private", "kept"):
+    directory = os.path.join(sys.argv[1], name)
+    os.mkdir(directory, 0o700)
+    remove_on_exit(directory)
+    for sock_name in ("registered.sock", "unregistered.sock"):
+        socks.append(socket.socket(socket.AF_UNIX))
+        socks[-1].bind(os.path.join(directory, sock_name))
+    remove_on_exit(os.path.join(directory, "registered.sock"))
+with open(os.path.join(sys.argv[1], "kept", "notes.txt"), "w") as f:
+    f.write("the user's")
+print(_core.guardian_pid(), flush=True)
+time.sleep(1000)
+"""
+
+
+def test_a_registered_directory_goes_with_its_sockets_but_never_with_other_files(tmp_path):
+    _run_until_killed(PRIVATE_DIRECTORIES_THEN_WAIT, str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+    # Registered files go in any case; a directory holding a regular file stays as it is.
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt", "unregistered.sock"]
+    assert (tmp_path / "kept" / "notes.txt").read_text() == "the user's"
+
+
+CANCELLED_THEN_WAIT = """
+import socket, sys, time
+from vllm_rs import _core
+from vllm_rs.process import cancel_remove_on_exit, remove_on_exit
+uds = socket.socket(socket.AF_UNIX)
+uds.bind(sys.argv[1])
+remove_on_exit(sys.argv[1])
+cancel_remove_on_exit(sys.argv[1])
+print(_core.guardian_pid(), flush=True)
+time.sleep(1000)
+"""
+
+
+def test_a_cancelled_registration_leaves_the_path_alone(tmp_path):
+    path = tmp_path / "cancelled.sock"
+    _run_until_killed(CANCELLED_THEN_WAIT, str(path))
+    assert path.exists()
+
+
+REPLACE_AFTER_REGISTERING = """
+import os, socket, sys
+from vllm_rs import _core
+from vllm_rs.process import remove_on_exit
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+remove_on_exit(sys.argv[1])
+print(_core.guardian_pid(), flush=True)
+sys.stdin.readline()
+os.unlink(sys.argv[1])
+with open(sys.argv[1], "w") as f:
+    f.write("someone else")
+"""
 
 
 def test_remove_on_exit_spares_a_new_file_at_the_same_path(tmp_path):
     path = tmp_path / "reused.sock"
-    code = (
-        "import socket, sys; from vllm_rs.process import remove_on_exit; "
-        "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); remove_on_exit(sys.argv[1]); "
-        "import os; os.unlink(sys.argv[1]); open(sys.argv[1], 'w').write('someone else')"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REPLACE_AFTER_REGISTERING, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
-    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
-    time.sleep(0.5)  # the guardian has run its exit by now
+    try:
+        guardian = os.pidfd_open(int(proc.stdout.readline()))
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+    _wait_for_exit(guardian)  # it has run its exit work
     assert path.read_text() == "someone else"
-    with pytest.raises(FileNotFoundError):
-        from vllm_rs.process import remove_on_exit
-
-        remove_on_exit(tmp_path / "missing")

@@ -3,6 +3,7 @@ handles, exec failures, kill-tree on hard trees, waiting on many sentinels."""
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import select
@@ -74,11 +75,101 @@ def test_exec_failures_name_the_path_and_leave_nothing_running(tmp_path):
     assert str(not_executable) in str(denied.value)
     with pytest.raises(OSError, match="fd 987"):
         spawn_executable(["true"], name="x", pass_fds=[987])
-    with pytest.raises(NotADirectoryError, match="nowhere"):
+    with pytest.raises(FileNotFoundError, match="nowhere"):
         spawn_executable(["true"], name="x", cwd=tmp_path / "nowhere")
+    with pytest.raises(NotADirectoryError, match="data.txt"):
+        spawn_executable(["true"], name="x", cwd=not_executable)
     with pytest.raises(ValueError, match="argv is empty"):
         spawn_executable([], name="x")
     assert set(descendants(guardian)) == before
+
+
+def test_os_failures_carry_errno_and_filename(tmp_path):
+    from vllm_rs.process import remove_on_exit
+
+    missing = tmp_path / "no-such-program"
+    with pytest.raises(FileNotFoundError) as err:
+        spawn_executable([str(missing)], name="x")
+    assert (err.value.errno, err.value.filename) == (errno.ENOENT, str(missing))
+    data = tmp_path / "data.txt"
+    data.write_text("not a program")
+    with pytest.raises(PermissionError) as err:
+        spawn_executable([str(data)], name="x")
+    assert (err.value.errno, err.value.filename) == (errno.EACCES, str(data))
+    with pytest.raises(NotADirectoryError) as err:
+        spawn_executable(["true"], name="x", cwd=data)
+    assert (err.value.errno, err.value.filename) == (errno.ENOTDIR, str(data))
+    with pytest.raises(OSError) as err:
+        spawn_executable(["true"], name="x", pass_fds=[987])
+    assert err.value.errno == errno.EBADF and "fd 987" in str(err.value)
+    with pytest.raises(FileNotFoundError) as err:
+        remove_on_exit(tmp_path / "missing.sock")
+    assert (err.value.errno, err.value.filename) == (errno.ENOENT, str(tmp_path / "missing.sock"))
+    proc = spawn_executable(["sleep", "100"], name="sleeper")
+    try:
+        with pytest.raises(OSError) as err:
+            proc.send_signal(1000)  # no such signal
+        assert err.value.errno == errno.EINVAL and f"process {proc.pid}" in str(err.value)
+    finally:
+        proc.kill()
+        proc.join(10)
+
+
+GUARDIAN_THAT_CANNOT_START = """
+import json, sys
+from vllm_rs import _core
+_core.set_guardian_command([sys.argv[1]])
+try:
+    _core.spawn(["true"], name="x")
+except RuntimeError as e:
+    cause = e.__cause__
+    print(json.dumps([str(e), type(cause).__name__, getattr(cause, "errno", None)]))
+"""
+
+
+@pytest.mark.parametrize(
+    "command, message, cause, code",
+    [
+        ("/no/such/guardian", "cannot start it", "FileNotFoundError", errno.ENOENT),
+        ("/bin/true", "exited during start-up", "NoneType", None),
+    ],
+)
+def test_a_guardian_that_cannot_start_is_a_runtime_error_with_its_os_cause(command, message, cause, code):
+    import json
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", GUARDIAN_THAT_CANNOT_START, command], capture_output=True, text=True, timeout=60, check=True
+    )
+    text, cause_type, cause_errno = json.loads(out.stdout)
+    assert message in text and (cause_type, cause_errno) == (cause, code), out
+
+
+def test_spawn_many_takes_typed_requests():
+    requests = [_core.SpawnRequest(["sh", "-c", f"exit {i}"], name=f"r{i}") for i in range(3)]
+    requests.append(_core.SpawnRequest(["no-such-command-anywhere"], name="missing", env=[("PATH", "/nowhere")]))
+    assert (requests[0].argv, requests[0].name, requests[0].env, requests[0].pass_fds) == (["sh", "-c", "exit 0"], "r0", None, [])
+    outcomes = _core.spawn_many(requests)
+    for proc in outcomes[:3]:
+        proc.join(30)
+    assert [p.exitcode for p in outcomes[:3]] == [0, 1, 2]
+    assert isinstance(outcomes[3], FileNotFoundError) and outcomes[3].filename == "no-such-command-anywhere"
+    with pytest.raises(TypeError, match="SpawnRequest"):
+        _core.spawn_many([(["true"], "x", None, None, [], [])])
+    # hold_fds get one owner: the same fds twice, or a second start, are refused before anything starts.
+    r, w = os.pipe()
+    holding = _core.SpawnRequest(["true"], name="holder", hold_fds=[w])
+    with pytest.raises(ValueError, match=f"fd {w} is in hold_fds twice"):
+        _core.spawn_many([holding, holding])
+    (proc,) = _core.spawn_many([holding])
+    proc.join(30)
+    proc.close()  # closes w
+    assert select.select([r], [], [], 30)[0] == [r] and os.read(r, 1) == b""  # the only write end is gone
+    os.close(r)
+    with pytest.raises(ValueError, match="already started a process"):
+        _core.spawn_many([holding])
+    with pytest.raises(TypeError, match="name"):
+        _core.SpawnRequest(["true"])
 
 
 def _guardian_pid_after_warmup() -> int:

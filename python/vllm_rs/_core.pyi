@@ -39,16 +39,45 @@ def spawn(
     hold_fds: Sequence[int] = (),
 ) -> Process:
     """Starts `argv` through this process's guardian with exactly `pass_fds`
-    (plus open stdio) inherited; raises OSError subclasses naming the path or fd."""
+    (plus open stdio) inherited. Failures raise the OSError subclass of their
+    errno with `errno` set and `filename` naming the program or directory
+    (a bad fd: `errno` EBADF, named in the message); ValueError for what exec
+    cannot carry."""
 
-def spawn_many(
-    requests: Sequence[tuple[Sequence[str], str, Sequence[tuple[str, str]] | None, str | None, Sequence[int], Sequence[int]]],
-) -> list[Process | BaseException]:
-    """Starts many children, pipelined: each request is `(argv, name, env,
-    cwd, pass_fds, hold_fds)`; returns a Process or the exception per request."""
+class SpawnRequest:
+    """One child for `spawn_many`, with the fields of `spawn`'s arguments."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        name: str,
+        env: Sequence[tuple[str, str]] | None = None,
+        cwd: str | None = None,
+        pass_fds: Sequence[int] = (),
+        hold_fds: Sequence[int] = (),
+    ) -> None: ...
+    @property
+    def argv(self) -> list[str]: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def env(self) -> list[tuple[str, str]] | None: ...
+    @property
+    def cwd(self) -> str | None: ...
+    @property
+    def pass_fds(self) -> list[int]: ...
+    @property
+    def hold_fds(self) -> list[int]: ...
+
+def spawn_many(requests: Sequence[SpawnRequest]) -> list[Process | BaseException]:
+    """Starts many children, pipelined; returns, in order, a Process or the
+    exception (as `spawn` raises it) per request."""
 
 def kill_process_tree(pid: int) -> int:
-    """SIGKILLs `pid` and all descendants, waits for them; returns how many were signalled."""
+    """SIGKILLs `pid` and all descendants, waits for them; returns how many
+    were signalled. A failure raises the OSError subclass of its errno
+    (PermissionError, ...), naming the process."""
 
 def wait_fds(fds: Sequence[int], timeout: float | None = None) -> list[int]:
     """The fds of `fds` that are readable (or hung up), after waiting up to `timeout`."""
@@ -57,8 +86,13 @@ def set_guardian_command(argv: Sequence[str]) -> None:
     """Command that starts a guardian (control fd and our pid are appended)."""
 
 def remove_on_exit(path: str) -> None:
-    """Has the guardian unlink `path` once this process is gone (SIGKILL
-    included), if it still names the same file."""
+    """Has the guardian remove `path` (a file, or a directory: see
+    docs/process-core.md) once this process is gone (SIGKILL included), if it
+    still names the same inode. Returns once the guardian has acknowledged.
+    FileNotFoundError (errno, filename) if `path` does not exist."""
+
+def cancel_remove_on_exit(path: str) -> None:
+    """Undoes `remove_on_exit(path)`; a no-op if it was never registered."""
 
 def guardian_pid() -> int | None:
     """Pid of this process's guardian, or None before the first spawn."""

@@ -137,6 +137,11 @@ class PrivateSocketDir:
             os.rmdir(self.path)
         except OSError as e:
             logger.warning("socket directory %s not removed: %s", self.path, e.strerror)
+            return
+        if sys.platform.startswith("linux"):
+            from vllm_rs.process import cancel_remove_on_exit
+
+            cancel_remove_on_exit(self.path)  # removed here: a later directory there is not ours
 
 
 _private_ipc_dirs: dict[tuple[int, str], PrivateSocketDir] = {}
@@ -236,6 +241,10 @@ class ZmqListener:
         path = self.ipc_path
         if path:
             _unlink_socket_file(path)
+            if sys.platform.startswith("linux"):
+                from vllm_rs.process import cancel_remove_on_exit
+
+                cancel_remove_on_exit(path)  # removed here: the guardian must not touch a later file there
 
     def __repr__(self) -> str:
         return f"ZmqListener(address={self.address!r}, fd={self.socket.fileno()})"

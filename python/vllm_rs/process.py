@@ -63,8 +63,10 @@ def spawn_executable(
     pass_fds: Iterable[int] = (),
 ) -> Process:
     """Starts `argv` with exactly `pass_fds` inherited at the same numbers.
-    Raises `FileNotFoundError`/`PermissionError` naming the program, or
-    `OSError` naming a bad fd; nothing is left running on failure."""
+    Raises the `OSError` subclass of the failure (`FileNotFoundError`,
+    `PermissionError`, ...) with `errno` set and `filename` naming the program
+    or working directory, or naming a bad fd in its message; nothing is left
+    running on failure."""
     _configure()
     return _core.spawn(
         [os.fsdecode(a) for a in argv],
@@ -90,7 +92,10 @@ def spawn_executables(
         raise ValueError(f"spawn_executables: {len(argvs)} commands but {len(names)} names")
     env_items = None if env is None else list(env.items())
     cwd_str = None if cwd is None else os.fsdecode(cwd)
-    requests = [([os.fsdecode(a) for a in argv], name, env_items, cwd_str, [], []) for argv, name in zip(argvs, names)]
+    requests = [
+        _core.SpawnRequest([os.fsdecode(a) for a in argv], name=name, env=env_items, cwd=cwd_str)
+        for argv, name in zip(argvs, names)
+    ]
     outcomes = _core.spawn_many(requests)
     failures = [o for o in outcomes if not isinstance(o, Process)]
     if failures:
@@ -161,7 +166,7 @@ def start_targets(targets: Sequence[PreparedTarget]) -> list[Process]:
     # Each handle keeps its pipe's write end open for the child's lifetime, so
     # that multiprocessing.parent_process() in the child sees us alive.
     requests = [
-        ([*boot, str(data_r)], t.name, None, None, [data_r, *t.fds], [data_w])
+        _core.SpawnRequest([*boot, str(data_r)], name=t.name, pass_fds=[data_r, *t.fds], hold_fds=[data_w])
         for t, (data_r, data_w) in zip(targets, pipes)
     ]
     try:
@@ -213,12 +218,24 @@ def wait(objects: Iterable[Any], timeout: float | None = None) -> list[Any]:
 
 
 def remove_on_exit(path: str | os.PathLike) -> None:
-    """Has this process's guardian unlink `path` (a socket file this process
-    created) once this process is gone, however it ends, SIGKILL included,
-    provided the path still names the same file then."""
+    """Has this process's guardian remove `path` once this process is gone,
+    however it ends, SIGKILL included, provided the path still names the same
+    file or directory then. A file (a socket this process created) is
+    unlinked; a directory goes once the registered files are gone, with any
+    sockets left in it, but stays as it is if it holds anything else
+    (docs/process-core.md). Returns once the guardian has the registration,
+    so a SIGKILL right after still removes the path. `FileNotFoundError`
+    (with `filename`) if `path` does not exist."""
     _configure()
-    os.lstat(path)  # FileNotFoundError naming the path
     _core.remove_on_exit(os.fspath(path))
+
+
+def cancel_remove_on_exit(path: str | os.PathLike) -> None:
+    """Undoes `remove_on_exit(path)`: for a caller that removes `path` itself
+    on a clean exit, so that a later file at that path is never at risk. A
+    no-op if `path` was never registered."""
+    _require_linux()
+    _core.cancel_remove_on_exit(os.fspath(path))
 
 
 def kill_process_tree(pid: int) -> None:

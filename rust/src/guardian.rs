@@ -19,7 +19,14 @@
 //!   holds a zombie;
 //! * SIGKILLs any process re-parented to it that is not a live child it
 //!   started (those are leftovers of a child that has exited), and when the
-//!   supervisor goes, SIGKILLs everything below it until nothing is left.
+//!   supervisor goes, SIGKILLs everything below it until nothing is left,
+//!   then removes the paths registered with `remove_on_exit` (see
+//!   [`crate::removal`]).
+//!
+//! Whatever the supervisor sent is handled before the guardian acts on its
+//! death or on a SIGTERM: every request still queued on the control socket is
+//! read first, so a registration the supervisor made just before it was
+//! killed still counts.
 //!
 //! cgroups would also do, but are not writable in most containers; process
 //! groups are escaped by `setsid`. The subreaper works everywhere on Linux.
@@ -30,7 +37,10 @@ use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
 
+use crate::removal::RemovalList;
 use crate::sys::{self, cvt};
 use crate::wire::{self, FailStage, Reply, Request};
 
@@ -44,18 +54,22 @@ const SHIELDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
 /// `supervisor_pid`. Never returns: the process exits once the supervisor is
 /// gone and every descendant has been killed and reaped.
 pub fn run(ctrl_fd: RawFd, supervisor_pid: libc::pid_t) -> ! {
-    let mut leftovers = Vec::new();
+    let mut removals = RemovalList::default();
     match Guardian::new(ctrl_fd, supervisor_pid) {
         Ok(mut g) => {
             if let Err(err) = g.serve() {
                 eprintln!("vllm-rs guardian: {err}; killing every child");
             }
-            leftovers = std::mem::take(&mut g.remove_on_exit);
+            // However serving ended, what the supervisor sent still counts.
+            g.drain_requests();
+            removals = std::mem::take(&mut g.removals);
         }
         Err(err) => eprintln!("vllm-rs guardian: {err}; killing every child"),
     }
     kill_everything();
-    remove_files(&leftovers);
+    for kept in removals.remove_all() {
+        eprintln!("vllm-rs guardian: {kept}");
+    }
     // SAFETY: _exit never returns and skips the host interpreter's teardown.
     unsafe { libc::_exit(0) }
 }
@@ -66,8 +80,8 @@ struct Guardian {
     me: libc::pid_t,
     /// Live children started on request: pid -> spawn id.
     children: HashMap<libc::pid_t, u64>,
-    /// Files to unlink once the supervisor is gone: (path, device, inode).
-    remove_on_exit: Vec<(std::path::PathBuf, u64, u64)>,
+    /// Paths to remove once the supervisor is gone.
+    removals: RemovalList,
 }
 
 fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
@@ -97,7 +111,7 @@ impl Guardian {
                 signals: OwnedFd::from_raw_fd(sfd),
                 me: libc::getpid(),
                 children: HashMap::new(),
-                remove_on_exit: Vec::new(),
+                removals: RemovalList::default(),
             };
             // The parent-death signal was armed before exec; if the
             // supervisor died before that, we were re-parented already.
@@ -116,9 +130,8 @@ impl Guardian {
                 sys::PollOutcome::Ready(ready) => ready,
                 sys::PollOutcome::TimedOut => continue,
             };
-            if ready.contains(&1) && self.drain_signals()? {
-                return Ok(()); // SIGTERM: the supervisor died, or someone asked us to stop.
-            }
+            // A request before a signal: what the supervisor sent before it
+            // died must take effect before we act on its death.
             if ready.contains(&0) {
                 match wire::recv(&self.ctrl)? {
                     None => return Ok(()), // the supervisor closed its end: it is gone
@@ -127,6 +140,30 @@ impl Guardian {
                         Err(err) => eprintln!("vllm-rs guardian: ignoring a bad request: {err}"),
                     },
                 }
+            }
+            if ready.contains(&1) && self.drain_signals()? {
+                return Ok(()); // SIGTERM: the supervisor died, or someone asked us to stop.
+            }
+        }
+    }
+
+    /// Handles every request still queued on the control socket, without
+    /// waiting for more: registrations take effect, spawns are dropped (the
+    /// guardian is about to kill everything it started). Runs once serving
+    /// has ended, so failures only end the draining.
+    fn drain_requests(&mut self) {
+        let ctrl = [self.ctrl.as_raw_fd()];
+        while let Ok(sys::PollOutcome::Ready(_)) = sys::poll_readable(&ctrl, Some(Duration::ZERO), || Ok(())) {
+            let Ok(Some((body, fds))) = wire::recv(&self.ctrl) else {
+                return; // closed, or cut off mid-message by the supervisor's death
+            };
+            match Request::decode(&body) {
+                Ok(Request::Spawn { .. }) => {}
+                // The acknowledgement has nobody to reach if the supervisor is dead.
+                Ok(req) => {
+                    let _ = self.handle(req, fds);
+                }
+                Err(err) => eprintln!("vllm-rs guardian: ignoring a bad request: {err}"),
             }
         }
     }
@@ -181,13 +218,16 @@ impl Guardian {
     }
 
     fn handle(&mut self, req: Request, fds: Vec<OwnedFd>) -> io::Result<()> {
+        let as_path = |bytes: Vec<u8>| PathBuf::from(std::ffi::OsString::from_vec(bytes));
         let (id, program, argv, env, cwd, fd_targets) = match req {
             Request::Spawn { id, program, argv, env, cwd, fd_targets } => (id, program, argv, env, cwd, fd_targets),
-            Request::RemoveOnExit { path, dev, ino } => {
-                use std::os::unix::ffi::OsStringExt;
-                let path = std::path::PathBuf::from(std::ffi::OsString::from_vec(path));
-                self.remove_on_exit.push((path, dev, ino));
-                return Ok(());
+            Request::RemoveOnExit { id, path, dev, ino, file_type } => {
+                self.removals.register(as_path(path), dev, ino, file_type);
+                return wire::send(&self.ctrl, &Reply::Acknowledged { id }.encode(), &[]);
+            }
+            Request::CancelRemoveOnExit { id, path } => {
+                self.removals.cancel(&as_path(path));
+                return wire::send(&self.ctrl, &Reply::Acknowledged { id }.encode(), &[]);
             }
         };
         let reply = match spawn_child(&program, &argv, &env, cwd.as_deref(), &fd_targets, &fds) {
@@ -399,19 +439,6 @@ unsafe fn exec_child(plan: &ExecPlan<'_>) -> ! {
     }
     libc::execve(plan.program.as_ptr(), plan.argv.as_ptr(), plan.env.as_ptr());
     fail(FailStage::Exec, -1)
-}
-
-/// Unlinks each file that is still the one registered (same device and
-/// inode), so a file someone else created at that path since is left alone.
-fn remove_files(files: &[(std::path::PathBuf, u64, u64)]) {
-    use std::os::unix::fs::MetadataExt;
-    for (path, dev, ino) in files {
-        if let Ok(meta) = std::fs::symlink_metadata(path) {
-            if meta.dev() == *dev && meta.ino() == *ino {
-                let _ = std::fs::remove_file(path);
-            }
-        }
-    }
 }
 
 /// SIGKILLs every descendant (they are all our children or become so as

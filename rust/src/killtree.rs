@@ -19,6 +19,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use crate::error::ProcessError;
 use crate::sys::{self, PollOutcome};
 
 /// How long to wait for killed processes to actually exit.
@@ -26,12 +27,13 @@ const EXIT_WAIT: Duration = Duration::from_secs(5);
 
 /// Kills `root` and all its descendants with SIGKILL and waits (at most a
 /// few seconds) until they have exited. Returns quietly if `root` is gone.
-/// Returns the number of processes signalled.
-pub fn kill_process_tree(root: libc::pid_t) -> io::Result<usize> {
+/// Returns the number of processes signalled. An error names the process
+/// that could not be reached or killed.
+pub fn kill_process_tree(root: libc::pid_t) -> Result<usize, ProcessError> {
     let root_fd = match sys::pidfd_open(root) {
         Ok(fd) => fd,
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(0),
-        Err(e) => return Err(e),
+        Err(e) => return Err(ProcessError::new(root, "open", e)),
     };
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
@@ -63,10 +65,10 @@ pub fn kill_process_tree(root: libc::pid_t) -> io::Result<usize> {
             break;
         }
     }
-    for (_, fd) in &found {
-        sys::pidfd_send_signal(fd.as_raw_fd(), libc::SIGKILL)?;
+    for (pid, fd) in &found {
+        sys::pidfd_send_signal(fd.as_raw_fd(), libc::SIGKILL).map_err(|e| ProcessError::new(*pid, "kill", e))?;
     }
-    wait_all_exited(found.iter().map(|(_, fd)| fd), EXIT_WAIT)?;
+    wait_all_exited(found.iter().map(|(_, fd)| fd), EXIT_WAIT).map_err(|e| ProcessError::new(root, "wait for", e))?;
     Ok(found.len())
 }
 

@@ -15,6 +15,8 @@ pub mod killtree;
 #[cfg(target_os = "linux")]
 pub mod process;
 #[cfg(target_os = "linux")]
+pub mod removal;
+#[cfg(target_os = "linux")]
 pub mod supervisor;
 #[cfg(target_os = "linux")]
 pub mod sys;
@@ -23,10 +25,12 @@ pub mod wire;
 
 #[cfg(feature = "python")]
 mod python;
+#[cfg(all(feature = "python", target_os = "linux"))]
+mod python_errors;
 
 #[cfg(target_os = "linux")]
 pub use {
-    error::SpawnError,
+    error::{GuardianError, ProcessError, RegisterError, SpawnError},
     killtree::kill_process_tree,
     process::ChildProcess,
     supervisor::{spawn, SpawnSpec},

@@ -5,6 +5,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use crate::error::ProcessError;
 use crate::supervisor;
 use crate::sys::{self, ExitStatus, PollOutcome};
 
@@ -36,43 +37,48 @@ impl ChildProcess {
     }
 
     /// The exit status if the child has exited, without blocking.
-    pub fn try_status(&self) -> io::Result<Option<ExitStatus>> {
+    pub fn try_status(&self) -> Result<Option<ExitStatus>, ProcessError> {
         if let Some(s) = self.status.get() {
             return Ok(Some(*s));
         }
-        if !sys::is_readable_now(&self.pidfd)? {
+        if !sys::is_readable_now(&self.pidfd).map_err(|e| self.error("poll", e))? {
             return Ok(None);
         }
         self.collect().map(Some)
     }
 
     /// Waits up to `timeout` (`None`: forever) for the child to exit.
-    /// `on_interrupt` runs when a signal interrupts the wait.
+    /// `on_interrupt` runs when a signal interrupts the wait; its error
+    /// ends the wait.
     pub fn wait(
         &self,
         timeout: Option<Duration>,
         on_interrupt: impl FnMut() -> io::Result<()>,
-    ) -> io::Result<Option<ExitStatus>> {
+    ) -> Result<Option<ExitStatus>, ProcessError> {
         if let Some(s) = self.status.get() {
             return Ok(Some(*s));
         }
-        match sys::poll_readable(&[self.pidfd()], timeout, on_interrupt)? {
+        match sys::poll_readable(&[self.pidfd()], timeout, on_interrupt).map_err(|e| self.error("wait for", e))? {
             PollOutcome::TimedOut => Ok(None),
             PollOutcome::Ready(_) => self.collect().map(Some),
         }
     }
 
-    fn collect(&self) -> io::Result<ExitStatus> {
-        let raw = supervisor::collect_exit(self.id)?;
+    fn collect(&self) -> Result<ExitStatus, ProcessError> {
+        let raw = supervisor::collect_exit(self.id).map_err(|e| self.error("collect the exit status of", e))?;
         Ok(*self.status.get_or_init(|| ExitStatus::from_raw(raw)))
     }
 
     /// Sends `signal` through the pid fd; a no-op once the child has exited.
-    pub fn signal(&self, signal: libc::c_int) -> io::Result<()> {
+    pub fn signal(&self, signal: libc::c_int) -> Result<(), ProcessError> {
         if self.status.get().is_some() {
             return Ok(());
         }
-        sys::pidfd_send_signal(self.pidfd(), signal)
+        sys::pidfd_send_signal(self.pidfd(), signal).map_err(|e| self.error("signal", e))
+    }
+
+    fn error(&self, action: &'static str, source: io::Error) -> ProcessError {
+        ProcessError::new(self.pid, action, source)
     }
 }
 

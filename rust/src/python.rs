@@ -8,16 +8,16 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 use std::time::Duration;
 
-#[cfg(target_os = "linux")]
-use pyo3::exceptions::{PyOSError, PyRuntimeError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 #[cfg(target_os = "linux")]
 mod linux {
     use super::*;
-    use crate::error::SpawnError;
-    use crate::wire::FailStage;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use crate::error::ProcessError;
+    use crate::python_errors::{os_error, IntoPyErr};
     use crate::{guardian, killtree, supervisor, sys, ChildProcess, ExitStatus};
 
     fn to_duration(timeout: Option<f64>) -> PyResult<Option<Duration>> {
@@ -30,9 +30,9 @@ mod linux {
 
     /// Runs a blocking call without the GIL; a Python exception raised by a
     /// signal handler while it waits (KeyboardInterrupt) ends it and propagates.
-    fn blocking<T: Send>(
+    fn blocking<T: Send, E: IntoPyErr + Send>(
         py: Python<'_>,
-        f: impl FnOnce(&mut dyn FnMut() -> io::Result<()>) -> io::Result<T> + Send,
+        f: impl FnOnce(&mut dyn FnMut() -> io::Result<()>) -> Result<T, E> + Send,
     ) -> PyResult<T> {
         let raised: Mutex<Option<PyErr>> = Mutex::new(None);
         let result = py.detach(|| {
@@ -48,37 +48,7 @@ mod linux {
         if let Some(err) = raised.into_inner().unwrap() {
             return Err(err);
         }
-        result.map_err(|e| PyOSError::new_err(e.to_string()))
-    }
-
-    /// The C library's text for `errno`, without Rust's " (os error N)" suffix.
-    fn strerror(errno: i32) -> String {
-        let text = io::Error::from_raw_os_error(errno).to_string();
-        match text.rfind(" (os error") {
-            Some(at) => text[..at].to_owned(),
-            None => text,
-        }
-    }
-
-    fn os_error(errno: i32, message: String, filename: Option<String>) -> PyErr {
-        // OSError(errno, ...) picks the subclass (FileNotFoundError, ...) itself.
-        match filename {
-            Some(f) => PyOSError::new_err((errno, message, f)),
-            None => PyOSError::new_err((errno, message)),
-        }
-    }
-
-    fn spawn_error(err: SpawnError, program: &str) -> PyErr {
-        match &err {
-            SpawnError::EmptyArgv | SpawnError::InvalidArgument(_) => PyValueError::new_err(err.to_string()),
-            SpawnError::BadFd(_) => os_error(libc::EBADF, err.to_string(), None),
-            SpawnError::BadCwd(cwd) => os_error(libc::ENOTDIR, err.to_string(), Some(cwd.to_string_lossy().into_owned())),
-            SpawnError::Failed { errno, stage: FailStage::Exec, .. } => {
-                os_error(*errno, strerror(*errno), Some(program.to_owned()))
-            }
-            SpawnError::Failed { errno, .. } => os_error(*errno, err.to_string(), None),
-            SpawnError::Guardian(_) => PyRuntimeError::new_err(err.to_string()),
-        }
+        result.map_err(IntoPyErr::into_pyerr)
     }
 
     /// A child process with the `multiprocessing.BaseProcess` surface.
@@ -94,7 +64,7 @@ mod linux {
 
     impl PyProcess {
         fn status(&self) -> PyResult<Option<ExitStatus>> {
-            self.inner.try_status().map_err(|e| PyOSError::new_err(e.to_string()))
+            self.inner.try_status().map_err(ProcessError::into_pyerr)
         }
     }
 
@@ -142,7 +112,7 @@ mod linux {
 
         /// Sends `signal` through the pid fd; nothing once the process exited.
         fn send_signal(&self, signal: i32) -> PyResult<()> {
-            self.inner.signal(signal).map_err(|e| PyOSError::new_err(e.to_string()))
+            self.inner.signal(signal).map_err(ProcessError::into_pyerr)
         }
 
         /// Waits up to `timeout` seconds (forever if None) for the process to
@@ -176,43 +146,109 @@ mod linux {
         }
     }
 
-    /// One child to start: argv, name, env (None: ours), cwd (None: ours),
-    /// fds to inherit at the same numbers, fds the handle takes ownership of.
-    type SpawnArgs = (Vec<OsString>, String, Option<Vec<(OsString, OsString)>>, Option<OsString>, Vec<RawFd>, Vec<RawFd>);
+    /// One child for `spawn_many`, with the fields of `spawn`'s arguments.
+    /// One with `hold_fds` starts one process only: that process owns them.
+    #[pyclass(name = "SpawnRequest", module = "vllm_rs._core", frozen)]
+    pub struct SpawnRequest {
+        /// The command; argv[0] is looked up in PATH unless it holds a `/`.
+        #[pyo3(get)]
+        argv: Vec<OsString>,
+        /// The handle's name.
+        #[pyo3(get)]
+        name: String,
+        /// The whole environment as (name, value) pairs; None: ours.
+        #[pyo3(get)]
+        env: Option<Vec<(OsString, OsString)>>,
+        /// The working directory; None: ours.
+        #[pyo3(get)]
+        cwd: Option<OsString>,
+        /// Fds the child inherits at the same numbers.
+        #[pyo3(get)]
+        pass_fds: Vec<RawFd>,
+        /// Fds the handle takes ownership of (kept open while the child runs).
+        #[pyo3(get)]
+        hold_fds: Vec<RawFd>,
+        /// Set once a process took ownership of `hold_fds`.
+        started: AtomicBool,
+    }
 
-    fn check_held(hold_fds: &[RawFd]) -> PyResult<()> {
-        match hold_fds.iter().find(|&&fd| !sys::fd_is_open(fd)) {
-            Some(fd) => Err(os_error(libc::EBADF, format!("cannot hold fd {fd}: it is not open"), None)),
-            None => Ok(()),
+    #[pymethods]
+    impl SpawnRequest {
+        #[new]
+        #[pyo3(signature = (argv, *, name, env=None, cwd=None, pass_fds=Vec::new(), hold_fds=Vec::new()))]
+        fn new(
+            argv: Vec<OsString>,
+            name: String,
+            env: Option<Vec<(OsString, OsString)>>,
+            cwd: Option<OsString>,
+            pass_fds: Vec<RawFd>,
+            hold_fds: Vec<RawFd>,
+        ) -> Self {
+            SpawnRequest { argv, name, env, cwd, pass_fds, hold_fds, started: AtomicBool::new(false) }
         }
+
+        fn __repr__(&self) -> String {
+            format!("SpawnRequest(argv={:?}, name={:?})", self.argv, self.name)
+        }
+    }
+
+    /// Takes ownership of every request's `hold_fds`, after refusing (with
+    /// nothing taken) an fd that is not open, one listed twice, or a request
+    /// whose fds a process it started already owns: two owners would close
+    /// the same fd number twice.
+    fn claim_held(requests: &[&SpawnRequest]) -> PyResult<Vec<Vec<OwnedFd>>> {
+        let mut seen = std::collections::HashSet::new();
+        for request in requests {
+            if !request.hold_fds.is_empty() && request.started.load(Ordering::Relaxed) {
+                return Err(PyValueError::new_err(format!(
+                    "{} already started a process, which owns its hold_fds",
+                    request.__repr__()
+                )));
+            }
+            for &fd in &request.hold_fds {
+                if !sys::fd_is_open(fd) {
+                    return Err(os_error(libc::EBADF, format!("cannot hold fd {fd}: it is not open"), None));
+                }
+                if !seen.insert(fd) {
+                    return Err(PyValueError::new_err(format!("fd {fd} is in hold_fds twice")));
+                }
+            }
+        }
+        Ok(requests
+            .iter()
+            .map(|request| {
+                if !request.hold_fds.is_empty() {
+                    request.started.store(true, Ordering::Relaxed);
+                }
+                // SAFETY: each fd is open and listed once: ownership passes here.
+                request.hold_fds.iter().map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect()
+            })
+            .collect())
     }
 
     /// Starts each request through the guardian, pipelined; each outcome is a
     /// `Process` or the exception that request raised.
-    fn spawn_all(py: Python<'_>, requests: Vec<SpawnArgs>) -> PyResult<Vec<Result<PyProcess, PyErr>>> {
-        for request in &requests {
-            check_held(&request.5)?;
-        }
+    fn spawn_all(py: Python<'_>, requests: &[&SpawnRequest]) -> PyResult<Vec<Result<PyProcess, PyErr>>> {
+        let held = claim_held(requests)?;
         let specs: Vec<supervisor::SpawnSpec> = requests
             .iter()
-            .map(|(argv, _, env, cwd, pass_fds, _)| supervisor::SpawnSpec {
-                argv: argv.clone(),
-                env: env.clone(),
-                cwd: cwd.clone(),
-                pass_fds: pass_fds.clone(),
+            .map(|r| supervisor::SpawnSpec {
+                argv: r.argv.clone(),
+                env: r.env.clone(),
+                cwd: r.cwd.clone(),
+                pass_fds: r.pass_fds.clone(),
             })
             .collect();
         let started = py.detach(|| supervisor::spawn_many(&specs));
         Ok(started
             .into_iter()
             .zip(requests)
-            .map(|(outcome, (argv, name, _, _, _, hold_fds))| {
-                let program = argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
-                // SAFETY: ownership of each checked-open fd passes to the handle.
-                let held = hold_fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect();
+            .zip(held)
+            .map(|((outcome, request), held)| {
+                // A failed request's fds close with `held` right here.
                 outcome
-                    .map(|child| PyProcess { inner: child, name, held: Mutex::new(held) })
-                    .map_err(|e| spawn_error(e, &program))
+                    .map(|child| PyProcess { inner: child, name: request.name.clone(), held: Mutex::new(held) })
+                    .map_err(IntoPyErr::into_pyerr)
             })
             .collect())
     }
@@ -221,7 +257,8 @@ mod linux {
     /// exactly `pass_fds` at the same numbers (plus open stdio), `env` (None:
     /// ours), `cwd` (None: ours); it dies with this process and takes its
     /// descendants along. `hold_fds` are owned by the handle from now on.
-    /// Exec failures raise OSError naming the path, with nothing left running.
+    /// Failures raise the `OSError` subclass of their errno, with `errno`
+    /// and `filename` (the program or directory) set; nothing is left running.
     #[pyfunction]
     #[pyo3(signature = (argv, *, name, env=None, cwd=None, pass_fds=Vec::new(), hold_fds=Vec::new()))]
     pub fn spawn(
@@ -233,16 +270,17 @@ mod linux {
         pass_fds: Vec<RawFd>,
         hold_fds: Vec<RawFd>,
     ) -> PyResult<PyProcess> {
-        spawn_all(py, vec![(argv, name, env, cwd, pass_fds, hold_fds)])?.pop().expect("one outcome")
+        let request = SpawnRequest::new(argv, name, env, cwd, pass_fds, hold_fds);
+        spawn_all(py, &[&request])?.pop().expect("one outcome")
     }
 
-    /// Starts many children at once: `requests` are tuples `(argv, name, env,
-    /// cwd, pass_fds, hold_fds)` as for `spawn`. The requests are pipelined to
-    /// the guardian; returns, in order, a `Process` or the exception each
-    /// request raised (nothing is left running for a failed one).
+    /// Starts many children at once, one per `SpawnRequest`. The requests are
+    /// pipelined to the guardian; returns, in order, a `Process` or the
+    /// exception each request raised (nothing is left running for a failed one).
     #[pyfunction]
-    pub fn spawn_many(py: Python<'_>, requests: Vec<SpawnArgs>) -> PyResult<Vec<Py<PyAny>>> {
-        spawn_all(py, requests)?
+    pub fn spawn_many(py: Python<'_>, requests: Vec<PyRef<'_, SpawnRequest>>) -> PyResult<Vec<Py<PyAny>>> {
+        let requests: Vec<&SpawnRequest> = requests.iter().map(|r| &**r).collect();
+        spawn_all(py, &requests)?
             .into_iter()
             .map(|outcome| match outcome {
                 Ok(process) => Ok(Py::new(py, process)?.into_any()),
@@ -259,7 +297,7 @@ mod linux {
         if pid <= 0 {
             return Err(PyValueError::new_err(format!("kill_process_tree: invalid pid {pid}")));
         }
-        py.detach(|| killtree::kill_process_tree(pid)).map_err(|e| PyOSError::new_err(format!("kill_process_tree({pid}): {e}")))
+        py.detach(|| killtree::kill_process_tree(pid)).map_err(ProcessError::into_pyerr)
     }
 
     /// Waits until any of `fds` is readable (or hung up), or `timeout`
@@ -282,12 +320,21 @@ mod linux {
         supervisor::set_guardian_command(argv);
     }
 
-    /// Has this process's guardian unlink `path` once this process is gone,
-    /// however it ends (SIGKILL included), if it still names the same file.
+    /// Has this process's guardian remove `path` (a file, or a directory
+    /// by the rule in docs/process-core.md) once this process is gone,
+    /// however it ends (SIGKILL included), if it still names the same inode.
+    /// Returns once the guardian has acknowledged. A missing path raises
+    /// FileNotFoundError naming it.
     #[pyfunction]
     pub fn remove_on_exit(py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
-        let program = path.to_string_lossy().into_owned();
-        py.detach(|| supervisor::remove_on_exit(&path)).map_err(|e| spawn_error(e, &program))
+        py.detach(|| supervisor::remove_on_exit(&path)).map_err(IntoPyErr::into_pyerr)
+    }
+
+    /// Undoes `remove_on_exit(path)`, for a caller that removes the path
+    /// itself; a no-op if it was never registered.
+    #[pyfunction]
+    pub fn cancel_remove_on_exit(py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        py.detach(|| supervisor::cancel_remove_on_exit(&path)).map_err(IntoPyErr::into_pyerr)
     }
 
     /// Pid of this process's guardian, or None before the first spawn.
@@ -305,6 +352,7 @@ mod linux {
 
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<PyProcess>()?;
+        m.add_class::<SpawnRequest>()?;
         m.add_function(wrap_pyfunction!(spawn, m)?)?;
         m.add_function(wrap_pyfunction!(spawn_many, m)?)?;
         m.add_function(wrap_pyfunction!(kill_process_tree, m)?)?;
@@ -312,6 +360,7 @@ mod linux {
         m.add_function(wrap_pyfunction!(set_guardian_command, m)?)?;
         m.add_function(wrap_pyfunction!(guardian_pid, m)?)?;
         m.add_function(wrap_pyfunction!(remove_on_exit, m)?)?;
+        m.add_function(wrap_pyfunction!(cancel_remove_on_exit, m)?)?;
         m.add_function(wrap_pyfunction!(guardian_main, m)?)?;
         m.add("SUPPORTED", true)?;
         Ok(())
@@ -335,7 +384,18 @@ mod other {
 
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let f = wrap_pyfunction!(unsupported, m)?;
-        for name in ["spawn", "spawn_many", "kill_process_tree", "wait_fds", "set_guardian_command", "guardian_pid", "guardian_main", "remove_on_exit"] {
+        for name in [
+            "spawn",
+            "spawn_many",
+            "SpawnRequest",
+            "kill_process_tree",
+            "wait_fds",
+            "set_guardian_command",
+            "guardian_pid",
+            "guardian_main",
+            "remove_on_exit",
+            "cancel_remove_on_exit",
+        ] {
             m.add(name, &f)?;
         }
         m.add("SUPPORTED", false)?;

@@ -1,17 +1,18 @@
 //! The supervising side: starts this process's guardian on first use, sends it
 //! spawn requests and collects the exit statuses it reports.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
-use crate::error::SpawnError;
+use crate::error::{GuardianError, RegisterError, SpawnError};
 use crate::process::ChildProcess;
 use crate::sys;
 use crate::wire::{self, Reply, Request};
@@ -22,6 +23,9 @@ const GUARDIAN_CTRL_FD: RawFd = 3;
 const GUARDIAN_START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long to wait for the guardian's report once a child has exited.
 const EXIT_REPORT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the guardian may take to acknowledge a (cancelled) registration:
+/// it answers at once, so only a starved machine comes near this.
+const ACK_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What to run to start a guardian; the control fd number and this
 /// process's pid are appended as the last two arguments.
@@ -58,6 +62,8 @@ struct Guardian {
     exits: HashMap<u64, Option<i32>>,
     /// Spawn id -> outcome of a request sent but not yet claimed.
     outcomes: HashMap<u64, Result<(libc::pid_t, OwnedFd), SpawnError>>,
+    /// Ids of registrations acknowledged but not yet claimed.
+    acks: HashSet<u64>,
     /// Set once the guardian is gone: every unreported child counts as killed.
     dead: bool,
 }
@@ -68,12 +74,12 @@ fn this_pid() -> libc::pid_t {
 }
 
 impl Guardian {
-    fn start() -> io::Result<Guardian> {
+    fn start() -> Result<Guardian, GuardianError> {
         let command = GUARDIAN_COMMAND.lock().unwrap().clone();
         if command.is_empty() {
-            return Err(io::Error::other("no guardian command configured (vllm_rs._core.set_guardian_command)"));
+            return Err(GuardianError::NotConfigured);
         }
-        let (ours, theirs) = UnixStream::pair()?;
+        let (ours, theirs) = UnixStream::pair().map_err(GuardianError::Start)?;
         let owner = this_pid();
         let (tx, rx) = mpsc::channel();
         // The guardian's parent-death signal fires when the *thread* that
@@ -108,17 +114,29 @@ impl Guardian {
             loop {
                 std::thread::park();
             }
-        })?;
-        let pid = rx.recv().map_err(|_| io::Error::other("guardian launcher thread died"))??;
-        let mut guardian =
-            Guardian { owner, pid, sock: ours, next_id: 1, exits: HashMap::new(), outcomes: HashMap::new(), dead: false };
+        })
+        .map_err(GuardianError::Start)?;
+        let pid = rx
+            .recv()
+            .map_err(|_| GuardianError::Start(io::Error::other("the guardian launcher thread died")))?
+            .map_err(GuardianError::Start)?;
+        let mut guardian = Guardian {
+            owner,
+            pid,
+            sock: ours,
+            next_id: 1,
+            exits: HashMap::new(),
+            outcomes: HashMap::new(),
+            acks: HashSet::new(),
+            dead: false,
+        };
         match guardian.read_reply(Some(GUARDIAN_START_TIMEOUT))? {
             Some((Reply::Ready { .. }, _)) => Ok(guardian),
-            Some((other, _)) => Err(io::Error::other(format!("guardian sent {other:?} before it was ready"))),
-            None => {
-                guardian.mark_dead();
-                Err(io::Error::other("the guardian process exited during start-up"))
+            Some((other, _)) => {
+                Err(GuardianError::Io(io::Error::other(format!("guardian sent {other:?} before it was ready"))))
             }
+            None if guardian.dead => Err(GuardianError::ExitedDuringStartup),
+            None => Err(GuardianError::NoAnswer(GUARDIAN_START_TIMEOUT)),
         }
     }
 
@@ -154,13 +172,16 @@ impl Guardian {
                     .into_iter()
                     .next()
                     .map(|pidfd| (pid, pidfd))
-                    .ok_or_else(|| SpawnError::Guardian(io::Error::other("guardian sent no pid fd")));
+                    .ok_or_else(|| SpawnError::Guardian(io::Error::other("guardian sent no pid fd").into()));
                 self.outcomes.insert(id, outcome);
                 return Ok(Some((reply, Vec::new())));
             }
             Reply::Failed { id, errno, stage, detail } => {
                 self.exits.remove(&id);
-                self.outcomes.insert(id, Err(SpawnError::Failed { errno, stage, detail }));
+                self.outcomes.insert(id, Err(SpawnError::Failed { path: None, errno, stage, detail }));
+            }
+            Reply::Acknowledged { id } => {
+                self.acks.insert(id);
             }
             Reply::Ready { .. } => {}
         }
@@ -182,7 +203,7 @@ impl Guardian {
         self.exits.insert(*id, None);
         wire::send(&self.sock, &request.encode(), fds).map_err(|err| {
             self.exits.remove(id);
-            SpawnError::Guardian(err)
+            SpawnError::Guardian(err.into())
         })
     }
 
@@ -197,26 +218,49 @@ impl Guardian {
                 Ok(Some(_)) => continue,
                 Ok(None) => {
                     self.exits.remove(&id);
-                    return Err(SpawnError::Guardian(io::Error::other("the guardian process died")));
+                    return Err(SpawnError::Guardian(GuardianError::Died));
                 }
                 Err(err) => {
                     self.exits.remove(&id);
-                    return Err(SpawnError::Guardian(err));
+                    return Err(SpawnError::Guardian(err.into()));
                 }
             }
         }
     }
+
+    /// Sends a registration request and waits until the guardian has acted on it.
+    fn request_acknowledged(&mut self, request: &Request, id: u64) -> Result<(), GuardianError> {
+        wire::send(&self.sock, &request.encode(), &[])?;
+        let deadline = std::time::Instant::now() + ACK_TIMEOUT;
+        while !self.acks.remove(&id) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if self.read_reply(Some(left))?.is_none() {
+                return Err(if self.dead { GuardianError::Died } else { GuardianError::NoAnswer(ACK_TIMEOUT) });
+            }
+        }
+        Ok(())
+    }
+
+    fn take_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
 }
 
-fn with_guardian<T>(f: impl FnOnce(&mut Guardian) -> Result<T, SpawnError>) -> Result<T, SpawnError> {
-    let mut slot = GUARDIAN.lock().unwrap_or_else(|p| p.into_inner());
-    let stale = match slot.as_ref() {
+/// True when `slot` holds no guardian this process can use: none yet, a dead
+/// one, or (after a fork) the parent's.
+fn is_stale(slot: &Option<Guardian>) -> bool {
+    match slot {
         None => true,
-        // After a fork the inherited guardian belongs to the parent.
         Some(g) => g.owner != this_pid() || g.dead,
-    };
-    if stale {
-        *slot = Some(Guardian::start().map_err(SpawnError::Guardian)?);
+    }
+}
+
+fn with_guardian<T, E: From<GuardianError>>(f: impl FnOnce(&mut Guardian) -> Result<T, E>) -> Result<T, E> {
+    let mut slot = GUARDIAN.lock().unwrap_or_else(|p| p.into_inner());
+    if is_stale(&slot) {
+        *slot = Some(Guardian::start()?);
     }
     f(slot.as_mut().unwrap())
 }
@@ -245,6 +289,7 @@ fn resolve_program(spec: &SpawnSpec) -> Result<OsString, SpawnError> {
         denied |= candidate.is_file();
     }
     Err(SpawnError::Failed {
+        path: Some(name.clone()),
         errno: if denied { libc::EACCES } else { libc::ENOENT },
         stage: wire::FailStage::Exec,
         detail: -1,
@@ -291,8 +336,11 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, SpawnError> {
         }
     }
     if let Some(cwd) = &spec.cwd {
-        if !std::path::Path::new(cwd).is_dir() {
-            return Err(SpawnError::BadCwd(cwd.clone()));
+        let not_dir = || io::Error::from_raw_os_error(libc::ENOTDIR);
+        match std::fs::metadata(cwd) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return Err(SpawnError::BadCwd { path: cwd.clone(), source: not_dir() }),
+            Err(source) => return Err(SpawnError::BadCwd { path: cwd.clone(), source }),
         }
     }
     let mut targets: Vec<RawFd> = (0..3).filter(|fd| !spec.pass_fds.contains(fd) && sys::fd_is_open(*fd)).collect();
@@ -347,8 +395,7 @@ pub fn spawn_many(specs: &[SpawnSpec]) -> Vec<Result<ChildProcess, SpawnError>> 
                 let next = in_flight.pop_front().unwrap();
                 claim(g, next, &mut done);
             }
-            let id = g.next_id;
-            g.next_id += 1;
+            let id = g.take_id();
             let request = Request::Spawn {
                 id,
                 program: prepared.program,
@@ -374,26 +421,88 @@ pub fn spawn_many(specs: &[SpawnSpec]) -> Vec<Result<ChildProcess, SpawnError>> 
             }
         }
         Err(err) => {
-            let message = err.to_string();
             for slot in outcomes.iter_mut().filter(|o| o.is_none()) {
-                *slot = Some(Err(SpawnError::Guardian(io::Error::other(message.clone()))));
+                *slot = Some(Err(SpawnError::Guardian(replicate(&err))));
             }
         }
     }
-    outcomes.into_iter().map(|o| o.expect("every spec has an outcome")).collect()
+    outcomes
+        .into_iter()
+        .zip(specs)
+        .map(|(outcome, spec)| outcome.expect("every spec has an outcome").map_err(|err| name_failure(err, spec)))
+        .collect()
 }
 
-/// Has the guardian unlink `path` once this process is gone, however it
-/// ends (SIGKILL included), provided the path still names the same file.
-pub fn remove_on_exit(path: &std::path::Path) -> Result<(), SpawnError> {
+/// Fills in what a failure reported by the guardian was about.
+fn name_failure(err: SpawnError, spec: &SpawnSpec) -> SpawnError {
+    match err {
+        SpawnError::Failed { path: None, errno, stage, detail } => {
+            let path = match stage {
+                wire::FailStage::Exec => spec.argv.first().cloned(),
+                wire::FailStage::Chdir => spec.cwd.clone(),
+                wire::FailStage::Fd | wire::FailStage::Fork => None,
+            };
+            SpawnError::Failed { path, errno, stage, detail }
+        }
+        other => other,
+    }
+}
+
+/// The same guardian failure again, for each spawn it stopped.
+fn replicate(err: &GuardianError) -> GuardianError {
+    let io_again = |e: &io::Error| match e.raw_os_error() {
+        Some(errno) => io::Error::from_raw_os_error(errno),
+        None => io::Error::new(e.kind(), e.to_string()),
+    };
+    match err {
+        GuardianError::NotConfigured => GuardianError::NotConfigured,
+        GuardianError::Start(e) => GuardianError::Start(io_again(e)),
+        GuardianError::ExitedDuringStartup => GuardianError::ExitedDuringStartup,
+        GuardianError::Died => GuardianError::Died,
+        GuardianError::Io(e) => GuardianError::Io(io_again(e)),
+        GuardianError::NoAnswer(after) => GuardianError::NoAnswer(*after),
+    }
+}
+
+/// `path` made absolute (not resolved: symlinks on the way stay as they are).
+fn absolute(path: &Path) -> Result<PathBuf, RegisterError> {
+    std::path::absolute(path).map_err(|source| RegisterError::Path { path: path.to_path_buf(), source })
+}
+
+/// Has the guardian remove `path` once this process is gone, however it ends
+/// (SIGKILL included), provided the path still names the same file or
+/// directory then; see [`crate::removal`] for what happens to a directory.
+/// Returns once the guardian has acknowledged the registration, so a SIGKILL
+/// right after this returns still removes the path.
+pub fn remove_on_exit(path: &Path) -> Result<(), RegisterError> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::symlink_metadata(path).map_err(|err| {
-        SpawnError::InvalidArgument(format!("cannot remove {} on exit: {err}", path.display()))
-    })?;
-    let path = std::path::absolute(path).map_err(SpawnError::Guardian)?;
-    let request = Request::RemoveOnExit { path: path.as_os_str().as_bytes().to_vec(), dev: meta.dev(), ino: meta.ino() };
-    with_guardian(|g| wire::send(&g.sock, &request.encode(), &[]).map_err(SpawnError::Guardian))
+    let meta =
+        std::fs::symlink_metadata(path).map_err(|source| RegisterError::Path { path: path.to_path_buf(), source })?;
+    let path = absolute(path)?;
+    with_guardian(|g| {
+        let id = g.take_id();
+        let path = path.as_os_str().as_bytes().to_vec();
+        let file_type = meta.mode() & libc::S_IFMT;
+        let request = Request::RemoveOnExit { id, path, dev: meta.dev(), ino: meta.ino(), file_type };
+        Ok(g.request_acknowledged(&request, id)?)
+    })
+}
+
+/// Undoes [`remove_on_exit`] for `path` (for a caller that removes the path
+/// itself on a clean exit). A no-op when this process has no guardian (then
+/// nothing is registered); returns once the guardian has acknowledged.
+pub fn cancel_remove_on_exit(path: &Path) -> Result<(), RegisterError> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = absolute(path)?;
+    let mut slot = GUARDIAN.lock().unwrap_or_else(|p| p.into_inner());
+    if is_stale(&slot) {
+        return Ok(());
+    }
+    let g = slot.as_mut().unwrap();
+    let id = g.take_id();
+    let request = Request::CancelRemoveOnExit { id, path: path.as_os_str().as_bytes().to_vec() };
+    Ok(g.request_acknowledged(&request, id)?)
 }
 
 /// Raw wait status of spawn `id`, which has exited (its pid fd is readable).

@@ -24,9 +24,14 @@ pub enum Request {
         cwd: Option<Vec<u8>>,
         fd_targets: Vec<RawFd>,
     },
-    /// When the supervisor is gone, unlink `path` if it is still the file
-    /// with this device and inode (a socket file the supervisor created).
-    RemoveOnExit { path: Vec<u8>, dev: u64, ino: u64 },
+    /// When the supervisor is gone, remove `path` if it is still the file or
+    /// directory with this device, inode and file type (`st_mode & S_IFMT`;
+    /// see [`crate::removal`]). Answered with [`Reply::Acknowledged`] once
+    /// registered.
+    RemoveOnExit { id: u64, path: Vec<u8>, dev: u64, ino: u64, file_type: u32 },
+    /// Forget every registration of `path` (the supervisor removed it
+    /// itself). Answered with [`Reply::Acknowledged`].
+    CancelRemoveOnExit { id: u64, path: Vec<u8> },
 }
 
 /// Where a spawn failed, as reported back to the supervisor.
@@ -64,6 +69,8 @@ pub enum Reply {
     Failed { id: u64, errno: i32, stage: FailStage, detail: i32 },
     /// Child `id` was reaped with this raw wait status.
     Exited { id: u64, status: i32 },
+    /// Request `id` (a registration or its cancellation) has taken effect.
+    Acknowledged { id: u64 },
 }
 
 struct Writer(Vec<u8>);
@@ -153,11 +160,18 @@ impl Request {
                     w.i32(*fd);
                 }
             }
-            Request::RemoveOnExit { path, dev, ino } => {
+            Request::RemoveOnExit { id, path, dev, ino, file_type } => {
                 w.u8(2);
+                w.u64(*id);
                 w.bytes(path);
                 w.u64(*dev);
                 w.u64(*ino);
+                w.u32(*file_type);
+            }
+            Request::CancelRemoveOnExit { id, path } => {
+                w.u8(3);
+                w.u64(*id);
+                w.bytes(path);
             }
         }
         w.0
@@ -177,7 +191,14 @@ impl Request {
                 let fd_targets = (0..n).map(|_| r.i32()).collect::<io::Result<_>>()?;
                 Ok(Request::Spawn { id, program, argv, env, cwd, fd_targets })
             }
-            2 => Ok(Request::RemoveOnExit { path: r.bytes()?, dev: r.u64()?, ino: r.u64()? }),
+            2 => Ok(Request::RemoveOnExit {
+                id: r.u64()?,
+                path: r.bytes()?,
+                dev: r.u64()?,
+                ino: r.u64()?,
+                file_type: r.u32()?,
+            }),
+            3 => Ok(Request::CancelRemoveOnExit { id: r.u64()?, path: r.bytes()? }),
             kind => Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("unknown guardian request kind {kind}"),
@@ -212,6 +233,10 @@ impl Reply {
                 w.u64(*id);
                 w.i32(*status);
             }
+            Reply::Acknowledged { id } => {
+                w.u8(5);
+                w.u64(*id);
+            }
         }
         w.0
     }
@@ -229,6 +254,7 @@ impl Reply {
                 detail: r.i32()?,
             },
             4 => Reply::Exited { id: r.u64()?, status: r.i32()? },
+            5 => Reply::Acknowledged { id: r.u64()? },
             kind => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -373,19 +399,29 @@ mod tests {
             }
             other => panic!("decoded {other:?}"),
         }
-        let req = Request::RemoveOnExit { path: b"/tmp/s".to_vec(), dev: 3, ino: 99 };
+        let req = Request::RemoveOnExit { id: 8, path: b"/tmp/s".to_vec(), dev: 3, ino: 99, file_type: 0o140000 };
         match Request::decode(&req.encode()).unwrap() {
-            Request::RemoveOnExit { path, dev, ino } => assert_eq!((path, dev, ino), (b"/tmp/s".to_vec(), 3, 99)),
+            Request::RemoveOnExit { id, path, dev, ino, file_type } => {
+                assert_eq!((id, path, dev, ino, file_type), (8, b"/tmp/s".to_vec(), 3, 99, 0o140000))
+            }
+            other => panic!("decoded {other:?}"),
+        }
+        let req = Request::CancelRemoveOnExit { id: 9, path: b"/tmp/d".to_vec() };
+        match Request::decode(&req.encode()).unwrap() {
+            Request::CancelRemoveOnExit { id, path } => assert_eq!((id, path), (9, b"/tmp/d".to_vec())),
             other => panic!("decoded {other:?}"),
         }
     }
 
     #[test]
     fn truncated_reply_is_an_error_not_a_panic() {
-        let body = Reply::Exited { id: 1, status: 0 }.encode();
-        for cut in 0..body.len() {
-            assert!(Reply::decode(&body[..cut]).is_err(), "cut at {cut}");
+        for reply in [Reply::Exited { id: 1, status: 0 }, Reply::Acknowledged { id: 2 }] {
+            let body = reply.encode();
+            for cut in 0..body.len() {
+                assert!(Reply::decode(&body[..cut]).is_err(), "cut at {cut} of {reply:?}");
+            }
         }
+        assert!(matches!(Reply::decode(&Reply::Acknowledged { id: 5 }.encode()), Ok(Reply::Acknowledged { id: 5 })));
     }
 
     #[test]

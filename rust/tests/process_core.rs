@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
-use _core::{kill_process_tree, spawn, ExitStatus, SpawnError, SpawnSpec};
+use _core::{kill_process_tree, spawn, ExitStatus, RegisterError, SpawnError, SpawnSpec};
 
 fn setup() {
     static ONCE: Once = Once::new();
@@ -60,9 +60,31 @@ fn passed_fds_arrive_at_the_same_number() {
 fn exec_and_fd_failures_are_errors_that_say_what() {
     setup();
     match spawn(&spec(&["/definitely/not/here"])) {
-        Err(SpawnError::Failed { errno, .. }) => assert_eq!(errno, libc::ENOENT),
+        Err(SpawnError::Failed { errno, path, .. }) => {
+            assert_eq!((errno, path), (libc::ENOENT, Some(OsString::from("/definitely/not/here"))))
+        }
         other => panic!("expected ENOENT, got {other:?}"),
     }
+    let mut nowhere = spec(&["true"]);
+    nowhere.cwd = Some("/definitely/not/here".into());
+    match spawn(&nowhere) {
+        Err(SpawnError::BadCwd { path, source }) => {
+            assert_eq!((path.to_str(), source.raw_os_error()), (Some("/definitely/not/here"), Some(libc::ENOENT)))
+        }
+        other => panic!("expected a missing cwd, got {other:?}"),
+    }
+    match _core::supervisor::remove_on_exit(std::path::Path::new("/definitely/not/here")) {
+        Err(RegisterError::Path { path, source }) => {
+            assert_eq!((path.to_str(), source.raw_os_error()), (Some("/definitely/not/here"), Some(libc::ENOENT)))
+        }
+        other => panic!("expected a missing path, got {other:?}"),
+    }
+    let sleeper = spawn(&spec(&["sleep", "100"])).unwrap();
+    let err = sleeper.signal(1000).unwrap_err();
+    assert_eq!((err.pid, err.source.raw_os_error()), (sleeper.pid(), Some(libc::EINVAL)));
+    assert!(err.to_string().contains(&format!("process {}", sleeper.pid())), "{err}");
+    sleeper.signal(libc::SIGKILL).unwrap();
+    sleeper.wait(Some(Duration::from_secs(10)), no_interrupt).unwrap();
     let mut bad = spec(&["true"]);
     bad.pass_fds = vec![999];
     let err = spawn(&bad).unwrap_err();

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -60,8 +60,16 @@ def _api_error(request: Request, exc: Exception) -> Response:
 
 
 def _unexpected(request: Request, exc: Exception) -> Response:
+    # The details go to the log only: clients never see internal text.
     logger.exception("unexpected error in %s %s", request.method, request.url.path, exc_info=exc)
-    return ApiError(500, f"internal error: {exc}").response()
+    return ApiError(500, "internal server error").response()
+
+
+def _client_gone(request: Request, exc: Exception) -> Response:
+    # Nobody reads this answer: the client left, or its body timed out and
+    # the connection already got a 408.
+    logger.debug("client disconnected during %s %s", request.method, request.url.path)
+    return ApiError(400, "the client disconnected").response()
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -84,6 +92,7 @@ def build_app(state: ServerState) -> FastAPI:
         app.add_route(path, handler, methods=[method], include_in_schema=False)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected)
     if state.settings.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=state.settings.api_keys)

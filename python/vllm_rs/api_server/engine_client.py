@@ -1,7 +1,13 @@
 """The Python API server's side of the engine-core protocol, on asyncio: adopt
 the input (ROUTER) and output (PULL) listeners, wait for the engines to
 register, send ADD/ABORT/UTILITY, route outputs to the waiting requests,
-least-loaded balancing, and failing everything when an engine dies."""
+least-loaded balancing, and failing everything when an engine dies.
+
+Engines are not trusted blindly: every socket refuses messages larger than
+`max_engine_message_bytes` (libzmq drops that connection), a malformed output
+message is dropped and fails only the requests it names, a request never gets
+more tokens than its `max_tokens`, and an engine with requests in flight that
+stays silent for `engine_stall_timeout_s` is marked hung."""
 
 from __future__ import annotations
 
@@ -15,6 +21,9 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from vllm_rs.api_server.engine_outputs import EngineOutputError, decode_engine_message
+from vllm_rs.api_server.limits import ServerLimits
+from vllm_rs.api_server.throttled_log import ThrottledWarning
 from vllm_rs.engine.protocol import (
     REQUEST_ABORT,
     REQUEST_ADD,
@@ -24,7 +33,6 @@ from vllm_rs.engine.protocol import (
     FinishReason,
     ProtocolError,
     Registration,
-    decode_outputs,
     decode_registration,
     encode_abort,
     encode_add,
@@ -60,9 +68,11 @@ class Output:
 
 @dataclass
 class Failed:
-    """The request failed outside the engine's control."""
+    """The request failed outside the engine's control; `status` is the HTTP
+    status it is answered with (503 when the engine is hung)."""
 
     reason: str
+    status: int = 500
 
 
 @dataclass
@@ -85,6 +95,8 @@ class EngineLoad:
 @dataclass
 class _InFlight:
     engine: int
+    max_tokens: int | None
+    delivered: int = 0
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
@@ -124,10 +136,25 @@ class RequestStream:
 class EngineClient:
     """This API server's connection to engines `start .. start+count-1`."""
 
-    def __init__(self, input_listener: ZmqListener, output_listener: ZmqListener, start: int, count: int, client_index: int):
+    def __init__(
+        self,
+        input_listener: ZmqListener,
+        output_listener: ZmqListener,
+        start: int,
+        count: int,
+        client_index: int,
+        limits: ServerLimits | None = None,
+    ):
+        self.limits = limits or ServerLimits()
         self.ctx = zmq.asyncio.Context()
+        # Context-level defaults apply to every socket made below, before it
+        # binds, so no connection is ever accepted without the size limit.
+        self.ctx.setsockopt(zmq.MAXMSGSIZE, self.limits.max_engine_message_bytes)
         self.router = make_zmq_socket(self.ctx, input_listener.address, zmq.ROUTER, linger=0, listener=input_listener)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # Without handover a second connection claiming a connected engine's
+        # identity is refused by libzmq instead of taking over its routing.
+        self.router.setsockopt(zmq.ROUTER_HANDOVER, 0)
         # Sends go through a blocking view of the same socket, so that a failed
         # send raises here instead of landing in a Future nobody awaits.
         self._router_sender = zmq.Socket.shadow(self.router.underlying)
@@ -138,11 +165,16 @@ class EngineClient:
         self.loads = [EngineLoad() for _ in range(count)]
         self.failure: str | None = None
         self.stopping = False
+        self.hung: set[int] = set()
+        self._quiet_since = [time.monotonic()] * count
+        self._probing: set[int] = set()
         self._requests: dict[str, _InFlight] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count(1)
         self._tie_break = itertools.count()
-        self._output_task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._warn_malformed = ThrottledWarning(logger)
+        self._warn_unexpected_input = ThrottledWarning(logger)
 
     # ---- start-up ----
 
@@ -174,7 +206,14 @@ class EngineClient:
             except (ProtocolError, ValueError, msgpack.UnpackException) as e:
                 raise RegistrationError(f"engine {index} sent a bad registration: {e}") from None
             logger.info("engine %d registered (%d/%d)", index, len(registered), self.count)
-        self._output_task = asyncio.get_running_loop().create_task(self._receive_outputs())
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        self._quiet_since = [now] * self.count
+        self._tasks = [
+            loop.create_task(self._receive_outputs()),
+            loop.create_task(self._discard_input_messages()),
+            loop.create_task(self._watch_for_stalls()),
+        ]
         return [registered[i] for i in sorted(registered)]
 
     # ---- requests ----
@@ -188,8 +227,20 @@ class EngineClient:
         """The engines this server talks to."""
         return range(self.start, self.start + self.count)
 
+    @property
+    def unhealthy(self) -> str | None:
+        """Why the engines are not usable (dead, or some hung), else None."""
+        if self.failure is not None:
+            return self.failure
+        if self.hung:
+            hung = ", ".join(str(i) for i in sorted(self.hung))
+            return f"engine(s) {hung} not responding: nothing received for {self.limits.engine_stall_timeout_s:g}s"
+        return None
+
     def submit(self, request: EngineCoreRequest, pinned_rank: int | None) -> RequestStream:
-        """Sends `request` to engine `pinned_rank`, else the least loaded one."""
+        """Sends `request` to engine `pinned_rank`, else the least loaded one
+        (one that is not hung while there is one); raises
+        EngineUnavailableError when the engines are dead or that one is hung."""
         if self.failure is not None:
             raise EngineUnavailableError(self.failure)
         if self.stopping:
@@ -203,11 +254,22 @@ class EngineClient:
             engine = pinned_rank
         else:
             engine = self.start + self._least_loaded()
+        if engine in self.hung:
+            # Only when every engine is hung, or this one was asked for: the
+            # request would wait for the stall timeout just to fail.
+            raise EngineUnavailableError(
+                f"engine {engine} is not responding: nothing received for {self.limits.engine_stall_timeout_s:g}s"
+            )
         request.data_parallel_rank = pinned_rank
         request.client_index = self.client_index
-        entry = _InFlight(engine)
+        max_tokens = request.sampling_params.get("max_tokens")
+        entry = _InFlight(engine, max_tokens if isinstance(max_tokens, int) else None)
         self._requests[request.request_id] = entry
-        self.loads[engine - self.start].inflight += 1
+        load = self.loads[engine - self.start]
+        if load.inflight == 0:
+            # The stall clock of an idle engine starts with its first request.
+            self._quiet_since[engine - self.start] = time.monotonic()
+        load.inflight += 1
         if not self._send(engine, REQUEST_ADD, encode_add(request)):
             self._finish(request.request_id, Failed(f"cannot send to engine {engine}"))
         return RequestStream(self, request.request_id, engine, entry.queue)
@@ -219,12 +281,15 @@ class EngineClient:
             self.loads[entry.engine - self.start].inflight -= 1
             self._send(entry.engine, REQUEST_ABORT, encode_abort([request_id]))
 
-    def abort_all(self, reason: str) -> None:
-        """Fails every request in flight with `reason` and aborts it."""
+    def abort_all(self, reason: str, status: int = 500) -> None:
+        """Fails every request in flight with `reason` (answered with HTTP
+        `status`) and aborts it."""
         for request_id in list(self._requests):
-            engine = self._requests[request_id].engine
-            self._finish(request_id, Failed(reason))
-            self._send(engine, REQUEST_ABORT, encode_abort([request_id]))
+            entry = self._requests.get(request_id)
+            if entry is None:
+                continue  # failed meanwhile: a refused send fails its engine's requests
+            self._finish(request_id, Failed(reason, status))
+            self._send(entry.engine, REQUEST_ABORT, encode_abort([request_id]))
 
     async def call_utility(self, engine: int, method: str, args: list[Any], timeout: float) -> Any:
         """Calls `method(*args)` on `engine`; raises EngineUnavailableError with
@@ -246,12 +311,9 @@ class EngineClient:
     async def close(self) -> None:
         """Stops receiving and closes the sockets."""
         self.stopping = True
-        if self._output_task is not None:
-            self._output_task.cancel()
-            try:
-                await self._output_task
-            except asyncio.CancelledError:
-                pass
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self.router.close(linger=0)
         self.pull.close(linger=0)
         self.ctx.term()
@@ -261,7 +323,8 @@ class EngineClient:
     def _least_loaded(self) -> int:
         offset = next(self._tie_break) % self.count
         slots = [(i + offset) % self.count for i in range(self.count)]
-        return min(slots, key=lambda slot: self.loads[slot].score())
+        # A hung engine gets requests only when every engine is hung.
+        return min(slots, key=lambda slot: (self.start + slot in self.hung, self.loads[slot].score()))
 
     def _send(self, engine: int, kind: bytes, payload: bytes) -> bool:
         try:
@@ -269,7 +332,15 @@ class EngineClient:
             return True
         except zmq.ZMQError as e:
             logger.warning("cannot send to engine %d: %s", engine, e)
+            if e.errno == zmq.EHOSTUNREACH:
+                self._fail_engine_requests(engine, f"cannot send to engine {engine}: it is not connected")
             return False
+
+    def _fail_engine_requests(self, engine: int, reason: str) -> None:
+        """The engine's own connection is gone (ROUTER_MANDATORY refused a
+        send): nothing it had in flight can be answered any more."""
+        for request_id in [r for r, entry in self._requests.items() if entry.engine == engine]:
+            self._finish(request_id, Failed(reason))
 
     def _finish(self, request_id: str, event: Output | Failed) -> None:
         entry = self._requests.pop(request_id, None)
@@ -290,21 +361,85 @@ class EngineClient:
 
     async def _receive_outputs(self) -> None:
         while True:
-            frames = await self.pull.recv_multipart()
+            # copy=False: the message is read straight from libzmq's buffer,
+            # never copied whole into a bytes object first.
+            frames = await self.pull.recv_multipart(copy=False)
             try:
-                message = decode_outputs(frames)
-            except ProtocolError as e:
-                self.fail_all(f"engine protocol error: {e}; requests in flight were failed")
+                message = decode_engine_message([frame.buffer for frame in frames])
+            except EngineOutputError as e:
+                self._drop_malformed(e)
                 continue
-            except (ValueError, TypeError, msgpack.UnpackException) as e:
-                logger.warning("skipping a malformed engine message: %s", e)
-                continue
+            finally:
+                del frames
             if message is None:
                 self.fail_all("engine core died (ENGINE_CORE_DEAD); requests in flight were failed")
-            elif message.utility_output is not None:
+                continue
+            self._heard_from(message.engine_index)
+            if message.utility_output is not None:
                 self._dispatch_utility(message)
             else:
                 self._dispatch_batch(message)
+
+    def _drop_malformed(self, error: EngineOutputError) -> None:
+        """Fails only the requests a malformed message named."""
+        named = [r for r in error.request_ids if r in self._requests]
+        self._warn_malformed("dropping a malformed engine message (%s); failing %d request(s) it named", error, len(named))
+        for request_id in named:
+            entry = self._requests.get(request_id)
+            if entry is None:
+                continue  # failed meanwhile: a refused send fails its engine's requests
+            self._finish(request_id, Failed(f"engine {entry.engine} sent a malformed output for this request"))
+            self._send(entry.engine, REQUEST_ABORT, encode_abort([request_id]))
+
+    async def _discard_input_messages(self) -> None:
+        """Engines send nothing on the input socket after registering; reading
+        and dropping whatever comes keeps it from piling up in memory."""
+        while True:
+            frames = await self.router.recv_multipart(copy=False)
+            self._warn_unexpected_input("dropping an unexpected %d-frame message on the engine input socket", len(frames))
+            del frames
+
+    def _heard_from(self, engine: int) -> None:
+        slot = engine - self.start
+        if not 0 <= slot < self.count:
+            return
+        self._quiet_since[slot] = time.monotonic()
+        self._probing.discard(engine)
+        if engine in self.hung:
+            self.hung.discard(engine)
+            logger.info("engine %d is answering again", engine)
+
+    async def _watch_for_stalls(self) -> None:
+        """Marks engines hung (and fails their requests with 503) when they
+        have requests in flight and sent nothing for the stall timeout."""
+        timeout = self.limits.engine_stall_timeout_s
+        while True:
+            await asyncio.sleep(min(timeout / 4, 1.0))
+            now = time.monotonic()
+            for slot, load in enumerate(self.loads):
+                engine = self.start + slot
+                if engine in self.hung:
+                    self._probe(engine)
+                elif load.inflight and now - self._quiet_since[slot] > timeout:
+                    self._mark_hung(engine)
+
+    def _mark_hung(self, engine: int) -> None:
+        self.hung.add(engine)
+        reason = f"engine {engine} is not responding: nothing received for {self.limits.engine_stall_timeout_s:g}s"
+        stuck = [r for r, entry in self._requests.items() if entry.engine == engine]
+        logger.error("%s; failing its %d request(s) in flight", reason, len(stuck))
+        for request_id in stuck:
+            self._finish(request_id, Failed(reason, status=503))
+        if stuck:
+            self._send(engine, REQUEST_ABORT, encode_abort(stuck))
+        self._probe(engine)
+
+    def _probe(self, engine: int) -> None:
+        """One cheap utility call per hung episode: any answer clears it."""
+        if engine not in self._probing and self.failure is None:
+            call = encode_utility(self.client_index, next(self._call_ids), "is_sleeping", [])
+            if self._send(engine, REQUEST_UTILITY, call):
+                self._probing.add(engine)
 
     def _dispatch_utility(self, message: EngineCoreOutputs) -> None:
         reply = message.utility_output
@@ -319,21 +454,38 @@ class EngineClient:
     def _dispatch_batch(self, message: EngineCoreOutputs) -> None:
         stats = message.scheduler_stats
         slot = message.engine_index - self.start
-        if isinstance(stats, dict) and 0 <= slot < self.count:
+        if stats is not None and 0 <= slot < self.count:
             load = self.loads[slot]
-            load.running = int(stats.get("num_running_reqs") or 0)
-            load.waiting = int(stats.get("num_waiting_reqs") or 0)
+            load.running = stats["num_running_reqs"]
+            load.waiting = stats["num_waiting_reqs"]
             load.has_stats = True
         requests = self._requests
         for output in message.outputs:
             entry = requests.get(output.request_id)
             if entry is None:
-                continue  # aborted or failed already
+                continue  # unknown, aborted or failed already
             event = Output(output.new_token_ids, output.finish_reason, output.stop_reason)
-            if output.finish_reason is not None:
+            if entry.max_tokens is not None and entry.delivered + len(event.token_ids) >= entry.max_tokens:
+                event = self._cap_at_max_tokens(output.request_id, entry, event)
+            entry.delivered += len(event.token_ids)
+            if event.finish_reason is not None:
                 self._finish(output.request_id, event)
             else:
                 entry.queue.put_nowait(event)
         # Finished in the engine without a final output: end them as aborted.
         for request_id in message.finished_requests or ():
             self._finish(request_id, Output([], FinishReason.ABORT))
+
+    def _cap_at_max_tokens(self, request_id: str, entry: _InFlight, event: Output) -> Output:
+        """The request reached `max_tokens`: it ends here with LENGTH whatever
+        the engine says; an engine that would go on is told to abort."""
+        room = entry.max_tokens - entry.delivered
+        if len(event.token_ids) <= room and event.finish_reason is not None:
+            return event
+        if len(event.token_ids) > room:
+            logger.warning(
+                "engine %d sent %d token(s) past max_tokens=%d for %s: capped",
+                entry.engine, entry.delivered + len(event.token_ids) - entry.max_tokens, entry.max_tokens, request_id,
+            )  # fmt: skip
+        self._send(entry.engine, REQUEST_ABORT, encode_abort([request_id]))
+        return Output(event.token_ids[:room], FinishReason.LENGTH)

@@ -14,7 +14,9 @@ ERROR_TYPES = {
     401: "AuthenticationError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    408: "RequestTimeoutError",
     413: "RequestTooLargeError",
+    431: "RequestHeaderFieldsTooLargeError",
     503: "ServiceUnavailableError",
 }
 
@@ -48,7 +50,7 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.status}}
 
     def response(self) -> Response:
-        """The HTTP response (413 also closes the connection: the rest of the
-        body was never read)."""
-        headers = {"connection": "close"} if self.status == 413 else None
+        """The HTTP response (408 and 413 also close the connection: the rest
+        of the body was never read)."""
+        headers = {"connection": "close"} if self.status in (408, 413) else None
         return Response(dumps(self.body()), status_code=self.status, media_type="application/json", headers=headers)

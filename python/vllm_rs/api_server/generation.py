@@ -14,7 +14,12 @@ from vllm_rs.engine.protocol import FinishReason
 
 
 class GenerationError(RuntimeError):
-    """The generation failed after it started (engine ERROR, engine gone)."""
+    """The generation failed after it started (engine ERROR, engine gone or
+    hung); `status` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.status = status
 
 
 #: The message of a request the engine finished with ERROR.
@@ -71,7 +76,7 @@ class Generation:
             while event is not None:
                 if isinstance(event, Failed):
                     self._fail()
-                    raise GenerationError(event.reason)
+                    raise GenerationError(event.reason, event.status)
                 token_ids.extend(event.token_ids)
                 if event.finish_reason is not None:
                     finish = Finish(event.finish_reason, event.stop_reason)

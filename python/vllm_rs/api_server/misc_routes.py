@@ -12,10 +12,13 @@ from vllm_rs import __version__
 from vllm_rs.api_server.engine_client import EngineUnavailableError
 from vllm_rs.api_server.errors import ApiError
 from vllm_rs.api_server.openai_routes import json_response
+from vllm_rs.api_server.params import parse_decimal
 from vllm_rs.api_server.state import ServerState
 
 #: How long a utility call may take per engine (seconds).
 UTILITY_TIMEOUT_S = 60.0
+#: Highest `/sleep?level=` (vLLM knows levels 1 and 2).
+SLEEP_LEVEL_MAX = 9
 
 
 def _state(request: Request) -> ServerState:
@@ -23,8 +26,8 @@ def _state(request: Request) -> ServerState:
 
 
 async def health(request: Request) -> Response:
-    """200 while the engines are usable, 503 after one died."""
-    failure = _state(request).engines.failure
+    """200 while the engines are usable, 503 after one died or while one is hung."""
+    failure = _state(request).engines.unhealthy
     if failure is not None:
         raise ApiError(503, failure)
     return Response(status_code=200)
@@ -82,10 +85,10 @@ async def reset_prefix_cache(request: Request) -> Response:
 
 async def sleep(request: Request) -> Response:
     """`POST /sleep?level=N` (level 1 by default) on every engine."""
-    level = request.query_params.get("level", "1")
-    if not level.isdigit():
-        raise ApiError.invalid_param("level", "`level` must be a non-negative integer")
-    return await _call_all_engines(request, "sleep", [int(level)])
+    level = parse_decimal(request.query_params.get("level", "1"), SLEEP_LEVEL_MAX)
+    if level is None:
+        raise ApiError.invalid_param("level", f"`level` must be an integer from 0 to {SLEEP_LEVEL_MAX}")
+    return await _call_all_engines(request, "sleep", [level])
 
 
 async def wake_up(request: Request) -> Response:

@@ -11,8 +11,20 @@ from starlette.responses import Response
 
 from vllm_rs.api_server.errors import ApiError, dumps
 from vllm_rs.api_server.generation import GenerationError
-from vllm_rs.api_server.params import MAX_BODY_BYTES, CommonParams, Params, common_params, parse_json_object
-from vllm_rs.api_server.sse import ChatChunks, ChunkHeader, CompletionChunks, sse_response
+from vllm_rs.api_server.params import (
+    MAX_BODY_BYTES,
+    CommonParams,
+    Params,
+    common_params,
+    parse_decimal,
+    parse_json_object,
+)
+from vllm_rs.api_server.sse import (
+    ChatChunks,
+    ChunkHeader,
+    CompletionChunks,
+    sse_response,
+)
 from vllm_rs.api_server.state import ServerState
 from vllm_rs.api_server.submit import CHAT, COMPLETIONS, Submitted, check_model, submit
 from vllm_rs.api_server.tokenizer import ChatMessage
@@ -22,8 +34,8 @@ async def read_json_object(request: Request) -> dict[str, Any]:
     """The body as a JSON object; 413 past `MAX_BODY_BYTES`, 400 when not JSON."""
     too_large = ApiError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise too_large
+    if length is not None and parse_decimal(length, MAX_BODY_BYTES) is None:
+        raise too_large  # llhttp only lets digits through: this is a huge length
     chunks = []
     size = 0
     async for chunk in request.stream():
@@ -114,7 +126,7 @@ async def _answer(state: ServerState, submitted: Submitted, common: CommonParams
     try:
         text, finish = await generation.collect()
     except GenerationError as e:
-        raise ApiError(500, str(e)) from None
+        raise ApiError(e.status, str(e)) from None
     finally:
         generation.close()
     choice = {"index": 0, **shape.choice_field(text), "logprobs": None,

@@ -1,10 +1,14 @@
 """Request bodies: the JSON object (400 when not JSON or not an object) and
 typed parameter readers whose errors name the parameter, with the same rules
-and messages as the Rust frontend."""
+and messages as the Rust frontend. Every number that reaches an engine is
+range-checked here (finite floats, int32/int64 integers) and every list is
+bounded, so an engine never receives a value it cannot hold."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,17 +16,87 @@ from vllm_rs.api_server.errors import ApiError
 
 #: Largest request body accepted (bytes).
 MAX_BODY_BYTES = 16 * 1024 * 1024
+#: Most entries of `stop`, `stop_token_ids` and `logit_bias`.
+MAX_LIST_ITEMS = 1024
+#: Most characters over all `stop` strings: matching them costs memory and
+#: set-up time in proportion.
+MAX_STOP_CHARS = 32 * 1024
+#: Integers with more digits than this are out of range for every parameter
+#: (and are never converted: that costs quadratic time).
+MAX_INT_DIGITS = 40
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+TOKEN_ID_MAX = 2**32 - 1
+
+
+class OversizedInt:
+    """Stands for a JSON integer with more than MAX_INT_DIGITS digits."""
+
+    def __repr__(self) -> str:
+        return "<oversized integer>"
+
+
+class _NotJson(ValueError):
+    """A JSON extension Python accepts but JSON does not (NaN, Infinity)."""
+
+
+def _parse_int(text: str) -> int | OversizedInt:
+    return OversizedInt() if len(text) > MAX_INT_DIGITS else int(text)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not a JSON value")
+
+
+#: What a surrogate looks like in a JSON body: a `\uD800`-`\uDFFF` escape, or
+#: its raw bytes (json.loads decodes bytes with `surrogatepass`). Only bodies
+#: holding one are walked.
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """True when a string anywhere in `value` (keys included) holds a lone
+    UTF-16 surrogate, which JSON allows as an escape but UTF-8 cannot carry.
+    Iterative, so depth costs nothing."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
     """The body as a JSON object, or a 400 ApiError."""
     try:
-        value = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        value = json.loads(body, parse_int=_parse_int, parse_constant=_refuse_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, _NotJson) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is not valid JSON: it is nested too deeply") from None
     if not isinstance(value, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    if _MAYBE_SURROGATE.search(body) and _has_lone_surrogate(value):
+        raise ApiError(400, "the request body is not valid JSON: a string holds a lone UTF-16 surrogate")
     return value
+
+
+def parse_decimal(text: str, maximum: int) -> int | None:
+    """`text` as a non-negative integer of ASCII digits up to `maximum`, else None."""
+    text = text.strip()
+    if not text or not text.isascii() or not text.isdigit() or len(text) > len(str(maximum)):
+        return None
+    value = int(text)
+    return value if value <= maximum else None
 
 
 def _is_int(value: Any) -> bool:
@@ -40,8 +114,12 @@ class Params:
         self.body = body
 
     def get(self, name: str) -> Any:
-        """The raw value, None when absent or null."""
-        return self.body.get(name)
+        """The raw value, None when absent or null; 400 for an integer too
+        large for any parameter."""
+        value = self.body.get(name)
+        if isinstance(value, OversizedInt):
+            raise ApiError.invalid_param(name, f"`{name}` is out of range")
+        return value
 
     @staticmethod
     def wrong(name: str, expected: str) -> ApiError:
@@ -62,50 +140,87 @@ class Params:
             raise self.wrong(name, "a string")
         return value
 
-    def int(self, name: str) -> int | None:
-        """An integer parameter."""
+    def int_in(self, name: str, minimum: int, maximum: int) -> int | None:
+        """An integer from `minimum` to `maximum`."""
         value = self.get(name)
         if value is not None and not _is_int(value):
             raise self.wrong(name, "an integer")
+        if value is not None and not minimum <= value <= maximum:
+            raise self.wrong(name, f"an integer from {minimum} to {maximum}")
         return value
 
     def float_in(self, name: str, ok: Any, what: str) -> float | None:
-        """A number for which `ok(value)` holds, described as `what` in errors."""
+        """A finite number for which `ok(value)` holds, described as `what`
+        in errors."""
         value = self.get(name)
         if value is None:
             return None
         if not _is_number(value):
             raise self.wrong(name, "a number")
-        if not ok(value):
+        number = float(value)  # at most MAX_INT_DIGITS digits: never overflows
+        if not math.isfinite(number) or not ok(number):
             raise self.wrong(name, what)
-        return float(value)
+        return number
 
     def count(self, name: str, minimum: int) -> int | None:
-        """A non-negative integer, at least `minimum`."""
+        """An integer from `minimum` to 2**31-1."""
         value = self.get(name)
-        if value is not None and (not _is_int(value) or value < minimum):
-            raise self.wrong(name, f"an integer of at least {minimum}")
+        if value is not None and (not _is_int(value) or not minimum <= value <= INT32_MAX):
+            raise self.wrong(name, f"an integer from {minimum} to {INT32_MAX}")
         return value
 
+    def _at_most(self, name: str, items: list | dict) -> None:
+        if len(items) > MAX_LIST_ITEMS:
+            raise ApiError.invalid_param(name, f"`{name}` has {len(items)} entries; at most {MAX_LIST_ITEMS} are allowed")
+
     def token_ids(self, name: str) -> list[int] | None:
-        """A list of token ids."""
+        """A list of at most MAX_LIST_ITEMS token ids."""
         value = self.get(name)
         if value is None:
             return None
-        if not isinstance(value, list) or not all(_is_int(t) and 0 <= t < 2**32 for t in value):
+        if not isinstance(value, list) or not all(_is_int(t) and 0 <= t <= TOKEN_ID_MAX for t in value):
             raise self.wrong(name, "a list of token ids (non-negative integers)")
+        self._at_most(name, value)
         return value
 
     def strings(self, name: str) -> list[str]:
-        """A string or a list of strings."""
+        """A string or a list of at most MAX_LIST_ITEMS strings."""
         value = self.get(name)
         if value is None:
             return []
         if isinstance(value, str):
             return [value]
         if isinstance(value, list) and all(isinstance(s, str) for s in value):
+            self._at_most(name, value)
             return value
         raise self.wrong(name, "a string or a list of strings")
+
+    def stop_strings(self, name: str) -> list[str]:
+        """`strings(name)` holding at most MAX_STOP_CHARS characters in all."""
+        stops = self.strings(name)
+        total = sum(len(s) for s in stops)
+        if total > MAX_STOP_CHARS:
+            raise ApiError.invalid_param(name, f"`{name}` strings hold {total} characters; at most {MAX_STOP_CHARS} are allowed")
+        return stops
+
+    def logit_bias(self, name: str) -> dict[int, float] | None:
+        """A map of at most MAX_LIST_ITEMS token ids (as strings) to biases
+        from -100 to 100."""
+        value = self.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.wrong(name, "a map from token ids to numbers")
+        self._at_most(name, value)
+        bias = {}
+        for key, number in value.items():
+            token = parse_decimal(key, TOKEN_ID_MAX)
+            if token is None:
+                raise ApiError.invalid_param(name, f"`{name}` keys must be token ids, got {key[:40]!r}")
+            if not _is_number(number) or not -100 <= number <= 100:
+                raise ApiError.invalid_param(name, f"`{name}` values must be numbers from -100 to 100")
+            bias[token] = float(number)
+        return bias
 
     def only(self, name: str, accepted: Any, why: str) -> None:
         """Refuses a parameter unless absent or equal to its accepted value."""
@@ -150,9 +265,9 @@ def common_params(p: Params, max_tokens_names: tuple[str, ...]) -> CommonParams:
         max_tokens = p.count(name, 1)
         if max_tokens is not None:
             break
-    top_k = p.int("top_k")
-    if top_k is not None and top_k < -1:
-        raise ApiError.invalid_param("top_k", "`top_k` must be -1 (off), 0 (off) or positive")
+    top_k = p.int_in("top_k", -1, INT32_MAX)
+    if top_k == 0:
+        raise ApiError.invalid_param("top_k", f"`top_k` must be -1 (off) or an integer from 1 to {INT32_MAX}")
     min_tokens = p.count("min_tokens", 0)
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise ApiError.invalid_param("min_tokens", "`min_tokens` must not exceed `max_tokens`")
@@ -161,15 +276,16 @@ def common_params(p: Params, max_tokens_names: tuple[str, ...]) -> CommonParams:
         return -2.0 <= v <= 2.0
 
     sampling = {
-        "temperature": p.float_in("temperature", lambda v: v >= 0.0, "a non-negative number"),
+        "temperature": p.float_in("temperature", lambda v: v >= 0.0, "a finite non-negative number"),
         "top_p": p.float_in("top_p", lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
         "top_k": top_k,
         "min_p": p.float_in("min_p", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
         "frequency_penalty": p.float_in("frequency_penalty", penalty, "in [-2, 2]"),
         "presence_penalty": p.float_in("presence_penalty", penalty, "in [-2, 2]"),
-        "repetition_penalty": p.float_in("repetition_penalty", lambda v: v > 0.0, "a positive number"),
+        "repetition_penalty": p.float_in("repetition_penalty", lambda v: v > 0.0, "a finite positive number"),
         "min_tokens": min_tokens,
-        "seed": p.int("seed"),
+        "seed": p.int_in("seed", INT64_MIN, INT64_MAX),
+        "logit_bias": p.logit_bias("logit_bias"),
     }
     return CommonParams(
         model=p.str("model"),
@@ -177,7 +293,7 @@ def common_params(p: Params, max_tokens_names: tuple[str, ...]) -> CommonParams:
         max_tokens=max_tokens,
         ignore_eos=p.bool("ignore_eos") or False,
         stop_token_ids=p.token_ids("stop_token_ids") or [],
-        stop=p.strings("stop"),
+        stop=p.stop_strings("stop"),
         stream=stream,
         include_usage=include_usage,
     )

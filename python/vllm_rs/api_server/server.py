@@ -20,6 +20,8 @@ import zmq
 
 from vllm_rs.api_server.app import build_app
 from vllm_rs.api_server.engine_client import EngineClient, RegistrationError
+from vllm_rs.api_server.http_protocol import guarded_protocol
+from vllm_rs.api_server.limits import LimitError
 from vllm_rs.api_server.metrics import Metrics
 from vllm_rs.api_server.state import ServerSettings, ServerState
 from vllm_rs.logger import init_logger
@@ -32,10 +34,31 @@ STATS_LOG_INTERVAL_S = 10.0
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+#: After the drain time, the handlers of the aborted requests get this long
+#: to send their error answers before uvicorn cancels them.
+ABORT_ANSWER_GRACE_S = 1.0
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server with signals handled on the loop: a signal starts the
     graceful shutdown and is not raised again afterwards (the process then
-    exits 0)."""
+    exits 0). Requests still running after `drain_s` are failed through the
+    engine client, so they are answered in the OpenAI error shape instead of
+    being cancelled by uvicorn (whose answer is a plain-text 500)."""
+
+    def __init__(self, config: uvicorn.Config, engines: EngineClient, drain_s: float):
+        super().__init__(config)
+        self.engines = engines
+        self.drain_s = drain_s
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        """uvicorn's shutdown, with the requests left after the drain aborted."""
+        loop = asyncio.get_running_loop()
+        abort = loop.call_later(self.drain_s, self.engines.abort_all, "the server is shutting down", 503)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            abort.cancel()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -60,7 +83,11 @@ def run_server_worker(listen_address: str, sock: Any, args: Any, client_config: 
     """Serves the OpenAI API on `sock` for `args` (the `serve` arguments),
     talking to the engines through the listeners in `client_config`. Exits 1
     when the engines do not register."""
-    settings = ServerSettings.from_args(args)
+    try:
+        settings = ServerSettings.from_args(args)
+    except LimitError as e:
+        logger.error("%s", e)
+        sys.exit(1)
     code = uvloop.run(_serve(listen_address, sock, settings, client_config, uvicorn_kwargs))
     if code:
         sys.exit(code)
@@ -94,6 +121,7 @@ async def _serve(listen_address: str, sock: Any, settings: ServerSettings, clien
         start=0,
         count=settings.engine_count,
         client_index=client_config.get("client_index", 0),
+        limits=settings.limits,
     )
     try:
         logger.info("waiting for engines 0..=%d to register", settings.engine_count - 1)
@@ -120,15 +148,16 @@ async def _serve_http(listen_address: str, sock: Any, state: ServerState, uvicor
     logging.getLogger("uvicorn").setLevel(logging.WARNING)
     config = uvicorn.Config(
         build_app(state),
-        http="httptools",
+        http=guarded_protocol(settings.limits),
+        ws="none",
         lifespan="off",
         access_log=False,
         log_config=None,
         timeout_keep_alive=int(settings.keep_alive_timeout_s),
-        timeout_graceful_shutdown=int(settings.shutdown_timeout_s + 0.999),
+        timeout_graceful_shutdown=int(settings.shutdown_timeout_s + ABORT_ANSWER_GRACE_S + 0.999),
         **uvicorn_kwargs,
     )
-    server = _Server(config)
+    server = _Server(config, state.engines, settings.shutdown_timeout_s)
     stats = None if settings.disable_log_stats else asyncio.ensure_future(_log_stats_forever(state))
     logger.info(
         "serving the OpenAI API on %s (model %s, max_model_len %s, engines 0..=%d)",

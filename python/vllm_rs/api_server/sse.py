@@ -91,7 +91,7 @@ async def _events(generation: Generation, writer: CompletionChunks, include_usag
             try:
                 delta = await generation.next_delta()
             except GenerationError as e:
-                yield event(ApiError(500, str(e)).body())
+                yield event(ApiError(e.status, str(e)).body())
                 break
             if delta is None:
                 break

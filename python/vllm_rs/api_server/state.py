@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from vllm_rs import envs
 from vllm_rs.api_server.engine_client import EngineClient
+from vllm_rs.api_server.limits import ServerLimits
 from vllm_rs.api_server.metrics import Metrics
 from vllm_rs.api_server.tokenizer import ByteLevelTokenizer
 
@@ -30,6 +31,7 @@ class ServerSettings:
     enable_log_requests: bool = False
     disable_log_stats: bool = False
     engine_count: int = 1
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
     @property
     def primary_model_name(self) -> str:
@@ -38,7 +40,8 @@ class ServerSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerSettings:
-        """From the `serve` namespace and vLLM's environment variables."""
+        """From the `serve` namespace and the environment variables (vLLM's
+        and the `VLLM_RS_*` limits); raises LimitError for a bad limit."""
         model_tag = getattr(args, "model_tag", None) or args.model
         names = getattr(args, "served_model_name", None) or [model_tag]
         api_key = getattr(args, "api_key", None) or envs.api_key()  # vLLM's order
@@ -54,6 +57,7 @@ class ServerSettings:
             enable_log_requests=bool(getattr(args, "enable_log_requests", False)),
             disable_log_stats=bool(getattr(args, "disable_log_stats", False)),
             engine_count=int(getattr(args, "data_parallel_size", 1) or 1),
+            limits=ServerLimits.from_env(),
         )
 
 

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from starlette.datastructures import Headers
 
 from vllm_rs.api_server.engine_client import EngineUnavailableError, RankOutOfRangeError
+from vllm_rs.api_server.engine_outputs import MAX_ENGINE_INDEX
 from vllm_rs.api_server.errors import ApiError
 from vllm_rs.api_server.generation import Generation
-from vllm_rs.api_server.params import CommonParams
+from vllm_rs.api_server.params import CommonParams, parse_decimal
 from vllm_rs.api_server.state import ServerState
 from vllm_rs.engine.protocol import EngineCoreRequest
 from vllm_rs.logger import init_logger
@@ -66,10 +67,12 @@ def _pinned_rank(headers: Headers) -> int | None:
     value = headers.get(DATA_PARALLEL_RANK_HEADER)
     if value is None:
         return None
-    value = value.strip()
-    if not value.isdigit():
-        raise ApiError.invalid_param(DATA_PARALLEL_RANK_HEADER, "X-data-parallel-rank must be a non-negative integer")
-    return int(value)
+    rank = parse_decimal(value, MAX_ENGINE_INDEX)
+    if rank is None:
+        raise ApiError.invalid_param(
+            DATA_PARALLEL_RANK_HEADER, f"X-data-parallel-rank must be an integer from 0 to {MAX_ENGINE_INDEX}"
+        )
+    return rank
 
 
 def _limit_max_tokens(state: ServerState, endpoint: Endpoint, prompt_len: int, max_tokens: int | None) -> int | None:

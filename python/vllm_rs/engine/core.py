@@ -1,19 +1,28 @@
 """The engine core without its sockets: requests in, one scheduling step at a
-time, outputs and stats out, and the utility methods frontends may call."""
+time, outputs and stats out, and the utility methods frontends may call, with
+vLLM 0.33's names, signatures and results."""
 
 from __future__ import annotations
 
+import enum
 import os
 import time
-from dataclasses import asdict
 from typing import Any
 
 from vllm_rs.engine.block_pool import BlockPool
 from vllm_rs.engine.config import EngineConfig
 from vllm_rs.engine.models import BYTE_VOCAB_SIZE
-from vllm_rs.engine.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
+from vllm_rs.engine.protocol import (
+    VLLM_PROTOCOL_VERSION,
+    EngineCoreOutput,
+    EngineCoreRequest,
+    FinishReason,
+    ReadyResponse,
+    RequestError,
+)
 from vllm_rs.engine.request import InvalidRequestError, Request, SamplingParams
 from vllm_rs.engine.scheduler import Scheduler
+from vllm_rs.engine.stats import SchedulerIterationDetails, SchedulerStats
 from vllm_rs.logger import init_logger
 
 logger = init_logger(__name__)
@@ -28,6 +37,25 @@ class UnknownUtilityError(ValueError):
 
 class InjectedEngineFailure(RuntimeError):
     """The failure asked for with `VLLM_RS_ENGINE_FAIL_AT_STEP`."""
+
+
+#: vLLM's pause modes: abort what runs, let it finish, or freeze it.
+PAUSE_MODES = ("abort", "wait", "keep")
+
+
+class PauseState(enum.Enum):
+    """vLLM's scheduler pause states."""
+
+    UNPAUSED = "unpaused"
+    #: No new request starts; running ones continue.
+    PAUSED_NEW = "paused_new"
+    #: Nothing is stepped.
+    PAUSED_ALL = "paused_all"
+
+
+class WhenIdle:
+    """Returned by a utility method whose reply (None) waits until no request
+    runs: vLLM answers `sleep(mode="wait")` once the engine has drained."""
 
 
 def make_runner(config: EngineConfig) -> Any:
@@ -58,10 +86,14 @@ class EngineCore:
             pool,
             config.cache_config.block_size,
             self.runner.block_hasher(),
+            record_events=config.log_stats,
         )
-        self.sleeping = False
+        self.pause_state = PauseState.UNPAUSED
+        self.weight_version = "default"
         self.step_counter = 0
-        self.last_iteration: dict[str, int] | None = None
+        self.last_iteration: SchedulerIterationDetails | None = None
+        #: Outputs made outside a step (aborts of a pause), sent before the reply.
+        self.pending_outputs: list[tuple[int, EngineCoreOutput]] = []
         self.totals = {"requests_added": 0, "requests_finished": 0, "requests_aborted": 0, "prompt_tokens_computed": 0,
                        "generation_tokens": 0, "steps": 0}  # fmt: skip
         fail_at = os.environ.get(FAIL_AT_STEP_ENV)
@@ -73,11 +105,52 @@ class EngineCore:
         return self.runner.num_gpu_blocks or 0
 
     def has_work(self) -> bool:
-        """True while requests are waiting or running."""
+        """True while a step would do something: requests wait or run, and
+        the pause state lets them."""
+        if self.pause_state == PauseState.PAUSED_ALL:
+            return False
+        if self.pause_state == PauseState.PAUSED_NEW:
+            return bool(self.scheduler.running)
         return self.scheduler.has_work()
 
+    def ready_response(self) -> ReadyResponse:
+        """What this engine registers with: vLLM 0.33's EngineCoreReadyResponse."""
+        config = self.config
+        block_size = config.cache_config.block_size
+        blocks = self.num_gpu_blocks
+        parallel = config.parallel_config
+        return ReadyResponse(
+            max_model_len=self.max_model_len,
+            num_gpu_blocks=blocks,
+            block_size=block_size,
+            dp_stats_address=None,
+            dtype=config.model_config.dtype,
+            vllm_version=VLLM_PROTOCOL_VERSION,
+            world_size=parallel.tensor_parallel_size * parallel.pipeline_parallel_size,
+            data_parallel_size=parallel.data_parallel_size,
+            tensor_parallel_size=parallel.tensor_parallel_size,
+            pipeline_parallel_size=parallel.pipeline_parallel_size,
+            decode_context_parallel_size=1,
+            data_parallel_rank=self.engine_index,
+            max_num_seqs=config.scheduler_config.max_num_seqs,
+            max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens,
+            instance_id=f"vllm-rs-{os.getpid()}-{self.engine_index}",
+            supports_lora=False,
+            max_loras=0,
+            # No KV cache (echo): vLLM's attention-free models say None here.
+            kv_cache_size_tokens=blocks * block_size if blocks else None,
+            kv_cache_max_concurrency=blocks * block_size / self.max_model_len if blocks else None,
+            effective_attention_block_size=block_size if blocks else None,
+        )
+
+    def take_pending_outputs(self) -> list[tuple[int, EngineCoreOutput]]:
+        """Outputs made outside a step, `(client_index, output)`."""
+        outputs, self.pending_outputs = self.pending_outputs, []
+        return outputs
+
     def add_request(self, wire: EngineCoreRequest) -> EngineCoreOutput | None:
-        """Queues a request; returns an ERROR output when it cannot run."""
+        """Queues a request; returns an ERROR output (with a `validation_error`
+        RequestError, as vLLM) when it cannot run."""
         try:
             sampling = SamplingParams.from_wire(wire.sampling_params)
             prompt = wire.prompt_token_ids
@@ -97,7 +170,10 @@ class EngineCore:
             self.scheduler.add(request)
         except InvalidRequestError as e:
             logger.warning("rejecting request %s: %s", wire.request_id, e)
-            return EngineCoreOutput(wire.request_id, [], FinishReason.ERROR, str(e))
+            self.scheduler.note_finished(wire.client_index, wire.request_id)
+            return EngineCoreOutput(
+                wire.request_id, [], FinishReason.ERROR, error=RequestError("validation_error", str(e))
+            )
         self.totals["requests_added"] += 1
         return None
 
@@ -110,19 +186,30 @@ class EngineCore:
     def step(self) -> list[tuple[int, EngineCoreOutput]]:
         """Schedules and runs one step; returns `(client_index, output)` for
         every request that produced a token."""
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule(admit=self.pause_state == PauseState.UNPAUSED)
         if not plan.requests:
             return []
         self.step_counter += 1
         if self._fail_at_step is not None and self.step_counter >= self._fail_at_step:
             raise InjectedEngineFailure(f"{FAIL_AT_STEP_ENV}={self._fail_at_step}: failing in step {self.step_counter}")
         details = self.runner.iteration_details(plan)
-        self.last_iteration = None if details is None else asdict(details)
+        started = time.monotonic()
         self.totals["prompt_tokens_computed"] += sum(
             max(0, min(r.num_computed_tokens + plan.num_scheduled_tokens[r.request_id], r.num_prompt_tokens) - r.num_computed_tokens)
             for r in plan.requests
         )
         sampled = self.runner.execute(plan)
+        if details is not None:
+            self.last_iteration = SchedulerIterationDetails(
+                iteration_index=self.step_counter - 1,
+                num_ctx_requests=details.num_ctx_requests,
+                num_ctx_tokens=details.num_ctx_tokens,
+                num_generation_requests=details.num_generation_requests,
+                num_generation_tokens=details.num_generation_tokens,
+                elapsed_ms=(time.monotonic() - started) * 1000,
+                num_encoder_inputs=details.num_encoder_inputs,
+                num_encoder_output_tokens=details.num_encoder_output_tokens,
+            )
         advanced = self.scheduler.update(plan, sampled)
         self.totals["steps"] += 1
         self.totals["generation_tokens"] += len(advanced)
@@ -130,27 +217,36 @@ class EngineCore:
         for request in advanced:
             if request.finish_reason is not None:
                 self.totals["requests_finished"] += 1
-            output = EngineCoreOutput(request.request_id, [request.output_token_ids[-1]], request.finish_reason, request.stop_reason)
+            output = EngineCoreOutput(
+                request.request_id,
+                [request.output_token_ids[-1]],
+                request.finish_reason,
+                request.stop_reason,
+                events=request.take_events(),
+            )
             outputs.append((request.client_index, output))
         return outputs
 
-    def scheduler_stats(self) -> dict[str, Any]:
-        """The stats sent with outputs (the balancer reads the first two)."""
-        pool = self.scheduler.block_pool
-        stats: dict[str, Any] = {
-            "num_running_reqs": self.scheduler.num_running,
-            "num_waiting_reqs": self.scheduler.num_waiting,
-            "kv_cache_usage": pool.usage if pool else 0.0,
-            "step_counter": self.step_counter,
-            "current_wave": 0,
-        }
-        if pool is not None:
-            stats["prefix_cache_stats"] = {"queries": pool.queries, "hits": pool.hits}
-        if self.last_iteration is not None:
-            stats["iteration"] = self.last_iteration
-        return stats
+    def take_finished(self, client_index: int) -> list[str]:
+        """Ids of `client_index`'s requests that finished (any reason,
+        aborts included) since the last call: `finished_requests`."""
+        return self.scheduler.take_finished(client_index)
 
-    # ---- utility methods (UTILITY calls) ----
+    def scheduler_stats(self) -> SchedulerStats:
+        """vLLM's SchedulerStats for now: counts, KV usage, the last step's
+        details, and the prefix-cache lookups since the previous call."""
+        pool = self.scheduler.block_pool
+        iteration, self.last_iteration = self.last_iteration, None
+        return SchedulerStats(
+            num_running_reqs=self.scheduler.num_running,
+            num_waiting_reqs=self.scheduler.num_waiting,
+            step_counter=self.step_counter,
+            kv_cache_usage=pool.usage if pool else 0.0,
+            iteration_details=iteration,
+            prefix_cache_stats=self.scheduler.take_prefix_cache_stats(),
+        )
+
+    # ---- utility methods (UTILITY calls), with vLLM 0.33's signatures ----
 
     def call_utility(self, method: str, args: list[Any]) -> Any:
         """Runs a utility method by name; raises UnknownUtilityError."""
@@ -166,12 +262,19 @@ class EngineCore:
             "sleep": self.sleep,
             "wake_up": self.wake_up,
             "is_sleeping": self.is_sleeping,
-            "get_supported_tasks": lambda: ["generate"],
-            "list_loras": lambda: [],
+            "pause_scheduler": self.pause_scheduler,
+            "resume_scheduler": self.resume_scheduler,
+            "is_scheduler_paused": self.is_scheduler_paused,
+            "get_supported_tasks": self.get_supported_tasks,
+            "list_loras": self.list_loras,
+            "get_weight_version": self.get_weight_version,
+            "set_weight_version": self.set_weight_version,
         }
 
     def get_stats(self) -> dict[str, Any]:
-        """Cumulative counters plus the current scheduler stats."""
+        """This project's extension: cumulative counters, the prefix-cache
+        totals (in blocks) and the current counts."""
+        pool = self.scheduler.block_pool
         return {
             "engine_index": self.engine_index,
             "model": self.config.model_config.model,
@@ -180,21 +283,77 @@ class EngineCore:
             "num_gpu_blocks": self.num_gpu_blocks,
             "timestamp": time.time(),
             **self.totals,
-            "scheduler": self.scheduler_stats(),
+            "prefix_cache_block_queries": pool.queries if pool else 0,
+            "prefix_cache_block_hits": pool.hits if pool else 0,
+            "num_running_reqs": self.scheduler.num_running,
+            "num_waiting_reqs": self.scheduler.num_waiting,
+            "is_sleeping": self.is_sleeping(),
         }
 
-    def reset_prefix_cache(self, *_: Any) -> bool:
-        """Forgets the prefix cache."""
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        """Forgets the prefix cache (there is no connector; running requests
+        keep their blocks either way, since nothing is ever preempted)."""
         return self.scheduler.reset_prefix_cache()
 
-    def sleep(self, level: int = 1) -> None:
-        """Accepted and answered; the reference engine frees nothing."""
-        self.sleeping = True
+    def pause_scheduler(self, mode: str = "abort", clear_cache: bool = True) -> WhenIdle | None:
+        """Pauses generation as vLLM does: `abort` aborts every request
+        (ABORT outputs) and starts nothing new, `wait` lets the running ones
+        finish and answers then, `keep` freezes everything. New requests
+        queue until `resume_scheduler`/`wake_up`."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"Invalid pause mode: {mode}")
+        if mode == "abort":
+            for request in self.scheduler.abort(list(self.scheduler.requests)):
+                self.totals["requests_aborted"] += 1
+                self.pending_outputs.append(
+                    (request.client_index, EngineCoreOutput(request.request_id, [], FinishReason.ABORT))
+                )
+        self.pause_state = PauseState.PAUSED_ALL if mode == "keep" else PauseState.PAUSED_NEW
+        if clear_cache:
+            self.scheduler.reset_prefix_cache()
+        return WhenIdle() if mode == "wait" and self.scheduler.running else None
 
-    def wake_up(self, tags: Any = None) -> None:
-        """Accepted and answered."""
-        self.sleeping = False
+    def resume_scheduler(self) -> None:
+        """Resumes scheduling; queued requests start."""
+        self.pause_state = PauseState.UNPAUSED
+
+    def is_scheduler_paused(self) -> bool:
+        """Whether the scheduler is in any pause state."""
+        return self.pause_state != PauseState.UNPAUSED
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> WhenIdle | None:
+        """vLLM's `sleep(level, mode)`: pauses (see `pause_scheduler`), and at
+        level 1 or more drops the prefix cache. The reference engine keeps
+        its weights and KV cache where they are."""
+        if isinstance(level, bool) or not isinstance(level, int) or level < 0:
+            raise ValueError(f"sleep level must be a non-negative integer, got {level!r}")
+        return self.pause_scheduler(mode=mode, clear_cache=level >= 1)
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Resumes scheduling; True: everything is resident again."""
+        if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
+            raise ValueError(f"wake_up tags must be a list of strings, got {tags!r}")
+        self.resume_scheduler()
+        return True
 
     def is_sleeping(self) -> bool:
-        """Whether `sleep` was called last."""
-        return self.sleeping
+        """Whether the engine is paused or asleep."""
+        return self.is_scheduler_paused()
+
+    def get_supported_tasks(self) -> list[str]:
+        """The tasks this engine runs (vLLM returns a tuple; msgpack sends an array)."""
+        return ["generate"]
+
+    def list_loras(self) -> list[int]:
+        """LoRA adapters loaded: none (vLLM returns a set; msgpack sends an array)."""
+        return []
+
+    def get_weight_version(self) -> str:
+        """The weight version (vLLM's default: `"default"`)."""
+        return self.weight_version
+
+    def set_weight_version(self, weight_version: str) -> None:
+        """Sets the weight version label."""
+        if not isinstance(weight_version, str):
+            raise ValueError(f"weight_version must be a string, got {weight_version!r}")
+        self.weight_version = weight_version

@@ -1,8 +1,9 @@
 """The engine-core process: connects to every frontend (a DEALER with the
 engine's 2-byte identity to its input socket, a PUSH to its output socket),
-registers, then loops: take ADD/ABORT/UTILITY messages, run a step, send each
-request's outputs (with scheduler stats) to the frontend named by its
-`client_index`.
+registers with vLLM 0.33's full ready response, then loops: take
+ADD/ABORT/UTILITY messages, run a step, send each request's outputs (with
+scheduler stats and the ids finished since the last message) to the
+frontend named by its `client_index`.
 
 SIGTERM ends it cleanly (exit 0). SIGINT is ignored: a Ctrl-C at the
 terminal lets the frontends drain first, and the supervisor stops the
@@ -21,7 +22,7 @@ from typing import Any
 import zmq
 
 from vllm_rs.engine.config import EngineConfig
-from vllm_rs.engine.core import EngineCore
+from vllm_rs.engine.core import EngineCore, WhenIdle
 from vllm_rs.engine.protocol import (
     ENGINE_CORE_DEAD,
     REQUEST_ABORT,
@@ -34,7 +35,7 @@ from vllm_rs.engine.protocol import (
     UtilityCall,
     UtilityOutput,
     encode_outputs,
-    encode_registration,
+    encode_ready_response,
     engine_identity,
     unpack,
 )
@@ -99,12 +100,14 @@ class EngineCoreProc:
         self.pushes = [make_zmq_socket(self.ctx, c.output_address, zmq.PUSH, bind=False) for c in config.clients]
         self.dealers: list[Any] = []
         self._sent_stats_to: set[int] = set()
+        #: Utility calls answered (None) once no request runs: (client, call id).
+        self._replies_when_idle: list[tuple[int, int]] = []
 
     def run(self) -> None:
         """Loads the model, registers with every frontend, then serves."""
         self.core = EngineCore(self.config, self.engine_index)
         identity = engine_identity(self.engine_index)
-        registration = encode_registration(self.core.max_model_len, self.core.num_gpu_blocks)
+        registration = encode_ready_response(self.core.ready_response())
         for client in self.config.clients:
             dealer = make_zmq_socket(self.ctx, client.input_address, zmq.DEALER, bind=False, identity=identity, linger=0)
             dealer.send(registration)
@@ -125,6 +128,8 @@ class EngineCoreProc:
                 self._send_outputs(core.step())
             elif busy:
                 self._send_idle_stats()
+            if self._replies_when_idle and not core.scheduler.running:
+                self._send_replies_when_idle()
 
     def _drain(self, sock: Any) -> None:
         while True:
@@ -164,11 +169,27 @@ class EngineCoreProc:
             logger.warning("dropping utility call %s: no client %d", call.method, call.client_index)
             return
         try:
-            reply = UtilityOutput(call.call_id, result=self.core.call_utility(call.method, call.args))
+            result = self.core.call_utility(call.method, call.args)
         except Exception as e:  # a failing utility call fails the call, not the engine
-            reply = UtilityOutput(call.call_id, failure_message=f"{type(e).__name__}: {e}")
-        message = EngineCoreOutputs(engine_index=self.engine_index, utility_output=reply, timestamp=time.time())
-        self.pushes[call.client_index].send(encode_outputs(message))
+            logger.warning("utility call %s failed: %s", call.method, e)
+            # vLLM's wording, so its clients' messages read the same.
+            self._send_reply(call.client_index, UtilityOutput(call.call_id, f"Call to {call.method} method failed: {e}"))
+            return
+        finally:
+            self._send_outputs(self.core.take_pending_outputs())
+        if isinstance(result, WhenIdle):
+            self._replies_when_idle.append((call.client_index, call.call_id))
+        else:
+            self._send_reply(call.client_index, UtilityOutput(call.call_id, result=result))
+
+    def _send_reply(self, client_index: int, reply: UtilityOutput) -> None:
+        message = EngineCoreOutputs(engine_index=self.engine_index, utility_output=reply, timestamp=time.monotonic())
+        self.pushes[client_index].send(encode_outputs(message))
+
+    def _send_replies_when_idle(self) -> None:
+        replies, self._replies_when_idle = self._replies_when_idle, []
+        for client_index, call_id in replies:
+            self._send_reply(client_index, UtilityOutput(call_id, result=None))
 
     def _send_outputs(self, outputs: list[tuple[int, EngineCoreOutput]]) -> None:
         if not outputs:
@@ -176,18 +197,23 @@ class EngineCoreProc:
         by_client: dict[int, list[EngineCoreOutput]] = {}
         for client_index, output in outputs:
             by_client.setdefault(client_index, []).append(output)
-        stats = self.core.scheduler_stats()
-        now = time.time()
+        # Every frontend balances on these counts, so each one with outputs
+        # gets them (vLLM sends them to one, and has a coordinator for the rest).
+        stats = self.core.scheduler_stats().to_wire()
+        now = time.monotonic()
         for client_index, client_outputs in by_client.items():
-            message = EngineCoreOutputs(self.engine_index, client_outputs, stats, now)
+            finished = self.core.take_finished(client_index) or None
+            message = EngineCoreOutputs(self.engine_index, client_outputs, stats, now, finished_requests=finished)
             self.pushes[client_index].send(encode_outputs(message))
             self._sent_stats_to.add(client_index)
 
     def _send_idle_stats(self) -> None:
-        """Tells the frontends that had outputs that this engine is idle now."""
-        stats = self.core.scheduler_stats()
+        """Tells the frontends that had outputs that this engine is idle now,
+        with the ids that finished (aborts) since their last message."""
+        stats = self.core.scheduler_stats().to_wire()
         for client_index in self._sent_stats_to:
-            message = EngineCoreOutputs(self.engine_index, [], stats, time.time())
+            finished = self.core.take_finished(client_index) or None
+            message = EngineCoreOutputs(self.engine_index, [], stats, time.monotonic(), finished_requests=finished)
             self.pushes[client_index].send(encode_outputs(message))
         self._sent_stats_to.clear()
 

@@ -1,16 +1,19 @@
-"""The engine-core wire protocol (shared/docs/engine-protocol.md) in Python:
-type bytes, finish reasons, and the MessagePack codecs both sides need.
+"""The engine-core wire protocol of vLLM 0.33 in Python: type bytes, finish
+reasons, and the MessagePack codecs both sides need.
 
-The engine side decodes requests and encodes outputs; the frontend side (the
-Python API server) encodes requests and decodes outputs. Arrays may be sent
-short (trailing defaults omitted) and are read leniently.
+The engine side decodes requests and encodes outputs exactly as vLLM 0.33's
+engine core does (full arrays, every field of the ready response and of
+the stats; tests/fixtures/vllm-0.33 holds vLLM's own bytes to compare
+with); the frontend side (the Python API server) encodes requests and decodes
+outputs. Arrays may be received short (trailing defaults omitted) and are
+read leniently.
 """
 
 from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import msgpack
@@ -23,6 +26,10 @@ REQUEST_UTILITY = b"\x03"
 
 #: The single frame an engine sends on its output socket when it dies.
 ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+
+#: The vLLM release whose engine protocol this module speaks (the ready
+#: response's `vllm_version`).
+VLLM_PROTOCOL_VERSION = "0.33.0"
 
 
 class FinishReason(enum.IntEnum):
@@ -38,6 +45,45 @@ class FinishReason(enum.IntEnum):
     def openai_name(self) -> str:
         """The OpenAI `finish_reason` string (`stop`, `length`, ...)."""
         return self.name.lower()
+
+
+class EngineCoreEventType(enum.IntEnum):
+    """A request's lifecycle event in the engine (vLLM's numbering)."""
+
+    QUEUED = 1
+    SCHEDULED = 2
+    PREEMPTED = 3
+
+
+@dataclass(frozen=True)
+class EngineCoreEvent:
+    """A timestamped request event; `timestamp` is `time.monotonic()` of the
+    engine process (only intervals between one engine's events mean anything)."""
+
+    type: EngineCoreEventType
+    timestamp: float
+
+    @classmethod
+    def now(cls, event_type: EngineCoreEventType) -> EngineCoreEvent:
+        """The event, stamped now."""
+        return cls(event_type, time.monotonic())
+
+    def to_wire(self) -> dict[str, Any]:
+        """A map, as msgspec encodes vLLM's (non array-like) struct."""
+        return {"type": int(self.type), "timestamp": float(self.timestamp)}
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """Why the engine failed one request (sent with finish reason ERROR)."""
+
+    code: str
+    message: str
+    retryable: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        """A map, as msgspec encodes vLLM's dataclass."""
+        return {"code": self.code, "message": self.message, "retryable": self.retryable}
 
 
 class ProtocolError(ValueError):
@@ -167,20 +213,47 @@ class UtilityCall:
 # ---------------------------------------------------------------------------
 
 
+#: EngineCoreOutput slots 8..17 at their defaults: kv/ec_transfer_params,
+#: trace_headers, prefill_stats, routed_experts, num_nans_in_logits (0),
+#: mm_cache_miss_hashes, new_sampling_mask, spec_decode_metrics,
+#: prompt_token_id_logprobs. Slot 18 is `error`.
+_DEFAULT_SLOTS_8_TO_17 = (None, None, None, None, None, 0, None, None, None, None)
+
+
 @dataclass
 class EngineCoreOutput:
-    """New tokens of one request; the last one carries the finish reason."""
+    """New tokens of one request; the last one carries the finish reason.
+    `events` are the request's lifecycle events since its last output;
+    `error` says why a request finished with ERROR."""
 
     request_id: str
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
+    events: list[EngineCoreEvent] | None = None
+    error: RequestError | None = None
 
     def to_wire(self) -> list[Any]:
-        """The msgpack array, short when there is no finish."""
-        if self.finish_reason is None:
-            return [self.request_id, self.new_token_ids]
-        return [self.request_id, self.new_token_ids, None, None, None, int(self.finish_reason), self.stop_reason]
+        """vLLM's 19-slot array without its trailing default slots (vLLM's
+        decoder fills them in, as for any array-like struct): two slots for
+        most outputs, which keeps a step of many requests cheap to encode."""
+        if self.error is not None:
+            return [*self._through_events(), *_DEFAULT_SLOTS_8_TO_17, self.error.to_wire()]
+        if self.events:
+            return self._through_events()
+        if self.finish_reason is not None or self.stop_reason is not None:
+            return self._through_events()[:7]
+        return [self.request_id, self.new_token_ids]
+
+    def _through_events(self) -> list[Any]:
+        return [
+            self.request_id,
+            self.new_token_ids,
+            None, None, None,  # new_logprobs, new_prompt_logprobs_tensors, pooling_output
+            None if self.finish_reason is None else int(self.finish_reason),
+            self.stop_reason,
+            None if not self.events else [e.to_wire() for e in self.events],
+        ]  # fmt: skip
 
     @classmethod
     def from_wire(cls, items: Any) -> EngineCoreOutput:
@@ -188,7 +261,16 @@ class EngineCoreOutput:
         if not isinstance(items, (list, tuple)) or len(items) < 2 or not isinstance(items[0], str):
             raise ProtocolError(f"EngineCoreOutput must be [request_id, new_token_ids, ...], got {items!r:.200}")
         reason = _slot(items, 5)
-        return cls(items[0], list(items[1] or ()), None if reason is None else FinishReason(reason), _slot(items, 6))
+        try:
+            events = [EngineCoreEvent(EngineCoreEventType(e["type"]), float(e["timestamp"])) for e in _slot(items, 7, ())]
+            error = _slot(items, 18)
+            if error is not None:
+                error = RequestError(str(error["code"]), str(error["message"]), bool(error.get("retryable")))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"malformed events or error in the output of {items[0]}: {e!r}") from e
+        return cls(
+            items[0], list(items[1] or ()), None if reason is None else FinishReason(reason), _slot(items, 6), events or None, error
+        )
 
 
 @dataclass
@@ -209,7 +291,8 @@ class UtilityOutput:
 @dataclass
 class EngineCoreOutputs:
     """One message on the output socket: a request batch, a utility reply or a
-    wave message (exactly one kind)."""
+    wave message (exactly one kind). `timestamp` is the engine's
+    `time.monotonic()` (0 means "now" when encoded), as vLLM stamps it."""
 
     engine_index: int = 0
     outputs: list[EngineCoreOutput] = field(default_factory=list)
@@ -219,22 +302,21 @@ class EngineCoreOutputs:
     finished_requests: list[str] | None = None
     wave_complete: int | None = None
     start_wave: int | None = None
+    weight_version: str | None = None
 
     def to_wire(self) -> list[Any]:
-        """The msgpack array, trailing defaults omitted."""
-        items: list[Any] = [
+        """The full 9-slot array, as vLLM encodes it."""
+        return [
             self.engine_index,
             [o.to_wire() for o in self.outputs],
             self.scheduler_stats,
-            self.timestamp or time.time(),
+            float(self.timestamp or time.monotonic()),
             None if self.utility_output is None else self.utility_output.to_wire(),
             self.finished_requests,
             self.wave_complete,
             self.start_wave,
+            self.weight_version,
         ]
-        while len(items) > 4 and items[-1] is None:
-            items.pop()
-        return items
 
     @property
     def is_utility(self) -> bool:
@@ -289,9 +371,45 @@ def decode_outputs(frames: list[bytes]) -> EngineCoreOutputs | None:
     )
 
 
-def encode_registration(max_model_len: int, num_gpu_blocks: int, dp_stats_address: str | None = None) -> bytes:
-    """The registration payload an engine sends on its input socket."""
-    return pack({"max_model_len": max_model_len, "num_gpu_blocks": num_gpu_blocks, "dp_stats_address": dp_stats_address})
+@dataclass
+class ReadyResponse:
+    """vLLM 0.33's `EngineCoreReadyResponse`: what an engine registers with
+    once its model is loaded (every field; vLLM's frontend requires them)."""
+
+    max_model_len: int
+    num_gpu_blocks: int
+    block_size: int
+    dp_stats_address: str | None
+    dtype: str
+    vllm_version: str
+    world_size: int
+    data_parallel_size: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    decode_context_parallel_size: int
+    data_parallel_rank: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    instance_id: str
+    supports_lora: bool
+    max_loras: int
+    mamba_block_size: int | None = None
+    kv_cache_size_tokens: int | None = None
+    kv_cache_max_concurrency: float | None = None
+    kv_events_config: dict[str, Any] | None = None
+    weight_transfer_backend: str | None = None
+    enable_sleep_mode: bool = False
+    supports_draft_weight_updates: bool = False
+    effective_attention_block_size: int | None = None
+    coord_store_port: int = 0
+    coordinator_input_address: str | None = None
+    coordinator_output_address: str | None = None
+
+
+def encode_ready_response(response: ReadyResponse) -> bytes:
+    """The registration payload: a map of every field, as msgspec encodes
+    vLLM's dataclass."""
+    return pack(asdict(response))
 
 
 @dataclass

@@ -7,10 +7,14 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_rs.engine.protocol import FinishReason
+from vllm_rs.engine.protocol import EngineCoreEvent, EngineCoreEventType, FinishReason
 
 #: Temperatures below this sample greedily.
 GREEDY_TEMPERATURE = 1e-5
+#: vLLM's `SamplingParams.max_tokens` default. vLLM's encoder leaves out every
+#: field equal to its default, so a request without `max_tokens` asks for 16;
+#: an explicit nil asks for as many as `max_model_len` leaves room for.
+DEFAULT_MAX_TOKENS = 16
 
 
 class InvalidRequestError(ValueError):
@@ -19,14 +23,15 @@ class InvalidRequestError(ValueError):
 
 @dataclass
 class SamplingParams:
-    """The sampling parameters an engine reads from the request's map; keys it
-    does not know are ignored."""
+    """The sampling parameters an engine reads from the request's map, with
+    vLLM 0.33's default for every key left out; keys it does not know are
+    ignored."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
-    max_tokens: int | None = None
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
     min_tokens: int = 0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
@@ -66,7 +71,7 @@ class SamplingParams:
             top_p=number("top_p", 1.0),
             top_k=integer("top_k", 0) or 0,
             min_p=number("min_p", 0.0),
-            max_tokens=integer("max_tokens", None),
+            max_tokens=integer("max_tokens", None) if "max_tokens" in params else DEFAULT_MAX_TOKENS,
             min_tokens=integer("min_tokens", 0) or 0,
             seed=integer("seed", None),
             stop_token_ids=tuple(stop_ids),
@@ -120,6 +125,19 @@ class Request:
     stop_reason: int | str | None = None
     #: Set by the model runner (e.g. a seeded torch.Generator).
     runner_state: Any = None
+    #: Lifecycle events not yet sent (recorded only when stats are logged).
+    events: list[EngineCoreEvent] = field(default_factory=list)
+
+    def record_event(self, event_type: EngineCoreEventType) -> None:
+        """Stamps an event now; it goes out with the request's next output."""
+        self.events.append(EngineCoreEvent.now(event_type))
+
+    def take_events(self) -> list[EngineCoreEvent] | None:
+        """The events since the last output (None when there are none)."""
+        if not self.events:
+            return None
+        events, self.events = self.events, []
+        return events
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -15,8 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from vllm_rs.engine.block_pool import BlockHasher, BlockPool
-from vllm_rs.engine.protocol import FinishReason
+from vllm_rs.engine.protocol import EngineCoreEventType, FinishReason
 from vllm_rs.engine.request import InvalidRequestError, Request, RequestStatus
+from vllm_rs.engine.stats import PrefixCacheStats
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Scheduler:
         block_pool: BlockPool | None,
         block_size: int,
         block_hasher: BlockHasher | None = None,
+        record_events: bool = True,
     ):
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -78,6 +80,12 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        #: Whether requests get QUEUED/SCHEDULED events (vLLM: with log_stats).
+        self.record_events = record_events
+        #: Prefix-cache lookups since the last `take_prefix_cache_stats`.
+        self.prefix_cache_stats = PrefixCacheStats()
+        #: Ids finished (any reason) since the last `take_finished`, by client.
+        self.finished_ids: dict[int, list[str]] = {}
 
     @property
     def num_running(self) -> int:
@@ -109,6 +117,8 @@ class Scheduler:
             )
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        if self.record_events:
+            request.record_event(EngineCoreEventType.QUEUED)
 
     def abort(self, request_ids: Iterable[str]) -> list[Request]:
         """Removes these requests (unknown ids are ignored); returns the removed."""
@@ -126,8 +136,9 @@ class Scheduler:
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
         return removed
 
-    def schedule(self) -> StepPlan:
-        """Plans the next step (empty when there is nothing to do)."""
+    def schedule(self, admit: bool = True) -> StepPlan:
+        """Plans the next step (empty when there is nothing to do); waiting
+        requests join only when `admit` (False while paused)."""
         plan = StepPlan()
         budget = self.max_num_batched_tokens
         cached_ids: list[str] = []
@@ -142,12 +153,14 @@ class Scheduler:
             if not request.output_token_ids:
                 context_ids.add(request.request_id)
             budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if not self._allocate(request):
                 break  # first come, first served: nobody overtakes
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
+            if self.record_events:
+                request.record_event(EngineCoreEventType.SCHEDULED)
             self.running.append(request)
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             plan.num_scheduled_tokens[request.request_id] = n
@@ -180,7 +193,23 @@ class Scheduler:
 
     def reset_prefix_cache(self) -> bool:
         """Forgets the prefix cache; True when done."""
-        return self.block_pool.reset_prefix_cache() if self.block_pool is not None else True
+        if self.block_pool is None:
+            return True
+        self.prefix_cache_stats.reset = True
+        return self.block_pool.reset_prefix_cache()
+
+    def take_prefix_cache_stats(self) -> PrefixCacheStats:
+        """The prefix-cache lookups since the last call (vLLM reports deltas)."""
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def take_finished(self, client_index: int) -> list[str]:
+        """Ids of `client_index`'s requests finished since the last call."""
+        return self.finished_ids.pop(client_index, [])
+
+    def note_finished(self, client_index: int, request_id: str) -> None:
+        """Remembers a finished id for the next message to its client."""
+        self.finished_ids.setdefault(client_index, []).append(request_id)
 
     def _blocks_needed(self, request: Request) -> int:
         total = min(request.max_total_tokens, self.max_model_len)
@@ -205,6 +234,8 @@ class Scheduler:
         request.block_ids = pool.allocate(cached, needed)
         request.block_hashes = hashes[: len(cached)]
         request.num_computed_tokens = request.num_cached_tokens = len(cached) * self.block_size
+        if self.block_hasher is not None:
+            self.prefix_cache_stats.record(request.num_prompt_tokens, request.num_cached_tokens)
         return True
 
     def _prompt_block_hashes(self, request: Request, count: int) -> list[bytes]:
@@ -229,7 +260,8 @@ class Scheduler:
             self.block_pool.register(request.block_ids[i], block_hash)
 
     def _free(self, request: Request) -> None:
-        self.requests.pop(request.request_id, None)
+        if self.requests.pop(request.request_id, None) is not None:
+            self.note_finished(request.client_index, request.request_id)
         if self.block_pool is not None and request.block_ids:
             self.block_pool.release(request.block_ids)
             request.block_ids = []

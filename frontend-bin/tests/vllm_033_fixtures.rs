@@ -1,0 +1,103 @@
+//! The frontend's decoder against messages encoded by vLLM 0.33.0's own engine
+//! classes (tests/fixtures/vllm-0.33, written by scripts/make_vllm_fixtures.py):
+//! a real vLLM engine core behind this frontend is understood.
+
+use std::fs;
+use std::path::PathBuf;
+use vllm_rs_frontend::engine::codec::{decode_outputs, decode_registration};
+use vllm_rs_frontend::engine::protocol::{FinishReason, OutputsMessage, StopReason};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/vllm-0.33")
+}
+
+fn read(name: &str) -> Vec<u8> {
+    fs::read(fixtures().join(format!("{name}.msgpack"))).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+#[test]
+fn every_outputs_message_of_vllm_decodes_as_its_kind() {
+    let mut names: Vec<String> = fs::read_dir(fixtures())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.starts_with("outputs_") && name.ends_with(".msgpack"))
+        .map(|name| name.trim_end_matches(".msgpack").to_owned())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 10, "{names:?}");
+    for name in names {
+        let bytes = read(&name);
+        let message = decode_outputs(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let kind_ok = match &message {
+            OutputsMessage::Utility { .. } => name.starts_with("outputs_utility"),
+            OutputsMessage::Wave { wave_complete, .. } => {
+                name == "outputs_wave_complete" && *wave_complete == Some(3)
+            }
+            OutputsMessage::Batch { .. } => {
+                !name.starts_with("outputs_utility") && name != "outputs_wave_complete"
+            }
+            OutputsMessage::EngineDead => false,
+        };
+        assert!(kind_ok, "{name}: {message:?}");
+    }
+}
+
+#[test]
+fn finish_reasons_stop_tokens_stats_and_finished_ids_are_read() {
+    let bytes = read("outputs_finish_length");
+    let OutputsMessage::Batch {
+        engine_index,
+        outputs,
+        finished_requests,
+        ..
+    } = decode_outputs(&bytes).unwrap()
+    else {
+        panic!("not a batch")
+    };
+    assert_eq!(
+        (engine_index, outputs[0].finish_reason, finished_requests),
+        (1, Some(FinishReason::Length), vec!["r1"])
+    );
+
+    let bytes = read("outputs_finish_stop_token");
+    let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes).unwrap() else {
+        panic!("not a batch")
+    };
+    assert_eq!(
+        (outputs[0].finish_reason, outputs[0].stop_reason.clone()),
+        (Some(FinishReason::Stop), Some(StopReason::Token(7)))
+    );
+
+    let bytes = read("outputs_request_error");
+    let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes).unwrap() else {
+        panic!("not a batch")
+    };
+    assert_eq!(outputs[0].finish_reason, Some(FinishReason::Error));
+
+    let bytes = read("outputs_first_token_events");
+    let OutputsMessage::Batch { outputs, stats, .. } = decode_outputs(&bytes).unwrap() else {
+        panic!("not a batch")
+    };
+    let stats = stats.expect("stats");
+    assert_eq!((stats.num_running_reqs, stats.num_waiting_reqs), (2, 1));
+    assert_eq!(outputs[0].new_token_ids.as_slice(), &[72]);
+
+    let bytes = read("outputs_utility_failure");
+    let OutputsMessage::Utility { reply, .. } = decode_outputs(&bytes).unwrap() else {
+        panic!("not a reply")
+    };
+    assert!(reply
+        .failure_message
+        .unwrap()
+        .starts_with("Call to nope method failed"));
+}
+
+#[test]
+fn vllms_ready_response_registers() {
+    let registration = decode_registration(&read("ready_response")).unwrap();
+    assert_eq!(
+        (registration.max_model_len, registration.num_gpu_blocks),
+        (Some(2048), Some(512))
+    );
+    assert_eq!(registration.dp_stats_address, None);
+}

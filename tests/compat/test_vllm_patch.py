@@ -1,0 +1,198 @@
+"""`vllm_rs.vllm_patch` under vLLM 0.33's own process layer: processes that
+vLLM's managers start die with their supervisor, vLLM's `kill_process_tree`
+leaves no survivor, socket files go away."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed: tests/compat runs with a vLLM 0.33 venv (README.md)")
+
+from tests.compat.vllm_supervisor import sleeping_api_server  # noqa: E402
+from tests.support.trees import TREE_SCRIPT, is_running, read_pids, survivors, wait_built  # noqa: E402
+from vllm_rs import vllm_patch  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def patched():
+    assert vllm_patch.apply() is True
+    assert vllm_patch.apply() is True  # idempotent
+    return vllm
+
+
+def test_vllms_names_now_point_at_the_process_core(patched):
+    import vllm.utils.system_utils as system_utils
+    import vllm.v1.engine.utils as engine_utils
+    import vllm.v1.utils as v1_utils
+
+    from vllm_rs.process import kill_process_tree
+    from vllm_rs.process_managers import shutdown
+
+    assert system_utils.kill_process_tree is kill_process_tree and v1_utils.kill_process_tree is kill_process_tree
+    assert v1_utils.shutdown is shutdown and engine_utils.shutdown is shutdown
+    assert v1_utils.RustFrontendProcessManager.__module__ == "vllm_rs.vllm_patch"
+    assert isinstance(engine_utils.get_mp_context(), vllm_patch.RustCoreContext)
+
+
+@pytest.mark.parametrize("kind", ["forking", "daemons"])
+def test_vllms_kill_process_tree_leaves_no_survivor(patched, tmp_path, kind):
+    from vllm.utils.system_utils import kill_process_tree
+
+    from vllm_rs.process import spawn_executable
+
+    pidfile = tmp_path / "pids"
+    root = spawn_executable(["sh", str(TREE_SCRIPT), kind, str(pidfile)], name=f"tree-{kind}")
+    members = wait_built(pidfile, kind)
+    assert all(is_running(pid) for pid in members)
+    kill_process_tree(root.pid)
+    root.join(10)
+    assert root.exitcode == -signal.SIGKILL
+    assert survivors(pidfile) == []
+
+
+def test_vllms_api_server_manager_starts_through_the_core_and_shuts_down(patched, tmp_path):
+    import socket
+
+    import zmq
+    from vllm.utils.network_utils import make_zmq_listener
+    from vllm.v1.utils import APIServerProcessManager
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    inputs = [make_zmq_listener(f"ipc://{tmp_path}/in", zmq.ROUTER)]
+    outputs = [make_zmq_listener(f"ipc://{tmp_path}/out", zmq.PULL)]
+    manager = APIServerProcessManager("127.0.0.1:0", sock, None, 1, inputs, outputs, target_server_fn=sleeping_api_server)
+    try:
+        (proc,) = manager.processes
+        assert isinstance(proc, vllm_patch.RustCoreProcess) and proc.is_alive() and proc.name == "ApiServer_0"
+    finally:
+        manager.shutdown(timeout=5)
+        sock.close()
+    assert proc.exitcode == -signal.SIGTERM
+    assert not (tmp_path / "in").exists() and not (tmp_path / "out").exists()
+
+
+def test_sigkill_of_a_vllm_supervisor_leaves_nothing(tmp_path):
+    pidfile, handshake = tmp_path / "pids", tmp_path / "handshake.sock"
+    supervisor = subprocess.Popen(
+        [sys.executable, str(HERE / "vllm_supervisor.py"), str(pidfile), str(handshake)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # Log lines come first; vLLM takes a while to import. EOF: it died.
+        lines = iter(supervisor.stdout.readline, "")
+        assert any(line.startswith("ready") for line in lines), "the supervisor exited before it was ready"
+        deadline = time.monotonic() + 60
+        # 2 engines x (engine, child, daemon) + the guardian
+        while len(read_pids(pidfile)) < 7 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pids = read_pids(pidfile)
+        assert len(pids) == 7, pids
+        assert all(is_running(pid) for pid in pids) and handshake.exists()
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+        supervisor.stdout.close()
+    time.sleep(1.0)
+    assert [pid for pid in pids if is_running(pid)] == []
+    assert not handshake.exists()
+
+
+def test_vllms_rust_frontend_manager_serves_our_engine_through_the_core(patched, tmp_path):
+    """vLLM's own parser and (patched) RustFrontendProcessManager start this
+    project's frontend binary, which serves the reference engine."""
+    import http.client
+    import socket
+
+    import openai
+    import zmq
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.utils.network_utils import make_zmq_listener
+    from vllm.v1.utils import RustFrontendProcessManager
+
+    from vllm_rs.engine import make_engine_config, run_engine_core
+    from vllm_rs.engine.config import ClientAddresses
+    from vllm_rs.frontend import frontend_binary
+    from vllm_rs.process import Process
+    from vllm_rs.utils import CoreEngineProcManager
+
+    try:
+        binary = frontend_binary()
+    except FileNotFoundError as e:
+        pytest.skip(f"no vllm-rs binary (set VLLM_RS_FRONTEND_PATH): {e}")
+    args = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(["echo", "--max-model-len", "64"])
+    args.model = args.model_tag
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+    inp = make_zmq_listener(f"ipc://{tmp_path}/input", zmq.ROUTER)
+    out = make_zmq_listener(f"ipc://{tmp_path}/output", zmq.PULL)
+    config = make_engine_config("echo", max_model_len=64, clients=[ClientAddresses(inp.address, out.address)])
+    engines = CoreEngineProcManager(run_engine_core, 1, 0, 0, config, True, inp.address, None, True)
+    frontend = None
+    try:
+        frontend = RustFrontendProcessManager(binary, sock, args, inp, out, 0, 1, 1)
+        assert isinstance(frontend.processes[0], Process) and frontend.processes[0].name == "RustFrontend"
+        deadline = time.monotonic() + 60
+        while True:  # /health answers once the engine has registered
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            finally:
+                conn.close()
+            assert time.monotonic() < deadline and frontend.processes[0].is_alive(), "the frontend never became healthy"
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        completion = client.completions.create(model="echo", prompt="hello", max_tokens=7)
+        assert completion.choices[0].text == "hellohe" and completion.choices[0].finish_reason == "length"
+        client.close()
+    finally:
+        if frontend is not None:
+            frontend.shutdown(timeout=5)
+        engines.shutdown(timeout=10)
+        sock.close()
+    assert frontend.processes[0].exitcode == 0
+    assert not (tmp_path / "input").exists() and not (tmp_path / "output").exists()
+
+
+PLUGIN_PROBE = """
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+import vllm.v1.utils
+print("shutdown from", vllm.v1.utils.shutdown.__module__)
+"""
+
+
+@pytest.mark.parametrize(("switch", "expected"), [("1", "vllm_rs.process_managers"), ("0", "vllm.v1.utils")])
+def test_vllms_plugin_loader_applies_the_declared_entry_point(tmp_path, switch, expected):
+    """vLLM's own `load_general_plugins` in a fresh interpreter, with the
+    entry point from pyproject.toml installed as package metadata."""
+    import os
+    import tomllib
+
+    declared = tomllib.loads((HERE.parents[1] / "pyproject.toml").read_text())["project"]["entry-points"]
+    dist_info = tmp_path / "vllm_rs_entry_points-0.0.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-rs-entry-points\nVersion: 0.0.0\n")
+    lines = ["[vllm.general_plugins]", *(f"{k} = {v}" for k, v in declared["vllm.general_plugins"].items())]
+    (dist_info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    env = os.environ | {"VLLM_RS_PATCH": switch}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    probe = subprocess.run([sys.executable, "-c", PLUGIN_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert f"shutdown from {expected}" in probe.stdout, probe.stdout[-2000:]

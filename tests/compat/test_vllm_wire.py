@@ -1,0 +1,151 @@
+"""This project's reference engine against vLLM 0.33's own codec: every
+message the engine sends decodes with vLLM's `MsgpackDecoder` of the right
+type (msgspec is strict), and requests encoded by vLLM's `MsgpackEncoder`
+drive the engine, in process and over real ZeroMQ sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed: tests/compat runs with a vLLM 0.33 venv (README.md)")
+
+import msgspec  # noqa: E402
+import zmq  # noqa: E402
+from vllm.sampling_params import SamplingParams as VllmSamplingParams  # noqa: E402
+from vllm.v1.engine import (  # noqa: E402
+    EngineCoreEventType,
+    EngineCoreOutputs,
+    EngineCoreReadyResponse,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    FinishReason,
+)
+from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats  # noqa: E402
+from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # noqa: E402
+
+from vllm_rs.engine import make_engine_config, run_engine_core  # noqa: E402
+from vllm_rs.engine.config import ClientAddresses  # noqa: E402
+from vllm_rs.engine.core import EngineCore  # noqa: E402
+from vllm_rs.engine.protocol import (  # noqa: E402
+    EngineCoreOutputs as OurOutputs,
+    EngineCoreRequest as OurRequest,
+    UtilityOutput as OurUtilityOutput,
+    encode_outputs,
+    encode_ready_response,
+    engine_identity,
+    unpack,
+)
+from vllm_rs.network_utils import make_zmq_listener, make_zmq_socket  # noqa: E402
+from vllm_rs.utils import CoreEngineProcManager  # noqa: E402
+
+DECODE_OUTPUTS = MsgpackDecoder(EngineCoreOutputs)
+ENCODE = MsgpackEncoder()
+
+
+def vllm_request(request_id: str, prompt: bytes, client_index: int = 0, **sampling) -> EngineCoreRequest:
+    params = VllmSamplingParams(**sampling)
+    params._eos_token_id = 256
+    params._all_stop_token_ids.add(256)
+    return EngineCoreRequest(
+        request_id, list(prompt), None, params, None, 0.0, None, None, None,
+        client_index=client_index, external_req_id=request_id,
+    )  # fmt: skip
+
+
+def decode(message: OurOutputs) -> EngineCoreOutputs:
+    return DECODE_OUTPUTS.decode(encode_outputs(message))
+
+
+@pytest.mark.parametrize("model", ["echo", "toy"])
+def test_the_ready_response_decodes_as_vllms(model):
+    core = EngineCore(make_engine_config(model, max_model_len=128))
+    response = msgspec.msgpack.decode(encode_ready_response(core.ready_response()), type=EngineCoreReadyResponse)
+    assert (response.max_model_len, response.num_gpu_blocks) == (128, core.num_gpu_blocks)
+    assert response.block_size == 16 and response.max_num_seqs >= 1 and response.vllm_version == "0.33.0"
+
+
+def test_every_message_the_engine_makes_decodes_strictly_as_vllms():
+    core = EngineCore(make_engine_config("toy", max_model_len=64))
+    core.add_request(OurRequest.from_wire(unpack(ENCODE.encode(vllm_request("a", b"Hello there", max_tokens=2))[0])))
+    first = decode(OurOutputs(0, [o for _, o in core.step()], core.scheduler_stats().to_wire()))
+    (output,) = first.outputs
+    assert [e.type for e in output.events] == [EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED]
+    assert isinstance(first.scheduler_stats, SchedulerStats)
+    assert isinstance(first.scheduler_stats.prefix_cache_stats, PrefixCacheStats)
+    assert first.scheduler_stats.prefix_cache_stats.queries == len(b"Hello there")
+    assert first.scheduler_stats.iteration_details.num_ctx_requests == 1
+    last = decode(OurOutputs(0, [o for _, o in core.step()], core.scheduler_stats().to_wire(),
+                             finished_requests=core.take_finished(0)))  # fmt: skip
+    assert last.outputs[0].finish_reason == FinishReason.LENGTH and last.finished_requests == {"a"}
+    error = core.add_request(OurRequest.from_wire(unpack(ENCODE.encode(vllm_request("bad", b"x" * 64))[0])))
+    rejected = decode(OurOutputs(0, [error], finished_requests=core.take_finished(0)))
+    assert rejected.outputs[0].finish_reason == FinishReason.ERROR
+    assert rejected.outputs[0].error.code == "validation_error" and "max_model_len" in rejected.outputs[0].error.message
+    for method in ("is_sleeping", "reset_prefix_cache", "get_supported_tasks", "get_weight_version", "sleep", "wake_up"):
+        result = core.call_utility(method, [])
+        reply = decode(OurOutputs(0, utility_output=OurUtilityOutput(3, result=result)))
+        assert reply.utility_output.call_id == 3 and reply.utility_output.result.result == result
+    failed = decode(OurOutputs(0, utility_output=OurUtilityOutput(4, failure_message="Call to x method failed: no")))
+    assert failed.utility_output.failure_message.startswith("Call to x method failed")
+
+
+@pytest.mark.parametrize(
+    ("sampling", "expected_tokens"),
+    [({}, 16), ({"max_tokens": 16}, 16), ({"max_tokens": 3}, 3), ({"max_tokens": None}, 64 - 5)],
+)
+def test_requests_encoded_by_vllm_get_vllms_defaults(sampling, expected_tokens):
+    core = EngineCore(make_engine_config("echo", max_model_len=64))
+    wire = ENCODE.encode(vllm_request("r", b"hello", **sampling))
+    assert core.add_request(OurRequest.from_wire(unpack(wire[0]))) is None
+    produced = []
+    while core.has_work():
+        produced += [t for _, o in core.step() for t in o.new_token_ids]
+    assert len(produced) == expected_tokens
+
+
+def test_an_engine_process_serves_a_frontend_speaking_vllms_codec(tmp_path):
+    ctx = zmq.Context()
+    inp = make_zmq_listener(f"ipc://{tmp_path}/input", zmq.ROUTER)
+    out = make_zmq_listener(f"ipc://{tmp_path}/output", zmq.PULL)
+    router = make_zmq_socket(ctx, inp.address, zmq.ROUTER, linger=0, listener=inp)
+    pull = make_zmq_socket(ctx, out.address, zmq.PULL, linger=0, listener=out)
+    config = make_engine_config("echo", clients=[ClientAddresses(inp.address, out.address)])
+    manager = CoreEngineProcManager(run_engine_core, 1, 0, 0, config, True, inp.address, None, True)
+    try:
+        assert router.poll(60_000), "the engine did not register"
+        identity, payload = router.recv_multipart()
+        ready = msgspec.msgpack.decode(payload, type=EngineCoreReadyResponse)
+        assert identity == engine_identity(0) and ready.max_model_len == config.model_config.max_model_len
+
+        def send(kind: EngineCoreRequestType, value) -> None:
+            router.send_multipart([identity, kind.value, *ENCODE.encode(value)])
+
+        def receive() -> EngineCoreOutputs:
+            assert pull.poll(30_000), "no message from the engine"
+            return DECODE_OUTPUTS.decode(pull.recv_multipart())
+
+        send(EngineCoreRequestType.ADD, vllm_request("r", b"abc"))  # max_tokens omitted: 16
+        tokens, finished = [], set()
+        while True:
+            message = receive()
+            tokens += [t for o in message.outputs for t in o.new_token_ids]
+            finished |= message.finished_requests or set()
+            if message.outputs and message.outputs[-1].finish_reason is not None:
+                break
+        assert len(tokens) == 16 and finished == {"r"}
+        send(EngineCoreRequestType.UTILITY, (0, 9, "sleep", (1, "abort")))
+        while (reply := receive()).utility_output is None:
+            pass
+        assert reply.utility_output.call_id == 9 and reply.utility_output.failure_message is None
+        send(EngineCoreRequestType.UTILITY, (0, 10, "wake_up", (None,)))
+        while (reply := receive()).utility_output is None:
+            pass
+        assert reply.utility_output.result.result is True
+    finally:
+        manager.shutdown(timeout=10)
+        router.close(linger=0)
+        pull.close(linger=0)
+        ctx.term()
+        inp.cleanup()
+        out.cleanup()
+    assert manager.processes[0].exitcode == 0
