@@ -284,7 +284,7 @@ def is_open(fd):
         return False
 listed = [fd for fd in range(1024) if is_open(fd)]
 with open({out!r} + ".part", "w") as f:
-    json.dump({{"argv": sys.argv, "fds": listed, "api_key": os.environ.get("VLLM_API_KEY")}}, f)
+    json.dump({{"argv": sys.argv, "fds": listed, "api_key": os.environ.get("VLLM_API_KEY"), "hf_token": os.environ.get("HF_TOKEN")}}, f)
 os.rename({out!r} + ".part", {out!r})  # the reader sees all of it or nothing
 time.sleep(1000)
 """
@@ -304,7 +304,7 @@ def test_rust_frontend_manager_command_line_fds_and_redaction(tmp_path, caplog, 
     inp = make_zmq_listener(f"ipc://{tmp_path}/in.sock", zmq.ROUTER)
     outp = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
     fds = [http.fileno(), inp.socket.fileno(), outp.socket.fileno()]
-    args = argparse.Namespace(model="toy", api_key="sk-secret", api_server_count=4, port=8000, max_model_len=64)
+    args = argparse.Namespace(model="toy", api_key="sk-secret", hf_token="hf-secret", api_server_count=4, port=8000, max_model_len=64)
     with caplog.at_level(logging.INFO, logger="vllm_rs"):
         manager = RustFrontendProcessManager(str(binary), http, args, inp, outp, 0, 2, 2)
     try:
@@ -333,9 +333,10 @@ def test_rust_frontend_manager_command_line_fds_and_redaction(tmp_path, caplog, 
         }
         assert argv[15] == json.dumps(payload, sort_keys=True)
         assert launch["fds"] == sorted({0, 1, 2, *fds})  # exactly stdio and the three
-        assert launch["api_key"] == "sk-secret"  # in its environment only
-        assert b"sk-secret" not in Path(f"/proc/{manager.processes[0].pid}/cmdline").read_bytes()
-        assert "sk-secret" not in caplog.text and "Launching Rust frontend:" in caplog.text
+        assert (launch["api_key"], launch["hf_token"]) == ("sk-secret", "hf-secret")  # in its environment only
+        cmdline = Path(f"/proc/{manager.processes[0].pid}/cmdline").read_bytes()
+        assert b"sk-secret" not in cmdline and b"hf-secret" not in cmdline
+        assert "sk-secret" not in caplog.text and "hf-secret" not in caplog.text and "Launching Rust frontend:" in caplog.text
         assert inp.socket.fileno() == -1 and outp.socket.fileno() == -1
     finally:
         started = time.monotonic()

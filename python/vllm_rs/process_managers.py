@@ -259,14 +259,17 @@ class APIServerProcessManager:
 
 #: The environment variable that carries the API key to a frontend (vLLM's name).
 API_KEY_ENV = "VLLM_API_KEY"
+#: The environment variable that carries a Hugging Face token (its hub's name).
+HF_TOKEN_ENV = "HF_TOKEN"
 
 
 class RustFrontendProcessManager:
     """Runs the Rust frontend (`binary_path frontend ...`, the bundled
     `vllm-rs` when None) with exactly the HTTP socket and the two listener fds
-    inherited; `.processes` is one handle named `RustFrontend`. An
-    `args.api_key` reaches the frontend in its environment (`VLLM_API_KEY`),
-    never on its command line, which every local user can read."""
+    inherited; `.processes` is one handle named `RustFrontend`. Secrets reach
+    the frontend in its environment (`args.api_key` as `VLLM_API_KEY`,
+    `args.hf_token` as `HF_TOKEN`), never on its command line, which every
+    local user can read."""
 
     def __init__(
         self,
@@ -310,13 +313,14 @@ class RustFrontendProcessManager:
                 args,
                 exclude={
                     "api_key",
+                    "hf_token",
                     "api_server_count",
                     "data_parallel_rank",
                     "data_parallel_external_lb",
                     "data_parallel_hybrid_lb",
                 },
             )
-            env = _frontend_environment(getattr(args, "api_key", None))
+            env = _frontend_environment(getattr(args, "api_key", None), getattr(args, "hf_token", None))
             model_tag = getattr(args, "model_tag", None) or getattr(args, "model", None)
             if model_tag is not None:
                 args_dict["model_tag"] = model_tag
@@ -344,19 +348,22 @@ class RustFrontendProcessManager:
             _shutdown_and_cleanup_listeners(self.processes, self._listeners, timeout, _shutdown_subprocesses)
 
 
-def _frontend_environment(api_key: Any) -> dict[str, str] | None:
-    """This process's environment plus `VLLM_API_KEY`, or None (inherit it
-    as is) when there is no key to add."""
-    if not api_key:
-        return None
-    if isinstance(api_key, (list, tuple)):  # vLLM's parser gives a list
-        if len(api_key) != 1:
-            # The environment holds one key; more would need the command line.
-            raise ValueError(f"api_key: the Rust frontend takes one key (through {API_KEY_ENV}), got {len(api_key)}")
-        api_key = api_key[0]
-    if not isinstance(api_key, str) or not api_key:
-        raise ValueError(f"api_key: expected a non-empty string, got {type(api_key).__name__}")
-    return {**os.environ, API_KEY_ENV: api_key}
+def _frontend_environment(api_key: Any, hf_token: Any) -> dict[str, str] | None:
+    """This process's environment plus the secrets given (`VLLM_API_KEY`,
+    `HF_TOKEN`), or None (inherit it as is) when there are none."""
+    secrets: dict[str, str] = {}
+    if api_key:
+        if isinstance(api_key, (list, tuple)):  # vLLM's parser gives a list
+            if len(api_key) != 1:
+                # The environment holds one key; more would need the command line.
+                raise ValueError(f"api_key: the Rust frontend takes one key (through {API_KEY_ENV}), got {len(api_key)}")
+            api_key = api_key[0]
+        if not isinstance(api_key, str) or not api_key:
+            raise ValueError(f"api_key: expected a non-empty string, got {type(api_key).__name__}")
+        secrets[API_KEY_ENV] = api_key
+    if isinstance(hf_token, str) and hf_token:  # vLLM's `--hf-token` without a value means "use the login's"
+        secrets[HF_TOKEN_ENV] = hf_token
+    return {**os.environ, **secrets} if secrets else None
 
 
 def wait_for_completion_or_failure(
