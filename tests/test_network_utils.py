@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import zmq
 
-import vllm_rs.process
 from vllm_rs.network_utils import (
     PrivateSocketDir,
     default_socket_dir_base,
@@ -38,16 +37,6 @@ def test_tcp_uri_and_engine_client_addresses(monkeypatch, tmp_path):
     uuid.UUID(addr.rsplit("/", 1)[1])
     assert get_open_zmq_ipc_path() != addr
 
-
-#: The guardian removes registered directories (not only files) after an
-#: abrupt exit; another branch adds that to the process core.
-NEEDS_GUARDIAN_DIRECTORIES = pytest.mark.xfail(
-    # The process-core change that brings directory removal also brings
-    # cancel_remove_on_exit: until then the guardian only unlinks files.
-    not hasattr(vllm_rs.process, "cancel_remove_on_exit"),
-    strict=True,
-    reason="the guardian does not remove registered directories yet (process-core change pending)",
-)
 
 IPC_PATHS_SCRIPT = """
 import os, sys, zmq
@@ -84,7 +73,7 @@ def short_tmp_path():
     shutil.rmtree(path)
 
 
-@pytest.mark.parametrize("ending", ["clean", pytest.param("abrupt", marks=NEEDS_GUARDIAN_DIRECTORIES)])
+@pytest.mark.parametrize("ending", ["clean", "abrupt"])
 def test_ipc_paths_are_in_a_private_directory_removed_at_exit(short_tmp_path, ending):
     tmp_path = short_tmp_path
     """A process's ipc paths share one directory of mode 0700, so a socket

@@ -22,22 +22,12 @@ import psutil
 import pytest
 import zmq
 
-import vllm_rs.process
 from tests.test_serve import FRONTENDS, Serve, assert_all_gone
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 
 ENGINE_PID = re.compile(r"EngineCore_(\d+) ready \(pid (\d+)\)")
 API_SERVER_PID = re.compile(r"\(APIServer_0 pid=(\d+)\)")
 ENGINE_TOTALS = re.compile(r"EngineCore_(\d+) stopped: (\d+) requests finished")
-#: The guardian removes registered directories (not only files) after a
-#: SIGKILL; another branch adds that to the process core.
-NEEDS_GUARDIAN_DIRECTORIES = pytest.mark.xfail(
-    # The process-core change that brings directory removal also brings
-    # cancel_remove_on_exit: until then the guardian only unlinks files.
-    not hasattr(vllm_rs.process, "cancel_remove_on_exit"),
-    strict=True,
-    reason="the guardian does not remove registered directories yet (process-core change pending)",
-)
 
 
 def wait_gone(path: str, within_s: float) -> bool:
@@ -167,7 +157,6 @@ def test_engine_sockets_are_private_and_removed_with_the_stack(frontend):
         serve.kill()
 
 
-@NEEDS_GUARDIAN_DIRECTORIES
 def test_sigkill_of_serve_removes_the_socket_directory():
     serve = Serve("--model", "echo", "--port", "0")
     try:
