@@ -112,6 +112,17 @@ def test_engine_failure_is_named_and_close_removes_the_ipc_file(tmp_path):
     assert not any(p.is_alive() for p in manager.processes)
 
 
+def test_close_leaves_files_alone_for_an_abstract_input_address(tmp_path, monkeypatch):
+    """`ipc://@NAME` has no file: a file named `@NAME` in the working
+    directory is someone else's."""
+    monkeypatch.chdir(tmp_path)
+    Path("@engine-input").write_text("not a socket of ours")
+    manager = CoreEngineProcManager(engine_exits_with, 1, 0, 0, {0: 0}, True, "ipc://@engine-input", None, False)
+    manager.join_first()
+    manager.close()
+    assert Path("@engine-input").read_text() == "not a socket of ours"
+
+
 def test_join_first_returns_when_an_engine_exits():
     manager = CoreEngineProcManager(engine_exits_with, 2, 0, 0, {0: 0}, True, "tcp://127.0.0.1:1", None, False)
     manager.join_first()
@@ -272,8 +283,9 @@ def is_open(fd):
     except OSError:
         return False
 listed = [fd for fd in range(1024) if is_open(fd)]
-with open({out!r}, "w") as f:
-    json.dump({{"argv": sys.argv, "fds": listed}}, f)
+with open({out!r} + ".part", "w") as f:
+    json.dump({{"argv": sys.argv, "fds": listed, "api_key": os.environ.get("VLLM_API_KEY"), "hf_token": os.environ.get("HF_TOKEN")}}, f)
+os.rename({out!r} + ".part", {out!r})  # the reader sees all of it or nothing
 time.sleep(1000)
 """
 
@@ -292,7 +304,7 @@ def test_rust_frontend_manager_command_line_fds_and_redaction(tmp_path, caplog, 
     inp = make_zmq_listener(f"ipc://{tmp_path}/in.sock", zmq.ROUTER)
     outp = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
     fds = [http.fileno(), inp.socket.fileno(), outp.socket.fileno()]
-    args = argparse.Namespace(model="toy", api_key="sk-secret", api_server_count=4, port=8000, max_model_len=64)
+    args = argparse.Namespace(model="toy", api_key="sk-secret", hf_token="hf-secret", api_server_count=4, port=8000, max_model_len=64)
     with caplog.at_level(logging.INFO, logger="vllm_rs"):
         manager = RustFrontendProcessManager(str(binary), http, args, inp, outp, 0, 2, 2)
     try:
@@ -300,7 +312,6 @@ def test_rust_frontend_manager_command_line_fds_and_redaction(tmp_path, caplog, 
         deadline = time.monotonic() + 30
         while not out.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        time.sleep(0.1)
         launch = json.loads(out.read_text())
         argv = launch["argv"]
         assert argv[1:15] == [
@@ -314,8 +325,7 @@ def test_rust_frontend_manager_command_line_fds_and_redaction(tmp_path, caplog, 
             "--args-json",
         ]  # fmt: skip
         payload = json.loads(argv[15])
-        assert payload == {
-            "api_key": "sk-secret",
+        assert payload == {  # no api_key: command lines are world-readable
             "engine_ready_timeout_secs": 42,
             "http_timeout_keep_alive": 5,
             "max_model_len": 64,
@@ -323,8 +333,10 @@ def test_rust_frontend_manager_command_line_fds_and_redaction(tmp_path, caplog, 
         }
         assert argv[15] == json.dumps(payload, sort_keys=True)
         assert launch["fds"] == sorted({0, 1, 2, *fds})  # exactly stdio and the three
-        assert "sk-secret" not in caplog.text
-        assert '"api_key": "***"' in caplog.text and "Launching Rust frontend:" in caplog.text
+        assert (launch["api_key"], launch["hf_token"]) == ("sk-secret", "hf-secret")  # in its environment only
+        cmdline = Path(f"/proc/{manager.processes[0].pid}/cmdline").read_bytes()
+        assert b"sk-secret" not in cmdline and b"hf-secret" not in cmdline
+        assert "sk-secret" not in caplog.text and "hf-secret" not in caplog.text and "Launching Rust frontend:" in caplog.text
         assert inp.socket.fileno() == -1 and outp.socket.fileno() == -1
     finally:
         started = time.monotonic()
@@ -343,6 +355,19 @@ def test_rust_frontend_manager_missing_binary_cleans_up(tmp_path):
     outp = make_zmq_listener(f"ipc://{tmp_path}/out.sock", zmq.PULL)
     with pytest.raises(FileNotFoundError, match="no-such-binary"):
         RustFrontendProcessManager(str(tmp_path / "no-such-binary"), http, argparse.Namespace(model="m"), inp, outp, 0, 1, 1)
+    assert not list(tmp_path.iterdir())
+    http.close()
+
+
+def test_rust_frontend_manager_refuses_keys_it_cannot_keep_off_the_command_line(tmp_path):
+    import socket
+
+    http = socket.socket()
+    inp = make_zmq_listener(f"ipc://{tmp_path}/in.sock", zmq.ROUTER)
+    outp = make_zmq_listener(f"ipc://{tmp_path}/out.sock", zmq.PULL)
+    args = argparse.Namespace(model="m", api_key=["sk-one", "sk-two"])
+    with pytest.raises(ValueError, match=r"api_key: the Rust frontend takes one key \(through VLLM_API_KEY\), got 2"):
+        RustFrontendProcessManager(sys.executable, http, args, inp, outp, 0, 1, 1)
     assert not list(tmp_path.iterdir())
     http.close()
 

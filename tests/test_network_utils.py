@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
+import subprocess
+import sys
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 import zmq
 
 from vllm_rs.network_utils import (
+    PrivateSocketDir,
+    default_socket_dir_base,
     get_open_port,
     get_open_zmq_ipc_path,
     get_tcp_uri,
@@ -29,6 +36,59 @@ def test_tcp_uri_and_engine_client_addresses(monkeypatch, tmp_path):
     assert addr.startswith(f"ipc://{tmp_path}/")
     uuid.UUID(addr.rsplit("/", 1)[1])
     assert get_open_zmq_ipc_path() != addr
+
+
+IPC_PATHS_SCRIPT = """
+import os, sys, zmq
+from vllm_rs.network_utils import get_open_zmq_ipc_path
+os.umask(0)  # a socket libzmq binds is then connectable by anyone, by its own mode
+a, b = get_open_zmq_ipc_path(), get_open_zmq_ipc_path()
+ctx = zmq.Context()
+pull = ctx.socket(zmq.PULL)
+pull.bind(a)
+d = os.path.dirname(a[len("ipc://"):])
+print(a, b, oct(os.stat(d).st_mode & 0o777), sorted(os.listdir(d)), flush=True)
+if sys.argv[1] == "abrupt":
+    os._exit(0)  # no atexit, no zmq cleanup: like a SIGKILL
+"""
+
+
+def wait_until_empty(directory, within_s: float) -> list:
+    """The entries of `directory`, polled until none is left or the deadline."""
+    deadline = time.monotonic() + within_s
+    while (left := list(directory.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
+
+
+@pytest.fixture
+def short_tmp_path():
+    """A fresh directory with a short path (socket paths are limited to 107
+    bytes; pytest's tmp_path is long)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="t-"))
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.mark.parametrize("ending", ["clean", "abrupt"])
+def test_ipc_paths_are_in_a_private_directory_removed_at_exit(short_tmp_path, ending):
+    tmp_path = short_tmp_path
+    """A process's ipc paths share one directory of mode 0700, so a socket
+    libzmq binds there is out of other users' reach whatever the umask; the
+    directory and a socket left in it are gone once the process is."""
+    out = subprocess.run(
+        [sys.executable, "-c", IPC_PATHS_SCRIPT, ending], check=False, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "VLLM_RPC_BASE_PATH": str(tmp_path)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    a, b, mode, listed = out.stdout.split(" ", 3)
+    directory = os.path.dirname(a[len("ipc://") :])
+    assert os.path.dirname(b[len("ipc://") :]) == directory and os.path.dirname(directory) == str(tmp_path)
+    assert mode == "0o700" and listed.strip() == repr([os.path.basename(a)])
+    assert wait_until_empty(tmp_path, within_s=5) == []
 
 
 def test_split_rejects_bad_paths_with_a_clear_error():
@@ -70,6 +130,78 @@ def test_adopted_listener_carries_real_zeromq_traffic(kind, tmp_path):
     ctx.term()
     listener.cleanup()
     assert not list(tmp_path.iterdir())
+
+
+def test_ipc_listener_socket_file_is_private_even_with_an_open_umask(tmp_path):
+    old = os.umask(0)
+    try:
+        listener = make_zmq_listener(f"ipc://{tmp_path}/in", zmq.ROUTER)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "in").st_mode) == 0o600
+    listener.cleanup()
+    assert not (tmp_path / "in").exists()
+
+
+def test_failed_ipc_listener_leaves_someone_elses_file_alone(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("not ours")
+    with pytest.raises(OSError):
+        make_zmq_listener(f"ipc://{taken}", zmq.PULL)
+    assert taken.read_text() == "not ours"
+
+
+def test_vllm_workers_adopt_a_bare_listening_socket(tmp_path):
+    """vLLM's API-server workers pass `client_config["input_listener"]`, a
+    plain socket.socket, as `listener=`."""
+    listener = make_zmq_listener(f"ipc://{tmp_path}/in", zmq.ROUTER)
+    ctx = zmq.Context()
+    router = make_zmq_socket(ctx, listener.address, zmq.ROUTER, listener=listener.socket)
+    assert listener.socket.fileno() == -1  # libzmq owns the fd now
+    dealer = make_zmq_socket(ctx, listener.address, zmq.DEALER, bind=False, identity=b"\x00\x00", linger=0)
+    dealer.send(b"over a bare socket")
+    assert router.poll(10_000)
+    assert router.recv_multipart() == [b"\x00\x00", b"over a bare socket"]
+    with pytest.raises(TypeError, match=f"listener for ipc://{tmp_path}/x: expected a ZmqListener or a listening socket.socket, got int"):
+        make_zmq_socket(ctx, f"ipc://{tmp_path}/x", zmq.PULL, listener=7)
+    closed = socket.socket(socket.AF_UNIX)
+    closed.close()
+    with pytest.raises(ValueError, match="closed"):
+        make_zmq_socket(ctx, f"ipc://{tmp_path}/y", zmq.PULL, listener=closed)
+    router.close(linger=0)
+    dealer.close()
+    ctx.term()
+    listener.cleanup()
+    assert not list(tmp_path.iterdir())
+
+
+def test_private_socket_dir_is_0700_and_removes_only_sockets(tmp_path):
+    directory = PrivateSocketDir(str(tmp_path))
+    assert stat.S_IMODE(os.stat(directory.path).st_mode) == 0o700
+    assert directory.endpoint("input-0") == f"ipc://{directory.path}/input-0"
+    listener = make_zmq_listener(directory.endpoint("input-0"), zmq.ROUTER)
+    listener.close()  # the socket file stays, as after a crash of its owner
+    directory.remove()
+    assert not list(tmp_path.iterdir())
+    kept = PrivateSocketDir(str(tmp_path))
+    Path(kept.path, "notes.txt").write_text("a user's file")
+    kept.remove()  # never removes what vllm_rs did not put there
+    assert Path(kept.path, "notes.txt").read_text() == "a user's file"
+
+
+def test_socket_dirs_go_to_a_usable_xdg_runtime_dir_only(tmp_path, monkeypatch):
+    import tempfile
+
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert default_socket_dir_base() == str(runtime)
+    runtime.chmod(0o777)  # others could swap our directory out
+    assert default_socket_dir_base() == tempfile.gettempdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))
+    assert default_socket_dir_base() == tempfile.gettempdir()
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert default_socket_dir_base() == tempfile.gettempdir()
 
 
 def test_adopting_a_closed_listener_is_a_clear_error():

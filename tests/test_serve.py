@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import openai
 import psutil
@@ -25,6 +26,7 @@ from vllm_rs.engine.models import write_model_dir
 READY_TIMEOUT_S = 120
 API_KEY = "sk-test-key"
 READY_LINE = re.compile(r"serving the OpenAI API on (http://\S+|unix:\S+) ")
+SOCKET_DIR_LINE = re.compile(r"engine sockets in (\S+) ")
 
 
 def rust_frontend_available() -> bool:
@@ -96,6 +98,17 @@ class Serve:
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
+    @property
+    def socket_dir(self) -> str:
+        """The private directory of the engine sockets (from serve's log)."""
+        match = SOCKET_DIR_LINE.search(self.output)
+        assert match, f"serve did not log its socket directory:\n{self.output}"
+        return match.group(1)
+
+    def stack_processes(self) -> list[psutil.Process]:
+        """serve and every process below it."""
+        return [psutil.Process(self.proc.pid), *self.descendants()]
+
     def descendants(self) -> list[psutil.Process]:
         try:
             return psutil.Process(self.proc.pid).children(recursive=True)
@@ -141,11 +154,12 @@ def assert_all_gone(processes: list[psutil.Process], within_s: float) -> None:
 
 @pytest.fixture(scope="module", params=FRONTENDS)
 def stack(request):
-    """echo on 2 engines behind an API key; the Python frontend runs 2 API servers."""
+    """echo on 2 engines behind an API key (given in the environment, as
+    vLLM takes it); the Python frontend runs 2 API servers."""
     frontend = request.param
     extra = ["--api-server-count", "2"] if frontend == "python" else []
-    serve = Serve("--model", "echo", "--port", "0", "--data-parallel-size", "2", "--api-key", API_KEY,
-                  "--max-model-len", "512", "--frontend", frontend, *extra)  # fmt: skip
+    serve = Serve("--model", "echo", "--port", "0", "--data-parallel-size", "2",
+                  "--max-model-len", "512", "--frontend", frontend, *extra, env={"VLLM_API_KEY": API_KEY})  # fmt: skip
     try:
         serve.wait_ready()
         serve.frontend = frontend
@@ -156,6 +170,14 @@ def stack(request):
         assert_all_gone(processes, within_s=1)
     finally:
         serve.kill()
+
+
+def test_api_key_is_on_no_command_line_and_is_required(stack):
+    for process in stack.stack_processes():
+        assert API_KEY.encode() not in Path(f"/proc/{process.pid}/cmdline").read_bytes(), process.cmdline()
+    assert stack.http("GET", "/v1/models")[0] == 401
+    assert stack.http("GET", "/v1/models", headers={"authorization": "Bearer wrong"})[0] == 401
+    assert stack.http("GET", "/v1/models", headers={"authorization": f"Bearer {API_KEY}"})[0] == 200
 
 
 def test_completion(stack):

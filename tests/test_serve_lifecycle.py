@@ -10,19 +10,53 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
+import psutil
 import pytest
+import zmq
 
 from tests.test_serve import FRONTENDS, Serve, assert_all_gone
+from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 
 ENGINE_PID = re.compile(r"EngineCore_(\d+) ready \(pid (\d+)\)")
 API_SERVER_PID = re.compile(r"\(APIServer_0 pid=(\d+)\)")
 ENGINE_TOTALS = re.compile(r"EngineCore_(\d+) stopped: (\d+) requests finished")
+
+
+def wait_gone(path: str, within_s: float) -> bool:
+    """Whether `path` is gone, polled until the deadline."""
+    deadline = time.monotonic() + within_s
+    while os.path.lexists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not os.path.lexists(path)
+
+
+def abstract_unix_sockets(processes) -> list[str]:
+    """The abstract-namespace Unix socket names held open by `processes`."""
+    inodes = set()
+    for process in processes:
+        for fd in os.listdir(f"/proc/{process.pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{process.pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    names = []
+    with open("/proc/net/unix") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            if len(fields) >= 8 and fields[6] in inodes and fields[7].startswith("@"):
+                names.append(fields[7])
+    return names
 
 
 def engine_pids(serve: Serve) -> dict[int, int]:
@@ -98,6 +132,68 @@ def test_sigterm_exits_0_and_removes_the_unix_socket(tmp_path, frontend):
         serve.kill()
 
 
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_engine_sockets_are_private_and_removed_with_the_stack(frontend):
+    """The engine sockets are files of mode 0600 in a directory of mode 0700
+    (abstract sockets would have no permission check at all); SIGTERM
+    removes them and the directory."""
+    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend)
+    try:
+        serve.wait_ready()
+        directory = serve.socket_dir
+        info = os.lstat(directory)
+        assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == os.getuid()
+        assert sorted(os.listdir(directory)) == ["input-0", "output-0"]
+        for name in ("input-0", "output-0"):
+            mode = os.lstat(os.path.join(directory, name)).st_mode
+            assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+        processes = serve.descendants()
+        assert abstract_unix_sockets([*processes, psutil.Process(serve.proc.pid)]) == []
+        serve.proc.send_signal(signal.SIGTERM)
+        assert serve.wait(30) == 0, serve.output
+        assert_all_gone(processes, within_s=1)
+        assert not os.path.lexists(directory)
+    finally:
+        serve.kill()
+
+
+def test_sigkill_of_serve_removes_the_socket_directory():
+    serve = Serve("--model", "echo", "--port", "0")
+    try:
+        serve.wait_ready()
+        directory = serve.socket_dir
+        serve.proc.kill()
+        assert wait_gone(directory, within_s=2), os.listdir(directory)
+    finally:
+        serve.kill()
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_an_engine_lost_by_the_frontend_stops_the_stack(frontend):
+    """The frontend's /health turns 503 while every engine process lives (here
+    ENGINE_CORE_DEAD arrives on its output socket; a hung engine or a lost
+    connection does the same): serve stops everything and exits 1 saying so."""
+    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend)
+    try:
+        serve.wait_ready()
+        processes = serve.descendants()
+        directory = serve.socket_dir
+        ctx = zmq.Context()
+        try:
+            push = ctx.socket(zmq.PUSH)
+            push.connect(f"ipc://{directory}/output-0")
+            push.send(ENGINE_CORE_DEAD)
+            push.close(linger=10_000)
+        finally:
+            ctx.term()
+        assert serve.wait(30) == 1, serve.output
+        assert "error: the frontend reports an engine lost: " in serve.output, serve.output
+        assert_all_gone(processes, within_s=1)
+        assert not os.path.lexists(directory)
+    finally:
+        serve.kill()
+
+
 @pytest.mark.parametrize("victim", ["engine", "frontend"])
 @pytest.mark.parametrize("frontend", FRONTENDS)
 def test_process_killed_mid_stream(frontend, victim):
@@ -119,6 +215,7 @@ def test_process_killed_mid_stream(frontend, victim):
         named = "Engine core process EngineCore_0 died unexpectedly" if victim == "engine" else f"(PID: {pid}) died with exit code -9"
         assert code == 1 and named in serve.output, serve.output
         assert_all_gone(processes, within_s=1)
+        assert not os.path.lexists(serve.socket_dir)
     finally:
         serve.kill()
 
@@ -158,11 +255,11 @@ def torch_cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def run_serve_expecting_usage_error(*args: str) -> list[str]:
+def run_serve_expecting_usage_error(*args: str, env: dict[str, str] | None = None) -> list[str]:
     """Runs serve, expects exit 2 with a one-line error; returns stderr lines."""
     result = subprocess.run(
         [sys.executable, "-m", "vllm_rs", "serve", *args],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "VLLM_NO_USAGE_STATS": "1"},
+        capture_output=True, text=True, timeout=60, env={**os.environ, "VLLM_NO_USAGE_STATS": "1", **(env or {})},
     )  # fmt: skip
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result
@@ -187,6 +284,68 @@ def test_port_in_use_bad_model_and_bad_option_start_nothing(tmp_path):
     assert "unrecognized arguments: --no-such-option" in line
     (line,) = run_serve_expecting_usage_error("--frontend", "rust", "--api-server-count", "2")
     assert "--api-server-count" in line
+
+
+BAD_NUMBERS = [
+    ("--shutdown-timeout", "nan"),
+    ("--shutdown-timeout", "inf"),
+    ("--shutdown-timeout", "1e300"),
+    ("--shutdown-timeout", "-1"),
+    ("--engine-ready-timeout", "0"),
+    ("--engine-ready-timeout", str(10**12)),
+    ("--port", "65536"),
+    ("--data-parallel-size", "0"),
+    ("--api-server-count", "0"),
+    ("--max-model-len", "0"),
+    ("--max-model-len", str(2**64)),
+    ("--max-num-seqs", "0"),
+    ("--max-num-batched-tokens", str(2**40)),
+    ("--block-size", str(10**9)),
+    ("--num-gpu-blocks", "0"),
+    ("--seed", "-1"),
+    ("--seed", str(2**64)),
+]
+
+
+@pytest.mark.parametrize("option, value", BAD_NUMBERS)
+def test_every_numeric_option_is_checked_before_anything_starts(tmp_path, option, value):
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    (line,) = run_serve_expecting_usage_error(
+        "--model", "echo", "--port", "0", "--frontend", "python", option, value, env={"XDG_RUNTIME_DIR": str(runtime)}
+    )
+    assert f"{option} " in line and "must be a number from" in line, line
+    assert not list(runtime.iterdir())  # no socket directory was made
+
+
+def test_empty_api_key_is_a_usage_error():
+    (line,) = run_serve_expecting_usage_error("--model", "echo", "--port", "0", "--api-key", "")
+    assert "--api-key: empty" in line
+
+
+def test_engine_listener_failure_is_a_usage_error_leaving_no_directory(tmp_path):
+    runtime = tmp_path / ("r" * 120)  # socket paths in it exceed what AF_UNIX holds
+    runtime.mkdir(mode=0o700)
+    (line,) = run_serve_expecting_usage_error("--model", "echo", "--port", "0", env={"XDG_RUNTIME_DIR": str(runtime)})
+    assert "cannot create the engine listeners in" in line, line
+    assert not list(runtime.iterdir())
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_api_key_option_warns_and_stays_off_the_frontends_command_lines(frontend):
+    key = "sk-from-the-command-line"
+    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend, "--api-key", key)
+    try:
+        serve.wait_ready()
+        assert "--api-key is visible to every local user" in serve.output
+        for process in serve.descendants():  # serve's own command line holds it: that is what the warning is about
+            assert key.encode() not in Path(f"/proc/{process.pid}/cmdline").read_bytes(), process.cmdline()
+        assert serve.http("GET", "/v1/models")[0] == 401
+        assert serve.http("GET", "/v1/models", headers={"authorization": f"Bearer {key}"})[0] == 200
+        serve.interrupt()
+        assert serve.wait(30) == 0
+    finally:
+        serve.kill()
 
 
 @pytest.mark.skipif(torch_cuda_available(), reason="this machine has CUDA")

@@ -25,7 +25,11 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     parser.add_argument("--data-parallel-size", type=int, default=1, help="number of engine processes")
     parser.add_argument("--frontend", choices=("rust", "python"), default="rust")
     parser.add_argument("--api-server-count", type=int, default=1, help="Python API servers (python frontend)")
-    parser.add_argument("--api-key", default=None, help="require this bearer token")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="require this bearer token (default: $VLLM_API_KEY; prefer that: every local user can read a command line)",
+    )
     parser.add_argument("--max-model-len", type=int, default=None, help="bound on prompt plus generated tokens")
     parser.add_argument("--engine-ready-timeout", type=int, default=None, help="seconds to wait for engines")
     parser.add_argument("--shutdown-timeout", type=float, default=None, help="seconds a SIGTERM/Ctrl-C drain may take (default 4)")

@@ -24,6 +24,13 @@ def http_timeout_keep_alive() -> int:
     return _int("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", 5)
 
 
+def api_key() -> str | None:
+    """`VLLM_API_KEY`: the bearer token the API servers require (None when
+    unset or empty). Passed to frontends this way so that no command line,
+    which every local user can read, holds it."""
+    return os.environ.get("VLLM_API_KEY") or None
+
+
 def rpc_base_path() -> str:
     """`VLLM_RPC_BASE_PATH`: folder for ipc:// socket files (default: the temp dir)."""
     return os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.gettempdir()

@@ -5,14 +5,26 @@ and sets listening *before* any child starts; the child that owns the ZeroMQ
 socket adopts the fd (libzmq's `ZMQ_USE_FD`) instead of binding anew. Port 0
 is resolved to a concrete port at creation, so the address can be handed out
 at once and nobody else can take the port in between.
+
+Engine endpoints carry every prompt and every answer and have no
+authentication of their own, so the Unix sockets made here are private to
+this user: a socket file is chmod 0600 before it listens, and
+`get_open_zmq_ipc_path` names paths inside a directory of mode 0700. Linux's
+abstract sockets (`ipc://@NAME`) have no permission check at all: any local
+user can connect to them. They are still accepted where an address is given
+explicitly, but nothing in vllm_rs uses them by default.
 """
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import os
 import socket
+import stat
 import sys
+import tempfile
+import threading
 import uuid
 from typing import Any
 
@@ -23,6 +35,9 @@ logger = init_logger(__name__)
 
 #: Listen backlog of listener sockets (libzmq's own default, ZMQ_BACKLOG).
 LISTEN_BACKLOG = 100
+#: Mode of a listener's socket file: connecting needs write permission, so
+#: only this user (and root) can connect.
+PRIVATE_SOCKET_MODE = 0o600
 
 
 def split_zmq_path(path: str) -> tuple[str, str, str]:
@@ -59,9 +74,98 @@ def get_tcp_uri(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
 
+def default_socket_dir_base() -> str:
+    """Where private socket directories go: `$XDG_RUNTIME_DIR` when it is set
+    and usable (a directory this user owns, may write in, and nobody else
+    may), else the temp dir."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        try:
+            st = os.stat(runtime)
+        except OSError:
+            st = None
+        if (
+            st is not None
+            and stat.S_ISDIR(st.st_mode)
+            and st.st_uid == os.getuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            and os.access(runtime, os.W_OK | os.X_OK)
+        ):
+            return runtime
+        logger.debug("XDG_RUNTIME_DIR=%s is not usable for sockets; using the temp dir", runtime)
+    return tempfile.gettempdir()
+
+
+class PrivateSocketDir:
+    """A fresh directory of mode 0700 (`tempfile.mkdtemp`) for Unix socket
+    files: nobody but this user (and root) can reach a socket inside it,
+    whatever the socket's own mode. The process core's guardian removes it
+    (with the socket files registered in it) even after a SIGKILL of this
+    process; `remove()` does it on a clean exit."""
+
+    def __init__(self, base: str | None = None, prefix: str = "vllm-rs-"):
+        self.path = tempfile.mkdtemp(prefix=prefix, dir=base or default_socket_dir_base())
+        self._owner = os.getpid()
+        if sys.platform.startswith("linux"):
+            from vllm_rs.process import remove_on_exit
+
+            try:
+                remove_on_exit(self.path)
+            except BaseException:
+                os.rmdir(self.path)
+                raise
+
+    def endpoint(self, name: str) -> str:
+        """`ipc://DIR/name`: a socket file in this directory (not created here)."""
+        return f"ipc://{self.path}/{name}"
+
+    def remove(self) -> None:
+        """Removes the socket files left in the directory, then the directory.
+        Anything else in it (never put there by vllm_rs) is left, and so is
+        the directory then. Only the process that made it removes it (a
+        forked child inherits the object, not the ownership)."""
+        if os.getpid() != self._owner:
+            return
+        try:
+            entries = list(os.scandir(self.path))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                _unlink_socket_file(entry.path)
+        try:
+            os.rmdir(self.path)
+        except OSError as e:
+            logger.warning("socket directory %s not removed: %s", self.path, e.strerror)
+            return
+        if sys.platform.startswith("linux"):
+            from vllm_rs.process import cancel_remove_on_exit
+
+            cancel_remove_on_exit(self.path)  # removed here: a later directory there is not ours
+
+
+_private_ipc_dirs: dict[tuple[int, str], PrivateSocketDir] = {}
+_private_ipc_dirs_lock = threading.Lock()
+
+
+def private_ipc_dir(base: str) -> str:
+    """This process's private socket directory under `base` (a
+    `PrivateSocketDir` made on first use, removed at exit)."""
+    key = (os.getpid(), base)  # a forked child makes its own
+    with _private_ipc_dirs_lock:
+        directory = _private_ipc_dirs.get(key)
+        if directory is None or not os.path.isdir(directory.path):
+            directory = PrivateSocketDir(base)
+            atexit.register(directory.remove)
+            _private_ipc_dirs[key] = directory
+    return directory.path
+
+
 def get_open_zmq_ipc_path() -> str:
-    """A fresh `ipc://{VLLM_RPC_BASE_PATH}/{uuid4}` endpoint (nothing created yet)."""
-    return f"ipc://{envs.rpc_base_path()}/{uuid.uuid4()}"
+    """A fresh `ipc://{VLLM_RPC_BASE_PATH}/vllm-rs-XXXXXXXX/{uuid4}` endpoint:
+    the socket file does not exist yet, and the directory it will be in is
+    this process's private one (mode 0700, see `private_ipc_dir`)."""
+    return f"ipc://{private_ipc_dir(envs.rpc_base_path())}/{uuid.uuid4()}"
 
 
 def _try_bind(port: int) -> bool:
@@ -93,6 +197,13 @@ def get_open_port() -> int:
         except OSError:
             continue
     raise OSError("no free TCP port could be found")
+
+
+def _unlink_socket_file(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 class ZmqListener:
@@ -129,10 +240,7 @@ class ZmqListener:
         self.close()
         path = self.ipc_path
         if path:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            _unlink_socket_file(path)
             if sys.platform.startswith("linux"):
                 from vllm_rs.process import cancel_remove_on_exit
 
@@ -144,14 +252,24 @@ class ZmqListener:
 
 def make_zmq_listener(addr: str, socket_type: int) -> ZmqListener:
     """Creates, binds and listens on an OS socket for `addr` (tcp://, ipc://PATH,
-    or Linux's abstract `ipc://@NAME`, which leaves no file behind). Port 0 is
-    resolved; the returned listener's `.address` is concrete."""
+    or Linux's abstract `ipc://@NAME`). Port 0 is resolved; the returned
+    listener's `.address` is concrete.
+
+    An ipc:// socket file gets mode 0600 before it listens (until then a
+    connect is refused anyway), so only this user can connect; it is removed
+    by `cleanup()`, and by the guardian if this process is SIGKILLed. An
+    abstract socket has no file and no permission check: any local user can
+    connect to it, so give one only where that is acceptable."""
     scheme, host, port = split_zmq_path(addr)
     if scheme == "ipc":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         abstract = host.startswith("@")
+        bound = False
         try:
             sock.bind("\0" + host[1:] if abstract else host)
+            bound = True
+            if not abstract:
+                os.chmod(host, PRIVATE_SOCKET_MODE)
             sock.listen(LISTEN_BACKLOG)
             if sys.platform.startswith("linux") and not abstract:
                 from vllm_rs.process import remove_on_exit
@@ -159,6 +277,8 @@ def make_zmq_listener(addr: str, socket_type: int) -> ZmqListener:
                 remove_on_exit(host)  # no socket file left even if we are SIGKILLed
         except BaseException:
             sock.close()
+            if bound and not abstract:
+                _unlink_socket_file(host)  # ours: bind made it
             raise
         return ZmqListener(addr, sock, socket_type)
     if scheme != "tcp":
@@ -174,6 +294,19 @@ def make_zmq_listener(addr: str, socket_type: int) -> ZmqListener:
         sock.close()
         raise
     return ZmqListener(get_tcp_uri(host, sock.getsockname()[1]), sock, socket_type)
+
+
+def _as_listener(listener: Any, path: str, socket_type: int) -> ZmqListener:
+    """`listener` as an open ZmqListener (a bare socket is wrapped for `path`)."""
+    if isinstance(listener, socket.socket):
+        listener = ZmqListener(path, listener, socket_type)
+    elif not isinstance(listener, ZmqListener):
+        raise TypeError(
+            f"listener for {path}: expected a ZmqListener or a listening socket.socket, got {type(listener).__name__}"
+        )
+    if listener.socket.fileno() == -1:
+        raise ValueError(f"listener for {listener.address} is closed; it cannot be adopted")
+    return listener
 
 
 def _buffer_size() -> int:
@@ -194,16 +327,20 @@ def make_zmq_socket(
     bind: bool | None = None,
     identity: bytes | None = None,
     linger: int | None = None,
-    listener: ZmqListener | None = None,
+    listener: ZmqListener | socket.socket | None = None,
 ) -> Any:
     """A pyzmq socket for `path` with vLLM's buffer and high-water-mark
     settings. `bind` defaults to True except for PUSH/SUB/XSUB. With
-    `listener`, the socket adopts the listener's fd (ZMQ_USE_FD) instead of
-    binding anew; libzmq then owns that fd."""
+    `listener` (a `ZmqListener`, or the bare listening `socket.socket` that
+    vLLM's API-server workers pass from `client_config["input_listener"]`,
+    which is then taken to listen on `path`), the socket adopts the
+    listener's fd (ZMQ_USE_FD) instead of binding anew; libzmq then owns
+    that fd. A closed listener or another kind of object is a ValueError /
+    TypeError naming the endpoint, before any ZeroMQ socket exists."""
     import zmq
 
-    if listener is not None and listener.socket.fileno() == -1:
-        raise ValueError(f"listener for {listener.address} is closed; it cannot be adopted")
+    if listener is not None:
+        listener = _as_listener(listener, path, socket_type)
     sock = ctx.socket(socket_type)
     try:
         buf_size = _buffer_size()

@@ -76,7 +76,8 @@ def _shutdown_subprocesses(procs: list[Any], timeout: float | None = None) -> No
 
 
 def _remove_ipc_socket_file(address: str | None) -> None:
-    if address and address.startswith("ipc://"):
+    # An abstract `ipc://@NAME` has no file; "@NAME" must not be taken for a path.
+    if address and address.startswith("ipc://") and not address.startswith("ipc://@"):
         try:
             os.remove(address[len("ipc://"):])
         except FileNotFoundError:
@@ -256,10 +257,19 @@ class APIServerProcessManager:
             _shutdown_and_cleanup_listeners(self.processes, self._listeners, timeout=timeout)
 
 
+#: The environment variable that carries the API key to a frontend (vLLM's name).
+API_KEY_ENV = "VLLM_API_KEY"
+#: The environment variable that carries a Hugging Face token (its hub's name).
+HF_TOKEN_ENV = "HF_TOKEN"
+
+
 class RustFrontendProcessManager:
     """Runs the Rust frontend (`binary_path frontend ...`, the bundled
     `vllm-rs` when None) with exactly the HTTP socket and the two listener fds
-    inherited; `.processes` is one handle named `RustFrontend`."""
+    inherited; `.processes` is one handle named `RustFrontend`. Secrets reach
+    the frontend in its environment (`args.api_key` as `VLLM_API_KEY`,
+    `args.hf_token` as `HF_TOKEN`), never on its command line, which every
+    local user can read."""
 
     def __init__(
         self,
@@ -301,8 +311,16 @@ class RustFrontendProcessManager:
                 cmd.extend(["--coordinator-address", stats_update_address])
             args_dict = jsonify_non_default_args(
                 args,
-                exclude={"api_server_count", "data_parallel_rank", "data_parallel_external_lb", "data_parallel_hybrid_lb"},
+                exclude={
+                    "api_key",
+                    "hf_token",
+                    "api_server_count",
+                    "data_parallel_rank",
+                    "data_parallel_external_lb",
+                    "data_parallel_hybrid_lb",
+                },
             )
+            env = _frontend_environment(getattr(args, "api_key", None), getattr(args, "hf_token", None))
             model_tag = getattr(args, "model_tag", None) or getattr(args, "model", None)
             if model_tag is not None:
                 args_dict["model_tag"] = model_tag
@@ -311,7 +329,7 @@ class RustFrontendProcessManager:
             cmd.extend(["--args-json", json.dumps(args_dict, sort_keys=True)])
             redacted = json.dumps(redact_sensitive_args(args_dict), sort_keys=True)
             logger.info("Launching Rust frontend: %s", " ".join(cmd[:-1] + [redacted]))
-            proc = spawn_executable(cmd, name="RustFrontend", pass_fds=inherited_fds)
+            proc = spawn_executable(cmd, name="RustFrontend", env=env, pass_fds=inherited_fds)
         except BaseException:
             for listener in self._listeners:
                 listener.cleanup()
@@ -328,6 +346,24 @@ class RustFrontendProcessManager:
         listeners; idempotent."""
         if self._finalizer.detach() is not None:
             _shutdown_and_cleanup_listeners(self.processes, self._listeners, timeout, _shutdown_subprocesses)
+
+
+def _frontend_environment(api_key: Any, hf_token: Any) -> dict[str, str] | None:
+    """This process's environment plus the secrets given (`VLLM_API_KEY`,
+    `HF_TOKEN`), or None (inherit it as is) when there are none."""
+    secrets: dict[str, str] = {}
+    if api_key:
+        if isinstance(api_key, (list, tuple)):  # vLLM's parser gives a list
+            if len(api_key) != 1:
+                # The environment holds one key; more would need the command line.
+                raise ValueError(f"api_key: the Rust frontend takes one key (through {API_KEY_ENV}), got {len(api_key)}")
+            api_key = api_key[0]
+        if not isinstance(api_key, str) or not api_key:
+            raise ValueError(f"api_key: expected a non-empty string, got {type(api_key).__name__}")
+        secrets[API_KEY_ENV] = api_key
+    if isinstance(hf_token, str) and hf_token:  # vLLM's `--hf-token` without a value means "use the login's"
+        secrets[HF_TOKEN_ENV] = hf_token
+    return {**os.environ, **secrets} if secrets else None
 
 
 def wait_for_completion_or_failure(

@@ -6,28 +6,37 @@ socket and the ZeroMQ listeners, starts the engine cores
 (`CoreEngineProcManager`) and the frontend (`RustFrontendProcessManager`, or
 `APIServerProcessManager` for `--frontend python`), reports usage once,
 prints one line once the frontend answers, and watches everything with
-`wait_for_completion_or_failure`.
+`wait_for_completion_or_failure` plus the frontend's `/health`.
 
-Ctrl-C or SIGTERM: everything stops, exit 0. Any process dying: everything
-stops, exit 1 with a message naming it (an engine's death is first told to
-the frontends as `ENGINE_CORE_DEAD`, so requests in flight end with an
-error). SIGKILL of `serve`: the process core takes every child along. The
-engines talk to the frontends over loopback TCP, so no socket file is ever
-left behind; a `--uds` socket file is removed on every exit (the guardian removes it after a SIGKILL), and a
-stale one is replaced at the next start.
+Ctrl-C or SIGTERM: everything stops, exit 0. Any process dying, or the
+frontend reporting an engine lost (`/health` 503): everything stops, exit 1
+with a message naming it (an engine's death is first told to the frontends
+as `ENGINE_CORE_DEAD`, so requests in flight end with an error). SIGKILL of
+`serve`: the process core takes every child along.
+
+Engines and frontends meet on Unix sockets in a directory of mode 0700 that
+only this user can enter (engine sockets carry every prompt and answer and
+have no authentication of their own); the directory and the sockets in it
+are removed on every exit, by the guardian after a SIGKILL. A `--uds` socket
+file is removed the same way, and a stale one is replaced at the next start.
+The API key reaches the frontends only through their environment
+(`VLLM_API_KEY`), never through a command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import logging
+import math
 import os
 import signal
 import socket
 import sys
 import threading
 import time
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +47,10 @@ from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigErr
 from vllm_rs.engine.models import ModelPathError
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 from vllm_rs.logger import init_logger
+from vllm_rs.network_utils import PrivateSocketDir, ZmqListener, is_valid_ipv6_address, make_zmq_listener
 from vllm_rs.process import remove_on_exit
-from vllm_rs.network_utils import ZmqListener, is_valid_ipv6_address, make_zmq_listener
+from vllm_rs.process import wait as wait_fds
+from vllm_rs.process_managers import API_KEY_ENV
 
 logger = init_logger("vllm_rs.serve")
 
@@ -51,13 +62,30 @@ HTTP_BACKLOG = 2048
 USAGE_REPORT_WAIT_S = 1.0
 #: Log levels for `VLLM_LOGGING_LEVEL`, understood by Python and the Rust frontend.
 CHILD_LOG_LEVELS = {"debug": "DEBUG", "info": "INFO", "warning": "WARN", "error": "ERROR", "critical": "ERROR"}
+#: How often the frontend's `/health` is asked once the stack is ready.
+HEALTH_POLL_INTERVAL_S = 1.0
+#: After a 503 from `/health`, how long an engine process has to be seen
+#: exiting, so that its death (which names it) is what gets reported.
+ENGINE_EXIT_GRACE_S = 2.0
+#: Largest `/health` answer read.
+HEALTH_RESPONSE_LIMIT = 65536
 
-
-def engine_listen_address() -> str:
-    """A fresh endpoint where engines and a frontend meet: a Unix socket in
-    Linux's abstract namespace, as local as vLLM's ipc:// paths and about half
-    the kernel work of loopback TCP per message, with no file to leave behind."""
-    return f"ipc://@vllm-rs-{os.getpid()}-{uuid.uuid4().hex[:16]}"
+#: (least, most) value of every numeric option; checked before anything
+#: starts. The bounds keep every value meaningful and representable in each
+#: part it reaches (JSON, the Rust frontend's integers and durations, torch).
+NUMERIC_OPTION_RANGES: dict[str, tuple[float, float]] = {
+    "port": (0, 65535),
+    "data_parallel_size": (1, 1024),
+    "api_server_count": (1, 1024),
+    "max_model_len": (1, 2**31 - 1),
+    "engine_ready_timeout": (1, 7 * 24 * 3600),
+    "shutdown_timeout": (0, 24 * 3600),
+    "max_num_seqs": (1, 2**20),
+    "max_num_batched_tokens": (1, 2**31 - 1),
+    "block_size": (1, 4096),
+    "num_gpu_blocks": (1, 2**31 - 1),
+    "seed": (0, 2**63 - 1),
+}
 
 
 class ServeUsageError(Exception):
@@ -166,16 +194,23 @@ class StackPlan:
     args: argparse.Namespace
     engine_config: EngineConfig
     http: HttpEndpoint
+    socket_dir: PrivateSocketDir
     listeners: list[tuple[ZmqListener, ZmqListener]]
     frontend_binary: str | None = None
     output_addresses: list[str] = field(default_factory=list)
 
     def cleanup(self) -> None:
-        """Closes and removes every socket this plan created."""
-        for pair in self.listeners:
-            for listener in pair:
-                listener.cleanup()
+        """Closes and removes every socket this plan created, and the socket
+        directory."""
+        _cleanup_listeners(self.listeners, self.socket_dir)
         self.http.close()
+
+
+def _cleanup_listeners(listeners: list[tuple[ZmqListener, ZmqListener]], socket_dir: PrivateSocketDir) -> None:
+    for pair in listeners:
+        for listener in pair:
+            listener.cleanup()
+    socket_dir.remove()
 
 
 def _cuda_available() -> bool:
@@ -186,17 +221,23 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _validate_numbers(args: argparse.Namespace) -> None:
+    """Every numeric option finite and within `NUMERIC_OPTION_RANGES`."""
+    for name, (least, most) in NUMERIC_OPTION_RANGES.items():
+        value = getattr(args, name)
+        if value is None or (name == "port" and args.uds):
+            continue
+        if (isinstance(value, float) and not math.isfinite(value)) or not least <= value <= most:
+            option = "--" + name.replace("_", "-")
+            raise ServeUsageError(f"{option} {value}: must be a number from {least} to {most}")
+
+
 def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
-    if args.api_server_count < 1:
-        raise ServeUsageError("--api-server-count must be at least 1")
+    _validate_numbers(args)
     if args.frontend == "rust" and args.api_server_count != 1:
         raise ServeUsageError("--api-server-count applies to --frontend python (the Rust frontend is one process)")
-    if args.engine_ready_timeout is not None and args.engine_ready_timeout < 1:
-        raise ServeUsageError("--engine-ready-timeout must be at least 1 second")
-    if args.shutdown_timeout is not None and args.shutdown_timeout < 0:
-        raise ServeUsageError("--shutdown-timeout must not be negative")
-    if not args.uds and not 0 <= args.port <= 65535:
-        raise ServeUsageError(f"--port {args.port}: not a port number")
+    if args.api_key is not None and not args.api_key:
+        raise ServeUsageError("--api-key: empty; give the key, or leave the option out to serve without one")
     try:
         config = make_engine_config(
             args.model,
@@ -236,45 +277,112 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
         args.model_tag = spec.model_type
         args.served_model_name = args.served_model_name or [args.model]
     http = create_http_endpoint(args)
+    try:
+        socket_dir = PrivateSocketDir()
+    except OSError as e:
+        http.close()
+        raise ServeUsageError(f"cannot create the engine socket directory: {e}") from None
     listeners: list[tuple[ZmqListener, ZmqListener]] = []
     try:
-        for _ in range(args.api_server_count):
+        for i in range(args.api_server_count):
             listeners.append(
-                (make_zmq_listener(engine_listen_address(), zmq.ROUTER), make_zmq_listener(engine_listen_address(), zmq.PULL))
+                (
+                    make_zmq_listener(socket_dir.endpoint(f"input-{i}"), zmq.ROUTER),
+                    make_zmq_listener(socket_dir.endpoint(f"output-{i}"), zmq.PULL),
+                )
             )
     except OSError as e:
-        for pair in listeners:
-            for listener in pair:
-                listener.cleanup()
+        _cleanup_listeners(listeners, socket_dir)
         http.close()
-        raise ServeUsageError(f"cannot create the engine listeners: {e}") from None
+        raise ServeUsageError(f"cannot create the engine listeners in {socket_dir.path}: {e}") from None
+    logger.info("engine sockets in %s (mode 0700: this user only)", socket_dir.path)
     config.clients = [ClientAddresses(i.address, o.address) for i, o in listeners]
-    return StackPlan(args, config, http, listeners, binary, [o.address for _, o in listeners])
+    return StackPlan(args, config, http, socket_dir, listeners, binary, [o.address for _, o in listeners])
 
 
 def _set_child_environment(args: argparse.Namespace) -> None:
+    if args.api_key is not None:
+        logger.warning(
+            "--api-key is visible to every local user (ps, /proc/PID/cmdline); "
+            "set %s in the environment instead", API_KEY_ENV,
+        )  # fmt: skip
+        os.environ[API_KEY_ENV] = args.api_key
+        # The frontends read the key from their environment; out of `args`, it
+        # can reach no command line (`--args-json`).
+        args.api_key = None
     os.environ["VLLM_LOGGING_LEVEL"] = CHILD_LOG_LEVELS[args.log_level]
     logging.getLogger("vllm_rs").setLevel(CHILD_LOG_LEVELS[args.log_level])
     if args.engine_ready_timeout is not None:
         os.environ["VLLM_ENGINE_READY_TIMEOUT_S"] = str(args.engine_ready_timeout)
 
 
-def wait_until_ready(http: HttpEndpoint, stop: threading.Event) -> bool:
-    """Polls `GET /health` until it answers 200 (True) or `stop` is set."""
+def ask_health(http: HttpEndpoint) -> tuple[int, str] | None:
+    """`GET /health` once: (status, the error message of a non-200 answer),
+    or None when the frontend did not answer (within 2 s)."""
     family, address = http.probe_target()
-    request = b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    while not stop.is_set():
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as probe:
-                probe.settimeout(2.0)
-                probe.connect(address)
-                probe.sendall(request)
-                if probe.recv(64).startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")):
-                    return True
-        except OSError:
-            pass
-        stop.wait(0.1)
-    return False
+    response = b""
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.settimeout(2.0)
+            probe.connect(address)
+            probe.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            while len(response) < HEALTH_RESPONSE_LIMIT and (chunk := probe.recv(HEALTH_RESPONSE_LIMIT)):
+                response += chunk
+    except OSError:
+        if not response:
+            return None
+    head, _, body = response.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].split()
+    if len(status_line) < 2 or not status_line[1].isdigit():
+        return None
+    status = int(status_line[1])
+    if status == 200:
+        return status, ""
+    try:
+        message = str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        message = f"HTTP {status}"
+    return status, message
+
+
+class FrontendHealthWatch:
+    """Asks the frontend's `GET /health` until `stop` is set: every 0.1 s
+    until the first answer (the frontends answer HTTP only once every engine
+    has registered), then every `HEALTH_POLL_INTERVAL_S`. The first 200 calls
+    `on_ready`. A 503, at any time, means the frontend has lost an engine
+    (dead, hung, or its connection gone) and fails what is sent to it, so
+    the stack must stop: unless an engine process is seen exiting within
+    `ENGINE_EXIT_GRACE_S` (its death names it and is reported the usual way),
+    `failure` gets the frontend's reason and the main thread is interrupted
+    with `STOP_SIGNAL`. No answer within 2 s (a busy frontend) is no verdict."""
+
+    STOP_SIGNAL = signal.SIGUSR1
+
+    def __init__(self, http: HttpEndpoint, engine_sentinels: list[int], stop: threading.Event):
+        self.failure: str | None = None
+        self._http = http
+        self._engine_sentinels = engine_sentinels
+        self._stop = stop
+        self._main_thread = threading.main_thread().ident
+
+    def watch(self, on_ready: Callable[[], None]) -> None:
+        """Polls until `stop` is set or the frontend answers 503."""
+        ready = False
+        while not self._stop.is_set():
+            answer = ask_health(self._http)
+            if answer is not None and answer[0] == 503:
+                self._engine_lost(answer[1])
+                return
+            if answer is not None and answer[0] == 200 and not ready:
+                ready = True
+                on_ready()
+            self._stop.wait(HEALTH_POLL_INTERVAL_S if ready else 0.1)
+
+    def _engine_lost(self, reason: str) -> None:
+        if wait_fds(self._engine_sentinels, ENGINE_EXIT_GRACE_S) or self._stop.is_set():
+            return  # an engine died: wait_for_completion_or_failure names it
+        self.failure = f"the frontend reports an engine lost: {reason}"
+        signal.pthread_kill(self._main_thread, self.STOP_SIGNAL)
 
 
 def notify_engine_death(output_addresses: list[str]) -> None:
@@ -324,10 +432,10 @@ def run_stack(plan: StackPlan) -> int:
 
     args = plan.args
     stop_requested = _StopRequested()
-    signal.signal(signal.SIGTERM, stop_requested)
-    signal.signal(signal.SIGINT, stop_requested)
-    engines = frontend = usage_report = None
-    ready_stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT, FrontendHealthWatch.STOP_SIGNAL):
+        signal.signal(signum, stop_requested)
+    engines = frontend = usage_report = health = None
+    probe_stop = threading.Event()
     failure: str | None = None
     try:
         usage_report = report_usage_stats(plan.engine_config, UsageContext.OPENAI_API_SERVER)
@@ -336,7 +444,9 @@ def run_stack(plan: StackPlan) -> int:
             plan.engine_config.clients[0].input_address, None, not args.disable_log_stats,
         )  # fmt: skip
         frontend = _start_frontend(plan)
-        threading.Thread(target=_announce_when_ready, args=(plan, ready_stop), daemon=True, name="ReadyProbe").start()
+        health = FrontendHealthWatch(plan.http, engines.sentinels(), probe_stop)
+        announce = functools.partial(_announce_ready, plan, time.monotonic())
+        threading.Thread(target=health.watch, args=(announce,), daemon=True, name="HealthProbe").start()
         wait_for_completion_or_failure(frontend, engines)
         if stop_requested.signal is None:
             failure = "the frontend exited on its own"
@@ -345,9 +455,11 @@ def run_stack(plan: StackPlan) -> int:
     except RuntimeError as e:
         failure = str(e)
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        ready_stop.set()
+        for signum in (signal.SIGTERM, signal.SIGINT, FrontendHealthWatch.STOP_SIGNAL):
+            signal.signal(signum, signal.SIG_IGN)
+        probe_stop.set()
+        if failure is None and health is not None:
+            failure = health.failure
         if engines is not None and engines.failed_proc_name is not None:
             notify_engine_death(plan.output_addresses)
         if frontend is not None:
@@ -364,16 +476,14 @@ def run_stack(plan: StackPlan) -> int:
     return 0
 
 
-def _announce_when_ready(plan: StackPlan, stop: threading.Event) -> None:
-    started = time.monotonic()
-    if wait_until_ready(plan.http, stop):
-        args = plan.args
-        engines = f"{args.data_parallel_size} engine{'s' if args.data_parallel_size > 1 else ''}"
-        print(
-            f"vllm-rs: serving the OpenAI API on {plan.http.url} (model {args.model}, {args.frontend} frontend, "
-            f"{engines}; ready in {time.monotonic() - started:.1f}s)",
-            flush=True,
-        )
+def _announce_ready(plan: StackPlan, started: float) -> None:
+    args = plan.args
+    engines = f"{args.data_parallel_size} engine{'s' if args.data_parallel_size > 1 else ''}"
+    print(
+        f"vllm-rs: serving the OpenAI API on {plan.http.url} (model {args.model}, {args.frontend} frontend, "
+        f"{engines}; ready in {time.monotonic() - started:.1f}s)",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

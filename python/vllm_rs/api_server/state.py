@@ -44,7 +44,7 @@ class ServerSettings:
         and the `VLLM_RS_*` limits); raises LimitError for a bad limit."""
         model_tag = getattr(args, "model_tag", None) or args.model
         names = getattr(args, "served_model_name", None) or [model_tag]
-        api_key = getattr(args, "api_key", None)
+        api_key = getattr(args, "api_key", None) or envs.api_key()  # vLLM's order
         shutdown = getattr(args, "shutdown_timeout", None)
         return cls(
             model_tag=model_tag,
