@@ -354,6 +354,7 @@ async fn every_bad_request_gets_a_4xx_in_the_openai_shape() {
         (json!({"prompt": [-1]}), "prompt"),
         (json!({"prompt": ["a", "b"]}), "prompt"),
         (json!({"prompt": "x", "model": 7}), "model"),
+        (json!({"prompt": "x", "min_tokens": 17}), "min_tokens"), // above the default max_tokens, 16
     ];
     for (request, param) in completion_cases {
         let (status, body) = post_json(&fe.url("/v1/completions"), &request).await;
