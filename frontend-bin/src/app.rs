@@ -3,7 +3,7 @@
 //! engines, serve HTTP, and drain on SIGTERM/SIGINT.
 
 use crate::cli::FrontendArgs;
-use crate::config::ServerConfig;
+use crate::config::{process_env, ServerConfig};
 use crate::engine::registration::wait_for_engines;
 use crate::engine::router::InputRouter;
 use crate::engine::sockets::{open_engine_listener, SocketSource};
@@ -35,18 +35,41 @@ struct Startup {
     engine_count: u32,
 }
 
-/// Async worker threads: `TOKIO_WORKER_THREADS` when set (a positive integer,
-/// else a usage error; tokio itself would panic), else one per available core:
-/// with both engine sockets in the runtime, nothing else in the frontend needs one.
+/// Most async worker threads accepted: more only costs memory and start-up time.
+const MAX_WORKER_THREADS: usize = 1024;
+
+/// Async worker threads: `TOKIO_WORKER_THREADS` when set (an integer from 1 to
+/// `MAX_WORKER_THREADS`, else a usage error; tokio itself would panic on 0),
+/// else one per available core: with both engine sockets in the runtime,
+/// nothing else in the frontend needs one.
 fn worker_threads() -> Result<usize, ExitError> {
+    let bad = || ExitError::usage(format!("TOKIO_WORKER_THREADS must be an integer from 1 to {MAX_WORKER_THREADS}"));
     match std::env::var("TOKIO_WORKER_THREADS") {
         Err(std::env::VarError::NotPresent) => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
         Ok(value) => match value.trim().parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(ExitError::usage(format!("TOKIO_WORKER_THREADS must be a positive integer, got {value:?}"))),
+            Ok(n) if (1..=MAX_WORKER_THREADS).contains(&n) => Ok(n),
+            _ => Err(ExitError::usage(format!("{}, got {value:?}", bad()))),
         },
-        Err(std::env::VarError::NotUnicode(_)) => Err(ExitError::usage("TOKIO_WORKER_THREADS must be a positive integer")),
+        Err(std::env::VarError::NotUnicode(_)) => Err(bad()),
     }
+}
+
+/// Refuses one descriptor given to two flags: both would own it, and the
+/// second close would hit a descriptor that is already gone (or reused).
+fn check_distinct_fds(args: &FrontendArgs) -> Result<(), ExitError> {
+    let given = [
+        ("listen-fd", Some(args.listen_fd)),
+        ("input-listener-fd", args.input_listener_fd),
+        ("output-listener-fd", args.output_listener_fd),
+        ("grpc-listen-fd", args.grpc_listen_fd),
+    ];
+    let given: Vec<(&str, i32)> = given.iter().filter_map(|&(flag, fd)| fd.map(|fd| (flag, fd))).collect();
+    for (i, &(first, fd)) in given.iter().enumerate() {
+        if let Some(&(second, _)) = given[i + 1..].iter().find(|&&(_, other)| other == fd) {
+            return Err(ExitError::usage(format!("--{first} and --{second} are the same descriptor ({fd}): each needs its own socket")));
+        }
+    }
+    Ok(())
 }
 
 /// Runs the frontend to completion.
@@ -66,6 +89,7 @@ pub fn run(args: FrontendArgs) -> Result<(), ExitError> {
 }
 
 fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
+    check_distinct_fds(&args)?;
     if args.grpc_listen_fd.is_some() {
         return Err(ExitError::usage("--grpc-listen-fd: the gRPC service is not supported yet"));
     }
@@ -88,7 +112,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     if last_engine > u64::from(u16::MAX) + 1 {
         return Err(ExitError::usage("--engine-count: engine indices must fit in 2 bytes"));
     }
-    let config = ServerConfig::from_args_json(&args.args_json)?;
+    let config = ServerConfig::load(&args.args_json, &process_env)?;
     tracing::debug!(?config, "configuration");
     let tokenizer = load_tokenizer(&config)?;
     let http = adopt_listening_socket(args.listen_fd, "listen-fd")?;
@@ -154,7 +178,12 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
     if !config.disable_log_stats {
         tokio::spawn(log_stats_forever(metrics.clone(), engines.clone(), STATS_LOG_INTERVAL));
     }
-    let options = ServeOptions { keep_alive_timeout: config.http_timeout_keep_alive, drain_timeout: config.shutdown_timeout };
+    let options = ServeOptions {
+        keep_alive_timeout: config.http_timeout_keep_alive,
+        header_timeout: config.http_header_timeout,
+        max_header_bytes: config.http_max_header_bytes,
+        drain_timeout: config.shutdown_timeout,
+    };
     let state = Arc::new(AppState { config, tokenizer, engines: engines.clone(), metrics, max_model_len, created: unix_now() });
     let listener = StreamListener::from_socket(http).context("adopting the HTTP socket")?;
     tracing::info!(

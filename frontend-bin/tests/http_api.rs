@@ -285,3 +285,99 @@ fn unusable_tokenizer_exits_2_naming_the_key() {
     assert_eq!(status.code(), Some(2));
     assert!(text.contains("`tokenizer`") && text.contains("/nonexistent/tok"), "{text}");
 }
+
+/// `(status, body)` of a request with a raw body, for bodies `post_json` cannot send.
+async fn send_raw(method: reqwest::Method, url: &str, body: Vec<u8>) -> (u16, Value) {
+    let r = reqwest::Client::new().request(method, url).header("content-type", "application/json").body(body).send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+fn assert_openai_error(status: u16, body: &Value, what: &str) {
+    assert!((400..500).contains(&status), "{what}: {status} {body}");
+    let error = &body["error"];
+    assert_eq!(error["code"], status, "{what}: {body}");
+    assert!(error["type"].is_string(), "{what}: {body}");
+    assert!(error["param"].is_null() || error["param"].is_string(), "{what}: {body}");
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(!message.is_empty() && !message.contains("panicked") && !message.contains("Error {"), "{what}: {body}");
+}
+
+#[tokio::test]
+async fn every_bad_request_gets_a_4xx_in_the_openai_shape() {
+    let (fe, engines) = start(json!({"model_tag": "toy"})).await;
+    let post = reqwest::Method::POST;
+    for query in ["level=abc", "level=3", "level=-1", "level=1&level=2", "level=99999999999999999999"] {
+        let (status, body) = send_raw(post.clone(), &fe.url(&format!("/sleep?{query}")), Vec::new()).await;
+        assert_openai_error(status, &body, query);
+        if query != "level=1&level=2" {
+            assert_eq!(body["error"]["param"], "level", "{query}: {body}");
+        }
+    }
+    let deep = format!("{{\"prompt\": {}{}}}", "[".repeat(100_000), "]".repeat(100_000));
+    let huge_integer = format!("{{\"prompt\": \"x\", \"max_tokens\": {}}}", "9".repeat(5000));
+    let raw_bodies: Vec<(&str, Vec<u8>)> = vec![
+        ("syntax", b"{\"prompt\": ".to_vec()),
+        ("not an object", b"[1, 2]".to_vec()),
+        ("empty", Vec::new()),
+        ("not utf-8", vec![b'{', 0xff, 0xfe, b'}']),
+        ("deep", deep.into_bytes()),
+        ("5000 digits", huge_integer.into_bytes()),
+    ];
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        for (what, body) in &raw_bodies {
+            let (status, reply) = send_raw(post.clone(), &fe.url(path), body.clone()).await;
+            assert_openai_error(status, &reply, &format!("{path} {what}"));
+        }
+    }
+    let many = |item: Value| Value::Array(vec![item; 1025]);
+    let logit_bias: serde_json::Map<String, Value> = (0..1025).map(|i| (i.to_string(), json!(1))).collect();
+    let completion_cases = [
+        (json!({"prompt": "x", "stop": many(json!("s"))}), "stop"),
+        (json!({"prompt": "x", "stop_token_ids": many(json!(1))}), "stop_token_ids"),
+        (json!({"prompt": "x", "logit_bias": logit_bias}), "logit_bias"),
+        (json!({"prompt": "x", "bad_words": many(json!("w"))}), "bad_words"),
+        (json!({"prompt": "x", "allowed_token_ids": many(json!(1))}), "allowed_token_ids"),
+        (json!({"prompt": "x", "seed": 9223372036854775808u64}), "seed"),
+        (json!({"prompt": "x", "top_k": 2147483648u64}), "top_k"),
+        (json!({"prompt": "x", "top_k": -2}), "top_k"),
+        (json!({"prompt": "x", "max_tokens": 0}), "max_tokens"),
+        (json!({"prompt": "x", "max_tokens": 18446744073709551615u64}), "max_tokens"),
+        (json!({"prompt": "x", "min_tokens": 4294967296u64}), "min_tokens"),
+        (json!({"prompt": "x", "temperature": -0.5}), "temperature"),
+        (json!({"prompt": "x", "top_p": 1.01}), "top_p"),
+        (json!({"prompt": "x", "min_p": [1]}), "min_p"),
+        (json!({"prompt": "x", "stream": 1}), "stream"),
+        (json!({"prompt": "x", "stream": true, "stream_options": 5}), "stream_options"),
+        (json!({"prompt": {"text": "x"}}), "prompt"),
+        (json!({"prompt": [-1]}), "prompt"),
+        (json!({"prompt": ["a", "b"]}), "prompt"),
+        (json!({"prompt": "x", "model": 7}), "model"),
+        (json!({"prompt": "x", "min_tokens": 17}), "min_tokens"), // above the default max_tokens, 16
+    ];
+    for (request, param) in completion_cases {
+        let (status, body) = post_json(&fe.url("/v1/completions"), &request).await;
+        assert_openai_error(status, &body, param);
+        assert_eq!(body["error"]["param"], param, "{body}");
+    }
+    let chat_cases = [
+        (json!({}), "messages"),
+        (json!({"messages": "hi"}), "messages"),
+        (json!({"messages": [{"content": "hi"}]}), "messages"),
+        (json!({"messages": [{"role": "user", "content": 5}]}), "messages"),
+        (json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), "messages"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2147483648u64}), "max_completion_tokens"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": "yes"}), "add_generation_prompt"),
+    ];
+    for (request, param) in chat_cases {
+        let (status, body) = post_json(&fe.url("/v1/chat/completions"), &request).await;
+        assert_openai_error(status, &body, param);
+        assert_eq!(body["error"]["param"], param, "{body}");
+    }
+    assert!(engines[0].events().is_empty(), "a bad request reached the engine: {:?}", engines[0].events());
+    // Good requests still work afterwards, and level 2 reaches the engines.
+    let (status, _) = send_raw(post, &fe.url("/sleep?level=2"), Vec::new()).await;
+    assert_eq!(status, 200);
+    assert_eq!(reqwest::get(fe.url("/health")).await.unwrap().status(), 200);
+}

@@ -2,7 +2,7 @@
 
 use super::answer::{answer, AnswerFormat};
 use super::error::ApiError;
-use super::params::{common_params, JsonObject, Params};
+use super::params::{common_params, CommonParams, JsonObject, Params};
 use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
@@ -27,10 +27,22 @@ pub async fn create_chat_completion(
     }
 }
 
-async fn chat_completion(state: SharedState, headers: HeaderMap, body: Map<String, Value>) -> Result<Response, ApiError> {
-    let p = Params(&body);
+/// A chat request whose parameters are all read and checked.
+#[derive(Debug)]
+pub struct ChatRequest {
+    /// The parameters shared with completions.
+    pub common: CommonParams,
+    /// The conversation, each content flattened to text.
+    pub messages: Vec<ChatMessage>,
+    /// End the prompt with the assistant's turn.
+    pub add_generation_prompt: bool,
+}
+
+/// Reads every parameter of a chat body, or a 4xx naming the first bad one.
+/// Needs neither the model nor the tokenizer, so it never fails otherwise.
+pub fn parse_chat_request(body: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+    let p = Params(body);
     let common = common_params(&p, &["max_completion_tokens", "max_tokens"])?;
-    check_model(&state, common.model.as_deref())?;
     if p.get("logprobs").is_some_and(|v| v != &Value::Bool(false)) {
         return Err(ApiError::invalid_param("logprobs", "`logprobs` is not supported"));
     }
@@ -42,6 +54,12 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: Map<Strin
     }
     let messages = messages(&p)?;
     let add_generation_prompt = p.bool("add_generation_prompt")?.unwrap_or(true);
+    Ok(ChatRequest { common, messages, add_generation_prompt })
+}
+
+async fn chat_completion(state: SharedState, headers: HeaderMap, body: Map<String, Value>) -> Result<Response, ApiError> {
+    let ChatRequest { common, messages, add_generation_prompt } = parse_chat_request(&body)?;
+    check_model(&state, common.model.as_deref())?;
     let prompt = state
         .tokenizer
         .apply_chat_template(&messages, add_generation_prompt)

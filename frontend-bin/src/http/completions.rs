@@ -1,7 +1,7 @@
 //! `POST /v1/completions`.
 
 use super::error::ApiError;
-use super::params::{common_params, JsonObject, Params};
+use super::params::{common_params, CommonParams, JsonObject, Params};
 use super::answer::{answer, AnswerFormat};
 use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
@@ -22,16 +22,47 @@ pub async fn create_completion(State(state): State<SharedState>, headers: Header
     }
 }
 
-async fn completion(state: SharedState, headers: HeaderMap, body: Map<String, Value>) -> Result<Response, ApiError> {
-    let p = Params(&body);
+/// The prompt of a completion request, before tokenization.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    /// Text, tokenized with the model's special tokens.
+    Text(String),
+    /// Token ids, sent as they are.
+    TokenIds(Vec<u32>),
+}
+
+/// A completion request whose parameters are all read and checked.
+#[derive(Debug)]
+pub struct CompletionRequest {
+    /// The parameters shared with chat.
+    pub common: CommonParams,
+    /// The prompt.
+    pub prompt: Prompt,
+}
+
+/// Reads every parameter of a completion body, or a 4xx naming the first bad
+/// one. Needs neither the model nor the tokenizer, so it never fails otherwise.
+pub fn parse_completion_request(body: &Map<String, Value>) -> Result<CompletionRequest, ApiError> {
+    let p = Params(body);
     let common = common_params(&p, &["max_tokens"])?;
-    check_model(&state, common.model.as_deref())?;
     p.only("echo", &Value::Bool(false), "echo is not supported")?;
     p.only("suffix", &Value::Null, "suffix is not supported")?;
     if p.get("logprobs").is_some() {
         return Err(ApiError::invalid_param("logprobs", "`logprobs` is not supported"));
     }
-    let prompt_token_ids = prompt_tokens(&state, &p)?;
+    Ok(CompletionRequest { common, prompt: prompt(&p)? })
+}
+
+async fn completion(state: SharedState, headers: HeaderMap, body: Map<String, Value>) -> Result<Response, ApiError> {
+    let CompletionRequest { common, prompt } = parse_completion_request(&body)?;
+    check_model(&state, common.model.as_deref())?;
+    let prompt_token_ids = match prompt {
+        Prompt::Text(text) => state
+            .tokenizer
+            .encode(&text, true)
+            .map_err(|e| ApiError::invalid_param("prompt", format!("cannot tokenize the prompt: {e}")))?,
+        Prompt::TokenIds(ids) => ids,
+    };
     let (stream, include_usage) = (common.stream, common.include_usage);
     let submitted = submit(&state, &headers, Endpoint::Completions, prompt_token_ids, common)?;
     let format = AnswerFormat {
@@ -43,19 +74,17 @@ async fn completion(state: SharedState, headers: HeaderMap, body: Map<String, Va
     answer(&state, submitted, stream, include_usage, format).await
 }
 
-/// The prompt as token ids: a string, a list of ids, or a one-element list of either.
-fn prompt_tokens(state: &SharedState, p: &Params) -> Result<Vec<u32>, ApiError> {
+/// The prompt: a string, a list of ids, or a one-element list of either.
+fn prompt(p: &Params) -> Result<Prompt, ApiError> {
     let bad = || ApiError::invalid_param("prompt", "`prompt` must be a string, a list of token ids, or a list holding one of those");
-    let single = |v: &Value| -> Result<Vec<u32>, ApiError> {
+    let single = |v: &Value| -> Result<Prompt, ApiError> {
         match v {
-            Value::String(text) => state
-                .tokenizer
-                .encode(text, true)
-                .map_err(|e| ApiError::invalid_param("prompt", format!("cannot tokenize the prompt: {e}"))),
+            Value::String(text) => Ok(Prompt::Text(text.clone())),
             Value::Array(items) => items
                 .iter()
                 .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(bad))
-                .collect(),
+                .collect::<Result<_, _>>()
+                .map(Prompt::TokenIds),
             _ => Err(bad()),
         }
     };

@@ -49,6 +49,7 @@ impl ApiError {
             StatusCode::UNAUTHORIZED => "AuthenticationError",
             StatusCode::NOT_FOUND => "NotFoundError",
             StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
+            StatusCode::REQUEST_TIMEOUT => "RequestTimeoutError",
             StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
             StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
             _ => "InternalServerError",
@@ -69,7 +70,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, Json(self.body())).into_response();
-        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+        if matches!(self.status, StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT) {
             // The rest of the body was never read: this connection cannot be reused.
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }

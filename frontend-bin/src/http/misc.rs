@@ -3,6 +3,7 @@
 
 use super::error::ApiError;
 use super::state::SharedState;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -74,15 +75,30 @@ pub async fn reset_prefix_cache(State(state): State<SharedState>) -> Response {
     call_all_engines(&state, "reset_prefix_cache", Vec::new()).await
 }
 
-/// Query of `POST /sleep`.
+/// Query of `POST /sleep`: read as text so a bad value gets an error naming it.
 #[derive(Deserialize)]
 pub struct SleepQuery {
-    level: Option<u32>,
+    level: Option<String>,
+}
+
+/// The sleep level of a `/sleep` query: 1 when absent, else 1 or 2 (vLLM's
+/// levels: weights offloaded, or discarded too).
+pub fn sleep_level(query: Result<Query<SleepQuery>, QueryRejection>) -> Result<u8, ApiError> {
+    let Query(query) = query.map_err(|rejection| ApiError::bad_request(rejection.body_text()))?;
+    match query.level.as_deref().map(str::trim) {
+        None => Ok(1),
+        Some("1") => Ok(1),
+        Some("2") => Ok(2),
+        Some(_) => Err(ApiError::invalid_param("level", "`level` must be 1 or 2")),
+    }
 }
 
 /// `POST /sleep?level=N` (level 1 by default).
-pub async fn sleep(State(state): State<SharedState>, Query(query): Query<SleepQuery>) -> Response {
-    call_all_engines(&state, "sleep", vec![rmpv::Value::from(query.level.unwrap_or(1))]).await
+pub async fn sleep(State(state): State<SharedState>, query: Result<Query<SleepQuery>, QueryRejection>) -> Response {
+    match sleep_level(query) {
+        Ok(level) => call_all_engines(&state, "sleep", vec![rmpv::Value::from(level)]).await,
+        Err(error) => error.into_response(),
+    }
 }
 
 /// `POST /wake_up`.

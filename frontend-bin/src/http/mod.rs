@@ -2,6 +2,7 @@
 
 pub mod answer;
 pub mod auth;
+pub mod body_deadline;
 pub mod chat;
 pub mod completions;
 pub mod error;
@@ -12,7 +13,6 @@ pub mod sse;
 pub mod state;
 pub mod submit;
 
-use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -20,7 +20,8 @@ use axum::{middleware, Router};
 use error::ApiError;
 use state::SharedState;
 
-/// All routes, with authentication and the body limit.
+/// All routes, with authentication and the body deadline (the size limit is the
+/// JSON extractor's).
 pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/health", get(misc::health))
@@ -37,7 +38,7 @@ pub fn router(state: SharedState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed").into_response()
         })
-        .layer(DefaultBodyLimit::max(params::MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key))
+        .layer(middleware::from_fn_with_state(state.clone(), body_deadline::limit_body_time))
         .with_state(state)
 }

@@ -1,15 +1,26 @@
-//! Request bodies: the JSON object extractor (413 when too large, 400 when not
-//! JSON) and typed parameter readers whose errors name the parameter.
+//! Request bodies: the JSON object extractor (408 when it arrives too slowly,
+//! 413 when too large, 400 when not JSON) and typed parameter readers whose
+//! errors name the parameter, with every value that reaches the engine
+//! range-checked and every list bounded.
 
+use super::body_deadline::is_body_timeout;
 use super::error::ApiError;
 use crate::engine::protocol::SamplingParams;
-use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
+use http_body_util::LengthLimitError;
 use serde_json::{Map, Value};
 
 /// Largest request body accepted (bytes).
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// Most items in a request list: `stop`, `stop_token_ids`, and the entries of
+/// `logit_bias`, `bad_words` and `allowed_token_ids` (a million stop ids cost
+/// an engine seconds per request).
+pub const MAX_LIST_ITEMS: usize = 1024;
+
+/// Largest `max_tokens` / `min_tokens`: what fits the engines' 32-bit counts.
+pub const MAX_TOKEN_COUNT: u64 = i32::MAX as u64;
 
 /// A request body that is a JSON object.
 pub struct JsonObject(pub Map<String, Value>);
@@ -17,19 +28,32 @@ pub struct JsonObject(pub Map<String, Value>);
 impl<S: Send + Sync> FromRequest<S> for JsonObject {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body exceeds {MAX_BODY_BYTES} bytes"))
-            } else {
-                ApiError::bad_request(format!("cannot read the request body: {rejection}"))
-            }
-        })?;
-        match serde_json::from_slice(&bytes) {
-            Ok(Value::Object(map)) => Ok(JsonObject(map)),
-            Ok(_) => Err(ApiError::bad_request("the request body must be a JSON object")),
-            Err(e) => Err(ApiError::bad_request(format!("the request body is not valid JSON: {e}"))),
-        }
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES).await.map_err(|e| body_error(&e))?;
+        parse_json_object(&bytes).map(JsonObject)
+    }
+}
+
+/// Why a body could not be read: too slow (408), too large (413), or broken (400).
+fn body_error(error: &axum::Error) -> ApiError {
+    let too_large = std::iter::successors(Some(error as &(dyn std::error::Error + 'static)), |e| e.source())
+        .any(|e| e.is::<LengthLimitError>());
+    if is_body_timeout(error) {
+        ApiError::new(StatusCode::REQUEST_TIMEOUT, error.to_string())
+    } else if too_large {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body exceeds {MAX_BODY_BYTES} bytes"))
+    } else {
+        ApiError::bad_request(format!("cannot read the request body: {error}"))
+    }
+}
+
+/// The body as a JSON object, or a 400 saying why not (syntax, nesting deeper
+/// than 128, numbers out of range, not an object).
+pub fn parse_json_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice(bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::bad_request("the request body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_request(format!("the request body is not valid JSON: {e}"))),
     }
 }
 
@@ -56,9 +80,15 @@ impl<'a> Params<'a> {
         self.get(name).map(|v| v.as_str().ok_or_else(|| Self::wrong(name, "a string"))).transpose()
     }
 
-    /// An integer parameter.
-    pub fn int(&self, name: &str) -> Result<Option<i64>, ApiError> {
-        self.get(name).map(|v| v.as_i64().ok_or_else(|| Self::wrong(name, "an integer"))).transpose()
+    /// An integer parameter from `min` to `max`.
+    pub fn int_in(&self, name: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(v) => match v.as_i64() {
+                Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+                _ => Err(Self::wrong(name, &format!("an integer from {min} to {max}"))),
+            },
+        }
     }
 
     /// A number parameter.
@@ -74,22 +104,36 @@ impl<'a> Params<'a> {
         }
     }
 
-    /// A non-negative integer, at least `min`.
+    /// A token count from `min` to [`MAX_TOKEN_COUNT`].
     pub fn count(&self, name: &str, min: u64) -> Result<Option<u64>, ApiError> {
         match self.get(name) {
             None => Ok(None),
             Some(v) => match v.as_u64() {
-                Some(n) if n >= min => Ok(Some(n)),
-                _ => Err(Self::wrong(name, &format!("an integer of at least {min}"))),
+                Some(n) if (min..=MAX_TOKEN_COUNT).contains(&n) => Ok(Some(n)),
+                _ => Err(Self::wrong(name, &format!("an integer from {min} to {MAX_TOKEN_COUNT}"))),
             },
         }
     }
 
-    /// A list of token ids.
+    /// 400 unless the list or object `name`, when given, has at most [`MAX_LIST_ITEMS`] items.
+    pub fn bounded(&self, name: &str) -> Result<(), ApiError> {
+        let items = match self.get(name) {
+            Some(Value::Array(items)) => items.len(),
+            Some(Value::Object(entries)) => entries.len(),
+            _ => 0,
+        };
+        if items > MAX_LIST_ITEMS {
+            return Err(ApiError::invalid_param(name, format!("`{name}` may hold at most {MAX_LIST_ITEMS} items, got {items}")));
+        }
+        Ok(())
+    }
+
+    /// A list of at most [`MAX_LIST_ITEMS`] token ids.
     pub fn token_ids(&self, name: &str) -> Result<Option<Vec<u32>>, ApiError> {
         let Some(v) = self.get(name) else { return Ok(None) };
         let expected = "a list of token ids (non-negative integers)";
         let items = v.as_array().ok_or_else(|| Self::wrong(name, expected))?;
+        self.bounded(name)?;
         items
             .iter()
             .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| Self::wrong(name, expected)))
@@ -97,8 +141,9 @@ impl<'a> Params<'a> {
             .map(Some)
     }
 
-    /// A string or a list of strings.
+    /// A string or a list of at most [`MAX_LIST_ITEMS`] strings.
     pub fn strings(&self, name: &str) -> Result<Vec<String>, ApiError> {
+        self.bounded(name)?;
         match self.get(name) {
             None => Ok(Vec::new()),
             Some(Value::String(s)) => Ok(vec![s.clone()]),
@@ -157,10 +202,12 @@ pub fn common_params(p: &Params, max_tokens_names: &[&str]) -> Result<CommonPara
             break;
         }
     }
-    let top_k = match p.int("top_k")? {
-        Some(k) if k < -1 => return Err(ApiError::invalid_param("top_k", "`top_k` must be -1 (off), 0 (off) or positive")),
-        other => other,
-    };
+    // -1 and 0 both mean off; the engines hold top_k in 32 bits.
+    let top_k = p.int_in("top_k", -1, i64::from(i32::MAX))?;
+    // Ignored here, but bounded like the lists that reach the engine.
+    for name in ["logit_bias", "bad_words", "allowed_token_ids"] {
+        p.bounded(name)?;
+    }
     let min_tokens = p.count("min_tokens", 0)?;
     if let (Some(min), Some(max)) = (min_tokens, max_tokens) {
         if min > max {
@@ -178,7 +225,7 @@ pub fn common_params(p: &Params, max_tokens_names: &[&str]) -> Result<CommonPara
         repetition_penalty: p.float_in("repetition_penalty", |v| v > 0.0, "a positive number")?,
         max_tokens,
         min_tokens,
-        seed: p.int("seed")?,
+        seed: p.int_in("seed", i64::MIN, i64::MAX)?,
         stop_token_ids: p.token_ids("stop_token_ids")?.unwrap_or_default(),
         ignore_eos: p.bool("ignore_eos")?.unwrap_or(false),
         ..Default::default()
@@ -237,10 +284,43 @@ mod tests {
             (json!({"stream_options": {"include_usage": true}}), "stream_options"),
             (json!({"stream": "yes"}), "stream"),
             (json!({"seed": 1.5}), "seed"),
+            (json!({"seed": 9223372036854775808u64}), "seed"),
+            (json!({"top_k": 2147483648u64}), "top_k"),
+            (json!({"max_tokens": 2147483648u64}), "max_tokens"),
+            (json!({"min_tokens": 18446744073709551615u64}), "min_tokens"),
+            (json!({"temperature": 1e308, "top_p": 1.5}), "top_p"),
+            (json!({"stop": vec!["x"; MAX_LIST_ITEMS + 1]}), "stop"),
+            (json!({"stop_token_ids": vec![1; MAX_LIST_ITEMS + 1]}), "stop_token_ids"),
+            (json!({"stop_token_ids": [4294967296u64]}), "stop_token_ids"),
+            (json!({"logit_bias": (0..=MAX_LIST_ITEMS).map(|i| (i.to_string(), json!(1))).collect::<Map<_, _>>()}), "logit_bias"),
+            (json!({"bad_words": vec!["x"; MAX_LIST_ITEMS + 1]}), "bad_words"),
+            (json!({"allowed_token_ids": vec![1; MAX_LIST_ITEMS + 1]}), "allowed_token_ids"),
         ] {
             let err = parse(body.clone()).unwrap_err();
             assert_eq!(err.status, StatusCode::BAD_REQUEST);
             assert_eq!(err.param.as_deref(), Some(param), "{body}");
         }
+    }
+
+    #[test]
+    fn list_limits_are_inclusive_and_extremes_in_range_pass() {
+        let c = parse(json!({"stop": vec!["x"; MAX_LIST_ITEMS], "stop_token_ids": vec![7; MAX_LIST_ITEMS],
+            "seed": i64::MIN, "top_k": i32::MAX, "max_tokens": MAX_TOKEN_COUNT, "min_tokens": 0}))
+        .unwrap();
+        assert_eq!((c.stop.len(), c.sampling.stop_token_ids.len()), (MAX_LIST_ITEMS, MAX_LIST_ITEMS));
+        assert_eq!((c.sampling.seed, c.sampling.top_k), (Some(i64::MIN), Some(i64::from(i32::MAX))));
+        assert_eq!(parse(json!({"top_k": -1})).unwrap().sampling.top_k, Some(-1));
+    }
+
+    #[test]
+    fn bodies_that_are_not_a_json_object_are_400s() {
+        let deep = "[".repeat(100_000) + &"]".repeat(100_000);
+        let huge_integer = format!("{{\"max_tokens\": {}}}", "9".repeat(5000));
+        for body in ["", "{", "[1]", "null", "\"x\"", deep.as_str(), huge_integer.as_str(), "{\"a\": 1e999}", "\u{feff}{}"] {
+            let err = parse_json_object(body.as_bytes()).unwrap_err();
+            assert_eq!(err.status, StatusCode::BAD_REQUEST, "{body:.40}");
+        }
+        assert!(parse_json_object(&[b'{', 0xff, b'}']).is_err());
+        assert_eq!(parse_json_object(b"{\"a\": [1]}").unwrap()["a"], json!([1]));
     }
 }

@@ -1,5 +1,6 @@
-//! Serving HTTP/1.1 on the inherited listener: keep-alive timeout, graceful
-//! shutdown (stop accepting, let requests in flight finish, bounded drain).
+//! Serving HTTP/1.1 on the inherited listener: bounded request heads (time and
+//! size), keep-alive timeout, graceful shutdown (stop accepting, let requests
+//! in flight finish, bounded drain).
 
 use crate::listener::{AcceptedStream, StreamListener};
 use axum::Router;
@@ -9,11 +10,18 @@ use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::time::Duration;
 
+/// Read buffer of a connection (hyper's default), raised to fit a larger head limit.
+const READ_BUFFER_BYTES: usize = 8192 + 4096 * 100;
+
 /// HTTP settings.
 #[derive(Clone, Copy, Debug)]
 pub struct ServeOptions {
     /// Idle time after which a keep-alive connection is closed.
     pub keep_alive_timeout: Duration,
+    /// Time to receive a request head.
+    pub header_timeout: Duration,
+    /// Largest request head (bytes): a larger one gets 431 and the connection closes.
+    pub max_header_bytes: usize,
     /// How long requests in flight may run after shutdown starts.
     pub drain_timeout: Duration,
 }
@@ -24,7 +32,14 @@ pub struct ServeOptions {
 pub async fn serve(listener: StreamListener, app: Router, options: ServeOptions, shutdown: impl Future<Output = ()>) -> bool {
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(options.keep_alive_timeout).keep_alive(true);
+    // hyper starts the head clock when a connection waits for its next request,
+    // idle time included: one timer bounds both, so it runs the shorter of the two.
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(options.header_timeout.min(options.keep_alive_timeout))
+        .max_header_size(options.max_header_bytes)
+        .max_buf_size(options.max_header_bytes.max(READ_BUFFER_BYTES))
+        .keep_alive(true);
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {

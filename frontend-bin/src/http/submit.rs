@@ -111,6 +111,15 @@ pub fn submit(
     } else if endpoint == Endpoint::Completions {
         sampling.max_tokens.get_or_insert(DEFAULT_COMPLETION_MAX_TOKENS);
     }
+    // Checked again once max_tokens may have been defaulted: the engine refuses min > max.
+    if let (Some(min), Some(max)) = (sampling.min_tokens, sampling.max_tokens) {
+        if min > max {
+            return Err(ApiError::invalid_param(
+                "min_tokens",
+                format!("`min_tokens` ({min}) must not exceed `max_tokens` ({max}, defaulted if not given)"),
+            ));
+        }
+    }
     sampling.all_stop_token_ids = sampling.stop_token_ids.clone();
     if !sampling.ignore_eos {
         let model_stops = state.tokenizer.stop_token_ids();

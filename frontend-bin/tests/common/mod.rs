@@ -54,6 +54,8 @@ pub struct Options {
     pub http: HttpSocket,
     pub zmq: ZmqSockets,
     pub extra_args: Vec<String>,
+    /// Environment variables for the frontend (`VLLM_API_KEY` is never inherited).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for Options {
@@ -66,6 +68,7 @@ impl Default for Options {
             http: HttpSocket::Tcp4,
             zmq: ZmqSockets::TcpListeners,
             extra_args: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -176,6 +179,7 @@ impl Frontend {
             .args(&options.extra_args)
             .args(["--args-json", &options.args.to_string()]);
         let stderr_path = dir.join("stderr.log");
+        command.env_remove("VLLM_API_KEY").envs(options.env.iter().map(|(k, v)| (k, v)));
         command.stdout(Stdio::null()).stderr(std::fs::File::create(&stderr_path).unwrap());
         // The listeners reach the child at the same numbers; every other fd keeps CLOEXEC.
         unsafe {
