@@ -51,10 +51,10 @@ sys.path.insert(0, str(ROOT))
 
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
-
-from tests.test_frontend_fake_engine import connect_as_engine  # noqa: E402
 from vllm_rs.network_utils import make_zmq_listener  # noqa: E402
 from vllm_rs.utils import CoreEngineProcManager, RustFrontendProcessManager  # noqa: E402
+
+from tests.test_frontend_fake_engine import connect_as_engine  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog. "
 STREAM_GOAL = 0.90
@@ -92,7 +92,9 @@ def instant_engine(vllm_config, on_head_node, input_address, executor_class, log
             prompt, max_tokens, generated = state
             state[2] = generated = generated + 1
             finished = generated >= max_tokens
-            outputs.append([request_id, [prompt[(generated - 1) % len(prompt)]], None, None, None, 1 if finished else None])
+            outputs.append(
+                [request_id, [prompt[(generated - 1) % len(prompt)]], None, None, None, 1 if finished else None]
+            )
             if finished:
                 del active[request_id]
         stats = {"num_running_reqs": len(active), "num_waiting_reqs": 0}
@@ -138,7 +140,25 @@ class DirectClient:
     def add(self, prompt: list[int], max_tokens: int) -> str:
         request_id = uuid.uuid4().hex
         sampling = {"max_tokens": max_tokens, "ignore_eos": True, "stop_token_ids": [], "_all_stop_token_ids": []}
-        request = [request_id, prompt, None, sampling, None, time.time(), None, None, None, None, None, 0, 0, 0, None, False, request_id]
+        request = [
+            request_id,
+            prompt,
+            None,
+            sampling,
+            None,
+            time.time(),
+            None,
+            None,
+            None,
+            None,
+            None,
+            0,
+            0,
+            0,
+            None,
+            False,
+            request_id,
+        ]
         self.router.send_multipart([b"\x00\x00", b"\x00", msgpack.packb(request)])
         return request_id
 
@@ -252,7 +272,17 @@ def build_stream_load() -> Path:
 
 def frontend_streaming(stream_load: Path, port: int, streams: int, tokens: int) -> float:
     """One round of `streams` concurrent streams through the frontend; tokens/s."""
-    command = [str(stream_load), "--port", str(port), "--streams", str(streams), "--tokens", str(tokens), "--prompt", PROMPT]
+    command = [
+        str(stream_load),
+        "--port",
+        str(port),
+        "--streams",
+        str(streams),
+        "--tokens",
+        str(tokens),
+        "--prompt",
+        PROMPT,
+    ]
     ran = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if ran.returncode != 0:
         raise RuntimeError(f"stream_load failed: {ran.stderr.strip()}")
@@ -384,9 +414,13 @@ def print_streaming(title: str, result: dict[str, float], goal: bool) -> None:
     print(f"  {title}:")
     print(f"    frontend : {result['frontend_tokens_per_s']:9.0f} tokens/s")
     print(f"    direct   : {result['direct_tokens_per_s']:9.0f} tokens/s")
-    verdict = f" (goal >= {STREAM_GOAL:.2f}: {'PASS' if result['ratio'] >= STREAM_GOAL else 'BELOW GOAL'})" if goal else ""
-    print(f"    frontend / direct = {result['ratio']:.2f}{verdict}; "
-          f"median of round-by-round ratios {result['pair_ratio_median']:.2f}")
+    verdict = (
+        f" (goal >= {STREAM_GOAL:.2f}: {'PASS' if result['ratio'] >= STREAM_GOAL else 'BELOW GOAL'})" if goal else ""
+    )
+    print(
+        f"    frontend / direct = {result['ratio']:.2f}{verdict}; "
+        f"median of round-by-round ratios {result['pair_ratio_median']:.2f}"
+    )
 
 
 def main() -> int:
@@ -401,9 +435,17 @@ def main() -> int:
     cpus = os.cpu_count() or 1
     stream_load = build_stream_load()
 
-    results: dict[str, object] = {"streams": args.streams, "tokens": args.tokens, "concurrency": args.concurrency, "cpus": cpus}
+    results: dict[str, object] = {
+        "streams": args.streams,
+        "tokens": args.tokens,
+        "concurrency": args.concurrency,
+        "cpus": cpus,
+    }
     client = DirectClient()
-    with engine_process(client.input_address, client.output_address) as direct_engine, tempfile.TemporaryDirectory() as tmp:
+    with (
+        engine_process(client.input_address, client.output_address) as direct_engine,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         client.wait_registered()
         log = Path(tmp) / "frontend.log"
         direct_pid = direct_engine.processes[0].pid
@@ -433,11 +475,19 @@ def main() -> int:
     print(f"cpus: {cpus}")
     print(f"streaming, {args.streams} streams x {args.tokens} tokens, median of {rounds} rounds:")
     if "engine_on_own_core" in results:
-        print_streaming("engine on its own core (CPU 0), clients and frontend on the rest", results["engine_on_own_core"], goal=True)
+        print_streaming(
+            "engine on its own core (CPU 0), clients and frontend on the rest", results["engine_on_own_core"], goal=True
+        )
     print_streaming("every process on every core", results["shared"], goal=cpus < 2)
-    print(f"/v1/completions max_tokens=1, {args.concurrency} concurrent, {total} requests (every process on every core):")
-    print(f"  frontend : {fe_rps:9.0f} req/s  p50 {results['frontend_p50_ms']:6.2f} ms  p99 {results['frontend_p99_ms']:6.2f} ms")
-    print(f"  direct   : {direct_rps:9.0f} req/s  p50 {results['direct_p50_ms']:6.2f} ms  p99 {results['direct_p99_ms']:6.2f} ms")
+    print(
+        f"/v1/completions max_tokens=1, {args.concurrency} concurrent, {total} requests (every process on every core):"
+    )
+    print(
+        f"  frontend : {fe_rps:9.0f} req/s  p50 {results['frontend_p50_ms']:6.2f} ms  p99 {results['frontend_p99_ms']:6.2f} ms"
+    )
+    print(
+        f"  direct   : {direct_rps:9.0f} req/s  p50 {results['direct_p50_ms']:6.2f} ms  p99 {results['direct_p99_ms']:6.2f} ms"
+    )
     out = Path(__file__).resolve().parent / "results"
     out.mkdir(exist_ok=True)
     (out / "frontend.json").write_text(json.dumps(results, indent=2))

@@ -32,9 +32,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402  (baseline only)
-
-from tests.support.trees import TREE_SCRIPT, read_pids, survivors, wait_built  # noqa: E402
 from vllm_rs.process import PreparedTarget, kill_process_tree, spawn_executable, spawn_executables, start_targets, wait  # noqa: E402
+
+from tests.support.trees import TREE_SCRIPT, survivors, wait_built  # noqa: E402
 
 
 def psutil_kill_tree(pid: int) -> None:
@@ -232,7 +232,9 @@ def main() -> None:
     base_tp = spawn_throughput(_popen, spawns)
     ours_tp = spawn_throughput(_ours_one_call_each, spawns)
     batch_tp = spawn_throughput(_ours_pipelined, spawns)
-    print(f"one call each: ours={ours_tp:.0f}/s subprocess.Popen={base_tp:.0f}/s  ratio ours/Popen={ours_tp / base_tp:.2f}")
+    print(
+        f"one call each: ours={ours_tp:.0f}/s subprocess.Popen={base_tp:.0f}/s  ratio ours/Popen={ours_tp / base_tp:.2f}"
+    )
     print(f"spawn_executables (pipelined): ours={batch_tp:.0f}/s  ratio ours/Popen={batch_tp / base_tp:.2f}")
     child_cpu = children_cpu_per_true(200)
     print(

@@ -120,7 +120,9 @@ def wrk_requests(port: int, concurrency: int, seconds: int, log_dir: Path) -> tu
 def bench_echo_stack(name: str, args: list[str], opts: argparse.Namespace, stream_load: Path, log_dir: Path) -> dict:
     """Best rounds of both measurements on one stack."""
     log_path = log_dir / f"serve-{name.replace(' ', '')}.log"
-    with serve("--model", "echo", "--served-model-name", "toy", "--data-parallel-size", "2", *args, log_path=log_path) as port:
+    with serve(
+        "--model", "echo", "--served-model-name", "toy", "--data-parallel-size", "2", *args, log_path=log_path
+    ) as port:
         run(frontend_requests(port, opts.concurrency, opts.concurrency * 4))  # warm-up
         best = (0.0, 0.0, 0.0)
         best_stream = 0.0
@@ -151,7 +153,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=6000, help="max_tokens=1 requests per round (python client)")
     parser.add_argument("--seconds", type=int, default=8, help="length of a wrk round")
     parser.add_argument(
-        "--client", choices=("wrk", "python"), default="wrk" if shutil.which("wrk") else "python",
+        "--client",
+        choices=("wrk", "python"),
+        default="wrk" if shutil.which("wrk") else "python",
         help="load generator for max_tokens=1 (default: wrk when installed, `apt-get install wrk`)",
     )
     parser.add_argument("--streams", type=int, default=64)
@@ -182,7 +186,9 @@ def main() -> int:
           f"(goal: >= {REQUESTS_GOAL:.0f}x at equal or lower p99: {verdict})")  # fmt: skip
     toy = bench_toy(opts, stream_load, results_dir)
     results["toy_cpu_stream_tokens_per_s"] = toy
-    print(f"  toy model on the CPU (1 engine, rust frontend): {toy:.0f} tokens/s over {opts.toy_streams} streams of {opts.toy_tokens}")
+    print(
+        f"  toy model on the CPU (1 engine, rust frontend): {toy:.0f} tokens/s over {opts.toy_streams} streams of {opts.toy_tokens}"
+    )
     (results_dir / "serve.json").write_text(json.dumps(results, indent=2))
     return 0
 

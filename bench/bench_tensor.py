@@ -26,7 +26,6 @@ import types
 
 import numpy as np
 import torch
-
 from vllm_rs.tensor_utils import (
     CachedRequestData,
     EncoderInputStats,
@@ -78,7 +77,6 @@ def bench_contiguous(min_s: float) -> None:
     print(f"  1 KiB: {t_small * 1e6:8.2f} us/call")
     print(f"  1 GiB: {t_big * 1e6:8.2f} us/call")
     print(f"  ratio 1 GiB / 1 KiB: {t_big / t_small:.2f}  (a copy would be ~{2**20}x)")
-    del big
 
 
 def bench_non_contiguous(mib: int, min_s: float) -> None:
@@ -104,8 +102,8 @@ def bench_non_contiguous(mib: int, min_s: float) -> None:
         assert not t.is_contiguous()
         size = t.numel() * t.element_size()
         assert bytes(tensor_data(t)[:64]) == bytes(seed_tensor_data(t)[:64])
-        t_ours = per_call(lambda: tensor_data(t), min_s=min_s, repeat=3)
-        t_seed = per_call(lambda: seed_tensor_data(t), min_s=min_s, repeat=3)
+        t_ours = per_call(lambda t=t: tensor_data(t), min_s=min_s, repeat=3)
+        t_seed = per_call(lambda t=t: seed_tensor_data(t), min_s=min_s, repeat=3)
         t_copy = per_call(functools.partial(memcpy, size), min_s=min_s, repeat=3)
         print(
             f"  {name:32s} {size / t_ours / 1e9:7.2f} {size / t_copy / 1e9:12.2f}"
@@ -125,9 +123,7 @@ def seed_compute_iteration_details(scheduler_output) -> IterationDetails:
     num_generation_tokens = 0
     new_req_ids = {new_req.req_id for new_req in scheduler_output.scheduled_new_reqs}
     for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
-        if scheduler_output.scheduled_cached_reqs.is_context_phase(req_id) or (
-            req_id in new_req_ids
-        ):
+        if scheduler_output.scheduled_cached_reqs.is_context_phase(req_id) or (req_id in new_req_ids):
             num_context_requests += 1
             num_context_tokens += num_tokens
         else:
@@ -179,9 +175,7 @@ def make_step(num_reqs: int, seed: int = 0):
     for rid, n in zip(cached_ids, outs):
         nst[rid] = int(rng.integers(64, 512)) if n == 0 else 1
     stats = EncoderInputStats(num_inputs=4, output_tokens=2304)
-    ours = SchedulerOutput(
-        [NewRequestData(r) for r in new_ids], CachedRequestData(cached_ids, outs), nst, stats
-    )
+    ours = SchedulerOutput([NewRequestData(r) for r in new_ids], CachedRequestData(cached_ids, outs), nst, stats)
     duck = types.SimpleNamespace(
         scheduled_new_reqs=[types.SimpleNamespace(req_id=r) for r in new_ids],
         scheduled_cached_reqs=VllmLikeCachedRequestData(cached_ids, outs),
@@ -197,11 +191,10 @@ def bench_iteration_details(num_reqs: int, min_s: float) -> None:
     for label, so in (("our dataclasses", ours), ("duck-typed vLLM-like", duck)):
         expected = seed_compute_iteration_details(so)
         assert compute_iteration_details(so) == expected
-        t_seed = per_call(lambda: seed_compute_iteration_details(so), min_s=min_s)
-        t_ours = per_call(lambda: compute_iteration_details(so), min_s=min_s)
+        t_seed = per_call(lambda so=so: seed_compute_iteration_details(so), min_s=min_s)
+        t_ours = per_call(lambda so=so: compute_iteration_details(so), min_s=min_s)
         print(
-            f"  {label:22s} ours {t_ours * 1e6:8.1f} us  seed loop {t_seed * 1e6:8.1f} us"
-            f"  ratio {t_ours / t_seed:.2f}"
+            f"  {label:22s} ours {t_ours * 1e6:8.1f} us  seed loop {t_seed * 1e6:8.1f} us  ratio {t_ours / t_seed:.2f}"
         )
 
 

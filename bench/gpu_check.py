@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import os
 import re
 import shutil
 import subprocess
@@ -90,7 +89,10 @@ def _nvidia_smi_link(device_index: int) -> dict | None:
     try:
         res = subprocess.run(
             ["nvidia-smi", f"--id={device_index}", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=True,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
         )
         gen_max, w_max, gen_cur, w_cur = (int(x) for x in res.stdout.strip().split(","))
     except (subprocess.SubprocessError, ValueError, OSError):
@@ -243,8 +245,10 @@ def main() -> int:
         return 0
     t0 = time.perf_counter()
     run(args.device, args.mib)
-    print(f"\n{'all checks passed' if not FAILURES else 'FAILED: ' + ', '.join(FAILURES)}"
-          f" ({time.perf_counter() - t0:.1f} s)")
+    print(
+        f"\n{'all checks passed' if not FAILURES else 'FAILED: ' + ', '.join(FAILURES)}"
+        f" ({time.perf_counter() - t0:.1f} s)"
+    )
     return 1 if FAILURES else 0
 
 

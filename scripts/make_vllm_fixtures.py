@@ -28,7 +28,6 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import msgspec  # noqa: E402
-
 import vllm
 from vllm.outputs import RequestError
 from vllm.sampling_params import SamplingParams
@@ -86,26 +85,37 @@ def outputs_messages() -> dict[str, tuple[EngineCoreOutputs, str]]:
         kv_cache_usage=0.25,
         prefix_cache_stats=PrefixCacheStats(requests=1, queries=32, hits=16),
         iteration_details=SchedulerIterationDetails(
-            iteration_index=3, num_ctx_requests=1, num_ctx_tokens=5,
-            num_generation_requests=1, num_generation_tokens=1, elapsed_ms=1.5,
+            iteration_index=3,
+            num_ctx_requests=1,
+            num_ctx_tokens=5,
+            num_generation_requests=1,
+            num_generation_tokens=1,
+            elapsed_ms=1.5,
         ),  # fmt: skip
     )
     queued = EngineCoreEvent(EngineCoreEventType.QUEUED, MONOTONIC - 0.5)
     scheduled = EngineCoreEvent(EngineCoreEventType.SCHEDULED, MONOTONIC - 0.25)
     return {
         "outputs_tokens": (
-            EngineCoreOutputs(0, [EngineCoreOutput("r1", [72, 105]), EngineCoreOutput("r2", [33])], timestamp=MONOTONIC),
+            EngineCoreOutputs(
+                0, [EngineCoreOutput("r1", [72, 105]), EngineCoreOutput("r2", [33])], timestamp=MONOTONIC
+            ),
             "two requests' new tokens, nothing else",
         ),
         "outputs_first_token_events": (
             EngineCoreOutputs(
-                0, [EngineCoreOutput("r1", [72], events=[queued, scheduled])], scheduler_stats=stats, timestamp=MONOTONIC
+                0,
+                [EngineCoreOutput("r1", [72], events=[queued, scheduled])],
+                scheduler_stats=stats,
+                timestamp=MONOTONIC,
             ),
             "a request's first token with its QUEUED and SCHEDULED events, and the step's scheduler stats",
         ),
         "outputs_finish_length": (
             EngineCoreOutputs(
-                1, [EngineCoreOutput("r1", [65], finish_reason=FinishReason.LENGTH)], timestamp=MONOTONIC,
+                1,
+                [EngineCoreOutput("r1", [65], finish_reason=FinishReason.LENGTH)],
+                timestamp=MONOTONIC,
                 finished_requests={"r1"},
             ),  # fmt: skip
             "the last token of a request that hit max_tokens, from engine 1, with finished_requests",
@@ -123,8 +133,14 @@ def outputs_messages() -> dict[str, tuple[EngineCoreOutputs, str]]:
         "outputs_request_error": (
             EngineCoreOutputs(
                 0,
-                [EngineCoreOutput("bad", [], finish_reason=FinishReason.ERROR,
-                                  error=RequestError(code="validation_error", message="the prompt is too long"))],
+                [
+                    EngineCoreOutput(
+                        "bad",
+                        [],
+                        finish_reason=FinishReason.ERROR,
+                        error=RequestError(code="validation_error", message="the prompt is too long"),
+                    )
+                ],
                 timestamp=MONOTONIC,
                 finished_requests={"bad"},
             ),  # fmt: skip
@@ -132,7 +148,9 @@ def outputs_messages() -> dict[str, tuple[EngineCoreOutputs, str]]:
         ),
         "outputs_abort": (
             EngineCoreOutputs(
-                0, [EngineCoreOutput("r1", [], finish_reason=FinishReason.ABORT)], timestamp=MONOTONIC,
+                0,
+                [EngineCoreOutput("r1", [], finish_reason=FinishReason.ABORT)],
+                timestamp=MONOTONIC,
                 finished_requests={"r1"},
             ),  # fmt: skip
             "an abort reported by the engine (pause or shutdown)",
@@ -226,21 +244,63 @@ def requests() -> dict[str, tuple[EngineCoreRequest, dict[str, Any], dict[str, A
 #: Realistic `vllm serve` command lines (after `vllm serve`).
 SERVE_COMMAND_LINES = {
     "plain": ["Qwen/Qwen3-0.6B"],
-    "port_host_served_names": ["Qwen/Qwen3-0.6B", "--host", "127.0.0.1", "--port", "8001",
-                               "--served-model-name", "qwen", "qwen-small"],
-    "chat_template": ["meta-llama/Llama-3.1-8B-Instruct", "--chat-template", "/etc/templates/llama.jinja",
-                      "--max-model-len", "8192"],
-    "tls": ["Qwen/Qwen3-0.6B", "--ssl-keyfile", "/etc/tls/key.pem", "--ssl-certfile", "/etc/tls/cert.pem",
-            "--ssl-ca-certs", "/etc/tls/ca.pem"],
-    "cors": ["Qwen/Qwen3-0.6B", "--allowed-origins", '["https://example.com"]', "--allow-credentials",
-             "--allowed-methods", '["GET", "POST"]', "--allowed-headers", '["Authorization"]'],
+    "port_host_served_names": [
+        "Qwen/Qwen3-0.6B",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8001",
+        "--served-model-name",
+        "qwen",
+        "qwen-small",
+    ],
+    "chat_template": [
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--chat-template",
+        "/etc/templates/llama.jinja",
+        "--max-model-len",
+        "8192",
+    ],
+    "tls": [
+        "Qwen/Qwen3-0.6B",
+        "--ssl-keyfile",
+        "/etc/tls/key.pem",
+        "--ssl-certfile",
+        "/etc/tls/cert.pem",
+        "--ssl-ca-certs",
+        "/etc/tls/ca.pem",
+    ],
+    "cors": [
+        "Qwen/Qwen3-0.6B",
+        "--allowed-origins",
+        '["https://example.com"]',
+        "--allow-credentials",
+        "--allowed-methods",
+        '["GET", "POST"]',
+        "--allowed-headers",
+        '["Authorization"]',
+    ],
     "data_parallel": ["Qwen/Qwen3-0.6B", "--data-parallel-size", "4", "--api-server-count", "1"],
-    "generation_config": ["Qwen/Qwen3-0.6B", "--generation-config", "vllm",
-                          "--override-generation-config", '{"temperature": 0.5, "max_new_tokens": 64}'],
+    "generation_config": [
+        "Qwen/Qwen3-0.6B",
+        "--generation-config",
+        "vllm",
+        "--override-generation-config",
+        '{"temperature": 0.5, "max_new_tokens": 64}',
+    ],
     "api_key": ["Qwen/Qwen3-0.6B", "--api-key", "sk-fixture-secret"],
     "uds_root_path": ["Qwen/Qwen3-0.6B", "--uds", "/run/vllm.sock", "--root-path", "/api"],
-    "logging_and_limits": ["Qwen/Qwen3-0.6B", "--disable-log-stats", "--enable-log-requests",
-                           "--max-num-seqs", "32", "--max-num-batched-tokens", "4096", "--seed", "7"],
+    "logging_and_limits": [
+        "Qwen/Qwen3-0.6B",
+        "--disable-log-stats",
+        "--enable-log-requests",
+        "--max-num-seqs",
+        "32",
+        "--max-num-batched-tokens",
+        "4096",
+        "--seed",
+        "7",
+    ],
     "config_model_only": ["--model", "Qwen/Qwen3-0.6B", "--tensor-parallel-size", "2"],
 }
 
@@ -262,7 +322,8 @@ def args_json_cases() -> dict[str, Any]:
         if getattr(args, "model_tag", None) is not None:
             args.model = args.model_tag  # what ServeSubcommand.cmd does first
         args_dict = jsonify_non_default_args(
-            args, exclude={"api_server_count", "data_parallel_rank", "data_parallel_external_lb", "data_parallel_hybrid_lb"}
+            args,
+            exclude={"api_server_count", "data_parallel_rank", "data_parallel_external_lb", "data_parallel_hybrid_lb"},
         )
         model_tag = getattr(args, "model_tag", None) or getattr(args, "model", None)
         if model_tag is not None:
@@ -310,8 +371,12 @@ def main() -> None:
         (args.out / f"{name}.msgpack").write_bytes(bytes(frames[0]))
         manifest["files"][f"{name}.msgpack"] = {"kind": kind, "description": description, **extra}
 
-    write("ready_response", [msgspec.msgpack.encode(ready_response())], "ready_response",
-          "EngineCoreReadyResponse as EngineCoreProc encodes it (msgspec.msgpack.encode of the dataclass)")
+    write(
+        "ready_response",
+        [msgspec.msgpack.encode(ready_response())],
+        "ready_response",
+        "EngineCoreReadyResponse as EngineCoreProc encodes it (msgspec.msgpack.encode of the dataclass)",
+    )
     for name, (message, description) in outputs_messages().items():
         write(name, encoder.encode(message), "outputs", description)
     for name, (request, given, expect) in requests().items():

@@ -61,7 +61,9 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def api_server(echo_engines: int = 0, max_model_len: int | None = None, env: dict[str, str] | None = None) -> Iterator[RunningServer]:
+def api_server(
+    echo_engines: int = 0, max_model_len: int | None = None, env: dict[str, str] | None = None
+) -> Iterator[RunningServer]:
     """One API server for one engine: `echo_engines=1` starts the repo's echo
     engine process, else the test must register an engine itself (see
     `ScriptedEngine`). `env` is set for the server (and engine) processes."""
@@ -104,7 +106,9 @@ class ScriptedEngine:
     the server; the test reads ADDs and pushes whatever outputs it wants."""
 
     def __init__(self, server: RunningServer, max_model_len: int = 512):
-        self.ctx, self.dealer, self.push = connect_as_engine(server.input_address, server.output_address, 0, max_model_len)
+        self.ctx, self.dealer, self.push = connect_as_engine(
+            server.input_address, server.output_address, 0, max_model_len
+        )
         self.aborted: list[str] = []
 
     def next_add(self, timeout_s: float = DEADLINE_S) -> tuple[str, list[int], dict[str, Any]]:

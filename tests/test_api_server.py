@@ -60,7 +60,9 @@ class NaiveStopStrings:
         if first is not None:
             emit, self.pending = self.pending[: first[0]], ""
             return emit, first[1]
-        held = max((n for stop in self.stops for n in range(1, len(stop)) if self.pending.endswith(stop[:n])), default=0)
+        held = max(
+            (n for stop in self.stops for n in range(1, len(stop)) if self.pending.endswith(stop[:n])), default=0
+        )
         cut = len(self.pending) - held
         emit, self.pending = self.pending[:cut], self.pending[cut:]
         return emit, None
@@ -114,9 +116,21 @@ def test_invalid_parameters_name_the_parameter(body, param):
 
 def test_parameters_are_read():
     c = common_params(
-        Params({"model": "toy", "max_tokens": 5, "max_completion_tokens": 9, "temperature": 0, "top_k": 3, "seed": 7,
-                "stop": "x", "stop_token_ids": [1, 2], "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}),  # fmt: skip
+        Params(
+            {
+                "model": "toy",
+                "max_tokens": 5,
+                "max_completion_tokens": 9,
+                "temperature": 0,
+                "top_k": 3,
+                "seed": 7,
+                "stop": "x",
+                "stop_token_ids": [1, 2],
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ),  # fmt: skip
         ("max_completion_tokens", "max_tokens"),
     )
     assert (c.model, c.max_tokens, c.stop, c.stop_token_ids, c.ignore_eos) == ("toy", 9, ["x"], [1, 2], True)
@@ -141,7 +155,9 @@ def start_api_server(engines: int, with_engines: bool = False):
     engine_manager = None
     if with_engines:
         config = make_engine_config("echo", clients=[ClientAddresses(listeners[0].address, listeners[1].address)])
-        engine_manager = CoreEngineProcManager(run_engine_core, engines, 0, 0, config, True, listeners[0].address, None, True)
+        engine_manager = CoreEngineProcManager(
+            run_engine_core, engines, 0, 0, config, True, listeners[0].address, None, True
+        )
     args = argparse.Namespace(model="echo", data_parallel_size=engines, api_key=None, max_model_len=None)
     manager = APIServerProcessManager("http://127.0.0.1", http, args, 1, [listeners[0]], [listeners[1]])
     port = http.getsockname()[1]

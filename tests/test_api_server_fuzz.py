@@ -29,7 +29,12 @@ from tests.api_server_harness import api_server, assert_error_shape, request
 QUICK = settings(max_examples=150, deadline=None, database=None)
 
 msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=8) | st.binary(max_size=8),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=8),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4),
     max_leaves=12,
 )
@@ -45,13 +50,16 @@ batches = st.builds(
     EngineCoreOutputs,
     engine_index=st.integers(0, 3),
     outputs=st.lists(outputs, min_size=1, max_size=3),
-    scheduler_stats=st.none() | st.fixed_dictionaries({"num_running_reqs": st.integers(0, 9), "num_waiting_reqs": st.integers(0, 9)}),
+    scheduler_stats=st.none()
+    | st.fixed_dictionaries({"num_running_reqs": st.integers(0, 9), "num_waiting_reqs": st.integers(0, 9)}),
     timestamp=st.floats(1, 2e9),
 )
 utility_replies = st.builds(
     EngineCoreOutputs,
     engine_index=st.integers(0, 3),
-    utility_output=st.builds(UtilityOutput, call_id=st.integers(0, 2**31), failure_message=st.none() | st.text(max_size=8)),
+    utility_output=st.builds(
+        UtilityOutput, call_id=st.integers(0, 2**31), failure_message=st.none() | st.text(max_size=8)
+    ),
     timestamp=st.floats(1, 2e9),
 )
 valid_messages = batches | utility_replies
@@ -129,7 +137,9 @@ json_values = st.recursive(
 near_valid_values = st.one_of(
     json_values,
     st.sampled_from(["echo", "hey", 1, 0, -1, 2**31, 2**63, 0.5, 1.0, True, [104, 105], {"include_usage": True}]),
-    st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system"]), "content": st.text(max_size=8)}), max_size=2),
+    st.lists(
+        st.fixed_dictionaries({"role": st.sampled_from(["user", "system"]), "content": st.text(max_size=8)}), max_size=2
+    ),
 )
 bodies = st.one_of(
     json_values,
@@ -155,7 +165,9 @@ def test_any_json_body_is_answered_or_refused_in_the_error_shape(echo_server, pa
 
 # ---- raw HTTP bytes ----
 
-request_lines = st.sampled_from([b"GET /health HTTP/1.1\r\n", b"POST /v1/completions HTTP/1.1\r\n", b"GET / HTTP/1.0\r\n", b""])
+request_lines = st.sampled_from(
+    [b"GET /health HTTP/1.1\r\n", b"POST /v1/completions HTTP/1.1\r\n", b"GET / HTTP/1.0\r\n", b""]
+)
 request_tails = st.sampled_from([b"", b"\r\n", b"\r\n\r\n", b"\r\nContent-Length: 5\r\n\r\nab"])
 raw_requests = st.binary(max_size=200) | st.builds(
     lambda line, junk, tail: line + junk + tail, request_lines, st.binary(max_size=120), request_tails

@@ -48,7 +48,9 @@ def read_stream(port: int, body: dict) -> list[str]:
     """The `data:` payloads of a streamed completion, in order."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE_S)
     try:
-        connection.request("POST", "/v1/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+        connection.request(
+            "POST", "/v1/completions", body=json.dumps(body), headers={"content-type": "application/json"}
+        )
         response = connection.getresponse()
         assert response.status == 200
         text = response.read().decode()
@@ -145,7 +147,12 @@ def test_an_engine_message_past_the_size_limit_drops_that_connection_unread():
             wait_for_event(monitor, zmq.EVENT_HANDSHAKE_SUCCEEDED)
             rss_before = psutil.Process(server.pid).memory_info().rss
             # A well-formed answer that would finish the request, padded to 64 MiB.
-            forged = [0, [[request_id, [120, 120, 120], None, None, None, FINISH_LENGTH, "x" * (64 * limit)]], None, 0.0]
+            forged = [
+                0,
+                [[request_id, [120, 120, 120], None, None, None, FINISH_LENGTH, "x" * (64 * limit)]],
+                None,
+                0.0,
+            ]
             big_push.send(msgpack.packb(forged))
             wait_for_event(monitor, zmq.EVENT_DISCONNECTED)
             engine.send_outputs([[request_id, [104, 101, 121], None, None, None, FINISH_LENGTH, None]])
@@ -165,7 +172,9 @@ def test_engine_outputs_never_exceed_max_tokens_and_unknown_ids_are_dropped():
         engine = ScriptedEngine(server)
         try:
             server.wait_until_serving()
-            waiting = in_background(request, "POST", server.port, "/v1/completions", {"prompt": "hey", "max_tokens": 16})
+            waiting = in_background(
+                request, "POST", server.port, "/v1/completions", {"prompt": "hey", "max_tokens": 16}
+            )
             request_id, _, sampling = engine.next_add()
             assert sampling["max_tokens"] == 16
             engine.send_outputs([["someone-else", [98, 98]], [request_id, [97] * 57]])
@@ -399,10 +408,18 @@ BAD_BODIES = [
     ("/v1/completions", body_with(b'"stop": ' + json.dumps(["x"] * 1025).encode()), "stop"),
     ("/v1/completions", body_with(b'"stop": ["' + b"a" * 40_000 + b'"]'), "stop"),
     ("/v1/completions", body_with(b'"stop_token_ids": ' + json.dumps([1] * 1025).encode()), "stop_token_ids"),
-    ("/v1/completions", body_with(b'"logit_bias": ' + json.dumps({str(i): 1 for i in range(1025)}).encode()), "logit_bias"),
+    (
+        "/v1/completions",
+        body_with(b'"logit_bias": ' + json.dumps({str(i): 1 for i in range(1025)}).encode()),
+        "logit_bias",
+    ),
     ("/v1/completions", body_with(b'"logit_bias": {"abc": 1}'), "logit_bias"),
     ("/v1/completions", body_with(b'"logit_bias": {"1": 1e400}'), "logit_bias"),
-    ("/v1/chat/completions", b'{"messages": [{"role": "user"}], "max_completion_tokens": %d}' % 2**40, "max_completion_tokens"),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user"}], "max_completion_tokens": %d}' % 2**40,
+        "max_completion_tokens",
+    ),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', "messages"),
     ("/v1/completions", b"{", None),
 ]

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import zmq
-
 from vllm_rs.engine import make_engine_config, run_engine_core
 from vllm_rs.engine.config import ClientAddresses
 from vllm_rs.engine.core import FAIL_AT_STEP_ENV, EngineCore
@@ -80,7 +79,9 @@ def test_stop_token_eos_min_tokens_and_ignore_eos():
     core.add_request(request("stop", b"abcabc", max_tokens=50, stop_token_ids=[ord("c")]))
     core.add_request(request("eos", [65, 66, BYTE_EOS_TOKEN_ID], max_tokens=50, _eos_token_id=BYTE_EOS_TOKEN_ID))
     core.add_request(request("min", b"abcabc", max_tokens=50, stop_token_ids=[ord("c")], min_tokens=4))
-    core.add_request(request("ignore", [65, BYTE_EOS_TOKEN_ID], max_tokens=5, _eos_token_id=BYTE_EOS_TOKEN_ID, ignore_eos=True))
+    core.add_request(
+        request("ignore", [65, BYTE_EOS_TOKEN_ID], max_tokens=5, _eos_token_id=BYTE_EOS_TOKEN_ID, ignore_eos=True)
+    )
     out = run_to_end(core)
     assert bytes(tokens(out["stop"])) == b"abc"
     assert (out["stop"][-1].finish_reason, out["stop"][-1].stop_reason) == (FinishReason.STOP, ord("c"))
@@ -605,7 +606,10 @@ def test_the_api_servers_decoder_reads_every_message_vllms_engine_sends(name):
     assert (message.utility_output is None) == (raw[4] is None)
     assert (message.wave_complete, message.finished_requests) == (raw[6], raw[5])
     if name == "outputs_first_token_events":
-        assert [e.type for e in message.outputs[0].events] == [EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED]
+        assert [e.type for e in message.outputs[0].events] == [
+            EngineCoreEventType.QUEUED,
+            EngineCoreEventType.SCHEDULED,
+        ]
         assert message.scheduler_stats["num_running_reqs"] == 2
     if name == "outputs_request_error":
         assert message.outputs[0].error.code == "validation_error"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -21,10 +20,10 @@ from pathlib import Path
 import openai
 import pytest
 import zmq
-
-from tests.test_frontend_fake_engine import engine_log, run_fake_engine
 from vllm_rs.network_utils import make_zmq_listener
 from vllm_rs.utils import CoreEngineProcManager, RustFrontendProcessManager, wait_for_completion_or_failure
+
+from tests.test_frontend_fake_engine import engine_log, run_fake_engine
 
 READY_TIMEOUT_S = 60
 

@@ -9,7 +9,6 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
 import vllm_rs
 from vllm_rs import frontend
 

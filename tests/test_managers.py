@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 import zmq
-
-from tests.support.trees import descendants, is_running, read_pids
 from vllm_rs.network_utils import make_zmq_listener, make_zmq_socket
 from vllm_rs.process import spawn_executable
 from vllm_rs.utils import (
@@ -30,6 +28,8 @@ from vllm_rs.utils import (
     shutdown,
     wait_for_completion_or_failure,
 )
+
+from tests.support.trees import descendants, is_running, read_pids
 
 SUPPORT = Path(__file__).parent / "support"
 
@@ -81,7 +81,9 @@ def api_server_exits_with(listen_address, sock, args, client_config):
 
 
 def test_engines_get_names_and_kwargs(tmp_path):
-    manager = CoreEngineProcManager(engine_records_kwargs, 2, 4, 0, str(tmp_path), True, "tcp://127.0.0.1:5", object, True)
+    manager = CoreEngineProcManager(
+        engine_records_kwargs, 2, 4, 0, str(tmp_path), True, "tcp://127.0.0.1:5", object, True
+    )
     try:
         assert [p.name for p in manager.processes] == ["EngineCore_4", "EngineCore_5"]
         deadline = time.monotonic() + 60
@@ -204,7 +206,9 @@ def _long_api_server(tmp_path):
     sock.listen()
     inp = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
     out = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
-    manager = APIServerProcessManager("addr", sock, argparse.Namespace(), 1, [inp], [out], target_server_fn=api_server_sleeps)
+    manager = APIServerProcessManager(
+        "addr", sock, argparse.Namespace(), 1, [inp], [out], target_server_fn=api_server_sleeps
+    )
     return manager, sock
 
 
@@ -231,7 +235,10 @@ def test_api_servers_adopt_their_listeners_over_real_zeromq(tmp_path, caplog):
     http = socket.socket()
     http.bind(("127.0.0.1", 0))
     http.listen()
-    inputs = [make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER), make_zmq_listener(f"ipc://{tmp_path}/in1", zmq.ROUTER)]
+    inputs = [
+        make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER),
+        make_zmq_listener(f"ipc://{tmp_path}/in1", zmq.ROUTER),
+    ]
     outputs = [make_zmq_listener("tcp://[::1]:0", zmq.PULL), make_zmq_listener(f"ipc://{tmp_path}/out1", zmq.PULL)]
     addresses = [(i.address, o.address) for i, o in zip(inputs, outputs)]
     with caplog.at_level(logging.INFO, logger="vllm_rs"):
@@ -304,7 +311,9 @@ def test_rust_frontend_manager_command_line_fds_and_redaction(tmp_path, caplog, 
     inp = make_zmq_listener(f"ipc://{tmp_path}/in.sock", zmq.ROUTER)
     outp = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
     fds = [http.fileno(), inp.socket.fileno(), outp.socket.fileno()]
-    args = argparse.Namespace(model="toy", api_key="sk-secret", hf_token="hf-secret", api_server_count=4, port=8000, max_model_len=64)
+    args = argparse.Namespace(
+        model="toy", api_key="sk-secret", hf_token="hf-secret", api_server_count=4, port=8000, max_model_len=64
+    )
     with caplog.at_level(logging.INFO, logger="vllm_rs"):
         manager = RustFrontendProcessManager(str(binary), http, args, inp, outp, 0, 2, 2)
     try:
@@ -336,7 +345,11 @@ def test_rust_frontend_manager_command_line_fds_and_redaction(tmp_path, caplog, 
         assert (launch["api_key"], launch["hf_token"]) == ("sk-secret", "hf-secret")  # in its environment only
         cmdline = Path(f"/proc/{manager.processes[0].pid}/cmdline").read_bytes()
         assert b"sk-secret" not in cmdline and b"hf-secret" not in cmdline
-        assert "sk-secret" not in caplog.text and "hf-secret" not in caplog.text and "Launching Rust frontend:" in caplog.text
+        assert (
+            "sk-secret" not in caplog.text
+            and "hf-secret" not in caplog.text
+            and "Launching Rust frontend:" in caplog.text
+        )
         assert inp.socket.fileno() == -1 and outp.socket.fileno() == -1
     finally:
         started = time.monotonic()
@@ -354,7 +367,9 @@ def test_rust_frontend_manager_missing_binary_cleans_up(tmp_path):
     inp = make_zmq_listener(f"ipc://{tmp_path}/in.sock", zmq.ROUTER)
     outp = make_zmq_listener(f"ipc://{tmp_path}/out.sock", zmq.PULL)
     with pytest.raises(FileNotFoundError, match="no-such-binary"):
-        RustFrontendProcessManager(str(tmp_path / "no-such-binary"), http, argparse.Namespace(model="m"), inp, outp, 0, 1, 1)
+        RustFrontendProcessManager(
+            str(tmp_path / "no-such-binary"), http, argparse.Namespace(model="m"), inp, outp, 0, 1, 1
+        )
     assert not list(tmp_path.iterdir())
     http.close()
 
@@ -380,7 +395,9 @@ def test_shutdown_of_16_sigterm_ignoring_children_is_bounded(caplog):
     for i in range(16):
         r, w = os.pipe()
         procs.append(
-            spawn_executable(["bash", "-c", f"trap '' TERM; echo ready >&{w}; exec sleep 1000"], name=f"stubborn{i}", pass_fds=[w])
+            spawn_executable(
+                ["bash", "-c", f"trap '' TERM; echo ready >&{w}; exec sleep 1000"], name=f"stubborn{i}", pass_fds=[w]
+            )
         )
         os.close(w)
         readers.append(r)
@@ -436,7 +453,11 @@ def test_engine_manager_cycles_leave_no_trace(tmp_path):
 def _guardian_of(pid: int) -> int:
     """Pid of the one guardian of `pid`: its only child (every other process
     it starts is a child of the guardian)."""
-    children = [int(c) for t in os.listdir(f"/proc/{pid}/task") for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
+    children = [
+        int(c)
+        for t in os.listdir(f"/proc/{pid}/task")
+        for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()
+    ]
     assert len(children) == 1, children
     return children[0]
 
@@ -522,7 +543,10 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_a_registration_holds_as_soon_as_remove_on_exit_returns(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-c", REGISTER_THEN_SIGKILL_SELF, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", REGISTER_THEN_SIGKILL_SELF, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         guardian = os.pidfd_open(int(proc.stdout.readline()))
@@ -603,7 +627,10 @@ with open(sys.argv[1], "w") as f:
 def test_remove_on_exit_spares_a_new_file_at_the_same_path(tmp_path):
     path = tmp_path / "reused.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-c", REPLACE_AFTER_REGISTERING, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", REPLACE_AFTER_REGISTERING, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         guardian = os.pidfd_open(int(proc.stdout.readline()))

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import zmq
-
 from vllm_rs.network_utils import (
     PrivateSocketDir,
     default_socket_dir_base,
@@ -162,7 +161,10 @@ def test_vllm_workers_adopt_a_bare_listening_socket(tmp_path):
     dealer.send(b"over a bare socket")
     assert router.poll(10_000)
     assert router.recv_multipart() == [b"\x00\x00", b"over a bare socket"]
-    with pytest.raises(TypeError, match=f"listener for ipc://{tmp_path}/x: expected a ZmqListener or a listening socket.socket, got int"):
+    with pytest.raises(
+        TypeError,
+        match=f"listener for ipc://{tmp_path}/x: expected a ZmqListener or a listening socket.socket, got int",
+    ):
         make_zmq_socket(ctx, f"ipc://{tmp_path}/x", zmq.PULL, listener=7)
     closed = socket.socket(socket.AF_UNIX)
     closed.close()

@@ -14,10 +14,10 @@ import time
 from multiprocessing import connection
 
 import pytest
-
-from tests.support.trees import TREE_SCRIPT, descendants, is_running, survivors, wait_built
 from vllm_rs import _core
 from vllm_rs.process import kill_process_tree, spawn_executable, start_target, wait
+
+from tests.support.trees import TREE_SCRIPT, descendants, is_running, survivors, wait_built
 
 
 def _read_all(fd: int) -> bytes:
@@ -139,7 +139,11 @@ def test_a_guardian_that_cannot_start_is_a_runtime_error_with_its_os_cause(comma
     import subprocess
 
     out = subprocess.run(
-        [sys.executable, "-c", GUARDIAN_THAT_CANNOT_START, command], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", GUARDIAN_THAT_CANNOT_START, command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     text, cause_type, cause_errno = json.loads(out.stdout)
     assert message in text and (cause_type, cause_errno) == (cause, code), out
@@ -148,7 +152,12 @@ def test_a_guardian_that_cannot_start_is_a_runtime_error_with_its_os_cause(comma
 def test_spawn_many_takes_typed_requests():
     requests = [_core.SpawnRequest(["sh", "-c", f"exit {i}"], name=f"r{i}") for i in range(3)]
     requests.append(_core.SpawnRequest(["no-such-command-anywhere"], name="missing", env=[("PATH", "/nowhere")]))
-    assert (requests[0].argv, requests[0].name, requests[0].env, requests[0].pass_fds) == (["sh", "-c", "exit 0"], "r0", None, [])
+    assert (requests[0].argv, requests[0].name, requests[0].env, requests[0].pass_fds) == (
+        ["sh", "-c", "exit 0"],
+        "r0",
+        None,
+        [],
+    )
     outcomes = _core.spawn_many(requests)
     for proc in outcomes[:3]:
         proc.join(30)
@@ -343,7 +352,9 @@ def test_spawn_executables_starts_many_and_cleans_up_on_failure(tmp_path):
     guardian = _guardian_pid_after_warmup()
     before = set(descendants(guardian))
     with pytest.raises(FileNotFoundError, match="missing-program"):
-        spawn_executables([["sleep", "100"], [str(tmp_path / "missing-program")], ["sleep", "100"]], names=["a", "b", "c"])
+        spawn_executables(
+            [["sleep", "100"], [str(tmp_path / "missing-program")], ["sleep", "100"]], names=["a", "b", "c"]
+        )
     assert set(descendants(guardian)) == before  # the two sleepers were killed
 
 

@@ -37,7 +37,9 @@ print("SDIST=" + name)
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory) -> tuple[str, dict[str, bytes | None]]:
     """(the root folder name, {path under it: content of a few manifests, else None})."""
-    maturin = shutil.which("maturin", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    maturin = shutil.which(
+        "maturin", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )
     if maturin is None:
         pytest.skip("maturin is not installed")
     out = tmp_path_factory.mktemp("sdist")

@@ -20,7 +20,6 @@ from pathlib import Path
 import openai
 import psutil
 import pytest
-
 from vllm_rs.engine.models import write_model_dir
 
 READY_TIMEOUT_S = 120
@@ -219,7 +218,9 @@ def test_stop_strings_and_stop_token_ids(stack):
     by_string = client.completions.create(model="echo", prompt="hello world", max_tokens=30, stop=["wor"])
     assert by_string.choices[0].text == "hello "
     assert by_string.choices[0].finish_reason == "stop" and by_string.choices[0].model_extra["stop_reason"] == "wor"
-    by_token = client.completions.create(model="echo", prompt="hello", max_tokens=30, extra_body={"stop_token_ids": [ord("l")]})
+    by_token = client.completions.create(
+        model="echo", prompt="hello", max_tokens=30, extra_body={"stop_token_ids": [ord("l")]}
+    )
     assert by_token.choices[0].text == "hel"
     assert by_token.choices[0].model_extra["stop_reason"] == ord("l")
 
@@ -237,7 +238,9 @@ def test_errors_have_the_openai_shape(stack):
     with pytest.raises(openai.BadRequestError) as too_long:
         client.completions.create(model="echo", prompt="x" * 10, max_tokens=600)
     assert "maximum context length is 512" in too_long.value.body["message"]
-    status, body = stack.http("POST", "/v1/completions", {"prompt": "x"}, {"authorization": f"Bearer {API_KEY}", "x-data-parallel-rank": "7"})
+    status, body = stack.http(
+        "POST", "/v1/completions", {"prompt": "x"}, {"authorization": f"Bearer {API_KEY}", "x-data-parallel-rank": "7"}
+    )
     assert status == 400 and json.loads(body)["error"]["param"] == "x-data-parallel-rank"
     status, body = stack.http("GET", "/no/such/route", headers={"authorization": f"Bearer {API_KEY}"})
     assert status == 404 and json.loads(body)["error"]["code"] == 404
@@ -264,7 +267,9 @@ def test_small_routes_and_open_paths(stack):
 def test_requests_pinned_to_each_engine(stack):
     client = stack.client()
     for rank in ("0", "1"):
-        result = client.completions.create(model="echo", prompt="pin", max_tokens=3, extra_headers={"X-data-parallel-rank": rank})
+        result = client.completions.create(
+            model="echo", prompt="pin", max_tokens=3, extra_headers={"X-data-parallel-rank": rank}
+        )
         assert result.choices[0].text == "pin"
 
 

@@ -21,9 +21,9 @@ import openai
 import psutil
 import pytest
 import zmq
+from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 
 from tests.test_serve import FRONTENDS, Serve, assert_all_gone
-from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 
 ENGINE_PID = re.compile(r"EngineCore_(\d+) ready \(pid (\d+)\)")
 API_SERVER_PID = re.compile(r"\(APIServer_0 pid=(\d+)\)")
@@ -97,7 +97,14 @@ def test_ctrl_c_drains_exits_0_and_both_engines_served(frontend):
     try:
         client = serve.client()
         with ThreadPoolExecutor(16) as pool:
-            texts = list(pool.map(lambda i: client.completions.create(model="echo", prompt=f"r{i:02d}", max_tokens=200).choices[0].text, range(48)))
+            texts = list(
+                pool.map(
+                    lambda i: (
+                        client.completions.create(model="echo", prompt=f"r{i:02d}", max_tokens=200).choices[0].text
+                    ),
+                    range(48),
+                )
+            )
         assert all(t.startswith(f"r{i:02d}") and len(t) == 200 for i, t in enumerate(texts))
         processes = serve.descendants()
         serve.interrupt()
@@ -119,7 +126,12 @@ def test_sigterm_exits_0_and_removes_the_unix_socket(tmp_path, frontend):
         conn = http.client.HTTPConnection("localhost")
         conn.sock = socket.socket(socket.AF_UNIX)
         conn.sock.connect(path)
-        conn.request("POST", "/v1/completions", body='{"prompt": "uds", "max_tokens": 3}', headers={"content-type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/completions",
+            body='{"prompt": "uds", "max_tokens": 3}',
+            headers={"content-type": "application/json"},
+        )
         response = conn.getresponse()
         assert response.status == 200 and json.loads(response.read())["choices"][0]["text"] == "uds"
         conn.close()
@@ -211,7 +223,11 @@ def test_process_killed_mid_stream(frontend, victim):
         if victim == "engine":  # told through ENGINE_CORE_DEAD: an error chunk
             assert isinstance(error, openai.APIError) and "ENGINE_CORE_DEAD" in str(error), error
         code = serve.wait(10)
-        named = "Engine core process EngineCore_0 died unexpectedly" if victim == "engine" else f"(PID: {pid}) died with exit code -9"
+        named = (
+            "Engine core process EngineCore_0 died unexpectedly"
+            if victim == "engine"
+            else f"(PID: {pid}) died with exit code -9"
+        )
         assert code == 1 and named in serve.output, serve.output
         assert_all_gone(processes, within_s=1)
         assert not os.path.lexists(serve.socket_dir)

@@ -108,8 +108,7 @@ def test_cpu_gpu_buffer_bfloat16_needs_with_numpy_false():
     with pytest.raises(ValueError) as e:
         CpuGpuBuffer(4, dtype=torch.bfloat16, device="cpu")
     assert str(e.value) == (
-        "Bfloat16 torch tensors cannot be directly cast to a numpy array, "
-        "so call CpuGpuBuffer with with_numpy=False"
+        "Bfloat16 torch tensors cannot be directly cast to a numpy array, so call CpuGpuBuffer with with_numpy=False"
     )
     buf = CpuGpuBuffer(4, dtype=torch.bfloat16, device="cpu", with_numpy=False)
     assert buf.cpu.dtype == torch.bfloat16
@@ -251,7 +250,7 @@ def test_tensor_data_bfloat16_contiguous_and_not():
     as_f32 = np.array(values, dtype=np.float32).view(np.uint32) >> 16
     assert bytes(mv) == as_f32.astype(np.uint16).tobytes()
     tt = t.t()
-    expected = (np.array(values, dtype=np.float32).reshape(2, 3).T.copy().view(np.uint32) >> 16)
+    expected = np.array(values, dtype=np.float32).reshape(2, 3).T.copy().view(np.uint32) >> 16
     assert bytes(tensor_data(tt)) == expected.astype(np.uint16).tobytes()
 
 
@@ -363,7 +362,10 @@ def _seed_compute(so) -> IterationDetails:
             g_tok += n
     stats = so.scheduled_encoder_input_stats
     return IterationDetails(
-        c_req, c_tok, g_req, g_tok,
+        c_req,
+        c_tok,
+        g_req,
+        g_tok,
         stats.num_inputs if stats is not None else 0,
         stats.output_tokens if stats is not None else 0,
     )
@@ -372,9 +374,7 @@ def _seed_compute(so) -> IterationDetails:
 def test_compute_iteration_details_dataclasses():
     so = SchedulerOutput(
         scheduled_new_reqs=[NewRequestData("a"), NewRequestData("b")],
-        scheduled_cached_reqs=CachedRequestData(
-            req_ids=["c", "d", "e"], num_output_tokens=[0, 5, 1]
-        ),
+        scheduled_cached_reqs=CachedRequestData(req_ids=["c", "d", "e"], num_output_tokens=[0, 5, 1]),
         num_scheduled_tokens={"a": 100, "b": 7, "c": 64, "d": 1, "e": 2},
         scheduled_encoder_input_stats=EncoderInputStats(num_inputs=3, output_tokens=576),
     )

@@ -92,7 +92,10 @@ def _skip_reason() -> str | None:
     if not os.access(SYSTEM_PYTHON, os.X_OK):
         return f"{SYSTEM_PYTHON} is missing"
     probe = subprocess.run(
-        [SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], check=False, capture_output=True, text=True
+        [SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        check=False,
+        capture_output=True,
+        text=True,
     )
     ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
     if probe.stdout.strip() != ours:

@@ -12,7 +12,6 @@ import threading
 import types
 
 import pytest
-
 from vllm_rs import usage
 from vllm_rs.usage import (
     USAGE_STATS_KEYS,
@@ -26,14 +25,32 @@ OPT_OUTS = ("VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK", "DO_NOT_TRACK")
 JOIN_S = 30  # generous bound for a loaded machine; not a timing assertion
 
 SEED_KEYS = {
-    "dtype", "block_size", "gpu_memory_utilization", "kv_cache_memory_bytes",
-    "quantization", "kv_cache_dtype", "enable_lora", "enable_prefix_caching",
-    "enforce_eager", "disable_custom_all_reduce", "tensor_parallel_size",
-    "data_parallel_size", "pipeline_parallel_size", "enable_expert_parallel",
-    "all2all_backend", "kv_connector", "max_model_len", "max_num_seqs",
-    "max_num_batched_tokens", "attention_backend", "compilation_mode",
-    "spec_decode_method", "num_speculative_tokens", "enable_eplb",
-    "num_redundant_experts", "num_experts",
+    "dtype",
+    "block_size",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "quantization",
+    "kv_cache_dtype",
+    "enable_lora",
+    "enable_prefix_caching",
+    "enforce_eager",
+    "disable_custom_all_reduce",
+    "tensor_parallel_size",
+    "data_parallel_size",
+    "pipeline_parallel_size",
+    "enable_expert_parallel",
+    "all2all_backend",
+    "kv_connector",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "attention_backend",
+    "compilation_mode",
+    "spec_decode_method",
+    "num_speculative_tokens",
+    "enable_eplb",
+    "num_redundant_experts",
+    "num_experts",
 }
 
 
@@ -72,20 +89,34 @@ class _Mode(enum.IntEnum):
 def _full_config():
     ns = types.SimpleNamespace
     model = ns(
-        dtype="torch.bfloat16", quantization="fp8", enforce_eager=False,
-        max_model_len=8192, architecture="LlamaForCausalLM",
+        dtype="torch.bfloat16",
+        quantization="fp8",
+        enforce_eager=False,
+        max_model_len=8192,
+        architecture="LlamaForCausalLM",
         architectures=["LlamaForCausalLM"],
-        using_transformers_backend=lambda: False, get_num_experts=lambda: 0,
+        using_transformers_backend=lambda: False,
+        get_num_experts=lambda: 0,
     )
     return ns(
         model_config=model,
-        cache_config=ns(block_size=16, gpu_memory_utilization=0.9,
-                        kv_cache_memory_bytes=None, cache_dtype="auto",
-                        enable_prefix_caching=True),
-        parallel_config=ns(disable_custom_all_reduce=False, tensor_parallel_size=2,
-                           data_parallel_size=1, pipeline_parallel_size=1,
-                           enable_expert_parallel=False, all2all_backend="naive",
-                           enable_eplb=False, eplb_config=ns(num_redundant_experts=0)),
+        cache_config=ns(
+            block_size=16,
+            gpu_memory_utilization=0.9,
+            kv_cache_memory_bytes=None,
+            cache_dtype="auto",
+            enable_prefix_caching=True,
+        ),
+        parallel_config=ns(
+            disable_custom_all_reduce=False,
+            tensor_parallel_size=2,
+            data_parallel_size=1,
+            pipeline_parallel_size=1,
+            enable_expert_parallel=False,
+            all2all_backend="naive",
+            enable_eplb=False,
+            eplb_config=ns(num_redundant_experts=0),
+        ),
         scheduler_config=ns(max_num_seqs=256, max_num_batched_tokens=2048),
         attention_config=ns(backend=None),
         compilation_config=ns(mode=_Mode.VLLM_COMPILE),
@@ -134,8 +165,12 @@ def test_config_root_defaults(tmp_path, monkeypatch):
 
 def test_usage_context_values():
     assert [c.value for c in UsageContext] == [
-        "UNKNOWN_CONTEXT", "LLM_CLASS", "API_SERVER", "OPENAI_API_SERVER",
-        "OPENAI_BATCH_RUNNER", "ENGINE_CONTEXT",
+        "UNKNOWN_CONTEXT",
+        "LLM_CLASS",
+        "API_SERVER",
+        "OPENAI_API_SERVER",
+        "OPENAI_BATCH_RUNNER",
+        "ENGINE_CONTEXT",
     ]
     assert UsageContext.LLM_CLASS == "LLM_CLASS"
 
@@ -147,17 +182,32 @@ def test_report_appends_one_json_line_with_config_and_platform(root, thread_erro
     assert rec["context"] == "ENGINE_CONTEXT"
     assert rec["model_architecture"] == "LlamaForCausalLM"
     expected = {
-        "dtype": "torch.bfloat16", "block_size": 16, "gpu_memory_utilization": 0.9,
-        "kv_cache_memory_bytes": None, "quantization": "fp8", "kv_cache_dtype": "auto",
-        "enable_lora": False, "enable_prefix_caching": True, "enforce_eager": False,
-        "disable_custom_all_reduce": False, "tensor_parallel_size": 2,
-        "data_parallel_size": 1, "pipeline_parallel_size": 1,
-        "enable_expert_parallel": False, "all2all_backend": "naive",
-        "kv_connector": "NixlConnector", "max_model_len": 8192, "max_num_seqs": 256,
-        "max_num_batched_tokens": 2048, "attention_backend": None,
-        "compilation_mode": "VLLM_COMPILE", "spec_decode_method": "eagle",
-        "num_speculative_tokens": 3, "enable_eplb": False,
-        "num_redundant_experts": 0, "num_experts": 0,
+        "dtype": "torch.bfloat16",
+        "block_size": 16,
+        "gpu_memory_utilization": 0.9,
+        "kv_cache_memory_bytes": None,
+        "quantization": "fp8",
+        "kv_cache_dtype": "auto",
+        "enable_lora": False,
+        "enable_prefix_caching": True,
+        "enforce_eager": False,
+        "disable_custom_all_reduce": False,
+        "tensor_parallel_size": 2,
+        "data_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "enable_expert_parallel": False,
+        "all2all_backend": "naive",
+        "kv_connector": "NixlConnector",
+        "max_model_len": 8192,
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 2048,
+        "attention_backend": None,
+        "compilation_mode": "VLLM_COMPILE",
+        "spec_decode_method": "eagle",
+        "num_speculative_tokens": 3,
+        "enable_eplb": False,
+        "num_redundant_experts": 0,
+        "num_experts": 0,
     }
     assert {k: rec[k] for k in SEED_KEYS} == expected
     # Platform facts.

@@ -119,7 +119,8 @@ async fn run(options: Options) -> Result<(u64, f64), String> {
     );
     let mut connections = Vec::with_capacity(options.streams);
     for _ in 0..options.streams {
-        let connection = TcpStream::connect(("127.0.0.1", options.port)).await.map_err(|e| format!("connecting: {e}"))?;
+        let connection =
+            TcpStream::connect(("127.0.0.1", options.port)).await.map_err(|e| format!("connecting: {e}"))?;
         connection.set_nodelay(true).map_err(|e| format!("TCP_NODELAY: {e}"))?;
         connections.push(connection);
     }

@@ -4,10 +4,10 @@
 
 use crate::cli::FrontendArgs;
 use crate::config::{process_env, ServerConfig};
+use crate::engine::client::EngineSettings;
 use crate::engine::registration::wait_for_engines;
 use crate::engine::router::InputRouter;
 use crate::engine::sockets::{open_engine_listener, SocketSource};
-use crate::engine::client::EngineSettings;
 use crate::engine::zmtp::FrameLimits;
 use crate::engine::EngineClient;
 use crate::error::ExitError;
@@ -66,7 +66,9 @@ fn check_distinct_fds(args: &FrontendArgs) -> Result<(), ExitError> {
     let given: Vec<(&str, i32)> = given.iter().filter_map(|&(flag, fd)| fd.map(|fd| (flag, fd))).collect();
     for (i, &(first, fd)) in given.iter().enumerate() {
         if let Some(&(second, _)) = given[i + 1..].iter().find(|&&(_, other)| other == fd) {
-            return Err(ExitError::usage(format!("--{first} and --{second} are the same descriptor ({fd}): each needs its own socket")));
+            return Err(ExitError::usage(format!(
+                "--{first} and --{second} are the same descriptor ({fd}): each needs its own socket"
+            )));
         }
     }
     Ok(())
@@ -184,7 +186,8 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         max_header_bytes: config.http_max_header_bytes,
         drain_timeout: config.shutdown_timeout,
     };
-    let state = Arc::new(AppState { config, tokenizer, engines: engines.clone(), metrics, max_model_len, created: unix_now() });
+    let state =
+        Arc::new(AppState { config, tokenizer, engines: engines.clone(), metrics, max_model_len, created: unix_now() });
     let listener = StreamListener::from_socket(http).context("adopting the HTTP socket")?;
     tracing::info!(
         "serving the OpenAI API on {} (model {}, max_model_len {:?}, engines {start}..={})",

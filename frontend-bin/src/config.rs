@@ -141,9 +141,9 @@ impl ServerConfig {
         let env = Vars(env);
         let model_tag = match keys.string("model_tag")? {
             Some(tag) => tag,
-            None => keys.string("model")?.ok_or_else(|| {
-                ExitError::usage("--args-json: `model_tag` is required (a string)")
-            })?,
+            None => keys
+                .string("model")?
+                .ok_or_else(|| ExitError::usage("--args-json: `model_tag` is required (a string)"))?,
         };
         let served_model_names = keys
             .string_or_list("served_model_name")?
@@ -197,7 +197,8 @@ impl ServerConfig {
 /// which puts it there itself; it wins), else `VLLM_API_KEY`. A key on the
 /// command line is readable by every local user, hence the warning.
 fn api_keys(keys: &Keys, env: &Vars) -> Result<Vec<String>, ExitError> {
-    let from_args: Vec<String> = keys.string_or_list("api_key")?.unwrap_or_default().into_iter().filter(|k| !k.is_empty()).collect();
+    let from_args: Vec<String> =
+        keys.string_or_list("api_key")?.unwrap_or_default().into_iter().filter(|k| !k.is_empty()).collect();
     if !from_args.is_empty() {
         tracing::warn!(
             "--args-json holds `api_key`: command lines are visible to every local user (ps, /proc); \
@@ -246,10 +247,9 @@ impl Vars<'_> {
         match (self.0)(name) {
             None => Ok(None),
             Some(value) if value.is_empty() => Ok(None),
-            Some(value) => value
-                .into_string()
-                .map(Some)
-                .map_err(|_| ExitError::usage(format!("{name} must be valid UTF-8"))),
+            Some(value) => {
+                value.into_string().map(Some).map_err(|_| ExitError::usage(format!("{name} must be valid UTF-8")))
+            }
         }
     }
 
@@ -394,7 +394,8 @@ mod tests {
         assert!(usage_message(r#"{"model_tag": "toy", "max_model_len": "big"}"#).contains("`max_model_len`"));
         assert!(usage_message(r#"{"model_tag": "toy", "max_model_len": -1}"#).contains("`max_model_len`"));
         assert!(usage_message(r#"{"model_tag": "toy", "enable_log_requests": 1}"#).contains("`enable_log_requests`"));
-        assert!(usage_message(r#"{"model_tag": "toy", "http_timeout_keep_alive": true}"#).contains("`http_timeout_keep_alive`"));
+        assert!(usage_message(r#"{"model_tag": "toy", "http_timeout_keep_alive": true}"#)
+            .contains("`http_timeout_keep_alive`"));
         assert!(usage_message(r#"{"model_tag": "toy", "served_model_name": [1]}"#).contains("`served_model_name`"));
         assert!(usage_message("[1]").contains("object"));
         assert!(usage_message("{").contains("JSON"));
@@ -411,7 +412,9 @@ mod tests {
 
     #[test]
     fn huge_or_non_finite_timeouts_are_usage_errors_naming_the_key() {
-        for key in ["shutdown_timeout", "http_timeout_keep_alive", "engine_ready_timeout_secs", "engine_stall_timeout_s"] {
+        for key in
+            ["shutdown_timeout", "http_timeout_keep_alive", "engine_ready_timeout_secs", "engine_stall_timeout_s"]
+        {
             for bad in ["1e300", "1e19", "-1", "true", "\"5\""] {
                 let m = usage_message(&format!(r#"{{"model_tag": "toy", "{key}": {bad}}}"#));
                 assert!(m.contains(&format!("`{key}`")), "{key}={bad}: {m}");
@@ -448,17 +451,32 @@ mod tests {
         }
         let c = parse(toy).unwrap();
         assert_eq!(
-            (c.engine_stall_timeout, c.max_engine_message_bytes, c.http_body_timeout, c.http_header_timeout, c.http_max_header_bytes),
+            (
+                c.engine_stall_timeout,
+                c.max_engine_message_bytes,
+                c.http_body_timeout,
+                c.http_header_timeout,
+                c.http_max_header_bytes
+            ),
             (Duration::from_secs(60), 256 * 1024 * 1024, Duration::from_secs(30), Duration::from_secs(5), 64 * 1024)
         );
         let c = with_env(
             toy,
-            &[(ENGINE_READY_TIMEOUT_ENV, "7"), (HTTP_BODY_TIMEOUT_ENV, "0.5"), (HTTP_MAX_HEADER_BYTES_ENV, "8192"), (ENGINE_STALL_TIMEOUT_ENV, "")],
+            &[
+                (ENGINE_READY_TIMEOUT_ENV, "7"),
+                (HTTP_BODY_TIMEOUT_ENV, "0.5"),
+                (HTTP_MAX_HEADER_BYTES_ENV, "8192"),
+                (ENGINE_STALL_TIMEOUT_ENV, ""),
+            ],
         )
         .unwrap();
-        assert_eq!((c.engine_ready_timeout, c.http_body_timeout, c.http_max_header_bytes), (Duration::from_secs(7), Duration::from_millis(500), 8192));
+        assert_eq!(
+            (c.engine_ready_timeout, c.http_body_timeout, c.http_max_header_bytes),
+            (Duration::from_secs(7), Duration::from_millis(500), 8192)
+        );
         assert_eq!(c.engine_stall_timeout, Duration::from_secs(60), "an empty variable counts as unset");
-        let c = with_env(r#"{"model_tag": "toy", "engine_ready_timeout_secs": 3}"#, &[(ENGINE_READY_TIMEOUT_ENV, "7")]).unwrap();
+        let c = with_env(r#"{"model_tag": "toy", "engine_ready_timeout_secs": 3}"#, &[(ENGINE_READY_TIMEOUT_ENV, "7")])
+            .unwrap();
         assert_eq!(c.engine_ready_timeout, Duration::from_secs(3), "--args-json wins over the environment");
     }
 

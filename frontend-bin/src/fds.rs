@@ -57,8 +57,7 @@ pub fn adopt_listening_socket(fd: RawFd, flag: &str) -> Result<ListeningSocket, 
     if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
         return Err(bad(format!("not an open file descriptor ({})", io::Error::last_os_error())));
     }
-    let sock_type = getsockopt_int(fd, libc::SO_TYPE)
-        .map_err(|e| bad(format!("not a socket ({e})")))?;
+    let sock_type = getsockopt_int(fd, libc::SO_TYPE).map_err(|e| bad(format!("not a socket ({e})")))?;
     if sock_type != libc::SOCK_STREAM {
         return Err(bad(format!("not a stream socket (type {sock_type})")));
     }
@@ -85,9 +84,8 @@ fn getsockopt_int(fd: RawFd, option: libc::c_int) -> io::Result<libc::c_int> {
     let mut value: libc::c_int = 0;
     let mut len = size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: value/len describe a valid c_int buffer.
-    let rc = unsafe {
-        libc::getsockopt(fd, libc::SOL_SOCKET, option, (&mut value as *mut libc::c_int).cast(), &mut len)
-    };
+    let rc =
+        unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, option, (&mut value as *mut libc::c_int).cast(), &mut len) };
     if rc == 0 {
         Ok(value)
     } else {

@@ -107,7 +107,9 @@ impl Generation {
             let (token_ids, finish_reason, stop_reason) = match self.stream.recv().await {
                 None => return Some(self.fail(GenerationError::Unavailable("the engine client stopped".into()))),
                 Some(RequestEvent::Failed(reason)) => return Some(self.fail(GenerationError::Unavailable(reason))),
-                Some(RequestEvent::Output { token_ids, finish_reason, stop_reason }) => (token_ids, finish_reason, stop_reason),
+                Some(RequestEvent::Output { token_ids, finish_reason, stop_reason }) => {
+                    (token_ids, finish_reason, stop_reason)
+                }
             };
             self.count_tokens(token_ids.len());
             if finish_reason == Some(FinishReason::Error) {

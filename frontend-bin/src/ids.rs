@@ -10,7 +10,8 @@ thread_local! {
 
 fn seed() -> u64 {
     let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    hasher
+        .write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
     hasher.write_u64(std::process::id() as u64);
     hasher.finish() | 1
 }

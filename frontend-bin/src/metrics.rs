@@ -7,11 +7,14 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// Bucket bounds (seconds) for time to first token.
-const TTFT_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+const TTFT_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
 /// Bucket bounds (seconds) for inter-token latency.
-const ITL_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0];
+const ITL_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0];
 /// Bucket bounds (seconds) for end-to-end latency.
-const E2E_BUCKETS: &[f64] = &[0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0];
+const E2E_BUCKETS: &[f64] =
+    &[0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0];
 
 /// Every finish reason, in the order they are rendered.
 const FINISH_REASONS: [FinishReason; 5] =
@@ -124,7 +127,8 @@ impl Metrics {
         let labels = &self.labels;
         let mut out = String::with_capacity(8192);
         let _ = writeln!(out, "# HELP vllm:num_requests_running Number of requests in flight in the engines.");
-        let _ = writeln!(out, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{labels}}} {running}");
+        let _ =
+            writeln!(out, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{labels}}} {running}");
         let _ = writeln!(out, "# HELP vllm:request_success_total Count of finished requests by finish reason.");
         let _ = writeln!(out, "# TYPE vllm:request_success_total counter");
         for (reason, count) in FINISH_REASONS.iter().zip(&self.finished) {
@@ -138,10 +142,28 @@ impl Metrics {
         let _ = writeln!(out, "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.");
         let _ = writeln!(out, "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{{labels}}} {prompt}");
         let _ = writeln!(out, "# HELP vllm:generation_tokens_total Number of generation tokens processed.");
-        let _ = writeln!(out, "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{{labels}}} {generation}");
-        self.time_to_first_token.render(&mut out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels);
-        self.inter_token_latency.render(&mut out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels);
-        self.e2e_latency.render(&mut out, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", labels);
+        let _ = writeln!(
+            out,
+            "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{{labels}}} {generation}"
+        );
+        self.time_to_first_token.render(
+            &mut out,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            labels,
+        );
+        self.inter_token_latency.render(
+            &mut out,
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            labels,
+        );
+        self.e2e_latency.render(
+            &mut out,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            labels,
+        );
         out
     }
 }

@@ -14,7 +14,8 @@ async fn start(args: Value) -> (Frontend, Vec<common::mock_engine::MockEngine>) 
 #[tokio::test]
 async fn completion_echoes_prompt_tokens_with_usage() {
     let (fe, engines) = start(json!({"model_tag": "toy"})).await;
-    let (status, body) = post_json(&fe.url("/v1/completions"), &json!({"model": "toy", "prompt": "hello", "max_tokens": 7})).await;
+    let (status, body) =
+        post_json(&fe.url("/v1/completions"), &json!({"model": "toy", "prompt": "hello", "max_tokens": 7})).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["object"], "text_completion");
     assert_eq!(body["model"], "toy");
@@ -23,12 +24,15 @@ async fn completion_echoes_prompt_tokens_with_usage() {
     assert_eq!(body["choices"][0]["finish_reason"], "length");
     assert_eq!(body["usage"], json!({"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}));
     let added = engines[0].added();
-    let common::mock_engine::EngineEvent::Added { id, external_id, prompt, sampling, .. } = &added[0] else { unreachable!() };
+    let common::mock_engine::EngineEvent::Added { id, external_id, prompt, sampling, .. } = &added[0] else {
+        unreachable!()
+    };
     assert_eq!(prompt, &b"hello".iter().map(|&b| b as u32).collect::<Vec<_>>());
     let external_id = external_id.as_deref().unwrap();
     assert_eq!(external_id, body["id"].as_str().unwrap());
     assert!(id.starts_with(&format!("{external_id}-")) && id.len() == external_id.len() + 9, "{id}");
-    let get = |k: &str| sampling.as_map().unwrap().iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone());
+    let get =
+        |k: &str| sampling.as_map().unwrap().iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone());
     assert_eq!(get("max_tokens").and_then(|v| v.as_u64()), Some(7));
     assert_eq!(get("_eos_token_id").and_then(|v| v.as_u64()), Some(256));
 }
@@ -64,7 +68,12 @@ async fn streamed_completion_with_usage() {
     let chunks: Vec<Value> = payloads[..payloads.len() - 1].iter().map(|p| serde_json::from_str(p).unwrap()).collect();
     let text: String = chunks.iter().filter_map(|c| c["choices"].get(0)).map(|c| c["text"].as_str().unwrap()).collect();
     assert_eq!(text, "abcabc");
-    let finishes: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"].get(0)).map(|c| &c["finish_reason"]).filter(|f| !f.is_null()).collect();
+    let finishes: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .map(|c| &c["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
     assert_eq!(finishes, vec!["length"]);
     let usage = chunks.last().unwrap();
     assert_eq!(usage["choices"], json!([]));
@@ -76,7 +85,9 @@ async fn streamed_completion_with_usage() {
 async fn chat_completion_streamed_and_not() {
     let (fe, _engines) = start(json!({"model_tag": "echo", "served_model_name": ["echo", "alias"]})).await;
     let messages = json!([{"role": "user", "content": "hi"}]);
-    let (status, body) = post_json(&fe.url("/v1/chat/completions"), &json!({"model": "alias", "messages": messages, "max_tokens": 8})).await;
+    let (status, body) =
+        post_json(&fe.url("/v1/chat/completions"), &json!({"model": "alias", "messages": messages, "max_tokens": 8}))
+            .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["object"], "chat.completion");
     assert_eq!(body["model"], "echo");
@@ -102,18 +113,30 @@ async fn chat_completion_streamed_and_not() {
 #[tokio::test]
 async fn stop_string_truncates_and_aborts_in_the_engine() {
     let (fe, engines) = start(json!({"model_tag": "toy"})).await;
-    let (status, body) = post_json(&fe.url("/v1/completions"), &json!({"prompt": "abcSTOPdefghijk", "max_tokens": 15, "stop": ["STOP"]})).await;
+    let (status, body) = post_json(
+        &fe.url("/v1/completions"),
+        &json!({"prompt": "abcSTOPdefghijk", "max_tokens": 15, "stop": ["STOP"]}),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["choices"][0]["text"], "abc");
     assert_eq!(body["choices"][0]["finish_reason"], "stop");
     assert_eq!(body["choices"][0]["stop_reason"], "STOP");
-    assert!(engines[0].wait_for(Duration::from_secs(5), |events| events.iter().any(|e| matches!(e, common::mock_engine::EngineEvent::Aborted(_)))).await);
+    assert!(
+        engines[0]
+            .wait_for(Duration::from_secs(5), |events| events
+                .iter()
+                .any(|e| matches!(e, common::mock_engine::EngineEvent::Aborted(_))))
+            .await
+    );
 }
 
 #[tokio::test]
 async fn stop_token_ids_reach_the_engine() {
     let (fe, _engines) = start(json!({"model_tag": "toy"})).await;
-    let (_, body) = post_json(&fe.url("/v1/completions"), &json!({"prompt": "abcd", "max_tokens": 10, "stop_token_ids": [99]})).await;
+    let (_, body) =
+        post_json(&fe.url("/v1/completions"), &json!({"prompt": "abcd", "max_tokens": 10, "stop_token_ids": [99]}))
+            .await;
     assert_eq!(body["choices"][0]["text"], "abc");
     assert_eq!(body["choices"][0]["finish_reason"], "stop");
     assert_eq!(body["choices"][0]["stop_reason"], 99);
@@ -212,7 +235,8 @@ async fn api_key_guards_everything_but_health_and_metrics() {
 
 #[tokio::test]
 async fn models_version_load_and_metrics() {
-    let (fe, _engines) = start(json!({"model_tag": "toy", "served_model_name": "my-model", "max_model_len": 512})).await;
+    let (fe, _engines) =
+        start(json!({"model_tag": "toy", "served_model_name": "my-model", "max_model_len": 512})).await;
     let models: Value = reqwest::get(fe.url("/v1/models")).await.unwrap().json().await.unwrap();
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["id"], "my-model");
@@ -249,16 +273,20 @@ fn fixture_dir() -> String {
 #[tokio::test]
 async fn hugging_face_tokenizer_and_chat_template_from_the_tokenizer_key() {
     let (fe, engines) = start(json!({"model_tag": "my-model", "tokenizer": fixture_dir()})).await;
-    let (status, body) = post_json(&fe.url("/v1/chat/completions"), &json!({"messages": [{"role": "user", "content": "hi"}]})).await;
+    let (status, body) =
+        post_json(&fe.url("/v1/chat/completions"), &json!({"messages": [{"role": "user", "content": "hi"}]})).await;
     assert_eq!(status, 200, "{body}");
     // The echo engine replays the templated prompt until the first stop token, <|eot|> (258).
     assert_eq!(body["choices"][0]["message"]["content"], "[user] hi");
     assert_eq!(body["choices"][0]["finish_reason"], "stop");
     assert_eq!(body["choices"][0]["stop_reason"], 258);
-    let common::mock_engine::EngineEvent::Added { prompt, sampling, .. } = &engines[0].added()[0] else { unreachable!() };
+    let common::mock_engine::EngineEvent::Added { prompt, sampling, .. } = &engines[0].added()[0] else {
+        unreachable!()
+    };
     assert_eq!(prompt[0], 259, "the template writes BOS; it is not added twice");
     assert_eq!(prompt.iter().filter(|&&t| t == 259).count(), 1);
-    let get = |k: &str| sampling.as_map().unwrap().iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone());
+    let get =
+        |k: &str| sampling.as_map().unwrap().iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone());
     assert_eq!(get("_eos_token_id").and_then(|v| v.as_u64()), Some(258));
     assert_eq!(get("_all_stop_token_ids").unwrap().to_string(), "[258, 10]");
 }
@@ -266,7 +294,8 @@ async fn hugging_face_tokenizer_and_chat_template_from_the_tokenizer_key() {
 #[tokio::test]
 async fn hugging_face_tokenizer_from_the_model_directory() {
     let (fe, _engines) = start(json!({"model_tag": fixture_dir()})).await;
-    let (status, body) = post_json(&fe.url("/v1/completions"), &json!({"prompt": "hello wörld", "max_tokens": 11})).await;
+    let (status, body) =
+        post_json(&fe.url("/v1/completions"), &json!({"prompt": "hello wörld", "max_tokens": 11})).await;
     assert_eq!(status, 200, "{body}");
     // BOS is added to raw prompts and skipped when decoding.
     assert_eq!(body["choices"][0]["text"], "hello wörld");
@@ -278,8 +307,23 @@ async fn hugging_face_tokenizer_from_the_model_directory() {
 fn unusable_tokenizer_exits_2_naming_the_key() {
     let args = json!({"model_tag": "toy", "tokenizer": "/nonexistent/tok"}).to_string();
     let (status, text) = common::run_to_exit(
-        &["frontend", "--listen-fd", "0", "--input-address", "tcp://127.0.0.1:1", "--output-address", "tcp://127.0.0.1:2",
-          "--engine-start-index", "0", "--engine-count", "1", "--data-parallel-size", "1", "--args-json", &args],
+        &[
+            "frontend",
+            "--listen-fd",
+            "0",
+            "--input-address",
+            "tcp://127.0.0.1:1",
+            "--output-address",
+            "tcp://127.0.0.1:2",
+            "--engine-start-index",
+            "0",
+            "--engine-count",
+            "1",
+            "--data-parallel-size",
+            "1",
+            "--args-json",
+            &args,
+        ],
         Duration::from_secs(20),
     );
     assert_eq!(status.code(), Some(2));
@@ -288,7 +332,13 @@ fn unusable_tokenizer_exits_2_naming_the_key() {
 
 /// `(status, body)` of a request with a raw body, for bodies `post_json` cannot send.
 async fn send_raw(method: reqwest::Method, url: &str, body: Vec<u8>) -> (u16, Value) {
-    let r = reqwest::Client::new().request(method, url).header("content-type", "application/json").body(body).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .request(method, url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     let status = r.status().as_u16();
     let text = r.text().await.unwrap();
     (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
@@ -367,8 +417,14 @@ async fn every_bad_request_gets_a_4xx_in_the_openai_shape() {
         (json!({"messages": [{"content": "hi"}]}), "messages"),
         (json!({"messages": [{"role": "user", "content": 5}]}), "messages"),
         (json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), "messages"),
-        (json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2147483648u64}), "max_completion_tokens"),
-        (json!({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": "yes"}), "add_generation_prompt"),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2147483648u64}),
+            "max_completion_tokens",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": "yes"}),
+            "add_generation_prompt",
+        ),
     ];
     for (request, param) in chat_cases {
         let (status, body) = post_json(&fe.url("/v1/chat/completions"), &request).await;

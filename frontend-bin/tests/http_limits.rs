@@ -13,23 +13,9 @@ use std::time::Duration;
 /// Generous: each bound under test is 1 s, and the old behaviour was no bound at all.
 const READ_DEADLINE: Duration = Duration::from_secs(20);
 
-async fn start(
-    args: Value,
-    env: &[(&str, &str)],
-) -> (Frontend, Vec<common::mock_engine::MockEngine>) {
-    let env = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    Frontend::start_with_engines(
-        Options {
-            args,
-            env,
-            ..Default::default()
-        },
-        |_| {},
-    )
-    .await
+async fn start(args: Value, env: &[(&str, &str)]) -> (Frontend, Vec<common::mock_engine::MockEngine>) {
+    let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    Frontend::start_with_engines(Options { args, env, ..Default::default() }, |_| {}).await
 }
 
 fn connect(fe: &Frontend) -> TcpStream {
@@ -55,14 +41,11 @@ fn read_until_closed(mut conn: TcpStream) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_body_that_trickles_gets_408_in_the_openai_shape() {
-    let (fe, engines) = start(
-        json!({"model_tag": "toy"}),
-        &[("VLLM_RS_HTTP_BODY_TIMEOUT_S", "1")],
-    )
-    .await;
+    let (fe, engines) = start(json!({"model_tag": "toy"}), &[("VLLM_RS_HTTP_BODY_TIMEOUT_S", "1")]).await;
     let mut conn = connect(&fe);
     let response = tokio::task::spawn_blocking(move || {
-        let head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n";
+        let head =
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n";
         conn.write_all(head.as_bytes()).unwrap();
         conn.write_all(b"{\"prompt\": ").unwrap();
         read_until_closed(conn)
@@ -74,28 +57,14 @@ async fn a_body_that_trickles_gets_408_in_the_openai_shape() {
     let body: Value = serde_json::from_str(text.split_once("\r\n\r\n").unwrap().1).unwrap();
     assert_eq!(body["error"]["code"], 408, "{body}");
     assert_eq!(body["error"]["type"], "RequestTimeoutError");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("did not arrive"),
-        "{body}"
-    );
+    assert!(body["error"]["message"].as_str().unwrap().contains("did not arrive"), "{body}");
     assert!(engines[0].added().is_empty());
 }
 
 #[tokio::test]
 async fn a_body_that_arrives_in_time_is_served() {
-    let (fe, _engines) = start(
-        json!({"model_tag": "toy"}),
-        &[("VLLM_RS_HTTP_BODY_TIMEOUT_S", "10")],
-    )
-    .await;
-    let (status, body) = common::post_json(
-        &fe.url("/v1/completions"),
-        &json!({"prompt": "ok", "max_tokens": 2}),
-    )
-    .await;
+    let (fe, _engines) = start(json!({"model_tag": "toy"}), &[("VLLM_RS_HTTP_BODY_TIMEOUT_S", "10")]).await;
+    let (status, body) = common::post_json(&fe.url("/v1/completions"), &json!({"prompt": "ok", "max_tokens": 2})).await;
     assert_eq!(status, 200, "{body}");
 }
 
@@ -105,32 +74,21 @@ async fn a_head_that_trickles_closes_the_connection_even_with_a_long_keep_alive(
     let (fe, _engines) = start(args, &[("VLLM_RS_HTTP_HEADER_TIMEOUT_S", "1")]).await;
     let mut conn = connect(&fe);
     let response = tokio::task::spawn_blocking(move || {
-        conn.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
-            .unwrap();
+        conn.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
         read_until_closed(conn)
     })
     .await
     .unwrap();
     // hyper closes without a response (or with a bare 408): never a 2xx.
     let text = String::from_utf8_lossy(&response);
-    assert!(
-        text.is_empty() || text.starts_with("HTTP/1.1 408"),
-        "{text}"
-    );
+    assert!(text.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
 }
 
 #[tokio::test]
 async fn a_head_over_the_limit_gets_431_and_one_under_it_is_served() {
-    let (fe, _engines) = start(
-        json!({"model_tag": "toy"}),
-        &[("VLLM_RS_HTTP_MAX_HEADER_BYTES", "16384")],
-    )
-    .await;
+    let (fe, _engines) = start(json!({"model_tag": "toy"}), &[("VLLM_RS_HTTP_MAX_HEADER_BYTES", "16384")]).await;
     let request = |pad: usize| {
-        format!(
-            "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: {}\r\n\r\n",
-            "a".repeat(pad)
-        )
+        format!("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: {}\r\n\r\n", "a".repeat(pad))
     };
     let (small, large) = (request(12_000), request(20_000));
     let (mut first, mut second) = (connect(&fe), connect(&fe));
@@ -141,14 +99,6 @@ async fn a_head_over_the_limit_gets_431_and_one_under_it_is_served() {
     })
     .await
     .unwrap();
-    assert!(
-        served.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&served)
-    );
-    assert!(
-        refused.starts_with(b"HTTP/1.1 431"),
-        "{}",
-        String::from_utf8_lossy(&refused)
-    );
+    assert!(served.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&served));
+    assert!(refused.starts_with(b"HTTP/1.1 431"), "{}", String::from_utf8_lossy(&refused));
 }

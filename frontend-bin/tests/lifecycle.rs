@@ -53,7 +53,8 @@ async fn sigint_before_engines_register_exits_0() {
 
 #[tokio::test]
 async fn sigterm_lets_a_request_in_flight_finish() {
-    let (mut fe, _engines) = Frontend::start_with_engines(Options::default(), |s| s.step = Duration::from_millis(20)).await;
+    let (mut fe, _engines) =
+        Frontend::start_with_engines(Options::default(), |s| s.step = Duration::from_millis(20)).await;
     let url = fe.url("/v1/completions");
     let request = tokio::spawn(async move { post_json(&url, &json!({"prompt": "abc", "max_tokens": 25})).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -77,7 +78,13 @@ async fn sigterm_aborts_what_outlives_the_shutdown_timeout() {
     let status = fe.wait_exit(Duration::from_secs(10)).expect("exit after the drain timeout");
     assert_eq!(status.code(), Some(0));
     assert!(started.elapsed() < Duration::from_secs(5));
-    assert!(engines[0].wait_for(Duration::from_secs(5), |e| e.iter().any(|e| matches!(e, common::mock_engine::EngineEvent::Aborted(_)))).await);
+    assert!(
+        engines[0]
+            .wait_for(Duration::from_secs(5), |e| e
+                .iter()
+                .any(|e| matches!(e, common::mock_engine::EngineEvent::Aborted(_))))
+            .await
+    );
     // The client got an answer or a closed connection, never a hang.
     let _ = tokio::time::timeout(Duration::from_secs(5), request).await.expect("the client was not left hanging");
 }

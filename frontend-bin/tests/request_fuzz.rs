@@ -65,11 +65,8 @@ fn number() -> impl Strategy<Value = Value> {
         any::<i64>().prop_map(Value::from),
         any::<u64>().prop_map(Value::from),
         (-3i64..3).prop_map(Value::from),
-        any::<f64>()
-            .prop_filter("JSON has no NaN or infinity", |f| f.is_finite())
-            .prop_map(Value::from),
-        prop::sample::select(vec![0.0, 0.5, 1.0, 1.5, -1.0, 2.0, 1e300, -1e-300])
-            .prop_map(Value::from),
+        any::<f64>().prop_filter("JSON has no NaN or infinity", |f| f.is_finite()).prop_map(Value::from),
+        prop::sample::select(vec![0.0, 0.5, 1.0, 1.5, -1.0, 2.0, 1e300, -1e-300]).prop_map(Value::from),
     ]
 }
 
@@ -84,8 +81,7 @@ fn any_json() -> impl Strategy<Value = Value> {
     leaf.prop_recursive(4, 48, 6, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            prop::collection::btree_map(field_name(), inner, 0..6)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            prop::collection::btree_map(field_name(), inner, 0..6).prop_map(|m| Value::Object(m.into_iter().collect())),
         ]
     })
 }
@@ -188,17 +184,8 @@ fn valid_bodies_parse() {
 
 /// What the real server answered: a completed 200 or a 4xx in the OpenAI shape.
 async fn check_served(client: &reqwest::Client, url: &str, body: Vec<u8>) {
-    let shown = String::from_utf8_lossy(&body)
-        .chars()
-        .take(200)
-        .collect::<String>();
-    let r = client
-        .post(url)
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let shown = String::from_utf8_lossy(&body).chars().take(200).collect::<String>();
+    let r = client.post(url).header("content-type", "application/json").body(body).send().await.unwrap();
     let status = r.status().as_u16();
     let text = r.text().await.unwrap();
     if status == 200 {
@@ -210,47 +197,24 @@ async fn check_served(client: &reqwest::Client, url: &str, body: Vec<u8>) {
         return;
     }
     assert!((400..500).contains(&status), "{shown} -> {status} {text}");
-    let error: Value =
-        serde_json::from_str(&text).unwrap_or_else(|_| panic!("{shown} -> {status} {text}"));
+    let error: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{shown} -> {status} {text}"));
     assert_eq!(error["error"]["code"], status, "{shown} -> {text}");
-    assert!(
-        error["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty()),
-        "{shown} -> {text}"
-    );
+    assert!(error["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{shown} -> {text}");
 }
 
 #[tokio::test]
 async fn the_server_answers_fuzzed_bodies_with_a_response_or_a_4xx() {
-    let (mut fe, engines) =
-        Frontend::start_with_engines(Options::default(), |s| s.tokens_per_step = 64).await;
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let (mut fe, engines) = Frontend::start_with_engines(Options::default(), |s| s.tokens_per_step = 64).await;
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
     let mut runner = TestRunner::deterministic();
-    for (path, valid) in [
-        ("/v1/completions", valid_completion()),
-        ("/v1/chat/completions", valid_chat()),
-    ] {
+    for (path, valid) in [("/v1/completions", valid_completion()), ("/v1/chat/completions", valid_chat())] {
         let strategy = any_body(valid);
         for _ in 0..60 {
             let body = strategy.new_tree(&mut runner).unwrap().current();
             check_served(&client, &fe.url(path), body).await;
         }
     }
-    assert!(
-        fe.child.try_wait().unwrap().is_none(),
-        "the frontend died:\n{}",
-        fe.stderr()
-    );
-    assert_eq!(
-        client.get(fe.url("/health")).send().await.unwrap().status(),
-        200
-    );
-    assert!(
-        !engines[0].added().is_empty(),
-        "no fuzzed body was valid: the test exercised only errors"
-    );
+    assert!(fe.child.try_wait().unwrap().is_none(), "the frontend died:\n{}", fe.stderr());
+    assert_eq!(client.get(fe.url("/health")).send().await.unwrap().status(), 200);
+    assert!(!engines[0].added().is_empty(), "no fuzzed body was valid: the test exercised only errors");
 }

@@ -30,12 +30,8 @@ fn every_outputs_message_of_vllm_decodes_as_its_kind() {
         let message = decode_outputs(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
         let kind_ok = match &message {
             OutputsMessage::Utility { .. } => name.starts_with("outputs_utility"),
-            OutputsMessage::Wave { wave_complete, .. } => {
-                name == "outputs_wave_complete" && *wave_complete == Some(3)
-            }
-            OutputsMessage::Batch { .. } => {
-                !name.starts_with("outputs_utility") && name != "outputs_wave_complete"
-            }
+            OutputsMessage::Wave { wave_complete, .. } => name == "outputs_wave_complete" && *wave_complete == Some(3),
+            OutputsMessage::Batch { .. } => !name.starts_with("outputs_utility") && name != "outputs_wave_complete",
             OutputsMessage::EngineDead => false,
         };
         assert!(kind_ok, "{name}: {message:?}");
@@ -45,13 +41,7 @@ fn every_outputs_message_of_vllm_decodes_as_its_kind() {
 #[test]
 fn finish_reasons_stop_tokens_stats_and_finished_ids_are_read() {
     let bytes = read("outputs_finish_length");
-    let OutputsMessage::Batch {
-        engine_index,
-        outputs,
-        finished_requests,
-        ..
-    } = decode_outputs(&bytes).unwrap()
-    else {
+    let OutputsMessage::Batch { engine_index, outputs, finished_requests, .. } = decode_outputs(&bytes).unwrap() else {
         panic!("not a batch")
     };
     assert_eq!(
@@ -60,44 +50,30 @@ fn finish_reasons_stop_tokens_stats_and_finished_ids_are_read() {
     );
 
     let bytes = read("outputs_finish_stop_token");
-    let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes).unwrap() else {
-        panic!("not a batch")
-    };
+    let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes).unwrap() else { panic!("not a batch") };
     assert_eq!(
         (outputs[0].finish_reason, outputs[0].stop_reason.clone()),
         (Some(FinishReason::Stop), Some(StopReason::Token(7)))
     );
 
     let bytes = read("outputs_request_error");
-    let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes).unwrap() else {
-        panic!("not a batch")
-    };
+    let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes).unwrap() else { panic!("not a batch") };
     assert_eq!(outputs[0].finish_reason, Some(FinishReason::Error));
 
     let bytes = read("outputs_first_token_events");
-    let OutputsMessage::Batch { outputs, stats, .. } = decode_outputs(&bytes).unwrap() else {
-        panic!("not a batch")
-    };
+    let OutputsMessage::Batch { outputs, stats, .. } = decode_outputs(&bytes).unwrap() else { panic!("not a batch") };
     let stats = stats.expect("stats");
     assert_eq!((stats.num_running_reqs, stats.num_waiting_reqs), (2, 1));
     assert_eq!(outputs[0].new_token_ids.as_slice(), &[72]);
 
     let bytes = read("outputs_utility_failure");
-    let OutputsMessage::Utility { reply, .. } = decode_outputs(&bytes).unwrap() else {
-        panic!("not a reply")
-    };
-    assert!(reply
-        .failure_message
-        .unwrap()
-        .starts_with("Call to nope method failed"));
+    let OutputsMessage::Utility { reply, .. } = decode_outputs(&bytes).unwrap() else { panic!("not a reply") };
+    assert!(reply.failure_message.unwrap().starts_with("Call to nope method failed"));
 }
 
 #[test]
 fn vllms_ready_response_registers() {
     let registration = decode_registration(&read("ready_response")).unwrap();
-    assert_eq!(
-        (registration.max_model_len, registration.num_gpu_blocks),
-        (Some(2048), Some(512))
-    );
+    assert_eq!((registration.max_model_len, registration.num_gpu_blocks), (Some(2048), Some(512)));
     assert_eq!(registration.dp_stats_address, None);
 }

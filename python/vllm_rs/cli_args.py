@@ -32,12 +32,26 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     )
     parser.add_argument("--max-model-len", type=int, default=None, help="bound on prompt plus generated tokens")
     parser.add_argument("--engine-ready-timeout", type=int, default=None, help="seconds to wait for engines")
-    parser.add_argument("--shutdown-timeout", type=float, default=None, help="seconds a SIGTERM/Ctrl-C drain may take (default 4)")
+    parser.add_argument(
+        "--shutdown-timeout", type=float, default=None, help="seconds a SIGTERM/Ctrl-C drain may take (default 4)"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=None, help="requests per engine step (default: by model)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per engine step (default: by model)")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="tokens per engine step (default: by model)"
+    )
     parser.add_argument("--block-size", type=int, default=16, help="KV-cache block size in tokens")
-    parser.add_argument("--num-gpu-blocks", type=int, default=None, help="KV-cache blocks per engine (default: enough for max-num-seqs full sequences)")
-    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None, help="reuse cached prompt blocks (default: on for toy)")
+    parser.add_argument(
+        "--num-gpu-blocks",
+        type=int,
+        default=None,
+        help="KV-cache blocks per engine (default: enough for max-num-seqs full sequences)",
+    )
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reuse cached prompt blocks (default: on for toy)",
+    )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the toy model runs")
     parser.add_argument("--seed", type=int, default=0, help="seed of the toy model's weights")
     parser.add_argument("--enable-log-requests", action="store_true")

@@ -225,7 +225,7 @@ class ZmqListener:
         abstract `ipc://@NAME`, which has no file)."""
         if not self.address.startswith("ipc://") or self.address.startswith("ipc://@"):
             return None
-        return self.address[len("ipc://"):]
+        return self.address[len("ipc://") :]
 
     def fileno(self) -> int:
         """The listening fd (-1 once closed)."""

@@ -27,6 +27,7 @@ else:  # not Linux: nothing can be started, so no handle ever exists
     class Process:  # type: ignore[no-redef]
         """Stand-in for `_core.Process`, which exists only on Linux."""
 
+
 # Run by the guardian: load this very extension file and enter its loop.
 _GUARDIAN_BOOT = (
     "import sys, importlib.util as u\n"
@@ -185,7 +186,7 @@ def start_targets(targets: Sequence[PreparedTarget]) -> list[Process]:
             proc.kill()
             proc.join()
         raise failures[0]
-    for target, proc, (_, data_w) in zip(targets, procs, pipes):
+    for target, (_, data_w) in zip(targets, pipes):
         try:
             with open(data_w, "wb", closefd=False) as pipe:
                 pipe.write(target.payload)

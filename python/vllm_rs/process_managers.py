@@ -79,12 +79,14 @@ def _remove_ipc_socket_file(address: str | None) -> None:
     # An abstract `ipc://@NAME` has no file; "@NAME" must not be taken for a path.
     if address and address.startswith("ipc://") and not address.startswith("ipc://@"):
         try:
-            os.remove(address[len("ipc://"):])
+            os.remove(address[len("ipc://") :])
         except FileNotFoundError:
             pass
 
 
-def _shutdown_engines(procs: list[Any], input_address: str, stopping: threading.Event, timeout: float | None = None) -> None:
+def _shutdown_engines(
+    procs: list[Any], input_address: str, stopping: threading.Event, timeout: float | None = None
+) -> None:
     stopping.set()
     shutdown(procs, timeout)
     _remove_ipc_socket_file(input_address)
@@ -239,7 +241,9 @@ class APIServerProcessManager:
                 if tensor_queue is not None:
                     client_config["tensor_queue"] = tensor_queue
                 prepared.append(
-                    PreparedTarget(target_server_fn, name=f"ApiServer_{i}", args=(listen_address, sock, args, client_config))
+                    PreparedTarget(
+                        target_server_fn, name=f"ApiServer_{i}", args=(listen_address, sock, args, client_config)
+                    )
                 )
             self.processes.extend(start_targets(prepared))
             for listener in listeners:
@@ -356,7 +360,9 @@ def _frontend_environment(api_key: Any, hf_token: Any) -> dict[str, str] | None:
         if isinstance(api_key, (list, tuple)):  # vLLM's parser gives a list
             if len(api_key) != 1:
                 # The environment holds one key; more would need the command line.
-                raise ValueError(f"api_key: the Rust frontend takes one key (through {API_KEY_ENV}), got {len(api_key)}")
+                raise ValueError(
+                    f"api_key: the Rust frontend takes one key (through {API_KEY_ENV}), got {len(api_key)}"
+                )
             api_key = api_key[0]
         if not isinstance(api_key, str) or not api_key:
             raise ValueError(f"api_key: expected a non-empty string, got {type(api_key).__name__}")

@@ -102,7 +102,9 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 
 def make_serve_parser() -> argparse.ArgumentParser:
     """The `serve` argument parser."""
-    return make_arg_parser(_OneLineErrorParser(prog=PROG, description="Serve the OpenAI API: engine cores plus a frontend."))
+    return make_arg_parser(
+        _OneLineErrorParser(prog=PROG, description="Serve the OpenAI API: engine cores plus a frontend.")
+    )
 
 
 @dataclass
@@ -416,8 +418,10 @@ def _start_frontend(plan: StackPlan) -> Any:
 
     args, dp = plan.args, plan.args.data_parallel_size
     if args.frontend == "rust":
-        (input_listener, output_listener), = plan.listeners
-        return RustFrontendProcessManager(plan.frontend_binary, plan.http.sock, args, input_listener, output_listener, 0, dp, dp)
+        ((input_listener, output_listener),) = plan.listeners
+        return RustFrontendProcessManager(
+            plan.frontend_binary, plan.http.sock, args, input_listener, output_listener, 0, dp, dp
+        )
     return APIServerProcessManager(
         plan.http.listen_address, plan.http.sock, args, args.api_server_count,
         [i for i, _ in plan.listeners], [o for _, o in plan.listeners],

@@ -105,9 +105,7 @@ class CpuGpuBuffer:
         # These buffers are mutable runtime state: allocate them as normal
         # tensors even when the caller runs under inference mode.
         with torch.inference_mode(False):
-            self.cpu: torch.Tensor = torch.zeros(
-                *size, dtype=dtype, device="cpu", pin_memory=pin
-            )
+            self.cpu: torch.Tensor = torch.zeros(*size, dtype=dtype, device="cpu", pin_memory=pin)
             self.gpu: torch.Tensor = torch.zeros_like(self.cpu, device=device)
         self.np: np.ndarray
         # Like vLLM, `.np` only exists with with_numpy=True (AttributeError
@@ -142,9 +140,7 @@ class CpuGpuBuffer:
         return self.cpu[:n].copy_(self.gpu[:n], non_blocking=True)
 
 
-def copy_slice(
-    from_tensor: torch.Tensor, to_tensor: torch.Tensor, length: int
-) -> torch.Tensor:
+def copy_slice(from_tensor: torch.Tensor, to_tensor: torch.Tensor, length: int) -> torch.Tensor:
     """Copy the first `length` elements (rows) of `from_tensor` into
     `to_tensor`, non-blocking; returns the written slice of `to_tensor`.
 
@@ -205,8 +201,7 @@ def extract_layer_index(layer_name: str, num_attn_module: int = 1) -> int:
     if len(int_vals) != 1:
         found = "no integer" if not int_vals else f"{len(int_vals)} integers"
         raise ValueError(
-            f"layer name {layer_name!r} should contain exactly one integer "
-            f"(the layer index), found {found}"
+            f"layer name {layer_name!r} should contain exactly one integer (the layer index), found {found}"
         )
     return int_vals[0]
 
@@ -228,10 +223,7 @@ def bind_kv_cache(
     raises KeyError naming it.
     """
     if len(runner_kv_caches) != 0:
-        raise ValueError(
-            "runner_kv_caches must be empty before bind_kv_cache, "
-            f"it has {len(runner_kv_caches)} entries"
-        )
+        raise ValueError(f"runner_kv_caches must be empty before bind_kv_cache, it has {len(runner_kv_caches)} entries")
     index_to_name: dict[int, str] = {}
     for layer_name in kv_caches:
         index = extract_layer_index(layer_name)
@@ -297,8 +289,7 @@ class CachedRequestData:
     def __post_init__(self) -> None:
         if len(self.num_output_tokens) != len(self.req_ids):
             raise ValueError(
-                f"num_output_tokens has {len(self.num_output_tokens)} entries "
-                f"for {len(self.req_ids)} req_ids"
+                f"num_output_tokens has {len(self.num_output_tokens)} entries for {len(self.req_ids)} req_ids"
             )
 
     @classmethod
@@ -340,9 +331,7 @@ class SchedulerOutput:
     input stats (None when there are none)."""
 
     scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
-    scheduled_cached_reqs: CachedRequestData = field(
-        default_factory=CachedRequestData
-    )
+    scheduled_cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     scheduled_encoder_input_stats: EncoderInputStats | None = None
 
@@ -372,18 +361,12 @@ def compute_iteration_details(scheduler_output: Any) -> IterationDetails:
     if type(cached) is CachedRequestData and type(num_scheduled_tokens) is dict:
         # Our own dataclass: is_context_phase is set membership, so the whole
         # classification is set intersections done in C.
-        ctx_ids: Iterable[str] = num_scheduled_tokens.keys() & (
-            new_req_ids | cached.context_phase_req_ids
-        )
+        ctx_ids: Iterable[str] = num_scheduled_tokens.keys() & (new_req_ids | cached.context_phase_req_ids)
     else:
         # Duck-typed input: one is_context_phase call per request that is not
         # known to be new (same answer as the seed, which calls it for all).
         is_context_phase = cached.is_context_phase
-        ctx_ids = [
-            req_id
-            for req_id in num_scheduled_tokens
-            if req_id in new_req_ids or is_context_phase(req_id)
-        ]
+        ctx_ids = [req_id for req_id in num_scheduled_tokens if req_id in new_req_ids or is_context_phase(req_id)]
     num_ctx_requests = len(ctx_ids)
     num_ctx_tokens = sum(map(num_scheduled_tokens.__getitem__, ctx_ids))
 

@@ -133,9 +133,7 @@ _CONFIG_KEYS: dict[str, Callable[[Any], Any]] = {
     "compilation_mode": lambda c: _name(c.compilation_config.mode),
     # Speculative decoding (None when disabled)
     "spec_decode_method": lambda c: _unless_none(c.speculative_config, "method"),
-    "num_speculative_tokens": lambda c: _unless_none(
-        c.speculative_config, "num_speculative_tokens"
-    ),
+    "num_speculative_tokens": lambda c: _unless_none(c.speculative_config, "num_speculative_tokens"),
     # Wide expert parallel
     "enable_eplb": lambda c: c.parallel_config.enable_eplb,
     "num_redundant_experts": lambda c: c.parallel_config.eplb_config.num_redundant_experts,

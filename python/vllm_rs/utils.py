@@ -139,7 +139,9 @@ def get_engine_client_zmq_addr(local_only: bool, host: str, port: int = 0) -> st
     return get_tcp_uri(host, port)
 
 
-def run_api_server_worker_proc(listen_address: str, sock: Any, args: Any, client_config: dict | None = None, **uvicorn_kwargs: Any) -> None:
+def run_api_server_worker_proc(
+    listen_address: str, sock: Any, args: Any, client_config: dict | None = None, **uvicorn_kwargs: Any
+) -> None:
     """Entry point of one Python API server process: sets the process title
     (`VLLM::APIServer_{index}`), prefixes log lines with
     `(APIServer_{index} pid=PID)` and serves the OpenAI API on `sock`."""

@@ -227,7 +227,12 @@ def _make_rust_frontend_manager(vllm_utils: Any, envs: Any) -> type:
                     cmd.extend(["--coordinator-address", stats_update_address])
                 args_dict = jsonify_non_default_args(
                     args,
-                    exclude={"api_server_count", "data_parallel_rank", "data_parallel_external_lb", "data_parallel_hybrid_lb"},
+                    exclude={
+                        "api_server_count",
+                        "data_parallel_rank",
+                        "data_parallel_external_lb",
+                        "data_parallel_hybrid_lb",
+                    },
                 )
                 model_tag = getattr(args, "model_tag", None) or getattr(args, "model", None)
                 if model_tag is not None:

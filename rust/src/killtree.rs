@@ -82,7 +82,8 @@ fn wait_all_exited<'a>(fds: impl Iterator<Item = &'a OwnedFd>, limit: Duration) 
             PollOutcome::TimedOut => break,
             PollOutcome::Ready(ready) => {
                 let ready: HashSet<usize> = ready.into_iter().collect();
-                pending = pending.into_iter().enumerate().filter(|(i, _)| !ready.contains(i)).map(|(_, fd)| fd).collect();
+                pending =
+                    pending.into_iter().enumerate().filter(|(i, _)| !ready.contains(i)).map(|(_, fd)| fd).collect();
             }
         }
     }

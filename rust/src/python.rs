@@ -24,7 +24,8 @@ mod linux {
         match timeout {
             None => Ok(None),
             Some(t) if t.is_nan() => Err(PyValueError::new_err("timeout must be a number, not NaN")),
-            Some(t) => Ok(Some(Duration::from_secs_f64(t.max(0.0).min(1e9)))),
+            // Negative means "do not wait"; past 1e9 s (31 years) means "forever" in practice.
+            Some(t) => Ok(Some(Duration::from_secs_f64(t.clamp(0.0, 1e9)))),
         }
     }
 
@@ -375,7 +376,10 @@ mod other {
     /// Process management needs Linux (pid fds, prctl, /proc).
     #[pyfunction]
     #[pyo3(signature = (*_args, **_kwargs))]
-    fn unsupported(_args: &Bound<'_, pyo3::types::PyTuple>, _kwargs: Option<&Bound<'_, pyo3::types::PyDict>>) -> PyResult<()> {
+    fn unsupported(
+        _args: &Bound<'_, pyo3::types::PyTuple>,
+        _kwargs: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<()> {
         Err(PyNotImplementedError::new_err(format!(
             "vllm_rs process management needs Linux (pidfd, prctl, /proc); this is {}",
             std::env::consts::OS

@@ -84,38 +84,42 @@ impl Guardian {
         let (tx, rx) = mpsc::channel();
         // The guardian's parent-death signal fires when the *thread* that
         // forked it exits, so fork it from a thread that never exits.
-        std::thread::Builder::new().name("vllm-rs-guardian".into()).spawn(move || {
-            let their_fd = theirs.as_raw_fd();
-            let mut cmd = Command::new(&command[0]);
-            cmd.args(&command[1..])
-                .arg(GUARDIAN_CTRL_FD.to_string())
-                .arg(owner.to_string())
-                .stdin(Stdio::null());
-            // SAFETY: only async-signal-safe calls between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    sys::cvt(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0))?;
-                    if libc::getppid() != owner {
-                        return Err(io::Error::from_raw_os_error(libc::ESRCH));
-                    }
-                    if their_fd == GUARDIAN_CTRL_FD {
-                        sys::cvt(libc::fcntl(their_fd, libc::F_SETFD, 0))?;
-                    } else {
-                        sys::cvt(libc::dup2(their_fd, GUARDIAN_CTRL_FD))?;
-                    }
-                    // Nothing else of ours (or fds others leaked to us) goes along.
-                    libc::syscall(libc::SYS_close_range, GUARDIAN_CTRL_FD as u32 + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
-                    Ok(())
-                });
-            }
-            let started = cmd.spawn().map(|child| child.id() as libc::pid_t);
-            drop(theirs);
-            let _ = tx.send(started);
-            loop {
-                std::thread::park();
-            }
-        })
-        .map_err(GuardianError::Start)?;
+        std::thread::Builder::new()
+            .name("vllm-rs-guardian".into())
+            .spawn(move || {
+                let their_fd = theirs.as_raw_fd();
+                let mut cmd = Command::new(&command[0]);
+                cmd.args(&command[1..]).arg(GUARDIAN_CTRL_FD.to_string()).arg(owner.to_string()).stdin(Stdio::null());
+                // SAFETY: only async-signal-safe calls between fork and exec.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        sys::cvt(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0))?;
+                        if libc::getppid() != owner {
+                            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+                        }
+                        if their_fd == GUARDIAN_CTRL_FD {
+                            sys::cvt(libc::fcntl(their_fd, libc::F_SETFD, 0))?;
+                        } else {
+                            sys::cvt(libc::dup2(their_fd, GUARDIAN_CTRL_FD))?;
+                        }
+                        // Nothing else of ours (or fds others leaked to us) goes along.
+                        libc::syscall(
+                            libc::SYS_close_range,
+                            GUARDIAN_CTRL_FD as u32 + 1,
+                            u32::MAX,
+                            libc::CLOSE_RANGE_CLOEXEC,
+                        );
+                        Ok(())
+                    });
+                }
+                let started = cmd.spawn().map(|child| child.id() as libc::pid_t);
+                drop(theirs);
+                let _ = tx.send(started);
+                loop {
+                    std::thread::park();
+                }
+            })
+            .map_err(GuardianError::Start)?;
         let pid = rx
             .recv()
             .map_err(|_| GuardianError::Start(io::Error::other("the guardian launcher thread died")))?

@@ -35,15 +35,8 @@ pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
 /// not an error: the signal simply has nobody to reach.
 pub fn pidfd_send_signal(pidfd: RawFd, signal: libc::c_int) -> io::Result<()> {
     // SAFETY: plain syscall with a null siginfo.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd,
-            signal,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
+    let ret =
+        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd, signal, std::ptr::null::<libc::siginfo_t>(), 0) };
     if ret < 0 {
         let err = io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::ESRCH) {
@@ -101,10 +94,8 @@ pub fn poll_readable(
     timeout: Option<Duration>,
     mut on_interrupt: impl FnMut() -> io::Result<()>,
 ) -> io::Result<PollOutcome> {
-    let mut pollfds: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
-        .collect();
+    let mut pollfds: Vec<libc::pollfd> =
+        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
     let deadline = timeout.map(|t| Instant::now() + t);
     loop {
         let wait_ms = match deadline {
@@ -127,12 +118,7 @@ pub fn poll_readable(
             return Err(err);
         }
         if n > 0 {
-            let ready = pollfds
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| p.revents != 0)
-                .map(|(i, _)| i)
-                .collect();
+            let ready = pollfds.iter().enumerate().filter(|(_, p)| p.revents != 0).map(|(i, _)| i).collect();
             return Ok(PollOutcome::Ready(ready));
         }
         if let Some(d) = deadline {

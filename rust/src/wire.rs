@@ -199,10 +199,7 @@ impl Request {
                 file_type: r.u32()?,
             }),
             3 => Ok(Request::CancelRemoveOnExit { id: r.u64()?, path: r.bytes()? }),
-            kind => Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("unknown guardian request kind {kind}"),
-            )),
+            kind => Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown guardian request kind {kind}"))),
         }
     }
 }
@@ -247,19 +244,11 @@ impl Reply {
         Ok(match r.u8()? {
             1 => Reply::Ready { pid: r.i32()? },
             2 => Reply::Spawned { id: r.u64()?, pid: r.i32()? },
-            3 => Reply::Failed {
-                id: r.u64()?,
-                errno: r.i32()?,
-                stage: FailStage::from_u8(r.u8()?),
-                detail: r.i32()?,
-            },
+            3 => Reply::Failed { id: r.u64()?, errno: r.i32()?, stage: FailStage::from_u8(r.u8()?), detail: r.i32()? },
             4 => Reply::Exited { id: r.u64()?, status: r.i32()? },
             5 => Reply::Acknowledged { id: r.u64()? },
             kind => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("unknown guardian reply kind {kind}"),
-                ))
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown guardian reply kind {kind}")))
             }
         })
     }

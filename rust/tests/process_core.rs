@@ -125,7 +125,10 @@ fn kill_process_tree_leaves_no_survivor_in_forking_and_daemon_trees() {
         kill_process_tree(root.pid()).unwrap();
         let survivors: Vec<i32> = recorded(&pidfile).into_iter().filter(|&p| alive(p)).collect();
         assert!(survivors.is_empty(), "{kind}: survivors {survivors:?}");
-        assert_eq!(root.wait(Some(Duration::from_secs(10)), no_interrupt).unwrap(), Some(ExitStatus::Signal(libc::SIGKILL)));
+        assert_eq!(
+            root.wait(Some(Duration::from_secs(10)), no_interrupt).unwrap(),
+            Some(ExitStatus::Signal(libc::SIGKILL))
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

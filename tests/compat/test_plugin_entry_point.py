@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import logging
 import sys
-import tomllib
 import types
 from pathlib import Path
 
 import pytest
-
+import tomllib
 from vllm_rs import vllm_patch
 
 PYPROJECT = Path(__file__).parents[2] / "pyproject.toml"

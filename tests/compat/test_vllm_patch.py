@@ -14,9 +14,10 @@ import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed: tests/compat runs with a vLLM 0.33 venv (README.md)")
 
+from vllm_rs import vllm_patch  # noqa: E402
+
 from tests.compat.vllm_supervisor import sleeping_api_server  # noqa: E402
 from tests.support.trees import TREE_SCRIPT, is_running, read_pids, survivors, wait_built  # noqa: E402
-from vllm_rs import vllm_patch  # noqa: E402
 
 HERE = Path(__file__).parent
 
@@ -32,7 +33,6 @@ def test_vllms_names_now_point_at_the_process_core(patched):
     import vllm.utils.system_utils as system_utils
     import vllm.v1.engine.utils as engine_utils
     import vllm.v1.utils as v1_utils
-
     from vllm_rs.process import kill_process_tree
     from vllm_rs.process_managers import shutdown
 
@@ -45,7 +45,6 @@ def test_vllms_names_now_point_at_the_process_core(patched):
 @pytest.mark.parametrize("kind", ["forking", "daemons"])
 def test_vllms_kill_process_tree_leaves_no_survivor(patched, tmp_path, kind):
     from vllm.utils.system_utils import kill_process_tree
-
     from vllm_rs.process import spawn_executable
 
     pidfile = tmp_path / "pids"
@@ -69,7 +68,9 @@ def test_vllms_api_server_manager_starts_through_the_core_and_shuts_down(patched
     sock.bind(("127.0.0.1", 0))
     inputs = [make_zmq_listener(f"ipc://{tmp_path}/in", zmq.ROUTER)]
     outputs = [make_zmq_listener(f"ipc://{tmp_path}/out", zmq.PULL)]
-    manager = APIServerProcessManager("127.0.0.1:0", sock, None, 1, inputs, outputs, target_server_fn=sleeping_api_server)
+    manager = APIServerProcessManager(
+        "127.0.0.1:0", sock, None, 1, inputs, outputs, target_server_fn=sleeping_api_server
+    )
     try:
         (proc,) = manager.processes
         assert isinstance(proc, vllm_patch.RustCoreProcess) and proc.is_alive() and proc.name == "ApiServer_0"
@@ -119,7 +120,6 @@ def test_vllms_rust_frontend_manager_serves_our_engine_through_the_core(patched,
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.utils.network_utils import make_zmq_listener
     from vllm.v1.utils import RustFrontendProcessManager
-
     from vllm_rs.engine import make_engine_config, run_engine_core
     from vllm_rs.engine.config import ClientAddresses
     from vllm_rs.frontend import frontend_binary
@@ -183,6 +183,7 @@ def test_vllms_plugin_loader_applies_the_declared_entry_point(tmp_path, switch, 
     """vLLM's own `load_general_plugins` in a fresh interpreter, with the
     entry point from pyproject.toml installed as package metadata."""
     import os
+
     import tomllib
 
     declared = tomllib.loads((HERE.parents[1] / "pyproject.toml").read_text())["project"]["entry-points"]

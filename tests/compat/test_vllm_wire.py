@@ -22,14 +22,19 @@ from vllm.v1.engine import (  # noqa: E402
 )
 from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats  # noqa: E402
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # noqa: E402
-
 from vllm_rs.engine import make_engine_config, run_engine_core  # noqa: E402
 from vllm_rs.engine.config import ClientAddresses  # noqa: E402
 from vllm_rs.engine.core import EngineCore  # noqa: E402
 from vllm_rs.engine.protocol import (  # noqa: E402
     EngineCoreOutputs as OurOutputs,
+)
+from vllm_rs.engine.protocol import (
     EngineCoreRequest as OurRequest,
+)
+from vllm_rs.engine.protocol import (
     UtilityOutput as OurUtilityOutput,
+)
+from vllm_rs.engine.protocol import (
     encode_outputs,
     encode_ready_response,
     engine_identity,
@@ -81,7 +86,14 @@ def test_every_message_the_engine_makes_decodes_strictly_as_vllms():
     rejected = decode(OurOutputs(0, [error], finished_requests=core.take_finished(0)))
     assert rejected.outputs[0].finish_reason == FinishReason.ERROR
     assert rejected.outputs[0].error.code == "validation_error" and "max_model_len" in rejected.outputs[0].error.message
-    for method in ("is_sleeping", "reset_prefix_cache", "get_supported_tasks", "get_weight_version", "sleep", "wake_up"):
+    for method in (
+        "is_sleeping",
+        "reset_prefix_cache",
+        "get_supported_tasks",
+        "get_weight_version",
+        "sleep",
+        "wake_up",
+    ):
         result = core.call_utility(method, [])
         reply = decode(OurOutputs(0, utility_output=OurUtilityOutput(3, result=result)))
         assert reply.utility_output.call_id == 3 and reply.utility_output.result.result == result

@@ -34,7 +34,6 @@ if __name__ == "__main__":
     from types import SimpleNamespace
 
     import zmq
-
     from vllm_rs import _core, vllm_patch
 
     assert vllm_patch.apply(), "the patch did not apply"
@@ -48,7 +47,9 @@ if __name__ == "__main__":
     config = SimpleNamespace(
         pidfile=pidfile,
         shutdown_timeout=0,
-        parallel_config=SimpleNamespace(data_parallel_size=1, assigned_physical_gpu_ids=None, numa_bind=False, use_ray=False),
+        parallel_config=SimpleNamespace(
+            data_parallel_size=1, assigned_physical_gpu_ids=None, numa_bind=False, use_ray=False
+        ),
     )
     manager = CoreEngineProcManager(2, 0, 0, config, True, f"ipc://{handshake_path}", object, False)
     with open(pidfile, "a") as f:

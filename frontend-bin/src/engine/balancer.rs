@@ -75,10 +75,7 @@ impl Balancer {
     pub fn choose(&self) -> usize {
         let n = self.engines.len();
         let offset = self.next_tie_break.fetch_add(1, Ordering::Relaxed) % n;
-        (0..n)
-            .map(|i| (i + offset) % n)
-            .min_by_key(|&slot| self.engines[slot].score())
-            .expect("at least one engine")
+        (0..n).map(|i| (i + offset) % n).min_by_key(|&slot| self.engines[slot].score()).expect("at least one engine")
     }
 
     /// Requests in flight over all engines.

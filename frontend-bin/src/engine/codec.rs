@@ -3,8 +3,8 @@
 
 use super::msgpack::{Cursor, ReadError};
 use super::protocol::{
-    EngineOutput, EngineRequest, FinishReason, OutputsMessage, Registration, SamplingParams,
-    SchedulerStats, StopReason, UtilityReply, ENGINE_CORE_DEAD,
+    EngineOutput, EngineRequest, FinishReason, OutputsMessage, Registration, SamplingParams, SchedulerStats,
+    StopReason, UtilityReply, ENGINE_CORE_DEAD,
 };
 use super::token_ids::TokenIds;
 use rmp::encode;
@@ -354,7 +354,9 @@ pub fn decode_registration(payload: &[u8]) -> Result<Registration, String> {
     };
     let dp_stats_address = match get("dp_stats_address") {
         None | Some(Value::Nil) => None,
-        Some(v) => Some(v.as_str().ok_or_else(|| format!("registration `dp_stats_address` must be a string, got {v}"))?.to_owned()),
+        Some(v) => Some(
+            v.as_str().ok_or_else(|| format!("registration `dp_stats_address` must be a string, got {v}"))?.to_owned(),
+        ),
     };
     Ok(Registration {
         max_model_len: Some(required_int("max_model_len")?),
@@ -403,13 +405,13 @@ mod tests {
             &[0x90],
             &fixstr("_all_stop_token_ids"),
             &[0x90],
-            &[0xc0],                                     // pooling_params
-            &[0xcb, 0x40, 0x00, 0, 0, 0, 0, 0, 0],       // arrival_time 2.0
-            &[0xc0, 0xc0],                               // lora_request, cache_salt
-            &[0x01],                                     // data_parallel_rank
-            &[0xc0, 0xc0],                               // prompt_embeds, prompt_is_token_ids
-            &[0x00, 0x00, 0x00],                         // client_index, current_wave, priority
-            &[0xc0, 0xc2],                               // trace_headers, resumable
+            &[0xc0],                               // pooling_params
+            &[0xcb, 0x40, 0x00, 0, 0, 0, 0, 0, 0], // arrival_time 2.0
+            &[0xc0, 0xc0],                         // lora_request, cache_salt
+            &[0x01],                               // data_parallel_rank
+            &[0xc0, 0xc0],                         // prompt_embeds, prompt_is_token_ids
+            &[0x00, 0x00, 0x00],                   // client_index, current_wave, priority
+            &[0xc0, 0xc2],                         // trace_headers, resumable
             &fixstr("x"),
         ]);
         assert_eq!(encode_add(&req), expected);
@@ -418,7 +420,14 @@ mod tests {
     #[test]
     fn sampling_params_include_seed_eos_and_ignore_eos_when_set() {
         let mut buf = Vec::new();
-        let p = SamplingParams { seed: Some(-1), eos_token_id: Some(256), ignore_eos: true, stop_token_ids: vec![7], all_stop_token_ids: vec![7, 256], ..Default::default() };
+        let p = SamplingParams {
+            seed: Some(-1),
+            eos_token_id: Some(256),
+            ignore_eos: true,
+            stop_token_ids: vec![7],
+            all_stop_token_ids: vec![7, 256],
+            ..Default::default()
+        };
         encode_sampling_params(&mut buf, &p);
         let expected = cat(&[
             &[0x85],
@@ -452,7 +461,12 @@ mod tests {
         let msg = decode_outputs(&bytes).unwrap();
         let expected = OutputsMessage::Batch {
             engine_index: 0,
-            outputs: vec![EngineOutput { request_id: "r1", new_token_ids: vec![65, 66].into(), finish_reason: None, stop_reason: None }],
+            outputs: vec![EngineOutput {
+                request_id: "r1",
+                new_token_ids: vec![65, 66].into(),
+                finish_reason: None,
+                stop_reason: None,
+            }],
             stats: None,
             finished_requests: vec![],
         };
@@ -475,7 +489,8 @@ mod tests {
             &[0xc0, 0x91],
             &fixstr("r"),
         ]);
-        let OutputsMessage::Batch { engine_index, outputs, stats, finished_requests } = decode_outputs(&bytes).unwrap() else {
+        let OutputsMessage::Batch { engine_index, outputs, stats, finished_requests } = decode_outputs(&bytes).unwrap()
+        else {
             panic!("expected a batch")
         };
         assert_eq!(engine_index, 1);
@@ -496,7 +511,10 @@ mod tests {
     #[test]
     fn utility_reply_is_decoded() {
         // [0, [], nil, 0.0, [5, nil, [nil, "ok"]]]
-        let bytes = cat(&[&[0x95, 0x00, 0x90, 0xc0, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x93, 0x05, 0xc0, 0x92, 0xc0], &fixstr("ok")]);
+        let bytes = cat(&[
+            &[0x95, 0x00, 0x90, 0xc0, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x93, 0x05, 0xc0, 0x92, 0xc0],
+            &fixstr("ok"),
+        ]);
         let msg = decode_outputs(&bytes).unwrap();
         let reply = UtilityReply { call_id: 5, failure_message: None, result: Some(Value::from("ok")) };
         assert_eq!(msg, OutputsMessage::Utility { engine_index: 0, reply });
@@ -532,14 +550,14 @@ mod tests {
     #[test]
     fn malformed_messages_are_reported_not_panicked() {
         for bytes in [
-            vec![],                              // nothing
-            vec![0xc1],                          // reserved byte
-            vec![0x92, 0x00],                    // truncated
-            vec![0xa1, b'x'],                    // not an array
-            vec![0x92, 0x00, 0x91, 0x91, 0x01],  // output too short, id not a string
+            vec![],                                                                           // nothing
+            vec![0xc1],                                                                       // reserved byte
+            vec![0x92, 0x00],                                                                 // truncated
+            vec![0xa1, b'x'],                                                                 // not an array
+            vec![0x92, 0x00, 0x91, 0x91, 0x01], // output too short, id not a string
             vec![0x92, 0x00, 0x91, 0x92, 0xa1, b'r', 0x91, 0xff], // negative token id
             cat(&[&[0x92, 0x00, 0x91, 0x96], &fixstr("r"), &[0x90, 0xc0, 0xc0, 0xc0, 0x09]]), // unknown finish
-            vec![0x91, 0x00, 0x00],              // trailing byte
+            vec![0x91, 0x00, 0x00],             // trailing byte
         ] {
             assert!(matches!(decode_outputs(&bytes), Err(DecodeError::Malformed(_))), "{bytes:x?}");
         }
@@ -548,7 +566,15 @@ mod tests {
     #[test]
     fn registration_payloads() {
         assert_eq!(decode_registration(b"").unwrap(), Registration::default());
-        let map = cat(&[&[0x83], &fixstr("max_model_len"), &[0xcd, 0x08, 0x00], &fixstr("num_gpu_blocks"), &[0x10], &fixstr("dp_stats_address"), &[0xc0]]);
+        let map = cat(&[
+            &[0x83],
+            &fixstr("max_model_len"),
+            &[0xcd, 0x08, 0x00],
+            &fixstr("num_gpu_blocks"),
+            &[0x10],
+            &fixstr("dp_stats_address"),
+            &[0xc0],
+        ]);
         let r = decode_registration(&map).unwrap();
         assert_eq!((r.max_model_len, r.num_gpu_blocks, r.dp_stats_address), (Some(2048), Some(16), None));
         let missing = cat(&[&[0x81], &fixstr("max_model_len"), &[0x10]]);

@@ -90,7 +90,11 @@ impl Inbox {
             // The next batch is likely about as long as this one: no regrowing from empty.
             let capacity = pending.token_ids.len();
             let token_ids = std::mem::replace(&mut pending.token_ids, Vec::with_capacity(capacity));
-            return Poll::Ready(Some(RequestEvent::Output { token_ids, finish_reason, stop_reason: stop_reason.flatten() }));
+            return Poll::Ready(Some(RequestEvent::Output {
+                token_ids,
+                finish_reason,
+                stop_reason: stop_reason.flatten(),
+            }));
         }
         if pending.closed {
             return Poll::Ready(None);
@@ -121,7 +125,11 @@ mod tests {
         inbox.push_output(&[1, 2], None, None);
         inbox.push_output(&[3], None, None);
         inbox.push_output(&[4], Some(FinishReason::Length), None);
-        let event = RequestEvent::Output { token_ids: vec![1, 2, 3, 4], finish_reason: Some(FinishReason::Length), stop_reason: None };
+        let event = RequestEvent::Output {
+            token_ids: vec![1, 2, 3, 4],
+            finish_reason: Some(FinishReason::Length),
+            stop_reason: None,
+        };
         assert_eq!(poll_now(&inbox), Poll::Ready(Some(event)));
         assert_eq!(poll_now(&inbox), Poll::Pending);
     }

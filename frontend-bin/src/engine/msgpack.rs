@@ -93,7 +93,11 @@ impl<'a> Cursor<'a> {
 
     /// A container header; `kind` maps a marker to its inline length
     /// (`Ok`) or the width of the length that follows (`Err`).
-    fn read_container_len(&mut self, what: &str, kind: impl Fn(Marker) -> Option<Result<u8, usize>>) -> ReadResult<usize> {
+    fn read_container_len(
+        &mut self,
+        what: &str,
+        kind: impl Fn(Marker) -> Option<Result<u8, usize>>,
+    ) -> ReadResult<usize> {
         let marker = self.peek_marker()?;
         let Some(len) = kind(marker) else {
             return err(format!("expected {what}, got {marker:?}"));
@@ -238,7 +242,10 @@ mod tests {
 
     #[test]
     fn reads_every_integer_width() {
-        let bytes = [0x05, 0xff, 0xcc, 0xc8, 0xcd, 0x01, 0x2c, 0xd0, 0x80, 0xd1, 0xff, 0x00, 0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff];
+        let bytes = [
+            0x05, 0xff, 0xcc, 0xc8, 0xcd, 0x01, 0x2c, 0xd0, 0x80, 0xd1, 0xff, 0x00, 0xcf, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0xff, 0xff, 0xff,
+        ];
         let mut c = Cursor::new(&bytes);
         assert_eq!(c.read_i64().unwrap(), 5);
         assert_eq!(c.read_i64().unwrap(), -1);
@@ -267,8 +274,8 @@ mod tests {
     fn skips_nested_values_and_ext() {
         // [[1, 2.5, "x", bin8(2), fixext1], {"a": [true]}] then 7
         let bytes = [
-            0x92, 0x95, 0x01, 0xcb, 0x40, 0x04, 0, 0, 0, 0, 0, 0, 0xa1, b'x', 0xc4, 0x02, 1, 2, 0xd4, 0x01, 0x09, 0x81, 0xa1,
-            b'a', 0x91, 0xc3, 0x07,
+            0x92, 0x95, 0x01, 0xcb, 0x40, 0x04, 0, 0, 0, 0, 0, 0, 0xa1, b'x', 0xc4, 0x02, 1, 2, 0xd4, 0x01, 0x09, 0x81,
+            0xa1, b'a', 0x91, 0xc3, 0x07,
         ];
         let mut c = Cursor::new(&bytes);
         let raw = c.read_raw().unwrap();
@@ -278,7 +285,13 @@ mod tests {
 
     #[test]
     fn truncated_and_hostile_input_errors_instead_of_panicking() {
-        for bytes in [&[0xdd, 0xff, 0xff, 0xff, 0xff][..], &[0xa5, b'a'], &[0xcd, 0x01], &[0xc1], &[0xdb, 0xff, 0xff, 0xff, 0xff]] {
+        for bytes in [
+            &[0xdd, 0xff, 0xff, 0xff, 0xff][..],
+            &[0xa5, b'a'],
+            &[0xcd, 0x01],
+            &[0xc1],
+            &[0xdb, 0xff, 0xff, 0xff, 0xff],
+        ] {
             assert!(Cursor::new(bytes).skip().is_err(), "{bytes:x?}");
         }
         let deep = vec![0x91u8; 1000];

@@ -20,13 +20,15 @@ pub enum SocketSource {
 pub fn open_engine_listener(source: SocketSource, name: &str) -> Result<StreamListener> {
     match source {
         SocketSource::Address(address) => {
-            let listener = StreamListener::bind_endpoint(&address).with_context(|| format!("opening the {name} socket"))?;
+            let listener =
+                StreamListener::bind_endpoint(&address).with_context(|| format!("opening the {name} socket"))?;
             tracing::debug!(%address, "{name} socket bound");
             Ok(listener)
         }
         SocketSource::Listener(listener) => {
             let endpoint = listener.address.zmq_endpoint();
-            let adopted = StreamListener::from_socket(listener).with_context(|| format!("adopting the {name} listener"))?;
+            let adopted =
+                StreamListener::from_socket(listener).with_context(|| format!("adopting the {name} listener"))?;
             tracing::debug!(%endpoint, "{name} socket adopted its listener");
             Ok(adopted)
         }

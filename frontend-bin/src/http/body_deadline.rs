@@ -31,11 +31,7 @@ pub struct DeadlineBody {
 impl DeadlineBody {
     /// `inner`, which must arrive in full within `timeout` from now.
     pub fn new(inner: Body, timeout: Duration) -> Self {
-        DeadlineBody {
-            inner,
-            deadline: Box::pin(tokio::time::sleep(timeout)),
-            timeout,
-        }
+        DeadlineBody { inner, deadline: Box::pin(tokio::time::sleep(timeout)), timeout }
     }
 }
 
@@ -43,10 +39,7 @@ impl HttpBody for DeadlineBody {
     type Data = Bytes;
     type Error = axum::Error;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
             return Poll::Ready(frame);
@@ -67,19 +60,10 @@ impl HttpBody for DeadlineBody {
 }
 
 /// Middleware: puts the configured body deadline on every request that has a body.
-pub async fn limit_body_time(
-    State(state): State<SharedState>,
-    request: Request,
-    next: Next,
-) -> Response {
+pub async fn limit_body_time(State(state): State<SharedState>, request: Request, next: Next) -> Response {
     let timeout = state.config.http_body_timeout;
-    let request = request.map(|body| {
-        if body.is_end_stream() {
-            body
-        } else {
-            Body::new(DeadlineBody::new(body, timeout))
-        }
-    });
+    let request =
+        request.map(|body| if body.is_end_stream() { body } else { Body::new(DeadlineBody::new(body, timeout)) });
     next.run(request).await
 }
 
@@ -105,10 +89,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_body_that_arrives_in_time_is_unchanged() {
         let chunks = stream::iter([Ok::<_, Infallible>(Bytes::from("ab")), Ok(Bytes::from("c"))]);
-        let body = Body::new(DeadlineBody::new(
-            Body::from_stream(chunks),
-            Duration::from_secs(30),
-        ));
+        let body = Body::new(DeadlineBody::new(Body::from_stream(chunks), Duration::from_secs(30)));
         assert_eq!(axum::body::to_bytes(body, 1024).await.unwrap(), "abc");
     }
 }

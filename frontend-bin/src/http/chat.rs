@@ -57,7 +57,11 @@ pub fn parse_chat_request(body: &Map<String, Value>) -> Result<ChatRequest, ApiE
     Ok(ChatRequest { common, messages, add_generation_prompt })
 }
 
-async fn chat_completion(state: SharedState, headers: HeaderMap, body: Map<String, Value>) -> Result<Response, ApiError> {
+async fn chat_completion(
+    state: SharedState,
+    headers: HeaderMap,
+    body: Map<String, Value>,
+) -> Result<Response, ApiError> {
     let ChatRequest { common, messages, add_generation_prompt } = parse_chat_request(&body)?;
     check_model(&state, common.model.as_deref())?;
     let prompt = state
@@ -103,9 +107,11 @@ fn messages(p: &Params) -> Result<Vec<ChatMessage>, ApiError> {
                 Some(Value::String(text)) => text.clone(),
                 Some(Value::Array(parts)) => parts
                     .iter()
-                    .map(|part| match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-                        (Some("text"), Some(text)) => Ok(text),
-                        _ => Err(bad(format!("messages[{i}].content: only text parts are supported"))),
+                    .map(|part| {
+                        match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                            (Some("text"), Some(text)) => Ok(text),
+                            _ => Err(bad(format!("messages[{i}].content: only text parts are supported"))),
+                        }
                     })
                     .collect::<Result<Vec<_>, _>>()?
                     .concat(),
@@ -138,7 +144,12 @@ struct ChatChunks(ChunkHeader);
 impl ChunkWriter for ChatChunks {
     fn opening(&self) -> Option<Bytes> {
         let delta = ChunkDelta { role: Some("assistant"), content: "" };
-        Some(self.0.event(vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason: None, stop_reason: None }], None))
+        Some(
+            self.0.event(
+                vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason: None, stop_reason: None }],
+                None,
+            ),
+        )
     }
 
     fn delta(&self, delta: &Delta) -> Bytes {

@@ -1,8 +1,8 @@
 //! `POST /v1/completions`.
 
+use super::answer::{answer, AnswerFormat};
 use super::error::ApiError;
 use super::params::{common_params, CommonParams, JsonObject, Params};
-use super::answer::{answer, AnswerFormat};
 use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
@@ -15,7 +15,11 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 /// Handles a completion request, streamed or not.
-pub async fn create_completion(State(state): State<SharedState>, headers: HeaderMap, JsonObject(body): JsonObject) -> Response {
+pub async fn create_completion(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> Response {
     match completion(state, headers, body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
@@ -76,7 +80,12 @@ async fn completion(state: SharedState, headers: HeaderMap, body: Map<String, Va
 
 /// The prompt: a string, a list of ids, or a one-element list of either.
 fn prompt(p: &Params) -> Result<Prompt, ApiError> {
-    let bad = || ApiError::invalid_param("prompt", "`prompt` must be a string, a list of token ids, or a list holding one of those");
+    let bad = || {
+        ApiError::invalid_param(
+            "prompt",
+            "`prompt` must be a string, a list of token ids, or a list holding one of those",
+        )
+    };
     let single = |v: &Value| -> Result<Prompt, ApiError> {
         match v {
             Value::String(text) => Ok(Prompt::Text(text.clone())),

@@ -123,7 +123,10 @@ impl<'a> Params<'a> {
             _ => 0,
         };
         if items > MAX_LIST_ITEMS {
-            return Err(ApiError::invalid_param(name, format!("`{name}` may hold at most {MAX_LIST_ITEMS} items, got {items}")));
+            return Err(ApiError::invalid_param(
+                name,
+                format!("`{name}` may hold at most {MAX_LIST_ITEMS} items, got {items}"),
+            ));
         }
         Ok(())
     }
@@ -149,7 +152,9 @@ impl<'a> Params<'a> {
             Some(Value::String(s)) => Ok(vec![s.clone()]),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|s| s.as_str().map(str::to_owned).ok_or_else(|| Self::wrong(name, "a string or a list of strings")))
+                .map(|s| {
+                    s.as_str().map(str::to_owned).ok_or_else(|| Self::wrong(name, "a string or a list of strings"))
+                })
                 .collect(),
             Some(_) => Err(Self::wrong(name, "a string or a list of strings")),
         }
@@ -188,9 +193,13 @@ pub fn common_params(p: &Params, max_tokens_names: &[&str]) -> Result<CommonPara
     let include_usage = match p.get("stream_options") {
         None => false,
         Some(_) if !stream => {
-            return Err(ApiError::invalid_param("stream_options", "`stream_options` can only be given when `stream` is true"))
+            return Err(ApiError::invalid_param(
+                "stream_options",
+                "`stream_options` can only be given when `stream` is true",
+            ))
         }
-        Some(Value::Object(options)) => Params(options).bool("include_usage")
+        Some(Value::Object(options)) => Params(options)
+            .bool("include_usage")
             .map_err(|_| ApiError::invalid_param("stream_options", "`stream_options.include_usage` must be a boolean"))?
             .unwrap_or(false),
         Some(_) => return Err(ApiError::invalid_param("stream_options", "`stream_options` must be an object")),
@@ -292,7 +301,10 @@ mod tests {
             (json!({"stop": vec!["x"; MAX_LIST_ITEMS + 1]}), "stop"),
             (json!({"stop_token_ids": vec![1; MAX_LIST_ITEMS + 1]}), "stop_token_ids"),
             (json!({"stop_token_ids": [4294967296u64]}), "stop_token_ids"),
-            (json!({"logit_bias": (0..=MAX_LIST_ITEMS).map(|i| (i.to_string(), json!(1))).collect::<Map<_, _>>()}), "logit_bias"),
+            (
+                json!({"logit_bias": (0..=MAX_LIST_ITEMS).map(|i| (i.to_string(), json!(1))).collect::<Map<_, _>>()}),
+                "logit_bias",
+            ),
             (json!({"bad_words": vec!["x"; MAX_LIST_ITEMS + 1]}), "bad_words"),
             (json!({"allowed_token_ids": vec![1; MAX_LIST_ITEMS + 1]}), "allowed_token_ids"),
         ] {
@@ -316,7 +328,9 @@ mod tests {
     fn bodies_that_are_not_a_json_object_are_400s() {
         let deep = "[".repeat(100_000) + &"]".repeat(100_000);
         let huge_integer = format!("{{\"max_tokens\": {}}}", "9".repeat(5000));
-        for body in ["", "{", "[1]", "null", "\"x\"", deep.as_str(), huge_integer.as_str(), "{\"a\": 1e999}", "\u{feff}{}"] {
+        for body in
+            ["", "{", "[1]", "null", "\"x\"", deep.as_str(), huge_integer.as_str(), "{\"a\": 1e999}", "\u{feff}{}"]
+        {
             let err = parse_json_object(body.as_bytes()).unwrap_err();
             assert_eq!(err.status, StatusCode::BAD_REQUEST, "{body:.40}");
         }

@@ -29,7 +29,12 @@ pub struct ServeOptions {
 /// Serves `app` on `listener` until `shutdown` resolves, then stops accepting
 /// and waits at most `drain_timeout` for open connections. Returns whether
 /// every connection finished in time.
-pub async fn serve(listener: StreamListener, app: Router, options: ServeOptions, shutdown: impl Future<Output = ()>) -> bool {
+pub async fn serve(
+    listener: StreamListener,
+    app: Router,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+) -> bool {
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     // hyper starts the head clock when a connection waits for its next request,
@@ -59,7 +64,12 @@ pub async fn serve(listener: StreamListener, app: Router, options: ServeOptions,
     tokio::time::timeout(options.drain_timeout, graceful.shutdown()).await.is_ok()
 }
 
-fn spawn_connection(builder: &hyper::server::conn::http1::Builder, graceful: &GracefulShutdown, io: AcceptedStream, app: Router) {
+fn spawn_connection(
+    builder: &hyper::server::conn::http1::Builder,
+    graceful: &GracefulShutdown,
+    io: AcceptedStream,
+    app: Router,
+) {
     let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
     let connection = graceful.watch(connection);
     tokio::spawn(async move {

@@ -182,12 +182,9 @@ fn client_request_id(headers: &HeaderMap) -> String {
 
 fn pinned_rank(headers: &HeaderMap) -> Result<Option<u32>, ApiError> {
     let Some(value) = headers.get(DATA_PARALLEL_RANK_HEADER) else { return Ok(None) };
-    value
-        .to_str()
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .map(Some)
-        .ok_or_else(|| ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, "X-data-parallel-rank must be a non-negative integer"))
+    value.to_str().ok().and_then(|v| v.trim().parse::<u32>().ok()).map(Some).ok_or_else(|| {
+        ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, "X-data-parallel-rank must be a non-negative integer")
+    })
 }
 
 /// The `stop_reason` field: a token id, a stop string, or null.

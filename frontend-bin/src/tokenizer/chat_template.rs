@@ -42,13 +42,26 @@ impl ChatTemplate {
     }
 }
 
-const MONTHS: [&str; 12] =
-    ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
 
 /// Today's UTC date in a strftime `format` (`%Y %m %d %B %b` and `%%`), for
 /// templates that print the date.
 fn format_today(format: &str) -> String {
-    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() / 86_400).unwrap_or(0);
+    let days =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() / 86_400).unwrap_or(0);
     let (year, month, day) = civil_from_days(days as i64);
     let month_name = MONTHS[(month - 1) as usize];
     format
@@ -124,7 +137,8 @@ mod tests {
 
     #[test]
     fn raise_exception_becomes_an_error() {
-        let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}".into(), String::new(), String::new()).unwrap();
+        let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}".into(), String::new(), String::new())
+            .unwrap();
         assert!(t.render(&[], true).unwrap_err().contains("roles must alternate"));
     }
 

@@ -20,7 +20,9 @@ pub struct HfTokenizer {
 
 fn read_json(path: &Path) -> Result<Option<Value>> {
     match std::fs::read_to_string(path) {
-        Ok(text) => Ok(Some(serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?)),
+        Ok(text) => {
+            Ok(Some(serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }

@@ -46,7 +46,9 @@ pub trait TextDecoder: Send {
 /// model names, else the Hugging Face tokenizer of the `tokenizer` key or of
 /// the model directory. A tokenizer that cannot be loaded is a usage error
 /// naming the key it came from.
-pub fn load_tokenizer(config: &crate::config::ServerConfig) -> Result<std::sync::Arc<dyn Tokenizer>, crate::error::ExitError> {
+pub fn load_tokenizer(
+    config: &crate::config::ServerConfig,
+) -> Result<std::sync::Arc<dyn Tokenizer>, crate::error::ExitError> {
     let (key, location) = match &config.tokenizer {
         Some(tokenizer) => ("tokenizer", tokenizer.as_str()),
         None if byte_level::BUILTIN_MODELS.contains(&config.model_tag.as_str()) => {

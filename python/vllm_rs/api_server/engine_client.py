@@ -195,10 +195,14 @@ class EngineClient:
             frames = await self.router.recv_multipart()
             identity = frames[0]
             if len(identity) != 2:
-                raise RegistrationError(f"registration from a peer whose identity {identity!r} is not a 2-byte engine index")
+                raise RegistrationError(
+                    f"registration from a peer whose identity {identity!r} is not a 2-byte engine index"
+                )
             index = int.from_bytes(identity, "little")
             if not self.start <= index <= last:
-                raise RegistrationError(f"engine {index} registered, but this server serves engines {self.start}..={last}")
+                raise RegistrationError(
+                    f"engine {index} registered, but this server serves engines {self.start}..={last}"
+                )
             if index in registered:
                 raise RegistrationError(f"engine {index} registered twice")
             try:
@@ -304,7 +308,9 @@ class EngineClient:
                 raise EngineUnavailableError(f"cannot send to engine {engine}")
             return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
-            raise EngineUnavailableError(f"utility call {method} to engine {engine} timed out after {timeout}s") from None
+            raise EngineUnavailableError(
+                f"utility call {method} to engine {engine} timed out after {timeout}s"
+            ) from None
         finally:
             self._calls.pop(call_id, None)
 
@@ -383,7 +389,9 @@ class EngineClient:
     def _drop_malformed(self, error: EngineOutputError) -> None:
         """Fails only the requests a malformed message named."""
         named = [r for r in error.request_ids if r in self._requests]
-        self._warn_malformed("dropping a malformed engine message (%s); failing %d request(s) it named", error, len(named))
+        self._warn_malformed(
+            "dropping a malformed engine message (%s); failing %d request(s) it named", error, len(named)
+        )
         for request_id in named:
             entry = self._requests.get(request_id)
             if entry is None:
@@ -396,7 +404,9 @@ class EngineClient:
         and dropping whatever comes keeps it from piling up in memory."""
         while True:
             frames = await self.router.recv_multipart(copy=False)
-            self._warn_unexpected_input("dropping an unexpected %d-frame message on the engine input socket", len(frames))
+            self._warn_unexpected_input(
+                "dropping an unexpected %d-frame message on the engine input socket", len(frames)
+            )
             del frames
 
     def _heard_from(self, engine: int) -> None:

@@ -126,7 +126,9 @@ def _message(items: list) -> EngineCoreOutputs:
     if kinds == 0:
         raise ValueError(f"empty outputs message from engine {engine_index}")
     if kinds > 1:
-        raise ValueError(f"outputs message from engine {engine_index} mixes request outputs, a utility reply and wave fields")
+        raise ValueError(
+            f"outputs message from engine {engine_index} mixes request outputs, a utility reply and wave fields"
+        )
     return EngineCoreOutputs(
         engine_index=engine_index,
         outputs=outputs,

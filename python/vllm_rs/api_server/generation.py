@@ -45,7 +45,15 @@ class Delta:
 class Generation:
     """A running generation."""
 
-    def __init__(self, stream: RequestStream, decoder: ByteDecoder, stop: list[str], prompt_tokens: int, metrics: Metrics, started: float):
+    def __init__(
+        self,
+        stream: RequestStream,
+        decoder: ByteDecoder,
+        stop: list[str],
+        prompt_tokens: int,
+        metrics: Metrics,
+        started: float,
+    ):
         self.stream = stream
         self.decoder = decoder
         self.stops = StopStrings(stop)

@@ -80,7 +80,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 oldest = other
         if oldest is None:
             return False
-        logger.debug("connection limit (%d) reached: closing the connection idle the longest", self.limits.http_max_connections)
+        logger.debug(
+            "connection limit (%d) reached: closing the connection idle the longest", self.limits.http_max_connections
+        )
         oldest._idle_since = None
         oldest.transport.close()
         self.connections.discard(oldest)
@@ -106,7 +108,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _headers_timed_out(self) -> None:
         self._deadline = None
         if not self.transport.is_closing():
-            logger.debug("closing a connection that sent no complete request headers within %gs", self.limits.http_header_timeout_s)
+            logger.debug(
+                "closing a connection that sent no complete request headers within %gs",
+                self.limits.http_header_timeout_s,
+            )
             self.transport.close()
 
     def _body_timed_out(self) -> None:
@@ -119,7 +124,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # A pipelined request waits behind an earlier answer still being
         # written: no 408 in the middle of that one, the connection just closes.
         if cycle is not None and not cycle.response_started and not self.pipeline:
-            self.transport.write(error_response_bytes(ApiError(408, f"the request body did not arrive within {seconds:g}s")))
+            self.transport.write(
+                error_response_bytes(ApiError(408, f"the request body did not arrive within {seconds:g}s"))
+            )
             # The handler still waiting for the body sees a disconnect, and
             # anything it sends afterwards is dropped.
             cycle.disconnected = True

@@ -76,7 +76,9 @@ class ServerLimits:
         first variable with a bad value."""
         return cls(
             engine_stall_timeout_s=_positive_seconds("VLLM_RS_ENGINE_STALL_TIMEOUT_S", DEFAULT_ENGINE_STALL_TIMEOUT_S),
-            max_engine_message_bytes=_positive_int("VLLM_RS_MAX_ENGINE_MESSAGE_BYTES", DEFAULT_MAX_ENGINE_MESSAGE_BYTES),
+            max_engine_message_bytes=_positive_int(
+                "VLLM_RS_MAX_ENGINE_MESSAGE_BYTES", DEFAULT_MAX_ENGINE_MESSAGE_BYTES
+            ),
             http_header_timeout_s=_positive_seconds("VLLM_RS_HTTP_HEADER_TIMEOUT_S", DEFAULT_HTTP_HEADER_TIMEOUT_S),
             http_max_header_bytes=_positive_int("VLLM_RS_HTTP_MAX_HEADER_BYTES", DEFAULT_HTTP_MAX_HEADER_BYTES),
             http_body_timeout_s=_positive_seconds("VLLM_RS_HTTP_BODY_TIMEOUT_S", DEFAULT_HTTP_BODY_TIMEOUT_S),

@@ -5,7 +5,27 @@ from __future__ import annotations
 
 from vllm_rs.engine.protocol import FinishReason
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
 
@@ -94,7 +114,13 @@ class Metrics:
             "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
             f"# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{{labels}}} {self.generation_tokens}",
         ]
-        self.time_to_first_token.render(out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels)
-        self.inter_token_latency.render(out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels)
-        self.e2e_latency.render(out, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", labels)
+        self.time_to_first_token.render(
+            out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels
+        )
+        self.inter_token_latency.render(
+            out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels
+        )
+        self.e2e_latency.render(
+            out, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", labels
+        )
         return "\n".join(out) + "\n"

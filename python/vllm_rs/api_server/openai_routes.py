@@ -52,12 +52,16 @@ def json_response(value: Any) -> Response:
 
 
 def _prompt_tokens(state: ServerState, p: Params) -> list[int]:
-    bad = ApiError.invalid_param("prompt", "`prompt` must be a string, a list of token ids, or a list holding one of those")
+    bad = ApiError.invalid_param(
+        "prompt", "`prompt` must be a string, a list of token ids, or a list holding one of those"
+    )
 
     def single(value: Any) -> list[int]:
         if isinstance(value, str):
             return state.tokenizer.encode(value)
-        if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in value):
+        if isinstance(value, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in value
+        ):
             return value
         raise bad
 
@@ -112,7 +116,10 @@ class AnswerShape:
 
 COMPLETION_SHAPE = AnswerShape("text_completion", "text_completion", CompletionChunks, lambda text: {"text": text})
 CHAT_SHAPE = AnswerShape(
-    "chat.completion", "chat.completion.chunk", ChatChunks, lambda text: {"message": {"role": "assistant", "content": text}}
+    "chat.completion",
+    "chat.completion.chunk",
+    ChatChunks,
+    lambda text: {"message": {"role": "assistant", "content": text}},
 )
 
 
@@ -168,10 +175,14 @@ async def create_chat_completion(request: Request) -> Response:
     if tools is not None and not (isinstance(tools, list) and not tools):
         raise ApiError.invalid_param("tools", "`tools` is not supported")
     response_format = p.get("response_format")
-    if response_format is not None and not (isinstance(response_format, dict) and response_format.get("type") == "text"):
+    if response_format is not None and not (
+        isinstance(response_format, dict) and response_format.get("type") == "text"
+    ):
         raise ApiError.invalid_param("response_format", "only the `text` response format is supported")
     messages = _messages(p)
     add_generation_prompt = p.bool("add_generation_prompt")
-    prompt_text = state.tokenizer.apply_chat_template(messages, True if add_generation_prompt is None else add_generation_prompt)
+    prompt_text = state.tokenizer.apply_chat_template(
+        messages, True if add_generation_prompt is None else add_generation_prompt
+    )
     submitted = submit(state, request.headers, CHAT, state.tokenizer.encode(prompt_text), common)
     return await _answer(state, submitted, common, CHAT_SHAPE)

@@ -171,7 +171,9 @@ class Params:
 
     def _at_most(self, name: str, items: list | dict) -> None:
         if len(items) > MAX_LIST_ITEMS:
-            raise ApiError.invalid_param(name, f"`{name}` has {len(items)} entries; at most {MAX_LIST_ITEMS} are allowed")
+            raise ApiError.invalid_param(
+                name, f"`{name}` has {len(items)} entries; at most {MAX_LIST_ITEMS} are allowed"
+            )
 
     def token_ids(self, name: str) -> list[int] | None:
         """A list of at most MAX_LIST_ITEMS token ids."""
@@ -200,7 +202,9 @@ class Params:
         stops = self.strings(name)
         total = sum(len(s) for s in stops)
         if total > MAX_STOP_CHARS:
-            raise ApiError.invalid_param(name, f"`{name}` strings hold {total} characters; at most {MAX_STOP_CHARS} are allowed")
+            raise ApiError.invalid_param(
+                name, f"`{name}` strings hold {total} characters; at most {MAX_STOP_CHARS} are allowed"
+            )
         return stops
 
     def logit_bias(self, name: str) -> dict[int, float] | None:

@@ -79,7 +79,9 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def run_server_worker(listen_address: str, sock: Any, args: Any, client_config: dict[str, Any], **uvicorn_kwargs: Any) -> None:
+def run_server_worker(
+    listen_address: str, sock: Any, args: Any, client_config: dict[str, Any], **uvicorn_kwargs: Any
+) -> None:
     """Serves the OpenAI API on `sock` for `args` (the `serve` arguments),
     talking to the engines through the listeners in `client_config`. Exits 1
     when the engines do not register."""
@@ -114,7 +116,9 @@ async def _wait_for_engines_or_signal(engines: EngineClient, timeout: float) -> 
     return waiting.result()
 
 
-async def _serve(listen_address: str, sock: Any, settings: ServerSettings, client_config: dict[str, Any], uvicorn_kwargs: dict) -> int:
+async def _serve(
+    listen_address: str, sock: Any, settings: ServerSettings, client_config: dict[str, Any], uvicorn_kwargs: dict
+) -> int:
     engines = EngineClient(
         ZmqListener(client_config["input_address"], client_config["input_listener"], zmq.ROUTER),
         ZmqListener(client_config["output_address"], client_config["output_listener"], zmq.PULL),

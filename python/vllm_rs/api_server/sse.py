@@ -32,7 +32,13 @@ class ChunkHeader:
 
     def event(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
         """The event for a chunk with these choices and, when given, usage."""
-        chunk: dict[str, Any] = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}
+        chunk: dict[str, Any] = {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         if usage is not None:
             chunk["usage"] = usage
         return event(chunk)

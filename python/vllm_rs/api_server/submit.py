@@ -87,7 +87,9 @@ def _limit_max_tokens(state: ServerState, endpoint: Endpoint, prompt_len: int, m
             "leaving no room for completion tokens.",
         )
     if max_tokens is None:
-        max_tokens = max_len - prompt_len if endpoint.is_chat else min(DEFAULT_COMPLETION_MAX_TOKENS, max_len - prompt_len)
+        max_tokens = (
+            max_len - prompt_len if endpoint.is_chat else min(DEFAULT_COMPLETION_MAX_TOKENS, max_len - prompt_len)
+        )
     if prompt_len + max_tokens > max_len:
         raise ApiError.invalid_param(
             "max_tokens",
@@ -98,7 +100,9 @@ def _limit_max_tokens(state: ServerState, endpoint: Endpoint, prompt_len: int, m
     return max_tokens
 
 
-def submit(state: ServerState, headers: Headers, endpoint: Endpoint, prompt: list[int], common: CommonParams) -> Submitted:
+def submit(
+    state: ServerState, headers: Headers, endpoint: Endpoint, prompt: list[int], common: CommonParams
+) -> Submitted:
     """Checks the prompt, fills in `max_tokens` and the stop tokens, and
     sends the request to an engine."""
     started = time.monotonic()

@@ -122,7 +122,11 @@ def make_engine_config(
     checks: list[tuple[str, Any, bool]] = [
         ("--max-model-len", max_len, 1 <= max_len <= spec.max_position),
         ("--max-num-seqs", max_num_seqs, max_num_seqs is None or max_num_seqs >= 1),
-        ("--max-num-batched-tokens", max_num_batched_tokens, max_num_batched_tokens is None or max_num_batched_tokens >= 1),
+        (
+            "--max-num-batched-tokens",
+            max_num_batched_tokens,
+            max_num_batched_tokens is None or max_num_batched_tokens >= 1,
+        ),
         ("--block-size", block_size, block_size >= 1),
         ("--num-gpu-blocks", num_gpu_blocks, num_gpu_blocks is None or num_gpu_blocks >= 1),
         ("--data-parallel-size", data_parallel_size, 1 <= data_parallel_size <= 65536),

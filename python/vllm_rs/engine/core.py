@@ -195,7 +195,11 @@ class EngineCore:
         details = self.runner.iteration_details(plan)
         started = time.monotonic()
         self.totals["prompt_tokens_computed"] += sum(
-            max(0, min(r.num_computed_tokens + plan.num_scheduled_tokens[r.request_id], r.num_prompt_tokens) - r.num_computed_tokens)
+            max(
+                0,
+                min(r.num_computed_tokens + plan.num_scheduled_tokens[r.request_id], r.num_prompt_tokens)
+                - r.num_computed_tokens,
+            )
             for r in plan.requests
         )
         sampled = self.runner.execute(plan)

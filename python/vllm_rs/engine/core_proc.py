@@ -109,7 +109,9 @@ class EngineCoreProc:
         identity = engine_identity(self.engine_index)
         registration = encode_ready_response(self.core.ready_response())
         for client in self.config.clients:
-            dealer = make_zmq_socket(self.ctx, client.input_address, zmq.DEALER, bind=False, identity=identity, linger=0)
+            dealer = make_zmq_socket(
+                self.ctx, client.input_address, zmq.DEALER, bind=False, identity=identity, linger=0
+            )
             dealer.send(registration)
             self.dealers.append(dealer)
         logger.info(
@@ -173,7 +175,9 @@ class EngineCoreProc:
         except Exception as e:  # a failing utility call fails the call, not the engine
             logger.warning("utility call %s failed: %s", call.method, e)
             # vLLM's wording, so its clients' messages read the same.
-            self._send_reply(call.client_index, UtilityOutput(call.call_id, f"Call to {call.method} method failed: {e}"))
+            self._send_reply(
+                call.client_index, UtilityOutput(call.call_id, f"Call to {call.method} method failed: {e}")
+            )
             return
         finally:
             self._send_outputs(self.core.take_pending_outputs())

@@ -262,14 +262,21 @@ class EngineCoreOutput:
             raise ProtocolError(f"EngineCoreOutput must be [request_id, new_token_ids, ...], got {items!r:.200}")
         reason = _slot(items, 5)
         try:
-            events = [EngineCoreEvent(EngineCoreEventType(e["type"]), float(e["timestamp"])) for e in _slot(items, 7, ())]
+            events = [
+                EngineCoreEvent(EngineCoreEventType(e["type"]), float(e["timestamp"])) for e in _slot(items, 7, ())
+            ]
             error = _slot(items, 18)
             if error is not None:
                 error = RequestError(str(error["code"]), str(error["message"]), bool(error.get("retryable")))
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed events or error in the output of {items[0]}: {e!r}") from e
         return cls(
-            items[0], list(items[1] or ()), None if reason is None else FinishReason(reason), _slot(items, 6), events or None, error
+            items[0],
+            list(items[1] or ()),
+            None if reason is None else FinishReason(reason),
+            _slot(items, 6),
+            events or None,
+            error,
         )
 
 
@@ -354,7 +361,9 @@ def decode_outputs(frames: list[bytes]) -> EngineCoreOutputs | None:
     if kinds == 0:
         raise ProtocolError(f"empty outputs message from engine {engine_index}")
     if kinds > 1:
-        raise ProtocolError(f"outputs message from engine {engine_index} mixes request outputs, a utility reply and wave fields")
+        raise ProtocolError(
+            f"outputs message from engine {engine_index} mixes request outputs, a utility reply and wave fields"
+        )
     reply = None
     if utility is not None:
         call_id, failure, result = (list(utility) + [None, None, None])[:3]
