@@ -55,10 +55,36 @@ const KNOWN_KEYS: &[&str] = &[
     "max_engine_message_bytes",
 ];
 
-/// Environment variable for [`ServerConfig::engine_stall_timeout`] (`--args-json` wins).
-pub const STALL_TIMEOUT_ENV: &str = "VLLM_RS_ENGINE_STALL_TIMEOUT_S";
-/// Environment variable for [`ServerConfig::max_engine_message_bytes`] (`--args-json` wins).
-pub const MAX_ENGINE_MESSAGE_ENV: &str = "VLLM_RS_MAX_ENGINE_MESSAGE_BYTES";
+/// Keys `vllm serve` may put in `--args-json` that change what clients get
+/// (transport security, access rules, routes, what the model is asked):
+/// serving without them would silently downgrade the deployment (plain HTTP
+/// where TLS was asked for, no CORS rule, another chat template), so any of
+/// them set (not null, not false) is a usage error naming it.
+pub const REFUSED_KEYS: &[(&str, &str)] = &[
+    ("ssl_keyfile", "TLS is not supported"),
+    ("ssl_certfile", "TLS is not supported"),
+    ("ssl_ca_certs", "TLS is not supported"),
+    ("ssl_cert_reqs", "TLS is not supported"),
+    ("ssl_ciphers", "TLS is not supported"),
+    ("enable_ssl_refresh", "TLS is not supported"),
+    ("allowed_origins", "CORS rules are not supported"),
+    ("allowed_methods", "CORS rules are not supported"),
+    ("allowed_headers", "CORS rules are not supported"),
+    ("allow_credentials", "CORS rules are not supported"),
+    ("root_path", "a root path is not supported"),
+    ("middleware", "extra middleware is not supported"),
+    ("chat_template", "a custom chat template is not supported"),
+    ("chat_template_content_format", "a chat template content format is not supported"),
+    ("response_role", "another response role is not supported"),
+    ("generation_config", "generation configs are not applied"),
+    ("override_generation_config", "generation configs are not applied"),
+    ("enable_auto_tool_choice", "tool calling is not supported"),
+    ("tool_call_parser", "tool calling is not supported"),
+    ("reasoning_parser", "reasoning parsers are not supported"),
+    ("return_tokens_as_token_ids", "tokens as token ids are not supported"),
+    ("enable_prompt_tokens_details", "prompt token details are not supported"),
+    ("enable_request_id_headers", "request id headers are not supported"),
+];
 
 /// The server configuration taken from `--args-json`.
 #[derive(Clone)]
@@ -134,6 +160,13 @@ impl ServerConfig {
         let Value::Object(map) = value else {
             return Err(ExitError::usage("--args-json: expected a JSON object"));
         };
+        for (key, why) in REFUSED_KEYS {
+            if map.get(*key).is_some_and(|v| !v.is_null() && *v != Value::Bool(false)) {
+                return Err(ExitError::usage(format!(
+                    "--args-json: `{key}` is set, but {why} by this frontend; refusing to start rather than serve without it"
+                )));
+            }
+        }
         for key in map.keys().filter(|k| !KNOWN_KEYS.contains(&k.as_str())) {
             tracing::debug!(key = %key, "--args-json: ignoring key");
         }
