@@ -21,7 +21,7 @@ paths in each, and reported as the median round:
   * engine on its own core: the engine process is pinned to CPU 0, the
     clients and the frontend to the others, and the frontend runs one async
     worker per core it has (as it sizes itself when started on that cpuset).
-    This is the goal's measure: it asks whether the frontend keeps up with
+    This is the measure that matters: it asks whether the frontend keeps up with
     the engine, and an engine has its own cores in deployment;
   * shared: every process on every core. On a small machine this measures
     mostly that the frontend's CPU is taken from the engine's (printed for

@@ -1,6 +1,6 @@
 //! `vllm-rs frontend`: an OpenAI-compatible HTTP server in front of engine-core
 //! processes that speak vLLM's ZeroMQ/MessagePack protocol
-//! (`docs/frontend.md`, `shared/docs/engine-protocol.md`).
+//! (`docs/frontend.md`, `docs/engine-protocol.md`).
 
 pub mod app;
 pub mod cli;

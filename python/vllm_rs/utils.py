@@ -1,5 +1,5 @@
 """Drop-in for vLLM's `vllm.v1.utils`: code written against vLLM's module
-works after changing only the import (see shared/docs/utils-contract.md).
+works after changing only the import (docs/utils-api.md says what each name promises).
 
 Process names load eagerly (they are light); the torch-facing names and usage
 reporting load on first access, so that importing this module does not

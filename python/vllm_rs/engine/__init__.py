@@ -1,5 +1,5 @@
 """The reference engine core: a Python process that speaks the engine-core
-protocol (shared/docs/engine-protocol.md) behind either frontend.
+protocol (docs/engine-protocol.md) behind either frontend.
 
 `run_engine_core` is the target `CoreEngineProcManager` starts;
 `make_engine_config` builds its configuration. Models: `toy` (a tiny torch
