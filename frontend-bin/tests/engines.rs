@@ -6,7 +6,7 @@
 mod common;
 
 use common::mock_engine::{EngineEvent, EngineSpec, MockEngine};
-use common::{post_json, run_to_exit, run_to_exit_with_env, Frontend, Options, ZmqSockets};
+use common::{exit_of, post_json, run_to_exit, Frontend, Options, ZmqSockets};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -481,22 +481,7 @@ async fn engine_outside_the_range_is_fatal() {
 
 #[test]
 fn usage_errors_exit_2_naming_the_flag_or_key() {
-    let base = |args_json: &str, extra: &[&str]| -> (Option<i32>, String) {
-        let mut args = vec![
-            "frontend",
-            "--listen-fd",
-            "0",
-            "--input-address",
-            "tcp://127.0.0.1:1",
-            "--output-address",
-            "tcp://127.0.0.1:2",
-        ];
-        args.extend(["--engine-start-index", "0", "--engine-count", "1", "--data-parallel-size", "1"]);
-        args.extend(extra);
-        args.extend(["--args-json", args_json]);
-        let (status, text) = run_to_exit(&args, Duration::from_secs(20));
-        (status.code(), text)
-    };
+    let base = |args_json: &str, extra: &[&str]| exit_of(args_json, extra, &[]);
     let (code, text) = base(r#"{"served_model_name": "x"}"#, &[]);
     assert_eq!(code, Some(2));
     assert!(text.contains("model_tag"), "{text}");
@@ -516,52 +501,15 @@ fn usage_errors_exit_2_naming_the_flag_or_key() {
     assert_eq!(code, Some(2));
     assert!(text.contains("api_key") && !text.contains("123456789"), "{text}");
     for bad in ["0", "many"] {
-        let args = [
-            "frontend",
-            "--listen-fd",
-            "0",
-            "--input-address",
-            "tcp://127.0.0.1:1",
-            "--output-address",
-            "tcp://127.0.0.1:2",
-            "--engine-start-index",
-            "0",
-            "--engine-count",
-            "1",
-            "--data-parallel-size",
-            "1",
-            "--args-json",
-            r#"{"model_tag": "toy"}"#,
-        ];
-        let (status, text) = run_to_exit_with_env(&args, &[("TOKIO_WORKER_THREADS", bad)], Duration::from_secs(20));
-        assert_eq!(status.code(), Some(2), "{text}");
+        let (code, text) = exit_of(r#"{"model_tag": "toy"}"#, &[], &[("TOKIO_WORKER_THREADS", bad)]);
+        assert_eq!(code, Some(2), "{text}");
         assert!(text.contains("TOKIO_WORKER_THREADS") && !text.contains("panicked"), "{text}");
     }
 }
 
 #[test]
 fn bad_engine_limits_exit_2_naming_the_key_or_variable() {
-    let run = |args_json: &str, env: &[(&str, &str)]| -> (Option<i32>, String) {
-        let args = [
-            "frontend",
-            "--listen-fd",
-            "0",
-            "--input-address",
-            "tcp://127.0.0.1:1",
-            "--output-address",
-            "tcp://127.0.0.1:2",
-            "--engine-start-index",
-            "0",
-            "--engine-count",
-            "1",
-            "--data-parallel-size",
-            "1",
-            "--args-json",
-            args_json,
-        ];
-        let (status, text) = run_to_exit_with_env(&args, env, Duration::from_secs(20));
-        (status.code(), text)
-    };
+    let run = |args_json: &str, env: &[(&str, &str)]| exit_of(args_json, &[], env);
     for (args_json, env, named) in [
         (r#"{"model_tag": "toy", "engine_stall_timeout_s": 0}"#, &[][..], "engine_stall_timeout_s"),
         (r#"{"model_tag": "toy", "engine_stall_timeout_s": "soon"}"#, &[][..], "engine_stall_timeout_s"),

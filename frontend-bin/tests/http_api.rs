@@ -306,27 +306,8 @@ async fn hugging_face_tokenizer_from_the_model_directory() {
 #[test]
 fn unusable_tokenizer_exits_2_naming_the_key() {
     let args = json!({"model_tag": "toy", "tokenizer": "/nonexistent/tok"}).to_string();
-    let (status, text) = common::run_to_exit(
-        &[
-            "frontend",
-            "--listen-fd",
-            "0",
-            "--input-address",
-            "tcp://127.0.0.1:1",
-            "--output-address",
-            "tcp://127.0.0.1:2",
-            "--engine-start-index",
-            "0",
-            "--engine-count",
-            "1",
-            "--data-parallel-size",
-            "1",
-            "--args-json",
-            &args,
-        ],
-        Duration::from_secs(20),
-    );
-    assert_eq!(status.code(), Some(2));
+    let (code, text) = common::exit_of(&args, &[], &[]);
+    assert_eq!(code, Some(2));
     assert!(text.contains("`tokenizer`") && text.contains("/nonexistent/tok"), "{text}");
 }
 

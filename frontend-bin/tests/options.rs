@@ -4,36 +4,12 @@
 
 mod common;
 
-use common::{run_to_exit_with_env, Frontend, Options, BINARY};
+use common::{Frontend, Options, BINARY};
 use serde_json::json;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Runs the frontend with `args_json` and `env`; fd 0 is no socket, so a
-/// configuration that passes validation exits 2 naming `--listen-fd` instead.
-fn exit_of(args_json: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
-    let args = [
-        "frontend",
-        "--listen-fd",
-        "0",
-        "--input-address",
-        "tcp://127.0.0.1:1",
-        "--output-address",
-        "tcp://127.0.0.1:2",
-        "--engine-start-index",
-        "0",
-        "--engine-count",
-        "1",
-        "--data-parallel-size",
-        "1",
-        "--args-json",
-        args_json,
-    ];
-    let (status, text) = run_to_exit_with_env(&args, env, Duration::from_secs(20));
-    (status.code(), text)
-}
 
 fn assert_refused(code: Option<i32>, text: &str, name: &str) {
     assert_eq!(code, Some(2), "{name}: {text}");
@@ -45,11 +21,11 @@ fn assert_refused(code: Option<i32>, text: &str, name: &str) {
 fn huge_or_negative_timeouts_in_args_json_exit_2_naming_the_key() {
     for key in ["shutdown_timeout", "http_timeout_keep_alive", "engine_ready_timeout_secs", "engine_stall_timeout_s"] {
         for bad in ["1e300", "1e19", "-0.5"] {
-            let (code, text) = exit_of(&format!(r#"{{"model_tag": "toy", "{key}": {bad}}}"#), &[]);
+            let (code, text) = common::exit_of(&format!(r#"{{"model_tag": "toy", "{key}": {bad}}}"#), &[], &[]);
             assert_refused(code, &text, key);
         }
     }
-    let (code, text) = exit_of(r#"{"model_tag": "toy", "max_model_len": 1e19}"#, &[]);
+    let (code, text) = common::exit_of(r#"{"model_tag": "toy", "max_model_len": 1e19}"#, &[], &[]);
     assert_refused(code, &text, "max_model_len");
 }
 
@@ -66,12 +42,12 @@ fn out_of_range_environment_variables_exit_2_naming_the_variable() {
         ("VLLM_RS_HTTP_MAX_HEADER_BYTES", "100"),
         ("TOKIO_WORKER_THREADS", "100000000"),
     ] {
-        let (code, text) = exit_of(toy, &[(name, bad)]);
+        let (code, text) = common::exit_of(toy, &[], &[(name, bad)]);
         assert_refused(code, &text, name);
     }
     // In range, validation passes and the next check (fd 0 is no socket) is what fails.
     let (code, text) =
-        exit_of(toy, &[("VLLM_RS_HTTP_MAX_HEADER_BYTES", "8192"), ("VLLM_RS_HTTP_BODY_TIMEOUT_S", "0.5")]);
+        common::exit_of(toy, &[], &[("VLLM_RS_HTTP_MAX_HEADER_BYTES", "8192"), ("VLLM_RS_HTTP_BODY_TIMEOUT_S", "0.5")]);
     assert_eq!(code, Some(2));
     assert!(text.contains("--listen-fd"), "{text}");
 }

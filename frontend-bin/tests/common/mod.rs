@@ -322,6 +322,20 @@ pub fn run_to_exit_with_env(args: &[&str], env: &[(&str, &str)], timeout: Durati
     }
 }
 
+/// Runs the frontend with one engine at unused addresses, `extra` flags,
+/// `args_json` and `env`, and returns its exit code and output. fd 0 is no
+/// socket, so a configuration that passes validation exits 2 naming
+/// `--listen-fd`; anything refused earlier names what was wrong.
+pub fn exit_of(args_json: &str, extra: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut args = vec!["frontend", "--listen-fd", "0", "--input-address", "tcp://127.0.0.1:1"];
+    args.extend(["--output-address", "tcp://127.0.0.1:2", "--engine-start-index", "0", "--engine-count", "1"]);
+    args.extend(["--data-parallel-size", "1"]);
+    args.extend(extra);
+    args.extend(["--args-json", args_json]);
+    let (status, text) = run_to_exit_with_env(&args, env, Duration::from_secs(20));
+    (status.code(), text)
+}
+
 /// The `data:` payloads of a server-sent-event body.
 pub fn sse_payloads(body: &str) -> Vec<String> {
     body.split("\n\n").filter_map(|event| event.trim().strip_prefix("data: ").map(str::to_owned)).collect()
