@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -38,17 +39,24 @@ def test_bad_override_raises_naming_it(monkeypatch, tmp_path):
     assert str(missing) in str(info.value)
 
 
-def test_missing_binary_raises_naming_where_it_looked(monkeypatch, tmp_path):
+def test_another_vllm_rs_on_path_is_never_used(monkeypatch, tmp_path):
+    """Without the package's own executable, a `vllm-rs` on PATH (maybe
+    another version's) is not taken: the error says where it looked."""
     monkeypatch.delenv(frontend.FRONTEND_PATH_ENV, raising=False)
-    monkeypatch.setattr(frontend.sysconfig, "get_path", lambda name: str(tmp_path / "scripts"))
-    monkeypatch.setattr(frontend.sys, "executable", str(tmp_path / "py" / "python"))
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(frontend.importlib.metadata, "distribution", not_installed)
+    stranger = tmp_path / "vllm-rs"
+    stranger.write_text("#!/bin/sh\nexit 0\n")
+    stranger.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(FileNotFoundError) as info:
         frontend.frontend_binary()
     message = str(info.value)
-    assert str(tmp_path / "scripts" / "vllm-rs") in message
-    assert str(tmp_path / "py" / "vllm-rs") in message
-    assert "PATH" in message
+    assert "vllm-rs distribution" in message and frontend.FRONTEND_PATH_ENV in message
+    assert str(stranger) not in message
 
 
 def test_importing_the_package_stays_cheap():

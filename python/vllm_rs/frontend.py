@@ -6,10 +6,8 @@ environment's scripts directory (`bin/`), next to the Python that runs this.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
-import shutil
-import sys
-import sysconfig
 from pathlib import Path
 
 FRONTEND_PATH_ENV = "VLLM_RS_FRONTEND_PATH"
@@ -17,38 +15,46 @@ FRONTEND_PATH_ENV = "VLLM_RS_FRONTEND_PATH"
 
 BINARY_NAME = "vllm-rs"
 
+DISTRIBUTION = "vllm-rs"
+"""The distribution whose recorded files hold the executable."""
+
 
 def _is_executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
+def _installed_binary() -> Path | None:
+    """The `vllm-rs` file the installed `vllm-rs` distribution recorded (its
+    wheel puts it in the environment's scripts directory), if any."""
+    try:
+        files = importlib.metadata.distribution(DISTRIBUTION).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.name == BINARY_NAME:
+            return Path(os.path.normpath(file.locate()))
+    return None
+
+
 def frontend_binary() -> str:
-    """The path of the `vllm-rs` executable.
+    """The path of the `vllm-rs` executable that belongs to this package.
 
     `$VLLM_RS_FRONTEND_PATH` wins when set (it must name an executable file).
-    Otherwise: the environment's scripts directory, the directory of
-    `sys.executable`, then `PATH`. Raises `FileNotFoundError` naming every
-    place it looked.
+    Otherwise the executable the installed distribution recorded. Never
+    another `vllm-rs` on `PATH`: that could be another version's binary,
+    speaking another protocol. Raises `FileNotFoundError` saying where it
+    looked.
     """
     override = os.environ.get(FRONTEND_PATH_ENV)
     if override:
         if _is_executable(Path(override)):
             return override
         raise FileNotFoundError(f"{FRONTEND_PATH_ENV}={override!r} is not an executable file")
-    candidates: list[Path] = []
-    for directory in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
-        candidate = Path(directory) / BINARY_NAME
-        if candidate not in candidates:
-            candidates.append(candidate)
-    for candidate in candidates:
-        if _is_executable(candidate):
-            return str(candidate)
-    on_path = shutil.which(BINARY_NAME)
-    if on_path:
-        return on_path
-    looked = ", ".join(str(c) for c in candidates)
+    installed = _installed_binary()
+    if installed is not None and _is_executable(installed):
+        return str(installed)
+    looked = f"the {DISTRIBUTION} distribution's files ({installed or 'none recorded'})"
     raise FileNotFoundError(
-        f"the {BINARY_NAME} executable was not found: looked in {looked} and on PATH "
-        f"({os.environ.get('PATH', '')!r}); install the package (pip install . or scripts/setup.sh) "
-        f"or set {FRONTEND_PATH_ENV}"
+        f"the {BINARY_NAME} executable was not found: looked in {looked}; install the package "
+        f"(pip install . or scripts/setup.sh) or set {FRONTEND_PATH_ENV}"
     )

@@ -23,6 +23,7 @@ from vllm_rs.cli_args import jsonify_non_default_args, redact_sensitive_args
 from vllm_rs.logger import init_logger
 from vllm_rs.network_utils import ZmqListener
 from vllm_rs.process import PreparedTarget, Process, kill_process_tree, spawn_executable, start_targets, wait
+from vllm_rs.process_setup import run_api_server_worker_proc
 
 logger = init_logger("vllm_rs.utils")
 
@@ -218,8 +219,7 @@ class APIServerProcessManager:
         self.processes: list[Process] = []
         listeners = [*input_listeners, *output_listeners]
         self._listeners = listeners
-        if target_server_fn is None:
-            from vllm_rs.utils import run_api_server_worker_proc as target_server_fn
+        target_server_fn = target_server_fn or run_api_server_worker_proc
         try:
             if not len(input_listeners) == len(output_listeners) == num_servers:
                 raise ValueError(

@@ -9,7 +9,6 @@ import torch.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
 
@@ -23,6 +22,7 @@ from vllm_rs.process_managers import (
     shutdown,
     wait_for_completion_or_failure,
 )
+from vllm_rs.process_setup import run_api_server_worker_proc
 
 logger = init_logger(__name__)
 
@@ -137,48 +137,3 @@ def get_engine_client_zmq_addr(local_only: bool, host: str, port: int = 0) -> st
     if local_only:
         return get_open_zmq_ipc_path()
     return get_tcp_uri(host, port)
-
-
-def run_api_server_worker_proc(
-    listen_address: str, sock: Any, args: Any, client_config: dict | None = None, **uvicorn_kwargs: Any
-) -> None:
-    """Entry point of one Python API server process: sets the process title
-    (`VLLM::APIServer_{index}`), prefixes log lines with
-    `(APIServer_{index} pid=PID)` and serves the OpenAI API on `sock`."""
-    client_config = client_config or {}
-    index = client_config.get("client_index", 0)
-    set_process_title("APIServer", str(index))
-    decorate_logs(f"APIServer_{index}")
-    from vllm_rs.api_server import run_server_worker
-
-    run_server_worker(listen_address, sock, args, client_config, **uvicorn_kwargs)
-
-
-def set_process_title(name: str, suffix: str) -> None:
-    """Sets the title `{VLLM_PROCESS_NAME_PREFIX or 'VLLM'}::{name}_{suffix}`
-    (via /proc/self/comm, which holds 15 bytes; best effort)."""
-    prefix = os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM")
-    title = f"{prefix}::{name}_{suffix}"
-    try:
-        import setproctitle  # type: ignore[import-not-found]
-
-        setproctitle.setproctitle(title)
-        return
-    except ImportError:
-        pass
-    try:
-        with open("/proc/self/comm", "w") as comm:
-            comm.write(title[:15])
-    except OSError:
-        pass
-
-
-def decorate_logs(process_name: str) -> None:
-    """Prefixes every log line of this process with `(process_name pid=PID)`."""
-    import logging
-
-    prefix = f"({process_name} pid={os.getpid()}) "
-    for handler in logging.getLogger("vllm_rs").handlers + logging.getLogger().handlers:
-        fmt = handler.formatter._fmt if handler.formatter else "%(message)s"  # type: ignore[union-attr]
-        datefmt = handler.formatter.datefmt if handler.formatter else None
-        handler.setFormatter(logging.Formatter(prefix + fmt, datefmt))

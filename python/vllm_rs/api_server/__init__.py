@@ -2,7 +2,7 @@
 (routes, errors, streaming, auth, metric names), on FastAPI, uvicorn and
 uvloop, talking to engine cores over the engine-core protocol.
 
-`run_server_worker` is what `vllm_rs.utils.run_api_server_worker_proc` calls
+`run_server_worker` is what `vllm_rs.process_setup.run_api_server_worker_proc` calls
 in each API server process.
 """
 

@@ -70,7 +70,7 @@ def run_engine_core(
     come from `vllm_config.clients`; `input_address` is not used."""
     signal.signal(signal.SIGTERM, _raise_shutdown)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from vllm_rs.utils import set_process_title
+    from vllm_rs.process_setup import set_process_title
 
     set_process_title("EngineCore", str(dp_rank))
     proc = EngineCoreProc(vllm_config, dp_rank)

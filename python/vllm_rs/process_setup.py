@@ -1,0 +1,54 @@
+"""What a child process of the stack does first: its process title and its
+log-line prefix, as vLLM's processes show them, and the entry point of one
+Python API server process (`run_api_server_worker_proc`, re-exported by
+`vllm_rs.utils`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+
+def run_api_server_worker_proc(
+    listen_address: str, sock: Any, args: Any, client_config: dict | None = None, **uvicorn_kwargs: Any
+) -> None:
+    """Entry point of one Python API server process: sets the process title
+    (`VLLM::APIServer_{index}`), prefixes log lines with
+    `(APIServer_{index} pid=PID)` and serves the OpenAI API on `sock`."""
+    client_config = client_config or {}
+    index = client_config.get("client_index", 0)
+    set_process_title("APIServer", str(index))
+    decorate_logs(f"APIServer_{index}")
+    from vllm_rs.api_server import run_server_worker
+
+    run_server_worker(listen_address, sock, args, client_config, **uvicorn_kwargs)
+
+
+def set_process_title(name: str, suffix: str) -> None:
+    """Sets the title `{VLLM_PROCESS_NAME_PREFIX or 'VLLM'}::{name}_{suffix}`
+    (via /proc/self/comm, which holds 15 bytes; best effort)."""
+    prefix = os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM")
+    title = f"{prefix}::{name}_{suffix}"
+    try:
+        import setproctitle  # type: ignore[import-not-found]
+
+        setproctitle.setproctitle(title)
+        return
+    except ImportError:
+        pass
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(title[:15])
+    except OSError:
+        pass
+
+
+def decorate_logs(process_name: str) -> None:
+    """Prefixes every log line of this process with `(process_name pid=PID)`."""
+    prefix = f"({process_name} pid={os.getpid()}) "
+    for handler in logging.getLogger("vllm_rs").handlers + logging.getLogger().handlers:
+        fmt = handler.formatter._fmt if handler.formatter else "%(message)s"  # type: ignore[union-attr]
+        datefmt = handler.formatter.datefmt if handler.formatter else None
+        handler.setFormatter(logging.Formatter(prefix + fmt, datefmt))
