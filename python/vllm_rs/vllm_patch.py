@@ -11,7 +11,10 @@ and behaviour otherwise:
   (a fresh interpreter with spawn semantics): the children die with their
   parent, SIGKILL included, and take their own descendants along.
 - `RustFrontendProcessManager` is vLLM's command line and `--args-json`, run
-  through the Rust core instead of `subprocess.Popen`.
+  through the Rust core instead of `subprocess.Popen`, except that a single
+  API key goes to the frontend in its environment (`VLLM_API_KEY`), not on
+  its command line, which every local user can read (`ps`, `/proc`);
+  several keys stay in `--args-json` as in vLLM, with a warning.
 - `kill_process_tree` and `shutdown` are this project's: no survivor, even
   among descendants that fork meanwhile or detach with `setsid`.
 - `ipc://` socket files of the handshake and of the frontends' listeners are
@@ -180,13 +183,28 @@ def _rebind(original: Any, replacement: Any) -> None:
                 setattr(module, name, replacement)
 
 
+#: The environment variable the vllm-rs frontend reads the API key from
+#: (`api_key` in `--args-json` wins when present).
+API_KEY_ENV = "VLLM_API_KEY"
+
+
+def _api_keys(api_key: Any) -> list[str]:
+    """vLLM's `args.api_key` (None, a string or a list of them) as a list of
+    the non-empty keys."""
+    if not api_key:
+        return []
+    keys = [api_key] if isinstance(api_key, str) else list(api_key)
+    return [key for key in keys if isinstance(key, str) and key]
+
+
 def _make_rust_frontend_manager(vllm_utils: Any, envs: Any) -> type:
     """vLLM's `RustFrontendProcessManager`, started through the Rust core."""
 
     class RustFrontendProcessManager:
         """Runs vLLM's Rust frontend command (same arguments and
-        `--args-json` as vLLM builds them) through the Rust core; the
-        handle in `.processes` is named `RustFrontend`."""
+        `--args-json` as vLLM builds them, less a single `api_key`, which
+        goes in the environment as `VLLM_API_KEY`) through the Rust core;
+        the handle in `.processes` is named `RustFrontend`."""
 
         def __init__(
             self,
@@ -225,15 +243,25 @@ def _make_rust_frontend_manager(vllm_utils: Any, envs: Any) -> type:
                     inherited_fds.append(grpc_sock.fileno())
                 if stats_update_address is not None:
                     cmd.extend(["--coordinator-address", stats_update_address])
-                args_dict = jsonify_non_default_args(
-                    args,
-                    exclude={
-                        "api_server_count",
-                        "data_parallel_rank",
-                        "data_parallel_external_lb",
-                        "data_parallel_hybrid_lb",
-                    },
-                )
+                exclude = {
+                    "api_server_count",
+                    "data_parallel_rank",
+                    "data_parallel_external_lb",
+                    "data_parallel_hybrid_lb",
+                }
+                env = None
+                api_keys = _api_keys(getattr(args, "api_key", None))
+                if len(api_keys) == 1:
+                    # Through the environment, which only this user and root can read.
+                    exclude.add("api_key")
+                    env = {**os.environ, API_KEY_ENV: api_keys[0]}
+                elif len(api_keys) > 1:
+                    logger.warning(
+                        "%d API keys: the environment (%s) holds one, so they go in --args-json, "
+                        "on the frontend's command line, which every local user can read",
+                        len(api_keys), API_KEY_ENV,
+                    )  # fmt: skip
+                args_dict = jsonify_non_default_args(args, exclude=exclude)
                 model_tag = getattr(args, "model_tag", None) or getattr(args, "model", None)
                 if model_tag is not None:
                     args_dict["model_tag"] = model_tag
@@ -244,7 +272,7 @@ def _make_rust_frontend_manager(vllm_utils: Any, envs: Any) -> type:
                 vllm_utils.logger.info("Launching Rust frontend: %s", " ".join(cmd[:-1] + [redacted]))
                 for listener in self._listeners:
                     _remove_ipc_file_on_exit(listener.address)
-                proc = spawn_executable(cmd, name="RustFrontend", pass_fds=inherited_fds)
+                proc = spawn_executable(cmd, name="RustFrontend", env=env, pass_fds=inherited_fds)
             except BaseException:
                 for listener in self._listeners:
                     listener.cleanup()

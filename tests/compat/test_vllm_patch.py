@@ -4,6 +4,7 @@ leaves no survivor, socket files go away."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -108,13 +109,14 @@ def test_sigkill_of_a_vllm_supervisor_leaves_nothing(tmp_path):
     assert not handshake.exists()
 
 
-def test_vllms_rust_frontend_manager_serves_our_engine_through_the_core(patched, tmp_path):
-    """vLLM's own parser and (patched) RustFrontendProcessManager start this
-    project's frontend binary, which serves the reference engine."""
+@contextlib.contextmanager
+def vllms_rust_frontend_serving_echo(tmp_path, argv=()):
+    """vLLM's own parser (`vllm serve echo ... *argv`) and (patched)
+    RustFrontendProcessManager start this project's frontend binary in front
+    of the reference engine; yields (manager, port) once /health answers."""
     import http.client
     import socket
 
-    import openai
     import zmq
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -123,14 +125,14 @@ def test_vllms_rust_frontend_manager_serves_our_engine_through_the_core(patched,
     from vllm_rs.engine import make_engine_config, run_engine_core
     from vllm_rs.engine.config import ClientAddresses
     from vllm_rs.frontend import frontend_binary
-    from vllm_rs.process import Process
     from vllm_rs.utils import CoreEngineProcManager
 
     try:
         binary = frontend_binary()
     except FileNotFoundError as e:
         pytest.skip(f"no vllm-rs binary (set VLLM_RS_FRONTEND_PATH): {e}")
-    args = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(["echo", "--max-model-len", "64"])
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    args = parser.parse_args(["echo", "--max-model-len", "64", *argv])
     args.model = args.model_tag
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -143,11 +145,10 @@ def test_vllms_rust_frontend_manager_serves_our_engine_through_the_core(patched,
     frontend = None
     try:
         frontend = RustFrontendProcessManager(binary, sock, args, inp, out, 0, 1, 1)
-        assert isinstance(frontend.processes[0], Process) and frontend.processes[0].name == "RustFrontend"
         deadline = time.monotonic() + 60
         while True:  # /health answers once the engine has registered
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
                 conn.request("GET", "/health")
                 if conn.getresponse().status == 200:
                     break
@@ -157,17 +158,49 @@ def test_vllms_rust_frontend_manager_serves_our_engine_through_the_core(patched,
                 conn.close()
             assert time.monotonic() < deadline and frontend.processes[0].is_alive(), "the frontend never became healthy"
             time.sleep(0.1)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
-        completion = client.completions.create(model="echo", prompt="hello", max_tokens=7)
-        assert completion.choices[0].text == "hellohe" and completion.choices[0].finish_reason == "length"
-        client.close()
+        yield frontend, port
     finally:
         if frontend is not None:
             frontend.shutdown(timeout=5)
         engines.shutdown(timeout=10)
         sock.close()
+
+
+def test_vllms_rust_frontend_manager_serves_our_engine_through_the_core(patched, tmp_path):
+    import openai
+    from vllm_rs.process import Process
+
+    with vllms_rust_frontend_serving_echo(tmp_path) as (frontend, port):
+        assert isinstance(frontend.processes[0], Process) and frontend.processes[0].name == "RustFrontend"
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        completion = client.completions.create(model="echo", prompt="hello", max_tokens=7)
+        assert completion.choices[0].text == "hellohe" and completion.choices[0].finish_reason == "length"
+        client.close()
     assert frontend.processes[0].exitcode == 0
     assert not (tmp_path / "input").exists() and not (tmp_path / "output").exists()
+
+
+def test_vllms_rust_frontend_manager_keeps_the_api_key_off_the_command_line(patched, tmp_path):
+    """`vllm serve --api-key KEY`: the key reaches the frontend in its
+    environment; its /proc/PID/cmdline holds no key, yet it enforces it."""
+    import http.client
+
+    key = "sk-compat-SECRET-7f3a"
+
+    def status(headers):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request("GET", "/v1/models", headers=headers)
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    with vllms_rust_frontend_serving_echo(tmp_path, ["--api-key", key]) as (frontend, port):
+        cmdline = Path(f"/proc/{frontend.processes[0].pid}/cmdline").read_bytes()
+        assert b"--args-json" in cmdline and key.encode() not in cmdline
+        assert status({}) == 401
+        assert status({"Authorization": "Bearer wrong"}) == 401
+        assert status({"Authorization": f"Bearer {key}"}) == 200
 
 
 PLUGIN_PROBE = """
@@ -197,3 +230,48 @@ def test_vllms_plugin_loader_applies_the_declared_entry_point(tmp_path, switch, 
     probe = subprocess.run([sys.executable, "-c", PLUGIN_PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0, probe.stderr[-2000:]
     assert f"shutdown from {expected}" in probe.stdout, probe.stdout[-2000:]
+
+
+@pytest.mark.parametrize("keys", [["sk-one"], ["sk-one", "sk-two"]])
+def test_vllms_rust_frontend_manager_passes_one_key_in_the_environment(patched, monkeypatch, caplog, keys):
+    """One key: `VLLM_API_KEY` in the child's environment, none in
+    `--args-json`. Several: vLLM's `--args-json`, with a warning."""
+    import json
+    import socket
+
+    import vllm_rs.process
+    import zmq
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.utils.network_utils import make_zmq_listener
+    from vllm.v1.utils import RustFrontendProcessManager
+
+    args = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(["echo", "--api-key", *keys])
+    spawned = {}
+
+    class Exited:
+        name, pid, exitcode = "RustFrontend", 4321, 0
+
+        def is_alive(self):
+            return False
+
+    def fake_spawn_executable(cmd, *, name, env=None, pass_fds=()):
+        spawned.update(cmd=list(cmd), env=env)
+        return Exited()
+
+    monkeypatch.setattr(vllm_rs.process, "spawn_executable", fake_spawn_executable)
+    sock = socket.socket()
+    inp = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
+    out = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    try:
+        with caplog.at_level("WARNING"):
+            RustFrontendProcessManager("/nonexistent/vllm-rs", sock, args, inp, out, 0, 1, 1).shutdown()
+    finally:
+        sock.close()
+    args_json = json.loads(spawned["cmd"][spawned["cmd"].index("--args-json") + 1])
+    if len(keys) == 1:
+        assert "api_key" not in args_json and spawned["env"]["VLLM_API_KEY"] == "sk-one"
+        assert not any("sk-one" in arg for arg in spawned["cmd"])
+    else:
+        assert args_json["api_key"] == keys and spawned["env"] is None
+        assert "2 API keys" in caplog.text
