@@ -10,6 +10,8 @@ import logging
 import os
 from typing import Any
 
+from vllm_rs.logger import init_logger
+
 
 def run_api_server_worker_proc(
     listen_address: str, sock: Any, args: Any, client_config: dict | None = None, **uvicorn_kwargs: Any
@@ -47,6 +49,7 @@ def set_process_title(name: str, suffix: str) -> None:
 
 def decorate_logs(process_name: str) -> None:
     """Prefixes every log line of this process with `(process_name pid=PID)`."""
+    init_logger("vllm_rs")  # the handler to decorate exists from here on
     prefix = f"({process_name} pid={os.getpid()}) "
     for handler in logging.getLogger("vllm_rs").handlers + logging.getLogger().handlers:
         fmt = handler.formatter._fmt if handler.formatter else "%(message)s"  # type: ignore[union-attr]
