@@ -267,6 +267,42 @@ API_KEY_ENV = "VLLM_API_KEY"
 HF_TOKEN_ENV = "HF_TOKEN"
 
 
+def rust_frontend_command(
+    binary_path: str | os.PathLike,
+    sock: Any,
+    input_listener: Any,
+    output_listener: Any,
+    engine_start_index: int,
+    engine_count: int,
+    data_parallel_size: int,
+    stats_update_address: str | None,
+    grpc_sock: Any | None,
+) -> tuple[list[str], list[int]]:
+    """The `vllm-rs frontend` command line up to `--args-json`, and the fds it
+    must inherit (HTTP, input, output, and gRPC when given). The listeners
+    are anything with a `.socket` (a `ZmqListener`, or vLLM's own)."""
+    listen_fd = sock.fileno()
+    input_fd = input_listener.socket.fileno()
+    output_fd = output_listener.socket.fileno()
+    inherited_fds = [listen_fd, input_fd, output_fd]
+    cmd = [
+        os.fspath(binary_path),
+        "frontend",
+        "--listen-fd", str(listen_fd),
+        "--input-listener-fd", str(input_fd),
+        "--output-listener-fd", str(output_fd),
+        "--engine-start-index", str(engine_start_index),
+        "--engine-count", str(engine_count),
+        "--data-parallel-size", str(data_parallel_size),
+    ]  # fmt: skip
+    if grpc_sock is not None:
+        cmd.extend(["--grpc-listen-fd", str(grpc_sock.fileno())])
+        inherited_fds.append(grpc_sock.fileno())
+    if stats_update_address is not None:
+        cmd.extend(["--coordinator-address", stats_update_address])
+    return cmd, inherited_fds
+
+
 class RustFrontendProcessManager:
     """Runs the Rust frontend (`binary_path frontend ...`, the bundled
     `vllm-rs` when None) with exactly the HTTP socket and the two listener fds
@@ -294,25 +330,17 @@ class RustFrontendProcessManager:
                 from vllm_rs.frontend import frontend_binary
 
                 binary_path = frontend_binary()
-            listen_fd = sock.fileno()
-            input_fd = input_listener.socket.fileno()
-            output_fd = output_listener.socket.fileno()
-            inherited_fds = [listen_fd, input_fd, output_fd]
-            cmd = [
-                os.fspath(binary_path),
-                "frontend",
-                "--listen-fd", str(listen_fd),
-                "--input-listener-fd", str(input_fd),
-                "--output-listener-fd", str(output_fd),
-                "--engine-start-index", str(engine_start_index),
-                "--engine-count", str(engine_count),
-                "--data-parallel-size", str(data_parallel_size),
-            ]  # fmt: skip
-            if grpc_sock is not None:
-                cmd.extend(["--grpc-listen-fd", str(grpc_sock.fileno())])
-                inherited_fds.append(grpc_sock.fileno())
-            if stats_update_address is not None:
-                cmd.extend(["--coordinator-address", stats_update_address])
+            cmd, inherited_fds = rust_frontend_command(
+                binary_path,
+                sock,
+                input_listener,
+                output_listener,
+                engine_start_index,
+                engine_count,
+                data_parallel_size,
+                stats_update_address,
+                grpc_sock,
+            )
             args_dict = jsonify_non_default_args(
                 args,
                 exclude={

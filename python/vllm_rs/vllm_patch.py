@@ -222,27 +222,21 @@ def _make_rust_frontend_manager(vllm_utils: Any, envs: Any) -> type:
             from vllm.entrypoints.common.startup import jsonify_non_default_args, redact_sensitive_args
 
             from vllm_rs.process import spawn_executable
+            from vllm_rs.process_managers import rust_frontend_command
 
             self._listeners = [input_listener, output_listener]
             try:
-                listen_fd = sock.fileno()
-                input_fd = input_listener.socket.fileno()
-                output_fd = output_listener.socket.fileno()
-                inherited_fds = [listen_fd, input_fd, output_fd]
-                cmd = [
-                    binary_path, "frontend",
-                    "--listen-fd", str(listen_fd),
-                    "--input-listener-fd", str(input_fd),
-                    "--output-listener-fd", str(output_fd),
-                    "--engine-start-index", str(engine_start_index),
-                    "--engine-count", str(engine_count),
-                    "--data-parallel-size", str(data_parallel_size),
-                ]  # fmt: skip
-                if grpc_sock is not None:
-                    cmd.extend(["--grpc-listen-fd", str(grpc_sock.fileno())])
-                    inherited_fds.append(grpc_sock.fileno())
-                if stats_update_address is not None:
-                    cmd.extend(["--coordinator-address", stats_update_address])
+                cmd, inherited_fds = rust_frontend_command(
+                    binary_path,
+                    sock,
+                    input_listener,
+                    output_listener,
+                    engine_start_index,
+                    engine_count,
+                    data_parallel_size,
+                    stats_update_address,
+                    grpc_sock,
+                )
                 exclude = {
                     "api_server_count",
                     "data_parallel_rank",
