@@ -6,6 +6,7 @@ scheduler stats, SIGTERM, and ENGINE_CORE_DEAD on failure."""
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
 from pathlib import Path
@@ -618,3 +619,89 @@ def test_the_api_servers_decoder_reads_every_message_vllms_engine_sends(name):
 def test_the_api_servers_registration_reads_vllms_ready_response():
     registration = decode_registration((FIXTURES / "ready_response.msgpack").read_bytes())
     assert (registration.max_model_len, registration.num_gpu_blocks, registration.dp_stats_address) == (2048, 512, None)
+
+
+# ---- logprobs, in vLLM 0.33's layout (column 0 the scored token, then the top k) ----
+
+
+def test_echo_logprobs_are_deterministic_and_prompt_logprobs_come_with_the_first_token():
+    core = EngineCore(make_engine_config("echo", max_model_len=64))
+    prompt = b"Hello"
+    core.add_request(request("r", prompt, max_tokens=3, logprobs=2, prompt_logprobs=1))
+    outputs = run_to_end(core)["r"]
+    first, *rest = outputs
+    prompt_rows = first.new_prompt_logprobs
+    assert prompt_rows.token_ids[:, 0].tolist() == list(prompt[1:])  # the first prompt token has none
+    assert prompt_rows.token_ids.shape == (len(prompt) - 1, 2) and prompt_rows.ranks.tolist() == [1] * 4
+    assert all(o.new_prompt_logprobs is None for o in rest)
+    for output in outputs:
+        (token,) = output.new_token_ids
+        rows = output.new_logprobs
+        assert rows.token_ids.tolist() == [[token, token, (token + 1) % 257]]
+        assert rows.logprobs[0].tolist() == pytest.approx([-math.log(2), -math.log(2), -2 * math.log(2)])
+        assert rows.ranks.tolist() == [1]
+    whole = EngineCore(make_engine_config("echo", max_model_len=64))
+    whole.add_request(request("v", b"ab", max_tokens=1, logprobs=-1))
+    (only,) = run_to_end(whole)["v"]
+    assert only.new_logprobs.token_ids.shape == (1, 258)  # the scored token, then all 257
+    assert sum(math.exp(x) for x in only.new_logprobs.logprobs[0, 1:]) == pytest.approx(1.0)
+
+
+def test_outputs_without_logprobs_stay_two_slots_and_logprobs_round_trip_the_wire():
+    core = EngineCore(make_engine_config("echo", max_model_len=64))
+    core.add_request(request("plain", b"xy", max_tokens=2))
+    core.add_request(request("lp", b"xy", max_tokens=2, logprobs=3, prompt_logprobs=0))
+    sent = [o for _, o in core.step()]
+    wire = unpack(encode_outputs(EngineCoreOutputs(0, sent)))[1]
+    by_id = {items[0]: items for items in wire}
+    assert by_id["plain"][2:4] in ([], [None, None])  # events may ride along, never logprobs
+    assert by_id["lp"][2] is not None and by_id["lp"][3] is not None
+    decoded = {o.request_id: o for o in decode_outputs([encode_outputs(EngineCoreOutputs(0, sent))]).outputs}
+    original = {o.request_id: o for o in sent}
+    for field in ("token_ids", "logprobs", "ranks"):
+        assert (
+            getattr(decoded["lp"].new_logprobs, field).tolist() == getattr(original["lp"].new_logprobs, field).tolist()
+        )
+        assert (
+            getattr(decoded["lp"].new_prompt_logprobs, field).tolist()
+            == getattr(original["lp"].new_prompt_logprobs, field).tolist()
+        )
+
+
+def test_invalid_logprobs_values_are_refused():
+    core = EngineCore(make_engine_config("echo", max_model_len=64))
+    error = core.add_request(request("bad", b"x", logprobs=-2))
+    assert error.finish_reason == FinishReason.ERROR and "logprobs" in error.error.message
+
+
+def test_toy_logprobs_are_the_models_raw_distribution(toy_config):
+    import torch
+
+    core = EngineCore(toy_config)
+    prompt = b"The quick brown fox"
+    core.add_request(request("g", prompt, max_tokens=4, temperature=0.0, logprobs=5, prompt_logprobs=3))
+    core.add_request(request("t", prompt, max_tokens=4, temperature=1.7, seed=3, logprobs=-1))
+    out = run_to_end(core)
+    for output in out["g"]:
+        rows = output.new_logprobs
+        (token,) = output.new_token_ids
+        # Greedy: the sampled token is the most likely one, and first among the top 5.
+        assert rows.token_ids[0, 0] == rows.token_ids[0, 1] == token and rows.ranks.tolist() == [1]
+        assert list(rows.logprobs[0, 1:]) == sorted(rows.logprobs[0, 1:], reverse=True)
+    for output in out["t"]:
+        rows = output.new_logprobs
+        assert rows.token_ids.shape == (1, 258)
+        # Raw logprobs (before temperature): a full distribution, whatever was sampled.
+        assert torch.tensor(rows.logprobs[0, 1:]).exp().sum().item() == pytest.approx(1.0, abs=1e-4)
+        scored = rows.logprobs[0, 0]
+        assert rows.ranks[0] == int((rows.logprobs[0, 1:] >= scored).sum())
+    # Prompt logprobs do not depend on chunking, and the prefix cache is not read for them.
+    chunked = EngineCore(make_engine_config("toy", max_model_len=256, max_num_batched_tokens=5, max_num_seqs=2))
+    chunked.add_request(request("warm", prompt, max_tokens=1, temperature=0.0))
+    run_to_end(chunked)
+    chunked.add_request(request("g", prompt, max_tokens=4, temperature=0.0, logprobs=5, prompt_logprobs=3))
+    again = run_to_end(chunked)["g"][0].new_prompt_logprobs
+    reference = out["g"][0].new_prompt_logprobs
+    assert again.token_ids.tolist() == reference.token_ids.tolist()
+    assert again.token_ids[:, 0].tolist() == list(prompt[1:])
+    assert again.logprobs.ravel().tolist() == pytest.approx(reference.logprobs.ravel().tolist(), abs=1e-5)

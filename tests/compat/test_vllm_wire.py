@@ -161,3 +161,31 @@ def test_an_engine_process_serves_a_frontend_speaking_vllms_codec(tmp_path):
         inp.cleanup()
         out.cleanup()
     assert manager.processes[0].exitcode == 0
+
+
+def test_logprobs_decode_as_vllms_and_feed_its_logprobs_processor():
+    import numpy as np
+    from vllm.v1.engine.logprobs import LogprobsProcessor
+    from vllm.v1.outputs import LogprobsLists, LogprobsTensors
+
+    core = EngineCore(make_engine_config("toy", max_model_len=64))
+    wire = ENCODE.encode(vllm_request("lp", b"Hello there", max_tokens=3, logprobs=4, prompt_logprobs=2))
+    vllm_side = msgspec.msgpack.decode(wire[0], type=EngineCoreRequest, dec_hook=MsgpackDecoder().dec_hook)
+    core.add_request(OurRequest.from_wire(unpack(wire[0])))
+    processor = LogprobsProcessor.from_new_request(None, vllm_side)
+    while core.has_work():
+        ours = [o for _, o in core.step()]
+        (output,) = decode(OurOutputs(0, ours)).outputs
+        assert isinstance(output.new_logprobs, LogprobsLists)
+        assert output.new_logprobs.logprob_token_ids.dtype == np.int32
+        np.testing.assert_array_equal(output.new_logprobs.logprob_token_ids, ours[0].new_logprobs.token_ids)
+        np.testing.assert_array_equal(output.new_logprobs.sampled_token_ranks, ours[0].new_logprobs.ranks)
+        if ours[0].new_prompt_logprobs is not None:
+            assert isinstance(output.new_prompt_logprobs_tensors, LogprobsTensors)
+            assert output.new_prompt_logprobs_tensors.logprobs.shape == (len(b"Hello there") - 1, 3)
+        processor.update_from_output(output)
+    # vLLM's processor built one entry per sampled token and per prompt token (None for the first).
+    assert len(processor.logprobs) == 3 and processor.cumulative_logprob < 0
+    prompt = processor.pop_prompt_logprobs()
+    assert prompt[0] is None and len(prompt) == len(b"Hello there")
+    assert all(len(position) in (2, 3) for position in prompt[1:])  # top 2, plus the prompt token when not among them

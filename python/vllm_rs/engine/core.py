@@ -202,7 +202,7 @@ class EngineCore:
             )
             for r in plan.requests
         )
-        sampled = self.runner.execute(plan)
+        model_output = self.runner.execute(plan)
         if details is not None:
             self.last_iteration = SchedulerIterationDetails(
                 iteration_index=self.step_counter - 1,
@@ -214,7 +214,12 @@ class EngineCore:
                 num_encoder_inputs=details.num_encoder_inputs,
                 num_encoder_output_tokens=details.num_encoder_output_tokens,
             )
-        advanced = self.scheduler.update(plan, sampled)
+        if model_output.prompt_logprobs:
+            for request in plan.requests:
+                rows = model_output.prompt_logprobs.get(request.request_id)
+                if rows is not None:
+                    request.pending_prompt_logprobs.append(rows)
+        advanced = self.scheduler.update(plan, model_output.sampled)
         self.totals["steps"] += 1
         self.totals["generation_tokens"] += len(advanced)
         outputs = []
@@ -227,6 +232,8 @@ class EngineCore:
                 request.finish_reason,
                 request.stop_reason,
                 events=request.take_events(),
+                new_logprobs=model_output.logprobs.get(request.request_id),
+                new_prompt_logprobs=request.take_prompt_logprobs(),
             )
             outputs.append((request.client_index, output))
         return outputs

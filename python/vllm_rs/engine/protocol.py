@@ -18,6 +18,8 @@ from typing import Any
 
 import msgpack
 
+from vllm_rs.engine.logprobs import LogprobsRows
+
 #: Frontend -> engine type bytes.
 REQUEST_ADD = b"\x00"
 REQUEST_ABORT = b"\x01"
@@ -232,6 +234,10 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None
     events: list[EngineCoreEvent] | None = None
     error: RequestError | None = None
+    #: The new token's logprobs (vLLM's `LogprobsLists`), when asked for.
+    new_logprobs: LogprobsRows | None = None
+    #: The prompt's logprobs (vLLM's `LogprobsTensors`), with the first token.
+    new_prompt_logprobs: LogprobsRows | None = None
 
     def to_wire(self) -> list[Any]:
         """vLLM's 19-slot array without its trailing default slots (vLLM's
@@ -243,13 +249,19 @@ class EngineCoreOutput:
             return self._through_events()
         if self.finish_reason is not None or self.stop_reason is not None:
             return self._through_events()[:7]
+        if self.new_prompt_logprobs is not None:
+            return self._through_events()[:4]
+        if self.new_logprobs is not None:
+            return self._through_events()[:3]
         return [self.request_id, self.new_token_ids]
 
     def _through_events(self) -> list[Any]:
         return [
             self.request_id,
             self.new_token_ids,
-            None, None, None,  # new_logprobs, new_prompt_logprobs_tensors, pooling_output
+            None if self.new_logprobs is None else self.new_logprobs.to_lists_wire(),
+            None if self.new_prompt_logprobs is None else self.new_prompt_logprobs.to_tensors_wire(),
+            None,  # pooling_output
             None if self.finish_reason is None else int(self.finish_reason),
             self.stop_reason,
             None if not self.events else [e.to_wire() for e in self.events],
@@ -270,6 +282,7 @@ class EngineCoreOutput:
                 error = RequestError(str(error["code"]), str(error["message"]), bool(error.get("retryable")))
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed events or error in the output of {items[0]}: {e!r}") from e
+        logprobs, prompt_logprobs = _slot(items, 2), _slot(items, 3)
         return cls(
             items[0],
             list(items[1] or ()),
@@ -277,6 +290,8 @@ class EngineCoreOutput:
             _slot(items, 6),
             events or None,
             error,
+            None if logprobs is None else LogprobsRows.from_wire(logprobs),
+            None if prompt_logprobs is None else LogprobsRows.from_wire(prompt_logprobs),
         )
 
 

@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_rs.engine.logprobs import LogprobsRows
 from vllm_rs.engine.protocol import EngineCoreEvent, EngineCoreEventType, FinishReason
 
 #: Temperatures below this sample greedily.
@@ -37,6 +38,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     eos_token_id: int | None = None
     ignore_eos: bool = False
+    #: Top tokens to return with each sampled token (-1: the whole vocabulary).
+    logprobs: int | None = None
+    #: Top tokens to return with each prompt position after the first.
+    prompt_logprobs: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -77,7 +82,12 @@ class SamplingParams:
             stop_token_ids=tuple(stop_ids),
             eos_token_id=integer("_eos_token_id", None),
             ignore_eos=bool(params.get("ignore_eos", False)),
+            logprobs=integer("logprobs", None),
+            prompt_logprobs=integer("prompt_logprobs", None),
         )
+        for key in ("logprobs", "prompt_logprobs"):
+            if (getattr(out, key) or 0) < -1:
+                raise InvalidRequestError(f"sampling param {key} must be -1 or at least 0, got {getattr(out, key)}")
         if out.temperature < 0 or not 0 < out.top_p <= 1 or out.top_k < -1 or not 0 <= out.min_p <= 1:
             raise InvalidRequestError(
                 f"sampling params out of range: temperature={out.temperature} top_p={out.top_p} "
@@ -127,6 +137,8 @@ class Request:
     runner_state: Any = None
     #: Lifecycle events not yet sent (recorded only when stats are logged).
     events: list[EngineCoreEvent] = field(default_factory=list)
+    #: Prompt logprobs computed but not sent yet (prefill may take several steps).
+    pending_prompt_logprobs: list[LogprobsRows] = field(default_factory=list)
 
     def record_event(self, event_type: EngineCoreEventType) -> None:
         """Stamps an event now; it goes out with the request's next output."""
@@ -138,6 +150,14 @@ class Request:
             return None
         events, self.events = self.events, []
         return events
+
+    def take_prompt_logprobs(self) -> LogprobsRows | None:
+        """The prompt logprobs computed so far, all at once (vLLM sends them
+        with the first sampled token), then forgets them."""
+        if not self.pending_prompt_logprobs:
+            return None
+        parts, self.pending_prompt_logprobs = self.pending_prompt_logprobs, []
+        return parts[0] if len(parts) == 1 else LogprobsRows.concat(parts)
 
     @property
     def num_prompt_tokens(self) -> int:

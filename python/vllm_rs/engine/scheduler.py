@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from vllm_rs.engine.block_pool import BlockHasher, BlockPool
+from vllm_rs.engine.logprobs import LogprobsRows
 from vllm_rs.engine.protocol import EngineCoreEventType, FinishReason
 from vllm_rs.engine.request import InvalidRequestError, Request, RequestStatus
 from vllm_rs.engine.stats import PrefixCacheStats
@@ -56,6 +57,17 @@ class StepPlan:
     def total_num_scheduled_tokens(self) -> int:
         """Tokens computed this step."""
         return sum(self.num_scheduled_tokens.values())
+
+
+@dataclass
+class ModelOutput:
+    """What a runner computed in one step: the sampled token of each request
+    that reached the end of its known tokens and, for requests that asked,
+    the sampled token's logprobs and the prompt logprobs computed this step."""
+
+    sampled: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, LogprobsRows] = field(default_factory=dict)
+    prompt_logprobs: dict[str, LogprobsRows] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -227,7 +239,10 @@ class Scheduler:
             # At least the last prompt token is computed again: it yields the first sample.
             full_blocks = (request.num_prompt_tokens - 1) // self.block_size
             hashes = self._prompt_block_hashes(request, full_blocks)
-            cached = pool.find_cached_prefix(hashes)
+            # Prompt logprobs need every prompt position computed, so such a
+            # request reads nothing from the cache (as vLLM skips it).
+            if request.sampling.prompt_logprobs is None:
+                cached = pool.find_cached_prefix(hashes)
         needed = self._blocks_needed(request) - len(cached)
         if not pool.can_allocate(cached, needed):
             return False

@@ -11,9 +11,11 @@ import numpy as np
 import torch
 
 from vllm_rs.engine.config import EngineConfig
+from vllm_rs.engine.logprobs import gather, num_columns
 from vllm_rs.engine.prefix_hash import hash_block_tokens
+from vllm_rs.engine.request import Request
 from vllm_rs.engine.sampler import Sampler
-from vllm_rs.engine.scheduler import StepPlan
+from vllm_rs.engine.scheduler import ModelOutput, StepPlan
 from vllm_rs.engine.toy_model import AttentionMetadata, SequenceSlice, ToyConfig, ToyDecoder
 from vllm_rs.logger import init_logger
 from vllm_rs.tensor_utils import CpuGpuBuffer, bind_kv_cache, compute_iteration_details
@@ -72,7 +74,10 @@ class ToyModelRunner:
         self.positions = CpuGpuBuffer(max_tokens, dtype=torch.int64, device=self.device)
         self.slot_mapping = CpuGpuBuffer(max_tokens, dtype=torch.int64, device=self.device)
         self.key_slots = CpuGpuBuffer(max_keys, dtype=torch.int64, device=self.device)
-        self.logits_indices = CpuGpuBuffer(config.scheduler_config.max_num_seqs, dtype=torch.int64, device=self.device)
+        # One row per sampled request, plus every prompt position when prompt logprobs are asked for.
+        self.logits_indices = CpuGpuBuffer(
+            config.scheduler_config.max_num_seqs + max_tokens, dtype=torch.int64, device=self.device
+        )
         self._block_offsets = np.arange(self.block_size, dtype=np.int64)
         self.sampler = Sampler(self.device)
         logger.info(
@@ -96,27 +101,49 @@ class ToyModelRunner:
         return compute_iteration_details(plan)
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> dict[str, int]:
-        """Runs one step; returns the sampled token of each request that
-        reached the end of its known tokens."""
+    def execute(self, plan: StepPlan) -> ModelOutput:
+        """Runs one step; samples a token for each request that reached the
+        end of its known tokens, with the logprobs requests asked for (raw:
+        the model's distribution before temperature and the other sampling
+        settings, vLLM's default `logprobs_mode`)."""
         num_tokens = plan.total_num_scheduled_tokens
         if num_tokens == 0:
-            return {}
-        meta, sample_requests = self._stage_inputs(plan, num_tokens)
+            return ModelOutput()
+        meta, sample_requests, prompt_scores = self._stage_inputs(plan, num_tokens)
+        num_rows = len(sample_requests) + sum(len(targets) for _, targets in prompt_scores)
         logits = self.model(
             self.input_ids.copy_to_gpu(num_tokens),
             self.positions.copy_to_gpu(num_tokens),
             meta,
-            self.logits_indices.copy_to_gpu(len(sample_requests)),
+            self.logits_indices.copy_to_gpu(num_rows),
         )
-        tokens = self.sampler.sample(logits, sample_requests)
-        return {r.request_id: t for r, t in zip(sample_requests, tokens, strict=True)}
+        vocab = logits.shape[-1]
+        sample_logits = logits[: len(sample_requests)]
+        wanted = [i for i, r in enumerate(sample_requests) if r.sampling.logprobs is not None]
+        raw = torch.log_softmax(sample_logits[wanted].float(), dim=-1) if wanted else None
+        tokens = self.sampler.sample(sample_logits, sample_requests)
+        out = ModelOutput({r.request_id: t for r, t in zip(sample_requests, tokens, strict=True)})
+        for row, i in enumerate(wanted):
+            request = sample_requests[i]
+            k = num_columns(request.sampling.logprobs, vocab)
+            out.logprobs[request.request_id] = gather(raw[row : row + 1], [tokens[i]], k)
+        offset = len(sample_requests)
+        for request, targets in prompt_scores:
+            rows = torch.log_softmax(logits[offset : offset + len(targets)].float(), dim=-1)
+            offset += len(targets)
+            k = num_columns(request.sampling.prompt_logprobs, vocab)
+            out.prompt_logprobs[request.request_id] = gather(rows, targets, k)
+        return out
 
     def _stage_inputs(self, plan: StepPlan, num_tokens: int):
         ids, positions, slots = self.input_ids.np, self.positions.np, self.slot_mapping.np
         key_slots = self.key_slots.np
         ranges = []
         sample_requests = []
+        # (request, prompt tokens scored): the logits rows of prompt positions
+        # go after the sampled rows, so sampling sees a contiguous block.
+        prompt_scores: list[tuple[Request, list[int]]] = []
+        prompt_rows: list[np.ndarray] = []
         row = key_row = 0
         for request in plan.requests:
             n = plan.num_scheduled_tokens[request.request_id]
@@ -132,6 +159,11 @@ class ToyModelRunner:
             if end_pos == request.num_tokens:
                 self.logits_indices.np[len(sample_requests)] = row + n - 1
                 sample_requests.append(request)
+            if request.sampling.prompt_logprobs is not None and start_pos < request.num_prompt_tokens - 1:
+                # Position p scores prompt token p + 1.
+                last = min(end_pos, request.num_prompt_tokens - 1)
+                prompt_scores.append((request, request.prompt_token_ids[start_pos + 1 : last + 1]))
+                prompt_rows.append(np.arange(row, row + last - start_pos))
             row += n
             key_row += end_pos
         key_slots_gpu = self.key_slots.copy_to_gpu(key_row)
@@ -142,5 +174,8 @@ class ToyModelRunner:
                 query_pos = torch.arange(context, seq_len, device=self.device)
                 mask = torch.arange(seq_len, device=self.device)[None, :] <= query_pos[:, None]
             sequences.append(SequenceSlice(start, end, key_slots_gpu[key_start : key_start + seq_len], mask))
+        if prompt_rows:
+            extra = np.concatenate(prompt_rows)
+            self.logits_indices.np[len(sample_requests) : len(sample_requests) + len(extra)] = extra
         meta = AttentionMetadata(self.slot_mapping.copy_to_gpu(num_tokens), sequences)
-        return meta, sample_requests
+        return meta, sample_requests, prompt_scores
