@@ -189,3 +189,31 @@ def test_logprobs_decode_as_vllms_and_feed_its_logprobs_processor():
     prompt = processor.pop_prompt_logprobs()
     assert prompt[0] is None and len(prompt) == len(b"Hello there")
     assert all(len(position) in (2, 3) for position in prompt[1:])  # top 2, plus the prompt token when not among them
+
+
+def test_structured_outputs_encoded_by_vllm_are_enforced():
+    import json
+
+    from vllm.sampling_params import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}}, "required": ["n"]}
+    schema["additionalProperties"] = False
+    core = EngineCore(make_engine_config("toy", max_model_len=256))
+    cases = {
+        "json": StructuredOutputsParams(json=schema, disable_any_whitespace=True),
+        "choice": StructuredOutputsParams(choice=["alpha", "beta"]),
+        "regex": StructuredOutputsParams(regex="[0-9]{4}"),
+    }
+    for request_id, params in cases.items():
+        params._backend = "guidance"  # what vLLM's processor sets before the engine sees it
+        request = vllm_request(request_id, b"Go: ", max_tokens=100, temperature=1.0, seed=7)
+        request.sampling_params.structured_outputs = params
+        assert core.add_request(OurRequest.from_wire(unpack(ENCODE.encode(request)[0]))) is None
+    text: dict[str, bytes] = {}
+    while core.has_work():
+        for _, output in core.step():
+            text[output.request_id] = text.get(output.request_id, b"") + bytes(
+                t for t in output.new_token_ids if t < 256
+            )
+    assert json.loads(text["json"])["n"] <= 9
+    assert text["choice"] in (b"alpha", b"beta") and len(text["regex"]) == 4 and text["regex"].isdigit()

@@ -23,6 +23,7 @@ from vllm_rs.engine.protocol import (
 from vllm_rs.engine.request import InvalidRequestError, Request, SamplingParams
 from vllm_rs.engine.scheduler import Scheduler
 from vllm_rs.engine.stats import SchedulerIterationDetails, SchedulerStats
+from vllm_rs.engine.structured_output import GrammarMatcher, compile_grammar
 from vllm_rs.logger import init_logger
 
 logger = init_logger(__name__)
@@ -167,6 +168,10 @@ class EngineCore:
                 arrival_time=wire.arrival_time,
                 cache_salt=wire.cache_salt,
             )
+            if sampling.structured_outputs is not None:
+                if not self.runner.follows_grammars:
+                    raise InvalidRequestError("the echo model cannot follow structured outputs")
+                request.grammar = GrammarMatcher(compile_grammar(sampling.structured_outputs))
             self.scheduler.add(request)
         except InvalidRequestError as e:
             logger.warning("rejecting request %s: %s", wire.request_id, e)
@@ -220,6 +225,9 @@ class EngineCore:
                 if rows is not None:
                     request.pending_prompt_logprobs.append(rows)
         advanced = self.scheduler.update(plan, model_output.sampled)
+        for request in advanced:
+            if request.grammar is not None:
+                request.grammar.accept(request.output_token_ids[-1])
         self.totals["steps"] += 1
         self.totals["generation_tokens"] += len(advanced)
         outputs = []

@@ -16,6 +16,8 @@ class EchoRunner:
 
     #: The echo model keeps no KV cache.
     num_gpu_blocks: int | None = None
+    #: It repeats the prompt whatever a grammar says, so it refuses structured outputs.
+    follows_grammars = False
     device = "cpu"
 
     def execute(self, plan: StepPlan) -> ModelOutput:

@@ -42,6 +42,8 @@ class SamplingParams:
     logprobs: int | None = None
     #: Top tokens to return with each prompt position after the first.
     prompt_logprobs: int | None = None
+    #: vLLM's StructuredOutputsParams map (compiled by the engine when the request is added).
+    structured_outputs: dict[str, Any] | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -84,6 +86,7 @@ class SamplingParams:
             ignore_eos=bool(params.get("ignore_eos", False)),
             logprobs=integer("logprobs", None),
             prompt_logprobs=integer("prompt_logprobs", None),
+            structured_outputs=params.get("structured_outputs"),
         )
         for key in ("logprobs", "prompt_logprobs"):
             if (getattr(out, key) or 0) < -1:
@@ -137,6 +140,8 @@ class Request:
     runner_state: Any = None
     #: Lifecycle events not yet sent (recorded only when stats are logged).
     events: list[EngineCoreEvent] = field(default_factory=list)
+    #: The request's `structured_output.GrammarMatcher`, when it has structured outputs.
+    grammar: Any = None
     #: Prompt logprobs computed but not sent yet (prefill may take several steps).
     pending_prompt_logprobs: list[LogprobsRows] = field(default_factory=list)
 

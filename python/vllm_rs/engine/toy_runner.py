@@ -52,6 +52,9 @@ def default_num_blocks(config: EngineConfig) -> int:
 class ToyModelRunner:
     """The toy model with its KV cache and input buffers."""
 
+    #: Structured outputs mask the logits before sampling.
+    follows_grammars = True
+
     def __init__(self, config: EngineConfig):
         self.device = resolve_device(config.device_config.device)
         if self.device.type == "cpu":
@@ -119,6 +122,11 @@ class ToyModelRunner:
         )
         vocab = logits.shape[-1]
         sample_logits = logits[: len(sample_requests)]
+        for i, request in enumerate(sample_requests):
+            if request.grammar is not None:
+                # Masked before logprobs too: vLLM applies the grammar bitmask to the logits first.
+                banned = torch.from_numpy(~request.grammar.allowed(vocab)).to(sample_logits.device)
+                sample_logits[i].masked_fill_(banned, float("-inf"))
         wanted = [i for i, r in enumerate(sample_requests) if r.sampling.logprobs is not None]
         raw = torch.log_softmax(sample_logits[wanted].float(), dim=-1) if wanted else None
         tokens = self.sampler.sample(sample_logits, sample_requests)
