@@ -285,4 +285,35 @@ mod tests {
         assert!(queued <= MAX_OUTBOX_FOR_PONG + 64, "{queued} bytes of PONGs queued");
         drop(writing.await.unwrap());
     }
+
+    #[tokio::test]
+    async fn flush_resolves_once_queued_messages_are_on_the_socket() {
+        let name = format!("vllm-rs-router-flush-{}-{}", std::process::id(), crate::ids::random_hex(6));
+        let listener = StreamListener::bind_endpoint(&format!("ipc://@{name}")).unwrap();
+        let (router, mut received) = InputRouter::start(listener, FrameLimits::default());
+        let mut peer = dealer(&name).await;
+        peer.write_all(&[0x00, 3, b'r', b'e', b'g']).await.unwrap();
+        assert_eq!(received.recv().await, Some((vec![0, 0], Bytes::from_static(b"reg"))));
+        router.flush().await; // nothing queued: resolves at once
+        for _ in 0..100 {
+            router.send(&[0, 0], &[b"abort"]).unwrap();
+        }
+        router.flush().await;
+        // Every message is in the socket's buffer: readable without waiting.
+        let expected: Vec<u8> = [0x00, 5].iter().chain(b"abort").copied().cycle().take(7 * 100).collect();
+        let mut got = vec![0u8; expected.len()];
+        let mut filled = 0;
+        while filled < got.len() {
+            match peer.try_read(&mut got[filled..]) {
+                Ok(0) => panic!("the router closed the connection"),
+                Ok(n) => filled += n,
+                Err(e) => panic!("after flush, {filled} of {} bytes were readable: {e}", got.len()),
+            }
+        }
+        assert_eq!(got, expected);
+        // With the peer gone, a flush still returns (written, or the connection ended).
+        router.send(&[0, 0], &[b"late"]).unwrap();
+        drop(peer);
+        tokio::time::timeout(std::time::Duration::from_secs(30), router.flush()).await.expect("flush returned");
+    }
 }
