@@ -17,7 +17,7 @@ import pytest
 from vllm_rs import _core
 from vllm_rs.process import kill_process_tree, spawn_executable, start_target, wait
 
-from tests.support.trees import TREE_SCRIPT, descendants, is_running, survivors, wait_built
+from tests.support.trees import TREE_SCRIPT, descendants, is_running, read_pids, survivors, wait_built
 
 
 def _read_all(fd: int) -> bytes:
@@ -315,7 +315,11 @@ def test_kill_process_tree_leaves_no_survivor(tmp_path, kind):
     root = spawn_executable(["sh", str(TREE_SCRIPT), kind, str(pidfile)], name=f"tree-{kind}")
     members = wait_built(pidfile, kind)
     if kind == "forking":
-        time.sleep(0.3)  # let it fork busily while we kill it
+        # Kill it while it forks: once it has recorded members beyond the first ones.
+        deadline = time.monotonic() + 20
+        while len(read_pids(pidfile)) < 2 * len(members):
+            assert time.monotonic() < deadline, "the forking tree stopped growing"
+            time.sleep(0.01)
     assert all(is_running(pid) for pid in members)
     kill_process_tree(root.pid)
     root.join(10)

@@ -38,6 +38,10 @@ struct Startup {
 /// Most async worker threads accepted: more only costs memory and start-up time.
 const MAX_WORKER_THREADS: usize = 1024;
 
+/// How long shutdown waits for the ABORTs of cut-off requests to reach the
+/// engine sockets: a peer that stopped reading must not hold the exit.
+const ABORT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Async worker threads: `TOKIO_WORKER_THREADS` when set (an integer from 1 to
 /// `MAX_WORKER_THREADS`, else a usage error; tokio itself would panic on 0),
 /// else one per available core: with both engine sockets in the runtime,
@@ -204,7 +208,9 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
     if !drained {
         tracing::warn!("requests still in flight after the drain timeout: aborting them");
         state.engines.abort_all("the server is shutting down");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        if tokio::time::timeout(ABORT_FLUSH_TIMEOUT, state.engines.flush()).await.is_err() {
+            tracing::warn!("the ABORT messages were not all written to the engines in {ABORT_FLUSH_TIMEOUT:?}");
+        }
     }
     tracing::info!("frontend stopped");
     Ok(())

@@ -1,10 +1,19 @@
-//! Prometheus metrics in vLLM's names, rendered as text for `GET /metrics`.
+//! Prometheus metrics in vLLM's names, help texts and buckets, kept and
+//! rendered for `GET /metrics` by the `prometheus-client` crate (OpenMetrics text).
 
 use crate::engine::protocol::FinishReason;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::borrow::Cow;
 use std::time::Duration;
+
+/// The content type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Bucket bounds (seconds) for time to first token.
 const TTFT_BUCKETS: &[f64] =
@@ -16,64 +25,26 @@ const ITL_BUCKETS: &[f64] =
 const E2E_BUCKETS: &[f64] =
     &[0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0];
 
-/// Every finish reason, in the order they are rendered.
+/// Every finish reason, in the order of [`Metrics::finished`].
 const FINISH_REASONS: [FinishReason; 5] =
     [FinishReason::Stop, FinishReason::Length, FinishReason::Abort, FinishReason::Error, FinishReason::Repetition];
 
-/// A cumulative histogram with fixed bucket bounds.
-#[derive(Debug)]
-struct Histogram {
-    bounds: &'static [f64],
-    state: Mutex<HistogramState>,
+/// The label `vllm:request_success` adds to the model name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FinishedLabel {
+    finished_reason: &'static str,
 }
 
-#[derive(Debug, Default)]
-struct HistogramState {
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Histogram { bounds, state: Mutex::new(HistogramState { counts: vec![0; bounds.len()], ..Default::default() }) }
-    }
-
-    fn observe(&self, seconds: f64) {
-        self.observe_many(seconds, 1);
-    }
-
-    /// Records `times` observations of the same value.
-    fn observe_many(&self, seconds: f64, times: u64) {
-        let mut state = self.state.lock().unwrap();
-        if let Some(i) = self.bounds.iter().position(|&b| seconds <= b) {
-            state.counts[i] += times;
-        }
-        state.sum += seconds * times as f64;
-        state.count += times;
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
-        let state = self.state.lock().unwrap();
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (bound, count) in self.bounds.iter().zip(&state.counts) {
-            cumulative += count;
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
-        }
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", state.count);
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", state.sum);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}", state.count);
-    }
-}
-
-/// The server's request metrics.
+/// The server's request metrics. Updating one is an atomic add (counters) or a
+/// short lock (histograms); the registry is only read by [`Metrics::render`].
 #[derive(Debug)]
 pub struct Metrics {
-    labels: String,
-    finished: [AtomicU64; 5],
-    prompt_tokens: AtomicU64,
-    generation_tokens: AtomicU64,
+    registry: Registry,
+    running: Gauge,
+    /// Per finish reason, in the order of `FINISH_REASONS`.
+    finished: [Counter; 5],
+    prompt_tokens: Counter,
+    generation_tokens: Counter,
     time_to_first_token: Histogram,
     inter_token_latency: Histogram,
     e2e_latency: Histogram,
@@ -82,88 +53,97 @@ pub struct Metrics {
 impl Metrics {
     /// Metrics labelled with `model_name`.
     pub fn new(model_name: &str) -> Self {
+        // The crate writes label values as they are: escape them as the format wants.
         let escaped = model_name.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+        let model_label = (Cow::Borrowed("model_name"), Cow::Owned(escaped));
+        let mut registry = Registry::with_labels(std::iter::once(model_label));
+        // The crate ends each help text with a full stop.
+        let running = Gauge::default();
+        registry.register(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches",
+            running.clone(),
+        );
+        let success = Family::<FinishedLabel, Counter>::default();
+        registry.register("vllm:request_success", "Count of successfully processed requests", success.clone());
+        let finished = FINISH_REASONS
+            .map(|reason| success.get_or_create(&FinishedLabel { finished_reason: reason.as_str() }).clone());
+        let prompt_tokens = Counter::default();
+        registry.register("vllm:prompt_tokens", "Number of prefill tokens processed", prompt_tokens.clone());
+        let generation_tokens = Counter::default();
+        registry.register("vllm:generation_tokens", "Number of generation tokens processed", generation_tokens.clone());
+        let histogram = |registry: &mut Registry, name: &str, help: &str, bounds: &[f64]| {
+            let histogram = Histogram::new(bounds.iter().copied());
+            registry.register(name, help, histogram.clone());
+            histogram
+        };
+        let time_to_first_token = histogram(
+            &mut registry,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds",
+            TTFT_BUCKETS,
+        );
+        let inter_token_latency = histogram(
+            &mut registry,
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds",
+            ITL_BUCKETS,
+        );
+        let e2e_latency = histogram(
+            &mut registry,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds",
+            E2E_BUCKETS,
+        );
         Metrics {
-            labels: format!("model_name=\"{escaped}\""),
-            finished: Default::default(),
-            prompt_tokens: AtomicU64::new(0),
-            generation_tokens: AtomicU64::new(0),
-            time_to_first_token: Histogram::new(TTFT_BUCKETS),
-            inter_token_latency: Histogram::new(ITL_BUCKETS),
-            e2e_latency: Histogram::new(E2E_BUCKETS),
+            registry,
+            running,
+            finished,
+            prompt_tokens,
+            generation_tokens,
+            time_to_first_token,
+            inter_token_latency,
+            e2e_latency,
         }
     }
 
     /// A request with this many prompt tokens was sent to an engine.
     pub fn record_prompt(&self, tokens: usize) {
-        self.prompt_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
+        self.prompt_tokens.inc_by(tokens as u64);
     }
 
-    /// Tokens arrived: the first ones after `ttft`, or `tokens` more after `gap` since the last ones.
+    /// Tokens arrived: the first ones after `ttft`, or `tokens` more after `gap`
+    /// since the last ones (each token counts `gap / tokens`).
     pub fn record_tokens(&self, tokens: usize, first: Option<Duration>, gap: Option<Duration>) {
-        self.generation_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
+        self.generation_tokens.inc_by(tokens as u64);
         if let Some(ttft) = first {
             self.time_to_first_token.observe(ttft.as_secs_f64());
         }
         if let (Some(gap), true) = (gap, tokens > 0) {
-            self.inter_token_latency.observe_many(gap.as_secs_f64() / tokens as f64, tokens as u64);
+            let per_token = gap.as_secs_f64() / tokens as f64;
+            for _ in 0..tokens {
+                self.inter_token_latency.observe(per_token);
+            }
         }
     }
 
     /// A request finished for `reason` after `elapsed`.
     pub fn record_finished(&self, reason: FinishReason, elapsed: Duration) {
         let i = FINISH_REASONS.iter().position(|&r| r == reason).unwrap_or(0);
-        self.finished[i].fetch_add(1, Ordering::Relaxed);
+        self.finished[i].inc();
         self.e2e_latency.observe(elapsed.as_secs_f64());
     }
 
     /// Total prompt and generation tokens so far.
     pub fn token_totals(&self) -> (u64, u64) {
-        (self.prompt_tokens.load(Ordering::Relaxed), self.generation_tokens.load(Ordering::Relaxed))
+        (self.prompt_tokens.get(), self.generation_tokens.get())
     }
 
-    /// The Prometheus text exposition, with `running` requests in flight.
+    /// The OpenMetrics text exposition ([`CONTENT_TYPE`]), with `running` requests in flight.
     pub fn render(&self, running: u64) -> String {
-        let labels = &self.labels;
+        self.running.set(i64::try_from(running).unwrap_or(i64::MAX));
         let mut out = String::with_capacity(8192);
-        let _ = writeln!(out, "# HELP vllm:num_requests_running Number of requests in flight in the engines.");
-        let _ =
-            writeln!(out, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{labels}}} {running}");
-        let _ = writeln!(out, "# HELP vllm:request_success_total Count of finished requests by finish reason.");
-        let _ = writeln!(out, "# TYPE vllm:request_success_total counter");
-        for (reason, count) in FINISH_REASONS.iter().zip(&self.finished) {
-            let _ = writeln!(
-                out,
-                "vllm:request_success_total{{{labels},finished_reason=\"{reason}\"}} {}",
-                count.load(Ordering::Relaxed)
-            );
-        }
-        let (prompt, generation) = self.token_totals();
-        let _ = writeln!(out, "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.");
-        let _ = writeln!(out, "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{{labels}}} {prompt}");
-        let _ = writeln!(out, "# HELP vllm:generation_tokens_total Number of generation tokens processed.");
-        let _ = writeln!(
-            out,
-            "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{{labels}}} {generation}"
-        );
-        self.time_to_first_token.render(
-            &mut out,
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            labels,
-        );
-        self.inter_token_latency.render(
-            &mut out,
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            labels,
-        );
-        self.e2e_latency.render(
-            &mut out,
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of end to end request latency in seconds.",
-            labels,
-        );
+        encode(&mut out, &self.registry).expect("write to String");
         out
     }
 }
@@ -180,12 +160,25 @@ mod tests {
         m.record_tokens(2, None, Some(Duration::from_millis(4)));
         m.record_finished(FinishReason::Length, Duration::from_millis(20));
         let text = m.render(1);
-        assert!(text.contains("vllm:num_requests_running{model_name=\"toy\"} 1"));
-        assert!(text.contains("vllm:request_success_total{model_name=\"toy\",finished_reason=\"length\"} 1"));
-        assert!(text.contains("vllm:prompt_tokens_total{model_name=\"toy\"} 5"));
-        assert!(text.contains("vllm:generation_tokens_total{model_name=\"toy\"} 4"));
-        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"toy\",le=\"0.005\"} 1"));
-        assert!(text.contains("vllm:inter_token_latency_seconds_count{model_name=\"toy\"} 2"));
-        assert!(text.contains("vllm:e2e_request_latency_seconds_bucket{model_name=\"toy\",le=\"+Inf\"} 1"));
+        assert!(text.contains("# HELP vllm:request_success Count of successfully processed requests.\n"), "{text}");
+        assert!(text.contains("# TYPE vllm:request_success counter\n"), "{text}");
+        assert!(text.contains("vllm:num_requests_running{model_name=\"toy\"} 1\n"), "{text}");
+        assert!(text.contains("vllm:request_success_total{model_name=\"toy\",finished_reason=\"length\"} 1\n"));
+        assert!(text.contains("vllm:request_success_total{model_name=\"toy\",finished_reason=\"abort\"} 0\n"));
+        assert!(text.contains("vllm:prompt_tokens_total{model_name=\"toy\"} 5\n"));
+        assert!(text.contains("vllm:generation_tokens_total{model_name=\"toy\"} 4\n"));
+        assert!(
+            text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"toy\",le=\"0.005\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("vllm:inter_token_latency_seconds_count{model_name=\"toy\"} 2\n"));
+        assert!(text.contains("vllm:e2e_request_latency_seconds_bucket{model_name=\"toy\",le=\"+Inf\"} 1\n"));
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn model_name_is_escaped_in_labels() {
+        let text = Metrics::new("a\"b\\c\nd").render(0);
+        assert!(text.contains(r#"vllm:num_requests_running{model_name="a\"b\\c\nd"} 0"#), "{text}");
     }
 }

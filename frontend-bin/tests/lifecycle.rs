@@ -45,7 +45,8 @@ async fn sigterm_when_idle_exits_0() {
 #[tokio::test]
 async fn sigint_before_engines_register_exits_0() {
     let mut fe = Frontend::spawn(Options::default());
-    std::thread::sleep(Duration::from_millis(300));
+    // Logged once the signal handlers are in place.
+    assert!(fe.wait_for_log("waiting for engines", 1, Duration::from_secs(10)).await, "{}", fe.stderr());
     fe.signal(libc::SIGINT);
     let status = fe.wait_exit(Duration::from_secs(10)).expect("exit after SIGINT");
     assert_eq!(status.code(), Some(0), "{}", fe.stderr());
@@ -53,11 +54,14 @@ async fn sigint_before_engines_register_exits_0() {
 
 #[tokio::test]
 async fn sigterm_lets_a_request_in_flight_finish() {
-    let (mut fe, _engines) =
+    let (mut fe, engines) =
         Frontend::start_with_engines(Options::default(), |s| s.step = Duration::from_millis(20)).await;
     let url = fe.url("/v1/completions");
     let request = tokio::spawn(async move { post_json(&url, &json!({"prompt": "abc", "max_tokens": 25})).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        engines[0].wait_for(Duration::from_secs(5), |e| !e.is_empty()).await,
+        "the request never reached the engine"
+    );
     fe.signal(libc::SIGTERM);
     let (status, body) = request.await.unwrap();
     assert_eq!(status, 200, "{body}");

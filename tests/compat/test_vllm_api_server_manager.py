@@ -20,6 +20,7 @@ Skips unless vLLM is importable, like the rest of tests/compat (README.md).
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import socket
 import threading
@@ -103,6 +104,15 @@ def watch_in_thread(manager, **kwargs) -> tuple[threading.Thread, dict]:
     return thread, result
 
 
+def wait_until_watching(caplog) -> None:
+    """Returns once the watcher thread has started waiting (it logs that first),
+    so that what the test does next happens while it waits."""
+    deadline = time.monotonic() + 30
+    while "Waiting for API servers to complete" not in caplog.text:
+        assert time.monotonic() < deadline, "wait_for_completion_or_failure never started waiting"
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("with_stats_update", [True, False])
 def test_api_server_process_manager_init(with_stats_update):
     kwargs = manager_kwargs(1.0, with_stats_update)
@@ -155,13 +165,14 @@ def test_api_server_child_adopts_inherited_zmq_listeners():
 
 
 @patch("vllm_rs.utils.run_api_server_worker_proc", sleeping_worker)
-def test_wait_for_completion_or_failure():
+def test_wait_for_completion_or_failure(caplog):
+    caplog.set_level(logging.INFO, logger="vllm_rs")
     kwargs = manager_kwargs(5.0)
     manager = APIServerProcessManager(**kwargs)
     try:
         assert len(manager.processes) == 3
         thread, result = watch_in_thread(manager)
-        time.sleep(0.2)
+        wait_until_watching(caplog)
         assert all(proc.is_alive() for proc in manager.processes)
         manager.processes[0].terminate()  # one API server fails
         thread.join(timeout=5.0)  # vLLM allows 1 s; a loaded 2-core machine needs more
@@ -188,7 +199,8 @@ def test_normal_completion():
         kwargs["sock"].close()
 
 
-def test_external_process_monitoring():
+def test_external_process_monitoring(caplog):
+    caplog.set_level(logging.INFO, logger="vllm_rs")
     # A plain multiprocessing process (stands in for the DP coordinator's),
     # not one started by vllm_rs: its sentinel is a pipe, not a pid fd.
     external = multiprocessing.get_context("spawn").Process(
@@ -211,7 +223,7 @@ def test_external_process_monitoring():
     try:
         assert len(manager.processes) == 3
         thread, result = watch_in_thread(manager, coordinator=coordinator)
-        time.sleep(0.2)
+        wait_until_watching(caplog)
         external.terminate()
         thread.join(timeout=5.0)
         assert not thread.is_alive(), "wait_for_completion_or_failure is still running"

@@ -95,7 +95,36 @@ impl Drop for RequestSlot {
     }
 }
 
-type UtilityResult = Result<Option<rmpv::Value>, String>;
+type UtilityResult = Result<Option<rmpv::Value>, UtilityError>;
+
+/// Why a utility call got no result.
+#[derive(Debug, thiserror::Error)]
+pub enum UtilityError {
+    /// The engines are unusable (dead, lost or hung), for this reason.
+    #[error("{0}")]
+    EnginesFailed(String),
+    /// The engine ran the call and reported this failure.
+    #[error("{0}")]
+    Failed(String),
+    /// The client dropped the call before its reply came.
+    #[error("utility call {method} to engine {engine} was dropped")]
+    Dropped {
+        /// The method called.
+        method: String,
+        /// The engine called.
+        engine: u32,
+    },
+    /// No reply came in time.
+    #[error("utility call {method} to engine {engine} timed out after {timeout:?}")]
+    TimedOut {
+        /// The method called.
+        method: String,
+        /// The engine called.
+        engine: u32,
+        /// How long the call waited.
+        timeout: Duration,
+    },
+}
 
 struct Shared {
     start_index: u32,
@@ -221,10 +250,10 @@ impl EngineClient {
         method: &str,
         args: Vec<rmpv::Value>,
         timeout: Duration,
-    ) -> Result<Option<rmpv::Value>, String> {
+    ) -> UtilityResult {
         let shared = &self.shared;
         if let Some(reason) = shared.failure.get() {
-            return Err(reason.clone());
+            return Err(UtilityError::EnginesFailed(reason.clone()));
         }
         let call_id = shared.next_call_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -235,8 +264,8 @@ impl EngineClient {
         shared.utility_calls.lock().unwrap().remove(&call_id);
         match outcome {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(format!("utility call {method} to engine {engine} was dropped")),
-            Err(_) => Err(format!("utility call {method} to engine {engine} timed out after {timeout:?}")),
+            Ok(Err(_)) => Err(UtilityError::Dropped { method: method.to_owned(), engine }),
+            Err(_) => Err(UtilityError::TimedOut { method: method.to_owned(), engine, timeout }),
         }
     }
 
@@ -259,6 +288,12 @@ impl EngineClient {
     /// Stops taking requests; the ones in flight go on.
     pub fn stop_accepting(&self) {
         self.shared.stopping.store(true, Ordering::Relaxed);
+    }
+
+    /// Resolves once every message queued for the engines so far (ABORTs
+    /// included) has been written to their sockets, or their connections are gone.
+    pub async fn flush(&self) {
+        self.shared.router.flush().await;
     }
 
     /// Aborts every request in flight: their handlers get `reason`, the engines an ABORT.
@@ -342,7 +377,7 @@ impl Shared {
             entry.inbox.fail(reason.clone());
         }
         for (_, call) in self.utility_calls.lock().unwrap().drain() {
-            let _ = call.send(Err(reason.clone()));
+            let _ = call.send(Err(UtilityError::EnginesFailed(reason.clone())));
         }
     }
 
@@ -428,7 +463,7 @@ impl Shared {
             return;
         };
         let _ = call.send(match reply.failure_message {
-            Some(message) => Err(message),
+            Some(message) => Err(UtilityError::Failed(message)),
             None => Ok(reply.result),
         });
     }

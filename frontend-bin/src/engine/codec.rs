@@ -4,11 +4,11 @@
 use super::msgpack::{Cursor, ReadError};
 use super::protocol::{
     EngineOutput, EngineRequest, FinishReason, OutputsMessage, Registration, SamplingParams, SchedulerStats,
-    StopReason, UtilityReply, ENGINE_CORE_DEAD,
+    StopReason, TokenIds, UtilityReply, ENGINE_CORE_DEAD,
 };
-use super::token_ids::TokenIds;
 use rmp::encode;
 use rmpv::Value;
+use serde::{Serialize, Serializer};
 
 /// Why an outputs message could not be used.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -38,95 +38,107 @@ fn put_uint(buf: &mut Vec<u8>, n: u64) {
 fn put_int(buf: &mut Vec<u8>, n: i64) {
     encode::write_sint(buf, n).expect("write to Vec");
 }
-fn put_nil(buf: &mut Vec<u8>) {
-    encode::write_nil(buf).expect("write to Vec");
-}
-fn put_uint_array(buf: &mut Vec<u8>, items: &[u32]) {
-    put_array_len(buf, items.len() as u32);
-    for &item in items {
-        put_uint(buf, item.into());
-    }
-}
 
-/// Number of EngineCoreRequest slots sent: through `external_req_id` (slot 16).
-const REQUEST_SLOTS: u32 = 17;
+/// EngineCoreRequest as vLLM 0.33 decodes it: a msgpack array whose slots are
+/// these fields in this order (through `external_req_id`, slot 16); `()` is a
+/// slot this frontend always leaves nil.
+#[derive(Serialize)]
+struct EngineCoreRequestWire<'a> {
+    request_id: &'a str,
+    prompt_token_ids: &'a [u32],
+    mm_features: (),
+    sampling_params: SamplingParamsMap<'a>,
+    pooling_params: (),
+    arrival_time: f64,
+    lora_request: (),
+    cache_salt: (),
+    data_parallel_rank: Option<u32>,
+    prompt_embeds: (),
+    prompt_is_token_ids: (),
+    client_index: u32,
+    current_wave: u32,
+    priority: u32,
+    trace_headers: (),
+    resumable: bool,
+    external_req_id: &'a str,
+}
 
 /// Encodes an ADD payload (EngineCoreRequest as an array).
 pub fn encode_add(req: &EngineRequest) -> Vec<u8> {
+    let wire = EngineCoreRequestWire {
+        request_id: &req.request_id,
+        prompt_token_ids: &req.prompt_token_ids,
+        mm_features: (),
+        sampling_params: SamplingParamsMap(&req.sampling),
+        pooling_params: (),
+        arrival_time: req.arrival_time,
+        lora_request: (),
+        cache_salt: (),
+        data_parallel_rank: req.data_parallel_rank,
+        prompt_embeds: (),
+        prompt_is_token_ids: (),
+        client_index: req.client_index,
+        current_wave: 0,
+        priority: 0,
+        trace_headers: (),
+        resumable: false,
+        external_req_id: &req.external_request_id,
+    };
     let mut buf = Vec::with_capacity(128 + 2 * req.prompt_token_ids.len());
-    put_array_len(&mut buf, REQUEST_SLOTS);
-    put_str(&mut buf, &req.request_id); // 0 request_id
-    put_uint_array(&mut buf, &req.prompt_token_ids); // 1 prompt_token_ids
-    put_nil(&mut buf); // 2 mm_features
-    encode_sampling_params(&mut buf, &req.sampling); // 3 sampling_params
-    put_nil(&mut buf); // 4 pooling_params
-    encode::write_f64(&mut buf, req.arrival_time).expect("write to Vec"); // 5 arrival_time
-    put_nil(&mut buf); // 6 lora_request
-    put_nil(&mut buf); // 7 cache_salt
-    match req.data_parallel_rank {
-        Some(rank) => put_uint(&mut buf, rank.into()),
-        None => put_nil(&mut buf),
-    } // 8 data_parallel_rank
-    put_nil(&mut buf); // 9 prompt_embeds
-    put_nil(&mut buf); // 10 prompt_is_token_ids
-    put_uint(&mut buf, req.client_index.into()); // 11 client_index
-    put_uint(&mut buf, 0); // 12 current_wave
-    put_uint(&mut buf, 0); // 13 priority
-    put_nil(&mut buf); // 14 trace_headers
-    encode::write_bool(&mut buf, false).expect("write to Vec"); // 15 resumable
-    put_str(&mut buf, &req.external_request_id); // 16 external_req_id
+    // Structs are arrays in rmp-serde's default (compact) form.
+    wire.serialize(&mut rmp_serde::Serializer::new(&mut buf)).expect("write to Vec");
     buf
 }
 
-/// Encodes the sampling-params map: string keys, unset values left out.
-fn encode_sampling_params(buf: &mut Vec<u8>, p: &SamplingParams) {
-    enum V<'a> {
-        F(f64),
-        I(i64),
-        U(u64),
-        B(bool),
-        L(&'a [u32]),
-    }
-    let mut entries: Vec<(&str, V)> = Vec::with_capacity(14);
-    let floats = [
-        ("temperature", p.temperature),
-        ("top_p", p.top_p),
-        ("min_p", p.min_p),
-        ("frequency_penalty", p.frequency_penalty),
-        ("presence_penalty", p.presence_penalty),
-        ("repetition_penalty", p.repetition_penalty),
-    ];
-    entries.extend(floats.into_iter().filter_map(|(k, v)| v.map(|v| (k, V::F(v)))));
-    if let Some(v) = p.top_k {
-        entries.push(("top_k", V::I(v)));
-    }
-    if let Some(v) = p.max_tokens {
-        entries.push(("max_tokens", V::U(v)));
-    }
-    if let Some(v) = p.min_tokens {
-        entries.push(("min_tokens", V::U(v)));
-    }
-    entries.push(("stop_token_ids", V::L(&p.stop_token_ids)));
-    entries.push(("_all_stop_token_ids", V::L(&p.all_stop_token_ids)));
-    if let Some(v) = p.seed {
-        entries.push(("seed", V::I(v)));
-    }
-    if let Some(v) = p.eos_token_id {
-        entries.push(("_eos_token_id", V::U(v.into())));
-    }
-    if p.ignore_eos {
-        entries.push(("ignore_eos", V::B(true)));
-    }
-    encode::write_map_len(buf, entries.len() as u32).expect("write to Vec");
-    for (key, value) in entries {
-        put_str(buf, key);
-        match value {
-            V::F(v) => encode::write_f64(buf, v).expect("write to Vec"),
-            V::I(v) => put_int(buf, v),
-            V::U(v) => put_uint(buf, v),
-            V::B(v) => encode::write_bool(buf, v).expect("write to Vec"),
-            V::L(v) => put_uint_array(buf, v),
+/// A value of the sampling-params map, written as the bare msgpack value.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum SamplingValue<'a> {
+    Float(f64),
+    Int(i64),
+    Count(u64),
+    Flag(bool),
+    Ids(&'a [u32]),
+}
+
+/// The sampling-params map: string keys, unset values left out.
+struct SamplingParamsMap<'a>(&'a SamplingParams);
+
+impl Serialize for SamplingParamsMap<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use SamplingValue as V;
+        let p = self.0;
+        let mut entries: Vec<(&str, V)> = Vec::with_capacity(14);
+        let floats = [
+            ("temperature", p.temperature),
+            ("top_p", p.top_p),
+            ("min_p", p.min_p),
+            ("frequency_penalty", p.frequency_penalty),
+            ("presence_penalty", p.presence_penalty),
+            ("repetition_penalty", p.repetition_penalty),
+        ];
+        entries.extend(floats.into_iter().filter_map(|(k, v)| v.map(|v| (k, V::Float(v)))));
+        if let Some(v) = p.top_k {
+            entries.push(("top_k", V::Int(v)));
         }
+        if let Some(v) = p.max_tokens {
+            entries.push(("max_tokens", V::Count(v)));
+        }
+        if let Some(v) = p.min_tokens {
+            entries.push(("min_tokens", V::Count(v)));
+        }
+        entries.push(("stop_token_ids", V::Ids(&p.stop_token_ids)));
+        entries.push(("_all_stop_token_ids", V::Ids(&p.all_stop_token_ids)));
+        if let Some(v) = p.seed {
+            entries.push(("seed", V::Int(v)));
+        }
+        if let Some(v) = p.eos_token_id {
+            entries.push(("_eos_token_id", V::Count(v.into())));
+        }
+        if p.ignore_eos {
+            entries.push(("ignore_eos", V::Flag(true)));
+        }
+        serializer.collect_map(entries)
     }
 }
 
@@ -339,28 +351,51 @@ fn decode_utility(cursor: &mut Cursor<'_>) -> Result<UtilityReply, DecodeError> 
     Ok(UtilityReply { call_id, failure_message, result })
 }
 
+/// Why a registration payload was refused.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum RegistrationError {
+    /// Not one msgpack value.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// A msgpack value other than a map.
+    #[error("expected an empty payload or a map, got {0}")]
+    NotAMap(Value),
+    /// A required key is absent.
+    #[error("registration map lacks `{0}`")]
+    Missing(&'static str),
+    /// A count that is not a non-negative integer.
+    #[error("registration `{key}` must be a non-negative integer, got {value}")]
+    NotACount {
+        /// The key.
+        key: &'static str,
+        /// What it held.
+        value: Value,
+    },
+    /// `dp_stats_address` that is not a string.
+    #[error("registration `dp_stats_address` must be a string, got {0}")]
+    AddressNotAString(Value),
+}
+
 /// Decodes a registration payload: empty, or a map with `max_model_len` and
 /// `num_gpu_blocks` (both required) and optionally `dp_stats_address`.
-pub fn decode_registration(payload: &[u8]) -> Result<Registration, String> {
+pub fn decode_registration(payload: &[u8]) -> Result<Registration, RegistrationError> {
     if payload.is_empty() {
         return Ok(Registration::default());
     }
-    let value = read_value(payload).map_err(|e| e.to_string())?;
-    let map = value.as_map().ok_or_else(|| format!("expected an empty payload or a map, got {value}"))?;
+    let value = read_value(payload)?;
+    let Value::Map(map) = value else { return Err(RegistrationError::NotAMap(value)) };
     let get = |key: &str| map.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v);
-    let required_int = |key: &str| -> Result<u64, String> {
-        let v = get(key).ok_or_else(|| format!("registration map lacks `{key}`"))?;
-        v.as_u64().ok_or_else(|| format!("registration `{key}` must be a non-negative integer, got {v}"))
+    let required_count = |key: &'static str| -> Result<u64, RegistrationError> {
+        let value = get(key).ok_or(RegistrationError::Missing(key))?;
+        value.as_u64().ok_or_else(|| RegistrationError::NotACount { key, value: value.clone() })
     };
     let dp_stats_address = match get("dp_stats_address") {
         None | Some(Value::Nil) => None,
-        Some(v) => Some(
-            v.as_str().ok_or_else(|| format!("registration `dp_stats_address` must be a string, got {v}"))?.to_owned(),
-        ),
+        Some(v) => Some(v.as_str().ok_or_else(|| RegistrationError::AddressNotAString(v.clone()))?.to_owned()),
     };
     Ok(Registration {
-        max_model_len: Some(required_int("max_model_len")?),
-        num_gpu_blocks: Some(required_int("num_gpu_blocks")?),
+        max_model_len: Some(required_count("max_model_len")?),
+        num_gpu_blocks: Some(required_count("num_gpu_blocks")?),
         dp_stats_address,
     })
 }
@@ -428,7 +463,7 @@ mod tests {
             all_stop_token_ids: vec![7, 256],
             ..Default::default()
         };
-        encode_sampling_params(&mut buf, &p);
+        SamplingParamsMap(&p).serialize(&mut rmp_serde::Serializer::new(&mut buf)).unwrap();
         let expected = cat(&[
             &[0x85],
             &fixstr("stop_token_ids"),
@@ -578,8 +613,15 @@ mod tests {
         let r = decode_registration(&map).unwrap();
         assert_eq!((r.max_model_len, r.num_gpu_blocks, r.dp_stats_address), (Some(2048), Some(16), None));
         let missing = cat(&[&[0x81], &fixstr("max_model_len"), &[0x10]]);
-        assert!(decode_registration(&missing).unwrap_err().contains("num_gpu_blocks"));
-        assert!(decode_registration(&[0x01]).is_err());
+        assert_eq!(decode_registration(&missing), Err(RegistrationError::Missing("num_gpu_blocks")));
+        assert!(decode_registration(&missing).unwrap_err().to_string().contains("num_gpu_blocks"));
+        assert_eq!(decode_registration(&[0x01]), Err(RegistrationError::NotAMap(Value::from(1))));
+        let negative = cat(&[&[0x82], &fixstr("max_model_len"), &[0xff], &fixstr("num_gpu_blocks"), &[0x10]]);
+        assert!(matches!(
+            decode_registration(&negative),
+            Err(RegistrationError::NotACount { key: "max_model_len", .. })
+        ));
+        assert!(matches!(decode_registration(&[0x81]), Err(RegistrationError::Decode(DecodeError::Malformed(_)))));
     }
 
     mod fuzz {

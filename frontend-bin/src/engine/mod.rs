@@ -9,7 +9,6 @@ pub mod protocol;
 pub mod registration;
 pub mod router;
 pub mod sockets;
-pub mod token_ids;
 pub mod zmtp;
 
 pub use client::{EngineClient, RequestStream, SubmitError};

@@ -1,7 +1,11 @@
 //! The messages of the engine-core protocol (docs: engine-protocol.md), as Rust types.
 
-use super::token_ids::TokenIds;
+use smallvec::SmallVec;
 use std::fmt;
+
+/// Token ids of one engine output: up to 6 inline (the usual one per step),
+/// so the hot path allocates nothing per output.
+pub type TokenIds = SmallVec<[u32; 6]>;
 
 /// Type byte of an ADD request.
 pub const REQUEST_ADD: u8 = 0x00;

@@ -46,16 +46,27 @@ pub struct InputRouter {
 /// One engine connection's outbox.
 struct Link {
     id: u64,
-    outbox: Mutex<Vec<u8>>,
+    outbox: Mutex<Outbox>,
     filled: Notify,
+    /// How many messages the writer has handed to the socket; closed when the
+    /// writer ends (the connection is gone).
+    written: watch::Receiver<u64>,
+}
+
+/// Bytes waiting for the writer, and how many messages were ever queued.
+#[derive(Default)]
+struct Outbox {
+    bytes: Vec<u8>,
+    queued: u64,
 }
 
 impl Link {
     fn queue(&self, append: impl FnOnce(&mut Vec<u8>)) {
         let was_empty = {
             let mut outbox = self.outbox.lock().unwrap();
-            let was_empty = outbox.is_empty();
-            append(&mut outbox);
+            let was_empty = outbox.bytes.is_empty();
+            append(&mut outbox.bytes);
+            outbox.queued += 1;
             was_empty
         };
         if was_empty {
@@ -65,7 +76,7 @@ impl Link {
 
     /// Queues a PONG unless the outbox is already backed up; false if dropped.
     fn queue_pong(&self, context: &[u8]) -> bool {
-        if self.outbox.lock().unwrap().len() >= MAX_OUTBOX_FOR_PONG {
+        if self.outbox.lock().unwrap().bytes.len() >= MAX_OUTBOX_FOR_PONG {
             return false;
         }
         self.queue(|outbox| outbox.extend_from_slice(&pong_frame(context)));
@@ -106,6 +117,19 @@ impl InputRouter {
         Ok(())
     }
 
+    /// Resolves once everything queued so far has been written to the engine
+    /// sockets (or their connections are gone).
+    pub async fn flush(&self) {
+        let pending: Vec<_> = {
+            let links = self.links.lock().unwrap();
+            links.values().map(|link| (link.outbox.lock().unwrap().queued, link.written.clone())).collect()
+        };
+        for (queued, mut written) in pending {
+            // An error means the writer ended: nothing more will be written.
+            let _ = written.wait_for(|&done| done >= queued).await;
+        }
+    }
+
     /// Watches for an engine whose own connection (the one it registered
     /// on) ended: the value turns to that engine's identity, once.
     pub fn lost_engine(&self) -> watch::Receiver<Option<Vec<u8>>> {
@@ -142,10 +166,12 @@ async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, router: Ar
         Err(e) => return tracing::warn!("refused an engine input connection: {e}"),
     };
     let (mut reader, mut writer, identity) = (peer.reader, peer.writer, peer.identity);
+    let (written_tx, written) = watch::channel(0);
     let link = Arc::new(Link {
         id: router.next_link_id.fetch_add(1, Ordering::Relaxed),
-        outbox: Mutex::new(Vec::new()),
+        outbox: Mutex::new(Outbox::default()),
         filled: Notify::new(),
+        written,
     });
     if !router.claim(&identity, &link) {
         return tracing::warn!(
@@ -162,10 +188,14 @@ async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, router: Ar
                 // Woken by a handler, this task would run right after it (tokio's
                 // LIFO slot): let the other handlers that are ready queue theirs first.
                 tokio::task::yield_now().await;
-                let queued = std::mem::take(&mut *link.outbox.lock().unwrap());
-                if let Err(e) = writer.write_all(&queued).await {
+                let (bytes, queued) = {
+                    let mut outbox = link.outbox.lock().unwrap();
+                    (std::mem::take(&mut outbox.bytes), outbox.queued)
+                };
+                if let Err(e) = writer.write_all(&bytes).await {
                     return tracing::warn!("writing to an engine failed: {e}");
                 }
+                written_tx.send_replace(queued);
             }
         }
     });
@@ -251,8 +281,39 @@ mod tests {
             peer
         });
         assert_eq!(received.recv().await, Some((vec![0, 0], Bytes::from_static(b"hi"))));
-        let queued = router.links.lock().unwrap()[&vec![0u8, 0]].outbox.lock().unwrap().len();
+        let queued = router.links.lock().unwrap()[&vec![0u8, 0]].outbox.lock().unwrap().bytes.len();
         assert!(queued <= MAX_OUTBOX_FOR_PONG + 64, "{queued} bytes of PONGs queued");
         drop(writing.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn flush_resolves_once_queued_messages_are_on_the_socket() {
+        let name = format!("vllm-rs-router-flush-{}-{}", std::process::id(), crate::ids::random_hex(6));
+        let listener = StreamListener::bind_endpoint(&format!("ipc://@{name}")).unwrap();
+        let (router, mut received) = InputRouter::start(listener, FrameLimits::default());
+        let mut peer = dealer(&name).await;
+        peer.write_all(&[0x00, 3, b'r', b'e', b'g']).await.unwrap();
+        assert_eq!(received.recv().await, Some((vec![0, 0], Bytes::from_static(b"reg"))));
+        router.flush().await; // nothing queued: resolves at once
+        for _ in 0..100 {
+            router.send(&[0, 0], &[b"abort"]).unwrap();
+        }
+        router.flush().await;
+        // Every message is in the socket's buffer: readable without waiting.
+        let expected: Vec<u8> = [0x00, 5].iter().chain(b"abort").copied().cycle().take(7 * 100).collect();
+        let mut got = vec![0u8; expected.len()];
+        let mut filled = 0;
+        while filled < got.len() {
+            match peer.try_read(&mut got[filled..]) {
+                Ok(0) => panic!("the router closed the connection"),
+                Ok(n) => filled += n,
+                Err(e) => panic!("after flush, {filled} of {} bytes were readable: {e}", got.len()),
+            }
+        }
+        assert_eq!(got, expected);
+        // With the peer gone, a flush still returns (written, or the connection ended).
+        router.send(&[0, 0], &[b"late"]).unwrap();
+        drop(peer);
+        tokio::time::timeout(std::time::Duration::from_secs(30), router.flush()).await.expect("flush returned");
     }
 }

@@ -54,10 +54,10 @@ pub async fn version() -> Response {
     Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
 }
 
-/// `GET /metrics`: Prometheus text.
+/// `GET /metrics`: OpenMetrics text.
 pub async fn metrics(State(state): State<SharedState>) -> Response {
     let body = state.metrics.render(state.engines.inflight());
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()
 }
 
 /// Calls `method` with `args` on every engine; 500 with the first failure.

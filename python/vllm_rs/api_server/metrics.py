@@ -1,7 +1,10 @@
-"""Prometheus metrics under vLLM's names, rendered as text for `GET /metrics`
-(the same names, labels and buckets as the Rust frontend)."""
+"""Prometheus metrics under vLLM's names, help texts and buckets (the same as the
+Rust frontend's), kept and exposed by `prometheus_client` as vLLM's are."""
 
 from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
 
 from vllm_rs.engine.protocol import FinishReason
 
@@ -30,97 +33,89 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0
 E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
 
 
-def format_number(value: float) -> str:
-    """Shortest round-trip form, integers without `.0` (as Rust prints f64)."""
-    text = repr(float(value))
-    return text[:-2] if text.endswith(".0") else text
-
-
-class Histogram:
-    """A cumulative histogram with fixed bucket bounds."""
-
-    def __init__(self, bounds: tuple[float, ...]):
-        self.bounds = bounds
-        self.counts = [0] * len(bounds)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, seconds: float, times: int = 1) -> None:
-        """Adds `times` observations of `seconds`."""
-        for i, bound in enumerate(self.bounds):
-            if seconds <= bound:
-                self.counts[i] += times
-                break
-        self.sum += seconds * times
-        self.count += times
-
-    def render(self, out: list[str], name: str, help_text: str, labels: str) -> None:
-        """Appends the exposition lines."""
-        out.append(f"# HELP {name} {help_text}\n# TYPE {name} histogram")
-        cumulative = 0
-        for bound, count in zip(self.bounds, self.counts, strict=True):
-            cumulative += count
-            out.append(f'{name}_bucket{{{labels},le="{format_number(bound)}"}} {cumulative}')
-        out.append(f'{name}_bucket{{{labels},le="+Inf"}} {self.count}')
-        out.append(f"{name}_sum{{{labels}}} {format_number(self.sum)}")
-        out.append(f"{name}_count{{{labels}}} {self.count}")
-
-
 class Metrics:
-    """The server's request metrics, labelled with the model name."""
+    """The server's request metrics, labelled with the model name, in a registry
+    of their own (several servers in one process do not collide)."""
 
     def __init__(self, model_name: str):
-        escaped = model_name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        self.labels = f'model_name="{escaped}"'
-        self.finished = {reason: 0 for reason in FinishReason}
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.time_to_first_token = Histogram(TTFT_BUCKETS)
-        self.inter_token_latency = Histogram(ITL_BUCKETS)
-        self.e2e_latency = Histogram(E2E_BUCKETS)
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+
+        def labelled(metric):
+            return metric.labels(model_name)
+
+        self.running = labelled(
+            Gauge(
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                labels,
+                registry=self.registry,
+            )
+        )
+        success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*labels, "finished_reason"],
+            registry=self.registry,
+        )
+        self.finished = {reason: success.labels(model_name, reason.openai_name) for reason in FinishReason}
+        self.prompt_tokens = labelled(
+            Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=self.registry)
+        )
+        self.generation_tokens = labelled(
+            Counter("vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=self.registry)
+        )
+        self.time_to_first_token = labelled(
+            Histogram(
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                labels,
+                buckets=TTFT_BUCKETS,
+                registry=self.registry,
+            )
+        )
+        self.inter_token_latency = labelled(
+            Histogram(
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                labels,
+                buckets=ITL_BUCKETS,
+                registry=self.registry,
+            )
+        )
+        self.e2e_latency = labelled(
+            Histogram(
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                labels,
+                buckets=E2E_BUCKETS,
+                registry=self.registry,
+            )
+        )
 
     def record_prompt(self, tokens: int) -> None:
         """A request with this many prompt tokens went to an engine."""
-        self.prompt_tokens += tokens
+        self.prompt_tokens.inc(tokens)
 
     def record_tokens(self, tokens: int, first: float | None, gap: float | None) -> None:
         """Tokens arrived: the first ones `first` s after the request, or more
-        after `gap` s since the previous ones."""
-        self.generation_tokens += tokens
+        after `gap` s since the previous ones (each token counts `gap / tokens`)."""
+        self.generation_tokens.inc(tokens)
         if first is not None:
             self.time_to_first_token.observe(first)
         if gap is not None and tokens > 0:
-            self.inter_token_latency.observe(gap / tokens, tokens)
+            for _ in range(tokens):
+                self.inter_token_latency.observe(gap / tokens)
 
     def record_finished(self, reason: FinishReason, elapsed: float) -> None:
         """A request finished for `reason` after `elapsed` s."""
-        self.finished[reason] += 1
+        self.finished[reason].inc()
         self.e2e_latency.observe(elapsed)
 
-    def render(self, running: int) -> str:
-        """The Prometheus text exposition, with `running` requests in flight."""
-        labels = self.labels
-        out = [
-            "# HELP vllm:num_requests_running Number of requests in flight in the engines.",
-            f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{labels}}} {running}",
-            "# HELP vllm:request_success_total Count of finished requests by finish reason.",
-            "# TYPE vllm:request_success_total counter",
-        ]
-        for reason, count in self.finished.items():
-            out.append(f'vllm:request_success_total{{{labels},finished_reason="{reason.openai_name}"}} {count}')
-        out += [
-            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
-            f"# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{{labels}}} {self.prompt_tokens}",
-            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
-            f"# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{{labels}}} {self.generation_tokens}",
-        ]
-        self.time_to_first_token.render(
-            out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels
-        )
-        self.inter_token_latency.render(
-            out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels
-        )
-        self.e2e_latency.render(
-            out, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", labels
-        )
-        return "\n".join(out) + "\n"
+    def render(self, running: int, accept: str | None = None) -> tuple[bytes, str]:
+        """The exposition and its content type, with `running` requests in flight:
+        Prometheus text, or OpenMetrics when `accept` (the request's Accept header)
+        asks for it, as vLLM's endpoint answers."""
+        self.running.set(running)
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type

@@ -62,10 +62,10 @@ async def version(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    """Prometheus text."""
+    """Prometheus text (OpenMetrics when the Accept header asks for it)."""
     state = _state(request)
-    body = state.metrics.render(state.engines.inflight)
-    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+    body, content_type = state.metrics.render(state.engines.inflight, request.headers.get("accept"))
+    return Response(body, headers={"Content-Type": content_type})
 
 
 async def _call_all_engines(request: Request, method: str, args: list[Any]) -> Response:

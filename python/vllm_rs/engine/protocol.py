@@ -267,33 +267,6 @@ class EngineCoreOutput:
             None if not self.events else [e.to_wire() for e in self.events],
         ]  # fmt: skip
 
-    @classmethod
-    def from_wire(cls, items: Any) -> EngineCoreOutput:
-        """Reads an array of at least 2 slots."""
-        if not isinstance(items, (list, tuple)) or len(items) < 2 or not isinstance(items[0], str):
-            raise ProtocolError(f"EngineCoreOutput must be [request_id, new_token_ids, ...], got {items!r:.200}")
-        reason = _slot(items, 5)
-        try:
-            events = [
-                EngineCoreEvent(EngineCoreEventType(e["type"]), float(e["timestamp"])) for e in _slot(items, 7, ())
-            ]
-            error = _slot(items, 18)
-            if error is not None:
-                error = RequestError(str(error["code"]), str(error["message"]), bool(error.get("retryable")))
-        except (KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"malformed events or error in the output of {items[0]}: {e!r}") from e
-        logprobs, prompt_logprobs = _slot(items, 2), _slot(items, 3)
-        return cls(
-            items[0],
-            list(items[1] or ()),
-            None if reason is None else FinishReason(reason),
-            _slot(items, 6),
-            events or None,
-            error,
-            None if logprobs is None else LogprobsRows.from_wire(logprobs),
-            None if prompt_logprobs is None else LogprobsRows.from_wire(prompt_logprobs),
-        )
-
 
 @dataclass
 class UtilityOutput:
@@ -349,50 +322,6 @@ class EngineCoreOutputs:
 def encode_outputs(message: EngineCoreOutputs) -> bytes:
     """Output-socket frame bytes for `message`."""
     return pack(message.to_wire())
-
-
-def decode_outputs(frames: list[bytes]) -> EngineCoreOutputs | None:
-    """Decodes one output-socket message; None for `ENGINE_CORE_DEAD`.
-
-    Raises `msgpack` / `ValueError` subclasses for undecodable bytes (log and
-    skip) and `ProtocolError` for an empty or mixed message (fatal).
-    """
-    if not frames:
-        raise ProtocolError("no frames")
-    if frames[0] == ENGINE_CORE_DEAD:
-        return None
-    items = unpack(frames[0])
-    if not isinstance(items, (list, tuple)):
-        raise ValueError(f"EngineCoreOutputs must be an array, got {type(items).__name__}")
-    engine_index = int(_slot(items, 0, 0))
-    outputs = [EngineCoreOutput.from_wire(o) for o in _slot(items, 1, ())]
-    stats = _slot(items, 2)
-    utility = _slot(items, 4)
-    finished = _slot(items, 5)
-    wave_complete, start_wave = _slot(items, 6), _slot(items, 7)
-    is_batch = bool(outputs) or stats is not None or bool(finished)
-    is_wave = wave_complete is not None or start_wave is not None
-    kinds = is_batch + (utility is not None) + is_wave
-    if kinds == 0:
-        raise ProtocolError(f"empty outputs message from engine {engine_index}")
-    if kinds > 1:
-        raise ProtocolError(
-            f"outputs message from engine {engine_index} mixes request outputs, a utility reply and wave fields"
-        )
-    reply = None
-    if utility is not None:
-        call_id, failure, result = (list(utility) + [None, None, None])[:3]
-        reply = UtilityOutput(int(call_id), failure, None if result is None else result[1])
-    return EngineCoreOutputs(
-        engine_index=engine_index,
-        outputs=outputs,
-        scheduler_stats=stats,
-        timestamp=float(_slot(items, 3, 0.0)),
-        utility_output=reply,
-        finished_requests=list(finished) if finished else None,
-        wave_complete=wave_complete,
-        start_wave=start_wave,
-    )
 
 
 @dataclass
