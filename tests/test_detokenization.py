@@ -60,7 +60,12 @@ def test_first_token_keeps_its_leading_space_after_the_prompt(served):
 
 def test_characters_split_across_tokens_come_out_whole(served):
     server, tokenizer, _ = served
-    outputs = encode(tokenizer, " hello") + byte_ids(tokenizer, "😀") + byte_ids(tokenizer, "中文") + piece_ids(tokenizer, "!")
+    outputs = (
+        encode(tokenizer, " hello")
+        + byte_ids(tokenizer, "😀")
+        + byte_ids(tokenizer, "中文")
+        + piece_ids(tokenizer, "!")
+    )
     answer = complete(server, "The capital is", outputs)
     assert_consistent(answer, expected_text(tokenizer, answer.prompt_ids, outputs))
     assert answer.text == " hello😀中文!"
@@ -94,7 +99,9 @@ def test_stop_token_from_the_engine_is_left_out_of_the_text(served):
 def test_stop_string_spanning_tokens(served):
     server, tokenizer, kind = served
     pieces = ["▁hello", "▁ST", "OP", "▁world"] if kind == "metaspace" else None
-    outputs = piece_ids(tokenizer, *pieces) if pieces else encode(tokenizer, " hello") + byte_ids(tokenizer, " STOP world")
+    outputs = (
+        piece_ids(tokenizer, *pieces) if pieces else encode(tokenizer, " hello") + byte_ids(tokenizer, " STOP world")
+    )
     full = expected_text(tokenizer, tokenizer.encode("The capital is").ids, outputs)
     assert full == " hello STOP world"
     answer = complete(server, "The capital is", outputs, finish=None, stop=["STOP"])

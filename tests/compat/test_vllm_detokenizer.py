@@ -62,7 +62,10 @@ def _outputs(tokenizer, case: str) -> list[int]:
     eos, start, end = piece_ids(tokenizer, "</s>", "<|im_start|>", "<|im_end|>")
     return {
         "paris": encode(" Paris."),
-        "multibyte": encode(" hello") + byte_ids(tokenizer, "😀") + byte_ids(tokenizer, "中文") + piece_ids(tokenizer, "!"),
+        "multibyte": encode(" hello")
+        + byte_ids(tokenizer, "😀")
+        + byte_ids(tokenizer, "中文")
+        + piece_ids(tokenizer, "!"),
         "special": encode(" hello") + [eos, start, end] + encode(" world"),
         "eos": encode(" hello") + [eos],
         "stop_string": encode(" hello") + byte_ids(tokenizer, " STOP") + encode(" world"),

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers.processors import TemplateProcessing
 
 #: Special tokens of both tokenizers, ids 0.. in this order.
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
@@ -67,10 +68,10 @@ def byte_level_tokenizer() -> Tokenizer:
 
 
 def _add_bos(tokenizer: Tokenizer) -> None:
-    from tokenizers.processors import TemplateProcessing
-
     bos_id = tokenizer.token_to_id(BOS)
-    tokenizer.post_processor = TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)])
+    tokenizer.post_processor = TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)]
+    )
 
 
 def write_model_dir(tokenizer: Tokenizer, directory: Path) -> Path:
@@ -92,16 +93,12 @@ def piece_ids(tokenizer: Tokenizer, *pieces: str) -> list[int]:
 def byte_ids(tokenizer: Tokenizer, text: str) -> list[int]:
     """One token per UTF-8 byte of `text`: `<0xNN>` pieces (SentencePiece
     style) or the byte-level alphabet's characters (GPT-2 style)."""
-    table = pre_tokenizers.ByteLevel.alphabet()
     mapping = _byte_level_chars()
     out = []
     for b in text.encode():
-        token = f"<0x{b:02X}>"
-        token_id = tokenizer.token_to_id(token)
+        token_id = tokenizer.token_to_id(f"<0x{b:02X}>")
         if token_id is None:
-            char = mapping[b]
-            assert char in table
-            token_id = tokenizer.token_to_id(char)
+            token_id = tokenizer.token_to_id(mapping[b])
         assert token_id is not None, b
         out.append(token_id)
     return out
