@@ -157,14 +157,7 @@ pub fn submit(
         SubmitError::RankOutOfRange { .. } => ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, e.to_string()),
         SubmitError::Unavailable(why) => ApiError::unavailable(why),
     })?;
-    let generation = Generation::new(
-        stream,
-        decoder,
-        common.stop,
-        prompt_len as usize,
-        state.metrics.clone(),
-        started,
-    );
+    let generation = Generation::new(stream, decoder, common.stop, prompt_len as usize, state.metrics.clone(), started);
     Ok(Submitted { id, created: unix_now(), generation })
 }
 
