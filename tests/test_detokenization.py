@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from tokenizers.decoders import DecodeStream
 
+from tests.api_server_harness import DEADLINE_S, api_server
 from tests.detokenization_harness import FINISH_STOP, FRONTENDS, complete, serve
 from tests.support.hf_tokenizers import (
     byte_ids,
@@ -142,3 +143,17 @@ def test_the_prompt_context_is_what_gives_the_leading_space(served):
     without = tokenizer.decode(paris)
     assert with_context == " Paris"
     assert without == ("Paris" if kind == "metaspace" else " Paris")
+
+
+@pytest.mark.parametrize("broken", ["missing", "not_json"])
+def test_python_server_exits_naming_a_tokenizer_it_cannot_load(tmp_path, capfd, broken):
+    location = tmp_path / "model"
+    if broken == "not_json":
+        location.mkdir()
+        (location / "tokenizer.json").write_text("{not json")
+    with api_server(tokenizer=str(location)) as server:
+        process = server.manager.processes[0]
+        process.join(DEADLINE_S)
+        assert process.exitcode == 1
+    captured = capfd.readouterr()
+    assert str(location) in captured.out + captured.err

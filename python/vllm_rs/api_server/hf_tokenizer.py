@@ -7,7 +7,6 @@ prompt's ids, so the first generated token decodes in the prompt's context)."""
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers.decoders import DecodeStream
 
 from vllm_rs.api_server.tokenizer import ChatMessage, ChatTemplateError, DecodeOptions, TokenizerLoadError
+from vllm_rs.logger import init_logger
 
-logger = logging.getLogger(__name__)
+logger = init_logger(__name__)
 
 #: The start of the error `tokenizers` raises when more context changed text
 #: it had already returned (its `DecodeStreamError::InvalidPrefix`).
@@ -90,6 +90,10 @@ class IncrementalDecoder:
     def _step(self, token_id: int) -> str | None:
         try:
             return self._stream.step(self._tokenizer, token_id)
+        except (OverflowError, TypeError):
+            # An id no tokenizer id can be (an engine's garbage): no text, as in vLLM.
+            logger.warning("Encountered invalid token id: %r", token_id)
+            return None
         except Exception as e:
             if not str(e).startswith(INVALID_PREFIX_ERROR):
                 raise
