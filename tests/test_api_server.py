@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from vllm_rs.api_server.errors import ApiError
 from vllm_rs.api_server.params import Params, common_params, parse_json_object
 from vllm_rs.api_server.stop_strings import StopStrings
-from vllm_rs.api_server.tokenizer import ByteLevelTokenizer, ChatMessage
+from vllm_rs.api_server.tokenizer import ByteLevelTokenizer, ChatMessage, DecodeOptions
 from vllm_rs.engine import make_engine_config, run_engine_core
 from vllm_rs.engine.config import ClientAddresses
 from vllm_rs.network_utils import make_zmq_listener
@@ -82,10 +82,10 @@ def test_stop_strings_agree_with_the_naive_matcher(stops, pieces):
 
 def test_byte_decoder_never_splits_a_character():
     tokenizer = ByteLevelTokenizer()
-    decoder = tokenizer.decoder()
+    decoder = tokenizer.decoder([], DecodeOptions())
     pieces = [decoder.push([t]) for t in tokenizer.encode("añ€😀")]
     assert "".join(pieces) == "añ€😀" and sum(1 for p in pieces if p) == 4
-    decoder = tokenizer.decoder()
+    decoder = tokenizer.decoder([], DecodeOptions())
     assert decoder.push([0x61, 0xFF, 0x62, tokenizer.eos_token_id, 0xE2, 0x82]) == "a\ufffdb"
     assert decoder.flush() == "\ufffd"
     assert tokenizer.apply_chat_template([ChatMessage("user", "hi")], True) == "user: hi\nassistant: "

@@ -116,7 +116,13 @@ impl Generation {
                 return Some(self.fail(GenerationError::Engine));
             }
             let mut finish = finish_reason.map(|reason| Finish { reason, stop_reason });
-            let mut text = self.decoder.push(&token_ids);
+            // As in vLLM, the token that stopped generation in the engine (EOS,
+            // a stop token id) is counted but left out of the text.
+            let decoded = match finish_reason {
+                Some(FinishReason::Stop) => &token_ids[..token_ids.len().saturating_sub(1)],
+                _ => &token_ids[..],
+            };
+            let mut text = self.decoder.push(decoded);
             if finish.is_some() {
                 text.push_str(&self.decoder.flush());
             }

@@ -6,6 +6,7 @@
 use super::body_deadline::is_body_timeout;
 use super::error::ApiError;
 use crate::engine::protocol::SamplingParams;
+use crate::tokenizer::DecodeOptions;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use http_body_util::LengthLimitError;
@@ -178,6 +179,8 @@ pub struct CommonParams {
     pub sampling: SamplingParams,
     /// Stop strings, matched in the frontend.
     pub stop: Vec<String>,
+    /// How generated ids become text.
+    pub decode: DecodeOptions,
     /// Stream the answer as server-sent events.
     pub stream: bool,
     /// Send a usage chunk at the end of the stream.
@@ -243,6 +246,10 @@ pub fn common_params(p: &Params, max_tokens_names: &[&str]) -> Result<CommonPara
         model: p.str("model")?.map(str::to_owned),
         sampling,
         stop: p.strings("stop")?,
+        decode: DecodeOptions {
+            skip_special_tokens: p.bool("skip_special_tokens")?.unwrap_or(true),
+            spaces_between_special_tokens: p.bool("spaces_between_special_tokens")?.unwrap_or(true),
+        },
         stream,
         include_usage,
     })

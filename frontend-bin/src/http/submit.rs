@@ -152,18 +152,12 @@ pub fn submit(
             "received request"
         );
     }
+    let decoder = state.tokenizer.decoder(&request.prompt_token_ids, common.decode);
     let stream = state.engines.submit(request, pinned_rank).map_err(|e| match e {
         SubmitError::RankOutOfRange { .. } => ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, e.to_string()),
         SubmitError::Unavailable(why) => ApiError::unavailable(why),
     })?;
-    let generation = Generation::new(
-        stream,
-        state.tokenizer.decoder(),
-        common.stop,
-        prompt_len as usize,
-        state.metrics.clone(),
-        started,
-    );
+    let generation = Generation::new(stream, decoder, common.stop, prompt_len as usize, state.metrics.clone(), started);
     Ok(Submitted { id, created: unix_now(), generation })
 }
 

@@ -1,7 +1,7 @@
 //! The built-in byte-level tokenizer of the built-in models (`toy`, `echo`):
 //! ids 0..=255 are the bytes of the UTF-8 text, 256 is end-of-sequence.
 
-use super::{ChatMessage, TextDecoder, Tokenizer};
+use super::{ChatMessage, DecodeOptions, TextDecoder, Tokenizer};
 use anyhow::Result;
 
 /// The end-of-sequence id of the byte-level vocabulary.
@@ -19,7 +19,9 @@ impl Tokenizer for ByteLevelTokenizer {
         Ok(text.bytes().map(u32::from).collect())
     }
 
-    fn decoder(&self) -> Box<dyn TextDecoder> {
+    /// Bytes are decoded without the prompt's context; there are no special
+    /// tokens to skip (EOS has no text).
+    fn decoder(&self, _prompt: &[u32], _options: DecodeOptions) -> Box<dyn TextDecoder> {
         Box::new(ByteLevelDecoder::default())
     }
 
@@ -99,7 +101,7 @@ mod tests {
     fn round_trips_utf8_one_byte_at_a_time_without_splitting_chars() {
         let t = ByteLevelTokenizer;
         let ids = t.encode("añ€😀", true).unwrap();
-        let mut d = t.decoder();
+        let mut d = t.decoder(&[], DecodeOptions::default());
         let pieces: Vec<String> = ids.iter().map(|&id| d.push(&[id])).collect();
         assert_eq!(pieces.concat(), "añ€😀");
         assert!(pieces.iter().all(|p| p.chars().count() <= 1));
@@ -108,7 +110,7 @@ mod tests {
 
     #[test]
     fn invalid_bytes_become_replacement_characters_and_eos_is_silent() {
-        let mut d = ByteLevelTokenizer.decoder();
+        let mut d = ByteLevelTokenizer.decoder(&[], DecodeOptions::default());
         assert_eq!(d.push(&[0x61, 0xff, 0x62, BYTE_EOS_TOKEN_ID, 0xe2, 0x82]), "a\u{fffd}b");
         assert_eq!(d.flush(), "\u{fffd}");
     }

@@ -3,8 +3,8 @@
 //! stop tokens from `generation_config.json`.
 
 use super::chat_template::{special_token, template_source, ChatTemplate};
-use super::incremental::IncrementalDecoder;
-use super::{ChatMessage, TextDecoder, Tokenizer};
+use super::incremental::{AddedTokens, IncrementalDecoder};
+use super::{ChatMessage, DecodeOptions, TextDecoder, Tokenizer};
 use anyhow::{anyhow, Context, Result};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -13,6 +13,7 @@ use std::sync::Arc;
 /// A model's Hugging Face tokenizer.
 pub struct HfTokenizer {
     inner: Arc<tokenizers::Tokenizer>,
+    added_tokens: AddedTokens,
     stop_token_ids: Vec<u32>,
     chat_template: Option<ChatTemplate>,
     source: PathBuf,
@@ -68,7 +69,9 @@ impl HfTokenizer {
             ),
             None => None,
         };
-        Ok(HfTokenizer { inner: Arc::new(inner), stop_token_ids, chat_template, source: file })
+        let added_tokens =
+            Arc::new(inner.get_added_tokens_decoder().into_iter().map(|(id, token)| (id, token.content)).collect());
+        Ok(HfTokenizer { inner: Arc::new(inner), added_tokens, stop_token_ids, chat_template, source: file })
     }
 }
 
@@ -78,8 +81,8 @@ impl Tokenizer for HfTokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
-    fn decoder(&self) -> Box<dyn TextDecoder> {
-        Box::new(IncrementalDecoder::new(self.inner.clone()))
+    fn decoder(&self, prompt: &[u32], options: DecodeOptions) -> Box<dyn TextDecoder> {
+        Box::new(IncrementalDecoder::new(self.inner.clone(), &self.added_tokens, prompt, options))
     }
 
     fn stop_token_ids(&self) -> &[u32] {
@@ -118,26 +121,75 @@ mod tests {
         assert_eq!(t.apply_chat_template(&messages, true).unwrap(), "<|bos|>[user] yo<|eot|>\n[assistant] ");
     }
 
+    fn metaspace() -> HfTokenizer {
+        HfTokenizer::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/metaspace")).unwrap()
+    }
+
+    /// Decodes `outputs` after `prompt` one id per push, as the engine sends them.
+    fn stream(t: &HfTokenizer, prompt: &[u32], outputs: &[u32], options: DecodeOptions) -> Vec<String> {
+        let mut decoder = t.decoder(prompt, options);
+        let mut pieces: Vec<String> = outputs.iter().map(|&id| decoder.push(&[id])).collect();
+        pieces.push(decoder.flush());
+        pieces
+    }
+
+    const PARIS: u32 = 264;
+    const EMOJI_BYTES: [u32; 4] = [245, 164, 157, 133];
+
     #[test]
     fn streaming_decode_never_splits_characters_and_matches_the_full_decode() {
         let t = fixture();
         let text = "hello wörld 😀 €!";
         let ids = t.encode(text, false).unwrap();
-        let mut decoder = t.decoder();
-        let mut pieces: Vec<String> = ids.iter().map(|&id| decoder.push(&[id])).collect();
-        pieces.push(decoder.flush());
+        let pieces = stream(&t, &[], &ids, DecodeOptions::default());
         assert_eq!(pieces.concat(), text);
         assert!(pieces.iter().all(|p| !p.contains('\u{fffd}')), "{pieces:?}");
     }
 
     #[test]
-    fn special_tokens_are_skipped_and_flush_releases_leftovers() {
+    fn the_first_token_is_decoded_in_the_prompt_context() {
+        let t = metaspace();
+        let prompt = t.encode("The capital is", true).unwrap();
+        assert_eq!(prompt, [1, 261, 262, 263]);
+        assert_eq!(stream(&t, &prompt, &[PARIS], DecodeOptions::default()).concat(), " Paris");
+        // Without context, SentencePiece drops the first word's space.
+        assert_eq!(stream(&t, &[], &[PARIS], DecodeOptions::default()).concat(), "Paris");
+    }
+
+    #[test]
+    fn byte_fallback_characters_come_out_whole_once_complete() {
+        let t = metaspace();
+        let prompt = t.encode("The capital is", true).unwrap();
+        let mut outputs = vec![PARIS];
+        outputs.extend(EMOJI_BYTES);
+        let pieces = stream(&t, &prompt, &outputs, DecodeOptions::default());
+        assert_eq!(pieces, [" Paris", "", "", "", "😀", ""]);
+    }
+
+    #[test]
+    fn a_prompt_ending_inside_a_character_gives_the_character_once() {
+        let t = metaspace();
+        let mut prompt = t.encode("The capital is", true).unwrap();
+        prompt.extend(&EMOJI_BYTES[..2]);
+        let pieces = stream(&t, &prompt, &[EMOJI_BYTES[2], EMOJI_BYTES[3], PARIS], DecodeOptions::default());
+        assert_eq!(pieces.concat(), "😀 Paris");
+    }
+
+    #[test]
+    fn special_tokens_are_skipped_or_kept() {
         let t = fixture();
-        let mut decoder = t.decoder();
-        assert_eq!(decoder.push(&[259, 104, 105, 258]), "hi");
-        // Half of "€" (e2 82 ac): held back, then released lossily at the end.
-        assert_eq!(decoder.push(&[0xe2, 0x82]), "");
-        assert_eq!(decoder.flush(), "\u{fffd}");
+        let keep = DecodeOptions { skip_special_tokens: false, ..DecodeOptions::default() };
+        assert_eq!(stream(&t, &[259], &[104, 105, 258], DecodeOptions::default()).concat(), "hi");
+        assert_eq!(stream(&t, &[259], &[104, 105, 258], keep).concat(), "hi<|eot|>");
+        let joined = DecodeOptions { skip_special_tokens: false, spaces_between_special_tokens: false };
+        assert_eq!(stream(&t, &[], &[104, 258, 259, 258], joined).concat(), "h<|eot|><|bos|><|eot|>");
+    }
+
+    #[test]
+    fn an_incomplete_character_at_the_end_is_dropped_as_vllm_does() {
+        let t = fixture();
+        let pieces = stream(&t, &[], &[104, 105, 0xe2, 0x82], DecodeOptions::default());
+        assert_eq!(pieces.concat(), "hi");
     }
 
     #[test]

@@ -1,62 +1,130 @@
-//! Streaming detokenization for Hugging Face tokenizers: text is released
-//! only once it no longer ends in an incomplete UTF-8 sequence, and tokens are
-//! decoded with a little left context so that merges and prefix spaces come out
-//! as the full decode would produce them.
-
-use super::TextDecoder;
+//! Streaming detokenization for Hugging Face tokenizers, as vLLM 0.33's
+//! `FastIncrementalDetokenizer` does it: a `tokenizers` decode stream primed
+//! with the prompt's ids, stepped one generated id at a time. Decoding each new
+//! token after the prompt's text is what gives the first generated token its
+//! leading space (SentencePiece `▁`), and text is released only once it no
+//! longer ends in an incomplete UTF-8 character.
+use super::{DecodeOptions, TextDecoder};
+use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Decodes a growing list of ids, releasing text as it becomes final.
+/// The text of every added token by id (special or not), for
+/// `spaces_between_special_tokens: false`.
+pub type AddedTokens = Arc<HashMap<u32, String>>;
+
+/// Decodes one request's generated ids, releasing text as it becomes final.
 pub struct IncrementalDecoder {
     tokenizer: Arc<tokenizers::Tokenizer>,
+    skip_special_tokens: bool,
+    /// Set when adjacent added tokens are joined without the decoder's spaces.
+    joined_added_tokens: Option<AddedTokens>,
+    /// Whether the previous generated id was an added token.
+    last_was_added: bool,
+    /// The decode stream's state (see `tokenizers::step_decode_stream`): the
+    /// ids still needed as context, the text of `ids[..prefix_index]`, and
+    /// that index.
     ids: Vec<u32>,
-    /// Start of the context window decoded with the new tokens.
-    prefix_offset: usize,
-    /// End of the text already released.
-    read_offset: usize,
+    prefix: String,
+    prefix_index: usize,
 }
 
 impl IncrementalDecoder {
-    /// A decoder for one request.
-    pub fn new(tokenizer: Arc<tokenizers::Tokenizer>) -> Self {
-        IncrementalDecoder { tokenizer, ids: Vec::new(), prefix_offset: 0, read_offset: 0 }
+    /// A decoder for one request whose prompt is `prompt`; `added_tokens` is
+    /// the tokenizer's added-token table.
+    pub fn new(
+        tokenizer: Arc<tokenizers::Tokenizer>,
+        added_tokens: &AddedTokens,
+        prompt: &[u32],
+        options: DecodeOptions,
+    ) -> Self {
+        let joined = !options.skip_special_tokens && !options.spaces_between_special_tokens;
+        let mut decoder = IncrementalDecoder {
+            tokenizer,
+            skip_special_tokens: options.skip_special_tokens,
+            joined_added_tokens: (joined && !added_tokens.is_empty()).then(|| added_tokens.clone()),
+            last_was_added: false,
+            ids: Vec::new(),
+            prefix: String::new(),
+            prefix_index: 0,
+        };
+        decoder.prefill(prompt);
+        decoder
+    }
+
+    /// Primes the stream with the prompt, as `DecodeStream(ids=prompt)` does.
+    /// One deliberate difference: when the prompt's text ends in an incomplete
+    /// character, vLLM's stream has no prefix and its first output repeats the
+    /// whole prompt; here the context stops before that character, so only
+    /// the character itself comes out once the output completes it.
+    fn prefill(&mut self, prompt: &[u32]) {
+        // A UTF-8 character spans at most 4 tokens (one byte each).
+        for end in (prompt.len().saturating_sub(4)..=prompt.len()).rev() {
+            let text = self.decode(&prompt[..end]);
+            if !text.ends_with(char::REPLACEMENT_CHARACTER) {
+                self.ids = prompt.to_vec();
+                self.prefix = text;
+                self.prefix_index = end;
+                return;
+            }
+        }
     }
 
     fn decode(&self, ids: &[u32]) -> String {
-        // Decoding known ids cannot fail short of a broken tokenizer; such ids give no text.
-        self.tokenizer.decode(ids, true).unwrap_or_default()
+        // Decoding cannot fail short of a broken tokenizer; such ids give no text.
+        self.tokenizer.decode(ids, self.skip_special_tokens).unwrap_or_default()
     }
 
-    /// The text after what is already released, and whether it is complete.
-    fn pending_text(&self) -> (String, bool) {
-        let prefix = self.decode(&self.ids[self.prefix_offset..self.read_offset]);
-        let full = self.decode(&self.ids[self.prefix_offset..]);
-        let complete = !full.ends_with(char::REPLACEMENT_CHARACTER);
-        let new = match full.get(prefix.len()..) {
-            Some(tail) if full.starts_with(&prefix) => tail.to_string(),
-            // The context decoded differently (rare normalizations): release all of it.
-            _ => full,
+    /// One step of the decode stream: the text `id` completes, if any.
+    fn step(&mut self, id: u32) -> Option<String> {
+        let step = |d: &mut Self| {
+            tokenizers::step_decode_stream(
+                &d.tokenizer,
+                vec![id],
+                d.skip_special_tokens,
+                &mut d.ids,
+                &mut d.prefix,
+                &mut d.prefix_index,
+            )
         };
-        (new, complete)
+        match step(self) {
+            Ok(text) => text,
+            Err(e) if e.downcast_ref::<tokenizers::DecodeStreamError>().is_some() => {
+                // Decoding with more context changed the earlier text (rare
+                // non-monotonic decoders): restart without context, as vLLM does.
+                tracing::warn!("Encountered invalid prefix detokenization error, resetting decode stream.");
+                self.ids.clear();
+                self.prefix.clear();
+                self.prefix_index = 0;
+                step(self).unwrap_or_default()
+            }
+            Err(_) => None,
+        }
     }
 }
 
 impl TextDecoder for IncrementalDecoder {
     fn push(&mut self, ids: &[u32]) -> String {
-        self.ids.extend_from_slice(ids);
-        let (text, complete) = self.pending_text();
-        if text.is_empty() || !complete {
-            return String::new();
+        let mut out = String::new();
+        for &id in ids {
+            let text = self.step(id);
+            match &self.joined_added_tokens {
+                Some(added) => {
+                    let added_token = added.get(&id);
+                    match added_token {
+                        // Two added tokens in a row: the raw token, without the decoder's space.
+                        Some(content) if self.last_was_added => out.push_str(content),
+                        _ => out.push_str(text.as_deref().unwrap_or_default()),
+                    }
+                    self.last_was_added = added_token.is_some();
+                }
+                None => out.push_str(text.as_deref().unwrap_or_default()),
+            }
         }
-        self.prefix_offset = self.read_offset;
-        self.read_offset = self.ids.len();
-        text
+        out
     }
 
+    /// Nothing: like vLLM, an incomplete character at the end is never emitted.
     fn flush(&mut self) -> String {
-        let (text, _) = self.pending_text();
-        self.prefix_offset = self.ids.len();
-        self.read_offset = self.ids.len();
-        text
+        String::new()
     }
 }

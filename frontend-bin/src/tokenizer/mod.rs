@@ -23,8 +23,9 @@ pub trait Tokenizer: Send + Sync {
     /// adds around a text (BOS...): true for raw prompts, false for chat
     /// prompts, whose template writes them.
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>>;
-    /// A fresh streaming decoder for one request.
-    fn decoder(&self) -> Box<dyn TextDecoder>;
+    /// A fresh streaming decoder for one request whose prompt is `prompt`:
+    /// generated text is decoded in the prompt's context, as vLLM does.
+    fn decoder(&self, prompt: &[u32], options: DecodeOptions) -> Box<dyn TextDecoder>;
     /// Tokens that end generation unless `ignore_eos`: EOS first, then any
     /// others the model's generation config names.
     fn stop_token_ids(&self) -> &[u32];
@@ -32,6 +33,24 @@ pub trait Tokenizer: Send + Sync {
     fn vocab_size(&self) -> usize;
     /// The prompt text for `messages`; errors are the client's fault (HTTP 400).
     fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String>;
+}
+
+/// How a request's generated ids become text (vLLM's sampling parameters
+/// of the same names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Leave special tokens (BOS, EOS, ...) out of the text.
+    pub skip_special_tokens: bool,
+    /// With special tokens kept: whether adjacent added tokens are separated
+    /// as the tokenizer's decoder does (false joins them as written).
+    pub spaces_between_special_tokens: bool,
+}
+
+impl Default for DecodeOptions {
+    /// vLLM's defaults: both true.
+    fn default() -> Self {
+        DecodeOptions { skip_special_tokens: true, spaces_between_special_tokens: true }
+    }
 }
 
 /// Turns a stream of generated token ids into text pieces.

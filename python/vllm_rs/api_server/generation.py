@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from vllm_rs.api_server.engine_client import Failed, RequestStream
 from vllm_rs.api_server.metrics import Metrics
 from vllm_rs.api_server.stop_strings import StopStrings
-from vllm_rs.api_server.tokenizer import ByteDecoder
+from vllm_rs.api_server.tokenizer import TextDecoder
 from vllm_rs.engine.protocol import FinishReason
 
 
@@ -48,7 +48,7 @@ class Generation:
     def __init__(
         self,
         stream: RequestStream,
-        decoder: ByteDecoder,
+        decoder: TextDecoder,
         stop: list[str],
         prompt_tokens: int,
         metrics: Metrics,
@@ -94,7 +94,10 @@ class Generation:
             if finish is not None and finish.reason == FinishReason.ERROR:
                 self._fail()
                 raise GenerationError(ENGINE_FAILED_MESSAGE)
-            text = self.decoder.push(token_ids)
+            # As in vLLM, the token that stopped generation in the engine (EOS,
+            # a stop token id) is counted but left out of the text.
+            stopped_in_engine = finish is not None and finish.reason == FinishReason.STOP
+            text = self.decoder.push(token_ids[:-1] if stopped_in_engine else token_ids)
             if finish is not None:
                 text += self.decoder.flush()
             emit, matched = self.stops.push(text)

@@ -27,7 +27,7 @@ from vllm_rs.api_server.sse import (
 )
 from vllm_rs.api_server.state import ServerState
 from vllm_rs.api_server.submit import CHAT, COMPLETIONS, Submitted, check_model, submit
-from vllm_rs.api_server.tokenizer import ChatMessage
+from vllm_rs.api_server.tokenizer import ChatMessage, ChatTemplateError
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:
@@ -181,8 +181,13 @@ async def create_chat_completion(request: Request) -> Response:
         raise ApiError.invalid_param("response_format", "only the `text` response format is supported")
     messages = _messages(p)
     add_generation_prompt = p.bool("add_generation_prompt")
-    prompt_text = state.tokenizer.apply_chat_template(
-        messages, True if add_generation_prompt is None else add_generation_prompt
-    )
-    submitted = submit(state, request.headers, CHAT, state.tokenizer.encode(prompt_text), common)
+    try:
+        prompt_text = state.tokenizer.apply_chat_template(
+            messages, True if add_generation_prompt is None else add_generation_prompt
+        )
+    except ChatTemplateError as e:  # the template refused the messages, or there is none
+        raise ApiError.invalid_param("messages", f"cannot apply the chat template: {e}") from None
+    # The template writes BOS and the like itself.
+    prompt = state.tokenizer.encode(prompt_text, add_special_tokens=False)
+    submitted = submit(state, request.headers, CHAT, prompt, common)
     return await _answer(state, submitted, common, CHAT_SHAPE)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_rs.api_server.errors import ApiError
+from vllm_rs.api_server.tokenizer import DecodeOptions
 
 #: Largest request body accepted (bytes).
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -243,8 +244,14 @@ class CommonParams:
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
+    decode: DecodeOptions = field(default_factory=DecodeOptions)
     stream: bool = False
     include_usage: bool = False
+
+
+def _true_unless_false(value: bool | None) -> bool:
+    """A boolean that defaults to true when absent."""
+    return value is None or value
 
 
 def common_params(p: Params, max_tokens_names: tuple[str, ...]) -> CommonParams:
@@ -298,6 +305,10 @@ def common_params(p: Params, max_tokens_names: tuple[str, ...]) -> CommonParams:
         ignore_eos=p.bool("ignore_eos") or False,
         stop_token_ids=p.token_ids("stop_token_ids") or [],
         stop=p.stop_strings("stop"),
+        decode=DecodeOptions(
+            skip_special_tokens=_true_unless_false(p.bool("skip_special_tokens")),
+            spaces_between_special_tokens=_true_unless_false(p.bool("spaces_between_special_tokens")),
+        ),
         stream=stream,
         include_usage=include_usage,
     )

@@ -24,6 +24,7 @@ from vllm_rs.api_server.http_protocol import guarded_protocol
 from vllm_rs.api_server.limits import LimitError
 from vllm_rs.api_server.metrics import Metrics
 from vllm_rs.api_server.state import ServerSettings, ServerState
+from vllm_rs.api_server.tokenizer import Tokenizer, TokenizerLoadError, load_tokenizer
 from vllm_rs.logger import init_logger
 from vllm_rs.network_utils import ZmqListener
 
@@ -87,10 +88,11 @@ def run_server_worker(
     when the engines do not register."""
     try:
         settings = ServerSettings.from_args(args)
-    except LimitError as e:
+        tokenizer = load_tokenizer(settings.model_tag, settings.tokenizer)
+    except (LimitError, TokenizerLoadError) as e:
         logger.error("%s", e)
         sys.exit(1)
-    code = uvloop.run(_serve(listen_address, sock, settings, client_config, uvicorn_kwargs))
+    code = uvloop.run(_serve(listen_address, sock, settings, tokenizer, client_config, uvicorn_kwargs))
     if code:
         sys.exit(code)
 
@@ -117,7 +119,12 @@ async def _wait_for_engines_or_signal(engines: EngineClient, timeout: float) -> 
 
 
 async def _serve(
-    listen_address: str, sock: Any, settings: ServerSettings, client_config: dict[str, Any], uvicorn_kwargs: dict
+    listen_address: str,
+    sock: Any,
+    settings: ServerSettings,
+    tokenizer: Tokenizer,
+    client_config: dict[str, Any],
+    uvicorn_kwargs: dict,
 ) -> int:
     engines = EngineClient(
         ZmqListener(client_config["input_address"], client_config["input_listener"], zmq.ROUTER),
@@ -139,7 +146,8 @@ async def _serve(
         lengths = [r.max_model_len for r in registrations if r.max_model_len is not None]
         if settings.max_model_len is not None:
             lengths.append(settings.max_model_len)
-        state = ServerState(settings, engines, Metrics(settings.primary_model_name), min(lengths) if lengths else None)
+        max_model_len = min(lengths) if lengths else None
+        state = ServerState(settings, engines, Metrics(settings.primary_model_name), max_model_len, tokenizer)
         await _serve_http(listen_address, sock, state, uvicorn_kwargs)
         return 0
     finally:

@@ -11,7 +11,7 @@ from vllm_rs import envs
 from vllm_rs.api_server.engine_client import EngineClient
 from vllm_rs.api_server.limits import ServerLimits
 from vllm_rs.api_server.metrics import Metrics
-from vllm_rs.api_server.tokenizer import ByteLevelTokenizer
+from vllm_rs.api_server.tokenizer import ByteLevelTokenizer, Tokenizer
 
 #: Drain time on SIGTERM/SIGINT when `--shutdown-timeout` is not given.
 DEFAULT_SHUTDOWN_TIMEOUT_S = 4.0
@@ -23,6 +23,8 @@ class ServerSettings:
 
     model_tag: str
     served_model_names: list[str]
+    #: Where the tokenizer lives, when not in the model directory.
+    tokenizer: str | None = None
     api_keys: list[str] = field(default_factory=list)
     max_model_len: int | None = None
     engine_ready_timeout_s: float = 600.0
@@ -48,6 +50,7 @@ class ServerSettings:
         shutdown = getattr(args, "shutdown_timeout", None)
         return cls(
             model_tag=model_tag,
+            tokenizer=getattr(args, "tokenizer", None),
             served_model_names=[names] if isinstance(names, str) else list(names),
             api_keys=[] if not api_key else [api_key] if isinstance(api_key, str) else list(api_key),
             max_model_len=getattr(args, "max_model_len", None),
@@ -69,5 +72,5 @@ class ServerState:
     engines: EngineClient
     metrics: Metrics
     max_model_len: int | None
-    tokenizer: ByteLevelTokenizer = field(default_factory=ByteLevelTokenizer)
+    tokenizer: Tokenizer = field(default_factory=ByteLevelTokenizer)
     created: int = field(default_factory=lambda: int(time.time()))

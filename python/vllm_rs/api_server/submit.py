@@ -125,9 +125,10 @@ def submit(
         sampling["ignore_eos"] = True
     else:
         eos = state.tokenizer.eos_token_id
-        sampling["_eos_token_id"] = eos
-        if eos not in all_stop:
-            all_stop.append(eos)
+        if eos is not None:
+            sampling["_eos_token_id"] = eos
+            if eos not in all_stop:
+                all_stop.append(eos)
     sampling["_all_stop_token_ids"] = all_stop
     external_id = f"{endpoint.id_prefix}-{_client_request_id(headers)}"
     request = EngineCoreRequest(
@@ -149,5 +150,6 @@ def submit(
         raise ApiError.invalid_param(DATA_PARALLEL_RANK_HEADER, str(e)) from None
     except EngineUnavailableError as e:
         raise ApiError(503, str(e)) from None
-    generation = Generation(stream, state.tokenizer.decoder(), common.stop, len(prompt), state.metrics, started)
+    decoder = state.tokenizer.decoder(prompt, common.decode)
+    generation = Generation(stream, decoder, common.stop, len(prompt), state.metrics, started)
     return Submitted(external_id, int(time.time()), generation)

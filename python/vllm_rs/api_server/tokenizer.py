@@ -1,14 +1,49 @@
-"""Tokenization in the Python API server: the byte-level tokenizer of the
-built-in models (ids 0..255 are the UTF-8 bytes, 256 is end-of-sequence), a
-streaming decoder that never splits a UTF-8 character, and the chat template
-`role: content` lines (as the Rust frontend does)."""
+"""Tokenization in the Python API server, as the Rust frontend does it: the
+byte-level tokenizer of the built-in models (ids 0..255 are the UTF-8 bytes,
+256 is end-of-sequence, chat prompts are `role: content` lines) and Hugging
+Face tokenizers (`tokenizer.json`, see `hf_tokenizer`). Their streaming
+decoders never split a UTF-8 character."""
 
 from __future__ import annotations
 
 import codecs
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, Union
 
-from vllm_rs.engine.models import BYTE_EOS_TOKEN_ID, BYTE_VOCAB_SIZE
+from vllm_rs.engine.models import BYTE_EOS_TOKEN_ID, BYTE_VOCAB_SIZE, MODEL_TYPES
+
+if TYPE_CHECKING:
+    from vllm_rs.api_server.hf_tokenizer import HfTokenizer
+
+
+class TokenizerLoadError(ValueError):
+    """No usable tokenizer at the location given; the message says why."""
+
+
+class ChatTemplateError(ValueError):
+    """The chat template cannot render these messages (the client's fault)."""
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How a request's generated ids become text (vLLM's sampling parameters
+    of the same names; both default to true)."""
+
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+
+
+class TextDecoder(Protocol):
+    """Turns one request's generated ids into text pieces."""
+
+    def push(self, token_ids: list[int]) -> str:
+        """The text that is complete after adding `token_ids`."""
+        ...
+
+    def flush(self) -> str:
+        """Whatever is still held back (the stream ended)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -42,15 +77,34 @@ class ByteLevelTokenizer:
     eos_token_id = BYTE_EOS_TOKEN_ID
     vocab_size = BYTE_VOCAB_SIZE
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text` (there are no special tokens to add)."""
         return list(text.encode("utf-8", errors="surrogatepass"))
 
-    def decoder(self) -> ByteDecoder:
-        """A fresh streaming decoder for one request."""
+    def decoder(self, prompt: list[int], options: DecodeOptions) -> ByteDecoder:
+        """A fresh streaming decoder for one request; bytes are decoded
+        without the prompt's context and EOS has no text to skip."""
         return ByteDecoder()
 
     def apply_chat_template(self, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
         """`role: content` lines, then `assistant: ` when a reply is wanted."""
         prompt = "".join(f"{m.role}: {m.content}\n" for m in messages)
         return prompt + "assistant: " if add_generation_prompt else prompt
+
+
+#: A tokenizer as the server uses it.
+Tokenizer = Union[ByteLevelTokenizer, "HfTokenizer"]
+
+
+def load_tokenizer(model_tag: str, tokenizer: str | None) -> Tokenizer:
+    """The tokenizer to serve with: the Hugging Face tokenizer at `tokenizer`
+    when given, else the one in the model directory `model_tag` when it holds
+    a `tokenizer.json`, else the byte-level one (the built-in models, and
+    models whose tokenizer is not local). Raises TokenizerLoadError naming
+    the location when a Hugging Face tokenizer cannot be loaded."""
+    if tokenizer is None and (model_tag in MODEL_TYPES or not (Path(model_tag) / "tokenizer.json").is_file()):
+        return ByteLevelTokenizer()
+    # Imported here: the byte-level path must not need the `tokenizers` package.
+    from vllm_rs.api_server.hf_tokenizer import load_hf_tokenizer
+
+    return load_hf_tokenizer(tokenizer if tokenizer is not None else model_tag)

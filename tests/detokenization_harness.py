@@ -1,0 +1,146 @@
+"""What the detokenization tests share: a frontend (the real `vllm-rs`
+binary, or the real Python API server) serving a Hugging Face tokenizer from
+a model directory, an engine the test plays over real ZeroMQ sockets that
+emits chosen token ids one per step, and the `openai` client asking for the
+same completion streamed and not. No tests live here."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import zmq
+from vllm_rs.network_utils import make_zmq_listener
+from vllm_rs.utils import RustFrontendProcessManager
+
+from tests.api_server_harness import DEADLINE_S, ScriptedEngine, api_server, in_background
+
+FINISH_STOP, FINISH_LENGTH = 0, 1
+FRONTENDS = ("rust", "python")
+
+
+@dataclass
+class Served:
+    """A frontend on a loopback port with engine 0 played by the test."""
+
+    port: int
+    input_address: str
+    output_address: str
+    engine: ScriptedEngine | None = None
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def wait_ready(self, alive: Any) -> None:
+        """Returns once `/v1/models` answers; `alive()` says the process still runs."""
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            try:
+                self.client().models.list()
+                return
+            except openai.APIConnectionError:
+                assert alive(), "the frontend exited during start-up"
+                assert time.monotonic() < deadline, "the frontend never started serving"
+                time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _rust_frontend(model_dir: Path) -> Iterator[Served]:
+    http = socket.socket()
+    http.bind(("127.0.0.1", 0))
+    http.listen(128)
+    port = http.getsockname()[1]
+    input_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
+    output_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    namespace = argparse.Namespace(model="toy", tokenizer=str(model_dir))
+    frontend = RustFrontendProcessManager(None, http, namespace, input_listener, output_listener, 0, 1, 1)
+    http.close()
+    served = Served(port, input_listener.address, output_listener.address)
+    try:
+        served.engine = ScriptedEngine(served)
+        served.wait_ready(frontend.processes[0].is_alive)
+        yield served
+    finally:
+        if served.engine is not None:
+            served.engine.close()
+        frontend.shutdown()
+
+
+@contextlib.contextmanager
+def _python_server(model_dir: Path) -> Iterator[Served]:
+    with api_server(tokenizer=str(model_dir)) as server:
+        served = Served(server.port, server.input_address, server.output_address)
+        served.engine = ScriptedEngine(server)
+        try:
+            served.wait_ready(server.manager.processes[0].is_alive)
+            yield served
+        finally:
+            served.engine.close()
+
+
+def serve(frontend: str, model_dir: Path) -> contextlib.AbstractContextManager[Served]:
+    """The `frontend` ("rust" or "python") serving the tokenizer in `model_dir`."""
+    return _rust_frontend(model_dir) if frontend == "rust" else _python_server(model_dir)
+
+
+@dataclass
+class Answer:
+    """One completion asked for twice, streamed and not."""
+
+    prompt_ids: list[int]
+    streamed: str
+    pieces: list[str]
+    text: str
+    finish_reason: str
+    stop_reason: Any
+
+
+def complete(
+    served: Served,
+    prompt: str | list[int] | list[dict[str, str]],
+    outputs: list[int],
+    finish: int | None = FINISH_LENGTH,
+    stop_reason: Any = None,
+    **params: Any,
+) -> Answer:
+    """Asks `served` for a completion of `prompt` (chat messages when it is a
+    list of dicts) streamed, then not, while the engine answers each with
+    `outputs`, one id per step, the last one finishing with `finish`. With
+    `finish` None the engine never finishes: a stop string must end the
+    request, and its ABORT must reach the engine. Returns what both gave."""
+    client = served.client()
+    model = client.models.list().data[0].id
+    chat = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
+    body: dict[str, Any] = {"model": model, "max_tokens": len(outputs), "extra_body": params}
+    create = client.chat.completions.create if chat else client.completions.create
+    body["messages" if chat else "prompt"] = prompt
+
+    results = []
+    prompt_ids: list[int] = []
+    for stream in (True, False):
+        future = in_background(lambda stream=stream: list(create(stream=True, **body)) if stream else create(**body))
+        request_id, prompt_ids, _sampling = served.engine.next_add()
+        for index, token_id in enumerate(outputs):
+            last = index == len(outputs) - 1
+            served.engine.send_outputs(
+                [[request_id, [token_id], None, None, None, finish if last else None, stop_reason if last else None]]
+            )
+        results.append(future.result(timeout=DEADLINE_S))
+        if finish is None:
+            served.engine.wait_for_abort(request_id)
+    chunks, completion = results
+    choices = [c.choices[0] for c in chunks if c.choices]
+    pieces = [(c.delta.content or "") if chat else c.text for c in choices]
+    choice = completion.choices[0]
+    streamed_finish = [c.finish_reason for c in choices if c.finish_reason]
+    assert streamed_finish == [choice.finish_reason], (streamed_finish, choice.finish_reason)
+    stop = (choice.model_extra or {}).get("stop_reason")
+    text = choice.message.content if chat else choice.text
+    return Answer(prompt_ids, "".join(pieces), pieces, text, choice.finish_reason, stop)
