@@ -51,8 +51,9 @@ fn put_uint_array(buf: &mut Vec<u8>, items: &[u32]) {
 /// Number of EngineCoreRequest slots sent: through `external_req_id` (slot 16).
 const REQUEST_SLOTS: u32 = 17;
 
-/// Encodes an ADD payload (EngineCoreRequest as an array).
-pub fn encode_add(req: &EngineRequest) -> Vec<u8> {
+/// Encodes an ADD payload (EngineCoreRequest as an array) for request wave
+/// `current_wave` (the coordinator's; 0 without one).
+pub fn encode_add(req: &EngineRequest, current_wave: u64) -> Vec<u8> {
     let mut buf = Vec::with_capacity(128 + 2 * req.prompt_token_ids.len());
     put_array_len(&mut buf, REQUEST_SLOTS);
     put_str(&mut buf, &req.request_id); // 0 request_id
@@ -70,7 +71,7 @@ pub fn encode_add(req: &EngineRequest) -> Vec<u8> {
     put_nil(&mut buf); // 9 prompt_embeds
     put_nil(&mut buf); // 10 prompt_is_token_ids
     put_uint(&mut buf, req.client_index.into()); // 11 client_index
-    put_uint(&mut buf, 0); // 12 current_wave
+    put_uint(&mut buf, current_wave); // 12 current_wave
     put_uint(&mut buf, 0); // 13 priority
     put_nil(&mut buf); // 14 trace_headers
     encode::write_bool(&mut buf, false).expect("write to Vec"); // 15 resumable
@@ -414,7 +415,7 @@ mod tests {
             &[0xc0, 0xc2],                         // trace_headers, resumable
             &fixstr("x"),
         ]);
-        assert_eq!(encode_add(&req), expected);
+        assert_eq!(encode_add(&req, 0), expected);
     }
 
     #[test]

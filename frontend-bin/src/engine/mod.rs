@@ -3,6 +3,7 @@
 pub mod balancer;
 pub mod client;
 pub mod codec;
+pub mod coordination;
 pub mod inbox;
 pub mod msgpack;
 pub mod protocol;
@@ -10,7 +11,8 @@ pub mod registration;
 pub mod router;
 pub mod sockets;
 pub mod token_ids;
-pub mod zmtp;
 
 pub use client::{EngineClient, RequestStream, SubmitError};
 pub use inbox::RequestEvent;
+/// ZMTP, spoken in the runtime (the `vllm-rs-zmtp` crate).
+pub use vllm_rs_zmtp as zmtp;
