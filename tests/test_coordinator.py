@@ -7,7 +7,6 @@ from __future__ import annotations
 import msgpack
 import pytest
 import zmq
-
 from vllm_rs.coordinator import Coordinator, CoordinatorListeners, CoordinatorProcManager
 from vllm_rs.engine.protocol import REQUEST_START_DP_WAVE, EngineCoreOutputs, ProtocolError, encode_outputs
 from vllm_rs.engine.stats import SchedulerStats

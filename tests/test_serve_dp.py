@@ -112,7 +112,7 @@ def test_data_parallel_stack_with_the_coordinator(frontend):
         idle = lambda m: m[0] is not None and all(c[:2] == [0, 0] for c in m[0])  # noqa: E731
         watch.wait_for(idle, "idle engines", since=awake)
         # Requests sent now carry the new wave to whichever engine gets them.
-        for i in range(4):
+        for _ in range(4):
             assert client.completions.create(model="echo", prompt="w", max_tokens=2).choices[0].text == "ww"
 
         processes = serve.descendants()

@@ -20,11 +20,11 @@ use crate::metrics::Metrics;
 use crate::stats_log::{log_stats_forever, STATS_LOG_INTERVAL};
 use crate::tokenizer::{load_tokenizer, Tokenizer};
 use anyhow::Context;
-use vllm_rs_coordinator::CoordinatorAddress;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
+use vllm_rs_coordinator::CoordinatorAddress;
 
 /// Everything the frontend needs, validated.
 struct Startup {

@@ -76,6 +76,14 @@ class CoordinatorListeners:
             raise
         return cls(*made)
 
+    def addresses(self) -> CoordinatorAddresses:
+        """Where engines and frontends reach these listeners."""
+        return CoordinatorAddresses(
+            engine_publish=self.engine_publish.address,
+            engine_output=self.engine_output.address,
+            front_publish=self.front_publish.address,
+        )
+
     def all(self) -> list[ZmqListener]:
         """The three listeners."""
         return [self.front_publish, self.engine_publish, self.engine_output]
@@ -220,14 +228,8 @@ class CoordinatorProcManager:
     def __init__(self, engine_count: int, listeners: CoordinatorListeners):
         from vllm_rs.process import PreparedTarget
 
-        self.addresses = CoordinatorAddresses(
-            engine_publish=listeners.engine_publish.address,
-            engine_output=listeners.engine_output.address,
-            front_publish=listeners.front_publish.address,
-        )
-        self.proc = PreparedTarget(
-            run_coordinator, name="DPCoordinator", args=(engine_count, listeners)
-        ).start()
+        self.addresses = listeners.addresses()
+        self.proc = PreparedTarget(run_coordinator, name="DPCoordinator", args=(engine_count, listeners)).start()
         for listener in listeners.all():
             listener.close()  # the child holds them now
         logger.info("Started DP Coordinator process (PID: %d)", self.proc.pid)

@@ -44,7 +44,7 @@ import zmq
 
 from vllm_rs.cli_args import make_arg_parser
 from vllm_rs.coordinator import CoordinatorListeners, CoordinatorProcManager
-from vllm_rs.engine.config import ClientAddresses, CoordinatorAddresses, EngineConfig, EngineConfigError, make_engine_config
+from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigError, make_engine_config
 from vllm_rs.engine.models import ModelPathError
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 from vllm_rs.logger import init_logger
@@ -306,9 +306,7 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
     logger.info("engine sockets in %s (mode 0700: this user only)", socket_dir.path)
     config.clients = [ClientAddresses(i.address, o.address) for i, o in listeners]
     if coordinator is not None:
-        config.coordinator = CoordinatorAddresses(
-            coordinator.engine_publish.address, coordinator.engine_output.address, coordinator.front_publish.address
-        )
+        config.coordinator = coordinator.addresses()
     outputs = [o.address for _, o in listeners]
     return StackPlan(args, config, http, socket_dir, listeners, binary, outputs, coordinator)
 

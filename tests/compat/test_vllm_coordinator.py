@@ -113,8 +113,7 @@ def test_our_frontend_and_engines_with_vllms_coordinator(tmp_path):
             asleep = watch.mark()
             with ThreadPoolExecutor(6) as pool:
                 replies = [
-                    pool.submit(client.completions.create, model="echo", prompt=f"q{i}", max_tokens=2)
-                    for i in range(6)
+                    pool.submit(client.completions.create, model="echo", prompt=f"q{i}", max_tokens=2) for i in range(6)
                 ]
                 queued = watch.wait_for(
                     lambda m: m[0] is not None and sum(c[0] for c in m[0]) == 6, "6 waiting requests", since=asleep

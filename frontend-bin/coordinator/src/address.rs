@@ -101,7 +101,11 @@ fn check_peer_user(stream: UnixStream) -> io::Result<UnixStream> {
     if peer.uid() != ours {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!("the coordinator socket belongs to uid {} (pid {:?}), not to us (uid {ours})", peer.uid(), peer.pid()),
+            format!(
+                "the coordinator socket belongs to uid {} (pid {:?}), not to us (uid {ours})",
+                peer.uid(),
+                peer.pid()
+            ),
         ));
     }
     Ok(stream)
@@ -113,10 +117,7 @@ mod tests {
 
     #[test]
     fn parses_the_forms_vllm_formats() {
-        assert_eq!(
-            CoordinatorAddress::parse("ipc:///tmp/abc").unwrap(),
-            CoordinatorAddress::Ipc("/tmp/abc".into())
-        );
+        assert_eq!(CoordinatorAddress::parse("ipc:///tmp/abc").unwrap(), CoordinatorAddress::Ipc("/tmp/abc".into()));
         assert_eq!(CoordinatorAddress::parse("ipc://@n").unwrap(), CoordinatorAddress::Abstract("n".into()));
         assert_eq!(
             CoordinatorAddress::parse("tcp://10.0.0.1:5555").unwrap(),
@@ -129,7 +130,18 @@ mod tests {
 
     #[test]
     fn refuses_what_cannot_be_connected_to() {
-        for bad in ["", "ipc://", "ipc://@", "tcp://host", "tcp://host:0", "tcp://:5", "tcp://*:5", "tcp://h:x", "udp://h:1", "/tmp/x"] {
+        for bad in [
+            "",
+            "ipc://",
+            "ipc://@",
+            "tcp://host",
+            "tcp://host:0",
+            "tcp://:5",
+            "tcp://*:5",
+            "tcp://h:x",
+            "udp://h:1",
+            "/tmp/x",
+        ] {
             let error = CoordinatorAddress::parse(bad).err().unwrap_or_else(|| panic!("{bad:?} parsed"));
             assert!(error.to_string().contains("tcp://HOST:PORT"), "{error}");
         }

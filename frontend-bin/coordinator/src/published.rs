@@ -46,11 +46,17 @@ fn count(value: &Value, what: &str) -> Result<u64, PublishedDecodeError> {
 fn engine_counts(value: &Value) -> Result<EngineCounts, PublishedDecodeError> {
     let items = value.as_array().ok_or_else(|| bad("an engine's counts are not an array"))?;
     if !(2..=3).contains(&items.len()) {
-        return Err(bad(format!("an engine's counts have {} items, not [waiting, running, kv_cache_usage]", items.len())));
+        return Err(bad(format!(
+            "an engine's counts have {} items, not [waiting, running, kv_cache_usage]",
+            items.len()
+        )));
     }
     let kv_cache_usage = match items.get(2) {
         None => 0.0,
-        Some(usage) => usage.as_f64().or_else(|| usage.as_u64().map(|u| u as f64)).ok_or_else(|| bad("kv_cache_usage is not a number"))?,
+        Some(usage) => usage
+            .as_f64()
+            .or_else(|| usage.as_u64().map(|u| u as f64))
+            .ok_or_else(|| bad("kv_cache_usage is not a number"))?,
     };
     Ok(EngineCounts { waiting: count(&items[0], "waiting")?, running: count(&items[1], "running")?, kv_cache_usage })
 }
@@ -119,8 +125,18 @@ mod tests {
             (encode(Value::Array(vec![Value::Nil, 1.into()])), "2 items"),
             (encode(Value::Array(vec![Value::Nil, (-1).into(), true.into()])), "current_wave"),
             (encode(Value::Array(vec![Value::Nil, 1.into(), 1.into()])), "engines_running"),
-            (encode(Value::Array(vec![Value::Array(vec![Value::Array(vec![1.into()])]), 1.into(), true.into()])), "1 items"),
-            (encode(Value::Array(vec![Value::Array(vec![Value::Array(vec!["x".into(), 1.into()])]), 1.into(), true.into()])), "waiting"),
+            (
+                encode(Value::Array(vec![Value::Array(vec![Value::Array(vec![1.into()])]), 1.into(), true.into()])),
+                "1 items",
+            ),
+            (
+                encode(Value::Array(vec![
+                    Value::Array(vec![Value::Array(vec!["x".into(), 1.into()])]),
+                    1.into(),
+                    true.into(),
+                ])),
+                "waiting",
+            ),
             (encode(Value::Array(vec!["x".into(), 1.into(), true.into()])), "neither nil"),
             (vec![0x93, 0xc0], "undecodable"),
             (b"\x01".to_vec(), "not an array"),
