@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import stat
 import threading
 import time
@@ -130,3 +131,21 @@ def test_data_parallel_stack_with_the_coordinator(frontend):
     assert all(run >= 1 for run, _ in waves.values()), waves
     assert max(highest for _, highest in waves.values()) >= wave_after_first_batch, (waves, wave_after_first_batch)
     assert not os.path.exists(front)
+
+
+def test_a_dead_coordinator_stops_the_stack():
+    serve = Serve("--model", "echo", "--port", "0", "--data-parallel-size", "2")
+    try:
+        serve.wait_ready()
+        match = re.search(r"Started DP Coordinator process \(PID: (\d+)\)", serve.output)
+        assert match, serve.output
+        processes = serve.descendants()
+        os.kill(int(match.group(1)), signal.SIGKILL)
+        assert serve.wait(60) == 1, serve.output
+        assert re.search(r"error: Process DPCoordinator \(PID: \d+\) died with exit code -9", serve.output), (
+            serve.output
+        )
+        assert_all_gone(processes, within_s=1)
+        assert not os.path.exists(serve.socket_dir)
+    finally:
+        serve.kill()
