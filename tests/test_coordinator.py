@@ -4,6 +4,8 @@ peers playing two engines and a frontend."""
 
 from __future__ import annotations
 
+import re
+
 import msgpack
 import pytest
 import zmq
@@ -114,3 +116,30 @@ def test_the_process_on_its_sockets():
             listener.cleanup()
         socket_dir.remove()
     assert manager.proc.exitcode == 0
+
+
+def test_the_api_servers_decoder_takes_what_the_coordinator_publishes():
+    from vllm_rs.api_server.dp_coordinator import CoordinatorUpdate, decode_update
+
+    state = Coordinator(2)
+    state.on_engine_message(stats(0, running=1, waiting=2))
+    assert decode_update(state.published()) == CoordinatorUpdate([(2, 1), (0, 0)], 0, False)
+    assert decode_update(state.published(with_counts=False)) == CoordinatorUpdate(None, 0, False)
+
+
+@pytest.mark.parametrize(
+    "message, named",
+    [
+        (b"\xc1", "undecodable"),
+        (msgpack.packb([None, 1]), "[counts, current_wave, engines_running]"),
+        (msgpack.packb([None, -1, True]), "current_wave"),
+        (msgpack.packb([None, 1, 1]), "engines_running"),
+        (msgpack.packb([[[1]], 1, True]), "counts"),
+        (msgpack.packb([[["a", 1, 0.0]], 1, True]), "waiting"),
+    ],
+)
+def test_the_api_servers_decoder_names_what_is_wrong(message, named):
+    from vllm_rs.api_server.dp_coordinator import decode_update
+
+    with pytest.raises(ValueError, match=re.escape(named)):
+        decode_update(message)
