@@ -248,12 +248,13 @@ impl EngineClient {
     /// balancing, and new requests join `current_wave`.
     pub fn apply_coordinator_update(&self, update: &vllm_rs_coordinator::Published) {
         let shared = &self.shared;
-        shared.current_wave.store(update.current_wave, Ordering::Relaxed);
-        let Some(counts) = &update.counts else { return };
-        let ours = counts.iter().skip(shared.start_index as usize);
-        for (load, counts) in shared.balancer.engines().iter().zip(ours) {
-            load.record_stats(SchedulerStats { num_running_reqs: counts.running, num_waiting_reqs: counts.waiting });
+        if let Some(counts) = &update.counts {
+            let ours = counts.iter().skip(shared.start_index as usize);
+            for (load, counts) in shared.balancer.engines().iter().zip(ours) {
+                load.record_stats(SchedulerStats { num_running_reqs: counts.running, num_waiting_reqs: counts.waiting });
+            }
         }
+        shared.current_wave.store(update.current_wave, Ordering::Relaxed);
     }
 
     /// The request wave new requests are sent with.
