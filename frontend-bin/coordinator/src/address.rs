@@ -8,9 +8,10 @@ use tokio::net::{TcpStream, UnixStream};
 /// Why an address is unusable.
 #[derive(Debug, thiserror::Error)]
 pub enum AddressError {
-    /// Not one of the supported forms.
-    #[error("unsupported coordinator address {0:?}: expected tcp://HOST:PORT, ipc://PATH or ipc://@NAME")]
-    Unsupported(String),
+    /// Not one of the supported forms (the address is not repeated: command
+    /// line errors never echo a value).
+    #[error("unsupported coordinator address: expected tcp://HOST:PORT (port 1-65535), ipc://PATH or ipc://@NAME")]
+    Unsupported,
 }
 
 /// Where the coordinator publishes, parsed.
@@ -42,7 +43,7 @@ impl CoordinatorAddress {
     /// Parses `address`; an empty path, a missing or zero port, or another
     /// scheme is an error.
     pub fn parse(address: &str) -> Result<Self, AddressError> {
-        let bad = || AddressError::Unsupported(address.to_string());
+        let bad = || AddressError::Unsupported;
         if let Some(rest) = address.strip_prefix("ipc://") {
             return match rest.strip_prefix('@') {
                 Some("") => Err(bad()),

@@ -251,7 +251,10 @@ impl EngineClient {
         if let Some(counts) = &update.counts {
             let ours = counts.iter().skip(shared.start_index as usize);
             for (load, counts) in shared.balancer.engines().iter().zip(ours) {
-                load.record_stats(SchedulerStats { num_running_reqs: counts.running, num_waiting_reqs: counts.waiting });
+                load.record_stats(SchedulerStats {
+                    num_running_reqs: counts.running,
+                    num_waiting_reqs: counts.waiting,
+                });
             }
         }
         shared.current_wave.store(update.current_wave, Ordering::Relaxed);
