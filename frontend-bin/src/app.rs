@@ -5,6 +5,7 @@
 use crate::cli::FrontendArgs;
 use crate::config::{process_env, ServerConfig};
 use crate::engine::client::EngineSettings;
+use crate::engine::coordination::follow_coordinator;
 use crate::engine::registration::wait_for_engines;
 use crate::engine::router::InputRouter;
 use crate::engine::sockets::{open_engine_listener, SocketSource};
@@ -23,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
+use vllm_rs_coordinator::CoordinatorAddress;
 
 /// Everything the frontend needs, validated.
 struct Startup {
@@ -33,6 +35,7 @@ struct Startup {
     output: SocketSource,
     engine_start_index: u32,
     engine_count: u32,
+    coordinator: Option<CoordinatorAddress>,
 }
 
 /// Most async worker threads accepted: more only costs memory and start-up time.
@@ -99,9 +102,12 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     if args.grpc_listen_fd.is_some() {
         return Err(ExitError::usage("--grpc-listen-fd: the gRPC service is not supported yet"));
     }
-    if args.coordinator_address.is_some() {
-        return Err(ExitError::usage("--coordinator-address: the data-parallel coordinator is not supported yet"));
-    }
+    let coordinator = args
+        .coordinator_address
+        .as_deref()
+        .map(CoordinatorAddress::parse)
+        .transpose()
+        .map_err(|e| ExitError::usage(format!("--coordinator-address: {e}")))?;
     if args.engine_count == 0 {
         return Err(ExitError::usage("--engine-count must be at least 1"));
     }
@@ -139,6 +145,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
         output,
         engine_start_index: args.engine_start_index,
         engine_count: args.engine_count,
+        coordinator,
     })
 }
 
@@ -159,7 +166,8 @@ fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
 }
 
 async fn run_server(startup: Startup) -> anyhow::Result<()> {
-    let Startup { config, tokenizer, http, input, output, engine_start_index: start, engine_count: count } = startup;
+    let Startup { config, tokenizer, http, input, output, engine_start_index: start, engine_count: count, coordinator } =
+        startup;
     let mut stop = shutdown_signal()?;
     let http_address = http.address.clone();
     let input = open_engine_listener(input, "input")?;
@@ -180,6 +188,9 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
 
     let settings = EngineSettings { limits, stall_timeout: config.engine_stall_timeout };
     let engines = EngineClient::start(router, output, start, count, 0, settings);
+    if let Some(address) = coordinator {
+        follow_coordinator(address, engines.clone());
+    }
     let metrics = Arc::new(Metrics::new(config.primary_model_name()));
     if !config.disable_log_stats {
         tokio::spawn(log_stats_forever(metrics.clone(), engines.clone(), STATS_LOG_INTERVAL));

@@ -51,7 +51,8 @@ pub struct FrontendArgs {
     /// Inherited gRPC socket (not supported yet: giving it exits 2).
     #[arg(long, value_name = "FD")]
     pub grpc_listen_fd: Option<RawFd>,
-    /// Data-parallel coordinator address (not supported yet: giving it exits 2).
+    /// The data-parallel coordinator's publish address (tcp://HOST:PORT, ipc://PATH, ipc://@NAME):
+    /// subscribe to its engine counts and request wave.
     #[arg(long, value_name = "ADDR")]
     pub coordinator_address: Option<String>,
     /// Server arguments as a JSON object (see docs/frontend.md).

@@ -494,9 +494,11 @@ fn usage_errors_exit_2_naming_the_flag_or_key() {
     let (code, text) = base(r#"{"model_tag": "toy"}"#, &["--grpc-listen-fd", "5"]);
     assert_eq!(code, Some(2));
     assert!(text.contains("--grpc-listen-fd") && text.contains("not supported"), "{text}");
-    let (code, text) = base(r#"{"model_tag": "toy"}"#, &["--coordinator-address", "tcp://x:1"]);
-    assert_eq!(code, Some(2));
-    assert!(text.contains("--coordinator-address") && text.contains("not supported"), "{text}");
+    for bad in ["tcp://x", "udp://x:1", "ipc://"] {
+        let (code, text) = base(r#"{"model_tag": "toy"}"#, &["--coordinator-address", bad]);
+        assert_eq!(code, Some(2));
+        assert!(text.contains("--coordinator-address") && text.contains("tcp://HOST:PORT"), "{text}");
+    }
     let (code, text) = base(r#"{"model_tag": "toy", "api_key": 123456789}"#, &[]);
     assert_eq!(code, Some(2));
     assert!(text.contains("api_key") && !text.contains("123456789"), "{text}");

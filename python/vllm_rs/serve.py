@@ -43,6 +43,7 @@ from typing import Any
 import zmq
 
 from vllm_rs.cli_args import make_arg_parser
+from vllm_rs.coordinator import CoordinatorListeners, CoordinatorProcManager
 from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigError, make_engine_config
 from vllm_rs.engine.models import ModelPathError
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
@@ -200,10 +201,14 @@ class StackPlan:
     listeners: list[tuple[ZmqListener, ZmqListener]]
     frontend_binary: str | None = None
     output_addresses: list[str] = field(default_factory=list)
+    #: The data-parallel coordinator's sockets (DP > 1 only).
+    coordinator_listeners: CoordinatorListeners | None = None
 
     def cleanup(self) -> None:
         """Closes and removes every socket this plan created, and the socket
         directory."""
+        for listener in self.coordinator_listeners.all() if self.coordinator_listeners else ():
+            listener.cleanup()
         _cleanup_listeners(self.listeners, self.socket_dir)
         self.http.close()
 
@@ -293,13 +298,17 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
                     make_zmq_listener(socket_dir.endpoint(f"output-{i}"), zmq.PULL),
                 )
             )
+        coordinator = CoordinatorListeners.create(socket_dir) if args.data_parallel_size > 1 else None
     except OSError as e:
         _cleanup_listeners(listeners, socket_dir)
         http.close()
         raise ServeUsageError(f"cannot create the engine listeners in {socket_dir.path}: {e}") from None
     logger.info("engine sockets in %s (mode 0700: this user only)", socket_dir.path)
     config.clients = [ClientAddresses(i.address, o.address) for i, o in listeners]
-    return StackPlan(args, config, http, socket_dir, listeners, binary, [o.address for _, o in listeners])
+    if coordinator is not None:
+        config.coordinator = coordinator.addresses()
+    outputs = [o.address for _, o in listeners]
+    return StackPlan(args, config, http, socket_dir, listeners, binary, outputs, coordinator)
 
 
 def _set_child_environment(args: argparse.Namespace) -> None:
@@ -417,14 +426,17 @@ def _start_frontend(plan: StackPlan) -> Any:
     from vllm_rs.utils import APIServerProcessManager, RustFrontendProcessManager
 
     args, dp = plan.args, plan.args.data_parallel_size
+    coordinator = plan.engine_config.coordinator
+    stats_update_address = coordinator.front_publish if coordinator is not None else None
     if args.frontend == "rust":
         ((input_listener, output_listener),) = plan.listeners
         return RustFrontendProcessManager(
-            plan.frontend_binary, plan.http.sock, args, input_listener, output_listener, 0, dp, dp
-        )
+            plan.frontend_binary, plan.http.sock, args, input_listener, output_listener, 0, dp, dp,
+            stats_update_address=stats_update_address,
+        )  # fmt: skip
     return APIServerProcessManager(
         plan.http.listen_address, plan.http.sock, args, args.api_server_count,
-        [i for i, _ in plan.listeners], [o for _, o in plan.listeners],
+        [i for i, _ in plan.listeners], [o for _, o in plan.listeners], stats_update_address=stats_update_address,
     )  # fmt: skip
 
 
@@ -438,11 +450,13 @@ def run_stack(plan: StackPlan) -> int:
     stop_requested = _StopRequested()
     for signum in (signal.SIGTERM, signal.SIGINT, FrontendHealthWatch.STOP_SIGNAL):
         signal.signal(signum, stop_requested)
-    engines = frontend = usage_report = health = None
+    engines = frontend = usage_report = health = coordinator = None
     probe_stop = threading.Event()
     failure: str | None = None
     try:
         usage_report = report_usage_stats(plan.engine_config, UsageContext.OPENAI_API_SERVER)
+        if plan.coordinator_listeners is not None:
+            coordinator = CoordinatorProcManager(args.data_parallel_size, plan.coordinator_listeners)
         engines = CoreEngineProcManager(
             run_engine_core, args.data_parallel_size, 0, 0, plan.engine_config, True,
             plan.engine_config.clients[0].input_address, None, not args.disable_log_stats,
@@ -451,7 +465,7 @@ def run_stack(plan: StackPlan) -> int:
         health = FrontendHealthWatch(plan.http, engines.sentinels(), probe_stop)
         announce = functools.partial(_announce_ready, plan, time.monotonic())
         threading.Thread(target=health.watch, args=(announce,), daemon=True, name="HealthProbe").start()
-        wait_for_completion_or_failure(frontend, engines)
+        wait_for_completion_or_failure(frontend, engines, coordinator)
         if stop_requested.signal is None:
             failure = "the frontend exited on its own"
     except KeyboardInterrupt:
@@ -470,6 +484,8 @@ def run_stack(plan: StackPlan) -> int:
             frontend.shutdown()
         if engines is not None:
             engines.shutdown()
+        if coordinator is not None:
+            coordinator.shutdown()
         plan.cleanup()
         if usage_report is not None:
             usage_report.join(USAGE_REPORT_WAIT_S)

@@ -17,8 +17,8 @@ use super::balancer::Balancer;
 use super::codec::{decode_outputs, encode_abort, encode_add, encode_utility, DecodeError};
 use super::inbox::{Inbox, RequestEvent};
 use super::protocol::{
-    engine_identity, EngineOutput, EngineRequest, FinishReason, OutputsMessage, UtilityReply, REQUEST_ABORT,
-    REQUEST_ADD, REQUEST_UTILITY,
+    engine_identity, EngineOutput, EngineRequest, FinishReason, OutputsMessage, SchedulerStats, UtilityReply,
+    REQUEST_ABORT, REQUEST_ADD, REQUEST_UTILITY,
 };
 use super::router::InputRouter;
 use super::zmtp::{handshake, pong_frame, FrameLimits, Incoming};
@@ -133,6 +133,8 @@ struct Shared {
     requests: Mutex<HashMap<String, RequestSlot>>,
     utility_calls: Mutex<HashMap<i64, oneshot::Sender<UtilityResult>>>,
     next_call_id: AtomicI64,
+    /// The request wave the coordinator last published (0 without one).
+    current_wave: AtomicU64,
     router: Arc<InputRouter>,
     failure: OnceLock<String>,
     stopping: AtomicBool,
@@ -168,6 +170,7 @@ impl EngineClient {
             requests: Mutex::new(HashMap::new()),
             utility_calls: Mutex::new(HashMap::new()),
             next_call_id: AtomicI64::new(1),
+            current_wave: AtomicU64::new(0),
             router,
             failure: OnceLock::new(),
             stopping: AtomicBool::new(false),
@@ -238,7 +241,7 @@ impl EngineClient {
         }
         shared.balancer.engine(slot).started();
         let engine = shared.start_index + slot as u32;
-        let payload = encode_add(&request);
+        let payload = encode_add(&request, shared.current_wave.load(Ordering::Relaxed));
         shared.send(InputCommand { engine, kind: REQUEST_ADD, payload, request_id: Some(&request_id) });
         Ok(RequestStream { request_id, engine, inbox, shared: shared.clone(), done: false })
     }
@@ -267,6 +270,28 @@ impl EngineClient {
             Ok(Err(_)) => Err(UtilityError::Dropped { method: method.to_owned(), engine }),
             Err(_) => Err(UtilityError::TimedOut { method: method.to_owned(), engine, timeout }),
         }
+    }
+
+    /// Takes the coordinator's latest state: the counts of this frontend's
+    /// engines (the message lists every engine of the deployment) steer
+    /// balancing, and new requests join `current_wave`.
+    pub fn apply_coordinator_update(&self, update: &vllm_rs_coordinator::Published) {
+        let shared = &self.shared;
+        if let Some(counts) = &update.counts {
+            let ours = counts.iter().skip(shared.start_index as usize);
+            for (load, counts) in shared.balancer.engines().iter().zip(ours) {
+                load.record_stats(SchedulerStats {
+                    num_running_reqs: counts.running,
+                    num_waiting_reqs: counts.waiting,
+                });
+            }
+        }
+        shared.current_wave.store(update.current_wave, Ordering::Relaxed);
+    }
+
+    /// The request wave new requests are sent with.
+    pub fn current_wave(&self) -> u64 {
+        self.shared.current_wave.load(Ordering::Relaxed)
     }
 
     /// The indices of the engines this frontend serves.
@@ -404,7 +429,7 @@ impl Shared {
             }
             OutputsMessage::Utility { engine_index, reply } => self.dispatch_utility(engine_index, reply),
             OutputsMessage::Wave { engine_index, .. } => {
-                tracing::debug!(engine_index, "ignoring a wave message (no coordinator)");
+                tracing::debug!(engine_index, "ignoring a wave message: waves are the coordinator's business");
             }
             OutputsMessage::EngineDead => {
                 self.fail_all("engine core died (ENGINE_CORE_DEAD); requests in flight were failed".into());

@@ -56,15 +56,16 @@ struct EngineCoreRequestWire<'a> {
     prompt_embeds: (),
     prompt_is_token_ids: (),
     client_index: u32,
-    current_wave: u32,
+    current_wave: u64,
     priority: u32,
     trace_headers: (),
     resumable: bool,
     external_req_id: &'a str,
 }
 
-/// Encodes an ADD payload (EngineCoreRequest as an array).
-pub fn encode_add(req: &EngineRequest) -> Vec<u8> {
+/// Encodes an ADD payload (EngineCoreRequest as an array) for request wave
+/// `current_wave` (the coordinator's; 0 without one).
+pub fn encode_add(req: &EngineRequest, current_wave: u64) -> Vec<u8> {
     let wire = EngineCoreRequestWire {
         request_id: &req.request_id,
         prompt_token_ids: &req.prompt_token_ids,
@@ -78,7 +79,7 @@ pub fn encode_add(req: &EngineRequest) -> Vec<u8> {
         prompt_embeds: (),
         prompt_is_token_ids: (),
         client_index: req.client_index,
-        current_wave: 0,
+        current_wave,
         priority: 0,
         trace_headers: (),
         resumable: false,
@@ -449,7 +450,7 @@ mod tests {
             &[0xc0, 0xc2],                         // trace_headers, resumable
             &fixstr("x"),
         ]);
-        assert_eq!(encode_add(&req), expected);
+        assert_eq!(encode_add(&req, 0), expected);
     }
 
     #[test]

@@ -3,13 +3,15 @@
 pub mod balancer;
 pub mod client;
 pub mod codec;
+pub mod coordination;
 pub mod inbox;
 pub mod msgpack;
 pub mod protocol;
 pub mod registration;
 pub mod router;
 pub mod sockets;
-pub mod zmtp;
 
 pub use client::{EngineClient, RequestStream, SubmitError};
 pub use inbox::RequestEvent;
+/// ZMTP, spoken in the runtime (the `vllm-rs-zmtp` crate).
+pub use vllm_rs_zmtp as zmtp;

@@ -17,7 +17,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
     /// An ADD.
-    Added { id: String, external_id: Option<String>, prompt: Vec<u32>, sampling: Value, dp_rank: Option<u64> },
+    Added {
+        id: String,
+        external_id: Option<String>,
+        prompt: Vec<u32>,
+        sampling: Value,
+        dp_rank: Option<u64>,
+        /// Slot 12, `current_wave`.
+        wave: Option<u64>,
+    },
     /// An ABORT.
     Aborted(Vec<String>),
     /// A UTILITY call.
@@ -188,6 +196,7 @@ fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicB
                             prompt: prompt.clone(),
                             sampling,
                             dp_rank: slots.get(8).and_then(Value::as_u64),
+                            wave: slots.get(12).and_then(Value::as_u64),
                         });
                         if text.starts_with("DIE") {
                             push.send(&b"ENGINE_CORE_DEAD"[..], 0).unwrap();

@@ -21,6 +21,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from vllm_rs.api_server.dp_coordinator import CoordinatorUpdate, follow_coordinator
 from vllm_rs.api_server.engine_outputs import EngineOutputError, decode_engine_message
 from vllm_rs.api_server.limits import ServerLimits
 from vllm_rs.api_server.throttled_log import ThrottledWarning
@@ -144,6 +145,7 @@ class EngineClient:
         count: int,
         client_index: int,
         limits: ServerLimits | None = None,
+        coordinator_address: str | None = None,
     ):
         self.limits = limits or ServerLimits()
         self.ctx = zmq.asyncio.Context()
@@ -162,6 +164,10 @@ class EngineClient:
         self.start = start
         self.count = count
         self.client_index = client_index
+        #: The data-parallel coordinator's publish address, if any.
+        self.coordinator_address = coordinator_address
+        #: The request wave the coordinator last published (0 without one).
+        self.current_wave = 0
         self.loads = [EngineLoad() for _ in range(count)]
         self.failure: str | None = None
         self.stopping = False
@@ -218,6 +224,10 @@ class EngineClient:
             loop.create_task(self._discard_input_messages()),
             loop.create_task(self._watch_for_stalls()),
         ]
+        if self.coordinator_address is not None:
+            self._tasks.append(
+                loop.create_task(follow_coordinator(self.ctx, self.coordinator_address, self.apply_coordinator_update))
+            )
         return [registered[i] for i in sorted(registered)]
 
     # ---- requests ----
@@ -266,6 +276,7 @@ class EngineClient:
             )
         request.data_parallel_rank = pinned_rank
         request.client_index = self.client_index
+        request.current_wave = self.current_wave
         max_tokens = request.sampling_params.get("max_tokens")
         entry = _InFlight(engine, max_tokens if isinstance(max_tokens, int) else None)
         self._requests[request.request_id] = entry
@@ -323,6 +334,15 @@ class EngineClient:
         self.router.close(linger=0)
         self.pull.close(linger=0)
         self.ctx.term()
+
+    def apply_coordinator_update(self, update: CoordinatorUpdate) -> None:
+        """The coordinator's latest state: new requests join its wave, and
+        the counts of this server's engines steer balancing."""
+        self.current_wave = update.current_wave
+        if update.counts is None:
+            return
+        for load, (waiting, running) in zip(self.loads, update.counts[self.start : self.start + self.count]):
+            load.waiting, load.running, load.has_stats = waiting, running, True
 
     # ---- internals ----
 

@@ -133,6 +133,7 @@ async def _serve(
         count=settings.engine_count,
         client_index=client_config.get("client_index", 0),
         limits=settings.limits,
+        coordinator_address=client_config.get("stats_update_address"),
     )
     try:
         logger.info("waiting for engines 0..=%d to register", settings.engine_count - 1)

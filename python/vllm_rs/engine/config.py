@@ -87,6 +87,18 @@ class ClientAddresses:
 
 
 @dataclass
+class CoordinatorAddresses:
+    """Where engines reach the data-parallel coordinator (`vllm_rs.coordinator`)."""
+
+    #: The engine connects an XSUB here: READY, then START_DP_WAVE messages.
+    engine_publish: str
+    #: The engine connects a PUSH here: its counts and wave messages.
+    engine_output: str
+    #: What frontends subscribe to; the engine registers it as `dp_stats_address`.
+    front_publish: str
+
+
+@dataclass
 class EngineConfig:
     """Everything an engine core process needs (vLLM's `VllmConfig` role)."""
 
@@ -97,6 +109,8 @@ class EngineConfig:
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     clients: list[ClientAddresses] = field(default_factory=list)
     log_stats: bool = True
+    #: The data-parallel coordinator, when there is one (DP > 1 under `serve`).
+    coordinator: CoordinatorAddresses | None = None
 
 
 def make_engine_config(

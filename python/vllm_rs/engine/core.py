@@ -124,7 +124,7 @@ class EngineCore:
             max_model_len=self.max_model_len,
             num_gpu_blocks=blocks,
             block_size=block_size,
-            dp_stats_address=None,
+            dp_stats_address=config.coordinator.front_publish if config.coordinator else None,
             dtype=config.model_config.dtype,
             vllm_version=VLLM_PROTOCOL_VERSION,
             world_size=parallel.tensor_parallel_size * parallel.pipeline_parallel_size,

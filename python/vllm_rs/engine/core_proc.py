@@ -23,6 +23,7 @@ import zmq
 
 from vllm_rs.engine.config import EngineConfig
 from vllm_rs.engine.core import EngineCore, WhenIdle
+from vllm_rs.engine.dp_coordination import CoordinatorLink
 from vllm_rs.engine.protocol import (
     ENGINE_CORE_DEAD,
     REQUEST_ABORT,
@@ -99,6 +100,10 @@ class EngineCoreProc:
         # Outputs first, so that a failure while loading can still be reported.
         self.pushes = [make_zmq_socket(self.ctx, c.output_address, zmq.PUSH, bind=False) for c in config.clients]
         self.dealers: list[Any] = []
+        #: The data-parallel coordinator, when the stack has one.
+        self.coordinator = (
+            CoordinatorLink(self.ctx, config.coordinator, engine_index) if config.coordinator is not None else None
+        )
         self._sent_stats_to: set[int] = set()
         #: Utility calls answered (None) once no request runs: (client, call id).
         self._replies_when_idle: list[tuple[int, int]] = []
@@ -107,6 +112,8 @@ class EngineCoreProc:
         """Loads the model, registers with every frontend, then serves."""
         self.core = EngineCore(self.config, self.engine_index)
         identity = engine_identity(self.engine_index)
+        if self.coordinator is not None:
+            self.coordinator.wait_ready()  # as vLLM: no registration before the coordinator is ready
         registration = encode_ready_response(self.core.ready_response())
         for client in self.config.clients:
             dealer = make_zmq_socket(
@@ -121,15 +128,22 @@ class EngineCoreProc:
         poller = zmq.Poller()
         for dealer in self.dealers:
             poller.register(dealer, zmq.POLLIN)
+        coordinator = self.coordinator
+        if coordinator is not None:
+            poller.register(coordinator.sub, zmq.POLLIN)
         core = self.core
         while True:
             busy = core.has_work()
             for sock, _ in poller.poll(0 if busy else None):
                 self._drain(sock)
+            self._publish_counts()
             if core.has_work():
                 self._send_outputs(core.step())
+                self._publish_counts()
             elif busy:
                 self._send_idle_stats()
+            if coordinator is not None:
+                coordinator.track(core.has_work())
             if self._replies_when_idle and not core.scheduler.running:
                 self._send_replies_when_idle()
 
@@ -139,7 +153,16 @@ class EngineCoreProc:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._handle(frames)
+            if self.coordinator is not None and sock is self.coordinator.sub:
+                self.coordinator.on_message(frames)
+            else:
+                self._handle(frames)
+
+    def _publish_counts(self) -> None:
+        if self.coordinator is not None:
+            scheduler = self.core.scheduler
+            pool = scheduler.block_pool
+            self.coordinator.publish_counts(scheduler.num_running, scheduler.num_waiting, pool.usage if pool else 0.0)
 
     def _handle(self, frames: list[bytes]) -> None:
         if len(frames) < 2:
@@ -152,6 +175,8 @@ class EngineCoreProc:
                 if not 0 <= request.client_index < len(self.pushes):
                     logger.warning("dropping request %s: no client %d", request.request_id, request.client_index)
                     return
+                if self.coordinator is not None:
+                    self.coordinator.on_request(request.current_wave)
                 error = self.core.add_request(request)
                 if error is not None:
                     self._send_outputs([(request.client_index, error)])
@@ -160,7 +185,7 @@ class EngineCoreProc:
             elif kind == REQUEST_UTILITY:
                 self._call_utility(UtilityCall.from_wire(unpack(payload)))
             elif kind == REQUEST_START_DP_WAVE:
-                logger.debug("ignoring START_DP_WAVE (no coordinator)")
+                logger.debug("ignoring START_DP_WAVE from a frontend (waves come from the coordinator)")
             else:
                 logger.warning("ignoring a message of unknown type %r", kind[:4])
         except ValueError as e:  # undecodable or malformed payloads
@@ -230,6 +255,12 @@ class EngineCoreProc:
                 self.engine_index, t["requests_finished"], t["requests_aborted"], t["prompt_tokens_computed"],
                 t["generation_tokens"], t["steps"],
             )  # fmt: skip
+            if self.coordinator is not None:
+                logger.info(
+                    "EngineCore_%d took part in %d data-parallel wave(s); highest request wave %d, current wave %d",
+                    self.engine_index, self.coordinator.waves_run, self.coordinator.highest_request_wave,
+                    self.coordinator.current_wave,
+                )  # fmt: skip
 
     def send_dead(self) -> None:
         """Sends `ENGINE_CORE_DEAD` to every frontend (best effort)."""
@@ -243,4 +274,6 @@ class EngineCoreProc:
         """Closes the sockets, waiting at most `linger` ms for queued sends."""
         for sock in [*self.dealers, *self.pushes]:
             sock.close(linger=linger)
+        if self.coordinator is not None:
+            self.coordinator.close(linger)
         self.ctx.term()

@@ -130,6 +130,8 @@ class EngineCoreRequest:
     data_parallel_rank: int | None = None
     client_index: int = 0
     external_req_id: str | None = None
+    #: The data-parallel request wave the frontend saw (the coordinator's; 0 without one).
+    current_wave: int = 0
 
     def to_wire(self) -> list[Any]:
         """The msgpack array, through slot 16 (`external_req_id`)."""
@@ -146,7 +148,7 @@ class EngineCoreRequest:
             None,  # prompt_embeds
             None,  # prompt_is_token_ids
             self.client_index,
-            0,  # current_wave
+            self.current_wave,
             0,  # priority
             None,  # trace_headers
             False,  # resumable
@@ -174,7 +176,14 @@ class EngineCoreRequest:
             data_parallel_rank=_slot(items, 8),
             client_index=int(_slot(items, 11, 0)),
             external_req_id=_slot(items, 16),
+            current_wave=_wave(_slot(items, 12, 0)),
         )
+
+
+def _wave(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ProtocolError(f"current_wave must be a non-negative integer, got {value!r:.100}")
+    return value
 
 
 def encode_add(request: EngineCoreRequest) -> bytes:

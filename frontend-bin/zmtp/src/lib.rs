@@ -1,11 +1,12 @@
-//! ZeroMQ's wire protocol (ZMTP 3.0, NULL security mechanism) on an accepted
-//! stream, for the frontend's side of its two engine sockets: a PULL for the
-//! engines' PUSH (outputs) and a ROUTER for their DEALER (inputs).
+//! ZeroMQ's wire protocol (ZMTP 3.0, NULL security mechanism) on a stream,
+//! for the vllm-rs frontend's sockets: on accepted streams, a PULL for the
+//! engines' PUSH (outputs) and a ROUTER for their DEALER (inputs); on a
+//! connected one, an XSUB to the data-parallel coordinator's XPUB.
 //!
 //! With libzmq, every message crosses its I/O thread, a pipe and a mailbox
 //! wake-up between the socket and the async runtime. Speaking the protocol in
 //! the runtime itself takes one `read` or `write` per many messages and no
-//! thread hop. Only what those two sockets need is here: the greeting, the
+//! thread hop. Only what those sockets need is here: the greeting, the
 //! READY handshake (checking the peer's socket type, reading its identity),
 //! data frames, and PING (the caller answers with [`pong_frame`]). The first
 //! frame of each incoming message is returned; later (aux) frames are skipped
