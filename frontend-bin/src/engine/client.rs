@@ -550,9 +550,7 @@ impl RequestStream {
         match &event {
             None
             | Some(RequestEvent::Failed(_) | RequestEvent::Rejected(_))
-            | Some(RequestEvent::Output { finish_reason: Some(_), .. }) => {
-                self.done = true
-            }
+            | Some(RequestEvent::Output { finish_reason: Some(_), .. }) => self.done = true,
             Some(RequestEvent::Output { .. }) => {}
         }
         event

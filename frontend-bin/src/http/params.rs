@@ -61,15 +61,10 @@ fn field_error(error: serde_path_to_error::Error<serde_json::Error>) -> ApiError
     if !inner.is_data() {
         return ApiError::bad_request(format!("the request body is not valid JSON: {inner}"));
     }
-    let path = error.path();
-    match path.iter().next() {
-        Some(Segment::Map { key }) => {
-            let mut refusal = RULES.wrong_type(key);
-            if path.iter().nth(1).is_some() {
-                refusal.message.push_str(&format!(" (at `{path}`)"));
-            }
-            refusal
-        }
+    // The top-level field names the fault, also for one deep inside it (the
+    // Python API server's pydantic paths differ there; the messages must not).
+    match error.path().iter().next() {
+        Some(Segment::Map { key }) => RULES.wrong_type(key),
         _ if inner.to_string().starts_with("invalid type") => {
             ApiError::bad_request("the request body must be a JSON object")
         }
@@ -186,18 +181,19 @@ fn float(param: &str, value: Option<f64>) -> Result<Option<f64>, ApiError> {
 pub fn bounded(param: &str, items: usize) -> Result<(), ApiError> {
     let limit = RULES.limits.max_list_items;
     if items > limit {
-        return Err(RULES.refuse(param, "too_many_items", &[
-            ("param", param),
-            ("limit", &limit.to_string()),
-            ("count", &items.to_string()),
-        ]));
+        return Err(RULES.refuse(
+            param,
+            "too_many_items",
+            &[("param", param), ("limit", &limit.to_string()), ("count", &items.to_string())],
+        ));
     }
     Ok(())
 }
 
 /// Python's `repr` of a list of strings, as vLLM's messages show them.
 fn python_str_list(items: &[String]) -> String {
-    let quoted: Vec<String> = items.iter().map(|s| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))).collect();
+    let quoted: Vec<String> =
+        items.iter().map(|s| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))).collect();
     format!("[{}]", quoted.join(", "))
 }
 
@@ -308,10 +304,11 @@ impl SamplingInput {
 /// 400 when `min_tokens` exceeds `max_tokens` (given or defaulted), in vLLM's words.
 pub fn check_min_tokens(min: u64, max: u64) -> Result<(), ApiError> {
     if min > max {
-        return Err(RULES.refuse("min_tokens", "min_tokens_above_max_tokens", &[
-            ("max_tokens", &max.to_string()),
-            ("min_tokens", &min.to_string()),
-        ]));
+        return Err(RULES.refuse(
+            "min_tokens",
+            "min_tokens_above_max_tokens",
+            &[("max_tokens", &max.to_string()), ("min_tokens", &min.to_string())],
+        ));
     }
     Ok(())
 }
@@ -321,20 +318,22 @@ pub fn check_min_tokens(min: u64, max: u64) -> Result<(), ApiError> {
 fn check_stop(stop: &[String]) -> Result<(), ApiError> {
     let limits = &RULES.limits;
     if stop.len() > limits.max_stop_strings {
-        return Err(RULES.refuse("stop", "too_many_stop_strings", &[
-            ("limit", &limits.max_stop_strings.to_string()),
-            ("count", &stop.len().to_string()),
-        ]));
+        return Err(RULES.refuse(
+            "stop",
+            "too_many_stop_strings",
+            &[("limit", &limits.max_stop_strings.to_string()), ("count", &stop.len().to_string())],
+        ));
     }
     if stop.iter().any(String::is_empty) {
         return Err(RULES.refuse("stop", "empty_stop_string", &[]));
     }
     let chars: usize = stop.iter().map(|s| s.chars().count()).sum();
     if chars > limits.max_stop_chars {
-        return Err(RULES.refuse("stop", "too_many_stop_chars", &[
-            ("limit", &limits.max_stop_chars.to_string()),
-            ("count", &chars.to_string()),
-        ]));
+        return Err(RULES.refuse(
+            "stop",
+            "too_many_stop_chars",
+            &[("limit", &limits.max_stop_chars.to_string()), ("count", &chars.to_string())],
+        ));
     }
     Ok(())
 }
@@ -411,16 +410,40 @@ mod tests {
             (json!({"top_p": 0}), "top_p", "top_p must be in (0, 1], got 0.0."),
             (json!({"top_k": -5}), "top_k", "top_k must be 0 (disable), or at least 1, got -5."),
             (json!({"n": 0}), "n", "n must be at least 1, got 0."),
-            (json!({"min_tokens": 5, "max_tokens": 2}), "min_tokens", "min_tokens must be less than or equal to max_tokens=2, got 5."),
+            (
+                json!({"min_tokens": 5, "max_tokens": 2}),
+                "min_tokens",
+                "min_tokens must be less than or equal to max_tokens=2, got 5.",
+            ),
             (json!({"stop": ["a", ""]}), "stop", "stop cannot contain an empty string."),
-            (json!({"stream_options": {"include_usage": true}}), "stream_options", "Stream options can only be defined when `stream=True`."),
-            (json!({"logit_bias": {"x": 1}}), "logit_bias", "logit_bias contains key(s) that cannot be converted to integer token IDs: ['x']"),
-            (json!({"bad_words": ["", "a"]}), "bad_words", "bad_words cannot contain an empty string. Got bad_words=['', 'a']"),
+            (
+                json!({"stream_options": {"include_usage": true}}),
+                "stream_options",
+                "Stream options can only be defined when `stream=True`.",
+            ),
+            (
+                json!({"logit_bias": {"x": 1}}),
+                "logit_bias",
+                "logit_bias contains key(s) that cannot be converted to integer token IDs: ['x']",
+            ),
+            (
+                json!({"bad_words": ["", "a"]}),
+                "bad_words",
+                "bad_words cannot contain an empty string. Got bad_words=['', 'a']",
+            ),
             (json!({"allowed_token_ids": []}), "allowed_token_ids", "allowed_token_ids is not None and empty!"),
-            (json!({"repetition_penalty": 0}), "repetition_penalty", "repetition_penalty must be greater than zero, got 0.0."),
+            (
+                json!({"repetition_penalty": 0}),
+                "repetition_penalty",
+                "repetition_penalty must be greater than zero, got 0.0.",
+            ),
         ] {
             let err = parse(body.clone()).unwrap_err();
-            assert_eq!((err.status, err.param.as_deref(), err.message.as_str()), (StatusCode::BAD_REQUEST, Some(param), message), "{body}");
+            assert_eq!(
+                (err.status, err.param.as_deref(), err.message.as_str()),
+                (StatusCode::BAD_REQUEST, Some(param), message),
+                "{body}"
+            );
         }
     }
 
@@ -461,7 +484,15 @@ mod tests {
 
     #[test]
     fn python_int_reads_what_int_reads() {
-        for (text, value) in [("5", Some(5)), (" -3 ", Some(-3)), ("+1_0", Some(10)), ("1__0", None), ("5.0", None), ("", None), ("x", None)] {
+        for (text, value) in [
+            ("5", Some(5)),
+            (" -3 ", Some(-3)),
+            ("+1_0", Some(10)),
+            ("1__0", None),
+            ("5.0", None),
+            ("", None),
+            ("x", None),
+        ] {
             assert_eq!(python_int(text), value, "{text}");
         }
     }
@@ -470,9 +501,18 @@ mod tests {
     fn bodies_that_are_not_a_json_object_are_400s() {
         let deep = "[".repeat(100_000) + &"]".repeat(100_000);
         let huge_integer = format!("{{\"max_tokens\": {}}}", "9".repeat(5000));
-        for body in
-            ["", "{", "[1]", "null", "\"x\"", deep.as_str(), huge_integer.as_str(), "{\"a\": 1e999}", "\u{feff}{}", "{} x"]
-        {
+        for body in [
+            "",
+            "{",
+            "[1]",
+            "null",
+            "\"x\"",
+            deep.as_str(),
+            huge_integer.as_str(),
+            "{\"a\": 1e999}",
+            "\u{feff}{}",
+            "{} x",
+        ] {
             let err = parse_json_object(body.as_bytes()).unwrap_err();
             assert_eq!(err.status, StatusCode::BAD_REQUEST, "{body:.40}");
         }

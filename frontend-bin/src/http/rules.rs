@@ -156,7 +156,10 @@ mod tests {
     #[test]
     fn ranges_use_the_first_failing_rule() {
         let e = RULES.check_float("temperature", 3.0).unwrap_err();
-        assert_eq!((e.param.as_deref(), e.message.as_str()), (Some("temperature"), "temperature must be in [0, 2], got 3.0."));
+        assert_eq!(
+            (e.param.as_deref(), e.message.as_str()),
+            (Some("temperature"), "temperature must be in [0, 2], got 3.0.")
+        );
         let e = RULES.check_float("temperature", -1.0).unwrap_err();
         assert_eq!(e.message, "temperature must be non-negative, got -1.0.");
         assert!(RULES.check_int("logprobs", -1).is_ok() && RULES.check_int("logprobs", -2).is_err());

@@ -179,11 +179,15 @@ fn check_vocabulary(ids: &[i64], param: &str, vocab_size: usize) -> Result<(), A
     if outside.is_empty() {
         return Ok(());
     }
-    Err(RULES.refuse(param, "token_ids_out_of_vocab", &[
-        ("token_ids", &format!("[{}]", outside.join(", "))),
-        ("param", param),
-        ("vocab_size", &vocab_size.to_string()),
-    ]))
+    Err(RULES.refuse(
+        param,
+        "token_ids_out_of_vocab",
+        &[
+            ("token_ids", &format!("[{}]", outside.join(", "))),
+            ("param", param),
+            ("vocab_size", &vocab_size.to_string()),
+        ],
+    ))
 }
 
 /// `max_tokens` of a completion that does not say (OpenAI's default).
