@@ -29,6 +29,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import msgspec  # noqa: E402
 import vllm
+from vllm.exceptions import VLLMValidationError
 from vllm.outputs import RequestError
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine import (
@@ -74,6 +75,22 @@ def ready_response() -> EngineCoreReadyResponse:
         kv_cache_max_concurrency=4.0,
         effective_attention_block_size=16,
     )
+
+
+def paused_error() -> RequestError:
+    """The RequestError a paused engine answers a new request with (EngineCore._reject_add_while_paused)."""
+    return RequestError(
+        code="engine_paused", message="Generation is paused. Please retry after it resumes.", retryable=True
+    )
+
+
+def sampling_error() -> RequestError:
+    """The RequestError of a request whose SamplingParams vLLM refuses, with vLLM's own message."""
+    try:
+        SamplingParams(min_tokens=20, max_tokens=16)
+    except VLLMValidationError as error:
+        return RequestError(code="validation_error", message=str(error))
+    raise SystemExit("vLLM accepted min_tokens=20 with max_tokens=16")
 
 
 def outputs_messages() -> dict[str, tuple[EngineCoreOutputs, str]]:
@@ -145,6 +162,24 @@ def outputs_messages() -> dict[str, tuple[EngineCoreOutputs, str]]:
                 finished_requests={"bad"},
             ),  # fmt: skip
             "a request the engine rejected: ERROR with a RequestError, as _handle_request_validation_error sends it",
+        ),
+        "outputs_request_error_paused": (
+            EngineCoreOutputs(
+                0,
+                [EngineCoreOutput("paused", [], finish_reason=FinishReason.ERROR, error=paused_error())],
+                timestamp=MONOTONIC,
+                finished_requests={"paused"},
+            ),  # fmt: skip
+            "a request a paused engine refused: ERROR with a retryable RequestError, as _reject_add_while_paused sends it",
+        ),
+        "outputs_request_error_sampling": (
+            EngineCoreOutputs(
+                0,
+                [EngineCoreOutput("bad-sampling", [], finish_reason=FinishReason.ERROR, error=sampling_error())],
+                timestamp=MONOTONIC,
+                finished_requests={"bad-sampling"},
+            ),  # fmt: skip
+            "a request whose SamplingParams the engine refused: the RequestError _handle_request_validation_error makes",
         ),
         "outputs_abort": (
             EngineCoreOutputs(
@@ -239,6 +274,159 @@ def requests() -> dict[str, tuple[EngineCoreRequest, dict[str, Any], dict[str, A
         )
         out[name] = (request, {k: repr(v) for k, v in kwargs.items()}, expect)
     return out
+
+
+#: The vocabulary and context length of the frontends under test (the byte-level toy model).
+VALIDATION_VOCAB_SIZE = 257
+VALIDATION_MAX_MODEL_LEN = 512
+COMPLETION_BASE = {"prompt": "hi", "max_tokens": 2}
+CHAT_BASE = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+#: name -> (endpoint, fields over the endpoint's base body (None removes one),
+#: the parameter at fault or None, whether this project refuses what vLLM accepts).
+VALIDATION_CASES: dict[str, tuple[str, dict[str, Any], str | None, bool]] = {
+    # accepted by vLLM
+    "defaults": ("completions", {}, None, False),
+    "chat_defaults": ("chat", {}, None, False),
+    "temperature_0": ("completions", {"temperature": 0}, None, False),
+    "temperature_2": ("chat", {"temperature": 2}, None, False),
+    "top_p_1": ("completions", {"top_p": 1}, None, False),
+    "top_k_0": ("completions", {"top_k": 0}, None, False),
+    "top_k_minus_1": ("chat", {"top_k": -1}, None, False),
+    "min_p_1": ("completions", {"min_p": 1.0}, None, False),
+    "penalties_at_bounds": ("completions", {"presence_penalty": -2, "frequency_penalty": 2.0}, None, False),
+    "repetition_penalty_small": ("completions", {"repetition_penalty": 0.01}, None, False),
+    "seed_minus_1": ("completions", {"seed": -1}, None, False),
+    "seed_int64_extremes": ("chat", {"seed": 2**63 - 1}, None, False),
+    "seed_int64_min": ("completions", {"seed": -(2**63)}, None, False),
+    "four_stop_strings": ("completions", {"stop": ["a", "b", "c", "d"]}, None, False),
+    "stop_token_ids_in_vocab": ("completions", {"stop_token_ids": [0, 256]}, None, False),
+    "logit_bias_in_vocab": ("completions", {"logit_bias": {"5": 100}}, None, False),
+    "min_tokens_equal_max_tokens": ("completions", {"min_tokens": 2, "max_tokens": 2}, None, False),
+    "min_tokens_under_default_max_tokens": ("completions", {"min_tokens": 16, "max_tokens": None}, None, False),
+    "empty_stream_options_without_stream": ("completions", {"stream_options": {}}, None, False),
+    "stream_with_usage": ("chat", {"stream": True, "stream_options": {"include_usage": True}}, None, False),
+    "top_logprobs_0": ("chat", {"top_logprobs": 0}, None, False),
+    "logprobs_false": ("chat", {"logprobs": False}, None, False),
+    "max_completion_tokens": ("chat", {"max_completion_tokens": 3, "max_tokens": None}, None, False),
+    "bad_words": ("completions", {"bad_words": ["x"]}, None, False),
+    "allowed_token_ids": ("chat", {"allowed_token_ids": [1, 2]}, None, False),
+    "stream_interval_1": ("completions", {"stream_interval": 1}, None, False),
+    "unknown_field_ignored": ("completions", {"no_such_field": [1, {"x": None}]}, None, False),
+    # refused by vLLM
+    "temperature_above_2": ("completions", {"temperature": 2.5}, "temperature", False),
+    "temperature_negative": ("chat", {"temperature": -0.5}, "temperature", False),
+    "temperature_string": ("completions", {"temperature": "hot"}, "temperature", False),
+    "top_p_0": ("completions", {"top_p": 0}, "top_p", False),
+    "top_p_above_1": ("chat", {"top_p": 1.5}, "top_p", False),
+    "top_k_minus_2": ("completions", {"top_k": -2}, "top_k", False),
+    "min_p_above_1": ("completions", {"min_p": 1.5}, "min_p", False),
+    "min_p_negative": ("chat", {"min_p": -0.1}, "min_p", False),
+    "presence_penalty_above_2": ("completions", {"presence_penalty": 2.5}, "presence_penalty", False),
+    "frequency_penalty_below_minus_2": ("chat", {"frequency_penalty": -3}, "frequency_penalty", False),
+    "repetition_penalty_0": ("completions", {"repetition_penalty": 0}, "repetition_penalty", False),
+    "repetition_penalty_negative": ("chat", {"repetition_penalty": -1.5}, "repetition_penalty", False),
+    "max_tokens_0": ("completions", {"max_tokens": 0}, "max_tokens", False),
+    "max_tokens_negative": ("chat", {"max_tokens": -1}, "max_tokens", False),
+    "max_completion_tokens_0": ("chat", {"max_completion_tokens": 0}, "max_completion_tokens", False),
+    "min_tokens_negative": ("completions", {"min_tokens": -1}, "min_tokens", False),
+    "min_tokens_over_default_max_tokens": ("completions", {"min_tokens": 20, "max_tokens": None}, "min_tokens", False),
+    "min_tokens_over_max_tokens": ("chat", {"min_tokens": 5, "max_tokens": 2}, "min_tokens", False),
+    "empty_stop_string": ("completions", {"stop": ["a", ""]}, "stop", False),
+    "empty_stop_string_alone": ("chat", {"stop": ""}, "stop", False),
+    "five_stop_strings": ("completions", {"stop": ["a", "b", "c", "d", "e"]}, "stop", False),
+    "stop_token_id_past_vocab": ("completions", {"stop_token_ids": [3, 257]}, "stop_token_ids", False),
+    "stop_token_id_negative": ("chat", {"stop_token_ids": [-1]}, "stop_token_ids", False),
+    "logit_bias_bad_key": ("completions", {"logit_bias": {"x": 1}}, "logit_bias", False),
+    "logit_bias_past_vocab": ("chat", {"logit_bias": {"300": 1}}, "logit_bias", False),
+    "empty_bad_word": ("completions", {"bad_words": ["", "a"]}, "bad_words", False),
+    "empty_allowed_token_ids": ("completions", {"allowed_token_ids": []}, "allowed_token_ids", False),
+    "allowed_token_id_past_vocab": ("chat", {"allowed_token_ids": [1, 300]}, "allowed_token_ids", False),
+    "stream_options_without_stream": (
+        "completions",
+        {"stream_options": {"include_usage": True}},
+        "stream_options",
+        False,
+    ),
+    "logprobs_minus_2": ("completions", {"logprobs": -2}, "logprobs", False),
+    "top_logprobs_minus_2": ("chat", {"top_logprobs": -2}, "top_logprobs", False),
+    "top_logprobs_without_logprobs": ("chat", {"top_logprobs": 2}, "top_logprobs", False),
+    "seed_past_int64": ("completions", {"seed": 2**63}, "seed", False),
+    "n_0": ("completions", {"n": 0}, "n", False),
+    "stream_interval_0": ("chat", {"stream_interval": 0}, "stream_interval", False),
+    "empty_prompt": ("completions", {"prompt": ""}, "prompt", False),
+    "no_prompt": ("completions", {"prompt": None}, "prompt", False),
+    "continue_with_generation_prompt": (
+        "chat",
+        {"continue_final_message": True, "add_generation_prompt": True},
+        "continue_final_message",
+        False,
+    ),
+    # accepted by vLLM, refused by this project (not supported, or past its limits)
+    "n_2": ("completions", {"n": 2}, "n", True),
+    "top_k_past_int32": ("completions", {"top_k": 2**31}, "top_k", True),
+    "max_tokens_past_int32": ("completions", {"max_tokens": 2**31}, "max_tokens", True),
+    "completion_logprobs": ("completions", {"logprobs": 1}, "logprobs", True),
+    "chat_logprobs": ("chat", {"logprobs": True, "top_logprobs": 2}, "logprobs", True),
+    "truncate_prompt_tokens": ("completions", {"truncate_prompt_tokens": 5}, "truncate_prompt_tokens", True),
+    "echo": ("completions", {"echo": True}, "echo", True),
+    "logit_bias_past_100": ("completions", {"logit_bias": {"5": 150}}, "logit_bias", True),
+    "max_tokens_as_string": ("completions", {"max_tokens": "5"}, "max_tokens", True),
+}
+
+
+def validation_body(endpoint: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """The endpoint's base body with `fields` over it (None removes a field)."""
+    body = dict(COMPLETION_BASE if endpoint == "completions" else CHAT_BASE, **fields)
+    return {k: v for k, v in body.items() if v is not None or k not in ("max_tokens", "prompt")}
+
+
+def vllm_verdict(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+    """What vLLM 0.33's OpenAI frontend does with `body`, up to handing the
+    request to an engine: its request model validates it, `get_max_tokens`
+    and `to_sampling_params` build the SamplingParams (running `_verify_args`)
+    and `SamplingParams.verify` checks the token ids against the vocabulary."""
+    from types import SimpleNamespace
+
+    from pydantic import ValidationError
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    model = CompletionRequest if endpoint == "completions" else ChatCompletionRequest
+    try:
+        request = model.model_validate(body)
+        prompt_len = 3  # "hi" with BOS, or the chat template's few tokens: far below the context
+        limit = request.max_tokens
+        if endpoint == "chat" and request.max_completion_tokens is not None:
+            limit = request.max_completion_tokens
+        max_tokens = min(VALIDATION_MAX_MODEL_LEN - prompt_len, *([limit] if limit is not None else []))
+        params = request.to_sampling_params(max_tokens, {})
+        config = SimpleNamespace(
+            max_logprobs=20,
+            max_model_len=VALIDATION_MAX_MODEL_LEN,
+            is_diffusion=False,
+            get_vocab_size=lambda: VALIDATION_VOCAB_SIZE,
+        )
+        params.verify(config, None, None, None)
+    except VLLMValidationError as e:
+        return {"accepted": False, "kind": "validation", "param": e.parameter, "message": e.args[0]}
+    except ValidationError as e:
+        error = e.errors()[0]
+        return {"accepted": False, "kind": "type", "param": str(error["loc"][0]), "message": error["msg"]}
+    return {"accepted": True}
+
+
+def validation_cases() -> dict[str, Any]:
+    """Request bodies with what vLLM 0.33 accepts or refuses (and its message)."""
+    cases = []
+    for name, (endpoint, fields, param, project_limit) in VALIDATION_CASES.items():
+        body = validation_body(endpoint, fields)
+        verdict = vllm_verdict(endpoint, body)
+        if verdict["accepted"] == (param is not None) and not project_limit:
+            raise SystemExit(f"{name}: vLLM {verdict} but the case expects the fault {param!r}")
+        cases.append({"name": name, "endpoint": endpoint, "body": body, "param": param,
+                      "project_limit": project_limit, "vllm": verdict})  # fmt: skip
+    return {"vocab_size": VALIDATION_VOCAB_SIZE, "max_model_len": VALIDATION_MAX_MODEL_LEN, "cases": cases}
 
 
 #: Realistic `vllm serve` command lines (after `vllm serve`).
@@ -386,6 +574,11 @@ def main() -> None:
     write("abort", encoder.encode(["r1", "r2"]), "abort", "ABORT payload (request ids)")
     (args.out / "args_json.json").write_text(json.dumps(args_json_cases(), indent=2, sort_keys=True) + "\n")
     manifest["files"]["args_json.json"] = {"kind": "args_json", "description": "vllm serve argv -> --args-json"}
+    (args.out / "request_validation.json").write_text(json.dumps(validation_cases(), indent=2) + "\n")
+    manifest["files"]["request_validation.json"] = {
+        "kind": "request_validation",
+        "description": "OpenAI request bodies with what vLLM's request models and SamplingParams accept or refuse",
+    }
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     print(f"wrote {len(manifest['files'])} fixtures to {args.out}")
 

@@ -125,7 +125,7 @@ class ScriptedEngine:
             remaining = deadline - time.monotonic()
             assert remaining > 0 and self.dealer.poll(remaining * 1000), "no ADD arrived"
             kind, payload = self.dealer.recv_multipart()
-            message = msgpack.unpackb(payload)
+            message = msgpack.unpackb(payload, strict_map_key=False)
             if kind == ADD:
                 return message[0], message[1], message[3]
             if kind == ABORT:

@@ -19,7 +19,8 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from vllm_rs.api_server.errors import ApiError
-from vllm_rs.api_server.params import Params, common_params, parse_json_object
+from vllm_rs.api_server.openai_routes import parse_chat, parse_completion
+from vllm_rs.api_server.params import parse_json_object
 from vllm_rs.api_server.stop_strings import StopStrings
 from vllm_rs.api_server.tokenizer import ByteLevelTokenizer, ChatMessage, DecodeOptions
 from vllm_rs.engine import make_engine_config, run_engine_core
@@ -101,40 +102,50 @@ def test_byte_decoder_never_splits_a_character():
         ({"top_k": -5}, "top_k"),
         ({"n": 2}, "n"),
         ({"stop": 3}, "stop"),
-        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"stop": ["a"] * 5}, "stop"),
+        ({"stop_token_ids": [1] * 1025}, "stop_token_ids"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream": "yes"}, "stream"),
         ({"seed": 1.5}, "seed"),
+        ({"seed": 2**63}, "seed"),
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"messages": [{"content": "no role"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+        ({"top_logprobs": 3}, "top_logprobs"),
     ],
 )
 def test_invalid_parameters_name_the_parameter(body, param):
     with pytest.raises(ApiError) as error:
-        common_params(Params(body), ("max_completion_tokens", "max_tokens"))
+        parse_chat({"messages": [{"role": "user", "content": "hi"}], **body})
     assert (error.value.status, error.value.param) == (400, param)
 
 
 def test_parameters_are_read():
-    c = common_params(
-        Params(
-            {
-                "model": "toy",
-                "max_tokens": 5,
-                "max_completion_tokens": 9,
-                "temperature": 0,
-                "top_k": 3,
-                "seed": 7,
-                "stop": "x",
-                "stop_token_ids": [1, 2],
-                "ignore_eos": True,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-        ),  # fmt: skip
-        ("max_completion_tokens", "max_tokens"),
-    )
-    assert (c.model, c.max_tokens, c.stop, c.stop_token_ids, c.ignore_eos) == ("toy", 9, ["x"], [1, 2], True)
-    assert c.sampling == {"temperature": 0.0, "top_k": 3, "seed": 7} and c.stream and c.include_usage
+    c, messages, add_generation_prompt = parse_chat(
+        {
+            "model": "toy",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+            "max_tokens": 5,
+            "max_completion_tokens": 9,
+            "temperature": 0,
+            "top_k": 3,
+            "seed": -1,
+            "stop": "x",
+            "stop_token_ids": [1, 2],
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "unknown": {"ignored": True},
+        }
+    )  # fmt: skip
+    assert (c.model, c.max_tokens, c.max_tokens_param, c.stop, c.stop_token_ids, c.ignore_eos) == (
+        "toy", 9, "max_completion_tokens", ["x"], [1, 2], True,
+    )  # fmt: skip
+    assert c.sampling == {"temperature": 0.0, "top_k": 3} and c.stream and c.include_usage
+    assert messages == [ChatMessage("user", "ab")] and add_generation_prompt
+    common, prompt = parse_completion({"prompt": [[5, 6]], "min_tokens": 1})
+    assert (prompt, common.max_tokens, common.sampling) == ([5, 6], None, {"min_tokens": 1})
     with pytest.raises(ApiError, match="must be a JSON object"):
         parse_json_object(b"[1]")
     with pytest.raises(ApiError, match="not valid JSON"):

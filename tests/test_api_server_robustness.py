@@ -393,7 +393,7 @@ BAD_BODIES = [
     ("/v1/completions", body_with(b'"seed": %d' % 2**64), "seed"),
     ("/v1/completions", body_with(b'"seed": %d' % -(2**63 + 1)), "seed"),
     ("/v1/completions", body_with(b'"top_k": %d' % 2**70), "top_k"),
-    ("/v1/completions", body_with(b'"top_k": 0'), "top_k"),
+    ("/v1/completions", body_with(b'"top_k": -2'), "top_k"),
     ("/v1/completions", body_with(b'"max_tokens": %d' % 2**40), "max_tokens"),
     ("/v1/completions", body_with(b'"min_tokens": %d' % 2**40), "min_tokens"),
     ("/v1/completions", body_with(b'"temperature": 1e400'), "temperature"),

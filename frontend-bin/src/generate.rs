@@ -1,7 +1,7 @@
 //! One generation as the HTTP handlers see it: engine outputs turned into text
 //! deltas, with detokenization, stop strings, usage counts and metrics.
 
-use crate::engine::protocol::{FinishReason, StopReason};
+use crate::engine::protocol::{FinishReason, RequestError, StopReason};
 use crate::engine::{RequestEvent, RequestStream};
 use crate::metrics::Metrics;
 use crate::stop::StopStrings;
@@ -30,9 +30,12 @@ pub struct Delta {
 /// Why a generation failed.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum GenerationError {
-    /// The engine finished the request with ERROR.
+    /// The engine finished the request with ERROR and no reason.
     #[error("the engine failed the request")]
     Engine,
+    /// The engine finished the request with ERROR and a `RequestError`.
+    #[error("{}", .0.message)]
+    Rejected(RequestError),
     /// The engines are gone, or the request could not be delivered.
     #[error("{0}")]
     Unavailable(String),
@@ -107,6 +110,7 @@ impl Generation {
             let (token_ids, finish_reason, stop_reason) = match self.stream.recv().await {
                 None => return Some(self.fail(GenerationError::Unavailable("the engine client stopped".into()))),
                 Some(RequestEvent::Failed(reason)) => return Some(self.fail(GenerationError::Unavailable(reason))),
+                Some(RequestEvent::Rejected(error)) => return Some(self.fail(GenerationError::Rejected(error))),
                 Some(RequestEvent::Output { token_ids, finish_reason, stop_reason }) => {
                     (token_ids, finish_reason, stop_reason)
                 }

@@ -215,6 +215,27 @@ async fn engine_error_is_a_500() {
 }
 
 #[tokio::test]
+async fn engine_request_errors_map_as_vllm_maps_them() {
+    let (fe, _engines) = start(json!({"model_tag": "toy"})).await;
+    for (prompt, status, kind, message) in [
+        ("REJECT this", 400, "BadRequestError", "validation_error from the mock engine"),
+        ("PAUSED now", 503, "ServiceUnavailableError", "engine_paused from the mock engine"),
+    ] {
+        let (got, body) = post_json(&fe.url("/v1/completions"), &json!({"prompt": prompt, "max_tokens": 3})).await;
+        let expected = json!({"error": {"message": message, "type": kind, "param": null, "code": status}});
+        assert_eq!((got, &body), (status, &expected), "{prompt}");
+        let request = json!({"messages": [{"role": "user", "content": prompt}], "stream": true});
+        let r = reqwest::Client::new().post(fe.url("/v1/chat/completions")).json(&request).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{prompt}: a stream has started");
+        let text = r.text().await.unwrap();
+        let events: Vec<&str> = text.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).collect();
+        assert_eq!(events.last(), Some(&"[DONE]"), "{text}");
+        assert_eq!(serde_json::from_str::<Value>(events[events.len() - 2]).unwrap(), expected, "{text}");
+    }
+    assert_eq!(reqwest::get(fe.url("/health")).await.unwrap().status(), 200);
+}
+
+#[tokio::test]
 async fn api_key_guards_everything_but_health_and_metrics() {
     let (fe, _engines) = start(json!({"model_tag": "toy", "api_key": "sk-test-secret"})).await;
     let client = reqwest::Client::new();

@@ -59,6 +59,11 @@ fn finish_reasons_stop_tokens_stats_and_finished_ids_are_read() {
     let bytes = read("outputs_request_error");
     let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes).unwrap() else { panic!("not a batch") };
     assert_eq!(outputs[0].finish_reason, Some(FinishReason::Error));
+    let error = outputs[0].error.as_ref().expect("the RequestError is decoded");
+    assert_eq!(
+        (error.code.as_str(), error.message.as_str(), error.retryable),
+        ("validation_error", "the prompt is too long", false)
+    );
 
     let bytes = read("outputs_first_token_events");
     let OutputsMessage::Batch { outputs, stats, .. } = decode_outputs(&bytes).unwrap() else { panic!("not a batch") };

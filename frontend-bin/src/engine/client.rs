@@ -441,6 +441,14 @@ impl Shared {
         let mut overran = Vec::new();
         let mut requests = self.requests.lock().unwrap();
         for output in outputs {
+            if let Some(error) = output.error {
+                // Refused or failed in the engine: nothing it generated counts (as in vLLM).
+                if let Some(entry) = requests.remove(output.request_id) {
+                    self.balancer.engine(entry.slot).finished();
+                    entry.inbox.reject(error);
+                }
+                continue;
+            }
             let Some(entry) = requests.get_mut(output.request_id) else {
                 tracing::debug!(request_id = %output.request_id, "dropping output of an unknown request or one no longer in flight");
                 continue;
@@ -600,9 +608,9 @@ impl RequestStream {
 
     fn note(&mut self, event: Option<RequestEvent>) -> Option<RequestEvent> {
         match &event {
-            None | Some(RequestEvent::Failed(_)) | Some(RequestEvent::Output { finish_reason: Some(_), .. }) => {
-                self.done = true
-            }
+            None
+            | Some(RequestEvent::Failed(_) | RequestEvent::Rejected(_))
+            | Some(RequestEvent::Output { finish_reason: Some(_), .. }) => self.done = true,
             Some(RequestEvent::Output { .. }) => {}
         }
         event

@@ -3,8 +3,8 @@
 
 use super::msgpack::{Cursor, ReadError};
 use super::protocol::{
-    EngineOutput, EngineRequest, FinishReason, OutputsMessage, Registration, SamplingParams, SchedulerStats,
-    StopReason, TokenIds, UtilityReply, ENGINE_CORE_DEAD,
+    EngineOutput, EngineRequest, FinishReason, OutputsMessage, Registration, RequestError, SamplingParams,
+    SchedulerStats, StopReason, TokenIds, UtilityReply, ENGINE_CORE_DEAD,
 };
 use rmp::encode;
 use rmpv::Value;
@@ -303,8 +303,37 @@ fn decode_output<'a>(cursor: &mut Cursor<'a>) -> Result<EngineOutput<'a>, Decode
         Some(c) if c.next_is_str() => Some(StopReason::Text(c.read_str().map_err(at("stop_reason"))?.to_owned())),
         Some(c) => Some(StopReason::Token(c.read_i64().map_err(at("stop_reason"))?)),
     };
+    while slots.next < ERROR_SLOT.min(slots.len) {
+        if let Some(c) = slots.present()? {
+            c.skip().map_err(at("EngineCoreOutput"))?;
+        }
+    }
+    let error = slots.present()?.map(decode_request_error).transpose()?;
     slots.finish()?;
-    Ok(EngineOutput { request_id, new_token_ids, finish_reason, stop_reason })
+    Ok(EngineOutput { request_id, new_token_ids, finish_reason, stop_reason, error })
+}
+
+/// Slot of `error` (a `RequestError`) in an EngineCoreOutput.
+const ERROR_SLOT: usize = 18;
+
+/// vLLM's `RequestError`, a dataclass msgspec writes as a map.
+fn decode_request_error(cursor: &mut Cursor<'_>) -> Result<RequestError, DecodeError> {
+    let entries = cursor.read_map_len().map_err(at("error"))?;
+    let mut error = RequestError { code: String::new(), message: String::new(), retryable: false };
+    for _ in 0..entries {
+        let key = if cursor.next_is_str() { Some(cursor.read_str().map_err(at("error"))?) } else { None };
+        match key {
+            Some("code") => error.code = cursor.read_str().map_err(at("error.code"))?.to_owned(),
+            Some("message") => error.message = cursor.read_str().map_err(at("error.message"))?.to_owned(),
+            Some("retryable") => error.retryable = cursor.read_bool().map_err(at("error.retryable"))?,
+            Some(_) => cursor.skip().map_err(at("error"))?,
+            None => {
+                cursor.skip().map_err(at("error"))?;
+                cursor.skip().map_err(at("error"))?;
+            }
+        }
+    }
+    Ok(error)
 }
 
 fn decode_stats(cursor: &mut Cursor<'_>) -> Result<SchedulerStats, DecodeError> {
@@ -502,6 +531,7 @@ mod tests {
                 new_token_ids: vec![65, 66].into(),
                 finish_reason: None,
                 stop_reason: None,
+                error: None,
             }],
             stats: None,
             finished_requests: vec![],

@@ -7,7 +7,7 @@
 //! streams, an engine faster than the clients) this is what keeps the cost per
 //! token low: one lock and a copy, instead of a queued event and a wake-up.
 
-use super::protocol::{FinishReason, StopReason};
+use super::protocol::{FinishReason, RequestError, StopReason};
 use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
 
@@ -25,6 +25,8 @@ pub enum RequestEvent {
     },
     /// The request failed outside the engine's control (engine dead, protocol error, send failure).
     Failed(String),
+    /// The engine finished the request with ERROR and said why.
+    Rejected(RequestError),
 }
 
 /// One request's pending outputs. Shared by the output task (which fills it)
@@ -39,6 +41,7 @@ struct Pending {
     token_ids: Vec<u32>,
     finish: Option<(FinishReason, Option<StopReason>)>,
     failure: Option<String>,
+    rejection: Option<RequestError>,
     /// The producer is gone: after what is pending, nothing more comes.
     closed: bool,
     waiting: Option<Waker>,
@@ -52,6 +55,13 @@ impl Inbox {
             if let Some(reason) = finish_reason {
                 pending.finish = Some((reason, stop_reason));
             }
+        });
+    }
+
+    /// Ends the request as the engine refused it: the handler's next event is `Rejected(error)`.
+    pub fn reject(&self, error: RequestError) {
+        self.update(|pending| {
+            pending.rejection.get_or_insert(error);
         });
     }
 
@@ -84,6 +94,9 @@ impl Inbox {
         let mut pending = self.state.lock().unwrap();
         if let Some(reason) = pending.failure.take() {
             return Poll::Ready(Some(RequestEvent::Failed(reason)));
+        }
+        if let Some(error) = pending.rejection.take() {
+            return Poll::Ready(Some(RequestEvent::Rejected(error)));
         }
         if !pending.token_ids.is_empty() || pending.finish.is_some() {
             let (finish_reason, stop_reason) = pending.finish.take().unzip();

@@ -66,6 +66,17 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// A boolean.
+    pub fn read_bool(&mut self) -> ReadResult<bool> {
+        let value = match self.peek_marker()? {
+            Marker::True => true,
+            Marker::False => false,
+            other => return err(format!("expected a boolean, found {other:?}")),
+        };
+        self.pos += 1;
+        Ok(value)
+    }
+
     /// True when the next value is a string.
     pub fn next_is_str(&self) -> bool {
         matches!(self.peek_marker(), Ok(Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32))

@@ -139,6 +139,20 @@ pub struct EngineOutput<'a> {
     pub finish_reason: Option<FinishReason>,
     /// What stopped it, when known.
     pub stop_reason: Option<StopReason>,
+    /// Why the engine refused the request (sent with finish reason ERROR).
+    pub error: Option<RequestError>,
+}
+
+/// vLLM's `RequestError`: a request-level failure that leaves the engine
+/// healthy (the request was refused on arrival or failed in a retryable way).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestError {
+    /// `validation_error` for a request the engine refused as invalid.
+    pub code: String,
+    /// The engine's message.
+    pub message: String,
+    /// The client may send the request again.
+    pub retryable: bool,
 }
 
 /// The part of an engine's scheduler stats used for load balancing.

@@ -22,13 +22,18 @@ pub struct AnswerFormat<W> {
     pub content: fn(String) -> (&'static str, Value),
 }
 
-/// The HTTP error for a generation that failed after it started: 500 when
-/// the engine failed the request, 503 when the engines became unusable
-/// (dead, hung, disconnected).
-pub fn generation_error(error: GenerationError) -> ApiError {
+/// The HTTP error for a generation that failed after it started, as vLLM's
+/// frontend maps it: a `RequestError` with code `validation_error` is a 400,
+/// a retryable one a 503, any other a 500, each with the engine's message;
+/// ERROR without a reason is a 500; engines that became unusable (dead, hung,
+/// disconnected) a 503.
+pub fn generation_error(error: &GenerationError) -> ApiError {
     match error {
         GenerationError::Engine => ApiError::internal(error.to_string()),
-        GenerationError::Unavailable(reason) => ApiError::unavailable(reason),
+        GenerationError::Rejected(e) if e.code == "validation_error" => ApiError::bad_request(e.message.clone()),
+        GenerationError::Rejected(e) if e.retryable => ApiError::unavailable(e.message.clone()),
+        GenerationError::Rejected(e) => ApiError::internal(e.message.clone()),
+        GenerationError::Unavailable(reason) => ApiError::unavailable(reason.clone()),
     }
 }
 
@@ -45,7 +50,7 @@ pub async fn answer<W: ChunkWriter>(
         let header = ChunkHeader { id: submitted.id, object: format.chunk_object, created: submitted.created, model };
         return Ok(sse_response(submitted.generation, (format.writer)(header), include_usage).await);
     }
-    let (text, finish) = submitted.generation.collect().await.map_err(generation_error)?;
+    let (text, finish) = submitted.generation.collect().await.map_err(|e| generation_error(&e))?;
     let mut choice = json!({
         "index": 0,
         "logprobs": null,

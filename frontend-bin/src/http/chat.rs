@@ -2,7 +2,8 @@
 
 use super::answer::{answer, AnswerFormat};
 use super::error::ApiError;
-use super::params::{common_params, CommonParams, JsonObject, Params};
+use super::params::{parse_body, CommonParams, JsonBody, SamplingInput};
+use super::rules::RULES;
 use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
@@ -12,16 +13,17 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
-use serde_json::{json, Map, Value};
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 
 /// Handles a chat completion request, streamed or not.
 pub async fn create_chat_completion(
     State(state): State<SharedState>,
     headers: HeaderMap,
-    JsonObject(body): JsonObject,
+    JsonBody(body): JsonBody,
 ) -> Response {
-    match chat_completion(state, headers, body).await {
+    match chat_completion(state, headers, &body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
     }
@@ -38,31 +40,91 @@ pub struct ChatRequest {
     pub add_generation_prompt: bool,
 }
 
-/// Reads every parameter of a chat body, or a 4xx naming the first bad one.
-/// Needs neither the model nor the tokenizer, so it never fails otherwise.
-pub fn parse_chat_request(body: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
-    let p = Params(body);
-    let common = common_params(&p, &["max_completion_tokens", "max_tokens"])?;
-    if p.get("logprobs").is_some_and(|v| v != &Value::Bool(false)) {
-        return Err(ApiError::invalid_param("logprobs", "`logprobs` is not supported"));
-    }
-    if p.get("tools").is_some_and(|v| v.as_array().is_none_or(|t| !t.is_empty())) {
-        return Err(ApiError::invalid_param("tools", "`tools` is not supported"));
-    }
-    if p.get("response_format").is_some_and(|v| v.get("type").and_then(Value::as_str) != Some("text")) {
-        return Err(ApiError::invalid_param("response_format", "only the `text` response format is supported"));
-    }
-    let messages = messages(&p)?;
-    let add_generation_prompt = p.bool("add_generation_prompt")?.unwrap_or(true);
-    Ok(ChatRequest { common, messages, add_generation_prompt })
+/// One message as sent.
+#[derive(Debug, Deserialize)]
+struct MessageInput {
+    role: String,
+    #[serde(default)]
+    content: Option<ContentInput>,
 }
 
-async fn chat_completion(
-    state: SharedState,
-    headers: HeaderMap,
-    body: Map<String, Value>,
-) -> Result<Response, ApiError> {
-    let ChatRequest { common, messages, add_generation_prompt } = parse_chat_request(&body)?;
+/// A message's content: text, or a list of parts.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ContentInput {
+    Text(String),
+    Parts(Vec<PartInput>),
+}
+
+/// One content part; only text parts are supported.
+#[derive(Debug, Deserialize)]
+struct PartInput {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+/// `response_format` as sent: only its type matters.
+#[derive(Debug, Deserialize)]
+struct ResponseFormatInput {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+}
+
+/// The fields only chat has, as sent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ChatInput {
+    messages: Option<Vec<MessageInput>>,
+    max_completion_tokens: Option<i64>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
+    tools: Option<Vec<IgnoredAny>>,
+    response_format: Option<ResponseFormatInput>,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+}
+
+/// Reads every parameter of a chat body, or a 4xx naming the first bad one.
+/// Needs neither the model nor the tokenizer, so it never fails otherwise.
+pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    let input: ChatInput = parse_body(body)?;
+    let sampling: SamplingInput = parse_body(body)?;
+    if let Some(top) = input.top_logprobs {
+        RULES.check_int("top_logprobs", top)?;
+        if (top == -1 || top > 0) && input.logprobs != Some(true) {
+            return Err(RULES.refuse("top_logprobs", "top_logprobs_without_logprobs", &[]));
+        }
+    }
+    if input.logprobs == Some(true) {
+        return Err(RULES.refuse("logprobs", "logprobs_unsupported", &[("param", "logprobs")]));
+    }
+    if input.continue_final_message == Some(true) {
+        let key = match input.add_generation_prompt {
+            Some(true) => "continue_with_generation_prompt",
+            _ => "continue_final_message_unsupported",
+        };
+        return Err(RULES.refuse("continue_final_message", key, &[]));
+    }
+    // vLLM reads max_completion_tokens when given, else max_tokens.
+    let max_tokens = match (input.max_completion_tokens, sampling.max_tokens) {
+        (Some(n), _) => Some(("max_completion_tokens", n)),
+        (None, n) => n.map(|n| ("max_tokens", n)),
+    };
+    let common = sampling.check(max_tokens)?;
+    if input.tools.is_some_and(|tools| !tools.is_empty()) {
+        return Err(RULES.refuse("tools", "tools_unsupported", &[]));
+    }
+    if input.response_format.is_some_and(|format| format.kind.as_deref() != Some("text")) {
+        return Err(RULES.refuse("response_format", "response_format_unsupported", &[]));
+    }
+    let messages = messages(input.messages)?;
+    Ok(ChatRequest { common, messages, add_generation_prompt: input.add_generation_prompt.unwrap_or(true) })
+}
+
+async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+    let ChatRequest { common, messages, add_generation_prompt } = parse_chat_request(body)?;
     check_model(&state, common.model.as_deref())?;
     let prompt = state
         .tokenizer
@@ -83,41 +145,29 @@ async fn chat_completion(
     answer(&state, submitted, stream, include_usage, format).await
 }
 
-/// The `messages` parameter, each content flattened to text.
-fn messages(p: &Params) -> Result<Vec<ChatMessage>, ApiError> {
-    let bad = |why: String| ApiError::invalid_param("messages", why);
-    let items = p
-        .get("messages")
-        .ok_or_else(|| bad("`messages` is required".into()))?
-        .as_array()
-        .ok_or_else(|| bad("`messages` must be a list".into()))?;
+/// The conversation, each content flattened to text.
+fn messages(items: Option<Vec<MessageInput>>) -> Result<Vec<ChatMessage>, ApiError> {
+    let items = items.ok_or_else(|| RULES.refuse("messages", "messages_missing", &[]))?;
     if items.is_empty() {
-        return Err(bad("`messages` must not be empty".into()));
+        return Err(RULES.refuse("messages", "messages_empty", &[]));
     }
     items
-        .iter()
+        .into_iter()
         .enumerate()
         .map(|(i, item)| {
-            let role = item
-                .get("role")
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad(format!("messages[{i}].role must be a string")))?;
-            let content = match item.get("content") {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(text)) => text.clone(),
-                Some(Value::Array(parts)) => parts
-                    .iter()
-                    .map(|part| {
-                        match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-                            (Some("text"), Some(text)) => Ok(text),
-                            _ => Err(bad(format!("messages[{i}].content: only text parts are supported"))),
-                        }
+            let content = match item.content {
+                None => String::new(),
+                Some(ContentInput::Text(text)) => text,
+                Some(ContentInput::Parts(parts)) => parts
+                    .into_iter()
+                    .map(|part| match (part.kind.as_str(), part.text) {
+                        ("text", Some(text)) => Ok(text),
+                        _ => Err(RULES.refuse("messages", "text_parts_only", &[("index", &i.to_string())])),
                     })
                     .collect::<Result<Vec<_>, _>>()?
                     .concat(),
-                Some(_) => return Err(bad(format!("messages[{i}].content must be a string or a list of parts"))),
             };
-            Ok(ChatMessage { role: role.to_string(), content })
+            Ok(ChatMessage { role: item.role, content })
         })
         .collect()
 }

@@ -2,7 +2,8 @@
 
 use super::answer::{answer, AnswerFormat};
 use super::error::ApiError;
-use super::params::{common_params, CommonParams, JsonObject, Params};
+use super::params::{parse_body, CommonParams, JsonBody, SamplingInput};
+use super::rules::RULES;
 use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
@@ -11,16 +12,16 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
-use serde_json::{Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// Handles a completion request, streamed or not.
 pub async fn create_completion(
     State(state): State<SharedState>,
     headers: HeaderMap,
-    JsonObject(body): JsonObject,
+    JsonBody(body): JsonBody,
 ) -> Response {
-    match completion(state, headers, body).await {
+    match completion(state, headers, &body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
     }
@@ -35,6 +36,26 @@ pub enum Prompt {
     TokenIds(Vec<u32>),
 }
 
+/// `prompt` as sent: text, token ids, or a list of either.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PromptInput {
+    Text(String),
+    TokenIds(Vec<u32>),
+    Texts(Vec<String>),
+    TokenIdLists(Vec<Vec<u32>>),
+}
+
+/// The fields only completions have, as sent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CompletionInput {
+    prompt: Option<PromptInput>,
+    echo: Option<bool>,
+    suffix: Option<String>,
+    logprobs: Option<i64>,
+}
+
 /// A completion request whose parameters are all read and checked.
 #[derive(Debug)]
 pub struct CompletionRequest {
@@ -46,19 +67,37 @@ pub struct CompletionRequest {
 
 /// Reads every parameter of a completion body, or a 4xx naming the first bad
 /// one. Needs neither the model nor the tokenizer, so it never fails otherwise.
-pub fn parse_completion_request(body: &Map<String, Value>) -> Result<CompletionRequest, ApiError> {
-    let p = Params(body);
-    let common = common_params(&p, &["max_tokens"])?;
-    p.only("echo", &Value::Bool(false), "echo is not supported")?;
-    p.only("suffix", &Value::Null, "suffix is not supported")?;
-    if p.get("logprobs").is_some() {
-        return Err(ApiError::invalid_param("logprobs", "`logprobs` is not supported"));
+pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, ApiError> {
+    let input: CompletionInput = parse_body(body)?;
+    let sampling: SamplingInput = parse_body(body)?;
+    if let Some(logprobs) = input.logprobs {
+        RULES.check_int("logprobs", logprobs)?;
+        return Err(RULES.refuse("logprobs", "logprobs_unsupported", &[("param", "logprobs")]));
     }
-    Ok(CompletionRequest { common, prompt: prompt(&p)? })
+    let max_tokens = sampling.max_tokens.map(|n| ("max_tokens", n));
+    let common = sampling.check(max_tokens)?;
+    if input.echo == Some(true) {
+        return Err(RULES.refuse("echo", "echo_unsupported", &[]));
+    }
+    if input.suffix.is_some() {
+        return Err(RULES.refuse("suffix", "suffix_unsupported", &[]));
+    }
+    let prompt = match input.prompt {
+        None => return Err(RULES.refuse("prompt", "prompt_missing", &[])),
+        Some(PromptInput::Text(text)) if text.is_empty() => return Err(RULES.refuse("prompt", "prompt_missing", &[])),
+        Some(PromptInput::Text(text)) => Prompt::Text(text),
+        Some(PromptInput::TokenIds(ids)) => Prompt::TokenIds(ids),
+        Some(PromptInput::Texts(mut texts)) if texts.len() == 1 => Prompt::Text(texts.remove(0)),
+        Some(PromptInput::TokenIdLists(mut lists)) if lists.len() == 1 => Prompt::TokenIds(lists.remove(0)),
+        Some(PromptInput::Texts(_) | PromptInput::TokenIdLists(_)) => {
+            return Err(RULES.refuse("prompt", "one_prompt_only", &[]))
+        }
+    };
+    Ok(CompletionRequest { common, prompt })
 }
 
-async fn completion(state: SharedState, headers: HeaderMap, body: Map<String, Value>) -> Result<Response, ApiError> {
-    let CompletionRequest { common, prompt } = parse_completion_request(&body)?;
+async fn completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+    let CompletionRequest { common, prompt } = parse_completion_request(body)?;
     check_model(&state, common.model.as_deref())?;
     let prompt_token_ids = match prompt {
         Prompt::Text(text) => state
@@ -76,35 +115,6 @@ async fn completion(state: SharedState, headers: HeaderMap, body: Map<String, Va
         content: |text| ("text", Value::String(text)),
     };
     answer(&state, submitted, stream, include_usage, format).await
-}
-
-/// The prompt: a string, a list of ids, or a one-element list of either.
-fn prompt(p: &Params) -> Result<Prompt, ApiError> {
-    let bad = || {
-        ApiError::invalid_param(
-            "prompt",
-            "`prompt` must be a string, a list of token ids, or a list holding one of those",
-        )
-    };
-    let single = |v: &Value| -> Result<Prompt, ApiError> {
-        match v {
-            Value::String(text) => Ok(Prompt::Text(text.clone())),
-            Value::Array(items) => items
-                .iter()
-                .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(bad))
-                .collect::<Result<_, _>>()
-                .map(Prompt::TokenIds),
-            _ => Err(bad()),
-        }
-    };
-    match p.get("prompt") {
-        None => Err(ApiError::invalid_param("prompt", "`prompt` is required")),
-        Some(Value::Array(items)) if items.iter().any(|i| i.is_string() || i.is_array()) => match items.as_slice() {
-            [one] => single(one),
-            _ => Err(ApiError::invalid_param("prompt", "only one prompt per request is supported")),
-        },
-        Some(v) => single(v),
-    }
 }
 
 #[derive(Serialize)]

@@ -8,6 +8,7 @@ pub mod completions;
 pub mod error;
 pub mod misc;
 pub mod params;
+pub mod rules;
 pub mod server;
 pub mod sse;
 pub mod state;

@@ -1,37 +1,34 @@
-//! Request bodies: the JSON object extractor (408 when it arrives too slowly,
-//! 413 when too large, 400 when not JSON) and typed parameter readers whose
-//! errors name the parameter, with every value that reaches the engine
-//! range-checked and every list bounded.
+//! Request bodies: the body extractor (408 when it arrives too slowly, 413 when
+//! too large), typed request models read with `serde` (400 naming the field
+//! when one has the wrong type), and the checks of the shared rule table
+//! ([`RULES`]) on every value that reaches an engine, so an engine never
+//! receives a request vLLM's `SamplingParams` would refuse.
 
 use super::body_deadline::is_body_timeout;
 use super::error::ApiError;
+use super::rules::RULES;
 use crate::engine::protocol::SamplingParams;
 use crate::tokenizer::DecodeOptions;
+use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use http_body_util::LengthLimitError;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 
 /// Largest request body accepted (bytes).
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
-/// Most items in a request list: `stop`, `stop_token_ids`, and the entries of
-/// `logit_bias`, `bad_words` and `allowed_token_ids` (a million stop ids cost
-/// an engine seconds per request).
-pub const MAX_LIST_ITEMS: usize = 1024;
+/// A request body, read whole.
+pub struct JsonBody(pub Bytes);
 
-/// Largest `max_tokens` / `min_tokens`: what fits the engines' 32-bit counts.
-pub const MAX_TOKEN_COUNT: u64 = i32::MAX as u64;
-
-/// A request body that is a JSON object.
-pub struct JsonObject(pub Map<String, Value>);
-
-impl<S: Send + Sync> FromRequest<S> for JsonObject {
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES).await.map_err(|e| body_error(&e))?;
-        parse_json_object(&bytes).map(JsonObject)
+        axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES).await.map(JsonBody).map_err(|e| body_error(&e))
     }
 }
 
@@ -48,135 +45,116 @@ fn body_error(error: &axum::Error) -> ApiError {
     }
 }
 
-/// The body as a JSON object, or a 400 saying why not (syntax, nesting deeper
-/// than 128, numbers out of range, not an object).
+/// The body as the typed request model `T`, or a 400 saying why not: not
+/// JSON (syntax, nesting deeper than 128, numbers out of range), not an
+/// object, or a field of the wrong type (named, with the type it must have).
+/// Unknown fields are ignored, as vLLM ignores them.
+pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(field_error)?;
+    deserializer.end().map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+    Ok(value)
+}
+
+fn field_error(error: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    use serde_path_to_error::Segment;
+    let inner = error.inner();
+    if !inner.is_data() {
+        return ApiError::bad_request(format!("the request body is not valid JSON: {inner}"));
+    }
+    // The top-level field names the fault, also for one deep inside it (the
+    // Python API server's pydantic paths differ there; the messages must not).
+    match error.path().iter().next() {
+        Some(Segment::Map { key }) => RULES.wrong_type(key),
+        _ if inner.to_string().starts_with("invalid type") => {
+            ApiError::bad_request("the request body must be a JSON object")
+        }
+        _ => ApiError::bad_request(format!("the request body is invalid: {inner}")),
+    }
+}
+
+/// The body as a JSON object, or a 400 saying why not.
 pub fn parse_json_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice(bytes) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(ApiError::bad_request("the request body must be a JSON object")),
-        Err(e) => Err(ApiError::bad_request(format!("the request body is not valid JSON: {e}"))),
-    }
+    parse_body(bytes)
 }
 
-/// Typed, named access to the parameters of a request; `null` counts as absent.
-pub struct Params<'a>(pub &'a Map<String, Value>);
-
-impl<'a> Params<'a> {
-    /// The raw value of `name`, unless absent or null.
-    pub fn get(&self, name: &str) -> Option<&'a Value> {
-        self.0.get(name).filter(|v| !v.is_null())
-    }
-
-    fn wrong(name: &str, expected: &str) -> ApiError {
-        ApiError::invalid_param(name, format!("`{name}` must be {expected}"))
-    }
-
-    /// A boolean parameter.
-    pub fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
-        self.get(name).map(|v| v.as_bool().ok_or_else(|| Self::wrong(name, "a boolean"))).transpose()
-    }
-
-    /// A string parameter.
-    pub fn str(&self, name: &str) -> Result<Option<&'a str>, ApiError> {
-        self.get(name).map(|v| v.as_str().ok_or_else(|| Self::wrong(name, "a string"))).transpose()
-    }
-
-    /// An integer parameter from `min` to `max`.
-    pub fn int_in(&self, name: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(v) => match v.as_i64() {
-                Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
-                _ => Err(Self::wrong(name, &format!("an integer from {min} to {max}"))),
-            },
-        }
-    }
-
-    /// A number parameter.
-    pub fn float(&self, name: &str) -> Result<Option<f64>, ApiError> {
-        self.get(name).map(|v| v.as_f64().ok_or_else(|| Self::wrong(name, "a number"))).transpose()
-    }
-
-    /// A number that must lie in `range`, described as `what` in errors.
-    pub fn float_in(&self, name: &str, ok: impl Fn(f64) -> bool, what: &str) -> Result<Option<f64>, ApiError> {
-        match self.float(name)? {
-            Some(v) if !ok(v) => Err(Self::wrong(name, what)),
-            other => Ok(other),
-        }
-    }
-
-    /// A token count from `min` to [`MAX_TOKEN_COUNT`].
-    pub fn count(&self, name: &str, min: u64) -> Result<Option<u64>, ApiError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(v) => match v.as_u64() {
-                Some(n) if (min..=MAX_TOKEN_COUNT).contains(&n) => Ok(Some(n)),
-                _ => Err(Self::wrong(name, &format!("an integer from {min} to {MAX_TOKEN_COUNT}"))),
-            },
-        }
-    }
-
-    /// 400 unless the list or object `name`, when given, has at most [`MAX_LIST_ITEMS`] items.
-    pub fn bounded(&self, name: &str) -> Result<(), ApiError> {
-        let items = match self.get(name) {
-            Some(Value::Array(items)) => items.len(),
-            Some(Value::Object(entries)) => entries.len(),
-            _ => 0,
-        };
-        if items > MAX_LIST_ITEMS {
-            return Err(ApiError::invalid_param(
-                name,
-                format!("`{name}` may hold at most {MAX_LIST_ITEMS} items, got {items}"),
-            ));
-        }
-        Ok(())
-    }
-
-    /// A list of at most [`MAX_LIST_ITEMS`] token ids.
-    pub fn token_ids(&self, name: &str) -> Result<Option<Vec<u32>>, ApiError> {
-        let Some(v) = self.get(name) else { return Ok(None) };
-        let expected = "a list of token ids (non-negative integers)";
-        let items = v.as_array().ok_or_else(|| Self::wrong(name, expected))?;
-        self.bounded(name)?;
-        items
-            .iter()
-            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| Self::wrong(name, expected)))
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some)
-    }
-
-    /// A string or a list of at most [`MAX_LIST_ITEMS`] strings.
-    pub fn strings(&self, name: &str) -> Result<Vec<String>, ApiError> {
-        self.bounded(name)?;
-        match self.get(name) {
-            None => Ok(Vec::new()),
-            Some(Value::String(s)) => Ok(vec![s.clone()]),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|s| {
-                    s.as_str().map(str::to_owned).ok_or_else(|| Self::wrong(name, "a string or a list of strings"))
-                })
-                .collect(),
-            Some(_) => Err(Self::wrong(name, "a string or a list of strings")),
-        }
-    }
-
-    /// Refuses a parameter unless it is absent or equal to its accepted value.
-    pub fn only(&self, name: &str, accepted: &Value, why: &str) -> Result<(), ApiError> {
-        match self.get(name) {
-            Some(v) if v != accepted => Err(ApiError::invalid_param(name, format!("`{name}`: {why}"))),
-            _ => Ok(()),
-        }
-    }
+/// `stop`: one string or a list of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
 }
 
-/// The parameters completions and chat share.
+/// The fields completions and chat share, as sent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct SamplingInput {
+    /// The model asked for.
+    pub model: Option<String>,
+    /// Stream the answer.
+    pub stream: Option<bool>,
+    /// Streaming options (`include_usage`).
+    pub stream_options: Option<Map<String, Value>>,
+    /// Number of choices (only 1).
+    pub n: Option<i64>,
+    /// Candidates per choice (only 1).
+    pub best_of: Option<i64>,
+    /// Token limit.
+    pub max_tokens: Option<i64>,
+    /// Tokens to generate before stop tokens count.
+    pub min_tokens: Option<i64>,
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// Nucleus mass.
+    pub top_p: Option<f64>,
+    /// Top-k cut-off.
+    pub top_k: Option<i64>,
+    /// Min-p cut-off.
+    pub min_p: Option<f64>,
+    /// Frequency penalty.
+    pub frequency_penalty: Option<f64>,
+    /// Presence penalty.
+    pub presence_penalty: Option<f64>,
+    /// Repetition penalty.
+    pub repetition_penalty: Option<f64>,
+    /// Sampling seed.
+    pub seed: Option<i64>,
+    /// Stop strings.
+    pub stop: Option<StopInput>,
+    /// Stop token ids.
+    pub stop_token_ids: Option<Vec<i64>>,
+    /// Keep generating past EOS.
+    pub ignore_eos: Option<bool>,
+    /// Leave special tokens out of the text (default true).
+    pub skip_special_tokens: Option<bool>,
+    /// Put spaces between special tokens in the text (default true).
+    pub spaces_between_special_tokens: Option<bool>,
+    /// Token id (as a string) to bias.
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    /// Words never to generate.
+    pub bad_words: Option<Vec<String>>,
+    /// The only tokens that may be generated.
+    pub allowed_token_ids: Option<Vec<i64>>,
+    /// Prompt logprobs (not supported).
+    pub prompt_logprobs: Option<i64>,
+    /// Prompt truncation (not supported).
+    pub truncate_prompt_tokens: Option<i64>,
+    /// Tokens per streamed chunk (a hint; ignored).
+    pub stream_interval: Option<i64>,
+}
+
+/// The parameters completions and chat share, checked.
 #[derive(Debug, Default)]
 pub struct CommonParams {
     /// The `model` asked for, if any.
     pub model: Option<String>,
     /// Sampling parameters, `max_tokens` not yet defaulted.
     pub sampling: SamplingParams,
+    /// The parameter `sampling.max_tokens` came from, when given.
+    pub max_tokens_param: Option<&'static str>,
     /// Stop strings, matched in the frontend.
     pub stop: Vec<String>,
     /// How generated ids become text.
@@ -185,74 +163,225 @@ pub struct CommonParams {
     pub stream: bool,
     /// Send a usage chunk at the end of the stream.
     pub include_usage: bool,
+    /// `logit_bias` token ids, checked against the vocabulary at submission.
+    pub logit_bias_ids: Vec<i64>,
+    /// `allowed_token_ids`, checked against the vocabulary at submission.
+    pub allowed_token_ids: Option<Vec<i64>>,
+    /// `stop_token_ids` as sent, checked against the vocabulary at submission.
+    pub stop_token_ids: Vec<i64>,
 }
 
-/// Reads the shared parameters; `max_tokens_names` lists the accepted spellings
-/// of the token limit, the first present wins.
-pub fn common_params(p: &Params, max_tokens_names: &[&str]) -> Result<CommonParams, ApiError> {
-    p.only("n", &Value::from(1), "only n=1 is supported")?;
-    p.only("best_of", &Value::from(1), "only best_of=1 is supported")?;
-    let stream = p.bool("stream")?.unwrap_or(false);
-    let include_usage = match p.get("stream_options") {
-        None => false,
-        Some(_) if !stream => {
-            return Err(ApiError::invalid_param(
-                "stream_options",
-                "`stream_options` can only be given when `stream` is true",
-            ))
+/// `value` in `param`'s integer range, as a count.
+fn count(param: &str, value: i64) -> Result<u64, ApiError> {
+    RULES.check_int(param, value)?;
+    u64::try_from(value).map_err(|_| RULES.wrong_type(param))
+}
+
+fn float(param: &str, value: Option<f64>) -> Result<Option<f64>, ApiError> {
+    if let Some(v) = value {
+        RULES.check_float(param, v)?;
+    }
+    Ok(value)
+}
+
+/// 400 unless the list `param` has at most `max_list_items` items.
+pub fn bounded(param: &str, items: usize) -> Result<(), ApiError> {
+    let limit = RULES.limits.max_list_items;
+    if items > limit {
+        return Err(RULES.refuse(
+            param,
+            "too_many_items",
+            &[("param", param), ("limit", &limit.to_string()), ("count", &items.to_string())],
+        ));
+    }
+    Ok(())
+}
+
+/// Python's `repr` of a list of strings, as vLLM's messages show them.
+fn python_str_list(items: &[String]) -> String {
+    let quoted: Vec<String> =
+        items.iter().map(|s| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+impl SamplingInput {
+    /// Checks every shared field; `max_tokens` is the token limit the
+    /// endpoint reads (its name and value), the first one given.
+    pub fn check(self, max_tokens: Option<(&'static str, i64)>) -> Result<CommonParams, ApiError> {
+        let stream = self.stream.unwrap_or(false);
+        let include_usage = match &self.stream_options {
+            // vLLM refuses options only when there are some (an empty object passes).
+            Some(options) if !options.is_empty() && !stream => {
+                return Err(RULES.refuse("stream_options", "stream_options_without_stream", &[]))
+            }
+            Some(options) => match options.get("include_usage") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(RULES.wrong_type("stream_options")),
+            },
+            None => false,
+        };
+        if let Some(p) = self.prompt_logprobs {
+            RULES.check_int("prompt_logprobs", p)?;
+            if stream && (p > 0 || p == -1) {
+                return Err(RULES.refuse("prompt_logprobs", "prompt_logprobs_with_stream", &[]));
+            }
+            return Err(RULES.refuse("prompt_logprobs", "logprobs_unsupported", &[("param", "prompt_logprobs")]));
         }
-        Some(Value::Object(options)) => Params(options)
-            .bool("include_usage")
-            .map_err(|_| ApiError::invalid_param("stream_options", "`stream_options.include_usage` must be a boolean"))?
-            .unwrap_or(false),
-        Some(_) => return Err(ApiError::invalid_param("stream_options", "`stream_options` must be an object")),
+        if let Some(n) = self.n {
+            RULES.check_int("n", n)?;
+        }
+        if let Some(best_of) = self.best_of {
+            RULES.check_int("best_of", best_of)?;
+        }
+        let presence_penalty = float("presence_penalty", self.presence_penalty)?;
+        let frequency_penalty = float("frequency_penalty", self.frequency_penalty)?;
+        let repetition_penalty = float("repetition_penalty", self.repetition_penalty)?;
+        let temperature = float("temperature", self.temperature)?;
+        let top_p = float("top_p", self.top_p)?;
+        if let Some(k) = self.top_k {
+            RULES.check_int("top_k", k)?;
+        }
+        let min_p = float("min_p", self.min_p)?;
+        let max_tokens_param = max_tokens.map(|(param, _)| param);
+        let max_tokens = max_tokens.map(|(param, n)| count(param, n)).transpose()?;
+        let min_tokens = self.min_tokens.map(|n| count("min_tokens", n)).transpose()?;
+        if let (Some(min), Some(max)) = (min_tokens, max_tokens) {
+            check_min_tokens(min, max)?;
+        }
+        if let Some(interval) = self.stream_interval {
+            RULES.check_int("stream_interval", interval)?;
+        }
+        let stop_token_ids = self.stop_token_ids.unwrap_or_default();
+        bounded("stop_token_ids", stop_token_ids.len())?;
+        let stop = match self.stop {
+            None => Vec::new(),
+            Some(StopInput::One(s)) => vec![s],
+            Some(StopInput::Many(list)) => list,
+        };
+        check_stop(&stop)?;
+        if let Some(words) = &self.bad_words {
+            bounded("bad_words", words.len())?;
+            if words.iter().any(String::is_empty) {
+                return Err(RULES.refuse("bad_words", "empty_bad_word", &[("bad_words", &python_str_list(words))]));
+            }
+        }
+        if let Some(ids) = &self.allowed_token_ids {
+            bounded("allowed_token_ids", ids.len())?;
+            if ids.is_empty() {
+                return Err(RULES.refuse("allowed_token_ids", "empty_allowed_token_ids", &[]));
+            }
+        }
+        let logit_bias_ids = match &self.logit_bias {
+            None => Vec::new(),
+            Some(bias) => logit_bias_ids(bias)?,
+        };
+        if self.truncate_prompt_tokens.is_some() {
+            return Err(RULES.refuse("truncate_prompt_tokens", "truncate_prompt_tokens_unsupported", &[]));
+        }
+        let sampling = SamplingParams {
+            temperature,
+            top_p,
+            top_k: self.top_k,
+            min_p,
+            frequency_penalty,
+            presence_penalty,
+            repetition_penalty,
+            max_tokens,
+            min_tokens,
+            // vLLM reads seed -1 as no seed.
+            seed: self.seed.filter(|&s| s != -1),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            ..Default::default()
+        };
+        Ok(CommonParams {
+            model: self.model,
+            sampling,
+            max_tokens_param,
+            stop,
+            decode: DecodeOptions {
+                skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
+                spaces_between_special_tokens: self.spaces_between_special_tokens.unwrap_or(true),
+            },
+            stream,
+            include_usage,
+            logit_bias_ids,
+            allowed_token_ids: self.allowed_token_ids,
+            stop_token_ids,
+        })
+    }
+}
+
+/// 400 when `min_tokens` exceeds `max_tokens` (given or defaulted), in vLLM's words.
+pub fn check_min_tokens(min: u64, max: u64) -> Result<(), ApiError> {
+    if min > max {
+        return Err(RULES.refuse(
+            "min_tokens",
+            "min_tokens_above_max_tokens",
+            &[("max_tokens", &max.to_string()), ("min_tokens", &min.to_string())],
+        ));
+    }
+    Ok(())
+}
+
+/// vLLM's and the project's rules for stop strings: at most
+/// `max_stop_strings`, none empty, at most `max_stop_chars` in all.
+fn check_stop(stop: &[String]) -> Result<(), ApiError> {
+    let limits = &RULES.limits;
+    if stop.len() > limits.max_stop_strings {
+        return Err(RULES.refuse(
+            "stop",
+            "too_many_stop_strings",
+            &[("limit", &limits.max_stop_strings.to_string()), ("count", &stop.len().to_string())],
+        ));
+    }
+    if stop.iter().any(String::is_empty) {
+        return Err(RULES.refuse("stop", "empty_stop_string", &[]));
+    }
+    let chars: usize = stop.iter().map(|s| s.chars().count()).sum();
+    if chars > limits.max_stop_chars {
+        return Err(RULES.refuse(
+            "stop",
+            "too_many_stop_chars",
+            &[("limit", &limits.max_stop_chars.to_string()), ("count", &chars.to_string())],
+        ));
+    }
+    Ok(())
+}
+
+/// The token ids of `logit_bias`: keys must read as integers (as Python's
+/// `int()` reads them), values lie in [-100, 100].
+fn logit_bias_ids(bias: &BTreeMap<String, f64>) -> Result<Vec<i64>, ApiError> {
+    bounded("logit_bias", bias.len())?;
+    let bad: Vec<String> = bias.keys().filter(|k| python_int(k).is_none()).cloned().collect();
+    if !bad.is_empty() {
+        return Err(RULES.refuse("logit_bias", "logit_bias_bad_keys", &[("keys", &python_str_list(&bad))]));
+    }
+    if bias.values().any(|v| !(-100.0..=100.0).contains(v)) {
+        return Err(RULES.refuse("logit_bias", "logit_bias_value_out_of_range", &[]));
+    }
+    Ok(bias.keys().filter_map(|k| python_int(k)).collect())
+}
+
+/// `text` as Python's `int(text)` reads a decimal: surrounding whitespace,
+/// an optional sign, digits with single underscores between them.
+fn python_int(text: &str) -> Option<i64> {
+    let t = text.trim();
+    let (negative, digits) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
     };
-    let mut max_tokens = None;
-    for name in max_tokens_names {
-        if let Some(n) = p.count(name, 1)? {
-            max_tokens = Some(n);
-            break;
-        }
+    if digits.is_empty() || digits.starts_with('_') || digits.ends_with('_') || digits.contains("__") {
+        return None;
     }
-    // -1 and 0 both mean off; the engines hold top_k in 32 bits.
-    let top_k = p.int_in("top_k", -1, i64::from(i32::MAX))?;
-    // Ignored here, but bounded like the lists that reach the engine.
-    for name in ["logit_bias", "bad_words", "allowed_token_ids"] {
-        p.bounded(name)?;
+    let clean: String = digits.chars().filter(|&c| c != '_').collect();
+    if !clean.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
     }
-    let min_tokens = p.count("min_tokens", 0)?;
-    if let (Some(min), Some(max)) = (min_tokens, max_tokens) {
-        if min > max {
-            return Err(ApiError::invalid_param("min_tokens", "`min_tokens` must not exceed `max_tokens`"));
-        }
-    }
-    let penalty = |v: f64| (-2.0..=2.0).contains(&v);
-    let sampling = SamplingParams {
-        temperature: p.float_in("temperature", |v| v >= 0.0, "a non-negative number")?,
-        top_p: p.float_in("top_p", |v| v > 0.0 && v <= 1.0, "in (0, 1]")?,
-        top_k,
-        min_p: p.float_in("min_p", |v| (0.0..=1.0).contains(&v), "in [0, 1]")?,
-        frequency_penalty: p.float_in("frequency_penalty", penalty, "in [-2, 2]")?,
-        presence_penalty: p.float_in("presence_penalty", penalty, "in [-2, 2]")?,
-        repetition_penalty: p.float_in("repetition_penalty", |v| v > 0.0, "a positive number")?,
-        max_tokens,
-        min_tokens,
-        seed: p.int_in("seed", i64::MIN, i64::MAX)?,
-        stop_token_ids: p.token_ids("stop_token_ids")?.unwrap_or_default(),
-        ignore_eos: p.bool("ignore_eos")?.unwrap_or(false),
-        ..Default::default()
-    };
-    Ok(CommonParams {
-        model: p.str("model")?.map(str::to_owned),
-        sampling,
-        stop: p.strings("stop")?,
-        decode: DecodeOptions {
-            skip_special_tokens: p.bool("skip_special_tokens")?.unwrap_or(true),
-            spaces_between_special_tokens: p.bool("spaces_between_special_tokens")?.unwrap_or(true),
-        },
-        stream,
-        include_usage,
-    })
+    // Ids past i64 are out of any vocabulary: saturate, the vocabulary check refuses them.
+    let magnitude = clean.parse::<i64>().unwrap_or(i64::MAX);
+    Some(if negative { -magnitude } else { magnitude })
 }
 
 #[cfg(test)]
@@ -261,7 +390,9 @@ mod tests {
     use serde_json::json;
 
     fn parse(body: Value) -> Result<CommonParams, ApiError> {
-        common_params(&Params(body.as_object().unwrap()), &["max_completion_tokens", "max_tokens"])
+        let input: SamplingInput = parse_body(&serde_json::to_vec(&body).unwrap())?;
+        let max = input.max_tokens.map(|n| ("max_tokens", n));
+        input.check(max)
     }
 
     #[test]
@@ -275,73 +406,130 @@ mod tests {
         assert_eq!(c.sampling.temperature, Some(0.0));
         assert_eq!(c.sampling.top_k, Some(3));
         assert_eq!(c.sampling.seed, Some(7));
-        assert_eq!(c.sampling.stop_token_ids, vec![1, 2]);
+        assert_eq!(c.stop_token_ids, vec![1, 2]);
         assert!(c.sampling.ignore_eos && c.stream && c.include_usage);
         assert_eq!(c.stop, vec!["x"]);
+        assert_eq!(parse(json!({"seed": -1})).unwrap().sampling.seed, None);
+        assert!(parse(json!({"stream_options": {}})).is_ok(), "vLLM lets an empty stream_options through");
     }
 
     #[test]
-    fn max_completion_tokens_wins_over_max_tokens() {
-        let c = parse(json!({"max_tokens": 5, "max_completion_tokens": 9})).unwrap();
-        assert_eq!(c.sampling.max_tokens, Some(9));
+    fn invalid_values_name_the_parameter_with_vllms_message() {
+        for (body, param, message) in [
+            (json!({"max_tokens": 0}), "max_tokens", "max_tokens must be at least 1, got 0."),
+            (json!({"temperature": 2.5}), "temperature", "temperature must be in [0, 2], got 2.5."),
+            (json!({"top_p": 0}), "top_p", "top_p must be in (0, 1], got 0.0."),
+            (json!({"top_k": -5}), "top_k", "top_k must be 0 (disable), or at least 1, got -5."),
+            (json!({"n": 0}), "n", "n must be at least 1, got 0."),
+            (
+                json!({"min_tokens": 5, "max_tokens": 2}),
+                "min_tokens",
+                "min_tokens must be less than or equal to max_tokens=2, got 5.",
+            ),
+            (json!({"stop": ["a", ""]}), "stop", "stop cannot contain an empty string."),
+            (
+                json!({"stream_options": {"include_usage": true}}),
+                "stream_options",
+                "Stream options can only be defined when `stream=True`.",
+            ),
+            (
+                json!({"logit_bias": {"x": 1}}),
+                "logit_bias",
+                "logit_bias contains key(s) that cannot be converted to integer token IDs: ['x']",
+            ),
+            (
+                json!({"bad_words": ["", "a"]}),
+                "bad_words",
+                "bad_words cannot contain an empty string. Got bad_words=['', 'a']",
+            ),
+            (json!({"allowed_token_ids": []}), "allowed_token_ids", "allowed_token_ids is not None and empty!"),
+            (
+                json!({"repetition_penalty": 0}),
+                "repetition_penalty",
+                "repetition_penalty must be greater than zero, got 0.0.",
+            ),
+        ] {
+            let err = parse(body.clone()).unwrap_err();
+            assert_eq!(
+                (err.status, err.param.as_deref(), err.message.as_str()),
+                (StatusCode::BAD_REQUEST, Some(param), message),
+                "{body}"
+            );
+        }
     }
 
     #[test]
-    fn invalid_values_name_the_parameter() {
+    fn wrong_types_and_project_limits_name_the_parameter() {
         for (body, param) in [
-            (json!({"max_tokens": 0}), "max_tokens"),
             (json!({"max_tokens": "5"}), "max_tokens"),
-            (json!({"temperature": -1}), "temperature"),
-            (json!({"top_p": 0}), "top_p"),
-            (json!({"top_k": -5}), "top_k"),
             (json!({"n": 2}), "n"),
             (json!({"stop": 3}), "stop"),
-            (json!({"stop_token_ids": [-1]}), "stop_token_ids"),
-            (json!({"stream_options": {"include_usage": true}}), "stream_options"),
             (json!({"stream": "yes"}), "stream"),
             (json!({"seed": 1.5}), "seed"),
             (json!({"seed": 9223372036854775808u64}), "seed"),
             (json!({"top_k": 2147483648u64}), "top_k"),
             (json!({"max_tokens": 2147483648u64}), "max_tokens"),
             (json!({"min_tokens": 18446744073709551615u64}), "min_tokens"),
-            (json!({"temperature": 1e308, "top_p": 1.5}), "top_p"),
-            (json!({"stop": vec!["x"; MAX_LIST_ITEMS + 1]}), "stop"),
-            (json!({"stop_token_ids": vec![1; MAX_LIST_ITEMS + 1]}), "stop_token_ids"),
-            (json!({"stop_token_ids": [4294967296u64]}), "stop_token_ids"),
-            (
-                json!({"logit_bias": (0..=MAX_LIST_ITEMS).map(|i| (i.to_string(), json!(1))).collect::<Map<_, _>>()}),
-                "logit_bias",
-            ),
-            (json!({"bad_words": vec!["x"; MAX_LIST_ITEMS + 1]}), "bad_words"),
-            (json!({"allowed_token_ids": vec![1; MAX_LIST_ITEMS + 1]}), "allowed_token_ids"),
+            (json!({"stop": vec!["x"; 5]}), "stop"),
+            (json!({"stop_token_ids": vec![1; 1025]}), "stop_token_ids"),
+            (json!({"logit_bias": {"1": 101}}), "logit_bias"),
+            (json!({"bad_words": vec!["x"; 1025]}), "bad_words"),
+            (json!({"allowed_token_ids": vec![1; 1025]}), "allowed_token_ids"),
+            (json!({"truncate_prompt_tokens": 3}), "truncate_prompt_tokens"),
+            (json!({"prompt_logprobs": 1}), "prompt_logprobs"),
         ] {
             let err = parse(body.clone()).unwrap_err();
-            assert_eq!(err.status, StatusCode::BAD_REQUEST);
-            assert_eq!(err.param.as_deref(), Some(param), "{body}");
+            assert_eq!((err.status, err.param.as_deref()), (StatusCode::BAD_REQUEST, Some(param)), "{body}");
         }
     }
 
     #[test]
-    fn list_limits_are_inclusive_and_extremes_in_range_pass() {
-        let c = parse(json!({"stop": vec!["x"; MAX_LIST_ITEMS], "stop_token_ids": vec![7; MAX_LIST_ITEMS],
-            "seed": i64::MIN, "top_k": i32::MAX, "max_tokens": MAX_TOKEN_COUNT, "min_tokens": 0}))
+    fn limits_are_inclusive_and_extremes_in_range_pass() {
+        let c = parse(json!({"stop": vec!["x"; 4], "stop_token_ids": vec![7; 1024],
+            "seed": i64::MIN, "top_k": i32::MAX, "max_tokens": i32::MAX, "min_tokens": 0, "top_k": 0}))
         .unwrap();
-        assert_eq!((c.stop.len(), c.sampling.stop_token_ids.len()), (MAX_LIST_ITEMS, MAX_LIST_ITEMS));
-        assert_eq!((c.sampling.seed, c.sampling.top_k), (Some(i64::MIN), Some(i64::from(i32::MAX))));
+        assert_eq!((c.stop.len(), c.stop_token_ids.len()), (4, 1024));
+        assert_eq!(c.sampling.seed, Some(i64::MIN));
         assert_eq!(parse(json!({"top_k": -1})).unwrap().sampling.top_k, Some(-1));
+    }
+
+    #[test]
+    fn python_int_reads_what_int_reads() {
+        for (text, value) in [
+            ("5", Some(5)),
+            (" -3 ", Some(-3)),
+            ("+1_0", Some(10)),
+            ("1__0", None),
+            ("5.0", None),
+            ("", None),
+            ("x", None),
+        ] {
+            assert_eq!(python_int(text), value, "{text}");
+        }
     }
 
     #[test]
     fn bodies_that_are_not_a_json_object_are_400s() {
         let deep = "[".repeat(100_000) + &"]".repeat(100_000);
         let huge_integer = format!("{{\"max_tokens\": {}}}", "9".repeat(5000));
-        for body in
-            ["", "{", "[1]", "null", "\"x\"", deep.as_str(), huge_integer.as_str(), "{\"a\": 1e999}", "\u{feff}{}"]
-        {
+        for body in [
+            "",
+            "{",
+            "[1]",
+            "null",
+            "\"x\"",
+            deep.as_str(),
+            huge_integer.as_str(),
+            "{\"a\": 1e999}",
+            "\u{feff}{}",
+            "{} x",
+        ] {
             let err = parse_json_object(body.as_bytes()).unwrap_err();
             assert_eq!(err.status, StatusCode::BAD_REQUEST, "{body:.40}");
         }
         assert!(parse_json_object(&[b'{', 0xff, b'}']).is_err());
         assert_eq!(parse_json_object(b"{\"a\": [1]}").unwrap()["a"], json!([1]));
+        let err = parse_body::<SamplingInput>(b"[1]").unwrap_err();
+        assert_eq!(err.message, "the request body must be a JSON object");
     }
 }

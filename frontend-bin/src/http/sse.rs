@@ -2,7 +2,7 @@
 //! error chunk if the generation fails, then `data: [DONE]`. Dropping the
 //! body (client gone) drops the generation, which aborts the request.
 
-use super::error::ApiError;
+use super::answer::generation_error;
 use crate::generate::{Delta, Generation, GenerationError, Usage};
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -78,9 +78,10 @@ struct StreamState<W> {
     first: Option<Option<Result<Delta, GenerationError>>>,
 }
 
-/// The error chunk for a generation that failed mid-stream.
+/// The error chunk for a generation that failed mid-stream: the error answer
+/// the request would have had unstreamed.
 pub fn error_event(error: &GenerationError) -> Bytes {
-    event(&ApiError::internal(error.to_string()).body())
+    event(&generation_error(error).body())
 }
 
 /// A `text/event-stream` response that streams `generation` through `writer`.

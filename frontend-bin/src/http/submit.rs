@@ -2,7 +2,8 @@
 //! model check, length checks, ids, EOS handling, submission to an engine.
 
 use super::error::ApiError;
-use super::params::CommonParams;
+use super::params::{check_min_tokens, CommonParams};
+use super::rules::RULES;
 use super::state::{unix_now, unix_now_f64, AppState};
 use crate::engine::protocol::{EngineRequest, StopReason};
 use crate::engine::SubmitError;
@@ -104,22 +105,26 @@ pub fn submit(
         });
         if prompt_len + max_tokens > max_len {
             return Err(ApiError::invalid_param(
-                "max_tokens",
+                common.max_tokens_param.unwrap_or("max_tokens"),
                 format!("This model's maximum context length is {max_len} tokens. However, you requested {} tokens ({prompt_len} in the {prompt_param}, {max_tokens} in the completion). Please reduce the length of the {prompt_param} or completion.", prompt_len + max_tokens),
             ));
         }
     } else if endpoint == Endpoint::Completions {
         sampling.max_tokens.get_or_insert(DEFAULT_COMPLETION_MAX_TOKENS);
     }
-    // Checked again once max_tokens may have been defaulted: the engine refuses min > max.
+    // Checked again once max_tokens may have been defaulted: vLLM refuses min > max.
     if let (Some(min), Some(max)) = (sampling.min_tokens, sampling.max_tokens) {
-        if min > max {
-            return Err(ApiError::invalid_param(
-                "min_tokens",
-                format!("`min_tokens` ({min}) must not exceed `max_tokens` ({max}, defaulted if not given)"),
-            ));
+        check_min_tokens(min, max)?;
+    }
+    check_vocabulary(&common.stop_token_ids, "stop_token_ids", vocab_size)?;
+    check_vocabulary(&common.logit_bias_ids, "logit_bias", vocab_size)?;
+    if let Some(ids) = &common.allowed_token_ids {
+        if ids.iter().any(|&t| t < 0 || t as u64 >= vocab_size as u64) {
+            return Err(RULES.refuse("allowed_token_ids", "allowed_token_ids_out_of_vocab", &[]));
         }
     }
+    // In the vocabulary, so each fits a u32.
+    sampling.stop_token_ids = common.stop_token_ids.iter().map(|&t| t as u32).collect();
     sampling.all_stop_token_ids = sampling.stop_token_ids.clone();
     if !sampling.ignore_eos {
         let model_stops = state.tokenizer.stop_token_ids();
@@ -159,6 +164,24 @@ pub fn submit(
     })?;
     let generation = Generation::new(stream, decoder, common.stop, prompt_len as usize, state.metrics.clone(), started);
     Ok(Submitted { id, created: unix_now(), generation })
+}
+
+/// 400 naming `param` when a token id lies outside the vocabulary, in vLLM's words.
+fn check_vocabulary(ids: &[i64], param: &str, vocab_size: usize) -> Result<(), ApiError> {
+    let outside: Vec<String> =
+        ids.iter().filter(|&&t| t < 0 || t as u64 >= vocab_size as u64).map(i64::to_string).collect();
+    if outside.is_empty() {
+        return Ok(());
+    }
+    Err(RULES.refuse(
+        param,
+        "token_ids_out_of_vocab",
+        &[
+            ("token_ids", &format!("[{}]", outside.join(", "))),
+            ("param", param),
+            ("vocab_size", &vocab_size.to_string()),
+        ],
+    ))
 }
 
 /// `max_tokens` of a completion that does not say (OpenAI's default).

@@ -3,6 +3,8 @@
 //! running requests batched in one message), and records what it received.
 //!
 //! Prompts steer it: `HANG...` never answers, `ERROR...` finishes with ERROR,
+//! prompts holding `REJECT` or `PAUSED` finish with ERROR and vLLM's `RequestError`
+//! (code `validation_error`, or `engine_paused` and retryable),
 //! `DIE...` sends ENGINE_CORE_DEAD, `FLOOD...` ignores `max_tokens` (four
 //! times as many tokens per step, never finished). Otherwise token i of the
 //! answer is prompt token i (cycled).
@@ -122,11 +124,13 @@ struct Active {
     mode: Mode,
 }
 
-#[derive(PartialEq)]
+#[derive(Clone, Copy, PartialEq)]
 enum Mode {
     Echo,
     Hang,
     Error,
+    /// ERROR with a RequestError: its code and whether it is retryable.
+    Rejected(&'static str, bool),
     Flood,
 }
 
@@ -207,6 +211,10 @@ fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicB
                             Mode::Hang
                         } else if text.starts_with("ERROR") {
                             Mode::Error
+                        } else if text.contains("REJECT") {
+                            Mode::Rejected("validation_error", false)
+                        } else if text.contains("PAUSED") {
+                            Mode::Rejected("engine_paused", true)
                         } else if text.starts_with("FLOOD") {
                             Mode::Flood
                         } else {
@@ -265,6 +273,20 @@ fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicB
                     Value::Nil,
                     Value::from(3),
                 ]));
+                a.generated = a.max_tokens;
+                continue;
+            }
+            if let Mode::Rejected(code, retryable) = a.mode {
+                // vLLM's 19-slot EngineCoreOutput: the RequestError is the last slot.
+                let mut slots = vec![a.id.as_str().into(), Value::Array(vec![])];
+                slots.extend([Value::Nil, Value::Nil, Value::Nil, Value::from(3)]);
+                slots.extend(std::iter::repeat_n(Value::Nil, 12));
+                slots.push(Value::Map(vec![
+                    ("code".into(), code.into()),
+                    ("message".into(), format!("{code} from the mock engine").into()),
+                    ("retryable".into(), retryable.into()),
+                ]));
+                outputs.push(Value::Array(slots));
                 a.generated = a.max_tokens;
                 continue;
             }

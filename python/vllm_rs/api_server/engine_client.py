@@ -34,6 +34,7 @@ from vllm_rs.engine.protocol import (
     FinishReason,
     ProtocolError,
     Registration,
+    RequestError,
     decode_registration,
     encode_abort,
     encode_add,
@@ -74,6 +75,15 @@ class Failed:
 
     reason: str
     status: int = 500
+
+
+def request_error_status(error: RequestError) -> int:
+    """The HTTP status of a request the engine finished with a RequestError,
+    as vLLM's frontend maps it: 400 for a validation error, 503 for a
+    retryable one, 500 otherwise."""
+    if error.code == "validation_error":
+        return 400
+    return 503 if error.retryable else 500
 
 
 @dataclass
@@ -494,6 +504,10 @@ class EngineClient:
             entry = requests.get(output.request_id)
             if entry is None:
                 continue  # unknown, aborted or failed already
+            if output.error is not None:
+                # Refused or failed in the engine: nothing it generated counts (as in vLLM).
+                self._finish(output.request_id, Failed(output.error.message, request_error_status(output.error)))
+                continue
             event = Output(output.new_token_ids, output.finish_reason, output.stop_reason)
             if entry.max_tokens is not None and entry.delivered + len(event.token_ids) >= entry.max_tokens:
                 event = self._cap_at_max_tokens(output.request_id, entry, event)

@@ -15,6 +15,7 @@ from vllm_rs.engine.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
     FinishReason,
+    RequestError,
     UtilityOutput,
 )
 
@@ -66,7 +67,20 @@ def _output(item: Any) -> EngineCoreOutput:
     stop_reason = _slot(item, 6)
     if stop_reason is not None and not (_is_int(stop_reason) or isinstance(stop_reason, str)):
         raise ValueError(f"stop_reason of {item[0]!r:.100} is neither a token id nor a string")
-    return EngineCoreOutput(item[0], tokens, None if reason is None else FinishReason(reason), stop_reason)
+    finish = None if reason is None else FinishReason(reason)
+    return EngineCoreOutput(item[0], tokens, finish, stop_reason, error=_request_error(item[0], _slot(item, 18)))
+
+
+def _request_error(request_id: str, value: Any) -> RequestError | None:
+    """vLLM's RequestError (slot 18, a map msgspec writes for the dataclass)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"error of {request_id!r:.100} is not a RequestError map")
+    code, message, retryable = value.get("code"), value.get("message"), value.get("retryable", False)
+    if not isinstance(code, str) or not isinstance(message, str) or not isinstance(retryable, bool):
+        raise ValueError(f"error of {request_id!r:.100} is not a RequestError (code, message, retryable)")
+    return RequestError(code, message, retryable)
 
 
 def _stats(value: Any) -> dict[str, int] | None:

@@ -14,11 +14,16 @@ from vllm_rs.api_server.generation import GenerationError
 from vllm_rs.api_server.params import (
     MAX_BODY_BYTES,
     CommonParams,
-    Params,
+    Int64,
+    RequestModel,
+    SamplingInput,
+    TokenId,
     common_params,
     parse_decimal,
     parse_json_object,
+    parse_model,
 )
+from vllm_rs.api_server.request_rules import RULES
 from vllm_rs.api_server.sse import (
     ChatChunks,
     ChunkHeader,
@@ -51,57 +56,111 @@ def json_response(value: Any) -> Response:
     return Response(dumps(value), media_type="application/json")
 
 
-def _prompt_tokens(state: ServerState, p: Params) -> list[int]:
-    bad = ApiError.invalid_param(
-        "prompt", "`prompt` must be a string, a list of token ids, or a list holding one of those"
-    )
+class CompletionInput(RequestModel):
+    """The fields only completions have, as sent."""
 
-    def single(value: Any) -> list[int]:
-        if isinstance(value, str):
-            return state.tokenizer.encode(value)
-        if isinstance(value, list) and all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in value
-        ):
-            return value
-        raise bad
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]] | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+    logprobs: Int64 | None = None
 
-    prompt = p.get("prompt")
-    if prompt is None:
-        raise ApiError.invalid_param("prompt", "`prompt` is required")
-    if isinstance(prompt, list) and any(isinstance(i, (str, list)) for i in prompt):
+
+class PartInput(RequestModel):
+    """One content part; only text parts are supported."""
+
+    type: str
+    text: str | None = None
+
+
+class MessageInput(RequestModel):
+    """One chat message as sent."""
+
+    role: str
+    content: str | list[PartInput] | None = None
+
+
+class ResponseFormatInput(RequestModel):
+    """`response_format` as sent: only its type matters."""
+
+    type: str | None = None
+
+
+class ChatInput(RequestModel):
+    """The fields only chat has, as sent."""
+
+    messages: list[MessageInput] | None = None
+    max_completion_tokens: Int64 | None = None
+    logprobs: bool | None = None
+    top_logprobs: Int64 | None = None
+    tools: list[Any] | None = None
+    response_format: ResponseFormatInput | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+
+
+def parse_completion(body: dict[str, Any]) -> tuple[CommonParams, str | list[int]]:
+    """Every parameter of a completion body checked: the shared ones and the
+    prompt (text or token ids); a 400 naming the first bad one."""
+    c = parse_model(CompletionInput, body)
+    s = parse_model(SamplingInput, body)
+    if c.logprobs is not None:
+        RULES.check_number("logprobs", c.logprobs)
+        raise RULES.refuse("logprobs", "logprobs_unsupported", param="logprobs")
+    common = common_params(s, None if s.max_tokens is None else ("max_tokens", s.max_tokens))
+    if c.echo:
+        raise RULES.refuse("echo", "echo_unsupported")
+    if c.suffix is not None:
+        raise RULES.refuse("suffix", "suffix_unsupported")
+    prompt = c.prompt
+    if prompt is None or prompt == "":
+        raise RULES.refuse("prompt", "prompt_missing")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
-            raise ApiError.invalid_param("prompt", "only one prompt per request is supported")
-        return single(prompt[0])
-    return single(prompt)
+            raise RULES.refuse("prompt", "one_prompt_only")
+        prompt = prompt[0]
+    return common, prompt  # type: ignore[return-value]
 
 
-def _messages(p: Params) -> list[ChatMessage]:
-    items = p.get("messages")
-    if items is None:
-        raise ApiError.invalid_param("messages", "`messages` is required")
-    if not isinstance(items, list):
-        raise ApiError.invalid_param("messages", "`messages` must be a list")
-    if not items:
-        raise ApiError.invalid_param("messages", "`messages` must not be empty")
+def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], bool]:
+    """Every parameter of a chat body checked: the shared ones, the messages
+    (each content flattened to text) and `add_generation_prompt`; a 400
+    naming the first bad one."""
+    c = parse_model(ChatInput, body)
+    s = parse_model(SamplingInput, body)
+    if c.top_logprobs is not None:
+        RULES.check_number("top_logprobs", c.top_logprobs)
+        if (c.top_logprobs == -1 or c.top_logprobs > 0) and not c.logprobs:
+            raise RULES.refuse("top_logprobs", "top_logprobs_without_logprobs")
+    if c.logprobs:
+        raise RULES.refuse("logprobs", "logprobs_unsupported", param="logprobs")
+    if c.continue_final_message:
+        key = "continue_with_generation_prompt" if c.add_generation_prompt else "continue_final_message_unsupported"
+        raise RULES.refuse("continue_final_message", key)
+    # vLLM reads max_completion_tokens when given, else max_tokens.
+    if c.max_completion_tokens is not None:
+        max_tokens: tuple[str, int] | None = ("max_completion_tokens", c.max_completion_tokens)
+    else:
+        max_tokens = None if s.max_tokens is None else ("max_tokens", s.max_tokens)
+    common = common_params(s, max_tokens)
+    if c.tools:
+        raise RULES.refuse("tools", "tools_unsupported")
+    if c.response_format is not None and c.response_format.type != "text":
+        raise RULES.refuse("response_format", "response_format_unsupported")
+    if c.messages is None:
+        raise RULES.refuse("messages", "messages_missing")
+    if not c.messages:
+        raise RULES.refuse("messages", "messages_empty")
     messages = []
-    for i, item in enumerate(items):
-        role = item.get("role") if isinstance(item, dict) else None
-        if not isinstance(role, str):
-            raise ApiError.invalid_param("messages", f"messages[{i}].role must be a string")
-        content = item.get("content")
+    for i, item in enumerate(c.messages):
+        content = item.content
         if content is None:
             content = ""
         elif isinstance(content, list):
-            texts = []
-            for part in content:
-                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                    raise ApiError.invalid_param("messages", f"messages[{i}].content: only text parts are supported")
-                texts.append(part["text"])
-            content = "".join(texts)
-        elif not isinstance(content, str):
-            raise ApiError.invalid_param("messages", f"messages[{i}].content must be a string or a list of parts")
-        messages.append(ChatMessage(role, content))
-    return messages
+            if not all(part.type == "text" and part.text is not None for part in content):
+                raise RULES.refuse("messages", "text_parts_only", index=i)
+            content = "".join(part.text for part in content)  # type: ignore[misc]
+        messages.append(ChatMessage(item.role, content))
+    return common, messages, True if c.add_generation_prompt is None else c.add_generation_prompt
 
 
 @dataclass(frozen=True)
@@ -151,40 +210,20 @@ async def _answer(state: ServerState, submitted: Submitted, common: CommonParams
 async def create_completion(request: Request) -> Response:
     """Handles a completion request."""
     state: ServerState = request.app.state.server
-    p = Params(await read_json_object(request))
-    common = common_params(p, ("max_tokens",))
+    common, prompt = parse_completion(await read_json_object(request))
     check_model(state, common.model)
-    p.only("echo", False, "echo is not supported")
-    p.only("suffix", None, "suffix is not supported")
-    if p.get("logprobs") is not None:
-        raise ApiError.invalid_param("logprobs", "`logprobs` is not supported")
-    submitted = submit(state, request.headers, COMPLETIONS, _prompt_tokens(state, p), common)
+    prompt_tokens = state.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+    submitted = submit(state, request.headers, COMPLETIONS, prompt_tokens, common)
     return await _answer(state, submitted, common, COMPLETION_SHAPE)
 
 
 async def create_chat_completion(request: Request) -> Response:
     """Handles a chat completion request."""
     state: ServerState = request.app.state.server
-    p = Params(await read_json_object(request))
-    common = common_params(p, ("max_completion_tokens", "max_tokens"))
+    common, messages, add_generation_prompt = parse_chat(await read_json_object(request))
     check_model(state, common.model)
-    logprobs = p.get("logprobs")
-    if logprobs is not None and logprobs is not False:
-        raise ApiError.invalid_param("logprobs", "`logprobs` is not supported")
-    tools = p.get("tools")
-    if tools is not None and not (isinstance(tools, list) and not tools):
-        raise ApiError.invalid_param("tools", "`tools` is not supported")
-    response_format = p.get("response_format")
-    if response_format is not None and not (
-        isinstance(response_format, dict) and response_format.get("type") == "text"
-    ):
-        raise ApiError.invalid_param("response_format", "only the `text` response format is supported")
-    messages = _messages(p)
-    add_generation_prompt = p.bool("add_generation_prompt")
     try:
-        prompt_text = state.tokenizer.apply_chat_template(
-            messages, True if add_generation_prompt is None else add_generation_prompt
-        )
+        prompt_text = state.tokenizer.apply_chat_template(messages, add_generation_prompt)
     except ChatTemplateError as e:  # the template refused the messages, or there is none
         raise ApiError.invalid_param("messages", f"cannot apply the chat template: {e}") from None
     # The template writes BOS and the like itself.

@@ -1,33 +1,32 @@
-"""Request bodies: the JSON object (400 when not JSON or not an object) and
-typed parameter readers whose errors name the parameter, with the same rules
-and messages as the Rust frontend. Every number that reaches an engine is
-range-checked here (finite floats, int32/int64 integers) and every list is
-bounded, so an engine never receives a value it cannot hold."""
+"""Request bodies: the JSON object (400 when not JSON or not an object), the
+typed request models (pydantic, strict: a field of the wrong type is a 400
+naming it) and the checks of the shared rule table (`request_rules.json`,
+with vLLM 0.33's rules and messages) on every value that reaches an engine,
+so an engine never receives a request vLLM's SamplingParams would refuse.
+Rules, messages and limits are the Rust frontend's."""
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vllm_rs.api_server.errors import ApiError
+from vllm_rs.api_server.request_rules import RULES
 from vllm_rs.api_server.tokenizer import DecodeOptions
 
 #: Largest request body accepted (bytes).
 MAX_BODY_BYTES = 16 * 1024 * 1024
-#: Most entries of `stop`, `stop_token_ids` and `logit_bias`.
-MAX_LIST_ITEMS = 1024
-#: Most characters over all `stop` strings: matching them costs memory and
-#: set-up time in proportion.
-MAX_STOP_CHARS = 32 * 1024
 #: Integers with more digits than this are out of range for every parameter
 #: (and are never converted: that costs quadratic time).
 MAX_INT_DIGITS = 40
-INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-TOKEN_ID_MAX = 2**32 - 1
+#: An integer the Rust frontend can hold (`i64`): both frontends refuse the same.
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=2**32 - 1)]
 
 
 class OversizedInt:
@@ -100,215 +99,194 @@ def parse_decimal(text: str, maximum: int) -> int | None:
     return value if value <= maximum else None
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+class RequestModel(BaseModel):
+    """A request model: strict types (no string-to-number coercion, as the
+    Rust frontend), unknown fields ignored (as vLLM ignores them), null is
+    the same as absent."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+class SamplingInput(RequestModel):
+    """The fields completions and chat share, as sent."""
+
+    model: str | None = None
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    n: Int64 | None = None
+    best_of: Int64 | None = None
+    max_tokens: Int64 | None = None
+    min_tokens: Int64 | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: Int64 | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: Int64 | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[Int64] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    logit_bias: dict[str, float] | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[Int64] | None = None
+    prompt_logprobs: Int64 | None = None
+    truncate_prompt_tokens: Int64 | None = None
+    stream_interval: Int64 | None = None
 
 
-class Params:
-    """Typed, named access to the parameters of a request; null counts as absent."""
+Model = TypeVar("Model", bound=RequestModel)
 
-    def __init__(self, body: dict[str, Any]):
-        self.body = body
 
-    def get(self, name: str) -> Any:
-        """The raw value, None when absent or null; 400 for an integer too
-        large for any parameter."""
-        value = self.body.get(name)
-        if isinstance(value, OversizedInt):
-            raise ApiError.invalid_param(name, f"`{name}` is out of range")
-        return value
-
-    @staticmethod
-    def wrong(name: str, expected: str) -> ApiError:
-        """400 saying what `name` must be."""
-        return ApiError.invalid_param(name, f"`{name}` must be {expected}")
-
-    def bool(self, name: str) -> bool | None:
-        """A boolean parameter."""
-        value = self.get(name)
-        if value is not None and not isinstance(value, bool):
-            raise self.wrong(name, "a boolean")
-        return value
-
-    def str(self, name: str) -> str | None:
-        """A string parameter."""
-        value = self.get(name)
-        if value is not None and not isinstance(value, str):
-            raise self.wrong(name, "a string")
-        return value
-
-    def int_in(self, name: str, minimum: int, maximum: int) -> int | None:
-        """An integer from `minimum` to `maximum`."""
-        value = self.get(name)
-        if value is not None and not _is_int(value):
-            raise self.wrong(name, "an integer")
-        if value is not None and not minimum <= value <= maximum:
-            raise self.wrong(name, f"an integer from {minimum} to {maximum}")
-        return value
-
-    def float_in(self, name: str, ok: Any, what: str) -> float | None:
-        """A finite number for which `ok(value)` holds, described as `what`
-        in errors."""
-        value = self.get(name)
-        if value is None:
-            return None
-        if not _is_number(value):
-            raise self.wrong(name, "a number")
-        number = float(value)  # at most MAX_INT_DIGITS digits: never overflows
-        if not math.isfinite(number) or not ok(number):
-            raise self.wrong(name, what)
-        return number
-
-    def count(self, name: str, minimum: int) -> int | None:
-        """An integer from `minimum` to 2**31-1."""
-        value = self.get(name)
-        if value is not None and (not _is_int(value) or not minimum <= value <= INT32_MAX):
-            raise self.wrong(name, f"an integer from {minimum} to {INT32_MAX}")
-        return value
-
-    def _at_most(self, name: str, items: list | dict) -> None:
-        if len(items) > MAX_LIST_ITEMS:
-            raise ApiError.invalid_param(
-                name, f"`{name}` has {len(items)} entries; at most {MAX_LIST_ITEMS} are allowed"
-            )
-
-    def token_ids(self, name: str) -> list[int] | None:
-        """A list of at most MAX_LIST_ITEMS token ids."""
-        value = self.get(name)
-        if value is None:
-            return None
-        if not isinstance(value, list) or not all(_is_int(t) and 0 <= t <= TOKEN_ID_MAX for t in value):
-            raise self.wrong(name, "a list of token ids (non-negative integers)")
-        self._at_most(name, value)
-        return value
-
-    def strings(self, name: str) -> list[str]:
-        """A string or a list of at most MAX_LIST_ITEMS strings."""
-        value = self.get(name)
-        if value is None:
-            return []
-        if isinstance(value, str):
-            return [value]
-        if isinstance(value, list) and all(isinstance(s, str) for s in value):
-            self._at_most(name, value)
-            return value
-        raise self.wrong(name, "a string or a list of strings")
-
-    def stop_strings(self, name: str) -> list[str]:
-        """`strings(name)` holding at most MAX_STOP_CHARS characters in all."""
-        stops = self.strings(name)
-        total = sum(len(s) for s in stops)
-        if total > MAX_STOP_CHARS:
-            raise ApiError.invalid_param(
-                name, f"`{name}` strings hold {total} characters; at most {MAX_STOP_CHARS} are allowed"
-            )
-        return stops
-
-    def logit_bias(self, name: str) -> dict[int, float] | None:
-        """A map of at most MAX_LIST_ITEMS token ids (as strings) to biases
-        from -100 to 100."""
-        value = self.get(name)
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise self.wrong(name, "a map from token ids to numbers")
-        self._at_most(name, value)
-        bias = {}
-        for key, number in value.items():
-            token = parse_decimal(key, TOKEN_ID_MAX)
-            if token is None:
-                raise ApiError.invalid_param(name, f"`{name}` keys must be token ids, got {key[:40]!r}")
-            if not _is_number(number) or not -100 <= number <= 100:
-                raise ApiError.invalid_param(name, f"`{name}` values must be numbers from -100 to 100")
-            bias[token] = float(number)
-        return bias
-
-    def only(self, name: str, accepted: Any, why: str) -> None:
-        """Refuses a parameter unless absent or equal to its accepted value."""
-        value = self.get(name)
-        if value is not None and not (value == accepted and type(value) is type(accepted)):
-            raise ApiError.invalid_param(name, f"`{name}`: {why}")
+def parse_model(model: type[Model], body: dict[str, Any]) -> Model:
+    """`body` as `model`, or a 400 naming the first field of the wrong type."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        loc = e.errors()[0]["loc"]
+        raise RULES.wrong_type(str(loc[0])) from None
 
 
 @dataclass
 class CommonParams:
-    """The parameters completions and chat share."""
+    """The parameters completions and chat share, checked."""
 
     model: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     max_tokens: int | None = None
+    #: The parameter `max_tokens` came from, when given.
+    max_tokens_param: str | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
     decode: DecodeOptions = field(default_factory=DecodeOptions)
     stream: bool = False
     include_usage: bool = False
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
 
 
-def _true_unless_false(value: bool | None) -> bool:
-    """A boolean that defaults to true when absent."""
-    return value is None or value
+def _bounded(param: str, items: list | dict) -> None:
+    limit = RULES.limits["max_list_items"]
+    if len(items) > limit:
+        raise RULES.refuse(param, "too_many_items", param=param, limit=limit, count=len(items))
 
 
-def common_params(p: Params, max_tokens_names: tuple[str, ...]) -> CommonParams:
-    """Reads the shared parameters; the first present of `max_tokens_names`
-    is the token limit."""
-    p.only("n", 1, "only n=1 is supported")
-    p.only("best_of", 1, "only best_of=1 is supported")
-    stream = p.bool("stream") or False
+def _check_numbers(values: dict[str, float | int | None]) -> None:
+    for param, value in values.items():
+        if value is not None:
+            RULES.check_number(param, value)
+
+
+def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
+    """400 when `min_tokens` exceeds `max_tokens` (given or defaulted), in vLLM's words."""
+    if min_tokens > max_tokens:
+        raise RULES.refuse("min_tokens", "min_tokens_above_max_tokens", max_tokens=max_tokens, min_tokens=min_tokens)
+
+
+def _check_stop(stop: list[str]) -> None:
+    limits = RULES.limits
+    if len(stop) > limits["max_stop_strings"]:
+        raise RULES.refuse("stop", "too_many_stop_strings", limit=limits["max_stop_strings"], count=len(stop))
+    if any(not s for s in stop):
+        raise RULES.refuse("stop", "empty_stop_string")
+    chars = sum(len(s) for s in stop)
+    if chars > limits["max_stop_chars"]:
+        raise RULES.refuse("stop", "too_many_stop_chars", limit=limits["max_stop_chars"], count=chars)
+
+
+def _python_int(text: str) -> int | None:
+    """`int(text)` for a decimal key, None when Python could not read it."""
+    try:
+        return int(text) if len(text) <= MAX_INT_DIGITS else None
+    except ValueError:
+        return None
+
+
+def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
+    _bounded("logit_bias", bias)
+    bad = [key for key in sorted(bias) if _python_int(key) is None]
+    if bad:
+        raise RULES.refuse("logit_bias", "logit_bias_bad_keys", keys=repr(bad))
+    if not all(-100.0 <= v <= 100.0 for v in bias.values()):
+        raise RULES.refuse("logit_bias", "logit_bias_value_out_of_range")
+    return {_python_int(key): float(value) for key, value in bias.items()}  # type: ignore[misc]
+
+
+def common_params(s: SamplingInput, max_tokens: tuple[str, int] | None) -> CommonParams:
+    """Checks every shared field; `max_tokens` is the token limit the
+    endpoint reads (its name and value), the first one given."""
+    stream = bool(s.stream)
     include_usage = False
-    options = p.get("stream_options")
-    if options is not None:
-        if not stream:
-            raise ApiError.invalid_param("stream_options", "`stream_options` can only be given when `stream` is true")
-        if not isinstance(options, dict):
-            raise ApiError.invalid_param("stream_options", "`stream_options` must be an object")
-        usage = options.get("include_usage")
+    if s.stream_options is not None:
+        # vLLM refuses options only when there are some (an empty object passes).
+        if s.stream_options and not stream:
+            raise RULES.refuse("stream_options", "stream_options_without_stream")
+        usage = s.stream_options.get("include_usage")
         if usage is not None and not isinstance(usage, bool):
-            raise ApiError.invalid_param("stream_options", "`stream_options.include_usage` must be a boolean")
+            raise RULES.wrong_type("stream_options")
         include_usage = bool(usage)
-    max_tokens = None
-    for name in max_tokens_names:
-        max_tokens = p.count(name, 1)
-        if max_tokens is not None:
-            break
-    top_k = p.int_in("top_k", -1, INT32_MAX)
-    if top_k == 0:
-        raise ApiError.invalid_param("top_k", f"`top_k` must be -1 (off) or an integer from 1 to {INT32_MAX}")
-    min_tokens = p.count("min_tokens", 0)
-    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
-        raise ApiError.invalid_param("min_tokens", "`min_tokens` must not exceed `max_tokens`")
-
-    def penalty(v: float) -> bool:
-        return -2.0 <= v <= 2.0
-
+    if s.prompt_logprobs is not None:
+        RULES.check_number("prompt_logprobs", s.prompt_logprobs)
+        if stream and (s.prompt_logprobs > 0 or s.prompt_logprobs == -1):
+            raise RULES.refuse("prompt_logprobs", "prompt_logprobs_with_stream")
+        raise RULES.refuse("prompt_logprobs", "logprobs_unsupported", param="prompt_logprobs")
+    _check_numbers({
+        "n": s.n, "best_of": s.best_of, "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty, "repetition_penalty": s.repetition_penalty,
+        "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
+    })  # fmt: skip
+    max_tokens_param, limit = max_tokens if max_tokens is not None else (None, None)
+    if limit is not None:
+        RULES.check_number(max_tokens_param, limit)  # type: ignore[arg-type]
+    _check_numbers({"min_tokens": s.min_tokens})
+    if s.min_tokens is not None and limit is not None:
+        check_min_tokens(s.min_tokens, limit)
+    _check_numbers({"stream_interval": s.stream_interval})
+    stop_token_ids = s.stop_token_ids or []
+    _bounded("stop_token_ids", stop_token_ids)
+    stop = [s.stop] if isinstance(s.stop, str) else s.stop or []
+    _check_stop(stop)
+    if s.bad_words is not None:
+        _bounded("bad_words", s.bad_words)
+        if any(not word for word in s.bad_words):
+            raise RULES.refuse("bad_words", "empty_bad_word", bad_words=repr(s.bad_words))
+    if s.allowed_token_ids is not None:
+        _bounded("allowed_token_ids", s.allowed_token_ids)
+        if not s.allowed_token_ids:
+            raise RULES.refuse("allowed_token_ids", "empty_allowed_token_ids")
+    logit_bias = None if s.logit_bias is None else _logit_bias(s.logit_bias)
+    if s.truncate_prompt_tokens is not None:
+        raise RULES.refuse("truncate_prompt_tokens", "truncate_prompt_tokens_unsupported")
     sampling = {
-        "temperature": p.float_in("temperature", lambda v: v >= 0.0, "a finite non-negative number"),
-        "top_p": p.float_in("top_p", lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
-        "top_k": top_k,
-        "min_p": p.float_in("min_p", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
-        "frequency_penalty": p.float_in("frequency_penalty", penalty, "in [-2, 2]"),
-        "presence_penalty": p.float_in("presence_penalty", penalty, "in [-2, 2]"),
-        "repetition_penalty": p.float_in("repetition_penalty", lambda v: v > 0.0, "a finite positive number"),
-        "min_tokens": min_tokens,
-        "seed": p.int_in("seed", INT64_MIN, INT64_MAX),
-        "logit_bias": p.logit_bias("logit_bias"),
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "frequency_penalty": s.frequency_penalty,
+        "presence_penalty": s.presence_penalty,
+        "repetition_penalty": s.repetition_penalty,
+        "min_tokens": s.min_tokens,
+        # vLLM reads seed -1 as no seed.
+        "seed": None if s.seed == -1 else s.seed,
     }
     return CommonParams(
-        model=p.str("model"),
+        model=s.model,
         sampling={k: v for k, v in sampling.items() if v is not None},
-        max_tokens=max_tokens,
-        ignore_eos=p.bool("ignore_eos") or False,
-        stop_token_ids=p.token_ids("stop_token_ids") or [],
-        stop=p.stop_strings("stop"),
+        max_tokens=limit,
+        max_tokens_param=max_tokens_param,
+        ignore_eos=bool(s.ignore_eos),
+        stop_token_ids=stop_token_ids,
+        stop=stop,
         decode=DecodeOptions(
-            skip_special_tokens=_true_unless_false(p.bool("skip_special_tokens")),
-            spaces_between_special_tokens=_true_unless_false(p.bool("spaces_between_special_tokens")),
+            skip_special_tokens=s.skip_special_tokens is not False,
+            spaces_between_special_tokens=s.spaces_between_special_tokens is not False,
         ),
         stream=stream,
         include_usage=include_usage,
+        logit_bias=logit_bias,
+        allowed_token_ids=s.allowed_token_ids,
     )

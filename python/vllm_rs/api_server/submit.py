@@ -13,7 +13,8 @@ from vllm_rs.api_server.engine_client import EngineUnavailableError, RankOutOfRa
 from vllm_rs.api_server.engine_outputs import MAX_ENGINE_INDEX
 from vllm_rs.api_server.errors import ApiError
 from vllm_rs.api_server.generation import Generation
-from vllm_rs.api_server.params import CommonParams, parse_decimal
+from vllm_rs.api_server.params import CommonParams, check_min_tokens, parse_decimal
+from vllm_rs.api_server.request_rules import RULES
 from vllm_rs.api_server.state import ServerState
 from vllm_rs.engine.protocol import EngineCoreRequest
 from vllm_rs.logger import init_logger
@@ -75,7 +76,16 @@ def _pinned_rank(headers: Headers) -> int | None:
     return rank
 
 
-def _limit_max_tokens(state: ServerState, endpoint: Endpoint, prompt_len: int, max_tokens: int | None) -> int | None:
+def _check_vocabulary(ids: list[int], param: str, vocab_size: int) -> None:
+    """400 naming `param` when a token id lies outside the vocabulary, in vLLM's words."""
+    outside = [t for t in ids if not 0 <= t < vocab_size]
+    if outside:
+        raise RULES.refuse(param, "token_ids_out_of_vocab", token_ids=outside, param=param, vocab_size=vocab_size)
+
+
+def _limit_max_tokens(
+    state: ServerState, endpoint: Endpoint, prompt_len: int, max_tokens: int | None, max_tokens_param: str | None
+) -> int | None:
     max_len = state.max_model_len
     if max_len is None:
         return DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None and not endpoint.is_chat else max_tokens
@@ -92,7 +102,7 @@ def _limit_max_tokens(state: ServerState, endpoint: Endpoint, prompt_len: int, m
         )
     if prompt_len + max_tokens > max_len:
         raise ApiError.invalid_param(
-            "max_tokens",
+            max_tokens_param or "max_tokens",
             f"This model's maximum context length is {max_len} tokens. However, you requested "
             f"{prompt_len + max_tokens} tokens ({prompt_len} in the {param}, {max_tokens} in the completion). "
             f"Please reduce the length of the {param} or completion.",
@@ -116,9 +126,17 @@ def submit(
     if bad is not None:
         raise ApiError.invalid_param(param, f"token id {bad} is out of vocabulary (vocab size {vocab})")
     sampling = dict(common.sampling)
-    max_tokens = _limit_max_tokens(state, endpoint, len(prompt), common.max_tokens)
+    max_tokens = _limit_max_tokens(state, endpoint, len(prompt), common.max_tokens, common.max_tokens_param)
     if max_tokens is not None:
         sampling["max_tokens"] = max_tokens
+        # Checked again once max_tokens may have been defaulted: vLLM refuses min > max.
+        check_min_tokens(common.sampling.get("min_tokens", 0), max_tokens)
+    _check_vocabulary(common.stop_token_ids, "stop_token_ids", vocab)
+    if common.logit_bias is not None:
+        _check_vocabulary(list(common.logit_bias), "logit_bias", vocab)
+        sampling["logit_bias"] = common.logit_bias
+    if common.allowed_token_ids is not None and any(not 0 <= t < vocab for t in common.allowed_token_ids):
+        raise RULES.refuse("allowed_token_ids", "allowed_token_ids_out_of_vocab")
     all_stop = list(common.stop_token_ids)
     sampling["stop_token_ids"] = list(common.stop_token_ids)
     if common.ignore_eos:

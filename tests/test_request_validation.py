@@ -1,0 +1,193 @@
+"""Both frontends (the Rust `vllm-rs frontend` and the Python API server)
+against vLLM 0.33's request rules and its engine error outputs, over real HTTP
+with the engine played by the test on real ZeroMQ sockets:
+
+- every case of tests/fixtures/vllm-0.33/request_validation.json (written by
+  scripts/make_vllm_fixtures.py from what vLLM's request models and
+  SamplingParams accept or refuse): a refused request is a 400 naming the
+  parameter, with vLLM's message, and the engine never receives it; an
+  accepted one reaches the engine and is answered;
+- the engine finishing a request with ERROR and vLLM's RequestError (the
+  fixtures' own messages): 400 for a validation error, 503 for a retryable
+  one, 500 for any other, with the engine's message, streamed and not."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+from vllm_rs.network_utils import make_zmq_listener
+from vllm_rs.utils import RustFrontendProcessManager
+
+from tests.api_server_harness import (
+    DEADLINE_S,
+    ScriptedEngine,
+    api_server,
+    assert_error_shape,
+    in_background,
+    request,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.33"
+CASES = json.loads((FIXTURES / "request_validation.json").read_text())
+FINISH_LENGTH, FINISH_ERROR = 1, 3
+PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+PREFIXES = {"completions": "cmpl", "chat": "chatcmpl"}
+
+
+@contextlib.contextmanager
+def rust_frontend(log_path: Path) -> Iterator[SimpleNamespace]:
+    """The `vllm-rs frontend` binary for the built-in `toy` model, its engine
+    left to the test (the frontend's stderr goes to `log_path`)."""
+    os.environ.setdefault("VLLM_ENGINE_READY_TIMEOUT_S", "60")
+    http = socket.socket()
+    http.bind(("127.0.0.1", 0))
+    http.listen(128)
+    port = http.getsockname()[1]
+    inputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
+    outputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    saved = os.dup(2)
+    with open(log_path, "ab") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        frontend = RustFrontendProcessManager(None, http, argparse.Namespace(model="toy"), inputs, outputs, 0, 1, 1)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        http.close()
+    try:
+        yield SimpleNamespace(port=port, input_address=inputs.address, output_address=outputs.address)
+    finally:
+        frontend.shutdown()
+
+
+def wait_until_healthy(port: int) -> None:
+    """Returns once `/health` answers 200 (the engine registered)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        try:
+            if request("GET", port, "/health", timeout_s=5)[0] == 200:
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the frontend never became healthy"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module", params=["rust", "python"])
+def served(request, tmp_path_factory) -> Iterator[SimpleNamespace]:
+    """One frontend (the Rust binary, or the Python API server) with a
+    scripted engine that registered: `port`, `engine` and `kind`."""
+    if request.param == "rust":
+        manager = rust_frontend(tmp_path_factory.mktemp("rust") / "frontend.log")
+    else:
+        manager = api_server()
+    with manager as server:
+        engine = ScriptedEngine(server, max_model_len=CASES["max_model_len"])
+        try:
+            wait_until_healthy(server.port)
+            yield SimpleNamespace(port=server.port, engine=engine, kind=request.param)
+        finally:
+            engine.close()
+
+
+def post(served: SimpleNamespace, endpoint: str, body: Any, request_id: str) -> tuple[int, Any]:
+    return request("POST", served.port, PATHS[endpoint], body, headers={"x-request-id": request_id})
+
+
+def answer_next_add(served: SimpleNamespace, expected_id: str) -> tuple[str, dict[str, Any]]:
+    """Waits for the next ADD, which must be `expected_id`'s, and finishes it
+    with one token. Returns the engine request id and the sampling params."""
+    request_id, _prompt, sampling = served.engine.next_add()
+    assert request_id.startswith(expected_id + "-"), f"expected {expected_id}, the engine got {request_id}"
+    served.engine.send_outputs([[request_id, [65], None, None, None, FINISH_LENGTH]])
+    return request_id, sampling
+
+
+@pytest.mark.parametrize("case", CASES["cases"], ids=[c["name"] for c in CASES["cases"]])
+def test_requests_are_checked_as_vllm_checks_them(served, case):
+    endpoint, verdict = case["endpoint"], case["vllm"]
+    client_id = f"case-{case['name']}-{served.kind}"
+    if verdict["accepted"] and not case["project_limit"]:
+        answered = in_background(post, served, endpoint, case["body"], client_id)
+        _id, sampling = answer_next_add(served, f"{PREFIXES[endpoint]}-{client_id}")
+        status, body = answered.result(timeout=DEADLINE_S)
+        assert status == 200, body
+        if case["body"].get("seed") == -1:
+            assert sampling.get("seed") is None, "vLLM reads seed -1 as no seed"
+        return
+    status, body = post(served, endpoint, case["body"], client_id)
+    assert_error_shape(status, body, 400, case["param"])
+    if verdict.get("kind") == "validation" and not case["project_limit"]:
+        assert body["error"]["message"] == verdict["message"]
+    # Nothing reached the engine: the next request it sees is the next one sent.
+    sentinel = f"after-{client_id}"
+    answered = in_background(post, served, "completions", {"prompt": "ok", "max_tokens": 1}, sentinel)
+    answer_next_add(served, f"cmpl-{sentinel}")
+    assert answered.result(timeout=DEADLINE_S)[0] == 200
+
+
+def fixture_output(name: str, request_id: str) -> bytes:
+    """The vLLM-encoded outputs fixture `name`, its one output renamed to `request_id`."""
+    message = msgpack.unpackb((FIXTURES / f"{name}.msgpack").read_bytes(), raw=False, strict_map_key=False)
+    message[1][0][0] = request_id
+    message[5] = [request_id]
+    return msgpack.packb(message)
+
+
+def fixture_error(name: str) -> dict[str, Any]:
+    message = msgpack.unpackb((FIXTURES / f"{name}.msgpack").read_bytes(), raw=False, strict_map_key=False)
+    return message[1][0][18]
+
+
+@pytest.mark.parametrize(
+    "fixture, status, error_type",
+    [
+        ("outputs_request_error", 400, "BadRequestError"),
+        ("outputs_request_error_sampling", 400, "BadRequestError"),
+        ("outputs_request_error_paused", 503, "ServiceUnavailableError"),
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_request_errors_map_as_vllm_maps_them(served, fixture, status, error_type, stream):
+    client_id = f"{fixture}-{stream}-{served.kind}"
+    body = {"prompt": "hi", "max_tokens": 3, "stream": stream}
+    answered = in_background(post, served, "completions", body, client_id)
+    request_id, _prompt, _sampling = served.engine.next_add()
+    assert request_id.startswith(f"cmpl-{client_id}-")
+    served.engine.push.send(fixture_output(fixture, request_id))
+    got_status, answer = answered.result(timeout=DEADLINE_S)
+    expected = {"message": fixture_error(fixture)["message"], "type": error_type, "param": None, "code": status}
+    if not stream:
+        assert (got_status, answer) == (status, {"error": expected})
+        return
+    # Streamed: the response started, so the error is the last event before [DONE].
+    assert got_status == 200
+    events = [line[len("data: ") :] for line in answer.decode().split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2]) == {"error": expected}
+
+
+def test_an_error_the_engine_does_not_call_retryable_or_validation_is_a_500_with_its_message(served):
+    client_id = f"internal-{served.kind}"
+    answered = in_background(post, served, "chat", {"messages": [{"role": "user", "content": "x"}]}, client_id)
+    request_id, _prompt, _sampling = served.engine.next_add()
+    error = {"code": "kv_load_failed", "message": "KV transfer failed", "retryable": False}
+    served.engine.push.send(
+        msgpack.packb([0, [[request_id, [], None, None, None, FINISH_ERROR, *[None] * 12, error]], None, 1.0])
+    )
+    status, answer = answered.result(timeout=DEADLINE_S)
+    assert (status, answer["error"]["message"], answer["error"]["type"]) == (
+        500, "KV transfer failed", "InternalServerError",
+    )  # fmt: skip
