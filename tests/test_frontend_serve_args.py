@@ -6,11 +6,11 @@ certificate generated here with the `openssl` command, plain sockets."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 import ssl
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -58,8 +58,6 @@ def https_client(port: int, pki: dict[str, Path], cert: bool = False) -> openai.
 
 def wait_https_ready(stack, context: ssl.SSLContext) -> None:
     """Waits for /health over TLS (the plain-HTTP readiness check cannot work on a TLS port)."""
-    import time
-
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         assert stack.frontend.processes[0].is_alive(), stack.frontend_log()
