@@ -59,8 +59,11 @@ fn make_pki(dir: &Path) {
         req.extend(ec);
         req.extend(["-keyout", &key, "-out", &csr, "-subj", "/CN=test"]);
         openssl(dir, &req);
-        fs::write(dir.join(&ext), format!("subjectAltName={san}\nbasicConstraints=CA:FALSE\nextendedKeyUsage={usage}\n"))
-            .unwrap();
+        fs::write(
+            dir.join(&ext),
+            format!("subjectAltName={san}\nbasicConstraints=CA:FALSE\nextendedKeyUsage={usage}\n"),
+        )
+        .unwrap();
         openssl(
             dir,
             &["x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", &pem]
@@ -107,10 +110,13 @@ async fn https_health(port: u16, dir: &Path, client_cert: bool) -> std::io::Resu
         roots.add(cert.unwrap()).unwrap();
     }
     let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let builder =
-        ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots);
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
     let config = if client_cert {
-        let chain: Vec<_> = CertificateDer::pem_file_iter(dir.join("client.pem")).unwrap().map(Result::unwrap).collect();
+        let chain: Vec<_> =
+            CertificateDer::pem_file_iter(dir.join("client.pem")).unwrap().map(Result::unwrap).collect();
         builder.with_client_auth_cert(chain, PrivateKeyDer::from_pem_file(dir.join("client.key")).unwrap()).unwrap()
     } else {
         builder.with_no_client_auth()
@@ -167,7 +173,10 @@ async fn every_vllm_args_json_serves_or_is_refused_as_the_table_says() {
             wait_https_ready(&mut frontend, &dir, client_cert).await;
             let port: u16 = frontend.base_url.rsplit(':').next().unwrap().parse().unwrap();
             if client_cert {
-                assert!(https_health(port, &dir, false).await.is_err(), "{name}: served a client without a certificate");
+                assert!(
+                    https_health(port, &dir, false).await.is_err(),
+                    "{name}: served a client without a certificate"
+                );
             }
             served.push(name.as_str());
         } else {
@@ -184,7 +193,15 @@ async fn every_vllm_args_json_serves_or_is_refused_as_the_table_says() {
             served.push(name.as_str());
         }
     }
-    for name in ["tls", "tls_client_certs", "cors", "uds_root_path", "chat_template", "chat_template_inline", "frontend_options"] {
+    for name in [
+        "tls",
+        "tls_client_certs",
+        "cors",
+        "uds_root_path",
+        "chat_template",
+        "chat_template_inline",
+        "frontend_options",
+    ] {
         assert!(served.contains(&name), "{name} should serve: served {served:?}, refused {refused:?}");
     }
     for name in ["tls_ciphers", "generation_config", "tool_calling", "sse_keep_alive"] {
@@ -201,7 +218,8 @@ fn every_key_of_vllm_serve_has_a_treatment() {
     let (frontend, engine) = (names("frontend"), names("engine"));
     assert!(frontend.len() > 50 && engine.len() > 100, "{} {}", frontend.len(), engine.len());
     // vLLM never puts these in --args-json (RustFrontendProcessManager excludes them).
-    let never_passed = ["api_server_count", "data_parallel_rank", "data_parallel_external_lb", "data_parallel_hybrid_lb"];
+    let never_passed =
+        ["api_server_count", "data_parallel_rank", "data_parallel_external_lb", "data_parallel_hybrid_lb"];
     let treated = |key: &str| {
         HONOURED_KEYS.contains(&key)
             || IGNORED_KEYS.iter().any(|(k, _)| *k == key)
@@ -212,7 +230,8 @@ fn every_key_of_vllm_serve_has_a_treatment() {
         frontend.iter().filter(|k| !never_passed.contains(&k.as_str()) && !treated(k)).collect();
     assert!(untreated.is_empty(), "server keys with no treatment: {untreated:?}");
     // Every key the table names is one vLLM has (or one of this frontend's own).
-    let own = ["engine_ready_timeout_secs", "http_timeout_keep_alive", "engine_stall_timeout_s", "max_engine_message_bytes"];
+    let own =
+        ["engine_ready_timeout_secs", "http_timeout_keep_alive", "engine_stall_timeout_s", "max_engine_message_bytes"];
     let listed = HONOURED_KEYS
         .iter()
         .copied()
