@@ -165,11 +165,11 @@ async fn every_vllm_args_json_serves_or_is_refused_as_the_table_says() {
         } else if args.contains_key("ssl_certfile") {
             let client_cert = args.get("ssl_cert_reqs").is_some_and(|v| v != &json!(0));
             let mut frontend = Frontend::spawn(options);
-            let _engines = vec![common::mock_engine::MockEngine::start(common::mock_engine::EngineSpec::new(
+            let _engine = common::mock_engine::MockEngine::start(common::mock_engine::EngineSpec::new(
                 0,
                 &frontend.input_address,
                 &frontend.output_address,
-            ))];
+            ));
             wait_https_ready(&mut frontend, &dir, client_cert).await;
             let port: u16 = frontend.base_url.rsplit(':').next().unwrap().parse().unwrap();
             if client_cert {
