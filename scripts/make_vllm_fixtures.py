@@ -490,6 +490,58 @@ SERVE_COMMAND_LINES = {
         "7",
     ],
     "config_model_only": ["--model", "Qwen/Qwen3-0.6B", "--tensor-parallel-size", "2"],
+    "tls_client_certs": [
+        "Qwen/Qwen3-0.6B",
+        "--ssl-keyfile",
+        "/etc/tls/key.pem",
+        "--ssl-certfile",
+        "/etc/tls/cert.pem",
+        "--ssl-ca-certs",
+        "/etc/tls/ca.pem",
+        "--ssl-cert-reqs",
+        "2",
+    ],
+    "tls_ciphers": [
+        "Qwen/Qwen3-0.6B",
+        "--ssl-keyfile",
+        "/etc/tls/key.pem",
+        "--ssl-certfile",
+        "/etc/tls/cert.pem",
+        "--ssl-ciphers",
+        "ECDHE-RSA-AES256-GCM-SHA384",
+    ],
+    "cors_wildcard": ["Qwen/Qwen3-0.6B", "--allowed-origins", '["*"]'],
+    "chat_template_inline": [
+        "Qwen/Qwen3-0.6B",
+        "--chat-template",
+        "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}",
+        "--chat-template-content-format",
+        "string",
+        "--response-role",
+        "bot",
+    ],
+    "frontend_options": [
+        "Qwen/Qwen3-0.6B",
+        "--root-path",
+        "/api",
+        "--enable-request-id-headers",
+        "--enable-force-include-usage",
+        "--max-log-len",
+        "100",
+        "--disable-uvicorn-access-log",
+        "--uvicorn-log-level",
+        "warning",
+        "--disable-fastapi-docs",
+        "--h11-max-header-count",
+        "64",
+        "--h11-max-incomplete-event-size",
+        "65536",
+        "--tokenizer-mode",
+        "hf",
+    ],
+    "tool_calling": ["Qwen/Qwen3-0.6B", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+    "return_tokens_as_token_ids": ["Qwen/Qwen3-0.6B", "--return-tokens-as-token-ids", "--max-logprobs", "5"],
+    "sse_keep_alive": ["Qwen/Qwen3-0.6B", "--sse-keep-alive-interval", "10"],
 }
 
 
@@ -524,6 +576,22 @@ def args_json_cases() -> dict[str, Any]:
             "logged_args_json": json.dumps(redact_sensitive_args(args_dict), sort_keys=True),
         }
     return cases
+
+
+def serve_keys() -> dict[str, list[str]]:
+    """Every key `vllm serve` can put in `--args-json` (every argparse
+    destination of its parser), grouped as vLLM defines them: `frontend`
+    (FrontendArgs and the serve command's own), `engine` (EngineArgs)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    dests = {action.dest for action in parser._actions if action.dest != "help"}
+    engine = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
+    return {"frontend": sorted(dests - engine), "engine": sorted(dests & engine)}
 
 
 def utility_calls() -> dict[str, list[Any]]:
@@ -579,6 +647,8 @@ def main() -> None:
         "kind": "request_validation",
         "description": "OpenAI request bodies with what vLLM's request models and SamplingParams accept or refuse",
     }
+    (args.out / "serve_keys.json").write_text(json.dumps(serve_keys(), indent=2, sort_keys=True) + "\n")
+    manifest["files"]["serve_keys.json"] = {"kind": "serve_keys", "description": "every key of vllm serve's parser"}
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     print(f"wrote {len(manifest['files'])} fixtures to {args.out}")
 

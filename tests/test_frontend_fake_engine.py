@@ -69,7 +69,12 @@ def run_fake_engine(vllm_config, on_head_node, input_address, executor_class, lo
                 message = msgpack.unpackb(payload)
                 if kind == ADD:
                     request_id, prompt, sampling = message[0], message[1], message[3]
-                    log.write(json.dumps({"event": "add", "id": request_id, "prompt_len": len(prompt)}) + "\n")
+                    log.write(
+                        json.dumps(
+                            {"event": "add", "id": request_id, "prompt_len": len(prompt), "prompt": list(prompt)}
+                        )
+                        + "\n"
+                    )
                     text = bytes(t for t in prompt if t < 256)
                     if text.startswith(b"DIE"):
                         push.send(b"ENGINE_CORE_DEAD")

@@ -29,6 +29,7 @@ use vllm_rs_coordinator::CoordinatorAddress;
 /// Everything the frontend needs, validated.
 struct Startup {
     config: ServerConfig,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     tokenizer: Arc<dyn Tokenizer>,
     http: ListeningSocket,
     input: SocketSource,
@@ -127,6 +128,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     let config = ServerConfig::load(&args.args_json, &process_env)?;
     tracing::debug!(?config, "configuration");
     let tokenizer = load_tokenizer(&config)?;
+    let tls = config.http_layers.tls.as_ref().map(crate::tls::acceptor).transpose()?;
     let http = adopt_listening_socket(args.listen_fd, "listen-fd")?;
     let source = |fd: Option<i32>, address: Option<String>, flag: &str| -> Result<SocketSource, ExitError> {
         match (fd, address) {
@@ -139,6 +141,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     let output = source(args.output_listener_fd, args.output_address, "output-listener-fd")?;
     Ok(Startup {
         config,
+        tls,
         tokenizer,
         http,
         input,
@@ -166,7 +169,7 @@ fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
 }
 
 async fn run_server(startup: Startup) -> anyhow::Result<()> {
-    let Startup { config, tokenizer, http, input, output, engine_start_index: start, engine_count: count, coordinator } =
+    let Startup { config, tls, tokenizer, http, input, output, engine_start_index: start, engine_count: count, coordinator } =
         startup;
     let mut stop = shutdown_signal()?;
     let http_address = http.address.clone();
@@ -199,14 +202,16 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         keep_alive_timeout: config.http_timeout_keep_alive,
         header_timeout: config.http_header_timeout,
         max_header_bytes: config.http_max_header_bytes,
+        max_header_count: config.http_max_header_count,
         drain_timeout: config.shutdown_timeout,
     };
     let state =
         Arc::new(AppState { config, tokenizer, engines: engines.clone(), metrics, max_model_len, created: unix_now() });
     let listener = StreamListener::from_socket(http).context("adopting the HTTP socket")?;
+    let scheme = if tls.is_some() { "https://" } else { "http://" };
     tracing::info!(
         "serving the OpenAI API on {} (model {}, max_model_len {:?}, engines {start}..={})",
-        http_address.zmq_endpoint().replace("tcp://", "http://").replace("ipc://", "unix:"),
+        http_address.zmq_endpoint().replace("tcp://", scheme).replace("ipc://", "unix:"),
         state.config.primary_model_name(),
         max_model_len,
         start + count - 1
@@ -215,7 +220,7 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         let _ = stop.wait_for(|stopped| *stopped).await;
         engines.stop_accepting();
     };
-    let drained = serve(listener, crate::http::router(state.clone()), options, stopping).await;
+    let drained = serve(listener, crate::http::router(state.clone()), options, tls, stopping).await;
     if !drained {
         tracing::warn!("requests still in flight after the drain timeout: aborting them");
         state.engines.abort_all("the server is shutting down");

@@ -5,6 +5,8 @@
 use crate::engine::client::DEFAULT_STALL_TIMEOUT;
 use crate::engine::zmtp::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::error::ExitError;
+pub use crate::serve_args::chat::ChatOptions;
+pub use crate::serve_args::http_layers::{ClientCerts, CorsRules, HttpLayers, TlsFiles};
 use serde_json::{Map, Value};
 use std::ffi::OsString;
 use std::fmt;
@@ -33,58 +35,14 @@ pub const HTTP_MAX_HEADER_BYTES_ENV: &str = "VLLM_RS_HTTP_MAX_HEADER_BYTES";
 const MIN_HEADER_BYTES: u64 = 8192;
 /// Largest header limit accepted.
 const MAX_HEADER_BYTES: u64 = 16 * 1024 * 1024;
+/// Largest header count passed on: more only costs memory per connection.
+const MAX_HEADER_COUNT: u64 = 65_536;
 /// Smallest engine message cap: below it a registration may not fit.
 const MIN_ENGINE_MESSAGE_BYTES: u64 = 1024;
 /// Largest engine message cap accepted (64 GiB).
 const MAX_ENGINE_MESSAGE_BYTES: u64 = 64 * 1024 * 1024 * 1024;
 
-/// Keys this frontend reads from `--args-json`; every other key is ignored.
-const KNOWN_KEYS: &[&str] = &[
-    "model_tag",
-    "model",
-    "served_model_name",
-    "api_key",
-    "max_model_len",
-    "tokenizer",
-    "engine_ready_timeout_secs",
-    "http_timeout_keep_alive",
-    "enable_log_requests",
-    "disable_log_stats",
-    "shutdown_timeout",
-    "engine_stall_timeout_s",
-    "max_engine_message_bytes",
-];
-
-/// Keys `vllm serve` may put in `--args-json` that change what clients get
-/// (transport security, access rules, routes, what the model is asked):
-/// serving without them would silently downgrade the deployment (plain HTTP
-/// where TLS was asked for, no CORS rule, another chat template), so any of
-/// them set (not null, not false) is a usage error naming it.
-pub const REFUSED_KEYS: &[(&str, &str)] = &[
-    ("ssl_keyfile", "TLS is not supported"),
-    ("ssl_certfile", "TLS is not supported"),
-    ("ssl_ca_certs", "TLS is not supported"),
-    ("ssl_cert_reqs", "TLS is not supported"),
-    ("ssl_ciphers", "TLS is not supported"),
-    ("enable_ssl_refresh", "TLS is not supported"),
-    ("allowed_origins", "CORS rules are not supported"),
-    ("allowed_methods", "CORS rules are not supported"),
-    ("allowed_headers", "CORS rules are not supported"),
-    ("allow_credentials", "CORS rules are not supported"),
-    ("root_path", "a root path is not supported"),
-    ("middleware", "extra middleware is not supported"),
-    ("chat_template", "a custom chat template is not supported"),
-    ("chat_template_content_format", "a chat template content format is not supported"),
-    ("response_role", "another response role is not supported"),
-    ("generation_config", "generation configs are not applied"),
-    ("override_generation_config", "generation configs are not applied"),
-    ("enable_auto_tool_choice", "tool calling is not supported"),
-    ("tool_call_parser", "tool calling is not supported"),
-    ("reasoning_parser", "reasoning parsers are not supported"),
-    ("return_tokens_as_token_ids", "tokens as token ids are not supported"),
-    ("enable_prompt_tokens_details", "prompt token details are not supported"),
-    ("enable_request_id_headers", "request id headers are not supported"),
-];
+pub use crate::serve_args::{REFUSED_KEYS, REFUSED_VALUES};
 
 /// The server configuration taken from `--args-json`.
 #[derive(Clone)]
@@ -119,6 +77,14 @@ pub struct ServerConfig {
     pub http_header_timeout: Duration,
     /// Largest request head (bytes).
     pub http_max_header_bytes: usize,
+    /// Most header lines in a request head (`h11_max_header_count`).
+    pub http_max_header_count: Option<usize>,
+    /// What the HTTP layer adds on top of the routes: TLS, CORS, root path, request ids.
+    pub http_layers: HttpLayers,
+    /// How chat messages become a prompt.
+    pub chat: ChatOptions,
+    /// Include usage in every stream, whatever `stream_options` says.
+    pub enable_force_include_usage: bool,
 }
 
 impl fmt::Debug for ServerConfig {
@@ -139,6 +105,10 @@ impl fmt::Debug for ServerConfig {
             .field("http_body_timeout", &self.http_body_timeout)
             .field("http_header_timeout", &self.http_header_timeout)
             .field("http_max_header_bytes", &self.http_max_header_bytes)
+            .field("http_max_header_count", &self.http_max_header_count)
+            .field("http_layers", &self.http_layers)
+            .field("chat", &self.chat)
+            .field("enable_force_include_usage", &self.enable_force_include_usage)
             .finish()
     }
 }
@@ -160,16 +130,7 @@ impl ServerConfig {
         let Value::Object(map) = value else {
             return Err(ExitError::usage("--args-json: expected a JSON object"));
         };
-        for (key, why) in REFUSED_KEYS {
-            if map.get(*key).is_some_and(|v| !v.is_null() && *v != Value::Bool(false)) {
-                return Err(ExitError::usage(format!(
-                    "--args-json: `{key}` is set, but {why} by this frontend; refusing to start rather than serve without it"
-                )));
-            }
-        }
-        for key in map.keys().filter(|k| !KNOWN_KEYS.contains(&k.as_str())) {
-            tracing::debug!(key = %key, "--args-json: ignoring key");
-        }
+        crate::serve_args::check_keys(&map)?;
         let keys = Keys(&map);
         let env = Vars(env);
         let model_tag = match keys.string("model_tag")? {
@@ -213,9 +174,21 @@ impl ServerConfig {
             },
             http_body_timeout: env.seconds(HTTP_BODY_TIMEOUT_ENV, positive)?.unwrap_or(Duration::from_secs(30)),
             http_header_timeout: env.seconds(HTTP_HEADER_TIMEOUT_ENV, positive)?.unwrap_or(Duration::from_secs(5)),
-            http_max_header_bytes: env
-                .integer(HTTP_MAX_HEADER_BYTES_ENV, MIN_HEADER_BYTES, MAX_HEADER_BYTES)?
-                .map_or(64 * 1024, |n| n as usize),
+            http_max_header_bytes: match keys.positive_int("h11_max_incomplete_event_size")? {
+                Some(bytes) if (MIN_HEADER_BYTES..=MAX_HEADER_BYTES).contains(&bytes) => bytes as usize,
+                Some(_) => {
+                    return Err(ExitError::usage(format!(
+                        "--args-json: `h11_max_incomplete_event_size` must be an integer from {MIN_HEADER_BYTES} to {MAX_HEADER_BYTES}"
+                    )))
+                }
+                None => env
+                    .integer(HTTP_MAX_HEADER_BYTES_ENV, MIN_HEADER_BYTES, MAX_HEADER_BYTES)?
+                    .map_or(64 * 1024, |n| n as usize),
+            },
+            http_max_header_count: keys.positive_int("h11_max_header_count")?.map(|n| n.min(MAX_HEADER_COUNT) as usize),
+            http_layers: HttpLayers::load(&keys)?,
+            chat: ChatOptions::load(&keys)?,
+            enable_force_include_usage: keys.bool("enable_force_include_usage")?.unwrap_or(false),
             model_tag,
         })
     }
@@ -304,14 +277,14 @@ impl Vars<'_> {
 }
 
 /// Typed access to the keys of the `--args-json` object; `null` counts as absent.
-struct Keys<'a>(&'a Map<String, Value>);
+pub(crate) struct Keys<'a>(pub(crate) &'a Map<String, Value>);
 
 impl Keys<'_> {
-    fn get(&self, key: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, key: &str) -> Option<&Value> {
         self.0.get(key).filter(|v| !v.is_null())
     }
 
-    fn wrong_type(key: &str, expected: &str, got: &Value) -> ExitError {
+    pub(crate) fn wrong_type(key: &str, expected: &str, got: &Value) -> ExitError {
         // Only the JSON type is shown: the value may be a credential.
         let shown = match got {
             Value::Null => "null",
@@ -324,7 +297,7 @@ impl Keys<'_> {
         ExitError::usage(format!("--args-json: `{key}` must be {expected}, got {shown}"))
     }
 
-    fn string(&self, key: &str) -> Result<Option<String>, ExitError> {
+    pub(crate) fn string(&self, key: &str) -> Result<Option<String>, ExitError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -332,7 +305,7 @@ impl Keys<'_> {
         }
     }
 
-    fn string_or_list(&self, key: &str) -> Result<Option<Vec<String>>, ExitError> {
+    pub(crate) fn string_or_list(&self, key: &str) -> Result<Option<Vec<String>>, ExitError> {
         let expected = "a string or a list of strings";
         match self.get(key) {
             None => Ok(None),
@@ -349,7 +322,7 @@ impl Keys<'_> {
         }
     }
 
-    fn positive_int(&self, key: &str) -> Result<Option<u64>, ExitError> {
+    pub(crate) fn positive_int(&self, key: &str) -> Result<Option<u64>, ExitError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => match v.as_u64() {
@@ -370,7 +343,7 @@ impl Keys<'_> {
         }
     }
 
-    fn bool(&self, key: &str) -> Result<Option<bool>, ExitError> {
+    pub(crate) fn bool(&self, key: &str) -> Result<Option<bool>, ExitError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),

@@ -13,6 +13,8 @@ pub mod http;
 pub mod ids;
 pub mod listener;
 pub mod metrics;
+pub mod serve_args;
 pub mod stats_log;
 pub mod stop;
+pub mod tls;
 pub mod tokenizer;

@@ -11,15 +11,15 @@ use axum::Json;
 use serde_json::{json, Value};
 
 /// How one endpoint shapes its answers.
-pub struct AnswerFormat<W> {
+pub struct AnswerFormat<MakeWriter, Content> {
     /// `object` of the whole answer.
     pub object: &'static str,
     /// `object` of each streamed chunk.
     pub chunk_object: &'static str,
-    /// The chunk writer for a stream.
-    pub writer: fn(ChunkHeader) -> W,
+    /// Makes the chunk writer for a stream.
+    pub writer: MakeWriter,
     /// The choice field holding the text (`text`, or `message`) and its value.
-    pub content: fn(String) -> (&'static str, Value),
+    pub content: Content,
 }
 
 /// The HTTP error for a generation that failed after it started, as vLLM's
@@ -37,14 +37,22 @@ pub fn generation_error(error: &GenerationError) -> ApiError {
     }
 }
 
-/// Streams `submitted` or waits for it and answers in one body.
-pub async fn answer<W: ChunkWriter>(
+/// Streams `submitted` or waits for it and answers in one body. A stream
+/// ends with usage when the request asked for it or the server forces it
+/// (`enable_force_include_usage`).
+pub async fn answer<W, MakeWriter, Content>(
     state: &AppState,
     mut submitted: Submitted,
     stream: bool,
     include_usage: bool,
-    format: AnswerFormat<W>,
-) -> Result<Response, ApiError> {
+    format: AnswerFormat<MakeWriter, Content>,
+) -> Result<Response, ApiError>
+where
+    W: ChunkWriter,
+    MakeWriter: FnOnce(ChunkHeader) -> W,
+    Content: FnOnce(String) -> (&'static str, Value),
+{
+    let include_usage = include_usage || state.config.enable_force_include_usage;
     let model = state.config.primary_model_name().to_string();
     if stream {
         let header = ChunkHeader { id: submitted.id, object: format.chunk_object, created: submitted.created, model };

@@ -1,10 +1,11 @@
 //! Bearer-token authentication when `api_key` is set. `/health` and
-//! `/metrics` stay open.
+//! `/metrics` stay open, and so do `OPTIONS` requests (CORS preflights carry
+//! no credentials), as in vLLM.
 
 use super::error::ApiError;
 use super::state::SharedState;
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -14,7 +15,7 @@ const OPEN_PATHS: &[&str] = &["/health", "/metrics"];
 /// Rejects requests without a valid `Authorization: Bearer <key>` with 401.
 pub async fn require_api_key(State(state): State<SharedState>, request: Request, next: Next) -> Response {
     let keys = &state.config.api_keys;
-    if keys.is_empty() || OPEN_PATHS.contains(&request.uri().path()) {
+    if keys.is_empty() || request.method() == Method::OPTIONS || OPEN_PATHS.contains(&request.uri().path()) {
         return next.run(request).await;
     }
     let presented = request

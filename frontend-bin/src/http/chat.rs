@@ -135,14 +135,26 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
         .encode(&prompt, false)
         .map_err(|e| ApiError::invalid_param("messages", format!("cannot tokenize the messages: {e}")))?;
     let (stream, include_usage) = (common.stream, common.include_usage);
+    let role = response_role(&state.config.chat.response_role, &messages, add_generation_prompt);
     let submitted = submit(&state, &headers, Endpoint::Chat, prompt_token_ids, common)?;
+    let stream_role = role.clone();
     let format = AnswerFormat {
         object: "chat.completion",
         chunk_object: "chat.completion.chunk",
-        writer: ChatChunks,
-        content: |text| ("message", json!({"role": "assistant", "content": text})),
+        writer: move |header| ChatChunks { header, role: stream_role },
+        content: move |text| ("message", json!({"role": role, "content": text})),
     };
     answer(&state, submitted, stream, include_usage, format).await
+}
+
+/// The role of the answer, as vLLM picks it: `response_role` when the prompt
+/// ends with the generation prompt, else the last message's role (the model
+/// continues that message).
+fn response_role(configured: &str, messages: &[ChatMessage], add_generation_prompt: bool) -> String {
+    match messages.last() {
+        Some(last) if !add_generation_prompt => last.role.clone(),
+        _ => configured.to_owned(),
+    }
 }
 
 /// The conversation, each content flattened to text.
@@ -185,17 +197,21 @@ struct ChunkChoice<'a> {
 #[derive(Serialize)]
 struct ChunkDelta<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
-    role: Option<&'static str>,
+    role: Option<&'a str>,
     content: &'a str,
 }
 
-struct ChatChunks(ChunkHeader);
+struct ChatChunks {
+    header: ChunkHeader,
+    /// The role the first chunk announces.
+    role: String,
+}
 
 impl ChunkWriter for ChatChunks {
     fn opening(&self) -> Option<Bytes> {
-        let delta = ChunkDelta { role: Some("assistant"), content: "" };
+        let delta = ChunkDelta { role: Some(&self.role), content: "" };
         Some(
-            self.0.event(
+            self.header.event(
                 vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason: None, stop_reason: None }],
                 None,
             ),
@@ -210,10 +226,10 @@ impl ChunkWriter for ChatChunks {
             finish_reason: delta.finish.as_ref().map(|f| f.reason.as_str()),
             stop_reason: delta.finish.as_ref().map(|f| stop_reason_json(&f.stop_reason)),
         };
-        self.0.event(vec![choice], None)
+        self.header.event(vec![choice], None)
     }
 
     fn usage(&self, usage: Usage) -> Bytes {
-        self.0.event::<ChunkChoice>(Vec::new(), Some(usage))
+        self.header.event::<ChunkChoice>(Vec::new(), Some(usage))
     }
 }

@@ -5,10 +5,13 @@ pub mod auth;
 pub mod body_deadline;
 pub mod chat;
 pub mod completions;
+pub mod cors;
 pub mod error;
 pub mod misc;
 pub mod params;
 pub mod rules;
+pub mod request_id;
+pub mod root_path;
 pub mod server;
 pub mod sse;
 pub mod state;
@@ -22,9 +25,14 @@ use error::ApiError;
 use state::SharedState;
 
 /// All routes, with authentication and the body deadline (the size limit is the
-/// JSON extractor's).
+/// JSON extractor's), CORS, and when configured request id headers and the
+/// root path. Outermost first, as vLLM stacks them: request id, auth, CORS.
 pub fn router(state: SharedState) -> Router {
-    Router::new()
+    let layers = &state.config.http_layers;
+    let cors = std::sync::Arc::new(cors::Cors::new(&layers.cors));
+    let request_id_headers = layers.request_id_headers;
+    let root_path = layers.root_path.clone();
+    let mut app = Router::new()
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
         .route("/load", get(misc::load))
@@ -39,7 +47,18 @@ pub fn router(state: SharedState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed").into_response()
         })
+        .layer(middleware::from_fn_with_state(cors, cors::apply_cors))
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key))
         .layer(middleware::from_fn_with_state(state.clone(), body_deadline::limit_body_time))
-        .with_state(state)
+        .with_state(state);
+    if request_id_headers {
+        app = app.layer(middleware::from_fn(request_id::add_request_id));
+    }
+    match root_path {
+        // Rewritten before routing, so routes and middleware see the path without it.
+        Some(root) => Router::new().fallback_service(tower::ServiceExt::map_request(app, move |request| {
+            root_path::strip_root_path(request, &root)
+        })),
+        None => app,
+    }
 }

@@ -1,14 +1,16 @@
-//! Serving HTTP/1.1 on the inherited listener: bounded request heads (time and
-//! size), keep-alive timeout, graceful shutdown (stop accepting, let requests
-//! in flight finish, bounded drain).
+//! Serving HTTP/1.1 on the inherited listener, plain or in TLS: bounded
+//! request heads (time and size), keep-alive timeout, graceful shutdown (stop
+//! accepting, let requests in flight finish, bounded drain).
 
-use crate::listener::{AcceptedStream, StreamListener};
+use crate::listener::StreamListener;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::TlsAcceptor;
 
 /// Read buffer of a connection (hyper's default), raised to fit a larger head limit.
 const READ_BUFFER_BYTES: usize = 8192 + 4096 * 100;
@@ -22,17 +24,22 @@ pub struct ServeOptions {
     pub header_timeout: Duration,
     /// Largest request head (bytes): a larger one gets 431 and the connection closes.
     pub max_header_bytes: usize,
+    /// Most header lines in a request head (hyper's default when not given).
+    pub max_header_count: Option<usize>,
     /// How long requests in flight may run after shutdown starts.
     pub drain_timeout: Duration,
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then stops accepting
 /// and waits at most `drain_timeout` for open connections. Returns whether
-/// every connection finished in time.
+/// every connection finished in time. With `tls`, every connection is a TLS
+/// one: its handshake runs in the connection's own task, bounded by the
+/// header timeout, and a failed handshake only ends that connection.
 pub async fn serve(
     listener: StreamListener,
     app: Router,
     options: ServeOptions,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> bool {
     let graceful = GracefulShutdown::new();
@@ -45,6 +52,9 @@ pub async fn serve(
         .max_header_size(options.max_header_bytes)
         .max_buf_size(options.max_header_bytes.max(READ_BUFFER_BYTES))
         .keep_alive(true);
+    if let Some(count) = options.max_header_count {
+        builder.max_headers(count);
+    }
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -52,7 +62,21 @@ pub async fn serve(
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok(stream) => spawn_connection(&builder, &graceful, stream, app.clone()),
+            Ok(stream) => match &tls {
+                None => spawn_connection(&builder, graceful.watcher(), stream, app.clone()),
+                Some(acceptor) => {
+                    let (acceptor, builder, watcher, app) =
+                        (acceptor.clone(), builder.clone(), graceful.watcher(), app.clone());
+                    let handshake_timeout = options.header_timeout;
+                    tokio::spawn(async move {
+                        match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                            Ok(Ok(stream)) => spawn_connection(&builder, watcher, stream, app),
+                            Ok(Err(e)) => tracing::debug!("TLS handshake failed: {e}"),
+                            Err(_) => tracing::debug!("TLS handshake timed out after {handshake_timeout:?}"),
+                        }
+                    });
+                }
+            },
             Err(e) => {
                 tracing::warn!("accepting an HTTP connection failed: {e}");
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -64,14 +88,12 @@ pub async fn serve(
     tokio::time::timeout(options.drain_timeout, graceful.shutdown()).await.is_ok()
 }
 
-fn spawn_connection(
-    builder: &hyper::server::conn::http1::Builder,
-    graceful: &GracefulShutdown,
-    io: AcceptedStream,
-    app: Router,
-) {
+fn spawn_connection<I>(builder: &hyper::server::conn::http1::Builder, watcher: Watcher, io: I, app: Router)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
-    let connection = graceful.watch(connection);
+    let connection = watcher.watch(connection);
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!("HTTP connection ended: {e}");

@@ -4,20 +4,33 @@
 
 use super::ChatMessage;
 use minijinja::{context, Environment, Error, ErrorKind};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const TEMPLATE_NAME: &str = "chat";
+
+/// How message content reaches a template (vLLM's `chat_template_content_format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContentFormat {
+    /// `content` is the text: `"Hello"`.
+    String,
+    /// `content` is a list of parts: `[{"type": "text", "text": "Hello"}]`.
+    OpenAi,
+}
 
 /// A compiled chat template and the special tokens it may refer to.
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    content_format: ContentFormat,
 }
 
 impl ChatTemplate {
-    /// Compiles `source`; `bos_token`/`eos_token` are passed to it as variables.
+    /// Compiles `source`; `bos_token`/`eos_token` are passed to it as
+    /// variables; the content format is detected from the source, as vLLM's
+    /// `auto` does.
     pub fn new(source: String, bos_token: String, eos_token: String) -> Result<Self, Error> {
+        let content_format = detect_content_format(&source);
         let mut env = Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |message: String| -> Result<String, Error> {
@@ -25,12 +38,32 @@ impl ChatTemplate {
         });
         env.add_function("strftime_now", |format: String| -> String { format_today(&format) });
         env.add_template_owned(TEMPLATE_NAME, source)?;
-        Ok(ChatTemplate { env, bos_token, eos_token })
+        Ok(ChatTemplate { env, bos_token, eos_token, content_format })
+    }
+
+    /// The same template with `format` instead of the detected content format (when given).
+    pub fn with_content_format(mut self, format: Option<ContentFormat>) -> Self {
+        if let Some(format) = format {
+            self.content_format = format;
+        }
+        self
+    }
+
+    /// The content format messages are rendered with.
+    pub fn content_format(&self) -> ContentFormat {
+        self.content_format
     }
 
     /// The prompt for `messages`.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String> {
         let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| e.to_string())?;
+        let messages: Vec<Value> = match self.content_format {
+            ContentFormat::String => messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect(),
+            ContentFormat::OpenAi => messages
+                .iter()
+                .map(|m| json!({"role": m.role, "content": [{"type": "text", "text": m.content}]}))
+                .collect(),
+        };
         template
             .render(context! {
                 messages => messages,
@@ -40,6 +73,66 @@ impl ChatTemplate {
             })
             .map_err(|e| e.to_string())
     }
+}
+
+/// vLLM's `auto` content format, read from the template's source: `openai`
+/// when a `for` loop walks a message's content (`for part in
+/// message['content']`, `message.content`, or a bare `content`), where the
+/// message comes from a loop over `messages` or a variable set from it; else
+/// `string`. vLLM walks the Jinja syntax tree; this reads the statement tags,
+/// which finds the same loops in the templates models ship.
+pub fn detect_content_format(source: &str) -> ContentFormat {
+    let tags = statement_tags(source);
+    let mut message_lists = vec!["messages".to_owned()];
+    for tag in &tags {
+        if let Some((name, value)) = tag.strip_prefix("set ").and_then(|rest| rest.split_once('=')) {
+            if message_lists.iter().any(|list| list == root_name(value)) {
+                message_lists.push(name.trim().to_owned());
+            }
+        }
+    }
+    let loops: Vec<(&str, &str)> = tags.iter().filter_map(|tag| for_loop(tag)).collect();
+    let messages: Vec<&str> = loops
+        .iter()
+        .filter(|(_, iter)| message_lists.iter().any(|list| list == root_name(iter)))
+        .map(|(target, _)| *target)
+        .collect();
+    let walks_content = |iter: &str| {
+        let iter = iter.split('|').next().unwrap_or("").trim();
+        iter == "content"
+            || messages.iter().any(|m| {
+                iter.strip_prefix(m).is_some_and(|rest| [".content", "['content']", "[\"content\"]"].contains(&rest))
+            })
+    };
+    if loops.iter().any(|(_, iter)| walks_content(iter)) {
+        ContentFormat::OpenAi
+    } else {
+        ContentFormat::String
+    }
+}
+
+/// The inside of every `{% ... %}` tag, whitespace-control marks and spaces trimmed.
+fn statement_tags(source: &str) -> Vec<&str> {
+    source
+        .split("{%")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("%}").map(|(tag, _)| tag))
+        .map(|tag| tag.trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace()))
+        .collect()
+}
+
+/// `(target, iterable)` of a `for target in iterable` tag.
+fn for_loop(tag: &str) -> Option<(&str, &str)> {
+    let (target, iter) = tag.strip_prefix("for ")?.split_once(" in ")?;
+    let iter = iter.split(" if ").next().unwrap_or(iter).trim_end_matches(" recursive");
+    Some((target.trim(), iter.trim()))
+}
+
+/// The variable an expression starts from: `messages` in `messages[1:]|reverse`.
+fn root_name(expression: &str) -> &str {
+    let expression = expression.trim();
+    let end = expression.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(expression.len());
+    &expression[..end]
 }
 
 const MONTHS: [&str; 12] = [
@@ -125,6 +218,37 @@ mod tests {
         let messages = vec![ChatMessage { role: "user".into(), content: "  hi ".into() }];
         assert_eq!(t.render(&messages, true).unwrap(), "<s><|user|>hi</s><|assistant|>");
         assert_eq!(t.render(&messages, false).unwrap(), "<s><|user|>hi</s>");
+    }
+
+    #[test]
+    fn content_format_is_detected_from_loops_over_message_content() {
+        let openai = [
+            "{% for message in messages %}{% for part in message['content'] %}{{ part.text }}{% endfor %}{% endfor %}",
+            "{%- set loop_messages = messages[1:] -%}{% for m in loop_messages %}{%- for c in m.content | selectattr('type') %}{% endfor %}{% endfor %}",
+            "{% for message in messages %}{% set content = message.content %}{% for item in content %}{% endfor %}{% endfor %}",
+        ];
+        for source in openai {
+            assert_eq!(detect_content_format(source), ContentFormat::OpenAi, "{source}");
+        }
+        let string = [
+            "{% for message in messages %}{{ message['content'] }}{% endfor %}",
+            "{% for part in other['content'] %}{% endfor %}",
+            "no tags at all",
+        ];
+        for source in string {
+            assert_eq!(detect_content_format(source), ContentFormat::String, "{source}");
+        }
+    }
+
+    #[test]
+    fn openai_content_format_renders_content_as_a_list_of_text_parts() {
+        let source = "{% for m in messages %}{% if m.content is string %}S:{{ m.content }}{% else %}{% for p in m.content %}P:{{ p.text }}{% endfor %}{% endif %}{% endfor %}";
+        let messages = vec![ChatMessage { role: "user".into(), content: "hi".into() }];
+        let t = ChatTemplate::new(source.into(), String::new(), String::new()).unwrap();
+        assert_eq!(t.content_format(), ContentFormat::OpenAi);
+        assert_eq!(t.render(&messages, false).unwrap(), "P:hi");
+        let t = t.with_content_format(Some(ContentFormat::String));
+        assert_eq!(t.render(&messages, false).unwrap(), "S:hi");
     }
 
     #[test]

@@ -16,6 +16,8 @@ pub struct HfTokenizer {
     added_tokens: AddedTokens,
     stop_token_ids: Vec<u32>,
     chat_template: Option<ChatTemplate>,
+    /// The chat template's text and its BOS/EOS tokens, for a template that replaces it.
+    template_parts: (Option<String>, String, String),
     source: PathBuf,
 }
 
@@ -58,20 +60,27 @@ impl HfTokenizer {
                 }
             }
         }
-        let chat_template = match template_source(&config) {
+        let bos_token = special_token(&config, "bos_token").unwrap_or_default();
+        let eos_token = special_token(&config, "eos_token").unwrap_or_default();
+        let template_text = template_source(&config);
+        let chat_template = match &template_text {
             Some(source) => Some(
-                ChatTemplate::new(
-                    source,
-                    special_token(&config, "bos_token").unwrap_or_default(),
-                    special_token(&config, "eos_token").unwrap_or_default(),
-                )
-                .with_context(|| format!("compiling the chat template of {}", dir.display()))?,
+                ChatTemplate::new(source.clone(), bos_token.clone(), eos_token.clone())
+                    .with_context(|| format!("compiling the chat template of {}", dir.display()))?,
             ),
             None => None,
         };
         let added_tokens =
             Arc::new(inner.get_added_tokens_decoder().into_iter().map(|(id, token)| (id, token.content)).collect());
-        Ok(HfTokenizer { inner: Arc::new(inner), added_tokens, stop_token_ids, chat_template, source: file })
+        let template_parts = (template_text, bos_token, eos_token);
+        Ok(HfTokenizer {
+            inner: Arc::new(inner),
+            added_tokens,
+            stop_token_ids,
+            chat_template,
+            template_parts,
+            source: file,
+        })
     }
 }
 
@@ -98,6 +107,14 @@ impl Tokenizer for HfTokenizer {
             Some(template) => template.render(messages, add_generation_prompt),
             None => Err(format!("the tokenizer at {} has no chat template", self.source.display())),
         }
+    }
+
+    fn chat_template_source(&self) -> Option<&str> {
+        self.template_parts.0.as_deref()
+    }
+
+    fn template_tokens(&self) -> (String, String) {
+        (self.template_parts.1.clone(), self.template_parts.2.clone())
     }
 }
 

@@ -5,6 +5,7 @@ pub mod byte_level;
 pub mod chat_template;
 pub mod hf;
 pub mod incremental;
+pub mod templated;
 
 use anyhow::Result;
 
@@ -33,6 +34,14 @@ pub trait Tokenizer: Send + Sync {
     fn vocab_size(&self) -> usize;
     /// The prompt text for `messages`; errors are the client's fault (HTTP 400).
     fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String>;
+    /// The text of the model's own chat template, when it has one in that form.
+    fn chat_template_source(&self) -> Option<&str> {
+        None
+    }
+    /// The BOS and EOS token texts a chat template may print.
+    fn template_tokens(&self) -> (String, String) {
+        (String::new(), String::new())
+    }
 }
 
 /// How a request's generated ids become text (vLLM's sampling parameters
@@ -71,14 +80,14 @@ pub fn load_tokenizer(
     let (key, location) = match &config.tokenizer {
         Some(tokenizer) => ("tokenizer", tokenizer.as_str()),
         None if byte_level::BUILTIN_MODELS.contains(&config.model_tag.as_str()) => {
-            return Ok(std::sync::Arc::new(byte_level::ByteLevelTokenizer));
+            return templated::with_chat_options(std::sync::Arc::new(byte_level::ByteLevelTokenizer), &config.chat);
         }
         None => ("model_tag", config.model_tag.as_str()),
     };
     match hf::HfTokenizer::load(std::path::Path::new(location)) {
         Ok(tokenizer) => {
             tracing::info!("tokenizer: {location}");
-            Ok(std::sync::Arc::new(tokenizer))
+            templated::with_chat_options(std::sync::Arc::new(tokenizer), &config.chat)
         }
         Err(e) => Err(crate::error::ExitError::usage(format!(
             "--args-json: `{key}` {location:?}: no usable tokenizer.json ({e:#}); built-in models: {}",

@@ -1,0 +1,75 @@
+//! The `--args-json` keys that shape chat prompts and answers:
+//! `chat_template`, `chat_template_content_format`, `response_role`.
+
+use crate::config::Keys;
+use crate::error::ExitError;
+use crate::tokenizer::chat_template::ContentFormat;
+
+/// How chat messages become a prompt, and who answers.
+#[derive(Clone, Debug)]
+pub struct ChatOptions {
+    /// The template text replacing the model's (`chat_template`, read from its file when it names one).
+    pub template: Option<String>,
+    /// How message content reaches the template; `None` (`auto`) detects it from the template.
+    pub content_format: Option<ContentFormat>,
+    /// The role of generated messages when the prompt ends with the generation prompt.
+    pub response_role: String,
+}
+
+impl Default for ChatOptions {
+    fn default() -> Self {
+        ChatOptions { template: None, content_format: None, response_role: "assistant".into() }
+    }
+}
+
+impl ChatOptions {
+    pub(crate) fn load(keys: &Keys) -> Result<Self, ExitError> {
+        let template = keys.string("chat_template")?.map(|value| resolve_template(&value)).transpose()?;
+        let content_format = match keys.string("chat_template_content_format")?.as_deref() {
+            None | Some("auto") => None,
+            Some("string") => Some(ContentFormat::String),
+            Some("openai") => Some(ContentFormat::OpenAi),
+            Some(other) => {
+                return Err(ExitError::usage(format!(
+                    "--args-json: `chat_template_content_format` must be auto, string or openai, got {other:?}"
+                )))
+            }
+        };
+        let response_role = keys.string("response_role")?.unwrap_or_else(|| "assistant".into());
+        Ok(ChatOptions { template, content_format, response_role })
+    }
+}
+
+/// vLLM's reading of `--chat-template`: the file it names when that opens;
+/// else, when it holds a Jinja character (`{`, `}` or a newline), the
+/// template itself; else it meant a file that is not there (a usage error).
+fn resolve_template(value: &str) -> Result<String, ExitError> {
+    match std::fs::read_to_string(value) {
+        Ok(text) => Ok(text),
+        Err(_) if value.contains(['{', '}', '\n']) => Ok(value.to_owned()),
+        Err(e) => Err(ExitError::usage(format!(
+            "--args-json: `chat_template` {value:?} looks like a file path, but it cannot be read ({e}); \
+             vLLM's built-in template names are not available here: pass the file's path"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_template_is_a_readable_file_or_text_with_jinja_characters() {
+        let dir = std::env::temp_dir().join(format!("vllm-rs-chat-template-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("t.jinja");
+        std::fs::write(&file, "{{ messages[0].content }}").unwrap();
+        assert_eq!(resolve_template(file.to_str().unwrap()).unwrap(), "{{ messages[0].content }}");
+        assert_eq!(resolve_template("{{ x }}").unwrap(), "{{ x }}");
+        match resolve_template("/no/such/template.jinja") {
+            Err(ExitError::Usage(m)) => assert!(m.contains("`chat_template`") && m.contains("file path"), "{m}"),
+            other => panic!("expected a usage error, got {other:?}"),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
