@@ -97,6 +97,10 @@ class EngineConfig:
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     clients: list[ClientAddresses] = field(default_factory=list)
     log_stats: bool = True
+    #: When set (engines talking to frontends on another host), the engine's
+    #: sockets send ZMTP heartbeats every second announcing this TTL, so a
+    #: frontend drops the connection of an engine behind a cut link.
+    heartbeat_ttl_s: float | None = None
 
 
 def make_engine_config(
