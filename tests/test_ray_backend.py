@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.support import netns
-from tests.test_multinode import HostProcess, client, drain_expecting_failure, health, start_stream_on, stop_all
+from tests.test_multinode import HostProcess, client, drain_expecting_failure, saw_503, start_stream_on, stop_all
 from tests.test_serve import assert_all_gone
 
 
@@ -238,9 +238,7 @@ def test_an_engine_actor_killed_mid_stream(cluster):
             stream = start_stream_on(client(url), 1)
             os.kill(placed[1][1], signal.SIGKILL)
             error = drain_expecting_failure(stream)
-            seen_503 = False
-            while not seen_503 and serve.proc.poll() is None:
-                seen_503 = health(url) == 503
+            seen_503 = saw_503(url, serve)
         assert error and seen_503, serve.output
         assert serve.wait() == 1, serve.output
         assert re.search(r"error: .*EngineCore_1", serve.output), serve.output
