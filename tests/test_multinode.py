@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from tests.support import netns
-from tests.test_serve import FRONTENDS, READY_LINE, assert_all_gone, rust_frontend_available
+from tests.test_serve import FRONTENDS, READY_LINE, assert_all_gone
 
 UNAVAILABLE = netns.unavailable_reason()
 needs_hosts = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"no network namespaces: {UNAVAILABLE}")
@@ -305,33 +305,3 @@ def test_data_parallel_flags_that_describe_no_deployment_are_usage_errors(args, 
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-
-
-@needs_hosts
-@pytest.mark.skipif(not rust_frontend_available(), reason="vllm-rs binary not built")
-def test_a_frozen_remote_engine_is_dropped_after_its_heartbeat_ttl(hosts):
-    """SIGSTOP of the remote engine process only: its node keeps answering
-    on the node channel, but the engine's ZMTP heartbeats stop, so the Rust
-    frontend drops its connection once the TTL the engine announced passes
-    (no FIN ever comes): the stream fails, `/health` answers 503, the head
-    exits 1 naming engine 1, and the node then stops on the head's word."""
-    toy = ("--model", "toy", "--max-model-len", "2048")
-    head = HostProcess(hosts, 0, *head_args(hosts, 2, 1), *toy)
-    node = HostProcess(hosts, 1, *node_args(hosts, 2, 1, 1), *toy)
-    try:
-        url = head.wait_ready()
-        processes = [p for proc in (head, node) for p in proc.processes()]
-        engine = psutil.Process(int(re.search(r"EngineCore_1 ready \(pid (\d+)\)", node.output).group(1)))
-        with hosts.inside(0):
-            stream = start_stream_on(client(url), 1)
-            engine.suspend()
-            error = drain_expecting_failure(stream)
-            seen_503 = saw_503(url, head)
-        assert error and seen_503, head.output
-        assert head.wait() == 1, head.output
-        assert re.search(r"error: the frontend reports an engine lost: .*engine 1", head.output), head.output
-        assert "heartbeat TTL" in head.output
-        assert node.wait() == 0, node.output
-        assert_all_gone(processes, within_s=30)
-    finally:
-        stop_all(head, node)

@@ -171,7 +171,7 @@ async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, router: Ar
     });
     let (mut pending, mut registered) = (Some(pending), false);
     loop {
-        match reader.next_within_ttl().await {
+        match reader.next().await {
             Ok(Some(Incoming::Message(frame))) => {
                 registered = true;
                 pending.take();

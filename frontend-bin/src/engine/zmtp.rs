@@ -14,7 +14,6 @@
 //! Spec: <https://rfc.zeromq.org/spec/23/> (ZMTP 3.0), <https://rfc.zeromq.org/spec/37/> (3.1 commands).
 
 use bytes::{Buf, Bytes, BytesMut};
-use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 
 /// The default for [`FrameLimits::max_message_bytes`]: 256 MiB.
@@ -39,7 +38,7 @@ impl Default for FrameLimits {
 }
 
 /// How long a connecting peer has to complete the handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 const GREETING_LEN: usize = 64;
 const FLAG_MORE: u8 = 0x01;
@@ -262,9 +261,6 @@ pub struct FrameReader<R> {
     in_aux_frames: bool,
     /// Bytes of the message being read so far (all its frames).
     message_bytes: u64,
-    /// The heartbeat TTL the peer's last PING announced (ZMTP 3.1
-    /// `ZMQ_HEARTBEAT_TTL`): how long its connection may stay silent.
-    peer_ttl: Option<Duration>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -276,21 +272,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             skipping: 0,
             in_aux_frames: false,
             message_bytes: 0,
-            peer_ttl: None,
         }
-    }
-
-    /// Like [`next`](Self::next), but once the peer has announced a heartbeat
-    /// TTL in a PING, a connection silent for longer than it is an error, as
-    /// libzmq does: a peer behind a cut link sends no FIN, so without this
-    /// its connection would look alive for as long as TCP keeps trying.
-    pub async fn next_within_ttl(&mut self) -> Result<Option<Incoming>, ZmtpError> {
-        let Some(ttl) = self.peer_ttl else {
-            return self.next().await;
-        };
-        tokio::time::timeout(ttl, self.next())
-            .await
-            .unwrap_or_else(|_| Err(protocol(format!("nothing received within the peer's heartbeat TTL ({ttl:?})"))))
     }
 
     /// Counts a frame of `size` bytes towards the current message; past the
@@ -331,9 +313,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 let body = self.read_body(header, MAX_COMMAND_BYTES, "command").await?;
                 let (name, data) = command_parts(&body)?;
                 if name == b"PING" {
-                    // The TTL is in tenths of a second; 0 means none.
-                    let ttl = data.get(..2).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
-                    self.peer_ttl = (ttl > 0).then(|| Duration::from_millis(u64::from(ttl) * 100));
                     return Ok(Some(Incoming::Ping(data.get(2..).unwrap_or_default().to_vec())));
                 }
                 continue; // other commands carry nothing for us
@@ -543,37 +522,6 @@ mod tests {
         peer.write_all(&command_frame(&ping)).await.unwrap();
         assert_eq!(pull.await.unwrap(), Some(Incoming::Ping(b"ctx".to_vec())));
         assert_eq!(pong_frame(b"ctx"), b"\x04\x08\x04PONGctx");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_peer_silent_past_its_heartbeat_ttl_is_an_error_and_one_without_ttl_is_not() {
-        let (ours, mut peer) = duplex(1024);
-        let reading = tokio::spawn(async move {
-            let mut connection = handshake(ours, "ROUTER", "DEALER", FrameLimits::default()).await.unwrap();
-            let first = connection.reader.next_within_ttl().await.unwrap();
-            let started = tokio::time::Instant::now();
-            let second = connection.reader.next_within_ttl().await;
-            (first, second.map_err(|e| e.to_string()), started.elapsed())
-        });
-        peer_handshake(&mut peer, &[(b"Socket-Type", b"DEALER")]).await;
-        // TTL 30 (3 s), then silence with the connection open.
-        peer.write_all(&command_frame(b"\x04PING\x00\x1e")).await.unwrap();
-        let (first, second, waited) = reading.await.unwrap();
-        assert_eq!(first, Some(Incoming::Ping(Vec::new())));
-        assert!(second.unwrap_err().contains("heartbeat TTL"));
-        assert_eq!(waited, Duration::from_secs(3));
-        drop(peer);
-
-        // Without a PING there is no TTL: silence is not an error.
-        let (ours, mut peer) = duplex(1024);
-        let reading = tokio::spawn(async move {
-            let mut connection = handshake(ours, "ROUTER", "DEALER", FrameLimits::default()).await.unwrap();
-            connection.reader.next_within_ttl().await.map_err(|e| e.to_string())
-        });
-        peer_handshake(&mut peer, &[(b"Socket-Type", b"DEALER")]).await;
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-        peer.write_all(&[0x00, 2, b'h', b'i']).await.unwrap();
-        assert_eq!(reading.await.unwrap(), Ok(Some(Incoming::Message(Bytes::from_static(b"hi")))));
     }
 
     /// Handshakes as a PULL with `limits`, lets a PUSH peer write `wire` and

@@ -97,9 +97,9 @@ class EngineConfig:
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     clients: list[ClientAddresses] = field(default_factory=list)
     log_stats: bool = True
-    #: When set (engines talking to frontends on another host), the engine's
-    #: sockets send ZMTP heartbeats every second announcing this TTL, so a
-    #: frontend drops the connection of an engine behind a cut link.
+    #: When set (a multi-node stack), the engine's sockets send ZMTP
+    #: heartbeats every second announcing this TTL, so a libzmq frontend
+    #: drops the connection of an engine that went silent.
     heartbeat_ttl_s: float | None = None
 
 
