@@ -23,6 +23,34 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
     parser.add_argument("--uds", default=None, help="listen on this Unix socket instead of TCP")
     parser.add_argument("--data-parallel-size", type=int, default=1, help="number of engine processes")
+    parser.add_argument(
+        "--data-parallel-size-local",
+        "-dpl",
+        type=int,
+        default=None,
+        help="engines on this host (default: all of them; fewer: the rest run on --headless nodes)",
+    )
+    parser.add_argument(
+        "--data-parallel-start-rank", "-dpr", type=int, default=None, help="a --headless node's first rank"
+    )
+    parser.add_argument(
+        "--data-parallel-address",
+        "-dpa",
+        default=None,
+        help="the head node's address on a trusted network (engine sockets and the node channel bind there)",
+    )
+    parser.add_argument(
+        "--data-parallel-rpc-port",
+        "-dpp",
+        type=int,
+        default=None,
+        help="the head's node-channel port (default 29550; the same on every node)",
+    )
+    parser.add_argument("--headless", action="store_true", help="run engines only, for the head node's frontends")
+    parser.add_argument(
+        "--data-parallel-backend", "-dpb", choices=("mp", "ray"), default="mp",
+        help="mp: engine processes here and on --headless nodes; ray: engine actors placed by Ray",
+    )  # fmt: skip
     parser.add_argument("--frontend", choices=("rust", "python"), default="rust")
     parser.add_argument("--api-server-count", type=int, default=1, help="Python API servers (python frontend)")
     parser.add_argument(

@@ -48,6 +48,7 @@ from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigErr
 from vllm_rs.engine.models import ModelPathError
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 from vllm_rs.logger import init_logger
+from vllm_rs.multinode import Topology, TopologyError, host_heartbeat_timeout_s, plan_topology, tcp_endpoint
 from vllm_rs.network_utils import PrivateSocketDir, ZmqListener, is_valid_ipv6_address, make_zmq_listener
 from vllm_rs.process import remove_on_exit
 from vllm_rs.process import wait as wait_fds
@@ -77,6 +78,9 @@ HEALTH_RESPONSE_LIMIT = 65536
 NUMERIC_OPTION_RANGES: dict[str, tuple[float, float]] = {
     "port": (0, 65535),
     "data_parallel_size": (1, 1024),
+    "data_parallel_size_local": (0, 1024),
+    "data_parallel_start_rank": (0, 1023),
+    "data_parallel_rpc_port": (1, 65535),
     "api_server_count": (1, 1024),
     "max_model_len": (1, 2**31 - 1),
     "engine_ready_timeout": (1, 7 * 24 * 3600),
@@ -201,7 +205,10 @@ class StackPlan:
     listeners: list[tuple[ZmqListener, ZmqListener]]
     frontend_binary: str | None = None
     output_addresses: list[str] = field(default_factory=list)
-    #: The data-parallel coordinator's sockets (DP > 1 only).
+    topology: Topology | None = None
+    #: The node channel's listener, when headless nodes are expected.
+    node_listener: socket.socket | None = None
+    #: The data-parallel coordinator's sockets (DP > 1 on one host only).
     coordinator_listeners: CoordinatorListeners | None = None
 
     def cleanup(self) -> None:
@@ -211,6 +218,8 @@ class StackPlan:
             listener.cleanup()
         _cleanup_listeners(self.listeners, self.socket_dir)
         self.http.close()
+        if self.node_listener is not None:
+            self.node_listener.close()
 
 
 def _cleanup_listeners(listeners: list[tuple[ZmqListener, ZmqListener]], socket_dir: PrivateSocketDir) -> None:
@@ -241,6 +250,11 @@ def _validate_numbers(args: argparse.Namespace) -> None:
 
 def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
     _validate_numbers(args)
+    try:
+        args._topology = plan_topology(args)
+        heartbeat_timeout_s = host_heartbeat_timeout_s() if args._topology.spans_hosts else None
+    except TopologyError as e:
+        raise ServeUsageError(str(e)) from None
     if args.frontend == "rust" and args.api_server_count != 1:
         raise ServeUsageError("--api-server-count applies to --frontend python (the Rust frontend is one process)")
     if args.api_key is not None and not args.api_key:
@@ -263,8 +277,9 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
         raise ServeUsageError(str(e)) from None
     if args.device == "cuda" and config.model_config.spec.model_type == "toy" and not _cuda_available():
         raise ServeUsageError("--device cuda: CUDA is not available on this machine")
+    config.heartbeat_ttl_s = heartbeat_timeout_s
     binary = None
-    if args.frontend == "rust":
+    if args.frontend == "rust" and not args.headless:
         from vllm_rs.frontend import frontend_binary
 
         try:
@@ -283,6 +298,7 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
         # The frontends' built-in byte-level tokenizer is chosen by model type.
         args.model_tag = spec.model_type
         args.served_model_name = args.served_model_name or [args.model]
+    topology: Topology = args._topology
     http = create_http_endpoint(args)
     try:
         socket_dir = PrivateSocketDir()
@@ -290,25 +306,66 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
         http.close()
         raise ServeUsageError(f"cannot create the engine socket directory: {e}") from None
     listeners: list[tuple[ZmqListener, ZmqListener]] = []
+    # Engines on other hosts reach the frontends over TCP on the trusted address only.
+    tcp_address = topology.address if topology.spans_hosts else None
     try:
         for i in range(args.api_server_count):
             listeners.append(
                 (
-                    make_zmq_listener(socket_dir.endpoint(f"input-{i}"), zmq.ROUTER),
-                    make_zmq_listener(socket_dir.endpoint(f"output-{i}"), zmq.PULL),
+                    make_zmq_listener(
+                        tcp_endpoint(tcp_address, 0) if tcp_address else socket_dir.endpoint(f"input-{i}"), zmq.ROUTER
+                    ),
+                    make_zmq_listener(
+                        tcp_endpoint(tcp_address, 0) if tcp_address else socket_dir.endpoint(f"output-{i}"), zmq.PULL
+                    ),
                 )
             )
-        coordinator = CoordinatorListeners.create(socket_dir) if args.data_parallel_size > 1 else None
+        # The coordinator's sockets live in the private directory, which only
+        # this host reaches: across hosts the engines balance without one.
+        with_coordinator = args.data_parallel_size > 1 and not tcp_address
+        coordinator = CoordinatorListeners.create(socket_dir) if with_coordinator else None
     except OSError as e:
         _cleanup_listeners(listeners, socket_dir)
         http.close()
-        raise ServeUsageError(f"cannot create the engine listeners in {socket_dir.path}: {e}") from None
-    logger.info("engine sockets in %s (mode 0700: this user only)", socket_dir.path)
+        where = tcp_address or socket_dir.path
+        raise ServeUsageError(f"cannot create the engine listeners on {where}: {e.strerror or e}") from None
+    outputs = [o.address for _, o in listeners]
+    plan = StackPlan(
+        args, config, http, socket_dir, listeners, binary, outputs, topology, coordinator_listeners=coordinator
+    )
+    if tcp_address:
+        logger.warning(
+            "engine sockets on %s: TCP without authentication, reachable from the network of %s: "
+            "keep that network trusted",
+            ", ".join(a for pair in listeners for a in (pair[0].address, pair[1].address)), tcp_address,
+        )  # fmt: skip
+        if topology.backend == "mp" and topology.remote_ranks:
+            plan.node_listener = _bind_node_listener(plan, tcp_address, topology.rpc_port)
+    else:
+        logger.info("engine sockets in %s (mode 0700: this user only)", socket_dir.path)
     config.clients = [ClientAddresses(i.address, o.address) for i, o in listeners]
     if coordinator is not None:
         config.coordinator = coordinator.addresses()
-    outputs = [o.address for _, o in listeners]
-    return StackPlan(args, config, http, socket_dir, listeners, binary, outputs, coordinator)
+    return plan
+
+
+def _bind_node_listener(plan: StackPlan, address: str, port: int) -> socket.socket:
+    """The node channel's listener on `address:port`; ServeUsageError (with
+    everything of `plan` closed) when it cannot be had."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(64)
+    except OSError as e:
+        sock.close()
+        plan.cleanup()
+        raise ServeUsageError(
+            f"--data-parallel-rpc-port {port}: cannot listen on {address}: {e.strerror or e}"
+        ) from None
+    logger.info("waiting for headless nodes on %s:%d", address, port)
+    return sock
 
 
 def _set_child_environment(args: argparse.Namespace) -> None:
@@ -450,17 +507,25 @@ def run_stack(plan: StackPlan) -> int:
     stop_requested = _StopRequested()
     for signum in (signal.SIGTERM, signal.SIGINT, FrontendHealthWatch.STOP_SIGNAL):
         signal.signal(signum, stop_requested)
-    engines = frontend = usage_report = health = coordinator = None
+    engines = frontend = usage_report = health = coordinator = nodes = None
     probe_stop = threading.Event()
     failure: str | None = None
     try:
         usage_report = report_usage_stats(plan.engine_config, UsageContext.OPENAI_API_SERVER)
         if plan.coordinator_listeners is not None:
             coordinator = CoordinatorProcManager(args.data_parallel_size, plan.coordinator_listeners)
-        engines = CoreEngineProcManager(
-            run_engine_core, args.data_parallel_size, 0, 0, plan.engine_config, True,
-            plan.engine_config.clients[0].input_address, None, not args.disable_log_stats,
-        )  # fmt: skip
+        nodes = _start_node_registry(plan)
+        topology = plan.topology
+        if topology is not None and topology.backend == "ray":
+            from vllm_rs.ray_engines import RayEngineActorManager
+
+            engines = RayEngineActorManager(plan.engine_config, topology, not args.disable_log_stats)
+        else:
+            engines = CoreEngineProcManager(
+                run_engine_core, topology.local_count if topology else args.data_parallel_size, 0, 0,
+                plan.engine_config, True, plan.engine_config.clients[0].input_address, None,
+                not args.disable_log_stats,
+            )  # fmt: skip
         frontend = _start_frontend(plan)
         health = FrontendHealthWatch(plan.http, engines.sentinels(), probe_stop)
         announce = functools.partial(_announce_ready, plan, time.monotonic())
@@ -478,8 +543,12 @@ def run_stack(plan: StackPlan) -> int:
         probe_stop.set()
         if failure is None and health is not None:
             failure = health.failure
-        if engines is not None and engines.failed_proc_name is not None:
+        if nodes is not None and nodes.failure is not None:
+            failure = nodes.failure  # names the lost host and its ranks
+        if (engines is not None and engines.failed_proc_name is not None) or (nodes and nodes.failure):
             notify_engine_death(plan.output_addresses)
+        if nodes is not None:
+            nodes.stop()
         if frontend is not None:
             frontend.shutdown()
         if engines is not None:
@@ -496,6 +565,25 @@ def run_stack(plan: StackPlan) -> int:
     return 0
 
 
+def _start_node_registry(plan: StackPlan) -> Any:
+    """Starts accepting headless nodes when some are expected; losing one
+    stops the stack like a lost engine (`FrontendHealthWatch.STOP_SIGNAL`)."""
+    if plan.node_listener is None or plan.topology is None:
+        return None
+    from vllm_rs.node_registry import NodeRegistry
+
+    registry = NodeRegistry(
+        plan.node_listener, plan.topology.remote_ranks, plan.topology.data_parallel_size, plan.args.model,
+        [c.input_address for c in plan.engine_config.clients], [c.output_address for c in plan.engine_config.clients],
+        plan.engine_config.heartbeat_ttl_s or host_heartbeat_timeout_s(),
+    )  # fmt: skip
+    plan.node_listener = None  # the registry owns it now
+    main_thread = threading.main_thread().ident
+    registry.on_lost = lambda: signal.pthread_kill(main_thread, FrontendHealthWatch.STOP_SIGNAL)
+    registry.start()
+    return registry
+
+
 def _announce_ready(plan: StackPlan, started: float) -> None:
     args = plan.args
     engines = f"{args.data_parallel_size} engine{'s' if args.data_parallel_size > 1 else ''}"
@@ -510,9 +598,17 @@ def main(argv: list[str] | None = None) -> int:
     """Runs `serve` with `argv` (default: the command line); the exit code."""
     args = make_serve_parser().parse_args(argv)
     try:
-        plan = plan_stack(args)
+        if args.headless:
+            config, _ = _validate(args)
+        else:
+            plan = plan_stack(args)
     except ServeUsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return 2
+    if args.headless:
+        from vllm_rs.headless import run_headless
+
+        _set_child_environment(args)
+        return run_headless(args, args._topology, config, PROG)
     _set_child_environment(args)
     return run_stack(plan)

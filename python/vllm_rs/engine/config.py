@@ -111,6 +111,10 @@ class EngineConfig:
     log_stats: bool = True
     #: The data-parallel coordinator, when there is one (DP > 1 under `serve`).
     coordinator: CoordinatorAddresses | None = None
+    #: When set (a multi-node stack), the engine's sockets send ZMTP
+    #: heartbeats every second announcing this TTL, so a libzmq frontend
+    #: drops the connection of an engine that went silent.
+    heartbeat_ttl_s: float | None = None
 
 
 def make_engine_config(

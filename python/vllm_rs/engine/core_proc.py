@@ -47,6 +47,8 @@ logger = init_logger(__name__)
 
 #: How long `ENGINE_CORE_DEAD` may wait to be delivered before the exit.
 DEAD_MESSAGE_LINGER_MS = 1000
+#: ZMTP heartbeat interval of the engine sockets when `heartbeat_ttl_s` is set.
+HEARTBEAT_INTERVAL_MS = 1000
 
 
 class EngineShutdown(Exception):
@@ -96,6 +98,12 @@ class EngineCoreProc:
         self.config = config
         self.engine_index = engine_index
         self.ctx = zmq.Context()
+        if config.heartbeat_ttl_s is not None:
+            # Context defaults apply to every socket made below, before it connects.
+            ttl_ms = int(config.heartbeat_ttl_s * 1000)
+            self.ctx.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_INTERVAL_MS)
+            self.ctx.setsockopt(zmq.HEARTBEAT_TTL, ttl_ms)
+            self.ctx.setsockopt(zmq.HEARTBEAT_TIMEOUT, ttl_ms)
         self.core: EngineCore | None = None
         # Outputs first, so that a failure while loading can still be reported.
         self.pushes = [make_zmq_socket(self.ctx, c.output_address, zmq.PUSH, bind=False) for c in config.clients]
