@@ -24,6 +24,4 @@ mod types;
 
 pub use reasoning::{ReasoningParser, ReasoningStream, REASONING_PARSER_NAMES};
 pub use tool::{ToolParser, ToolParserStream, TOOL_PARSER_NAMES};
-pub use types::{
-    DeltaMessage, DeltaToolCall, ExtractedToolCalls, Reasoning, Tool, ToolCall, UnknownParser,
-};
+pub use types::{DeltaMessage, DeltaToolCall, ExtractedToolCalls, Reasoning, Tool, ToolCall, UnknownParser};

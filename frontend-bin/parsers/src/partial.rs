@@ -1,11 +1,10 @@
-//! Closing a partial JSON or Python-literal text, the way vLLM's streaming
-//! parsers complete partial tool calls (`partial_json_parser`,
-//! `make_valid_python`): the open string is closed and the open brackets with
+//! Closing a partial JSON text, the way vLLM's streaming parsers complete
+//! partial tool calls (`partial_json_parser`): the open string is closed and the open brackets with
 //! it; when that does not parse (a dangling key, a half number), the text is
 //! cut back to before the last element and closed there.
 
-/// The ways to close `text`, best first. `python` also treats `'` as a quote.
-pub(crate) fn completions(text: &str, python: bool) -> Vec<String> {
+/// The ways to close the JSON `text`, best first.
+fn completions(text: &str) -> Vec<String> {
     let mut stack: Vec<char> = Vec::new();
     // Byte offsets where an element may be cut off, with the closers needed there.
     let mut cuts: Vec<(usize, String)> = Vec::new();
@@ -28,10 +27,6 @@ pub(crate) fn completions(text: &str, python: bool) -> Vec<String> {
                 quote = Some('"');
                 string_start = i;
             }
-            '\'' if python => {
-                quote = Some('\'');
-                string_start = i;
-            }
             '{' => {
                 stack.push('}');
                 cuts.push((i + 1, closers(&stack)));
@@ -40,11 +35,7 @@ pub(crate) fn completions(text: &str, python: bool) -> Vec<String> {
                 stack.push(']');
                 cuts.push((i + 1, closers(&stack)));
             }
-            '(' if python => {
-                stack.push(')');
-                cuts.push((i + 1, closers(&stack)));
-            }
-            '}' | ']' | ')' => {
+            '}' | ']' => {
                 if stack.last() == Some(&c) {
                     stack.pop();
                 }
@@ -90,7 +81,7 @@ fn unfinished_unicode_escape(string: &str) -> Option<usize> {
 
 /// `text` parsed as partial JSON: the first completion that parses.
 pub(crate) fn parse_partial_json(text: &str) -> Option<serde_json::Value> {
-    completions(text, false).into_iter().find_map(|candidate| serde_json::from_str(&candidate).ok())
+    completions(text).into_iter().find_map(|candidate| serde_json::from_str(&candidate).ok())
 }
 
 #[cfg(test)]

@@ -341,7 +341,9 @@ impl<'a> Parser<'a> {
                 !(c.is_ascii_alphanumeric()
                     || c == '_'
                     || c == '.'
-                    || ((c == '+' || c == '-') && i > 0 && matches!(rest.as_bytes()[i - 1], b'e' | b'E')
+                    || ((c == '+' || c == '-')
+                        && i > 0
+                        && matches!(rest.as_bytes()[i - 1], b'e' | b'E')
                         && !rest[..i].starts_with("0x")
                         && !rest[..i].starts_with("0X")))
             })
@@ -398,7 +400,9 @@ impl<'a> Parser<'a> {
             out.push_str(&self.string()?);
             let save = self.i;
             self.skip_space();
-            if !(self.peek().is_some_and(|c| c == '\'' || c == '"') || self.at_string_prefix() && self.peek().is_some_and(char::is_alphabetic)) {
+            if !(self.peek().is_some_and(|c| c == '\'' || c == '"')
+                || self.at_string_prefix() && self.peek().is_some_and(char::is_alphabetic))
+            {
                 self.i = save;
                 return Ok(Value::String(out));
             }
@@ -541,10 +545,8 @@ mod tests {
 
     #[test]
     fn literals_convert_as_vllm_converts_them() {
-        let (name, args) = one(
-            "[a.b(s='x\\n\\'y\\'', t=\"\"\"tri\nple\"\"\", n=-1_000, f=2.5e1, h=0x1F, \
-             l=[1, (2, 3), {4}], d={'k': None, 1: True}, j=true, z=null, r=r'\\d', ff=f'{{x}}')]",
-        );
+        let (name, args) = one("[a.b(s='x\\n\\'y\\'', t=\"\"\"tri\nple\"\"\", n=-1_000, f=2.5e1, h=0x1F, \
+             l=[1, (2, 3), {4}], d={'k': None, 1: True}, j=true, z=null, r=r'\\d', ff=f'{{x}}')]");
         assert_eq!(name, "a.b");
         assert_eq!(
             args,
@@ -561,7 +563,16 @@ mod tests {
 
     #[test]
     fn what_python_refuses_is_an_error() {
-        for bad in ["[f(x=)]", "[f(x='a\nb')]", "[f(x=b'a')]", "[f(x=y)]", "[f(x=f'{y}')]", "[f(x=1)] trailing", "[1]", "[f(x=01)]"] {
+        for bad in [
+            "[f(x=)]",
+            "[f(x='a\nb')]",
+            "[f(x=b'a')]",
+            "[f(x=y)]",
+            "[f(x=f'{y}')]",
+            "[f(x=1)] trailing",
+            "[1]",
+            "[f(x=01)]",
+        ] {
             assert!(parse_call_list(bad).is_err(), "{bad}");
         }
     }

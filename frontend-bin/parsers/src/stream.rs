@@ -96,10 +96,11 @@ impl Differ {
                 sent.previous_candidate = None;
                 call.arguments.as_str()
             } else {
+                // Two equal readings say nothing about which closers are final.
                 let previous = sent.previous_candidate.replace(call.arguments.clone());
                 match previous {
-                    Some(previous) => common_prefix(&call.arguments, &previous),
-                    None => "",
+                    Some(previous) if previous != call.arguments => common_prefix(&call.arguments, &previous),
+                    _ => "",
                 }
             };
             if stable.len() > sent.arguments.len() && stable.starts_with(sent.arguments.as_str()) {
@@ -118,10 +119,7 @@ impl Differ {
 /// `partial_tag_overlap`): text that may still become the tag.
 pub(crate) fn partial_tag_overlap(text: &str, tag: &str) -> usize {
     let max = (tag.len().saturating_sub(1)).min(text.len());
-    (1..=max)
-        .rev()
-        .find(|&k| tag.is_char_boundary(k) && text.ends_with(&tag[..k]))
-        .unwrap_or(0)
+    (1..=max).rev().find(|&k| tag.is_char_boundary(k) && text.ends_with(&tag[..k])).unwrap_or(0)
 }
 
 /// The longest overlap of `text`'s end with a prefix of any of `tags`.

@@ -86,7 +86,9 @@ impl ReasoningParser {
                     },
                 }
             }
-            Kind::Qwen3 if !self.thinking => Reasoning { reasoning: None, content: Some(text.to_owned()).filter(|c| !c.is_empty()) },
+            Kind::Qwen3 if !self.thinking => {
+                Reasoning { reasoning: None, content: Some(text.to_owned()).filter(|c| !c.is_empty()) }
+            }
             Kind::Qwen3 => {
                 let split = self.split(text, true);
                 Reasoning {
@@ -99,7 +101,13 @@ impl ReasoningParser {
 
     /// A streaming parser: feed it the output's text deltas in order.
     pub fn stream(&self) -> ReasoningStream {
-        ReasoningStream { parser: self.clone(), text: String::new(), reasoning_sent: 0, content_sent: 0, finished: false }
+        ReasoningStream {
+            parser: self.clone(),
+            text: String::new(),
+            reasoning_sent: 0,
+            content_sent: 0,
+            finished: false,
+        }
     }
 
     /// The settled split of `text` (a possible partial marker held back
@@ -129,7 +137,10 @@ impl ReasoningParser {
                     Some((at, marker)) => {
                         let rest = if marker == THINK_END { &text[at + THINK_END.len()..] } else { &text[at..] };
                         let settled = &rest[..rest.len() - hold(rest, &[THINK_END])];
-                        Split { reasoning: text[..at].replace(THINK_START, ""), content: settled.replace(THINK_END, "") }
+                        Split {
+                            reasoning: text[..at].replace(THINK_START, ""),
+                            content: settled.replace(THINK_END, ""),
+                        }
                     }
                 }
             }

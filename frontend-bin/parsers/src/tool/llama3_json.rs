@@ -22,7 +22,8 @@ use crate::types::{ExtractedToolCalls, Tool, ToolCall};
 
 const BOT: &str = "<|python_tag|>";
 
-static NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r#""name"\s*:\s*"((?:[^"\\]|\\.)*)""#).expect("valid regex"));
+static NAME: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r#""name"\s*:\s*"((?:[^"\\]|\\.)*)""#).expect("valid regex"));
 
 pub(super) struct Llama3Json;
 
@@ -68,10 +69,12 @@ impl Format for Llama3Json {
         ExtractedToolCalls { tools_called: true, content: None, tool_calls: calls }
     }
 
-    fn snapshot(&self, text: &str, _finished: bool, _tools: &[Tool]) -> Snapshot {
+    fn snapshot(&self, text: &str, finished: bool, _tools: &[Tool]) -> Snapshot {
         let body = match text.strip_prefix(BOT) {
             Some(rest) => rest,
             None if text.starts_with('{') => text,
+            // The marker split across deltas: wait for the rest of it.
+            None if !finished && BOT.starts_with(text) => return Snapshot::default(),
             None => return Snapshot { content: text.to_owned(), calls: Vec::new() },
         };
         let mut calls = Vec::new();

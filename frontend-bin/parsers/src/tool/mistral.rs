@@ -138,8 +138,13 @@ impl Format for Mistral {
             if name.trim().is_empty() {
                 continue;
             }
-            let args = if last && !finished { &args[..args.len() - partial_tag_overlap(args, TOOL_CALLS)] } else { args };
-            calls.push(CallSnapshot { name: Some(name.trim().to_owned()), arguments: args.trim_start().to_owned(), settled: true });
+            let args =
+                if last && !finished { &args[..args.len() - partial_tag_overlap(args, TOOL_CALLS)] } else { args };
+            calls.push(CallSnapshot {
+                name: Some(name.trim().to_owned()),
+                arguments: args.trim_start().to_owned(),
+                settled: true,
+            });
         }
         Snapshot { content, calls }
     }

@@ -4,8 +4,10 @@
 //! Python list of calls whose keyword values are literals
 //! ([`crate::pyliteral`]); the arguments are `json.dumps` of the keywords.
 //! Anything else is content. Streamed: an output not beginning with `[` is
-//! content; otherwise the partial list is closed and read after each delta,
-//! names sent once a call's `(` is there, arguments as far as two successive
+//! content; otherwise the partial list is closed as vLLM's
+//! `make_valid_python` closes it (not at all while a parameter name or
+//! value is still open) and read after each delta, names sent once a call
+//! reads, arguments as far as two successive
 //! readings agree, as vLLM does.
 
 use std::sync::LazyLock;
@@ -14,7 +16,6 @@ use regex::Regex;
 use serde_json::Value;
 
 use super::Format;
-use crate::partial::completions;
 use crate::pyjson::dumps;
 use crate::pyliteral::{parse_call_list, PyCall};
 use crate::stream::{CallSnapshot, Snapshot};
@@ -67,7 +68,7 @@ impl Format for Pythonic {
                 return Snapshot { content: String::new(), calls };
             }
         }
-        let Some(calls) = completions(text, true).iter().find_map(|c| parse_call_list(c).ok()) else {
+        let Some(calls) = make_valid_python(text).and_then(|c| parse_call_list(&c).ok()) else {
             return Snapshot::default();
         };
         let last = calls.len().saturating_sub(1);
@@ -79,4 +80,71 @@ impl Format for Pythonic {
             .collect();
         Snapshot { content: String::new(), calls }
     }
+}
+
+/// vLLM's `make_valid_python`: `text` with its open quotes and brackets
+/// closed, or `None` while it is too incomplete to read (mid parameter,
+/// mid dict key, unbalanced brackets).
+fn make_valid_python(text: &str) -> Option<String> {
+    let mut stack: Vec<char> = Vec::new();
+    let mut escaped = false;
+    for c in text.chars() {
+        if let Some(&q) = stack.last().filter(|q| **q == '\'' || **q == '"') {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == q {
+                stack.pop();
+            }
+            continue;
+        }
+        match c {
+            '[' | '(' | '{' | '\'' | '"' => stack.push(c),
+            ']' | ')' | '}' => {
+                let open = match c {
+                    ']' => '[',
+                    ')' => '(',
+                    _ => '{',
+                };
+                if stack.pop() != Some(open) {
+                    return None;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut text = text.trim_end();
+    if text.ends_with('=') || text.ends_with(':') {
+        return None;
+    }
+    let top = stack.last().copied();
+    let before_last = |open: char| &text[..text.rfind(open).unwrap_or(0)];
+    if top == Some('{') {
+        let before = before_last('{');
+        if before.matches(':').count() <= before.matches(',').count() {
+            return None;
+        }
+    }
+    if top == Some('(') {
+        let before = before_last('(');
+        if before.matches('=').count() <= before.matches(',').count() {
+            return None;
+        }
+    }
+    text = text.strip_suffix(',').unwrap_or(text);
+    if top == Some('[') && !text.ends_with('[') && !text.ends_with(')') {
+        return None;
+    }
+    let closers: String = stack
+        .iter()
+        .rev()
+        .map(|c| match c {
+            '[' => ']',
+            '(' => ')',
+            '{' => '}',
+            q => *q,
+        })
+        .collect();
+    Some(format!("{text}{closers}"))
 }

@@ -15,7 +15,7 @@
 //! the parameter (integer, number, boolean, null, object, array), as vLLM's
 //! `coerce_to_schema_type` does; the arguments are `json.dumps` of them in
 //! order. Content is the text outside the calls, stripped when there are
-//! calls. Streamed: content before the first call (a possible partial tag
+//! calls. Streamed: content before the first call (unstripped, as vLLM) (a possible partial tag
 //! held back), names once `<function=NAME>` is closed, arguments as far as
 //! two successive readings agree and whole at `</function>`.
 
@@ -34,7 +34,8 @@ const TOOL_END: &str = "</tool_call>";
 const FUNC_PREFIX: &str = "<function=";
 const FUNC_END: &str = "</function>";
 
-static PARAM_OPEN: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"<\s*parameter\s*=\s*([^>]*)>").expect("valid regex"));
+static PARAM_OPEN: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"<\s*parameter\s*=\s*([^>]*)>").expect("valid regex"));
 static PARAM_CLOSE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"<\s*/\s*parameter\s*>").expect("valid regex"));
 
 pub(super) struct Qwen3Xml;
@@ -116,9 +117,11 @@ fn trim_wrapping_newlines(value: &str) -> &str {
     value.strip_suffix('\n').unwrap_or(value)
 }
 
-/// The parameters of a function body; `partial` keeps an unclosed last one.
-fn parameters(body: &str, partial: bool) -> Map<String, Value> {
+/// The parameters of a function body; `partial` keeps an unclosed last one,
+/// whose name comes back too.
+fn parameters(body: &str, partial: bool) -> (Map<String, Value>, Option<String>) {
     let mut out = Map::new();
+    let mut open_key = None;
     let opens: Vec<_> = PARAM_OPEN.captures_iter(body).collect();
     for (i, open) in opens.iter().enumerate() {
         let whole = open.get(0).expect("group 0");
@@ -128,7 +131,14 @@ fn parameters(body: &str, partial: bool) -> Map<String, Value> {
         let value = match PARAM_CLOSE.find(region) {
             Some(close) => &region[..close.start()],
             None if next_open.is_some() => region,
-            None if partial && !open[1].is_empty() => region,
+            // An open value: a `<` not yet closed by `>` may begin its end tag.
+            None if partial && !open[1].is_empty() => {
+                open_key = Some(open[1].to_owned());
+                match region.rfind('<') {
+                    Some(lt) if !region[lt..].contains('>') => &region[..lt],
+                    _ => region,
+                }
+            }
             None => continue,
         };
         let name = open[1].to_owned();
@@ -136,7 +146,7 @@ fn parameters(body: &str, partial: bool) -> Map<String, Value> {
             out.insert(name, Value::String(trim_wrapping_newlines(value).to_owned()));
         }
     }
-    out
+    (out, open_key)
 }
 
 /// The JSON-schema types a parameter may take (vLLM's `extract_types_from_schema`).
@@ -196,7 +206,12 @@ fn normalize_type(t: &str) -> String {
 fn python_int(value: &str) -> Option<Value> {
     let v = value.trim();
     let digits = v.strip_prefix(['+', '-']).unwrap_or(v);
-    if digits.is_empty() || digits.starts_with('_') || digits.ends_with('_') || digits.contains("__") || !digits.chars().all(|c| c.is_ascii_digit() || c == '_') {
+    if digits.is_empty()
+        || digits.starts_with('_')
+        || digits.ends_with('_')
+        || digits.contains("__")
+        || !digits.chars().all(|c| c.is_ascii_digit() || c == '_')
+    {
         return None;
     }
     let clean: String = v.chars().filter(|&c| c != '_').collect();
@@ -254,9 +269,18 @@ fn properties<'a>(tools: &'a [Tool], name: &str) -> Option<&'a Map<String, Value
 }
 
 /// The parameters as JSON text, typed by the tool's schema when it has one.
+/// An open value that the schema types as anything but a string is left
+/// out: its JSON may still change form (`"t"` becomes `true`).
 fn arguments(name: &str, body: &str, partial: bool, tools: &[Tool]) -> String {
-    let mut params = parameters(body, partial);
+    let (mut params, open_key) = parameters(body, partial);
     if let Some(props) = properties(tools, name) {
+        if let Some(key) = open_key {
+            let string_only =
+                props.get(&key).is_none_or(|schema| schema_types(schema).iter().all(|t| normalize_type(t) == "string"));
+            if !string_only {
+                params.shift_remove(&key);
+            }
+        }
         for (key, value) in params.iter_mut() {
             if let (Some(schema), Value::String(s)) = (props.get(key), &*value) {
                 *value = coerce(s, &schema_types(schema));
@@ -281,7 +305,11 @@ impl Format for Qwen3Xml {
             })
             .collect();
         if tool_calls.is_empty() {
-            return ExtractedToolCalls { tools_called: false, content: Some(content).filter(|c| !c.is_empty()), tool_calls };
+            return ExtractedToolCalls {
+                tools_called: false,
+                content: Some(content).filter(|c| !c.is_empty()),
+                tool_calls,
+            };
         }
         let content = content.trim();
         ExtractedToolCalls {
@@ -294,20 +322,20 @@ impl Format for Qwen3Xml {
     fn snapshot(&self, text: &str, finished: bool, tools: &[Tool]) -> Snapshot {
         let first = [TOOL_START, FUNC_PREFIX].iter().filter_map(|m| text.find(m)).min();
         let content = match first {
-            Some(at) => text[..at].trim_end().to_owned(),
+            Some(at) => text[..at].to_owned(),
             None if finished => text.to_owned(),
-            None => {
-                let settled = &text[..text.len() - partial_overlap_any(text, &[TOOL_START, FUNC_PREFIX])];
-                // Trailing whitespace waits: it is dropped if a call follows.
-                settled.trim_end().to_owned()
-            }
+            None => text[..text.len() - partial_overlap_any(text, &[TOOL_START, FUNC_PREFIX])].to_owned(),
         };
         let (_, blocks) = scan(text);
         let mut calls = Vec::new();
         for block in blocks {
             let Some(name) = block.name.map(str::trim).filter(|n| !n.is_empty()) else { break };
             let settled = block.closed || finished;
-            calls.push(CallSnapshot { name: Some(name.to_owned()), arguments: arguments(name, block.body, !block.closed, tools), settled });
+            calls.push(CallSnapshot {
+                name: Some(name.to_owned()),
+                arguments: arguments(name, block.body, !block.closed, tools),
+                settled,
+            });
         }
         Snapshot { content, calls }
     }
