@@ -81,9 +81,9 @@ class MarkerTokenizer:
         return out
 
 
-def chunks_of(text: str, markers: list[str]) -> list[str]:
+def chunks_of(text: str, markers: list[str], piece: int = 3) -> list[str]:
     """Splits text the way a tokenizer streams it: each marker alone, other
-    text in pieces of a few characters (a space joins the word after it)."""
+    text in pieces of up to `piece` characters (a space joins the word after it)."""
     pattern = "|".join(re.escape(m) for m in sorted(markers, key=len, reverse=True))
     out: list[str] = []
     for part in re.split(f"({pattern})", text):
@@ -92,7 +92,7 @@ def chunks_of(text: str, markers: list[str]) -> list[str]:
         if part in markers:
             out.append(part)
         else:
-            out.extend(re.findall(r"\s*[^\s]{1,3}|\s+", part, re.DOTALL))
+            out.extend(re.findall(r"\s*[^\s]{1,%d}|\s+" % piece, part, re.DOTALL))
     return out
 
 
@@ -315,11 +315,11 @@ def stream(parser: Any, text: str, chunks: list[str], tok: MarkerTokenizer, feed
     return deltas
 
 
-def tool_case(name: str, case: str, text: str, tok: MarkerTokenizer) -> dict:
+def tool_case(name: str, case: str, text: str, tok: MarkerTokenizer, piece: int = 3) -> dict:
     req = request(WEATHER_TOOLS)
     parser_cls = ToolParserManager.get_tool_parser(name)
     whole = parser_cls(tok, req.tools).extract_tool_calls(text, req)
-    chunks = chunks_of(text, SPECIAL_TOKENS)
+    chunks = chunks_of(text, SPECIAL_TOKENS, piece)
     parser = parser_cls(tok, req.tools)
 
     def feed(prev, cur, delta, prev_ids, cur_ids, delta_ids):
@@ -349,11 +349,11 @@ def tool_case(name: str, case: str, text: str, tok: MarkerTokenizer) -> dict:
     }
 
 
-def reasoning_case(name: str, case: str, text: str, tok: MarkerTokenizer) -> dict:
+def reasoning_case(name: str, case: str, text: str, tok: MarkerTokenizer, piece: int = 3) -> dict:
     req = request(None)
     parser_cls = ReasoningParserManager.get_reasoning_parser(name)
     reasoning, content = parser_cls(tok).extract_reasoning(text, req)
-    chunks = chunks_of(text, SPECIAL_TOKENS)
+    chunks = chunks_of(text, SPECIAL_TOKENS, piece)
     parser = parser_cls(tok)
     deltas = stream(parser, text, chunks, tok, parser.extract_reasoning_streaming)
     return {
