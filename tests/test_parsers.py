@@ -43,10 +43,12 @@ def test_bad_names_and_tools_are_value_errors():
 def test_streamed_deltas_are_typed_and_finish_once():
     parser = _core.ToolParser("hermes", json.dumps([{"type": "function", "function": {"name": "f"}}]))
     stream = parser.stream()
-    first = stream.push('Hi<tool_call>{"name": "f", "arguments": {"x": ')
+    first = stream.push('Hi<tool_call>{"name": "f", "arguments": {"x":')
     assert first.content == "Hi" and first.reasoning is None
     (call,) = first.tool_calls
     assert (call.index, call.type, call.name) == (0, "function", "f") and call.id.startswith("chatcmpl-tool-")
+    # Arguments as the model writes them, the open block's text stripped as vLLM strips it.
+    assert call.arguments == '{"x":'
     rest = stream.push("1}}</tool_call>")
     assert [c.arguments for c in rest.tool_calls] == ["1}"] and rest.tool_calls[0].id is None
     assert stream.finish() is None and stream.finish() is None

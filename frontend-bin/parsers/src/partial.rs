@@ -35,10 +35,8 @@ fn completions(text: &str) -> Vec<String> {
                 stack.push(']');
                 cuts.push((i + 1, closers(&stack)));
             }
-            '}' | ']' => {
-                if stack.last() == Some(&c) {
-                    stack.pop();
-                }
+            '}' | ']' if stack.last() == Some(&c) => {
+                stack.pop();
             }
             ',' => cuts.push((i, closers(&stack))),
             _ => {}
@@ -47,7 +45,7 @@ fn completions(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     match quote {
         Some(q) => {
-            let mut body = &text[..];
+            let mut body = text;
             if escape {
                 body = &body[..body.len() - 1];
             } else if let Some(at) = unfinished_unicode_escape(&text[string_start..]) {

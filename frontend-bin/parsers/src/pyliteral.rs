@@ -31,7 +31,17 @@ pub(crate) struct PyError {
 
 /// Parses `text`, a whole Python module that must be one list of calls.
 pub(crate) fn parse_call_list(text: &str) -> Result<Vec<PyCall>, PyError> {
-    let mut p = Parser { s: text, i: 0, depth: 0 };
+    parse(text, true)
+}
+
+/// As [`parse_call_list`], but a set literal is an error: in a partial text
+/// closed by streaming, `{'a'}` is a dict whose key is still being written.
+pub(crate) fn parse_call_list_without_sets(text: &str) -> Result<Vec<PyCall>, PyError> {
+    parse(text, false)
+}
+
+fn parse(text: &str, allow_sets: bool) -> Result<Vec<PyCall>, PyError> {
+    let mut p = Parser { s: text, i: 0, depth: 0, allow_sets };
     p.skip_module_space();
     let calls = p.call_list()?;
     p.skip_module_space();
@@ -45,6 +55,7 @@ struct Parser<'a> {
     s: &'a str,
     i: usize,
     depth: usize,
+    allow_sets: bool,
 }
 
 /// Deeper nesting than this is refused (Python's own parser has a limit too).
@@ -296,6 +307,9 @@ impl<'a> Parser<'a> {
         let first = self.value()?;
         self.skip_space();
         if !self.eat(':') {
+            if !self.allow_sets {
+                return self.err("a dict (a set here is a partial dict)");
+            }
             let mut items = vec![first];
             if !self.eat('}') {
                 self.expect(',', "',' or '}'")?;

@@ -116,7 +116,7 @@ fn every_name_vllm_registers_here_builds() {
 fn streaming_whole_and_char_by_char_match_the_whole_parse() {
     for (name, text) in outputs() {
         let parser = ToolParser::new(name, tools()).unwrap();
-        assert_stream_matches_whole(&parser, &text, &[text.clone()]);
+        assert_stream_matches_whole(&parser, &text, std::slice::from_ref(&text));
         let chars: Vec<String> = text.chars().map(String::from).collect();
         assert_stream_matches_whole(&parser, &text, &chars);
     }

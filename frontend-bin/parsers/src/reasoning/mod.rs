@@ -178,11 +178,6 @@ impl ReasoningStream {
         self.emit(true)
     }
 
-    /// Whether the reasoning part has ended (content has begun).
-    pub fn reasoning_ended(&self) -> bool {
-        self.content_sent > 0 || self.parser.split(&self.text, true).content.len() > 0
-    }
-
     fn emit(&mut self, finished: bool) -> Option<DeltaMessage> {
         let split = self.parser.split(&self.text, finished);
         let mut delta = DeltaMessage::default();

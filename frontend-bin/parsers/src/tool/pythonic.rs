@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::Format;
 use crate::pyjson::dumps;
-use crate::pyliteral::{parse_call_list, PyCall};
+use crate::pyliteral::{parse_call_list, parse_call_list_without_sets, PyCall};
 use crate::stream::{CallSnapshot, Snapshot};
 use crate::types::{ExtractedToolCalls, Tool, ToolCall};
 
@@ -68,7 +68,15 @@ impl Format for Pythonic {
                 return Snapshot { content: String::new(), calls };
             }
         }
-        let Some(calls) = make_valid_python(text).and_then(|c| parse_call_list(&c).ok()) else {
+        // As vLLM, a set in a text whose closing `}` was added is a dict still being written.
+        let read = |(candidate, closed_brace): (String, bool)| {
+            if closed_brace {
+                parse_call_list_without_sets(&candidate).ok()
+            } else {
+                parse_call_list(&candidate).ok()
+            }
+        };
+        let Some(calls) = make_valid_python(text).and_then(read) else {
             return Snapshot::default();
         };
         let last = calls.len().saturating_sub(1);
@@ -83,9 +91,9 @@ impl Format for Pythonic {
 }
 
 /// vLLM's `make_valid_python`: `text` with its open quotes and brackets
-/// closed, or `None` while it is too incomplete to read (mid parameter,
-/// mid dict key, unbalanced brackets).
-fn make_valid_python(text: &str) -> Option<String> {
+/// closed (and whether a `}` was added), or `None` while it is too
+/// incomplete to read (mid parameter, mid dict key, unbalanced brackets).
+fn make_valid_python(text: &str) -> Option<(String, bool)> {
     let mut stack: Vec<char> = Vec::new();
     let mut escaped = false;
     for c in text.chars() {
@@ -146,5 +154,6 @@ fn make_valid_python(text: &str) -> Option<String> {
             q => *q,
         })
         .collect();
-    Some(format!("{text}{closers}"))
+    let closed_brace = closers.contains('}');
+    Some((format!("{text}{closers}"), closed_brace))
 }
