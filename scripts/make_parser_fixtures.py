@@ -92,7 +92,7 @@ def chunks_of(text: str, markers: list[str], piece: int = 3) -> list[str]:
         if part in markers:
             out.append(part)
         else:
-            out.extend(re.findall(r"\s*[^\s]{1,%d}|\s+" % piece, part, re.DOTALL))
+            out.extend(re.findall(r"\s*[^\s]{1," + str(piece) + r"}|\s+", part, re.DOTALL))
     return out
 
 
@@ -144,7 +144,7 @@ TOOL_CASES: dict[str, list[tuple[str, str]]] = {
             '<tool_call>\n{"name": "search", "arguments": {"query": "a \\"quoted\\" word"}}\n</tool_call>',
         ),
         ("unclosed", '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}'),
-        ("bad_json", "<tool_call>\n{\"name\": \"search\", \"arguments\": {query}}\n</tool_call>"),
+        ("bad_json", '<tool_call>\n{"name": "search", "arguments": {query}}\n</tool_call>'),
         ("missing_name", '<tool_call>{"arguments": {}}</tool_call>'),
         ("nested", '<tool_call>{"name": "search", "arguments": {"query": {"a": [1, 2.5, null, true]}}}</tool_call>'),
     ],
@@ -232,9 +232,7 @@ REASONING_CASES: dict[str, list[tuple[str, str]]] = {
 
 
 def request(tools: list[dict] | None) -> ChatCompletionRequest:
-    return ChatCompletionRequest(
-        model="m", messages=[{"role": "user", "content": "x"}], tools=tools
-    )
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}], tools=tools)
 
 
 def delta_json(delta: Any) -> dict | None:
@@ -373,14 +371,10 @@ def main() -> None:
     fixture = {
         "vllm_version": vllm.__version__,
         "tool_parsers": [
-            tool_case(name, case, text, tok)
-            for name, cases in TOOL_CASES.items()
-            for case, text in cases
+            tool_case(name, case, text, tok) for name, cases in TOOL_CASES.items() for case, text in cases
         ],
         "reasoning_parsers": [
-            reasoning_case(name, case, text, tok)
-            for name, cases in REASONING_CASES.items()
-            for case, text in cases
+            reasoning_case(name, case, text, tok) for name, cases in REASONING_CASES.items() for case, text in cases
         ],
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)

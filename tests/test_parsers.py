@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from vllm_rs import _core
 
 from tests.support.parsers import check_reasoning_case, check_tool_case, load_fixture
-from vllm_rs import _core
 
 FIXTURE = load_fixture()
 
@@ -32,7 +32,7 @@ def test_every_fixture_parser_is_registered_by_its_vllm_name():
 
 
 def test_bad_names_and_tools_are_value_errors():
-    with pytest.raises(ValueError, match="unknown tool call parser \"granite\"; supported: .*hermes"):
+    with pytest.raises(ValueError, match='unknown tool call parser "granite"; supported: .*hermes'):
         _core.ToolParser("granite")
     with pytest.raises(ValueError, match="tools_json is not JSON"):
         _core.ToolParser("hermes", "[{")

@@ -33,8 +33,6 @@ def test_tool_parser_agrees_with_vllm(name, case, text, piece):
 
 
 @pytest.mark.parametrize("piece", [3, 1])
-@pytest.mark.parametrize(
-    ("name", "case", "text"), REASONING_CASES, ids=[f"{n}-{c}" for n, c, _ in REASONING_CASES]
-)
+@pytest.mark.parametrize(("name", "case", "text"), REASONING_CASES, ids=[f"{n}-{c}" for n, c, _ in REASONING_CASES])
 def test_reasoning_parser_agrees_with_vllm(name, case, text, piece):
     check_reasoning_case(fixtures.reasoning_case(name, case, text, TOKENIZER, piece))
