@@ -147,6 +147,7 @@ TOOL_CASES: dict[str, list[tuple[str, str]]] = {
         ("bad_json", '<tool_call>\n{"name": "search", "arguments": {query}}\n</tool_call>'),
         ("missing_name", '<tool_call>{"arguments": {}}</tool_call>'),
         ("nested", '<tool_call>{"name": "search", "arguments": {"query": {"a": [1, 2.5, null, true]}}}</tool_call>'),
+        ("text_after_call", '<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call> and more text'),
     ],
     "llama3_json": [
         ("plain", "No tools needed here."),
@@ -159,6 +160,7 @@ TOOL_CASES: dict[str, list[tuple[str, str]]] = {
         ("bad_json", '{"name": "search", "arguments": {"query": }'),
         ("missing_arguments", '{"name": "search"}'),
         ("text_then_json", 'Sure: {"name": "search", "arguments": {"query": "x"}}'),
+        ("empty_arguments", '{"name": "search", "arguments": {}}'),
     ],
     "mistral": [
         ("plain", "Bonjour, tout va bien."),
@@ -227,6 +229,8 @@ REASONING_CASES: dict[str, list[tuple[str, str]]] = {
         ("no_start_tag", "Adding 2 and 2.</think>\n\n4"),
         ("no_end_tag", "Still thinking"),
         ("empty_content", "<think>done</think>"),
+        ("tool_call_ends_reasoning", 'plan<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'),
+        ("repeated_end_tag", "a</think>b</think>c"),
     ],
 }
 
