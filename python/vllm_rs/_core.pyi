@@ -99,3 +99,98 @@ def guardian_pid() -> int | None:
 
 def guardian_main(ctrl_fd: int, supervisor_pid: int) -> None:
     """Runs the guardian loop in this interpreter; never returns."""
+
+# Tool-call and reasoning parsers (rust/src/python_parsers.rs over the
+# vllm-rs-parsers crate, the same code the `vllm-rs` binary uses).
+
+#: vLLM's `--tool-call-parser` names that `ToolParser` accepts.
+TOOL_PARSER_NAMES: list[str]
+#: vLLM's `--reasoning-parser` names that `ReasoningParser` accepts.
+REASONING_PARSER_NAMES: list[str]
+
+class ToolCall:
+    """A complete tool call; `arguments` is JSON text."""
+
+    @property
+    def id(self) -> str:
+        """`chatcmpl-tool-` + 16 hex digits (mistral: 9 letters and digits)."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def arguments(self) -> str: ...
+
+class ExtractedToolCalls:
+    """A whole output split into content and tool calls (vLLM's
+    ExtractedToolCallInformation)."""
+
+    @property
+    def tools_called(self) -> bool: ...
+    @property
+    def content(self) -> str | None: ...
+    @property
+    def tool_calls(self) -> list[ToolCall]: ...
+
+class DeltaToolCall:
+    """One call's part of a streamed delta: the first for an index carries
+    id, type ("function") and name; later ones argument fragments."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def id(self) -> str | None: ...
+    @property
+    def type(self) -> str | None: ...
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def arguments(self) -> str | None: ...
+
+class DeltaMessage:
+    """One streamed delta (vLLM's DeltaMessage, `reasoning` as in vLLM 0.33)."""
+
+    @property
+    def content(self) -> str | None: ...
+    @property
+    def reasoning(self) -> str | None: ...
+    @property
+    def tool_calls(self) -> list[DeltaToolCall]: ...
+
+class ToolParserStream:
+    """Streams one output's tool calls."""
+
+    def push(self, delta: str) -> DeltaMessage | None:
+        """What `delta` adds, or None when nothing can be sent yet."""
+    def finish(self) -> DeltaMessage | None:
+        """What was held back, once the output is complete (None after)."""
+    @property
+    def tools_called(self) -> bool:
+        """Whether a call was streamed (finish_reason `tool_calls`)."""
+
+class ToolParser:
+    """A tool-call parser by vLLM's name for one request; `tools_json` is the
+    request's `tools` list as JSON text. ValueError for an unknown name or
+    tools that are not JSON."""
+
+    def __init__(self, name: str, tools_json: str | None = None) -> None: ...
+    @property
+    def name(self) -> str:
+        """The canonical name (aliases resolved)."""
+    def parse(self, text: str) -> ExtractedToolCalls: ...
+    def stream(self) -> ToolParserStream: ...
+
+class ReasoningStream:
+    """Streams one output's reasoning split."""
+
+    def push(self, delta: str) -> DeltaMessage | None: ...
+    def finish(self) -> DeltaMessage | None: ...
+
+class ReasoningParser:
+    """A reasoning parser by vLLM's name; `thinking` is the chat template's
+    `enable_thinking` (qwen3 reads it). ValueError for an unknown name."""
+
+    def __init__(self, name: str, thinking: bool = True) -> None: ...
+    @property
+    def name(self) -> str: ...
+    def parse(self, text: str) -> tuple[str | None, str | None]:
+        """`(reasoning, content)` of a whole output."""
+    def stream(self) -> ReasoningStream: ...

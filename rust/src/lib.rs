@@ -27,6 +27,8 @@ pub mod wire;
 mod python;
 #[cfg(all(feature = "python", target_os = "linux"))]
 mod python_errors;
+#[cfg(feature = "python")]
+mod python_parsers;
 
 #[cfg(target_os = "linux")]
 pub use {

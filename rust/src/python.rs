@@ -413,5 +413,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     linux::register(m)?;
     #[cfg(not(target_os = "linux"))]
     other::register(m)?;
+    crate::python_parsers::register(m)?;
     Ok(())
 }

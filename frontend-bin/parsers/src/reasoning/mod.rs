@@ -1,0 +1,194 @@
+//! Reasoning parsers by vLLM's `--reasoning-parser` names: split the
+//! `<think>...</think>` text into vLLM 0.33's `reasoning` field.
+//!
+//! - `deepseek_r1`: the text before `</think>` is reasoning (after `<think>`
+//!   when there is one; a model that omits it still reasons first), the rest
+//!   is content. No `</think>`: all reasoning.
+//! - `qwen3`: reasoning until `</think>` (the chat template opens the block),
+//!   `<think>` inside it and repeated `</think>` after it are dropped, a
+//!   `<tool_call>` ends it too (the call is content, for the tool parser).
+//!   With `enable_thinking: false` (chat template kwarg) all is content.
+//!
+//! Streamed, text that may still become a marker is held back; the deltas
+//! concatenated give the same split as the whole parse.
+
+use crate::stream::partial_overlap_any;
+use crate::types::{DeltaMessage, Reasoning, UnknownParser};
+
+/// The names [`ReasoningParser::new`] accepts, as vLLM 0.33 registers them.
+pub const REASONING_PARSER_NAMES: &[&str] = &["deepseek_r1", "qwen3"];
+
+const THINK_START: &str = "<think>";
+const THINK_END: &str = "</think>";
+const TOOL_CALL_START: &str = "<tool_call>";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    DeepSeekR1,
+    Qwen3,
+}
+
+/// A reasoning parser for one request.
+#[derive(Debug, Clone)]
+pub struct ReasoningParser {
+    kind: Kind,
+    thinking: bool,
+}
+
+/// The output so far, split.
+struct Split {
+    reasoning: String,
+    content: String,
+}
+
+impl ReasoningParser {
+    /// The parser vLLM registers as `name`, with thinking on (the default).
+    pub fn new(name: &str) -> Result<Self, UnknownParser> {
+        let kind = match name {
+            "deepseek_r1" => Kind::DeepSeekR1,
+            "qwen3" => Kind::Qwen3,
+            other => {
+                return Err(UnknownParser {
+                    kind: "reasoning",
+                    name: other.to_owned(),
+                    supported: REASONING_PARSER_NAMES.join(", "),
+                })
+            }
+        };
+        Ok(ReasoningParser { kind, thinking: true })
+    }
+
+    /// The same parser with the chat template's `enable_thinking` set to
+    /// `thinking` (only `qwen3` reads it: off, all output is content).
+    pub fn with_thinking(mut self, thinking: bool) -> Self {
+        self.thinking = thinking;
+        self
+    }
+
+    /// The parser's name.
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            Kind::DeepSeekR1 => "deepseek_r1",
+            Kind::Qwen3 => "qwen3",
+        }
+    }
+
+    /// The reasoning and content of a whole output.
+    pub fn parse(&self, text: &str) -> Reasoning {
+        match self.kind {
+            Kind::DeepSeekR1 => {
+                let after_start = text.split_once(THINK_START).map_or(text, |(_, rest)| rest);
+                match after_start.split_once(THINK_END) {
+                    None => Reasoning { reasoning: Some(after_start.to_owned()), content: None },
+                    Some((reasoning, content)) => Reasoning {
+                        reasoning: Some(reasoning.to_owned()),
+                        content: (!content.is_empty()).then(|| content.to_owned()),
+                    },
+                }
+            }
+            Kind::Qwen3 if !self.thinking => {
+                Reasoning { reasoning: None, content: Some(text.to_owned()).filter(|c| !c.is_empty()) }
+            }
+            Kind::Qwen3 => {
+                let split = self.split(text, true);
+                Reasoning {
+                    reasoning: Some(split.reasoning).filter(|r| !r.is_empty()),
+                    content: Some(split.content).filter(|c| !c.is_empty()),
+                }
+            }
+        }
+    }
+
+    /// A streaming parser: feed it the output's text deltas in order.
+    pub fn stream(&self) -> ReasoningStream {
+        ReasoningStream {
+            parser: self.clone(),
+            text: String::new(),
+            reasoning_sent: 0,
+            content_sent: 0,
+            finished: false,
+        }
+    }
+
+    /// The settled split of `text` (a possible partial marker held back
+    /// unless `finished`).
+    fn split(&self, text: &str, finished: bool) -> Split {
+        let hold = |s: &str, tags: &[&str]| if finished { 0 } else { partial_overlap_any(s, tags) };
+        match self.kind {
+            Kind::Qwen3 if !self.thinking => Split { reasoning: String::new(), content: text.to_owned() },
+            Kind::DeepSeekR1 => match text.split_once(THINK_END) {
+                Some((before, content)) => {
+                    let reasoning = before.split_once(THINK_START).map_or(before, |(_, r)| r);
+                    Split { reasoning: reasoning.to_owned(), content: content.to_owned() }
+                }
+                None => {
+                    let settled = &text[..text.len() - hold(text, &[THINK_START, THINK_END])];
+                    let reasoning = settled.split_once(THINK_START).map_or(settled, |(_, r)| r);
+                    Split { reasoning: reasoning.to_owned(), content: String::new() }
+                }
+            },
+            Kind::Qwen3 => {
+                let end = [THINK_END, TOOL_CALL_START].iter().filter_map(|m| text.find(m).map(|at| (at, *m))).min();
+                match end {
+                    None => {
+                        let settled = &text[..text.len() - hold(text, &[THINK_START, THINK_END, TOOL_CALL_START])];
+                        Split { reasoning: settled.replace(THINK_START, ""), content: String::new() }
+                    }
+                    Some((at, marker)) => {
+                        let rest = if marker == THINK_END { &text[at + THINK_END.len()..] } else { &text[at..] };
+                        let settled = &rest[..rest.len() - hold(rest, &[THINK_END])];
+                        Split {
+                            reasoning: text[..at].replace(THINK_START, ""),
+                            content: settled.replace(THINK_END, ""),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Streams one output's reasoning split: [`push`](Self::push) each text
+/// delta, then [`finish`](Self::finish) once.
+#[derive(Debug)]
+pub struct ReasoningStream {
+    parser: ReasoningParser,
+    text: String,
+    reasoning_sent: usize,
+    content_sent: usize,
+    finished: bool,
+}
+
+impl ReasoningStream {
+    /// What `delta` adds (reasoning and/or content), `None` when nothing yet.
+    pub fn push(&mut self, delta: &str) -> Option<DeltaMessage> {
+        if self.finished {
+            return None;
+        }
+        self.text.push_str(delta);
+        self.emit(false)
+    }
+
+    /// Whatever was held back, once the output is complete. Later calls
+    /// return `None`.
+    pub fn finish(&mut self) -> Option<DeltaMessage> {
+        if std::mem::replace(&mut self.finished, true) {
+            return None;
+        }
+        self.emit(true)
+    }
+
+    fn emit(&mut self, finished: bool) -> Option<DeltaMessage> {
+        let split = self.parser.split(&self.text, finished);
+        let mut delta = DeltaMessage::default();
+        if split.reasoning.len() > self.reasoning_sent && split.reasoning.is_char_boundary(self.reasoning_sent) {
+            delta.reasoning = Some(split.reasoning[self.reasoning_sent..].to_owned());
+            self.reasoning_sent = split.reasoning.len();
+        }
+        if split.content.len() > self.content_sent && split.content.is_char_boundary(self.content_sent) {
+            delta.content = Some(split.content[self.content_sent..].to_owned());
+            self.content_sent = split.content.len();
+        }
+        (!delta.is_empty()).then_some(delta)
+    }
+}
