@@ -169,8 +169,17 @@ fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
 }
 
 async fn run_server(startup: Startup) -> anyhow::Result<()> {
-    let Startup { config, tls, tokenizer, http, input, output, engine_start_index: start, engine_count: count, coordinator } =
-        startup;
+    let Startup {
+        config,
+        tls,
+        tokenizer,
+        http,
+        input,
+        output,
+        engine_start_index: start,
+        engine_count: count,
+        coordinator,
+    } = startup;
     let mut stop = shutdown_signal()?;
     let http_address = http.address.clone();
     let input = open_engine_listener(input, "input")?;
