@@ -10,7 +10,7 @@ import msgpack
 import pytest
 import zmq
 from vllm_rs.coordinator import Coordinator, CoordinatorListeners, CoordinatorProcManager
-from vllm_rs.engine.protocol import REQUEST_START_DP_WAVE, EngineCoreOutputs, ProtocolError, encode_outputs
+from vllm_rs.engine.protocol import REQUEST_START_DP_WAVE, EngineCoreOutputs, encode_outputs
 from vllm_rs.engine.stats import SchedulerStats
 from vllm_rs.network_utils import PrivateSocketDir
 
@@ -62,7 +62,7 @@ def test_wave_rules_are_vllms():
 )
 def test_messages_that_are_not_counts_or_waves_are_refused(frames, named):
     state = Coordinator(2)
-    with pytest.raises(ProtocolError, match=named):
+    with pytest.raises(ValueError, match=named):  # ProtocolError or the decoder's EngineOutputError
         state.on_engine_message(frames)
     assert (state.current_wave, state.engines_running) == (0, False)
 

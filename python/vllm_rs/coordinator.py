@@ -33,8 +33,9 @@ from typing import Any
 import msgpack
 import zmq
 
+from vllm_rs.api_server.engine_outputs import decode_engine_message
 from vllm_rs.engine.config import CoordinatorAddresses
-from vllm_rs.engine.protocol import REQUEST_START_DP_WAVE, ProtocolError, decode_outputs, pack
+from vllm_rs.engine.protocol import REQUEST_START_DP_WAVE, ProtocolError, pack
 from vllm_rs.logger import init_logger
 from vllm_rs.network_utils import PrivateSocketDir, ZmqListener, make_zmq_listener, make_zmq_socket
 
@@ -122,7 +123,7 @@ class Coordinator:
         `(wave, exclude_engine_index)` START_DP_WAVE to broadcast, if any).
         Raises ValueError (ProtocolError included) for a message that is not
         an engine's counts or wave notice."""
-        message = decode_outputs(frames)
+        message = decode_engine_message(frames)
         if message is None or message.outputs or message.utility_output is not None:
             raise ProtocolError("only scheduler stats and wave messages are sent to the coordinator")
         index = message.engine_index

@@ -83,8 +83,9 @@ def _request_error(request_id: str, value: Any) -> RequestError | None:
     return RequestError(code, message, retryable)
 
 
-def _stats(value: Any) -> dict[str, int] | None:
-    """Only the counters the balancer reads, checked."""
+def _stats(value: Any) -> dict[str, int | float] | None:
+    """Only what the balancer and the DP coordinator read, checked: the
+    request counts and the KV cache usage."""
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -97,6 +98,11 @@ def _stats(value: Any) -> dict[str, int] | None:
         if not _is_int(count) or not 0 <= count <= 2**31:
             raise ValueError(f"scheduler_stats.{key} is not a count")
         stats[key] = count
+    usage = value.get("kv_cache_usage")
+    if usage is not None:
+        if not isinstance(usage, (int, float)) or isinstance(usage, bool) or not 0.0 <= usage <= 1.0:
+            raise ValueError("scheduler_stats.kv_cache_usage is not a fraction")
+        stats["kv_cache_usage"] = float(usage)
     return stats
 
 
