@@ -342,7 +342,7 @@ def test_engine_listener_failure_is_a_usage_error_leaving_no_directory(tmp_path)
     runtime = tmp_path / ("r" * 120)  # socket paths in it exceed what AF_UNIX holds
     runtime.mkdir(mode=0o700)
     (line,) = run_serve_expecting_usage_error("--model", "echo", "--port", "0", env={"XDG_RUNTIME_DIR": str(runtime)})
-    assert "cannot create the engine listeners in" in line, line
+    assert "cannot create the engine listeners on" in line, line
     assert not list(runtime.iterdir())
 
 
