@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -43,6 +44,8 @@ from vllm_rs.engine.protocol import (
 from vllm_rs.engine.request import SamplingParams
 from vllm_rs.network_utils import make_zmq_listener, make_zmq_socket
 from vllm_rs.utils import CoreEngineProcManager
+
+from tests.thread_signals import signal_another_thread
 
 
 def request(request_id: str, prompt: bytes | list[int], **sampling) -> EngineCoreRequest:
@@ -443,10 +446,7 @@ def test_engine_ignores_sigint_and_stops_on_sigterm(frontends):
     try:
         frontends[0].registration()
         proc = manager.processes[0]
-        proc_pid = proc.pid
-        import os
-
-        os.kill(proc_pid, signal.SIGINT)
+        os.kill(proc.pid, signal.SIGINT)
         # The signal is pending or discarded once kill() returns: the engine
         # serving a request after it has had it, and lived.
         frontends[0].send(REQUEST_ADD, encode_add(request("after", b"ok", max_tokens=2)))
@@ -455,6 +455,20 @@ def test_engine_ignores_sigint_and_stops_on_sigterm(frontends):
     finally:
         manager.shutdown(timeout=10)
     assert manager.processes[0].exitcode == 0
+
+
+def test_engine_stops_on_sigterm_delivered_to_another_thread(frontends):
+    # kill() lets the kernel pick any thread not blocking the signal; send it
+    # to such a thread on purpose, as the kernel sometimes does.
+    manager = start_engine(frontends)
+    try:
+        frontends[0].registration()
+        proc = manager.processes[0]
+        signal_another_thread(proc.pid, signal.SIGTERM)
+        proc.join(30)
+        assert proc.exitcode == 0
+    finally:
+        manager.shutdown(timeout=5)
 
 
 # ---- vLLM 0.33 on the wire: the golden fixtures (scripts/make_vllm_fixtures.py) ----

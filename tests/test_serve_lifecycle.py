@@ -24,6 +24,7 @@ import zmq
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 
 from tests.test_serve import FRONTENDS, Serve, assert_all_gone
+from tests.thread_signals import signal_another_thread
 
 ENGINE_PID = re.compile(r"EngineCore_(\d+) ready \(pid (\d+)\)")
 API_SERVER_PID = re.compile(r"\(APIServer_0 pid=(\d+)\)")
@@ -140,6 +141,21 @@ def test_sigterm_exits_0_and_removes_the_unix_socket(tmp_path, frontend):
         assert serve.wait(30) == 0, serve.output
         assert_all_gone(processes, within_s=1)
         assert not os.path.exists(path)
+    finally:
+        serve.kill()
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_sigterm_given_to_a_helper_thread_stops_the_stack(frontend):
+    """The kernel may hand serve's SIGTERM to one of its helper threads (the
+    health probe); the main thread, waiting on the stack, still stops it."""
+    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend)
+    try:
+        serve.wait_ready()
+        processes = serve.descendants()
+        signal_another_thread(serve.proc.pid, signal.SIGTERM)
+        assert serve.wait(30) == 0, serve.output
+        assert_all_gone(processes, within_s=1)
     finally:
         serve.kill()
 

@@ -24,6 +24,7 @@ from vllm_rs.logger import init_logger
 from vllm_rs.network_utils import ZmqListener
 from vllm_rs.process import PreparedTarget, Process, kill_process_tree, spawn_executable, start_targets, wait
 from vllm_rs.process_setup import run_api_server_worker_proc
+from vllm_rs.signal_wakeup import drain, signal_wakeup
 
 logger = init_logger("vllm_rs.utils")
 
@@ -400,6 +401,31 @@ def _frontend_environment(api_key: Any, hf_token: Any) -> dict[str, str] | None:
     return {**os.environ, **secrets} if secrets else None
 
 
+def _wait_on_sentinels(
+    sentinel_to_proc: dict[Any, Any],
+    engine_sentinels: dict[Any, Any],
+    engine_manager: Any | None,
+    wakeup: Any | None,
+) -> None:
+    """The loop of `wait_for_completion_or_failure`; `wakeup` (readable after
+    any signal) is waited on too, so a signal the kernel gave another thread
+    still ends the wait and its handler runs here."""
+    extra = [wakeup] if wakeup is not None else []
+    while sentinel_to_proc:
+        for sentinel in wait([*sentinel_to_proc, *engine_sentinels, *extra]):
+            if sentinel is wakeup:
+                drain(wakeup)
+                continue
+            if sentinel in engine_sentinels:
+                engine_manager.record_exit(engine_sentinels.pop(sentinel))
+            else:
+                proc = sentinel_to_proc.pop(sentinel)
+                if proc is not None and proc.exitcode != 0:
+                    raise RuntimeError(f"Process {proc.name} (PID: {proc.pid}) died with exit code {proc.exitcode}")
+            if engine_manager is not None and engine_manager.failed_proc_name is not None:
+                raise RuntimeError(f"Engine core process {engine_manager.failed_proc_name} died unexpectedly.")
+
+
 def wait_for_completion_or_failure(
     api_server_manager: APIServerProcessManager | RustFrontendProcessManager,
     engine_manager: Any | None = None,
@@ -432,16 +458,8 @@ def wait_for_completion_or_failure(
                 threading.Thread(target=monitor_engines, daemon=True, name="EngineLivenessMonitor").start()
                 sentinel_to_proc[recv] = None
 
-        while sentinel_to_proc:
-            for sentinel in wait([*sentinel_to_proc, *engine_sentinels]):
-                if sentinel in engine_sentinels:
-                    engine_manager.record_exit(engine_sentinels.pop(sentinel))
-                else:
-                    proc = sentinel_to_proc.pop(sentinel)
-                    if proc is not None and proc.exitcode != 0:
-                        raise RuntimeError(f"Process {proc.name} (PID: {proc.pid}) died with exit code {proc.exitcode}")
-                if engine_manager is not None and engine_manager.failed_proc_name is not None:
-                    raise RuntimeError(f"Engine core process {engine_manager.failed_proc_name} died unexpectedly.")
+        with signal_wakeup() as wakeup:
+            _wait_on_sentinels(sentinel_to_proc, engine_sentinels, engine_manager, wakeup)
     except KeyboardInterrupt:
         logger.info("Received KeyboardInterrupt, shutting down API servers...")
     except Exception as e:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 from typing import Any
@@ -42,6 +43,7 @@ from vllm_rs.engine.protocol import (
 )
 from vllm_rs.logger import init_logger
 from vllm_rs.network_utils import make_zmq_socket
+from vllm_rs.signal_wakeup import drain, signal_wakeup
 
 logger = init_logger(__name__)
 
@@ -76,23 +78,24 @@ def run_engine_core(
     from vllm_rs.process_setup import set_process_title
 
     set_process_title("EngineCore", str(dp_rank))
-    proc = EngineCoreProc(vllm_config, dp_rank)
-    try:
-        proc.run()
-    except EngineShutdown:
-        proc.log_totals()
-        proc.close(linger=0)
-    except Exception:
-        logger.exception("EngineCore_%d failed", dp_rank)
-        proc.send_dead()
-        proc.close(linger=DEAD_MESSAGE_LINGER_MS)
-        sys.exit(1)
+    with signal_wakeup() as wakeup:
+        proc = EngineCoreProc(vllm_config, dp_rank, wakeup=wakeup)
+        try:
+            proc.run()
+        except EngineShutdown:
+            proc.log_totals()
+            proc.close(linger=0)
+        except Exception:
+            logger.exception("EngineCore_%d failed", dp_rank)
+            proc.send_dead()
+            proc.close(linger=DEAD_MESSAGE_LINGER_MS)
+            sys.exit(1)
 
 
 class EngineCoreProc:
     """An EngineCore behind its ZeroMQ sockets."""
 
-    def __init__(self, config: EngineConfig, engine_index: int):
+    def __init__(self, config: EngineConfig, engine_index: int, wakeup: socket.socket | None = None):
         if not config.clients:
             raise ValueError("the engine config names no frontend (clients is empty)")
         self.config = config
@@ -115,6 +118,9 @@ class EngineCoreProc:
         self._sent_stats_to: set[int] = set()
         #: Utility calls answered (None) once no request runs: (client, call id).
         self._replies_when_idle: list[tuple[int, int]] = []
+        #: Polled with the engine sockets, so that SIGTERM ends a blocking poll
+        #: whichever thread the kernel gave it to (`vllm_rs.signal_wakeup`).
+        self.wakeup = wakeup
 
     def run(self) -> None:
         """Loads the model, registers with every frontend, then serves."""
@@ -139,11 +145,17 @@ class EngineCoreProc:
         coordinator = self.coordinator
         if coordinator is not None:
             poller.register(coordinator.sub, zmq.POLLIN)
+        wakeup = self.wakeup
+        if wakeup is not None:
+            poller.register(wakeup, zmq.POLLIN)
         core = self.core
         while True:
             busy = core.has_work()
             for sock, _ in poller.poll(0 if busy else None):
-                self._drain(sock)
+                if sock is wakeup:
+                    drain(wakeup)  # the handler has run by now
+                else:
+                    self._drain(sock)
             self._publish_counts()
             if core.has_work():
                 self._send_outputs(core.step())
