@@ -29,6 +29,7 @@ struct Startup {
     config: ServerConfig,
     tokenizer: Arc<dyn Tokenizer>,
     http: ListeningSocket,
+    grpc: Option<ListeningSocket>,
     input: SocketSource,
     output: SocketSource,
     engine_start_index: u32,
@@ -92,9 +93,6 @@ pub fn run(args: FrontendArgs) -> Result<(), ExitError> {
 
 fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     check_distinct_fds(&args)?;
-    if args.grpc_listen_fd.is_some() {
-        return Err(ExitError::usage("--grpc-listen-fd: the gRPC service is not supported yet"));
-    }
     if args.coordinator_address.is_some() {
         return Err(ExitError::usage("--coordinator-address: the data-parallel coordinator is not supported yet"));
     }
@@ -118,6 +116,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     tracing::debug!(?config, "configuration");
     let tokenizer = load_tokenizer(&config)?;
     let http = adopt_listening_socket(args.listen_fd, "listen-fd")?;
+    let grpc = args.grpc_listen_fd.map(crate::grpc::server::adopt).transpose()?;
     let source = |fd: Option<i32>, address: Option<String>, flag: &str| -> Result<SocketSource, ExitError> {
         match (fd, address) {
             (Some(fd), _) => adopt_listening_socket(fd, flag).map(SocketSource::Listener),
@@ -131,6 +130,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
         config,
         tokenizer,
         http,
+        grpc,
         input,
         output,
         engine_start_index: args.engine_start_index,
@@ -155,7 +155,7 @@ fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
 }
 
 async fn run_server(startup: Startup) -> anyhow::Result<()> {
-    let Startup { config, tokenizer, http, input, output, engine_start_index: start, engine_count: count } = startup;
+    let Startup { config, tokenizer, http, grpc, input, output, engine_start_index: start, engine_count: count } = startup;
     let mut stop = shutdown_signal()?;
     let http_address = http.address.clone();
     let input = open_engine_listener(input, "input")?;
@@ -196,11 +196,22 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         max_model_len,
         start + count - 1
     );
+    let grpc = grpc.map(|socket| {
+        let mut stop = stop.clone();
+        let stopping = async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        };
+        tokio::spawn(crate::grpc::server::serve(socket, state.clone(), stopping))
+    });
     let stopping = async move {
         let _ = stop.wait_for(|stopped| *stopped).await;
         engines.stop_accepting();
     };
-    let drained = serve(listener, crate::http::router(state.clone()), options, stopping).await;
+    let drain_timeout = options.drain_timeout;
+    let mut drained = serve(listener, crate::http::router(state.clone()), options, stopping).await;
+    if let Some(grpc) = grpc {
+        drained &= crate::grpc::server::drained(grpc, drain_timeout).await;
+    }
     if !drained {
         tracing::warn!("requests still in flight after the drain timeout: aborting them");
         state.engines.abort_all("the server is shutting down");

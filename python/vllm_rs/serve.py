@@ -75,6 +75,7 @@ HEALTH_RESPONSE_LIMIT = 65536
 #: part it reaches (JSON, the Rust frontend's integers and durations, torch).
 NUMERIC_OPTION_RANGES: dict[str, tuple[float, float]] = {
     "port": (0, 65535),
+    "grpc_port": (1, 65535),
     "data_parallel_size": (1, 1024),
     "api_server_count": (1, 1024),
     "max_model_len": (1, 2**31 - 1),
@@ -109,11 +110,12 @@ def make_serve_parser() -> argparse.ArgumentParser:
 
 @dataclass
 class HttpEndpoint:
-    """The HTTP socket and how to reach it."""
+    """The HTTP socket and how to reach it, and the gRPC socket of `--grpc-port`."""
 
     sock: socket.socket
     url: str
     uds_path: str | None = None
+    grpc_sock: socket.socket | None = None
 
     @property
     def listen_address(self) -> str:
@@ -132,8 +134,10 @@ class HttpEndpoint:
         return self.sock.family, (host, port)
 
     def close(self) -> None:
-        """Closes the socket and removes a Unix socket file."""
+        """Closes the sockets and removes a Unix socket file."""
         self.sock.close()
+        if self.grpc_sock is not None:
+            self.grpc_sock.close()
         if self.uds_path:
             try:
                 os.unlink(self.uds_path)
@@ -208,6 +212,23 @@ class StackPlan:
         self.http.close()
 
 
+def _bind_grpc_socket(args: argparse.Namespace, http: HttpEndpoint) -> socket.socket:
+    """Binds and listens on `--grpc-port` (on `--host`); closes `http` and
+    raises ServeUsageError when it cannot."""
+    host = args.host or "0.0.0.0"
+    family = socket.AF_INET6 if is_valid_ipv6_address(host) else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, args.grpc_port))
+        sock.listen(HTTP_BACKLOG)
+    except OSError as e:
+        sock.close()
+        http.close()
+        raise ServeUsageError(f"--grpc-port {args.grpc_port}: cannot listen on {host}: {e.strerror or e}") from None
+    return sock
+
+
 def _cleanup_listeners(listeners: list[tuple[ZmqListener, ZmqListener]], socket_dir: PrivateSocketDir) -> None:
     for pair in listeners:
         for listener in pair:
@@ -238,6 +259,8 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
     _validate_numbers(args)
     if args.frontend == "rust" and args.api_server_count != 1:
         raise ServeUsageError("--api-server-count applies to --frontend python (the Rust frontend is one process)")
+    if args.grpc_port is not None and args.frontend != "rust":
+        raise ServeUsageError("--grpc-port: only the Rust frontend serves gRPC (use --frontend rust)")
     if args.api_key is not None and not args.api_key:
         raise ServeUsageError("--api-key: empty; give the key, or leave the option out to serve without one")
     try:
@@ -279,6 +302,8 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
         args.model_tag = spec.model_type
         args.served_model_name = args.served_model_name or [args.model]
     http = create_http_endpoint(args)
+    if args.grpc_port is not None:
+        http.grpc_sock = _bind_grpc_socket(args, http)
     try:
         socket_dir = PrivateSocketDir()
     except OSError as e:
@@ -420,8 +445,9 @@ def _start_frontend(plan: StackPlan) -> Any:
     if args.frontend == "rust":
         ((input_listener, output_listener),) = plan.listeners
         return RustFrontendProcessManager(
-            plan.frontend_binary, plan.http.sock, args, input_listener, output_listener, 0, dp, dp
-        )
+            plan.frontend_binary, plan.http.sock, args, input_listener, output_listener, 0, dp, dp,
+            grpc_sock=plan.http.grpc_sock,
+        )  # fmt: skip
     return APIServerProcessManager(
         plan.http.listen_address, plan.http.sock, args, args.api_server_count,
         [i for i, _ in plan.listeners], [o for _, o in plan.listeners],
