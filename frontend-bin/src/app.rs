@@ -155,7 +155,8 @@ fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
 }
 
 async fn run_server(startup: Startup) -> anyhow::Result<()> {
-    let Startup { config, tokenizer, http, grpc, input, output, engine_start_index: start, engine_count: count } = startup;
+    let Startup { config, tokenizer, http, grpc, input, output, engine_start_index: start, engine_count: count } =
+        startup;
     let mut stop = shutdown_signal()?;
     let http_address = http.address.clone();
     let input = open_engine_listener(input, "input")?;

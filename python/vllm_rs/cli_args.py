@@ -22,7 +22,10 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     parser.add_argument("--host", default=None, help="address to listen on (default: all IPv4 addresses)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
     parser.add_argument(
-        "--grpc-port", type=int, default=None, help="also serve vLLM's gRPC generate API on this TCP port (Rust frontend)"
+        "--grpc-port",
+        type=int,
+        default=None,
+        help="also serve vLLM's gRPC generate API on this TCP port (Rust frontend)",
     )
     parser.add_argument("--uds", default=None, help="listen on this Unix socket instead of TCP")
     parser.add_argument("--data-parallel-size", type=int, default=1, help="number of engine processes")

@@ -84,7 +84,10 @@ pub fn map_request(request: &GenerateRequest) -> Result<MappedRequest, Status> {
     }
     let temperature = params.temperature.unwrap_or(1.0);
     if !temperature.is_finite() || temperature < 0.0 {
-        return Err(invalid("sampling_params.temperature", format!("must be a non-negative number, got {temperature}")));
+        return Err(invalid(
+            "sampling_params.temperature",
+            format!("must be a non-negative number, got {temperature}"),
+        ));
     }
     let top_p = if params.top_p == 0.0 { 1.0 } else { params.top_p };
     if !(top_p > 0.0 && top_p <= 1.0) {
@@ -93,14 +96,19 @@ pub fn map_request(request: &GenerateRequest) -> Result<MappedRequest, Status> {
     if !(0.0..=1.0).contains(&params.min_p) {
         return Err(invalid("sampling_params.min_p", format!("must be in [0, 1], got {}", params.min_p)));
     }
-    for (field, value) in [("frequency_penalty", params.frequency_penalty), ("presence_penalty", params.presence_penalty)] {
+    for (field, value) in
+        [("frequency_penalty", params.frequency_penalty), ("presence_penalty", params.presence_penalty)]
+    {
         if !(-2.0..=2.0).contains(&value) {
             return Err(invalid(&format!("sampling_params.{field}"), format!("must be in [-2, 2], got {value}")));
         }
     }
     let repetition_penalty = if params.repetition_penalty == 0.0 { 1.0 } else { params.repetition_penalty };
     if !(repetition_penalty.is_finite() && repetition_penalty > 0.0) {
-        return Err(invalid("sampling_params.repetition_penalty", format!("must be greater than 0, got {repetition_penalty}")));
+        return Err(invalid(
+            "sampling_params.repetition_penalty",
+            format!("must be greater than 0, got {repetition_penalty}"),
+        ));
     }
     if params.max_tokens == Some(0) {
         return Err(invalid("sampling_params.max_tokens", "must be at least 1"));
@@ -155,7 +163,10 @@ mod tests {
         assert_eq!(mapped.prompt, Prompt::Tokens(vec![5, 6, 7]));
         assert!(mapped.stream);
         let s = mapped.sampling;
-        assert_eq!((s.temperature, s.top_p, s.top_k, s.repetition_penalty), (Some(1.0), Some(1.0), Some(-1), Some(1.0)));
+        assert_eq!(
+            (s.temperature, s.top_p, s.top_k, s.repetition_penalty),
+            (Some(1.0), Some(1.0), Some(-1), Some(1.0))
+        );
         assert_eq!((s.max_tokens, s.min_tokens, s.seed), (None, Some(0), None));
     }
 
@@ -186,7 +197,10 @@ mod tests {
     fn bad_input_names_the_field() {
         let cases = [
             (ProtoParams { top_p: 1.5, ..ProtoParams::default() }, "sampling_params.top_p"),
-            (ProtoParams { max_tokens: Some(2), min_tokens: 3, ..ProtoParams::default() }, "sampling_params.min_tokens"),
+            (
+                ProtoParams { max_tokens: Some(2), min_tokens: 3, ..ProtoParams::default() },
+                "sampling_params.min_tokens",
+            ),
             (ProtoParams { n: 2, ..ProtoParams::default() }, "sampling_params.n"),
             (ProtoParams { logprobs: Some(1), ..ProtoParams::default() }, "sampling_params.logprobs"),
         ];

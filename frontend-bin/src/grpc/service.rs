@@ -335,10 +335,7 @@ impl VllmEngine for Servicer {
         Ok(Response::new(AbortResponse {}))
     }
 
-    async fn get_model_info(
-        &self,
-        _: Request<GetModelInfoRequest>,
-    ) -> Result<Response<GetModelInfoResponse>, Status> {
+    async fn get_model_info(&self, _: Request<GetModelInfoRequest>) -> Result<Response<GetModelInfoResponse>, Status> {
         let config = &self.state.config;
         let tokenizer = &self.state.tokenizer;
         let stops = tokenizer.stop_token_ids();
