@@ -133,11 +133,16 @@ struct Generation {
     started: Instant,
     last_tokens_at: Option<Instant>,
     done: bool,
+    /// The `GenerateComplete` that follows the last chunk.
+    queued: Option<GenerateResponse>,
 }
 
 impl Generation {
     /// The next response: a chunk of new tokens, or the final `GenerateComplete`.
     async fn next(&mut self) -> Option<Result<GenerateResponse, Status>> {
+        if let Some(complete) = self.queued.take() {
+            return Some(Ok(complete));
+        }
         while !self.done {
             let event = tokio::select! {
                 event = self.stream.recv() => event,
@@ -169,9 +174,13 @@ impl Generation {
             self.output_ids.append(&mut token_ids);
             if let Some(reason) = finish_reason {
                 self.finish(reason);
-                return Some(Ok(self.complete(reason, stop_reason)));
+                let complete = self.complete(reason, stop_reason);
+                if chunk_ids.is_empty() {
+                    return Some(Ok(complete));
+                }
+                self.queued = Some(complete);
             }
-            if self.streaming && !chunk_ids.is_empty() {
+            if !chunk_ids.is_empty() {
                 let chunk = GenerateStreamChunk {
                     token_ids: chunk_ids,
                     prompt_tokens: self.prompt_tokens,
@@ -284,6 +293,7 @@ impl VllmEngine for Servicer {
             started,
             last_tokens_at: None,
             done: false,
+            queued: None,
         };
         let responses = futures_util::stream::unfold(generation, |mut generation| async move {
             generation.next().await.map(|response| (response, generation))
