@@ -180,3 +180,12 @@ def test_client_cancel_aborts_the_engine_request(client):
     # The server still serves after the cancel.
     responses = list(stub.Generate(tokens_request(pb2, "g-after", [7, 8], max_tokens=3), timeout=60))
     assert responses[-1].complete.finish_reason == "length"
+
+
+def test_grpc_port_is_refused_with_the_python_frontend():
+    serve = Serve("--model", "echo", "--port", "0", "--grpc-port", str(free_port()), "--frontend", "python")
+    try:
+        assert serve.wait(60) == 2
+        assert "--grpc-port" in serve.output and "--frontend rust" in serve.output
+    finally:
+        serve.kill()
