@@ -41,6 +41,8 @@ fn unsupported(field: &str) -> Status {
 /// Checks `request` and maps it. Zero means "unset" for the non-optional
 /// proto3 numbers, as in vLLM's servicer: top_p 0 -> 1, top_k 0 -> off,
 /// repetition_penalty 0 -> 1, n 0 -> 1; an unset temperature is 1.
+// tonic's Status is large, but it is what every RPC answers with.
+#[allow(clippy::result_large_err)]
 pub fn map_request(request: &GenerateRequest) -> Result<MappedRequest, Status> {
     let prompt = match &request.input {
         Some(generate_request::Input::Tokenized(t)) => Prompt::Tokens(t.input_ids.clone()),

@@ -44,6 +44,8 @@ impl Servicer {
     }
 
     /// Checks the prompt, fills in `max_tokens` and the stop tokens, and submits.
+    // tonic's Status is large, but it is what every RPC answers with.
+    #[allow(clippy::result_large_err)]
     fn submit(&self, request_id: &str, mapped: MappedRequest) -> Result<(RequestStream, usize), Status> {
         let state = &self.state;
         if let Some(reason) = state.engines.failure() {
