@@ -32,7 +32,7 @@ impl Tokenizer for ByteLevelTokenizer {
     }
 
     /// Printable ASCII bytes are themselves, other bytes `<0xNN>` (as
-    /// byte-fallback vocabularies name them), EOS `<eos>`.
+    /// byte-fallback vocabularies name them), EOS `<|eos|>`.
     fn token_strings(&self, ids: &[u32]) -> Vec<String> {
         ids.iter().map(|&id| byte_token_string(id)).collect()
     }
@@ -66,7 +66,7 @@ fn byte_token_string(id: u32) -> String {
     match id {
         0x20..=0x7e => char::from(id as u8).to_string(),
         0..=0xff => format!("<0x{id:02X}>"),
-        BYTE_EOS_TOKEN_ID => "<eos>".to_string(),
+        BYTE_EOS_TOKEN_ID => "<|eos|>".to_string(),
         _ => String::new(),
     }
 }
@@ -148,6 +148,6 @@ mod tests {
         let t = ByteLevelTokenizer;
         assert_eq!(t.decode(&[0x68, 0xc3, 0xa9, 256]).unwrap(), "hé");
         assert_eq!(t.decode(&[0xc3]).unwrap(), "\u{fffd}");
-        assert_eq!(t.token_strings(&[0x68, 0x20, 0x0a, 0xc3, 256]), ["h", " ", "<0x0A>", "<0xC3>", "<eos>"]);
+        assert_eq!(t.token_strings(&[0x68, 0x20, 0x0a, 0xc3, 256]), ["h", " ", "<0x0A>", "<0xC3>", "<|eos|>"]);
     }
 }

@@ -76,7 +76,7 @@ def _byte_token_string(token_id: int) -> str:
         return chr(token_id)
     if 0 <= token_id <= 0xFF:
         return f"<0x{token_id:02X}>"
-    return "<eos>" if token_id == BYTE_EOS_TOKEN_ID else ""
+    return "<|eos|>" if token_id == BYTE_EOS_TOKEN_ID else ""
 
 
 class ByteLevelTokenizer:
@@ -95,7 +95,7 @@ class ByteLevelTokenizer:
 
     def token_strings(self, token_ids: list[int]) -> list[str]:
         """Printable ASCII bytes are themselves, other bytes `<0xNN>` (as
-        byte-fallback vocabularies name them), EOS `<eos>`."""
+        byte-fallback vocabularies name them), EOS `<|eos|>`."""
         return [_byte_token_string(t) for t in token_ids]
 
     def decoder(self, prompt: list[int], options: DecodeOptions) -> ByteDecoder:
