@@ -212,8 +212,13 @@ class StackPlan:
     topology: Topology | None = None
     #: The node channel's listener, when headless nodes are expected.
     node_listener: socket.socket | None = None
-    #: The data-parallel coordinator's sockets (DP > 1 on one host only).
+    #: The data-parallel coordinator's sockets (DP > 1).
     coordinator_listeners: CoordinatorListeners | None = None
+
+    def all_listeners(self) -> list[ZmqListener]:
+        """The frontends' engine listeners and the coordinator's."""
+        coordinator = self.coordinator_listeners.all() if self.coordinator_listeners else []
+        return [listener for pair in self.listeners for listener in pair] + coordinator
 
     def cleanup(self) -> None:
         """Closes and removes every socket this plan created, and the socket
@@ -345,10 +350,11 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
                     ),
                 )
             )
-        # The coordinator's sockets live in the private directory, which only
-        # this host reaches: across hosts the engines balance without one.
-        with_coordinator = args.data_parallel_size > 1 and not tcp_address
-        coordinator = CoordinatorListeners.create(socket_dir) if with_coordinator else None
+        # Engines on other hosts reach the coordinator over TCP like the
+        # frontends; the frontends' side stays in the private directory.
+        coordinator = (
+            CoordinatorListeners.create(socket_dir, engine_host=tcp_address) if args.data_parallel_size > 1 else None
+        )
     except OSError as e:
         _cleanup_listeners(listeners, socket_dir)
         http.close()
@@ -362,7 +368,8 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
         logger.warning(
             "engine sockets on %s: TCP without authentication, reachable from the network of %s: "
             "keep that network trusted",
-            ", ".join(a for pair in listeners for a in (pair[0].address, pair[1].address)), tcp_address,
+            ", ".join(listener.address for listener in plan.all_listeners() if listener.address.startswith("tcp://")),
+            tcp_address,
         )  # fmt: skip
         if topology.backend == "mp" and topology.remote_ranks:
             plan.node_listener = _bind_node_listener(plan, tcp_address, topology.rpc_port)
@@ -601,7 +608,7 @@ def _start_node_registry(plan: StackPlan) -> Any:
     registry = NodeRegistry(
         plan.node_listener, plan.topology.remote_ranks, plan.topology.data_parallel_size, plan.args.model,
         [c.input_address for c in plan.engine_config.clients], [c.output_address for c in plan.engine_config.clients],
-        plan.engine_config.heartbeat_ttl_s or host_heartbeat_timeout_s(),
+        plan.engine_config.heartbeat_ttl_s or host_heartbeat_timeout_s(), plan.engine_config.coordinator,
     )  # fmt: skip
     plan.node_listener = None  # the registry owns it now
     main_thread = threading.main_thread().ident
