@@ -19,7 +19,8 @@ WEATHER = {
     "function": {
         "name": "get_weather",
         "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+                       "additionalProperties": False},
     },
 }
 CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
@@ -159,7 +160,7 @@ def test_required_and_named_tool_choice_give_valid_arguments(toy_tools, stream):
     schema = WEATHER["function"]["parameters"]
     for tool_choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         kwargs = dict(model="toy", messages=_user("weather?"), tools=[WEATHER], tool_choice=tool_choice,
-                      max_tokens=300, temperature=0, seed=1)  # fmt: skip
+                      max_tokens=1000, seed=7, parallel_tool_calls=False)  # fmt: skip
         if stream:
             calls: dict[int, dict] = {}
             finish = None
