@@ -88,7 +88,9 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         help='let models call tools when a request says tool_choice "auto" (needs --tool-call-parser)',
     )
     parser.add_argument(
-        "--tool-call-parser", default=None, help="the format tool calls are read in (vLLM's names: hermes, mistral, ...)"
+        "--tool-call-parser",
+        default=None,
+        help="the format tool calls are read in (vLLM's names: hermes, mistral, ...)",
     )
     parser.add_argument(
         "--reasoning-parser", default=None, help="split reasoning into the `reasoning` field (deepseek_r1, qwen3)"

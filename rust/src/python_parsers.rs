@@ -182,6 +182,9 @@ impl ReasoningStream {
     }
 }
 
+/// `(reasoning, content, tool_calls)` of a whole chat choice.
+type ParsedChoice = (Option<String>, Option<String>, Vec<Py<ToolCall>>);
+
 /// Reads one chat choice's output as vLLM's chat endpoint does: reasoning
 /// split off (when `reasoning_parser` is given), then tool calls by
 /// `tool_choice` mode: `none`, `auto` (through `tool_parser`), `named`
@@ -235,7 +238,7 @@ impl ChatOutputParser {
     }
 
     /// `(reasoning, content, tool_calls)` of a whole output.
-    fn parse(&self, py: Python<'_>, text: &str) -> PyResult<(Option<String>, Option<String>, Vec<Py<ToolCall>>)> {
+    fn parse(&self, py: Python<'_>, text: &str) -> PyResult<ParsedChoice> {
         let out = self.inner.parse(text);
         let calls = out
             .tool_calls

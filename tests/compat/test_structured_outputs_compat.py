@@ -20,10 +20,10 @@ from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa
 from vllm.tool_parsers.utils import get_json_schema_from_tools  # noqa: E402
 from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # noqa: E402
+from vllm_rs._core import required_tools_schema  # noqa: E402
 
 from tests.api_server_harness import ADD, DEADLINE_S, in_background  # noqa: E402
 from tests.test_request_validation import FINISH_LENGTH, post, served  # noqa: E402, F401
-from vllm_rs._core import required_tools_schema  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 CASES = [

@@ -52,7 +52,10 @@ def test_json_schema_response_format_validates(toy, stream):
 def test_json_object_and_structured_outputs_on_completions(toy):
     client = toy.client()
     result = client.chat.completions.create(
-        model="toy", messages=[{"role": "user", "content": "x"}], max_tokens=200, response_format={"type": "json_object"}
+        model="toy",
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=200,
+        response_format={"type": "json_object"},
     )
     assert isinstance(json.loads(result.choices[0].message.content), dict)
     result = client.completions.create(

@@ -19,8 +19,12 @@ WEATHER = {
     "function": {
         "name": "get_weather",
         "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
-                       "additionalProperties": False},
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
     },
 }
 CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
@@ -97,7 +101,9 @@ def test_reasoning_is_split_whole_and_streamed(echo_tools):
     message = whole.choices[0].message
     assert (message.model_extra["reasoning"], message.content) == ("user: thinking hard", "The answer is 4")
     assert whole.choices[0].finish_reason == "stop"
-    chunks = list(client.chat.completions.create(model="echo", messages=messages, stop=STOP, max_tokens=400, stream=True))
+    chunks = list(
+        client.chat.completions.create(model="echo", messages=messages, stop=STOP, max_tokens=400, stream=True)
+    )
     reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning") or "" for c in chunks if c.choices)
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert (reasoning, content) == ("user: thinking hard", "The answer is 4")
@@ -174,7 +180,10 @@ def test_required_and_named_tool_choice_give_valid_arguments(toy_tools, stream):
         else:
             result = client.chat.completions.create(**kwargs)
             finish = result.choices[0].finish_reason
-            found = [{"name": c.function.name, "arguments": c.function.arguments} for c in result.choices[0].message.tool_calls]
+            found = [
+                {"name": c.function.name, "arguments": c.function.arguments}
+                for c in result.choices[0].message.tool_calls
+            ]
         assert finish in ("stop", "tool_calls"), (tool_choice, finish)
         assert found and all(c["name"] == "get_weather" for c in found), (tool_choice, found)
         for call in found:

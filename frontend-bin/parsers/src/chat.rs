@@ -294,15 +294,16 @@ fn scan_required(text: &str) -> Vec<RequiredSpan> {
     let mut expect = Expect::Key;
     let mut key: Option<&str> = None;
     let mut value_start = 0usize;
-    let end_value = |spans: &mut Vec<RequiredSpan>, key: Option<&str>, expect: Expect, value_start: usize, pos: usize| {
-        let span = spans.last_mut().expect("a current span");
-        if key == Some("parameters") {
-            span.args_end = Some(pos);
-        } else if key == Some("name") && expect == Expect::InString {
-            span.name = serde_json::from_str::<String>(&text[value_start..pos]).ok();
-            span.name_end = pos;
-        }
-    };
+    let end_value =
+        |spans: &mut Vec<RequiredSpan>, key: Option<&str>, expect: Expect, value_start: usize, pos: usize| {
+            let span = spans.last_mut().expect("a current span");
+            if key == Some("parameters") {
+                span.args_end = Some(pos);
+            } else if key == Some("name") && expect == Expect::InString {
+                span.name = serde_json::from_str::<String>(&text[value_start..pos]).ok();
+                span.name_end = pos;
+            }
+        };
     for (i, ch) in text.char_indices() {
         if in_string {
             if escaped {
@@ -370,11 +371,8 @@ fn scan_required(text: &str) -> Vec<RequiredSpan> {
                 }
             }
             _ if depth != 2 || !current => {}
-            ':' => {
-                if expect == Expect::Colon {
-                    expect = Expect::Value;
-                }
-            }
+            ':' if expect == Expect::Colon => expect = Expect::Value,
+            ':' => {}
             ',' => {
                 if expect == Expect::InScalar {
                     end_value(&mut spans, key, expect, value_start, i);
@@ -382,12 +380,11 @@ fn scan_required(text: &str) -> Vec<RequiredSpan> {
                 expect = Expect::Key;
                 key = None;
             }
-            c if c.is_whitespace() => {
-                if expect == Expect::InScalar {
-                    end_value(&mut spans, key, expect, value_start, i);
-                    expect = Expect::AfterValue;
-                }
+            c if c.is_whitespace() && expect == Expect::InScalar => {
+                end_value(&mut spans, key, expect, value_start, i);
+                expect = Expect::AfterValue;
             }
+            c if c.is_whitespace() => {}
             _ if expect == Expect::Value => {
                 value_start = i;
                 start_value(&mut spans, key);
@@ -594,7 +591,10 @@ mod tests {
         let schema = required_tools_schema(&functions, false).unwrap();
         assert_eq!(schema["maxItems"], 1);
         assert_eq!(schema["$defs"], json!({"D": {"type": "integer"}}));
-        assert_eq!(schema["items"]["anyOf"][1]["properties"]["parameters"], json!({"type": "object", "properties": {}}));
+        assert_eq!(
+            schema["items"]["anyOf"][1]["properties"]["parameters"],
+            json!({"type": "object", "properties": {}})
+        );
         let clash = vec![
             ("f".to_owned(), Some(json!({"$defs": {"D": {"type": "integer"}}}))),
             ("g".to_owned(), Some(json!({"$defs": {"D": {"type": "string"}}}))),

@@ -139,7 +139,8 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
         let model = state.config.primary_model_name().to_string();
         if stream {
             let include_usage = include_usage || state.config.enable_force_include_usage;
-            let header = ChunkHeader { id: submitted.id, object: "chat.completion.chunk", created: submitted.created, model };
+            let header =
+                ChunkHeader { id: submitted.id, object: "chat.completion.chunk", created: submitted.created, model };
             let writer = ParsedChatChunks { header, role, stream: parser.stream().into(), mode: tools.mode };
             return Ok(super::sse::sse_response(submitted.generation, writer, include_usage).await);
         }

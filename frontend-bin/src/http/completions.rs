@@ -3,10 +3,10 @@
 use super::answer::{answer, AnswerFormat};
 use super::error::ApiError;
 use super::params::{parse_body, parse_json_object, CommonParams, JsonBody, SamplingInput};
-use super::structured::{read_structured_outputs, wire_params};
 use super::rules::RULES;
 use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
+use super::structured::{read_structured_outputs, wire_params};
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
 use crate::generate::{Delta, Usage};
 use axum::body::Bytes;

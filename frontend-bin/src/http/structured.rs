@@ -58,8 +58,11 @@ fn response_format_override(format: &Value) -> Result<Option<(&'static str, Valu
 
 fn structured_outputs_fields(value: &Value) -> Result<Map<String, Value>, ApiError> {
     let Some(given) = value.as_object() else { return Err(RULES.wrong_type("structured_outputs")) };
-    let mut fields: Map<String, Value> =
-        given.iter().filter(|(k, v)| CONSTRAINT_KINDS.contains(&k.as_str()) && !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut fields: Map<String, Value> = given
+        .iter()
+        .filter(|(k, v)| CONSTRAINT_KINDS.contains(&k.as_str()) && !v.is_null())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     for (option, is_type) in [
         ("disable_any_whitespace", Value::is_boolean as fn(&Value) -> bool),
         ("disable_additional_properties", Value::is_boolean),

@@ -17,8 +17,8 @@ use axum::body::Bytes;
 use serde_json::{json, Map, Value};
 use std::sync::Mutex;
 use vllm_rs_parsers::{
-    named_tool_schema, required_tools_schema, ChatOutputParser, ChatOutputStream, DeltaMessage, ReasoningParser,
-    Tool, ToolMode, ToolParser,
+    named_tool_schema, required_tools_schema, ChatOutputParser, ChatOutputStream, DeltaMessage, ReasoningParser, Tool,
+    ToolMode, ToolParser,
 };
 
 /// A chat request's tools, read and checked.
@@ -82,14 +82,17 @@ pub fn read_chat_tools(body: &Map<String, Value>, options: &ChatOptions) -> Resu
         Value::String(s) if s == "auto" || s == "required" => None,
         Value::String(s) => return Err(RULES.refuse("tool_choice", "tool_choice_invalid", &[("value", s)])),
         Value::Object(map) => {
-            let name = map.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).filter(|n| !n.is_empty());
+            let name =
+                map.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).filter(|n| !n.is_empty());
             let Some(name) = name else { return Err(RULES.wrong_type("tool_choice")) };
             let Some(f) = functions.iter().find(|f| f["name"] == name) else {
                 return Err(RULES.refuse("tool_choice", "tool_choice_unknown_tool", &[]));
             };
             let constraint = body.get("structured_outputs").and_then(Value::as_object);
             // vLLM refuses its own json/regex/choice constraints next to a named choice.
-            if constraint.is_some_and(|c| ["json", "regex", "choice"].iter().any(|k| c.get(*k).is_some_and(|v| !v.is_null()))) {
+            if constraint
+                .is_some_and(|c| ["json", "regex", "choice"].iter().any(|k| c.get(*k).is_some_and(|v| !v.is_null())))
+            {
                 return Err(RULES.refuse("structured_outputs", "structured_outputs_with_tools", &[]));
             }
             Some((name.to_owned(), f.get("parameters").cloned()))
@@ -121,7 +124,12 @@ pub fn read_chat_tools(body: &Map<String, Value>, options: &ChatOptions) -> Resu
             out.mode = "required";
             let functions: Vec<(String, Option<Value>)> = functions
                 .iter()
-                .map(|f| (f["name"].as_str().unwrap_or_default().to_owned(), f.get("parameters").cloned().filter(|p| !p.is_null())))
+                .map(|f| {
+                    (
+                        f["name"].as_str().unwrap_or_default().to_owned(),
+                        f.get("parameters").cloned().filter(|p| !p.is_null()),
+                    )
+                })
                 .collect();
             required_tools_schema(&functions, parallel_tool_calls)
                 .map_err(|e| RULES.refuse("tools", "tools_schema", &[("why", &e.to_string())]))?
@@ -227,7 +235,8 @@ pub struct ParsedChatChunks {
 
 impl ChunkWriter for ParsedChatChunks {
     fn opening(&self) -> Option<Bytes> {
-        let choice = json!({"index": 0, "delta": {"role": self.role, "content": ""}, "logprobs": null, "finish_reason": null});
+        let choice =
+            json!({"index": 0, "delta": {"role": self.role, "content": ""}, "logprobs": null, "finish_reason": null});
         Some(self.header.event(vec![choice], None))
     }
 
@@ -256,7 +265,9 @@ impl ChunkWriter for ParsedChatChunks {
             if out.is_empty() {
                 return Bytes::new();
             }
-            return self.header.event(vec![json!({"index": 0, "delta": out, "logprobs": null, "finish_reason": null})], None);
+            return self
+                .header
+                .event(vec![json!({"index": 0, "delta": out, "logprobs": null, "finish_reason": null})], None);
         };
         let reason = finish_reason(finish.reason.as_str(), self.mode, stream.tools_called());
         let choice = json!({"index": 0, "delta": out, "logprobs": null, "finish_reason": reason,
