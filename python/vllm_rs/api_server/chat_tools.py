@@ -190,14 +190,12 @@ def template_messages_extra(message: Any) -> dict[str, Any]:
         rendered = []
         for call in calls:
             call = dict(call)
-            function = dict(call.get("function") or {})
-            arguments = function.get("arguments")
-            if isinstance(arguments, str):
+            function = call.get("function")
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
                 try:
-                    function["arguments"] = json.loads(arguments)
-                except ValueError:
+                    call["function"] = {**function, "arguments": json.loads(function["arguments"])}
+                except (ValueError, RecursionError):
                     pass  # vLLM leaves arguments that are not JSON as text
-            call["function"] = function
             rendered.append(call)
         extra["tool_calls"] = rendered
     return extra

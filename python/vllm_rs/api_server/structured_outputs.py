@@ -85,7 +85,7 @@ def _check_schema(param: str, schema: Any) -> None:
             raise RULES.refuse(param, "structured_outputs_empty_string", kind="json")
         try:
             schema = json.loads(schema)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise RULES.refuse(param, "structured_outputs_bad_schema", param=f"{param}.json", why=str(e)) from None
     if not isinstance(schema, (dict, bool)):
         raise RULES.refuse(param, "structured_outputs_bad_schema", param=f"{param}.json",
@@ -103,8 +103,8 @@ def _check(param: str, kind: str, spec: Any) -> None:
         if why is None:
             try:
                 re.compile(spec)
-            except re.error as e:
-                why = str(e)
+            except (re.error, OverflowError, RecursionError, ValueError) as e:
+                why = str(e) or type(e).__name__
         if why is not None:
             raise RULES.refuse(param, "structured_outputs_bad_regex", param=f"{param}.regex", why=why)
     elif kind == "choice":
