@@ -8,6 +8,7 @@ prompt's generation turn begins."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import openai
 import pytest
@@ -188,3 +189,33 @@ def test_required_and_named_tool_choice_give_valid_arguments(toy_tools, stream):
         assert found and all(c["name"] == "get_weather" for c in found), (tool_choice, found)
         for call in found:
             jsonschema.validate(json.loads(call["arguments"]), schema)
+
+
+def test_python_templates_get_tools_and_tool_messages_as_vllm_passes_them(tmp_path):
+    """The Python API server's Hugging Face template gets `tools` and the
+    messages' `tool_calls` (arguments read into objects) and `tool_call_id`."""
+    import shutil
+
+    from vllm_rs.api_server.chat_tools import template_messages_extra
+    from vllm_rs.api_server.hf_tokenizer import load_hf_tokenizer
+    from vllm_rs.api_server.openai_routes import MessageInput
+    from vllm_rs.api_server.tokenizer import ChatMessage
+
+    fixture = Path(__file__).parents[2] / "frontend-bin/tests/fixtures/byte-bpe"
+    shutil.copy(fixture / "tokenizer.json", tmp_path)
+    config = json.loads((fixture / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% for m in messages %}{{ m.role }}:"
+        "{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments.city }}{% endif %}"
+        "{{ m.tool_call_id or '' }}{{ m.content }};{% endfor %}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = load_hf_tokenizer(str(tmp_path))
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [
+        MessageInput.model_validate({"role": "assistant", "content": None, "tool_calls": [call]}),
+        MessageInput.model_validate({"role": "tool", "tool_call_id": "c1", "content": "sunny"}),
+    ]
+    chat = [ChatMessage(m.role, m.content or "", template_messages_extra(m) or None) for m in messages]
+    prompt = tokenizer.apply_chat_template(chat, False, [WEATHER])
+    assert prompt == "[get_weather]assistant:Paris;tool:c1sunny;"

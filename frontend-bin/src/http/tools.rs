@@ -306,3 +306,50 @@ pub fn template_extra(message: &Map<String, Value>) -> Option<Map<String, Value>
     }
     (!extra.is_empty()).then_some(extra)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::chat_template::ChatTemplate;
+    use crate::tokenizer::ChatMessage;
+
+    fn options(parser: Option<&str>) -> ChatOptions {
+        ChatOptions { auto_tool_parser: parser.map(str::to_owned), ..ChatOptions::default() }
+    }
+
+    fn body(value: Value) -> Map<String, Value> {
+        value.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn tool_choice_modes_and_refusals_follow_vllm() {
+        let tool = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}});
+        let read = |b: Value, parser: Option<&str>| read_chat_tools(&body(b), &options(parser));
+        assert_eq!(read(json!({"tools": [tool]}), Some("hermes")).unwrap().mode, "auto");
+        let e = read(json!({"tools": [tool]}), None).unwrap_err();
+        assert_eq!(e.message, RULES.message("auto_tool_choice_disabled", &[]));
+        let named = read(json!({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "f"}}}), Some("hermes")).unwrap();
+        assert_eq!((named.mode, named.constraint.unwrap()["json"].clone()), ("named", json!({"type": "object"})));
+        let required = read(json!({"tools": [tool], "tool_choice": "required"}), Some("hermes")).unwrap();
+        assert_eq!(required.constraint.unwrap()["json"]["minItems"], 1);
+        assert_eq!(read(json!({"tools": [tool], "tool_choice": "required"}), Some("mistral")).unwrap().mode, "auto");
+        assert_eq!(read(json!({"tools": []}), None).unwrap_err().param.as_deref(), Some("tools"));
+        assert_eq!(read(json!({"tool_choice": "auto"}), None).unwrap_err().param.as_deref(), Some("tool_choice"));
+    }
+
+    #[test]
+    fn templates_get_tools_and_tool_messages_as_vllm_passes_them() {
+        let source = "{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% for m in messages %}{{ m.role }}:{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments.city }}{% endif %}{{ m.tool_call_id }}{{ m.content }};{% endfor %}";
+        let template = ChatTemplate::new(source.into(), String::new(), String::new()).unwrap();
+        let assistant = body(json!({"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": "{\"city\": \"Paris\"}"}}]}));
+        let tool = body(json!({"role": "tool", "tool_call_id": "c1", "content": "sunny"}));
+        let messages = vec![
+            ChatMessage { role: "assistant".into(), content: String::new(), extra: template_extra(&assistant) },
+            ChatMessage { role: "tool".into(), content: "sunny".into(), extra: template_extra(&tool) },
+        ];
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        let prompt = template.render_with_tools(&messages, false, Some(&tools)).unwrap();
+        assert_eq!(prompt, "[f]assistant:Paris;tool:c1sunny;");
+    }
+}
