@@ -328,7 +328,11 @@ mod tests {
         assert_eq!(read(json!({"tools": [tool]}), Some("hermes")).unwrap().mode, "auto");
         let e = read(json!({"tools": [tool]}), None).unwrap_err();
         assert_eq!(e.message, RULES.message("auto_tool_choice_disabled", &[]));
-        let named = read(json!({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "f"}}}), Some("hermes")).unwrap();
+        let named = read(
+            json!({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+            Some("hermes"),
+        )
+        .unwrap();
         assert_eq!((named.mode, named.constraint.unwrap()["json"].clone()), ("named", json!({"type": "object"})));
         let required = read(json!({"tools": [tool], "tool_choice": "required"}), Some("hermes")).unwrap();
         assert_eq!(required.constraint.unwrap()["json"]["minItems"], 1);
