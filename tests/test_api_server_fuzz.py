@@ -127,7 +127,7 @@ PARAMETERS = [
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "seed", "stop", "stop_token_ids", "logit_bias", "n", "best_of", "stream", "stream_options", "ignore_eos",
     "min_tokens", "echo", "suffix", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
-    "tools", "response_format", "add_generation_prompt",
+    "tools", "response_format", "add_generation_prompt", "tool_choice", "structured_outputs", "parallel_tool_calls",
 ]  # fmt: skip
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12),

@@ -229,7 +229,8 @@ def test_force_include_usage_ends_every_stream_with_usage(tmp_path):
         ({"ssl_certfile": "/no/such/cert.pem"}, "ssl_certfile"),
         ({"ssl_ciphers": "ECDHE-RSA-AES256-GCM-SHA384"}, "ssl_ciphers"),
         ({"chat_template": "no-such-template.jinja"}, "chat_template"),
-        ({"tool_call_parser": "hermes", "enable_auto_tool_choice": True}, "tool"),
+        ({"tool_call_parser": "no_such_parser", "enable_auto_tool_choice": True}, "tool_call_parser"),
+        ({"enable_auto_tool_choice": True}, "tool_call_parser"),
     ],
 )
 def test_settings_that_cannot_be_honoured_exit_2_naming_the_key(tmp_path, args, named):

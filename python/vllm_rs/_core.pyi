@@ -194,3 +194,37 @@ class ReasoningParser:
     def parse(self, text: str) -> tuple[str | None, str | None]:
         """`(reasoning, content)` of a whole output."""
     def stream(self) -> ReasoningStream: ...
+
+class ChatOutputStream:
+    """Streams one chat choice's output."""
+
+    def push(self, delta: str) -> DeltaMessage | None: ...
+    def finish(self) -> DeltaMessage | None: ...
+    @property
+    def tools_called(self) -> bool:
+        """Whether a tool call was streamed."""
+
+class ChatOutputParser:
+    """Reads one chat choice's output as vLLM's chat endpoint does: reasoning
+    split off (with `reasoning_parser`), then tool calls by `mode`: `none`,
+    `auto` (through `tool_parser`), `named` (`function_name`'s arguments) or
+    `required` (a JSON array of `{"name", "parameters"}`). ValueError for an
+    unknown mode or parser name."""
+
+    def __init__(
+        self,
+        mode: str,
+        tool_parser: str | None = None,
+        function_name: str | None = None,
+        tools_json: str | None = None,
+        reasoning_parser: str | None = None,
+        thinking: bool = True,
+        parallel_tool_calls: bool = True,
+    ) -> None: ...
+    def parse(self, text: str) -> tuple[str | None, str | None, list[ToolCall]]:
+        """`(reasoning, content, tool_calls)` of a whole output."""
+    def stream(self) -> ChatOutputStream: ...
+
+def required_tools_schema(tools_json: str, parallel_tool_calls: bool = True) -> str:
+    """The structured-outputs JSON schema (JSON text) vLLM builds for
+    `tool_choice: "required"`; ValueError when the tools' `$defs` clash."""

@@ -88,6 +88,19 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the toy model runs")
     parser.add_argument("--seed", type=int, default=0, help="seed of the toy model's weights")
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='let models call tools when a request says tool_choice "auto" (needs --tool-call-parser)',
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="the format tool calls are read in (vLLM's names: hermes, mistral, ...)",
+    )
+    parser.add_argument(
+        "--reasoning-parser", default=None, help="split reasoning into the `reasoning` field (deepseek_r1, qwen3)"
+    )
     parser.add_argument("--enable-log-requests", action="store_true")
     parser.add_argument("--disable-log-stats", action="store_true")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error", "critical"))

@@ -274,6 +274,21 @@ def _validate_numbers(args: argparse.Namespace) -> None:
             raise ServeUsageError(f"{option} {value}: must be a number from {least} to {most}")
 
 
+def _validate_parsers(args: argparse.Namespace) -> None:
+    """The output parser flags name parsers both frontends have, and auto
+    tool choice comes with its parser (as vLLM requires)."""
+    from vllm_rs._core import REASONING_PARSER_NAMES, TOOL_PARSER_NAMES
+
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ServeUsageError("--enable-auto-tool-choice requires --tool-call-parser")
+    for option, name, names in (
+        ("--tool-call-parser", args.tool_call_parser, TOOL_PARSER_NAMES),
+        ("--reasoning-parser", args.reasoning_parser, REASONING_PARSER_NAMES),
+    ):
+        if name is not None and name not in names:
+            raise ServeUsageError(f"{option} {name!r}: not a parser here; choose one of {', '.join(names)}")
+
+
 def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
     _validate_numbers(args)
     try:
@@ -283,6 +298,7 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
         raise ServeUsageError(str(e)) from None
     if args.frontend == "rust" and args.api_server_count != 1:
         raise ServeUsageError("--api-server-count applies to --frontend python (the Rust frontend is one process)")
+    _validate_parsers(args)
     if args.grpc_port is not None and args.frontend != "rust":
         raise ServeUsageError("--grpc-port: only the Rust frontend serves gRPC (use --frontend rust)")
     if args.api_key is not None and not args.api_key:

@@ -182,6 +182,120 @@ impl ReasoningStream {
     }
 }
 
+/// `(reasoning, content, tool_calls)` of a whole chat choice.
+type ParsedChoice = (Option<String>, Option<String>, Vec<Py<ToolCall>>);
+
+/// Reads one chat choice's output as vLLM's chat endpoint does: reasoning
+/// split off (when `reasoning_parser` is given), then tool calls by
+/// `tool_choice` mode: `none`, `auto` (through `tool_parser`), `named`
+/// (`function_name`'s arguments) or `required` (a JSON array of calls).
+#[pyclass(name = "ChatOutputParser", module = "vllm_rs._core", frozen)]
+pub struct ChatOutputParser {
+    inner: parsers::ChatOutputParser,
+}
+
+#[pymethods]
+impl ChatOutputParser {
+    /// ValueError for an unknown mode or parser name, `auto` without
+    /// `tool_parser`, `named` without `function_name`, or tools that are not JSON.
+    #[new]
+    #[pyo3(signature = (mode, tool_parser=None, function_name=None, tools_json=None, reasoning_parser=None, thinking=true, parallel_tool_calls=true))]
+    fn new(
+        mode: &str,
+        tool_parser: Option<&str>,
+        function_name: Option<String>,
+        tools_json: Option<&str>,
+        reasoning_parser: Option<&str>,
+        thinking: bool,
+        parallel_tool_calls: bool,
+    ) -> PyResult<Self> {
+        let value_error = |e: &dyn std::fmt::Display| PyValueError::new_err(e.to_string());
+        let tools = match mode {
+            "none" => parsers::ToolMode::None,
+            "auto" => {
+                let name = tool_parser.ok_or_else(|| PyValueError::new_err("mode auto needs tool_parser"))?;
+                let tools = match tools_json {
+                    None => Vec::new(),
+                    Some(text) => {
+                        let value: serde_json::Value = serde_json::from_str(text)
+                            .map_err(|e| PyValueError::new_err(format!("tools_json is not JSON: {e}")))?;
+                        parsers::Tool::from_request_tools(&value)
+                    }
+                };
+                parsers::ToolMode::Auto(parsers::ToolParser::new(name, tools).map_err(|e| value_error(&e))?)
+            }
+            "named" => parsers::ToolMode::Named(
+                function_name.ok_or_else(|| PyValueError::new_err("mode named needs function_name"))?,
+            ),
+            "required" => parsers::ToolMode::Required,
+            other => return Err(PyValueError::new_err(format!("unknown tool mode {other:?}"))),
+        };
+        let reasoning = reasoning_parser
+            .map(|name| parsers::ReasoningParser::new(name).map(|p| p.with_thinking(thinking)))
+            .transpose()
+            .map_err(|e| value_error(&e))?;
+        Ok(ChatOutputParser { inner: parsers::ChatOutputParser::new(reasoning, tools, parallel_tool_calls) })
+    }
+
+    /// `(reasoning, content, tool_calls)` of a whole output.
+    fn parse(&self, py: Python<'_>, text: &str) -> PyResult<ParsedChoice> {
+        let out = self.inner.parse(text);
+        let calls = out
+            .tool_calls
+            .into_iter()
+            .map(|c| Py::new(py, ToolCall { id: c.id, name: c.name, arguments: c.arguments }))
+            .collect::<PyResult<_>>()?;
+        Ok((out.reasoning, out.content, calls))
+    }
+
+    /// A streaming reader for one output.
+    fn stream(&self) -> ChatOutputStream {
+        ChatOutputStream { inner: self.inner.stream() }
+    }
+}
+
+/// Streams one chat choice's output: `push` each text delta, then `finish`.
+#[pyclass(name = "ChatOutputStream", module = "vllm_rs._core")]
+pub struct ChatOutputStream {
+    inner: parsers::ChatOutputStream,
+}
+
+#[pymethods]
+impl ChatOutputStream {
+    /// What `delta` adds, or None when nothing can be sent yet.
+    fn push(&mut self, py: Python<'_>, delta: &str) -> PyResult<Option<DeltaMessage>> {
+        delta_to_py(py, self.inner.push(delta))
+    }
+
+    /// What was held back, once the output is complete (None after).
+    fn finish(&mut self, py: Python<'_>) -> PyResult<Option<DeltaMessage>> {
+        delta_to_py(py, self.inner.finish())
+    }
+
+    /// Whether a tool call was streamed.
+    #[getter]
+    fn tools_called(&self) -> bool {
+        self.inner.tools_called()
+    }
+}
+
+/// The structured-outputs JSON schema (as JSON text) vLLM builds for
+/// `tool_choice: "required"` from the request's `tools` (JSON text).
+/// ValueError (vLLM's message) when the tools' `$defs` clash.
+#[pyfunction]
+#[pyo3(signature = (tools_json, parallel_tool_calls=true))]
+fn required_tools_schema(tools_json: &str, parallel_tool_calls: bool) -> PyResult<String> {
+    let value: serde_json::Value =
+        serde_json::from_str(tools_json).map_err(|e| PyValueError::new_err(format!("tools_json is not JSON: {e}")))?;
+    let functions: Vec<(String, Option<serde_json::Value>)> = parsers::Tool::from_request_tools(&value)
+        .into_iter()
+        .map(|t| (t.name, Some(t.parameters).filter(|p| !p.is_null())))
+        .collect();
+    let schema = parsers::required_tools_schema(&functions, parallel_tool_calls)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(schema.to_string())
+}
+
 /// Adds the parser classes and the name lists to `_core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ToolCall>()?;
@@ -192,6 +306,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ToolParserStream>()?;
     m.add_class::<ReasoningParser>()?;
     m.add_class::<ReasoningStream>()?;
+    m.add_class::<ChatOutputParser>()?;
+    m.add_class::<ChatOutputStream>()?;
+    m.add_function(wrap_pyfunction!(required_tools_schema, m)?)?;
     m.add("TOOL_PARSER_NAMES", parsers::TOOL_PARSER_NAMES.to_vec())?;
     m.add("REASONING_PARSER_NAMES", parsers::REASONING_PARSER_NAMES.to_vec())?;
     Ok(())

@@ -13,6 +13,7 @@
 //! Malformed model output never fails: like vLLM, a parser then returns the
 //! whole text as content.
 
+pub mod chat;
 mod ids;
 mod partial;
 mod pyjson;
@@ -22,6 +23,9 @@ mod stream;
 pub mod tool;
 mod types;
 
+pub use chat::{
+    named_tool_schema, required_tools_schema, ChatOutput, ChatOutputParser, ChatOutputStream, ToolMode, ToolSchemaError,
+};
 pub use reasoning::{ReasoningParser, ReasoningStream, REASONING_PARSER_NAMES};
 pub use tool::{ToolParser, ToolParserStream, TOOL_PARSER_NAMES};
 pub use types::{DeltaMessage, DeltaToolCall, ExtractedToolCalls, Reasoning, Tool, ToolCall, UnknownParser};

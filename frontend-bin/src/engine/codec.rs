@@ -100,6 +100,7 @@ enum SamplingValue<'a> {
     Count(u64),
     Flag(bool),
     Ids(&'a [u32]),
+    Json(&'a serde_json::Value),
 }
 
 /// The sampling-params map: string keys, unset values left out.
@@ -138,6 +139,9 @@ impl Serialize for SamplingParamsMap<'_> {
         }
         if p.ignore_eos {
             entries.push(("ignore_eos", V::Flag(true)));
+        }
+        if let Some(v) = &p.structured_outputs {
+            entries.push(("structured_outputs", V::Json(v)));
         }
         serializer.collect_map(entries)
     }

@@ -52,6 +52,8 @@ pub struct SamplingParams {
     pub eos_token_id: Option<u32>,
     /// Keep generating past EOS.
     pub ignore_eos: bool,
+    /// vLLM's `StructuredOutputsParams` as its encoder writes it (a map of every field).
+    pub structured_outputs: Option<serde_json::Value>,
 }
 
 /// One ADD request (EngineCoreRequest).

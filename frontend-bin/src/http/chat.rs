@@ -2,20 +2,21 @@
 
 use super::answer::{answer, AnswerFormat};
 use super::error::ApiError;
-use super::params::{parse_body, CommonParams, JsonBody, SamplingInput};
+use super::params::{parse_body, parse_json_object, CommonParams, JsonBody, SamplingInput};
 use super::rules::RULES;
 use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
+use super::structured::{read_structured_outputs, wire_params};
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
+use super::tools::{finish_reason, output_parser, read_chat_tools, template_extra, whole_message, ParsedChatChunks};
 use crate::generate::{Delta, Usage};
 use crate::tokenizer::ChatMessage;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 /// Handles a chat completion request, streamed or not.
 pub async fn create_chat_completion(
@@ -65,13 +66,6 @@ struct PartInput {
     text: Option<String>,
 }
 
-/// `response_format` as sent: only its type matters.
-#[derive(Debug, Deserialize)]
-struct ResponseFormatInput {
-    #[serde(rename = "type", default)]
-    kind: Option<String>,
-}
-
 /// The fields only chat has, as sent.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
@@ -80,8 +74,11 @@ struct ChatInput {
     max_completion_tokens: Option<i64>,
     logprobs: Option<bool>,
     top_logprobs: Option<i64>,
-    tools: Option<Vec<IgnoredAny>>,
-    response_format: Option<ResponseFormatInput>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
+    response_format: Option<Map<String, Value>>,
+    structured_outputs: Option<Map<String, Value>>,
     add_generation_prompt: Option<bool>,
     continue_final_message: Option<bool>,
 }
@@ -112,23 +109,24 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
         (Some(n), _) => Some(("max_completion_tokens", n)),
         (None, n) => n.map(|n| ("max_tokens", n)),
     };
-    let common = sampling.check(max_tokens)?;
-    if input.tools.is_some_and(|tools| !tools.is_empty()) {
-        return Err(RULES.refuse("tools", "tools_unsupported", &[]));
-    }
-    if input.response_format.is_some_and(|format| format.kind.as_deref() != Some("text")) {
-        return Err(RULES.refuse("response_format", "response_format_unsupported", &[]));
-    }
-    let messages = messages(input.messages)?;
+    let mut common = sampling.check(max_tokens)?;
+    let object = parse_json_object(body)?;
+    common.sampling.structured_outputs = read_structured_outputs(&object)?.map(|fields| wire_params(&fields));
+    let messages = messages(input.messages, object.get("messages"))?;
     Ok(ChatRequest { common, messages, add_generation_prompt: input.add_generation_prompt.unwrap_or(true) })
 }
 
 async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
-    let ChatRequest { common, messages, add_generation_prompt } = parse_chat_request(body)?;
+    let ChatRequest { mut common, messages, add_generation_prompt } = parse_chat_request(body)?;
+    let tools = read_chat_tools(&parse_json_object(body)?, &state.config.chat)?;
+    if let Some(constraint) = &tools.constraint {
+        // A forced tool choice replaces the request's own constraint, as in vLLM.
+        common.sampling.structured_outputs = Some(wire_params(constraint));
+    }
     check_model(&state, common.model.as_deref())?;
     let prompt = state
         .tokenizer
-        .apply_chat_template(&messages, add_generation_prompt)
+        .apply_chat_template_with_tools(&messages, add_generation_prompt, tools.tools.as_ref())
         .map_err(|e| ApiError::invalid_param("messages", format!("cannot apply the chat template: {e}")))?;
     let prompt_token_ids = state
         .tokenizer
@@ -136,7 +134,25 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
         .map_err(|e| ApiError::invalid_param("messages", format!("cannot tokenize the messages: {e}")))?;
     let (stream, include_usage) = (common.stream, common.include_usage);
     let role = response_role(&state.config.chat.response_role, &messages, add_generation_prompt);
-    let submitted = submit(&state, &headers, Endpoint::Chat, prompt_token_ids, common)?;
+    let mut submitted = submit(&state, &headers, Endpoint::Chat, prompt_token_ids, common)?;
+    if let Some(parser) = output_parser(&tools, &state.config.chat) {
+        let model = state.config.primary_model_name().to_string();
+        if stream {
+            let include_usage = include_usage || state.config.enable_force_include_usage;
+            let header =
+                ChunkHeader { id: submitted.id, object: "chat.completion.chunk", created: submitted.created, model };
+            let writer = ParsedChatChunks { header, role, stream: parser.stream().into(), mode: tools.mode };
+            return Ok(super::sse::sse_response(submitted.generation, writer, include_usage).await);
+        }
+        let (text, finish) = submitted.generation.collect().await.map_err(|e| super::answer::generation_error(&e))?;
+        let (message, called) = whole_message(&parser, &role, &text, state.config.chat.reasoning_parser.is_some());
+        let choice = json!({"index": 0, "message": message, "logprobs": null,
+                            "finish_reason": finish_reason(finish.reason.as_str(), tools.mode, called),
+                            "stop_reason": stop_reason_json(&finish.stop_reason)});
+        return Ok(axum::Json(json!({"id": submitted.id, "object": "chat.completion", "created": submitted.created,
+                                    "model": model, "choices": [choice], "usage": submitted.generation.usage()}))
+        .into_response());
+    }
     let stream_role = role.clone();
     let format = AnswerFormat {
         object: "chat.completion",
@@ -157,8 +173,9 @@ fn response_role(configured: &str, messages: &[ChatMessage], add_generation_prom
     }
 }
 
-/// The conversation, each content flattened to text.
-pub(crate) fn messages(items: Option<Vec<MessageInput>>) -> Result<Vec<ChatMessage>, ApiError> {
+/// The conversation, each content flattened to text; `raw` (the messages as
+/// sent) gives what templates get beyond role and content.
+pub(crate) fn messages(items: Option<Vec<MessageInput>>, raw: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let items = items.ok_or_else(|| RULES.refuse("messages", "messages_missing", &[]))?;
     if items.is_empty() {
         return Err(RULES.refuse("messages", "messages_empty", &[]));
@@ -179,7 +196,8 @@ pub(crate) fn messages(items: Option<Vec<MessageInput>>) -> Result<Vec<ChatMessa
                     .collect::<Result<Vec<_>, _>>()?
                     .concat(),
             };
-            Ok(ChatMessage { role: item.role, content })
+            let extra = raw.and_then(|r| r.get(i)).and_then(Value::as_object).and_then(template_extra);
+            Ok(ChatMessage { role: item.role, content, extra })
         })
         .collect()
 }

@@ -2,10 +2,11 @@
 
 use super::answer::{answer, AnswerFormat};
 use super::error::ApiError;
-use super::params::{parse_body, CommonParams, JsonBody, SamplingInput};
+use super::params::{parse_body, parse_json_object, CommonParams, JsonBody, SamplingInput};
 use super::rules::RULES;
 use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
+use super::structured::{read_structured_outputs, wire_params};
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
 use crate::generate::{Delta, Usage};
 use axum::body::Bytes;
@@ -75,7 +76,9 @@ pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, ApiErr
         return Err(RULES.refuse("logprobs", "logprobs_unsupported", &[("param", "logprobs")]));
     }
     let max_tokens = sampling.max_tokens.map(|n| ("max_tokens", n));
-    let common = sampling.check(max_tokens)?;
+    let mut common = sampling.check(max_tokens)?;
+    common.sampling.structured_outputs =
+        read_structured_outputs(&parse_json_object(body)?)?.map(|fields| wire_params(&fields));
     if input.echo == Some(true) {
         return Err(RULES.refuse("echo", "echo_unsupported", &[]));
     }

@@ -16,8 +16,10 @@ pub mod rules;
 pub mod server;
 pub mod sse;
 pub mod state;
+pub mod structured;
 pub mod submit;
 pub mod tokenize;
+pub mod tools;
 
 use axum::http::StatusCode;
 use axum::response::IntoResponse;

@@ -70,7 +70,7 @@ fn tokenize_body(state: &SharedState, body: &[u8]) -> Result<Value, ApiError> {
                 };
                 return Err(RULES.refuse("continue_final_message", key, &[]));
             }
-            let messages = messages(Some(items))?;
+            let messages = messages(Some(items), None)?;
             let text = state
                 .tokenizer
                 .apply_chat_template(&messages, add_generation_prompt)

@@ -1,5 +1,7 @@
 //! The `--args-json` keys that shape chat prompts and answers:
-//! `chat_template`, `chat_template_content_format`, `response_role`.
+//! `chat_template`, `chat_template_content_format`, `response_role`, and
+//! the output parsers: `enable_auto_tool_choice`, `tool_call_parser`,
+//! `reasoning_parser`, `exclude_tools_when_tool_choice_none`.
 
 use crate::config::Keys;
 use crate::error::ExitError;
@@ -14,11 +16,25 @@ pub struct ChatOptions {
     pub content_format: Option<ContentFormat>,
     /// The role of generated messages when the prompt ends with the generation prompt.
     pub response_role: String,
+    /// The tool parser `auto` tool choice reads calls with: vLLM builds one
+    /// only with `enable_auto_tool_choice` and `tool_call_parser` both set.
+    pub auto_tool_parser: Option<String>,
+    /// The reasoning parser (`reasoning_parser`).
+    pub reasoning_parser: Option<String>,
+    /// Leave `tools` out of the template when `tool_choice` is `none`.
+    pub exclude_tools_when_tool_choice_none: bool,
 }
 
 impl Default for ChatOptions {
     fn default() -> Self {
-        ChatOptions { template: None, content_format: None, response_role: "assistant".into() }
+        ChatOptions {
+            template: None,
+            content_format: None,
+            response_role: "assistant".into(),
+            auto_tool_parser: None,
+            reasoning_parser: None,
+            exclude_tools_when_tool_choice_none: false,
+        }
     }
 }
 
@@ -36,7 +52,28 @@ impl ChatOptions {
             }
         };
         let response_role = keys.string("response_role")?.unwrap_or_else(|| "assistant".into());
-        Ok(ChatOptions { template, content_format, response_role })
+        let tool_call_parser = keys.string("tool_call_parser")?;
+        let auto_tools = keys.bool("enable_auto_tool_choice")?.unwrap_or(false);
+        if auto_tools && tool_call_parser.is_none() {
+            return Err(ExitError::usage("--args-json: `enable_auto_tool_choice` requires `tool_call_parser`"));
+        }
+        if let Some(name) = &tool_call_parser {
+            vllm_rs_parsers::ToolParser::new(name, Vec::new())
+                .map_err(|e| ExitError::usage(format!("--args-json: `tool_call_parser`: {e}")))?;
+        }
+        let reasoning_parser = keys.string("reasoning_parser")?;
+        if let Some(name) = &reasoning_parser {
+            vllm_rs_parsers::ReasoningParser::new(name)
+                .map_err(|e| ExitError::usage(format!("--args-json: `reasoning_parser`: {e}")))?;
+        }
+        Ok(ChatOptions {
+            template,
+            content_format,
+            response_role,
+            auto_tool_parser: tool_call_parser.filter(|_| auto_tools),
+            reasoning_parser,
+            exclude_tools_when_tool_choice_none: keys.bool("exclude_tools_when_tool_choice_none")?.unwrap_or(false),
+        })
     }
 }
 

@@ -139,7 +139,7 @@ mod tests {
 
     #[test]
     fn chat_template_lists_roles() {
-        let messages = vec![ChatMessage { role: "user".into(), content: "hi".into() }];
+        let messages = vec![ChatMessage { role: "user".into(), content: "hi".into(), extra: None }];
         assert_eq!(ByteLevelTokenizer.apply_chat_template(&messages, true).unwrap(), "user: hi\nassistant: ");
     }
 

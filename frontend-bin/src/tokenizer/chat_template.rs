@@ -56,18 +56,35 @@ impl ChatTemplate {
 
     /// The prompt for `messages`.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String> {
+        self.render_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// The prompt for `messages` and the request's `tools` (the template's `tools` variable).
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&Value>,
+    ) -> Result<String, String> {
         let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| e.to_string())?;
-        let messages: Vec<Value> = match self.content_format {
-            ContentFormat::String => messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect(),
-            ContentFormat::OpenAi => messages
-                .iter()
-                .map(|m| json!({"role": m.role, "content": [{"type": "text", "text": m.content}]}))
-                .collect(),
-        };
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                let mut message = match self.content_format {
+                    ContentFormat::String => json!({"role": m.role, "content": m.content}),
+                    ContentFormat::OpenAi => json!({"role": m.role, "content": [{"type": "text", "text": m.content}]}),
+                };
+                if let (Some(extra), Value::Object(map)) = (&m.extra, &mut message) {
+                    map.extend(extra.clone());
+                }
+                message
+            })
+            .collect();
         template
             .render(context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
+                tools => tools,
                 bos_token => self.bos_token,
                 eos_token => self.eos_token,
             })
@@ -215,7 +232,7 @@ mod tests {
     fn renders_messages_with_python_methods_and_tokens() {
         let source = "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{{ m.content.strip() }}{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
         let t = ChatTemplate::new(source.into(), "<s>".into(), "</s>".into()).unwrap();
-        let messages = vec![ChatMessage { role: "user".into(), content: "  hi ".into() }];
+        let messages = vec![ChatMessage { role: "user".into(), content: "  hi ".into(), extra: None }];
         assert_eq!(t.render(&messages, true).unwrap(), "<s><|user|>hi</s><|assistant|>");
         assert_eq!(t.render(&messages, false).unwrap(), "<s><|user|>hi</s>");
     }
@@ -243,7 +260,7 @@ mod tests {
     #[test]
     fn openai_content_format_renders_content_as_a_list_of_text_parts() {
         let source = "{% for m in messages %}{% if m.content is string %}S:{{ m.content }}{% else %}{% for p in m.content %}P:{{ p.text }}{% endfor %}{% endif %}{% endfor %}";
-        let messages = vec![ChatMessage { role: "user".into(), content: "hi".into() }];
+        let messages = vec![ChatMessage { role: "user".into(), content: "hi".into(), extra: None }];
         let t = ChatTemplate::new(source.into(), String::new(), String::new()).unwrap();
         assert_eq!(t.content_format(), ContentFormat::OpenAi);
         assert_eq!(t.render(&messages, false).unwrap(), "P:hi");

@@ -118,6 +118,18 @@ impl Tokenizer for HfTokenizer {
         }
     }
 
+    fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, String> {
+        match &self.chat_template {
+            Some(template) => template.render_with_tools(messages, add_generation_prompt, tools),
+            None => self.apply_chat_template(messages, add_generation_prompt),
+        }
+    }
+
     fn chat_template_source(&self) -> Option<&str> {
         self.template_parts.0.as_deref()
     }
@@ -143,7 +155,7 @@ mod tests {
         // "he" merges; " w" merges into "Ġw"; BOS only for raw prompts.
         assert_eq!(t.encode("hello world", true).unwrap(), [259, 256, 108, 108, 111, 257, 111, 114, 108, 100]);
         assert_eq!(t.encode("hi", false).unwrap(), [104, 105]);
-        let messages = vec![ChatMessage { role: "user".into(), content: " yo ".into() }];
+        let messages = vec![ChatMessage { role: "user".into(), content: " yo ".into(), extra: None }];
         assert_eq!(t.apply_chat_template(&messages, true).unwrap(), "<|bos|>[user] yo<|eot|>\n[assistant] ");
     }
 

@@ -16,6 +16,9 @@ pub struct ChatMessage {
     pub role: String,
     /// The text of the message.
     pub content: String,
+    /// What templates get beyond role and content: `name`, `tool_call_id`,
+    /// `tool_calls` (arguments read into objects, as vLLM passes them).
+    pub extra: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// A tokenizer as the server uses it.
@@ -40,6 +43,16 @@ pub trait Tokenizer: Send + Sync {
     fn vocab_size(&self) -> usize;
     /// The prompt text for `messages`; errors are the client's fault (HTTP 400).
     fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String>;
+    /// The prompt for `messages` with the request's `tools` (as vLLM passes
+    /// them to templates); templates that cannot show tools ignore them.
+    fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        _tools: Option<&serde_json::Value>,
+    ) -> Result<String, String> {
+        self.apply_chat_template(messages, add_generation_prompt)
+    }
     /// The text of the model's own chat template, when it has one in that form.
     fn chat_template_source(&self) -> Option<&str> {
         None

@@ -67,6 +67,15 @@ impl Tokenizer for TemplatedTokenizer {
         self.template.render(messages, add_generation_prompt)
     }
 
+    fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, String> {
+        self.template.render_with_tools(messages, add_generation_prompt, tools)
+    }
+
     fn template_tokens(&self) -> (String, String) {
         self.inner.template_tokens()
     }

@@ -165,15 +165,18 @@ class HfTokenizer:
         """A fresh streaming decoder for one request whose prompt is `prompt`."""
         return IncrementalDecoder(self, prompt, options)
 
-    def apply_chat_template(self, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
-        """The prompt for `messages`; raises ChatTemplateError when there is
+    def apply_chat_template(
+        self, messages: list[ChatMessage], add_generation_prompt: bool, tools: list | None = None
+    ) -> str:
+        """The prompt for `messages` (and the request's `tools`, as vLLM passes them); raises ChatTemplateError when there is
         no template or it refuses the messages."""
         if self._template is None:
             raise ChatTemplateError(f"the tokenizer at {self.source} has no chat template")
         try:
             return self._template.render(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
+                messages=[{"role": m.role, "content": m.content, **(m.extra or {})} for m in messages],
                 add_generation_prompt=add_generation_prompt,
+                tools=tools,
                 bos_token=self._bos_token,
                 eos_token=self._eos_token,
             )

@@ -9,6 +9,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from vllm_rs.api_server.chat_tools import ChatTools, finish_reason, output_parser, read_chat_tools
+from vllm_rs.api_server.chat_tools import template_messages_extra as _template_extra
 from vllm_rs.api_server.errors import ApiError, dumps
 from vllm_rs.api_server.generation import GenerationError
 from vllm_rs.api_server.params import (
@@ -28,9 +30,11 @@ from vllm_rs.api_server.sse import (
     ChatChunks,
     ChunkHeader,
     CompletionChunks,
+    ParsedChatChunks,
     sse_response,
 )
 from vllm_rs.api_server.state import ServerState
+from vllm_rs.api_server.structured_outputs import read_structured_outputs, wire_params
 from vllm_rs.api_server.submit import CHAT, COMPLETIONS, Submitted, check_model, submit
 from vllm_rs.api_server.tokenizer import ChatMessage, ChatTemplateError
 
@@ -63,6 +67,8 @@ class CompletionInput(RequestModel):
     echo: bool | None = None
     suffix: str | None = None
     logprobs: Int64 | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class PartInput(RequestModel):
@@ -77,12 +83,9 @@ class MessageInput(RequestModel):
 
     role: str
     content: str | list[PartInput] | None = None
-
-
-class ResponseFormatInput(RequestModel):
-    """`response_format` as sent: only its type matters."""
-
-    type: str | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatInput(RequestModel):
@@ -93,7 +96,10 @@ class ChatInput(RequestModel):
     logprobs: bool | None = None
     top_logprobs: Int64 | None = None
     tools: list[Any] | None = None
-    response_format: ResponseFormatInput | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
 
@@ -118,7 +124,16 @@ def parse_completion(body: dict[str, Any]) -> tuple[CommonParams, str | list[int
         if len(prompt) != 1:
             raise RULES.refuse("prompt", "one_prompt_only")
         prompt = prompt[0]
+    _constrain(common, body)
     return common, prompt  # type: ignore[return-value]
+
+
+def _constrain(common: CommonParams, body: dict[str, Any]) -> None:
+    """Puts the request's structured outputs (`response_format`,
+    `structured_outputs`) into its sampling params, as vLLM encodes them."""
+    fields, _ = read_structured_outputs(body)
+    if fields is not None:
+        common.sampling["structured_outputs"] = wire_params(fields)
 
 
 def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], bool]:
@@ -142,17 +157,15 @@ def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], b
     else:
         max_tokens = None if s.max_tokens is None else ("max_tokens", s.max_tokens)
     common = common_params(s, max_tokens)
-    if c.tools:
-        raise RULES.refuse("tools", "tools_unsupported")
-    if c.response_format is not None and c.response_format.type != "text":
-        raise RULES.refuse("response_format", "response_format_unsupported")
+    _constrain(common, body)
     messages = flatten_messages(c.messages)
     return common, messages, True if c.add_generation_prompt is None else c.add_generation_prompt
 
 
 def flatten_messages(items: list[MessageInput] | None) -> list[ChatMessage]:
-    """The conversation, each content flattened to text; a 400 naming
-    `messages` when it is missing, empty or holds a part that is not text."""
+    """The conversation, each content flattened to text (with what templates
+    get beyond role and content); a 400 naming `messages` when it is
+    missing, empty or holds a part that is not text."""
     if items is None:
         raise RULES.refuse("messages", "messages_missing")
     if not items:
@@ -166,7 +179,7 @@ def flatten_messages(items: list[MessageInput] | None) -> list[ChatMessage]:
             if not all(part.type == "text" and part.text is not None for part in content):
                 raise RULES.refuse("messages", "text_parts_only", index=i)
             content = "".join(part.text for part in content)  # type: ignore[misc]
-        messages.append(ChatMessage(item.role, content))
+        messages.append(ChatMessage(item.role, content, _template_extra(item) or None))
     return messages
 
 
@@ -224,16 +237,60 @@ async def create_completion(request: Request) -> Response:
     return await _answer(state, submitted, common, COMPLETION_SHAPE)
 
 
+async def _answer_chat(state: ServerState, submitted: Submitted, common: CommonParams, tools: ChatTools) -> Response:
+    """The chat answer with its output read by the request's parsers
+    (reasoning, tool calls), streamed or whole."""
+    parser = output_parser(tools, state.settings.parsers)
+    if parser is None:
+        return await _answer(state, submitted, common, CHAT_SHAPE)
+    model = state.settings.primary_model_name
+    if common.stream:
+        header = ChunkHeader(submitted.id, CHAT_SHAPE.chunk_object, submitted.created, model)
+        chunks = ParsedChatChunks(header, parser.stream(), lambda reason, called: finish_reason(reason, tools, called))
+        return sse_response(submitted.generation, chunks, common.include_usage)
+    generation = submitted.generation
+    try:
+        text, finish = await generation.collect()
+    except GenerationError as e:
+        raise ApiError(e.status, str(e)) from None
+    finally:
+        generation.close()
+    reasoning, content, calls = parser.parse(text)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if state.settings.parsers.reasoning_parser is not None:
+        message["reasoning"] = reasoning
+    if calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        ]
+    reason = finish_reason(finish.reason.openai_name, tools, bool(calls))
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason,
+              "stop_reason": finish.stop_reason}  # fmt: skip
+    return json_response({
+        "id": submitted.id,
+        "object": CHAT_SHAPE.object,
+        "created": submitted.created,
+        "model": model,
+        "choices": [choice],
+        "usage": generation.usage(),
+    })  # fmt: skip
+
+
 async def create_chat_completion(request: Request) -> Response:
     """Handles a chat completion request."""
     state: ServerState = request.app.state.server
-    common, messages, add_generation_prompt = parse_chat(await read_json_object(request))
+    body = await read_json_object(request)
+    common, messages, add_generation_prompt = parse_chat(body)
+    tools = read_chat_tools(body, state.settings.parsers)
+    if tools.constraint is not None:
+        # A forced tool choice replaces the request's own constraint, as in vLLM.
+        common.sampling["structured_outputs"] = wire_params(tools.constraint)
     check_model(state, common.model)
     try:
-        prompt_text = state.tokenizer.apply_chat_template(messages, add_generation_prompt)
+        prompt_text = state.tokenizer.apply_chat_template(messages, add_generation_prompt, tools.tools)
     except ChatTemplateError as e:  # the template refused the messages, or there is none
         raise ApiError.invalid_param("messages", f"cannot apply the chat template: {e}") from None
     # The template writes BOS and the like itself.
     prompt = state.tokenizer.encode(prompt_text, add_special_tokens=False)
     submitted = submit(state, request.headers, CHAT, prompt, common)
-    return await _answer(state, submitted, common, CHAT_SHAPE)
+    return await _answer_chat(state, submitted, common, tools)

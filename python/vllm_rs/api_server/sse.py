@@ -10,6 +10,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
+from vllm_rs.api_server.chat_tools import delta_json
 from vllm_rs.api_server.errors import ApiError, dumps
 from vllm_rs.api_server.generation import Delta, Generation, GenerationError
 
@@ -88,6 +89,39 @@ class ChatChunks(CompletionChunks):
         return self.header.event([choice])
 
 
+class ParsedChatChunks(ChatChunks):
+    """Chunks of `/v1/chat/completions` whose text goes through the request's
+    output parser: reasoning, content and tool call deltas as vLLM streams
+    them; `finish_reason(engine_reason, calls_made)` names the finish."""
+
+    def __init__(self, header: ChunkHeader, stream: Any, finish_reason: Any):
+        super().__init__(header)
+        self.stream = stream
+        self.finish_reason = finish_reason
+
+    def delta(self, delta: Delta) -> bytes:
+        """The chunk for one delta; nothing while the parser holds text back."""
+        parts = [self.stream.push(delta.text)] if delta.text else []
+        if delta.finish is not None:
+            parts.append(self.stream.finish())
+        out: dict[str, Any] = {}
+        for part in parts:
+            if part is None:
+                continue
+            for key, value in delta_json(part).items():
+                if key == "tool_calls":
+                    out.setdefault(key, []).extend(value)
+                else:
+                    out[key] = out.get(key, "") + value
+        if not out and delta.finish is None:
+            return b""
+        choice: dict[str, Any] = {"index": 0, "delta": out, "logprobs": None, "finish_reason": None}
+        if delta.finish is not None:
+            choice["finish_reason"] = self.finish_reason(delta.finish.reason.openai_name, self.stream.tools_called)
+            choice["stop_reason"] = delta.finish.stop_reason
+        return self.header.event([choice])
+
+
 async def _events(generation: Generation, writer: CompletionChunks, include_usage: bool) -> AsyncIterator[bytes]:
     try:
         opening = writer.opening()
@@ -102,6 +136,8 @@ async def _events(generation: Generation, writer: CompletionChunks, include_usag
             if delta is None:
                 break
             chunk = writer.delta(delta)
+            if not chunk and delta.finish is None:
+                continue
             if delta.finish is not None:
                 if include_usage:
                     chunk += writer.usage(generation.usage())

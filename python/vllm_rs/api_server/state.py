@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from vllm_rs import envs
+from vllm_rs.api_server.chat_tools import ParserSettings
 from vllm_rs.api_server.engine_client import EngineClient
 from vllm_rs.api_server.limits import ServerLimits
 from vllm_rs.api_server.metrics import Metrics
@@ -34,6 +35,8 @@ class ServerSettings:
     disable_log_stats: bool = False
     engine_count: int = 1
     limits: ServerLimits = field(default_factory=ServerLimits)
+    #: The tool-call and reasoning parsers chosen by the serve flags.
+    parsers: ParserSettings = field(default_factory=ParserSettings)
 
     @property
     def primary_model_name(self) -> str:
@@ -61,6 +64,7 @@ class ServerSettings:
             disable_log_stats=bool(getattr(args, "disable_log_stats", False)),
             engine_count=int(getattr(args, "data_parallel_size", 1) or 1),
             limits=ServerLimits.from_env(),
+            parsers=ParserSettings.from_args(args),
         )
 
 

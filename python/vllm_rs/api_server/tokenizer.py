@@ -48,10 +48,12 @@ class TextDecoder(Protocol):
 
 @dataclass(frozen=True)
 class ChatMessage:
-    """One chat message, its content flattened to text."""
+    """One chat message, its content flattened to text; `extra` holds what
+    templates get beyond role and content (`name`, `tool_call_id`, `tool_calls`)."""
 
     role: str
     content: str
+    extra: dict | None = None
 
 
 class ByteDecoder:
@@ -103,8 +105,11 @@ class ByteLevelTokenizer:
         without the prompt's context and EOS has no text to skip."""
         return ByteDecoder()
 
-    def apply_chat_template(self, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
-        """`role: content` lines, then `assistant: ` when a reply is wanted."""
+    def apply_chat_template(
+        self, messages: list[ChatMessage], add_generation_prompt: bool, tools: list | None = None
+    ) -> str:
+        """`role: content` lines, then `assistant: ` when a reply is wanted
+        (the built-in template shows neither tools nor tool calls)."""
         prompt = "".join(f"{m.role}: {m.content}\n" for m in messages)
         return prompt + "assistant: " if add_generation_prompt else prompt
 

@@ -81,6 +81,13 @@ impl ToolParser {
         self.name
     }
 
+    /// Whether a `required` or named `tool_choice` is read from JSON
+    /// constrained by structured outputs (vLLM's `supports_required_and_named`);
+    /// `mistral` reads them in its own format, as `auto`.
+    pub fn supports_required_and_named(&self) -> bool {
+        self.name != "mistral"
+    }
+
     /// Content and tool calls of a whole output; malformed calls leave the
     /// whole text as content, as vLLM does.
     pub fn parse(&self, text: &str) -> ExtractedToolCalls {
