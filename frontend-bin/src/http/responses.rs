@@ -158,11 +158,11 @@ fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
 fn input_messages(instructions: Option<&str>, input: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let mut messages = Vec::new();
     if let Some(text) = instructions.filter(|text| !text.is_empty()) {
-        messages.push(ChatMessage { role: "system".into(), content: text.into() });
+        messages.push(ChatMessage { role: "system".into(), content: text.into(), extra: None });
     }
     match input {
         None | Some(Value::Null) => return Err(RULES.refuse("input", "input_missing", &[])),
-        Some(Value::String(text)) => messages.push(ChatMessage { role: "user".into(), content: text.clone() }),
+        Some(Value::String(text)) => messages.push(ChatMessage { role: "user".into(), content: text.clone(), extra: None }),
         Some(Value::Array(items)) => {
             for (index, item) in items.iter().enumerate() {
                 let message = input_message(item)
@@ -199,7 +199,7 @@ fn input_message(item: &Value) -> Option<ChatMessage> {
             .concat(),
         _ => return None,
     };
-    Some(ChatMessage { role: role.into(), content })
+    Some(ChatMessage { role: role.into(), content, extra: None })
 }
 
 async fn response(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
