@@ -24,7 +24,7 @@ use futures_util::stream;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 
 /// Handles a responses request, streamed or not.
@@ -54,7 +54,7 @@ struct ResponsesInput {
     include: Option<Vec<String>>,
     text: Option<TextConfig>,
     truncation: Option<String>,
-    metadata: Option<Value>,
+    metadata: Option<BTreeMap<String, String>>,
     user: Option<String>,
     parallel_tool_calls: Option<bool>,
     max_tool_calls: Option<i64>,
@@ -264,7 +264,7 @@ impl Echo {
     fn new(sampling: &SamplingInput, input: &ResponsesInput) -> Self {
         Echo {
             instructions: input.instructions.clone(),
-            metadata: input.metadata.clone().unwrap_or(Value::Null),
+            metadata: json!(input.metadata),
             temperature: sampling.temperature.unwrap_or(1.0),
             top_p: sampling.top_p.unwrap_or(1.0),
             presence_penalty: sampling.presence_penalty.unwrap_or(0.0),
@@ -517,4 +517,56 @@ fn stream_events(submitted: Submitted, answer: Answer) -> Response {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(body: Value) -> (Option<String>, String) {
+        match parse_responses_request(body.to_string().as_bytes()) {
+            Ok(_) => panic!("{body} was accepted"),
+            Err(e) => (e.param, e.message),
+        }
+    }
+
+    #[test]
+    fn input_becomes_messages_after_the_instructions() {
+        let body = json!({
+            "instructions": "sys",
+            "input": [
+                {"role": "user", "content": "a"},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "b"}]},
+                {"role": "developer", "content": [{"type": "input_text", "text": "c"}, {"type": "input_text", "text": "d"}]},
+            ],
+        });
+        let request = parse_responses_request(body.to_string().as_bytes()).unwrap();
+        let roles: Vec<_> = request.messages.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
+        assert_eq!(roles, [("system", "sys"), ("user", "a"), ("assistant", "b"), ("developer", "cd")]);
+        let request = parse_responses_request(br#"{"input": "hi"}"#).unwrap();
+        assert_eq!((request.messages[0].role.as_str(), request.messages[0].content.as_str()), ("user", "hi"));
+    }
+
+    #[test]
+    fn what_is_not_supported_is_refused_naming_the_field() {
+        for (body, param) in [
+            (json!({"input": "x", "tools": [{"type": "function"}]}), "tools"),
+            (json!({"input": "x", "background": true}), "background"),
+            (json!({"input": "x", "previous_response_id": "resp_1"}), "response_id"),
+            (json!({"input": "x", "reasoning": {}}), "reasoning"),
+            (json!({"input": "x", "include": ["reasoning.encrypted_content"]}), "include"),
+            (json!({"input": "x", "text": {"format": {"type": "json_schema"}}}), "text"),
+            (json!({"input": "x", "truncation": "auto"}), "truncation"),
+            (json!({"input": "x", "tool_choice": {"type": "function"}}), "tool_choice"),
+            (json!({"input": [{"type": "reasoning"}]}), "input"),
+            (json!({"input": [{"role": "tool", "content": "x"}]}), "input"),
+            (json!({"input": 3}), "input"),
+            (json!({"input": "x", "metadata": {"a": 1}}), "metadata"),
+            (json!({}), "input"),
+        ] {
+            assert_eq!(refusal(body.clone()).0.as_deref(), Some(param), "{body}");
+        }
+        let (_, message) = refusal(json!({"input": [{"role": "user", "content": "a"}, {"type": "function_call"}]}));
+        assert!(message.starts_with("input[1]"), "{message}");
+    }
 }
