@@ -152,6 +152,10 @@ class HfTokenizer:
         (true for raw prompts, false for chat prompts, whose template writes them)."""
         return self.inner.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of `token_ids` (an echoed prompt given as ids), special tokens kept."""
+        return self.inner.decode(token_ids, skip_special_tokens=False)
+
     def decoder(self, prompt: list[int], options: DecodeOptions) -> IncrementalDecoder:
         """A fresh streaming decoder for one request whose prompt is `prompt`."""
         return IncrementalDecoder(self, prompt, options)

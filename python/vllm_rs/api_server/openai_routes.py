@@ -10,7 +10,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from vllm_rs.api_server.errors import ApiError, dumps
-from vllm_rs.api_server.generation import GenerationError
+from vllm_rs.api_server.generation import Delta, GenerationError
+from vllm_rs.api_server.logprobs import TokenStrings
 from vllm_rs.api_server.params import (
     MAX_BODY_BYTES,
     CommonParams,
@@ -23,6 +24,7 @@ from vllm_rs.api_server.params import (
     parse_json_object,
     parse_model,
 )
+from vllm_rs.api_server.rendering import CompletionPieces, Echo, Rendering
 from vllm_rs.api_server.request_rules import RULES
 from vllm_rs.api_server.sse import (
     ChatChunks,
@@ -98,17 +100,19 @@ class ChatInput(RequestModel):
     continue_final_message: bool | None = None
 
 
-def parse_completion(body: dict[str, Any]) -> tuple[CommonParams, str | list[int]]:
-    """Every parameter of a completion body checked: the shared ones and the
-    prompt (text or token ids); a 400 naming the first bad one."""
+def parse_completion(body: dict[str, Any]) -> tuple[CommonParams, str | list[int], bool]:
+    """Every parameter of a completion body checked: the shared ones, the
+    prompt (text or token ids) and `echo`; a 400 naming the first bad one."""
     c = parse_model(CompletionInput, body)
     s = parse_model(SamplingInput, body)
     if c.logprobs is not None:
         RULES.check_number("logprobs", c.logprobs)
-        raise RULES.refuse("logprobs", "logprobs_unsupported", param="logprobs")
     common = common_params(s, None if s.max_tokens is None else ("max_tokens", s.max_tokens))
-    if c.echo:
-        raise RULES.refuse("echo", "echo_unsupported")
+    common.logprobs = c.logprobs
+    echo = bool(c.echo)
+    if echo and common.prompt_logprobs is None:
+        # vLLM scores an echoed prompt as it scores the completion.
+        common.prompt_logprobs = c.logprobs
     if c.suffix is not None:
         raise RULES.refuse("suffix", "suffix_unsupported")
     prompt = c.prompt
@@ -118,7 +122,7 @@ def parse_completion(body: dict[str, Any]) -> tuple[CommonParams, str | list[int
         if len(prompt) != 1:
             raise RULES.refuse("prompt", "one_prompt_only")
         prompt = prompt[0]
-    return common, prompt  # type: ignore[return-value]
+    return common, prompt, echo  # type: ignore[return-value]
 
 
 def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], bool]:
@@ -131,8 +135,6 @@ def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], b
         RULES.check_number("top_logprobs", c.top_logprobs)
         if (c.top_logprobs == -1 or c.top_logprobs > 0) and not c.logprobs:
             raise RULES.refuse("top_logprobs", "top_logprobs_without_logprobs")
-    if c.logprobs:
-        raise RULES.refuse("logprobs", "logprobs_unsupported", param="logprobs")
     if c.continue_final_message:
         key = "continue_with_generation_prompt" if c.add_generation_prompt else "continue_final_message_unsupported"
         raise RULES.refuse("continue_final_message", key)
@@ -142,6 +144,8 @@ def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], b
     else:
         max_tokens = None if s.max_tokens is None else ("max_tokens", s.max_tokens)
     common = common_params(s, max_tokens)
+    if c.logprobs:
+        common.logprobs = c.top_logprobs or 0
     if c.tools:
         raise RULES.refuse("tools", "tools_unsupported")
     if c.response_format is not None and c.response_format.type != "text":
@@ -163,6 +167,19 @@ def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], b
     return common, messages, True if c.add_generation_prompt is None else c.add_generation_prompt
 
 
+def _completion_choice(whole: Delta, rendering: Rendering) -> dict[str, Any]:
+    text, logprobs = CompletionPieces(rendering).piece(whole)
+    choice = {"index": 0, "text": text, "logprobs": logprobs}
+    if rendering.prompt_logprobs:
+        choice["prompt_logprobs"] = rendering.prompt_logprobs_json(whole.prompt_logprobs)
+    return choice
+
+
+def _chat_choice(whole: Delta, rendering: Rendering) -> dict[str, Any]:
+    message = {"role": "assistant", "content": whole.text}
+    return {"index": 0, "message": message, "logprobs": rendering.chat_logprobs(whole)}
+
+
 @dataclass(frozen=True)
 class AnswerShape:
     """How one endpoint answers: object names, stream chunks, the choice."""
@@ -170,51 +187,70 @@ class AnswerShape:
     object: str
     chunk_object: str
     chunks: type[CompletionChunks]
-    choice_field: Callable[[str], dict[str, Any]]
+    choice: Callable[[Delta, Rendering], dict[str, Any]]
+    #: Whether prompt logprobs go on the response (chat) rather than the choice.
+    prompt_logprobs_on_response: bool
 
 
-COMPLETION_SHAPE = AnswerShape("text_completion", "text_completion", CompletionChunks, lambda text: {"text": text})
-CHAT_SHAPE = AnswerShape(
-    "chat.completion",
-    "chat.completion.chunk",
-    ChatChunks,
-    lambda text: {"message": {"role": "assistant", "content": text}},
-)
+COMPLETION_SHAPE = AnswerShape("text_completion", "text_completion", CompletionChunks, _completion_choice, False)
+CHAT_SHAPE = AnswerShape("chat.completion", "chat.completion.chunk", ChatChunks, _chat_choice, True)
 
 
-async def _answer(state: ServerState, submitted: Submitted, common: CommonParams, shape: AnswerShape) -> Response:
+def _rendering(state: ServerState, common: CommonParams, echo: Echo | None = None) -> Rendering:
+    as_ids = common.return_tokens_as_token_ids
+    return Rendering(
+        strings=TokenStrings(
+            state.tokenizer.decode, state.settings.return_tokens_as_token_ids if as_ids is None else as_ids
+        ),
+        logprobs=common.logprobs,
+        echo=echo,
+        prompt_logprobs=common.prompt_logprobs is not None,
+    )
+
+
+async def _answer(
+    state: ServerState, submitted: Submitted, common: CommonParams, shape: AnswerShape, rendering: Rendering
+) -> Response:
     """Streams the generation as SSE, or collects it into one JSON answer."""
     model = state.settings.primary_model_name
     if common.stream:
         header = ChunkHeader(submitted.id, shape.chunk_object, submitted.created, model)
-        return sse_response(submitted.generation, shape.chunks(header), common.include_usage)
+        return sse_response(submitted.generation, shape.chunks(header, rendering), common.include_usage)
     generation = submitted.generation
     try:
-        text, finish = await generation.collect()
+        whole = await generation.collect()
     except GenerationError as e:
         raise ApiError(e.status, str(e)) from None
     finally:
         generation.close()
-    choice = {"index": 0, **shape.choice_field(text), "logprobs": None,
-              "finish_reason": finish.reason.openai_name, "stop_reason": finish.stop_reason}  # fmt: skip
-    return json_response({
+    finish = whole.finish
+    assert finish is not None  # collect() returns finished generations only
+    choice = {**shape.choice(whole, rendering), "finish_reason": finish.reason.openai_name,
+              "stop_reason": finish.stop_reason}  # fmt: skip
+    answer = {
         "id": submitted.id,
         "object": shape.object,
         "created": submitted.created,
         "model": model,
         "choices": [choice],
         "usage": generation.usage(),
-    })  # fmt: skip
+    }
+    if shape.prompt_logprobs_on_response and rendering.prompt_logprobs:
+        answer["prompt_logprobs"] = rendering.prompt_logprobs_json(whole.prompt_logprobs)
+    return json_response(answer)
 
 
 async def create_completion(request: Request) -> Response:
     """Handles a completion request."""
     state: ServerState = request.app.state.server
-    common, prompt = parse_completion(await read_json_object(request))
+    common, prompt, echo = parse_completion(await read_json_object(request))
     check_model(state, common.model)
     prompt_tokens = state.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
     submitted = submit(state, request.headers, COMPLETIONS, prompt_tokens, common)
-    return await _answer(state, submitted, common, COMPLETION_SHAPE)
+    echoed = None
+    if echo:
+        echoed = Echo(prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt), prompt_tokens)
+    return await _answer(state, submitted, common, COMPLETION_SHAPE, _rendering(state, common, echoed))
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -229,4 +265,4 @@ async def create_chat_completion(request: Request) -> Response:
     # The template writes BOS and the like itself.
     prompt = state.tokenizer.encode(prompt_text, add_special_tokens=False)
     submitted = submit(state, request.headers, CHAT, prompt, common)
-    return await _answer(state, submitted, common, CHAT_SHAPE)
+    return await _answer(state, submitted, common, CHAT_SHAPE, _rendering(state, common))

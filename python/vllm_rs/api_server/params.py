@@ -134,6 +134,7 @@ class SamplingInput(RequestModel):
     bad_words: list[str] | None = None
     allowed_token_ids: list[Int64] | None = None
     prompt_logprobs: Int64 | None = None
+    return_tokens_as_token_ids: bool | None = None
     truncate_prompt_tokens: Int64 | None = None
     stream_interval: Int64 | None = None
 
@@ -167,6 +168,12 @@ class CommonParams:
     include_usage: bool = False
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    #: Top logprobs per generated token (-1: the whole vocabulary), when asked for.
+    logprobs: int | None = None
+    #: Top logprobs per prompt token, when asked for.
+    prompt_logprobs: int | None = None
+    #: Tokens in logprobs as `token_id:N`; None: as the server is configured.
+    return_tokens_as_token_ids: bool | None = None
 
 
 def _bounded(param: str, items: list | dict) -> None:
@@ -233,7 +240,6 @@ def common_params(s: SamplingInput, max_tokens: tuple[str, int] | None) -> Commo
         RULES.check_number("prompt_logprobs", s.prompt_logprobs)
         if stream and (s.prompt_logprobs > 0 or s.prompt_logprobs == -1):
             raise RULES.refuse("prompt_logprobs", "prompt_logprobs_with_stream")
-        raise RULES.refuse("prompt_logprobs", "logprobs_unsupported", param="prompt_logprobs")
     _check_numbers({
         "n": s.n, "best_of": s.best_of, "presence_penalty": s.presence_penalty,
         "frequency_penalty": s.frequency_penalty, "repetition_penalty": s.repetition_penalty,
@@ -289,4 +295,6 @@ def common_params(s: SamplingInput, max_tokens: tuple[str, int] | None) -> Commo
         include_usage=include_usage,
         logit_bias=logit_bias,
         allowed_token_ids=s.allowed_token_ids,
+        prompt_logprobs=s.prompt_logprobs,
+        return_tokens_as_token_ids=s.return_tokens_as_token_ids,
     )

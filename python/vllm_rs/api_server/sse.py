@@ -12,6 +12,7 @@ from starlette.responses import StreamingResponse
 
 from vllm_rs.api_server.errors import ApiError, dumps
 from vllm_rs.api_server.generation import Delta, Generation, GenerationError
+from vllm_rs.api_server.rendering import CompletionPieces, Rendering
 
 DONE = b"data: [DONE]\n\n"
 
@@ -47,8 +48,10 @@ class ChunkHeader:
 class CompletionChunks:
     """Chunks of `/v1/completions`."""
 
-    def __init__(self, header: ChunkHeader):
+    def __init__(self, header: ChunkHeader, rendering: Rendering):
         self.header = header
+        self.rendering = rendering
+        self.pieces = CompletionPieces(rendering)
 
     def opening(self) -> bytes | None:
         """Nothing before the text."""
@@ -57,10 +60,11 @@ class CompletionChunks:
     def delta(self, delta: Delta) -> bytes:
         """The chunk for one delta."""
         finish = delta.finish
+        text, logprobs = self.pieces.piece(delta)
         choice = {
             "index": 0,
-            "text": delta.text,
-            "logprobs": None,
+            "text": text,
+            "logprobs": logprobs,
             "finish_reason": finish.reason.openai_name if finish else None,
             "stop_reason": finish.stop_reason if finish else None,
         }
@@ -81,7 +85,10 @@ class ChatChunks(CompletionChunks):
 
     def delta(self, delta: Delta) -> bytes:
         """The chunk for one delta."""
-        choice: dict[str, Any] = {"index": 0, "delta": {"content": delta.text}, "logprobs": None, "finish_reason": None}
+        # A chunk that only carries logprobs has an empty delta (vLLM's DeltaMessage()).
+        content = {"content": delta.text} if delta.text or delta.finish is not None else {}
+        logprobs = self.rendering.chat_logprobs(delta)
+        choice: dict[str, Any] = {"index": 0, "delta": content, "logprobs": logprobs, "finish_reason": None}
         if delta.finish is not None:
             choice["finish_reason"] = delta.finish.reason.openai_name
             choice["stop_reason"] = delta.finish.stop_reason

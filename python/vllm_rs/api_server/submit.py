@@ -110,6 +110,23 @@ def _limit_max_tokens(
     return max_tokens
 
 
+def _check_logprobs(state: ServerState, common: CommonParams, sampling: dict) -> None:
+    """vLLM's SamplingParams check against `--max-logprobs` (-1 counts as the
+    whole vocabulary on both sides); puts the counts into `sampling`."""
+    vocab = state.tokenizer.vocab_size
+    limit = vocab if state.settings.max_logprobs == -1 else state.settings.max_logprobs
+    for param, key, value in (
+        ("logprobs", "logprobs_above_max", common.logprobs),
+        ("prompt_logprobs", "prompt_logprobs_above_max", common.prompt_logprobs),
+    ):
+        if value is None:
+            continue
+        count = vocab if value == -1 else value
+        if count > limit:
+            raise RULES.refuse(param, key, count=count, limit=limit)
+        sampling[param] = value
+
+
 def submit(
     state: ServerState, headers: Headers, endpoint: Endpoint, prompt: list[int], common: CommonParams
 ) -> Submitted:
@@ -137,6 +154,7 @@ def submit(
         sampling["logit_bias"] = common.logit_bias
     if common.allowed_token_ids is not None and any(not 0 <= t < vocab for t in common.allowed_token_ids):
         raise RULES.refuse("allowed_token_ids", "allowed_token_ids_out_of_vocab")
+    _check_logprobs(state, common, sampling)
     all_stop = list(common.stop_token_ids)
     sampling["stop_token_ids"] = list(common.stop_token_ids)
     if common.ignore_eos:
@@ -169,5 +187,8 @@ def submit(
     except EngineUnavailableError as e:
         raise ApiError(503, str(e)) from None
     decoder = state.tokenizer.decoder(prompt, common.decode)
-    generation = Generation(stream, decoder, common.stop, len(prompt), state.metrics, started)
+    every_token = common.logprobs is not None or common.prompt_logprobs is not None
+    generation = Generation(
+        stream, decoder, common.stop, len(prompt), state.metrics, started, every_token, state.tokenizer.decode
+    )
     return Submitted(external_id, int(time.time()), generation)

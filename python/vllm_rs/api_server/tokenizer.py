@@ -81,6 +81,10 @@ class ByteLevelTokenizer:
         """Token ids of `text` (there are no special tokens to add)."""
         return list(text.encode("utf-8", errors="surrogatepass"))
 
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of `token_ids` (an echoed prompt given as ids)."""
+        return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
+
     def decoder(self, prompt: list[int], options: DecodeOptions) -> ByteDecoder:
         """A fresh streaming decoder for one request; bytes are decoded
         without the prompt's context and EOS has no text to skip."""
