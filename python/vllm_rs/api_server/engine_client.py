@@ -420,6 +420,9 @@ class EngineClient:
                 self._dispatch_utility(message)
             else:
                 self._dispatch_batch(message)
+            # recv returns without suspending while messages wait: an engine
+            # faster than this loop would otherwise starve every handler.
+            await asyncio.sleep(0)
 
     def _drop_malformed(self, error: EngineOutputError) -> None:
         """Fails only the requests a malformed message named."""

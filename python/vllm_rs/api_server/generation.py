@@ -53,6 +53,14 @@ def _no_text(token_ids: list[int]) -> str:
     return ""
 
 
+def total_usage(generations: list[Generation]) -> dict[str, int]:
+    """Usage of one request's choices: its prompt once, the completions
+    summed (as vLLM counts n > 1)."""
+    prompt = generations[0].prompt_tokens
+    completion = sum(g.completion_tokens for g in generations)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
 class Generation:
     """A running generation."""
 

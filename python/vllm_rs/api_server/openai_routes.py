@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -10,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from vllm_rs.api_server.errors import ApiError, dumps
-from vllm_rs.api_server.generation import Delta, GenerationError
+from vllm_rs.api_server.generation import Delta, GenerationError, total_usage
 from vllm_rs.api_server.logprobs import TokenStrings
 from vllm_rs.api_server.params import (
     MAX_BODY_BYTES,
@@ -169,7 +170,7 @@ def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], b
 
 def _completion_choice(whole: Delta, rendering: Rendering) -> dict[str, Any]:
     text, logprobs = CompletionPieces(rendering).piece(whole)
-    choice = {"index": 0, "text": text, "logprobs": logprobs}
+    choice = {"text": text, "logprobs": logprobs}
     if rendering.prompt_logprobs:
         choice["prompt_logprobs"] = rendering.prompt_logprobs_json(whole.prompt_logprobs)
     return choice
@@ -177,7 +178,7 @@ def _completion_choice(whole: Delta, rendering: Rendering) -> dict[str, Any]:
 
 def _chat_choice(whole: Delta, rendering: Rendering) -> dict[str, Any]:
     message = {"role": "assistant", "content": whole.text}
-    return {"index": 0, "message": message, "logprobs": rendering.chat_logprobs(whole)}
+    return {"message": message, "logprobs": rendering.chat_logprobs(whole)}
 
 
 @dataclass(frozen=True)
@@ -215,26 +216,34 @@ async def _answer(
     model = state.settings.primary_model_name
     if common.stream:
         header = ChunkHeader(submitted.id, shape.chunk_object, submitted.created, model)
-        return sse_response(submitted.generation, shape.chunks(header, rendering), common.include_usage)
-    generation = submitted.generation
+        writers = [shape.chunks(header, rendering, index) for index in range(len(submitted.generations))]
+        return sse_response(submitted.generations, writers, common.include_usage)
+    generations = submitted.generations
+    tasks = [asyncio.ensure_future(generation.collect()) for generation in generations]
     try:
-        whole = await generation.collect()
+        wholes = await asyncio.gather(*tasks)
     except GenerationError as e:
         raise ApiError(e.status, str(e)) from None
     finally:
-        generation.close()
-    finish = whole.finish
-    assert finish is not None  # collect() returns finished generations only
-    choice = {**shape.choice(whole, rendering), "finish_reason": finish.reason.openai_name,
-              "stop_reason": finish.stop_reason}  # fmt: skip
+        for task in tasks:
+            task.cancel()  # the other choices, when one failed
+        for generation in generations:
+            generation.close()
+    choices = []
+    for index, whole in enumerate(wholes):
+        finish = whole.finish
+        assert finish is not None  # collect() returns finished generations only
+        choices.append({"index": index, **shape.choice(whole, rendering), "finish_reason": finish.reason.openai_name,
+                        "stop_reason": finish.stop_reason})  # fmt: skip
     answer = {
         "id": submitted.id,
         "object": shape.object,
         "created": submitted.created,
         "model": model,
-        "choices": [choice],
-        "usage": generation.usage(),
+        "choices": choices,
+        "usage": total_usage(generations),
     }
+    whole = wholes[0]
     if shape.prompt_logprobs_on_response and rendering.prompt_logprobs:
         answer["prompt_logprobs"] = rendering.prompt_logprobs_json(whole.prompt_logprobs)
     return json_response(answer)

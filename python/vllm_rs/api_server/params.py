@@ -26,6 +26,8 @@ MAX_INT_DIGITS = 40
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: An integer the Rust frontend can hold (`i64`): both frontends refuse the same.
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+#: Below this temperature vLLM samples greedily (its `_SAMPLING_EPS`).
+GREEDY_TEMPERATURE = 1e-5
 TokenId = Annotated[int, Field(ge=0, le=2**32 - 1)]
 
 
@@ -174,6 +176,8 @@ class CommonParams:
     prompt_logprobs: int | None = None
     #: Tokens in logprobs as `token_id:N`; None: as the server is configured.
     return_tokens_as_token_ids: bool | None = None
+    #: Choices to generate (child requests, as vLLM fans them out).
+    n: int = 1
 
 
 def _bounded(param: str, items: list | dict) -> None:
@@ -245,6 +249,9 @@ def common_params(s: SamplingInput, max_tokens: tuple[str, int] | None) -> Commo
         "frequency_penalty": s.frequency_penalty, "repetition_penalty": s.repetition_penalty,
         "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
     })  # fmt: skip
+    n = 1 if s.n is None else s.n
+    if n > 1 and s.temperature is not None and s.temperature < GREEDY_TEMPERATURE:
+        raise ApiError(400, RULES.message("n_with_greedy_sampling", n=n))
     max_tokens_param, limit = max_tokens if max_tokens is not None else (None, None)
     if limit is not None:
         RULES.check_number(max_tokens_param, limit)  # type: ignore[arg-type]
@@ -297,4 +304,5 @@ def common_params(s: SamplingInput, max_tokens: tuple[str, int] | None) -> Commo
         allowed_token_ids=s.allowed_token_ids,
         prompt_logprobs=s.prompt_logprobs,
         return_tokens_as_token_ids=s.return_tokens_as_token_ids,
+        n=n,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from starlette.datastructures import Headers
 
@@ -44,11 +44,11 @@ CHAT = Endpoint("chatcmpl", "messages", True)
 
 @dataclass
 class Submitted:
-    """A request running in an engine."""
+    """A request running in an engine: one generation per choice (`n`)."""
 
     id: str
     created: int
-    generation: Generation
+    generations: list[Generation]
 
 
 def check_model(state: ServerState, model: str | None) -> None:
@@ -175,20 +175,44 @@ def submit(
         external_req_id=external_id,
     )
     pinned = _pinned_rank(headers)
+    children = child_requests(request, common.n)
     if state.settings.enable_log_requests:
         logger.info(
             "received request %s: prompt_tokens=%d max_tokens=%s temperature=%s stream=%s",
-            request.request_id, len(prompt), max_tokens, sampling.get("temperature"), common.stream,
+            ", ".join(c.request_id for c in children), len(prompt), max_tokens, sampling.get("temperature"),
+            common.stream,
         )  # fmt: skip
-    try:
-        stream = state.engines.submit(request, pinned)
-    except RankOutOfRangeError as e:
-        raise ApiError.invalid_param(DATA_PARALLEL_RANK_HEADER, str(e)) from None
-    except EngineUnavailableError as e:
-        raise ApiError(503, str(e)) from None
-    decoder = state.tokenizer.decoder(prompt, common.decode)
     every_token = common.logprobs is not None or common.prompt_logprobs is not None
-    generation = Generation(
-        stream, decoder, common.stop, len(prompt), state.metrics, started, every_token, state.tokenizer.decode
-    )
-    return Submitted(external_id, int(time.time()), generation)
+    generations: list[Generation] = []
+    try:
+        for child in children:
+            stream = state.engines.submit(child, pinned)
+            decoder = state.tokenizer.decoder(prompt, common.decode)
+            generations.append(
+                Generation(
+                    stream, decoder, common.stop, len(prompt), state.metrics, started, every_token,
+                    state.tokenizer.decode,
+                )
+            )  # fmt: skip
+    except (RankOutOfRangeError, EngineUnavailableError) as e:
+        for generation in generations:
+            generation.close()
+        if isinstance(e, RankOutOfRangeError):
+            raise ApiError.invalid_param(DATA_PARALLEL_RANK_HEADER, str(e)) from None
+        raise ApiError(503, str(e)) from None
+    return Submitted(external_id, int(time.time()), generations)
+
+
+def child_requests(request: EngineCoreRequest, n: int) -> list[EngineCoreRequest]:
+    """The request itself when n is 1, else n child requests as vLLM's
+    ParentRequest makes them: ids `{index}_{request_id}`, seeds `seed + index`."""
+    if n == 1:
+        return [request]
+    seed = request.sampling_params.get("seed")
+    children = []
+    for index in range(n):
+        sampling = dict(request.sampling_params)
+        if seed is not None:
+            sampling["seed"] = seed + index
+        children.append(replace(request, request_id=f"{index}_{request.request_id}", sampling_params=sampling))
+    return children
