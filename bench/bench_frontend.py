@@ -270,8 +270,9 @@ def build_stream_load() -> Path:
     raise RuntimeError("cargo built no stream_load executable")
 
 
-def frontend_streaming(stream_load: Path, port: int, streams: int, tokens: int) -> float:
-    """One round of `streams` concurrent streams through the frontend; tokens/s."""
+def frontend_streaming(stream_load: Path, port: int, streams: int, tokens: int, logprobs: int | None = None) -> float:
+    """One round of `streams` concurrent streams through the frontend (asking
+    for `logprobs` when given); tokens/s."""
     command = [
         str(stream_load),
         "--port",
@@ -282,6 +283,7 @@ def frontend_streaming(stream_load: Path, port: int, streams: int, tokens: int) 
         str(tokens),
         "--prompt",
         PROMPT,
+        *([] if logprobs is None else ["--logprobs", str(logprobs)]),
     ]
     ran = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if ran.returncode != 0:

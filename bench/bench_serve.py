@@ -6,6 +6,9 @@ echo --data-parallel-size 2`):
     requests/s and p50/p99 latency;
   * 64 streams of 256 tokens: streamed tokens/s (SSE, counted from
     `stream_options.include_usage`);
+  * the same streams with `logprobs=5` against without, in one run, on the
+    Python API server (the Rust frontend does not serve logprobs yet);
+    `--only-logprobs` runs just this row;
 
 for `--frontend rust`, `--frontend python --api-server-count 1` and `2`.
 Goal: the Rust frontend serves at least 5x the requests/s of one Python API
@@ -52,6 +55,8 @@ STACKS = {
     "python x1": ["--frontend", "python", "--api-server-count", "1"],
     "python x2": ["--frontend", "python", "--api-server-count", "2"],
 }
+#: Where streamed logprobs are measured (the frontend that serves them).
+LOGPROBS_STACK = ("python x1", STACKS["python x1"])
 
 
 @contextlib.contextmanager
@@ -144,6 +149,29 @@ def bench_toy(opts: argparse.Namespace, stream_load: Path, log_dir: Path) -> flo
         return max(frontend_streaming(stream_load, port, opts.toy_streams, opts.toy_tokens) for _ in range(opts.rounds))
 
 
+def bench_logprobs(opts: argparse.Namespace, stream_load: Path, log_dir: Path) -> dict:
+    """Streamed tokens/s with `logprobs=5` and without, on one stack (the
+    Python API server: the Rust frontend does not serve logprobs yet)."""
+    name, args = LOGPROBS_STACK
+    with serve(
+        "--model", "echo", "--served-model-name", "toy", "--data-parallel-size", "2", *args,
+        log_path=log_dir / "serve-logprobs.log",
+    ) as port:  # fmt: skip
+        frontend_streaming(stream_load, port, 2, 8, logprobs=5)  # warm-up
+        plain = with_logprobs = 0.0
+        for _ in range(opts.rounds):
+            plain = max(plain, frontend_streaming(stream_load, port, opts.streams, opts.tokens))
+            with_logprobs = max(with_logprobs, frontend_streaming(stream_load, port, opts.streams, opts.tokens, 5))
+    return {"stack": name, "stream_tokens_per_s": plain, "logprobs5_stream_tokens_per_s": with_logprobs,
+            "ratio": with_logprobs / plain}  # fmt: skip
+
+
+def print_logprobs(r: dict) -> None:
+    """The logprobs row."""
+    print(f"  logprobs=5 ({r['stack']}): {r['logprobs5_stream_tokens_per_s']:.0f} vs {r['stream_tokens_per_s']:.0f} "
+          f"streamed tokens/s without: {r['ratio']:.2f}x", flush=True)  # fmt: skip
+
+
 def main() -> int:
     """Runs every measurement; prints the table and writes serve.json."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -162,12 +190,16 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--toy-streams", type=int, default=16)
     parser.add_argument("--toy-tokens", type=int, default=128)
+    parser.add_argument("--only-logprobs", action="store_true", help="run only the logprobs=5 streaming row")
     opts = parser.parse_args()
     if opts.quick:
         opts.rounds, opts.requests, opts.seconds, opts.toy_tokens = 1, 1000, 3, 32
     results_dir = ROOT / "bench" / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     stream_load = build_stream_load()
+    if opts.only_logprobs:
+        print_logprobs(bench_logprobs(opts, stream_load, results_dir))
+        return 0
     print(f"serve on echo, 2 engines; {opts.concurrency} clients x max_tokens=1 ({opts.client} client), "
           f"{opts.streams} streams x {opts.tokens} tokens; best of {opts.rounds}; {os.cpu_count()} CPUs")  # fmt: skip
     results: dict = {"cpus": os.cpu_count(), "options": vars(opts), "stacks": {}}
@@ -184,6 +216,8 @@ def main() -> int:
     verdict = "a smoke run, too short to judge" if opts.quick else ("met" if met else "NOT met")
     print(f"  Rust / one Python API server: {ratio:.1f}x requests/s, p99 {rust['p99_ms']:.2f} vs {python1['p99_ms']:.2f} ms "
           f"(goal: >= {REQUESTS_GOAL:.0f}x at equal or lower p99: {verdict})")  # fmt: skip
+    results["logprobs"] = bench_logprobs(opts, stream_load, results_dir)
+    print_logprobs(results["logprobs"])
     toy = bench_toy(opts, stream_load, results_dir)
     results["toy_cpu_stream_tokens_per_s"] = toy
     print(

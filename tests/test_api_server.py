@@ -100,7 +100,7 @@ def test_byte_decoder_never_splits_a_character():
         ({"temperature": -1}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"top_k": -5}, "top_k"),
-        ({"n": 2}, "n"),
+        ({"n": 0}, "n"),
         ({"stop": 3}, "stop"),
         ({"stop": ["a"] * 5}, "stop"),
         ({"stop_token_ids": [1] * 1025}, "stop_token_ids"),
@@ -144,8 +144,8 @@ def test_parameters_are_read():
     )  # fmt: skip
     assert c.sampling == {"temperature": 0.0, "top_k": 3} and c.stream and c.include_usage
     assert messages == [ChatMessage("user", "ab")] and add_generation_prompt
-    common, prompt = parse_completion({"prompt": [[5, 6]], "min_tokens": 1})
-    assert (prompt, common.max_tokens, common.sampling) == ([5, 6], None, {"min_tokens": 1})
+    common, prompt, echo = parse_completion({"prompt": [[5, 6]], "min_tokens": 1})
+    assert (prompt, common.max_tokens, common.sampling, echo) == ([5, 6], None, {"min_tokens": 1}, False)
     with pytest.raises(ApiError, match="must be a JSON object"):
         parse_json_object(b"[1]")
     with pytest.raises(ApiError, match="not valid JSON"):

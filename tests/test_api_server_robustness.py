@@ -401,7 +401,7 @@ BAD_BODIES = [
     ("/v1/completions", body_with(b'"repetition_penalty": 1e400'), "repetition_penalty"),
     ("/v1/completions", body_with(b'"temperature": NaN'), None),
     ("/v1/completions", body_with(b'"presence_penalty": Infinity'), None),
-    ("/v1/completions", body_with(b'"n": 2'), "n"),
+    ("/v1/completions", body_with(b'"n": 0'), "n"),
     ("/v1/completions", body_with(b'"model": "\\ud800"'), None),
     ("/v1/completions", b'{"prompt": [%d]}' % 2**40, "prompt"),
     ("/v1/completions", b'{"prompt": [' + b"9" * 5000 + b"]}", "prompt"),

@@ -21,10 +21,12 @@ struct Options {
     streams: usize,
     tokens: u32,
     prompt: String,
+    /// `logprobs` to ask for with every token (none when not given).
+    logprobs: Option<u32>,
 }
 
 fn parse_options() -> Result<Options, String> {
-    let mut options = Options { port: 0, streams: 64, tokens: 256, prompt: "Hello".into() };
+    let mut options = Options { port: 0, streams: 64, tokens: 256, prompt: "Hello".into(), logprobs: None };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -34,6 +36,7 @@ fn parse_options() -> Result<Options, String> {
             "--streams" => options.streams = value.parse().map_err(|e| bad(&e))?,
             "--tokens" => options.tokens = value.parse().map_err(|e| bad(&e))?,
             "--prompt" => options.prompt = value,
+            "--logprobs" => options.logprobs = Some(value.parse().map_err(|e| bad(&e))?),
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -104,15 +107,18 @@ fn check_answer(raw: &[u8]) -> Result<u64, String> {
 }
 
 async fn run(options: Options) -> Result<(u64, f64), String> {
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "model": "toy",
         "prompt": options.prompt,
         "max_tokens": options.tokens,
         "ignore_eos": true,
         "stream": true,
         "stream_options": {"include_usage": true},
-    })
-    .to_string();
+    });
+    if let Some(logprobs) = options.logprobs {
+        body["logprobs"] = logprobs.into();
+    }
+    let body = body.to_string();
     let request = format!(
         "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()

@@ -101,6 +101,12 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     parser.add_argument(
         "--reasoning-parser", default=None, help="split reasoning into the `reasoning` field (deepseek_r1, qwen3)"
     )
+    parser.add_argument(
+        "--max-logprobs", type=int, default=20, help="most logprobs a request may ask for (-1: the whole vocabulary)"
+    )
+    parser.add_argument(
+        "--return-tokens-as-token-ids", action="store_true", help="show tokens in logprobs as `token_id:N`"
+    )
     parser.add_argument("--enable-log-requests", action="store_true")
     parser.add_argument("--disable-log-stats", action="store_true")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error", "critical"))

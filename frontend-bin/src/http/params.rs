@@ -230,6 +230,9 @@ impl SamplingInput {
         }
         if let Some(n) = self.n {
             RULES.check_int("n", n)?;
+            if n > 1 {
+                return Err(RULES.refuse("n", "n_unsupported", &[("value", &n.to_string())]));
+            }
         }
         if let Some(best_of) = self.best_of {
             RULES.check_int("best_of", best_of)?;

@@ -24,6 +24,7 @@ import zmq.asyncio
 from vllm_rs.api_server.dp_coordinator import CoordinatorUpdate, follow_coordinator
 from vllm_rs.api_server.engine_outputs import EngineOutputError, decode_engine_message
 from vllm_rs.api_server.limits import ServerLimits
+from vllm_rs.api_server.logprobs import LogprobRows
 from vllm_rs.api_server.throttled_log import ThrottledWarning
 from vllm_rs.engine.protocol import (
     REQUEST_ABORT,
@@ -66,6 +67,10 @@ class Output:
     token_ids: list[int]
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
+    #: The new tokens' logprobs, when the request asked for them.
+    logprobs: LogprobRows | None = None
+    #: The prompt's logprobs (with the first output), when asked for.
+    prompt_logprobs: LogprobRows | None = None
 
 
 @dataclass
@@ -415,6 +420,9 @@ class EngineClient:
                 self._dispatch_utility(message)
             else:
                 self._dispatch_batch(message)
+            # recv returns without suspending while messages wait: an engine
+            # faster than this loop would otherwise starve every handler.
+            await asyncio.sleep(0)
 
     def _drop_malformed(self, error: EngineOutputError) -> None:
         """Fails only the requests a malformed message named."""
@@ -508,7 +516,13 @@ class EngineClient:
                 # Refused or failed in the engine: nothing it generated counts (as in vLLM).
                 self._finish(output.request_id, Failed(output.error.message, request_error_status(output.error)))
                 continue
-            event = Output(output.new_token_ids, output.finish_reason, output.stop_reason)
+            event = Output(
+                output.new_token_ids,
+                output.finish_reason,
+                output.stop_reason,
+                None if output.new_logprobs is None else LogprobRows.of(output.new_logprobs),
+                None if output.new_prompt_logprobs is None else LogprobRows.of(output.new_prompt_logprobs),
+            )
             if entry.max_tokens is not None and entry.delivered + len(event.token_ids) >= entry.max_tokens:
                 event = self._cap_at_max_tokens(output.request_id, entry, event)
             entry.delivered += len(event.token_ids)
@@ -532,4 +546,5 @@ class EngineClient:
                 entry.engine, entry.delivered + len(event.token_ids) - entry.max_tokens, entry.max_tokens, request_id,
             )  # fmt: skip
         self._send(entry.engine, REQUEST_ABORT, encode_abort([request_id]))
-        return Output(event.token_ids[:room], FinishReason.LENGTH)
+        logprobs = None if event.logprobs is None else event.logprobs.head(room)
+        return Output(event.token_ids[:room], FinishReason.LENGTH, None, logprobs, event.prompt_logprobs)

@@ -10,6 +10,8 @@ from typing import Any
 
 import msgpack
 
+from vllm_rs.api_server.logprobs import read_rows
+from vllm_rs.engine.logprobs import LogprobsRows
 from vllm_rs.engine.protocol import (
     ENGINE_CORE_DEAD,
     EngineCoreOutput,
@@ -55,7 +57,7 @@ def _named_request_ids(items: list) -> list[str]:
     return list(dict.fromkeys(named))
 
 
-def _output(item: Any) -> EngineCoreOutput:
+def _output(item: Any, frames: Sequence[bytes | memoryview]) -> EngineCoreOutput:
     if not isinstance(item, list) or len(item) < 2 or not isinstance(item[0], str):
         raise ValueError("an output is not [request_id, new_token_ids, ...]")
     tokens = item[1] if item[1] is not None else []
@@ -68,7 +70,20 @@ def _output(item: Any) -> EngineCoreOutput:
     if stop_reason is not None and not (_is_int(stop_reason) or isinstance(stop_reason, str)):
         raise ValueError(f"stop_reason of {item[0]!r:.100} is neither a token id nor a string")
     finish = None if reason is None else FinishReason(reason)
-    return EngineCoreOutput(item[0], tokens, finish, stop_reason, error=_request_error(item[0], _slot(item, 18)))
+    return EngineCoreOutput(
+        item[0],
+        tokens,
+        finish,
+        stop_reason,
+        error=_request_error(item[0], _slot(item, 18)),
+        new_logprobs=_logprobs(item, 2, frames, "new_logprobs"),
+        new_prompt_logprobs=_logprobs(item, 3, frames, "new_prompt_logprobs_tensors"),
+    )
+
+
+def _logprobs(item: list, slot: int, frames: Sequence[bytes | memoryview], what: str) -> LogprobsRows | None:
+    value = _slot(item, slot)
+    return None if value is None else read_rows(value, frames, f"{what} of {item[0]!r:.100}")
 
 
 def _request_error(request_id: str, value: Any) -> RequestError | None:
@@ -120,14 +135,14 @@ def _utility(value: Any) -> UtilityOutput | None:
     return UtilityOutput(value[0], failure, None if result is None else result[1])
 
 
-def _message(items: list) -> EngineCoreOutputs:
+def _message(items: list, frames: Sequence[bytes | memoryview]) -> EngineCoreOutputs:
     engine_index = _slot(items, 0) if items else 0
     if not _is_int(engine_index) or not 0 <= engine_index <= MAX_ENGINE_INDEX:
         raise ValueError("engine_index is not an engine index")
     raw_outputs = _slot(items, 1)
     if raw_outputs is not None and not isinstance(raw_outputs, list):
         raise ValueError("outputs is not an array")
-    outputs = [_output(o) for o in raw_outputs or ()]
+    outputs = [_output(o, frames) for o in raw_outputs or ()]
     stats = _stats(_slot(items, 2))
     timestamp = _slot(items, 3)
     if timestamp is not None and not (isinstance(timestamp, (int, float)) and not isinstance(timestamp, bool)):
@@ -164,7 +179,8 @@ def _message(items: list) -> EngineCoreOutputs:
 def decode_engine_message(frames: Sequence[bytes | memoryview]) -> EngineCoreOutputs | None:
     """One output-socket message: None for `ENGINE_CORE_DEAD`, else the
     checked message. Raises EngineOutputError, and nothing else, for anything
-    that breaks the protocol. Extra frames (vLLM's tensor buffers) are ignored."""
+    that breaks the protocol. Extra frames are vLLM's aux buffers: the
+    logprobs arrays too large to travel inline."""
     if not frames:
         raise EngineOutputError("a message without frames")
     first = frames[0]
@@ -179,6 +195,6 @@ def decode_engine_message(frames: Sequence[bytes | memoryview]) -> EngineCoreOut
     if not isinstance(items, list):
         raise EngineOutputError(f"EngineCoreOutputs must be an array, got {type(items).__name__}")
     try:
-        return _message(items)
+        return _message(items, frames)
     except ValueError as e:
         raise EngineOutputError(str(e), _named_request_ids(items)) from None

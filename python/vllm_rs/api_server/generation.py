@@ -4,9 +4,10 @@ deltas, with detokenization, stop strings, usage counts and metrics."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vllm_rs.api_server.engine_client import Failed, RequestStream
+from vllm_rs.api_server.logprobs import Decode, Position, PositionReader
 from vllm_rs.api_server.metrics import Metrics
 from vllm_rs.api_server.stop_strings import StopStrings
 from vllm_rs.api_server.tokenizer import TextDecoder
@@ -36,10 +37,28 @@ class Finish:
 
 @dataclass
 class Delta:
-    """Text since the previous delta; the last one carries the finish."""
+    """Text since the previous delta; the last one carries the finish.
+    `token_ids` are the tokens that arrived with it and `logprobs` their
+    positions (when the request asked for logprobs); `prompt_logprobs` come
+    once, with the first delta, when asked for (the first token's is None)."""
 
     text: str
     finish: Finish | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[Position] | None = None
+    prompt_logprobs: list[Position | None] | None = None
+
+
+def _no_text(token_ids: list[int]) -> str:
+    return ""
+
+
+def total_usage(generations: list[Generation]) -> dict[str, int]:
+    """Usage of one request's choices: its prompt once, the completions
+    summed (as vLLM counts n > 1)."""
+    prompt = generations[0].prompt_tokens
+    completion = sum(g.completion_tokens for g in generations)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 class Generation:
@@ -53,6 +72,8 @@ class Generation:
         prompt_tokens: int,
         metrics: Metrics,
         started: float,
+        every_token: bool = False,
+        decode: Decode | None = None,
     ):
         self.stream = stream
         self.decoder = decoder
@@ -63,6 +84,13 @@ class Generation:
         self.started = started
         self.last_tokens_at: float | None = None
         self.finished = False
+        #: A delta for every output with tokens, even without new text
+        #: (logprobs belong to tokens, as in vLLM's streams).
+        self.every_token = every_token
+        # Logprob positions and their token strings, as vLLM's LogprobsProcessor
+        # reads them (each keeps the scored tokens before as context).
+        self._sample_positions = PositionReader(decode or _no_text)
+        self._prompt_positions = PositionReader(decode or _no_text)
         metrics.record_prompt(prompt_tokens)
 
     def usage(self) -> dict[str, int]:
@@ -80,12 +108,18 @@ class Generation:
         while not self.finished:
             event = await self.stream.next_event()
             token_ids: list[int] = []
+            logprobs: list[Position] | None = None
+            prompt_logprobs: list[Position | None] | None = None
             finish = None
             while event is not None:
                 if isinstance(event, Failed):
                     self._fail()
                     raise GenerationError(event.reason, event.status)
                 token_ids.extend(event.token_ids)
+                if event.logprobs is not None:
+                    logprobs = (logprobs or []) + self._sample_positions.read(event.logprobs)
+                if event.prompt_logprobs is not None:
+                    prompt_logprobs = [None, *self._prompt_positions.read(event.prompt_logprobs)]
                 if event.finish_reason is not None:
                     finish = Finish(event.finish_reason, event.stop_reason)
                     break
@@ -108,17 +142,24 @@ class Generation:
                 emit += self.stops.flush()
             if finish is not None:
                 self._finish(finish.reason)
-            if emit or finish is not None:
-                return Delta(emit, finish)
+            if emit or finish is not None or (self.every_token and token_ids):
+                return Delta(emit, finish, token_ids, logprobs, prompt_logprobs)
         return None
 
-    async def collect(self) -> tuple[str, Finish]:
-        """Runs to the end; returns the whole text and the finish."""
+    async def collect(self) -> Delta:
+        """Runs to the end; returns all of it as one delta."""
+        whole = Delta("")
         pieces = []
         while (delta := await self.next_delta()) is not None:
             pieces.append(delta.text)
+            whole.token_ids += delta.token_ids
+            if delta.logprobs is not None:
+                whole.logprobs = (whole.logprobs or []) + delta.logprobs
+            if delta.prompt_logprobs is not None:
+                whole.prompt_logprobs = delta.prompt_logprobs
             if delta.finish is not None:
-                return "".join(pieces), delta.finish
+                whole.text, whole.finish = "".join(pieces), delta.finish
+                return whole
         raise GenerationError("the generation ended without a finish reason")
 
     def close(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +13,8 @@ from starlette.responses import Response
 from vllm_rs.api_server.chat_tools import ChatTools, finish_reason, output_parser, read_chat_tools
 from vllm_rs.api_server.chat_tools import template_messages_extra as _template_extra
 from vllm_rs.api_server.errors import ApiError, dumps
-from vllm_rs.api_server.generation import GenerationError
+from vllm_rs.api_server.generation import Delta, GenerationError, total_usage
+from vllm_rs.api_server.logprobs import TokenStrings
 from vllm_rs.api_server.params import (
     MAX_BODY_BYTES,
     CommonParams,
@@ -25,6 +27,7 @@ from vllm_rs.api_server.params import (
     parse_json_object,
     parse_model,
 )
+from vllm_rs.api_server.rendering import CompletionPieces, Echo, Rendering
 from vllm_rs.api_server.request_rules import RULES
 from vllm_rs.api_server.sse import (
     ChatChunks,
@@ -104,17 +107,19 @@ class ChatInput(RequestModel):
     continue_final_message: bool | None = None
 
 
-def parse_completion(body: dict[str, Any]) -> tuple[CommonParams, str | list[int]]:
-    """Every parameter of a completion body checked: the shared ones and the
-    prompt (text or token ids); a 400 naming the first bad one."""
+def parse_completion(body: dict[str, Any]) -> tuple[CommonParams, str | list[int], bool]:
+    """Every parameter of a completion body checked: the shared ones, the
+    prompt (text or token ids) and `echo`; a 400 naming the first bad one."""
     c = parse_model(CompletionInput, body)
     s = parse_model(SamplingInput, body)
     if c.logprobs is not None:
         RULES.check_number("logprobs", c.logprobs)
-        raise RULES.refuse("logprobs", "logprobs_unsupported", param="logprobs")
     common = common_params(s, None if s.max_tokens is None else ("max_tokens", s.max_tokens))
-    if c.echo:
-        raise RULES.refuse("echo", "echo_unsupported")
+    common.logprobs = c.logprobs
+    echo = bool(c.echo)
+    if echo and common.prompt_logprobs is None:
+        # vLLM scores an echoed prompt as it scores the completion.
+        common.prompt_logprobs = c.logprobs
     if c.suffix is not None:
         raise RULES.refuse("suffix", "suffix_unsupported")
     prompt = c.prompt
@@ -125,7 +130,7 @@ def parse_completion(body: dict[str, Any]) -> tuple[CommonParams, str | list[int
             raise RULES.refuse("prompt", "one_prompt_only")
         prompt = prompt[0]
     _constrain(common, body)
-    return common, prompt  # type: ignore[return-value]
+    return common, prompt, echo  # type: ignore[return-value]
 
 
 def _constrain(common: CommonParams, body: dict[str, Any]) -> None:
@@ -146,8 +151,6 @@ def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], b
         RULES.check_number("top_logprobs", c.top_logprobs)
         if (c.top_logprobs == -1 or c.top_logprobs > 0) and not c.logprobs:
             raise RULES.refuse("top_logprobs", "top_logprobs_without_logprobs")
-    if c.logprobs:
-        raise RULES.refuse("logprobs", "logprobs_unsupported", param="logprobs")
     if c.continue_final_message:
         key = "continue_with_generation_prompt" if c.add_generation_prompt else "continue_final_message_unsupported"
         raise RULES.refuse("continue_final_message", key)
@@ -157,6 +160,8 @@ def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], b
     else:
         max_tokens = None if s.max_tokens is None else ("max_tokens", s.max_tokens)
     common = common_params(s, max_tokens)
+    if c.logprobs:
+        common.logprobs = c.top_logprobs or 0
     _constrain(common, body)
     messages = flatten_messages(c.messages)
     return common, messages, True if c.add_generation_prompt is None else c.add_generation_prompt
@@ -183,97 +188,127 @@ def flatten_messages(items: list[MessageInput] | None) -> list[ChatMessage]:
     return messages
 
 
+def _completion_choice(whole: Delta, rendering: Rendering) -> dict[str, Any]:
+    text, logprobs = CompletionPieces(rendering).piece(whole)
+    choice = {"text": text, "logprobs": logprobs}
+    if rendering.prompt_logprobs:
+        choice["prompt_logprobs"] = rendering.prompt_logprobs_json(whole.prompt_logprobs)
+    return choice
+
+
+def _chat_choice(whole: Delta, rendering: Rendering) -> dict[str, Any]:
+    message = {"role": "assistant", "content": whole.text}
+    return {"message": message, "logprobs": rendering.chat_logprobs(whole)}
+
+
 @dataclass(frozen=True)
 class AnswerShape:
     """How one endpoint answers: object names, stream chunks, the choice."""
 
     object: str
     chunk_object: str
-    chunks: type[CompletionChunks]
-    choice_field: Callable[[str], dict[str, Any]]
+    #: Makes the stream writer of choice `index`: (header, rendering, index).
+    chunks: Callable[[ChunkHeader, Rendering, int], CompletionChunks]
+    #: The body of a whole choice; a `finish_reason` in it overrides the engine's.
+    choice: Callable[[Delta, Rendering], dict[str, Any]]
+    #: Whether prompt logprobs go on the response (chat) rather than the choice.
+    prompt_logprobs_on_response: bool
 
 
-COMPLETION_SHAPE = AnswerShape("text_completion", "text_completion", CompletionChunks, lambda text: {"text": text})
-CHAT_SHAPE = AnswerShape(
-    "chat.completion",
-    "chat.completion.chunk",
-    ChatChunks,
-    lambda text: {"message": {"role": "assistant", "content": text}},
-)
+COMPLETION_SHAPE = AnswerShape("text_completion", "text_completion", CompletionChunks, _completion_choice, False)
+CHAT_SHAPE = AnswerShape("chat.completion", "chat.completion.chunk", ChatChunks, _chat_choice, True)
 
 
-async def _answer(state: ServerState, submitted: Submitted, common: CommonParams, shape: AnswerShape) -> Response:
+def _rendering(state: ServerState, common: CommonParams, echo: Echo | None = None) -> Rendering:
+    as_ids = common.return_tokens_as_token_ids
+    return Rendering(
+        strings=TokenStrings(
+            state.tokenizer.decode, state.settings.return_tokens_as_token_ids if as_ids is None else as_ids
+        ),
+        logprobs=common.logprobs,
+        echo=echo,
+        prompt_logprobs=common.prompt_logprobs is not None,
+    )
+
+
+async def _answer(
+    state: ServerState, submitted: Submitted, common: CommonParams, shape: AnswerShape, rendering: Rendering
+) -> Response:
     """Streams the generation as SSE, or collects it into one JSON answer."""
     model = state.settings.primary_model_name
     if common.stream:
         header = ChunkHeader(submitted.id, shape.chunk_object, submitted.created, model)
-        return sse_response(submitted.generation, shape.chunks(header), common.include_usage)
-    generation = submitted.generation
+        writers = [shape.chunks(header, rendering, index) for index in range(len(submitted.generations))]
+        return sse_response(submitted.generations, writers, common.include_usage)
+    generations = submitted.generations
+    tasks = [asyncio.ensure_future(generation.collect()) for generation in generations]
     try:
-        text, finish = await generation.collect()
+        wholes = await asyncio.gather(*tasks)
     except GenerationError as e:
         raise ApiError(e.status, str(e)) from None
     finally:
-        generation.close()
-    choice = {"index": 0, **shape.choice_field(text), "logprobs": None,
-              "finish_reason": finish.reason.openai_name, "stop_reason": finish.stop_reason}  # fmt: skip
-    return json_response({
+        for task in tasks:
+            task.cancel()  # the other choices, when one failed
+        for generation in generations:
+            generation.close()
+    choices = []
+    for index, whole in enumerate(wholes):
+        finish = whole.finish
+        assert finish is not None  # collect() returns finished generations only
+        body = shape.choice(whole, rendering)  # may name the finish itself (a tool call)
+        choices.append({"index": index, **body, "finish_reason": body.get("finish_reason", finish.reason.openai_name),
+                        "stop_reason": finish.stop_reason})  # fmt: skip
+    answer = {
         "id": submitted.id,
         "object": shape.object,
         "created": submitted.created,
         "model": model,
-        "choices": [choice],
-        "usage": generation.usage(),
-    })  # fmt: skip
+        "choices": choices,
+        "usage": total_usage(generations),
+    }
+    whole = wholes[0]
+    if shape.prompt_logprobs_on_response and rendering.prompt_logprobs:
+        answer["prompt_logprobs"] = rendering.prompt_logprobs_json(whole.prompt_logprobs)
+    return json_response(answer)
 
 
 async def create_completion(request: Request) -> Response:
     """Handles a completion request."""
     state: ServerState = request.app.state.server
-    common, prompt = parse_completion(await read_json_object(request))
+    common, prompt, echo = parse_completion(await read_json_object(request))
     check_model(state, common.model)
     prompt_tokens = state.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
     submitted = submit(state, request.headers, COMPLETIONS, prompt_tokens, common)
-    return await _answer(state, submitted, common, COMPLETION_SHAPE)
+    echoed = None
+    if echo:
+        echoed = Echo(prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt), prompt_tokens)
+    return await _answer(state, submitted, common, COMPLETION_SHAPE, _rendering(state, common, echoed))
 
 
-async def _answer_chat(state: ServerState, submitted: Submitted, common: CommonParams, tools: ChatTools) -> Response:
-    """The chat answer with its output read by the request's parsers
-    (reasoning, tool calls), streamed or whole."""
-    parser = output_parser(tools, state.settings.parsers)
-    if parser is None:
-        return await _answer(state, submitted, common, CHAT_SHAPE)
-    model = state.settings.primary_model_name
-    if common.stream:
-        header = ChunkHeader(submitted.id, CHAT_SHAPE.chunk_object, submitted.created, model)
-        chunks = ParsedChatChunks(header, parser.stream(), lambda reason, called: finish_reason(reason, tools, called))
-        return sse_response(submitted.generation, chunks, common.include_usage)
-    generation = submitted.generation
-    try:
-        text, finish = await generation.collect()
-    except GenerationError as e:
-        raise ApiError(e.status, str(e)) from None
-    finally:
-        generation.close()
-    reasoning, content, calls = parser.parse(text)
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if state.settings.parsers.reasoning_parser is not None:
-        message["reasoning"] = reasoning
-    if calls:
-        message["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
-        ]
-    reason = finish_reason(finish.reason.openai_name, tools, bool(calls))
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason,
-              "stop_reason": finish.stop_reason}  # fmt: skip
-    return json_response({
-        "id": submitted.id,
-        "object": CHAT_SHAPE.object,
-        "created": submitted.created,
-        "model": model,
-        "choices": [choice],
-        "usage": generation.usage(),
-    })  # fmt: skip
+def _parsed_chat_shape(parser: Any, tools: ChatTools, reasoning_parser: str | None) -> AnswerShape:
+    """The chat shape whose text goes through the request's output parser
+    (reasoning, tool calls), streamed or whole, each choice on its own."""
+
+    def named_finish(reason: str, called: bool) -> str:
+        return finish_reason(reason, tools, called)
+
+    def chunks(header: ChunkHeader, rendering: Rendering, index: int) -> CompletionChunks:
+        return ParsedChatChunks(header, rendering, parser.stream(), named_finish, index)
+
+    def choice(whole: Delta, rendering: Rendering) -> dict[str, Any]:
+        reasoning, content, calls = parser.parse(whole.text)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning_parser is not None:
+            message["reasoning"] = reasoning
+        if calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+            ]
+        assert whole.finish is not None  # collect() returns finished generations only
+        finish = named_finish(whole.finish.reason.openai_name, bool(calls))
+        return {"message": message, "logprobs": rendering.chat_logprobs(whole), "finish_reason": finish}
+
+    return AnswerShape(CHAT_SHAPE.object, CHAT_SHAPE.chunk_object, chunks, choice, True)
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -293,4 +328,6 @@ async def create_chat_completion(request: Request) -> Response:
     # The template writes BOS and the like itself.
     prompt = state.tokenizer.encode(prompt_text, add_special_tokens=False)
     submitted = submit(state, request.headers, CHAT, prompt, common)
-    return await _answer_chat(state, submitted, common, tools)
+    parser = output_parser(tools, state.settings.parsers)
+    shape = CHAT_SHAPE if parser is None else _parsed_chat_shape(parser, tools, state.settings.parsers.reasoning_parser)
+    return await _answer(state, submitted, common, shape, _rendering(state, common))

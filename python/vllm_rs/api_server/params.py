@@ -26,6 +26,8 @@ MAX_INT_DIGITS = 40
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: An integer the Rust frontend can hold (`i64`): both frontends refuse the same.
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+#: Below this temperature vLLM samples greedily (its `_SAMPLING_EPS`).
+GREEDY_TEMPERATURE = 1e-5
 TokenId = Annotated[int, Field(ge=0, le=2**32 - 1)]
 
 
@@ -134,6 +136,7 @@ class SamplingInput(RequestModel):
     bad_words: list[str] | None = None
     allowed_token_ids: list[Int64] | None = None
     prompt_logprobs: Int64 | None = None
+    return_tokens_as_token_ids: bool | None = None
     truncate_prompt_tokens: Int64 | None = None
     stream_interval: Int64 | None = None
 
@@ -167,6 +170,14 @@ class CommonParams:
     include_usage: bool = False
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    #: Top logprobs per generated token (-1: the whole vocabulary), when asked for.
+    logprobs: int | None = None
+    #: Top logprobs per prompt token, when asked for.
+    prompt_logprobs: int | None = None
+    #: Tokens in logprobs as `token_id:N`; None: as the server is configured.
+    return_tokens_as_token_ids: bool | None = None
+    #: Choices to generate (child requests, as vLLM fans them out).
+    n: int = 1
 
 
 def _bounded(param: str, items: list | dict) -> None:
@@ -233,12 +244,14 @@ def common_params(s: SamplingInput, max_tokens: tuple[str, int] | None) -> Commo
         RULES.check_number("prompt_logprobs", s.prompt_logprobs)
         if stream and (s.prompt_logprobs > 0 or s.prompt_logprobs == -1):
             raise RULES.refuse("prompt_logprobs", "prompt_logprobs_with_stream")
-        raise RULES.refuse("prompt_logprobs", "logprobs_unsupported", param="prompt_logprobs")
     _check_numbers({
         "n": s.n, "best_of": s.best_of, "presence_penalty": s.presence_penalty,
         "frequency_penalty": s.frequency_penalty, "repetition_penalty": s.repetition_penalty,
         "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
     })  # fmt: skip
+    n = 1 if s.n is None else s.n
+    if n > 1 and s.temperature is not None and s.temperature < GREEDY_TEMPERATURE:
+        raise ApiError(400, RULES.message("n_with_greedy_sampling", n=n))
     max_tokens_param, limit = max_tokens if max_tokens is not None else (None, None)
     if limit is not None:
         RULES.check_number(max_tokens_param, limit)  # type: ignore[arg-type]
@@ -289,4 +302,7 @@ def common_params(s: SamplingInput, max_tokens: tuple[str, int] | None) -> Commo
         include_usage=include_usage,
         logit_bias=logit_bias,
         allowed_token_ids=s.allowed_token_ids,
+        prompt_logprobs=s.prompt_logprobs,
+        return_tokens_as_token_ids=s.return_tokens_as_token_ids,
+        n=n,
     )

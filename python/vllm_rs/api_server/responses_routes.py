@@ -317,6 +317,7 @@ async def create_response(request: Request) -> Response:
     _check_supported(r)
     messages = input_messages(r.instructions, r.input)
     common = common_params(s, None if r.max_output_tokens is None else ("max_output_tokens", r.max_output_tokens))
+    common.n = 1  # vLLM's Responses API has no `n`: one choice
     check_model(state, common.model)
     try:
         prompt_text = state.tokenizer.apply_chat_template(messages, True)
@@ -330,7 +331,7 @@ async def create_response(request: Request) -> Response:
         common.max_tokens = room if common.max_tokens is None else min(common.max_tokens, room)
     submitted = submit(state, request.headers, RESPONSES, prompt, common)
     answer = Answer(r, s, submitted.id, submitted.created, state.settings.primary_model_name, common.max_tokens)
-    generation = submitted.generation
+    (generation,) = submitted.generations  # a response has one choice
     if common.stream:
         return StreamingResponse(
             _stream(generation, answer),
@@ -338,11 +339,13 @@ async def create_response(request: Request) -> Response:
             headers={"cache-control": "no-cache"},
         )
     try:
-        text, finish = await generation.collect()
+        whole = await generation.collect()
     except GenerationError as e:
         raise ApiError(e.status, str(e)) from None
     finally:
         generation.close()
+    finish = whole.finish
+    assert finish is not None  # collect() returns finished generations only
     # Unstreamed, vLLM always answers one message item (empty content when there is no text).
-    output = [_message_item(_item_id(), text, _status(finish))]
+    output = [_message_item(_item_id(), whole.text, _status(finish))]
     return json_response(answer.object(_status(finish), output, _usage(generation)))

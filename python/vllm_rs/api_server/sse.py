@@ -4,6 +4,7 @@ early (client gone) aborts the request."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +13,8 @@ from starlette.responses import StreamingResponse
 
 from vllm_rs.api_server.chat_tools import delta_json
 from vllm_rs.api_server.errors import ApiError, dumps
-from vllm_rs.api_server.generation import Delta, Generation, GenerationError
+from vllm_rs.api_server.generation import Delta, Generation, GenerationError, total_usage
+from vllm_rs.api_server.rendering import CompletionPieces, Rendering
 
 DONE = b"data: [DONE]\n\n"
 
@@ -48,8 +50,12 @@ class ChunkHeader:
 class CompletionChunks:
     """Chunks of `/v1/completions`."""
 
-    def __init__(self, header: ChunkHeader):
+    def __init__(self, header: ChunkHeader, rendering: Rendering, index: int = 0):
         self.header = header
+        self.rendering = rendering
+        #: The choice this writer writes (n > 1 streams interleave choices).
+        self.index = index
+        self.pieces = CompletionPieces(rendering)
 
     def opening(self) -> bytes | None:
         """Nothing before the text."""
@@ -58,10 +64,11 @@ class CompletionChunks:
     def delta(self, delta: Delta) -> bytes:
         """The chunk for one delta."""
         finish = delta.finish
+        text, logprobs = self.pieces.piece(delta)
         choice = {
-            "index": 0,
-            "text": delta.text,
-            "logprobs": None,
+            "index": self.index,
+            "text": text,
+            "logprobs": logprobs,
             "finish_reason": finish.reason.openai_name if finish else None,
             "stop_reason": finish.stop_reason if finish else None,
         }
@@ -78,11 +85,14 @@ class ChatChunks(CompletionChunks):
     def opening(self) -> bytes:
         """The role chunk."""
         delta = {"role": "assistant", "content": ""}
-        return self.header.event([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
+        return self.header.event([{"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}])
 
     def delta(self, delta: Delta) -> bytes:
         """The chunk for one delta."""
-        choice: dict[str, Any] = {"index": 0, "delta": {"content": delta.text}, "logprobs": None, "finish_reason": None}
+        # A chunk that only carries logprobs has an empty delta (vLLM's DeltaMessage()).
+        content = {"content": delta.text} if delta.text or delta.finish is not None else {}
+        logprobs = self.rendering.chat_logprobs(delta)
+        choice: dict[str, Any] = {"index": self.index, "delta": content, "logprobs": logprobs, "finish_reason": None}
         if delta.finish is not None:
             choice["finish_reason"] = delta.finish.reason.openai_name
             choice["stop_reason"] = delta.finish.stop_reason
@@ -94,8 +104,8 @@ class ParsedChatChunks(ChatChunks):
     output parser: reasoning, content and tool call deltas as vLLM streams
     them; `finish_reason(engine_reason, calls_made)` names the finish."""
 
-    def __init__(self, header: ChunkHeader, stream: Any, finish_reason: Any):
-        super().__init__(header)
+    def __init__(self, header: ChunkHeader, rendering: Rendering, stream: Any, finish_reason: Any, index: int = 0):
+        super().__init__(header, rendering, index)
         self.stream = stream
         self.finish_reason = finish_reason
 
@@ -113,9 +123,10 @@ class ParsedChatChunks(ChatChunks):
                     out.setdefault(key, []).extend(value)
                 else:
                     out[key] = out.get(key, "") + value
-        if not out and delta.finish is None:
+        logprobs = self.rendering.chat_logprobs(delta)
+        if not out and delta.finish is None and logprobs is None:
             return b""
-        choice: dict[str, Any] = {"index": 0, "delta": out, "logprobs": None, "finish_reason": None}
+        choice: dict[str, Any] = {"index": self.index, "delta": out, "logprobs": logprobs, "finish_reason": None}
         if delta.finish is not None:
             choice["finish_reason"] = self.finish_reason(delta.finish.reason.openai_name, self.stream.tools_called)
             choice["stop_reason"] = delta.finish.stop_reason
@@ -149,10 +160,57 @@ async def _events(generation: Generation, writer: CompletionChunks, include_usag
         generation.close()
 
 
-def sse_response(generation: Generation, writer: CompletionChunks, include_usage: bool) -> StreamingResponse:
-    """A `text/event-stream` response streaming `generation` through `writer`."""
+async def _choices_events(
+    generations: list[Generation], writers: list[CompletionChunks], include_usage: bool
+) -> AsyncIterator[bytes]:
+    """n > 1: each choice's chunks as they come, then the usage of all."""
+    queue: asyncio.Queue[tuple[int, Delta | GenerationError | None]] = asyncio.Queue()
+
+    async def pump(index: int, generation: Generation) -> None:
+        try:
+            while (delta := await generation.next_delta()) is not None:
+                queue.put_nowait((index, delta))
+                if delta.finish is not None:
+                    break
+        except GenerationError as e:
+            queue.put_nowait((index, e))
+            return
+        queue.put_nowait((index, None))
+
+    tasks = [asyncio.ensure_future(pump(index, generation)) for index, generation in enumerate(generations)]
+    try:
+        for writer in writers:
+            opening = writer.opening()
+            if opening is not None:
+                yield opening
+        running = len(generations)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, GenerationError):
+                yield event(ApiError(item.status, str(item)).body()) + DONE
+                return
+            else:
+                yield writers[index].delta(item)
+        yield (writers[0].usage(total_usage(generations)) if include_usage else b"") + DONE
+    finally:
+        # Client gone, a failure, or done: every child is aborted or finished.
+        for task in tasks:
+            task.cancel()
+        for generation in generations:
+            generation.close()
+
+
+def sse_response(
+    generations: list[Generation], writers: list[CompletionChunks], include_usage: bool
+) -> StreamingResponse:
+    """A `text/event-stream` response streaming each choice's generation
+    through its writer."""
+    if len(generations) == 1:
+        events = _events(generations[0], writers[0], include_usage)
+    else:
+        events = _choices_events(generations, writers, include_usage)
     return StreamingResponse(
-        _events(generation, writer, include_usage),
-        media_type="text/event-stream; charset=utf-8",
-        headers={"cache-control": "no-cache"},
+        events, media_type="text/event-stream; charset=utf-8", headers={"cache-control": "no-cache"}
     )

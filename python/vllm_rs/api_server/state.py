@@ -34,6 +34,10 @@ class ServerSettings:
     enable_log_requests: bool = False
     disable_log_stats: bool = False
     engine_count: int = 1
+    #: Most logprobs a request may ask for (-1: the whole vocabulary), vLLM's `--max-logprobs`.
+    max_logprobs: int = 20
+    #: Tokens in logprobs as `token_id:N` unless a request says otherwise.
+    return_tokens_as_token_ids: bool = False
     limits: ServerLimits = field(default_factory=ServerLimits)
     #: The tool-call and reasoning parsers chosen by the serve flags.
     parsers: ParserSettings = field(default_factory=ParserSettings)
@@ -63,6 +67,8 @@ class ServerSettings:
             enable_log_requests=bool(getattr(args, "enable_log_requests", False)),
             disable_log_stats=bool(getattr(args, "disable_log_stats", False)),
             engine_count=int(getattr(args, "data_parallel_size", 1) or 1),
+            max_logprobs=int(getattr(args, "max_logprobs", 20)),
+            return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
             limits=ServerLimits.from_env(),
             parsers=ParserSettings.from_args(args),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from starlette.datastructures import Headers
 
@@ -47,11 +47,11 @@ RESPONSES = Endpoint("resp_", "input", True)
 
 @dataclass
 class Submitted:
-    """A request running in an engine."""
+    """A request running in an engine: one generation per choice (`n`)."""
 
     id: str
     created: int
-    generation: Generation
+    generations: list[Generation]
 
 
 def check_model(state: ServerState, model: str | None) -> None:
@@ -113,6 +113,23 @@ def _limit_max_tokens(
     return max_tokens
 
 
+def _check_logprobs(state: ServerState, common: CommonParams, sampling: dict) -> None:
+    """vLLM's SamplingParams check against `--max-logprobs` (-1 counts as the
+    whole vocabulary on both sides); puts the counts into `sampling`."""
+    vocab = state.tokenizer.vocab_size
+    limit = vocab if state.settings.max_logprobs == -1 else state.settings.max_logprobs
+    for param, key, value in (
+        ("logprobs", "logprobs_above_max", common.logprobs),
+        ("prompt_logprobs", "prompt_logprobs_above_max", common.prompt_logprobs),
+    ):
+        if value is None:
+            continue
+        count = vocab if value == -1 else value
+        if count > limit:
+            raise RULES.refuse(param, key, count=count, limit=limit)
+        sampling[param] = value
+
+
 def submit(
     state: ServerState, headers: Headers, endpoint: Endpoint, prompt: list[int], common: CommonParams
 ) -> Submitted:
@@ -140,6 +157,7 @@ def submit(
         sampling["logit_bias"] = common.logit_bias
     if common.allowed_token_ids is not None and any(not 0 <= t < vocab for t in common.allowed_token_ids):
         raise RULES.refuse("allowed_token_ids", "allowed_token_ids_out_of_vocab")
+    _check_logprobs(state, common, sampling)
     all_stop = list(common.stop_token_ids)
     sampling["stop_token_ids"] = list(common.stop_token_ids)
     if common.ignore_eos:
@@ -160,17 +178,44 @@ def submit(
         external_req_id=external_id,
     )
     pinned = _pinned_rank(headers)
+    children = child_requests(request, common.n)
     if state.settings.enable_log_requests:
         logger.info(
             "received request %s: prompt_tokens=%d max_tokens=%s temperature=%s stream=%s",
-            request.request_id, len(prompt), max_tokens, sampling.get("temperature"), common.stream,
+            ", ".join(c.request_id for c in children), len(prompt), max_tokens, sampling.get("temperature"),
+            common.stream,
         )  # fmt: skip
+    every_token = common.logprobs is not None or common.prompt_logprobs is not None
+    generations: list[Generation] = []
     try:
-        stream = state.engines.submit(request, pinned)
-    except RankOutOfRangeError as e:
-        raise ApiError.invalid_param(DATA_PARALLEL_RANK_HEADER, str(e)) from None
-    except EngineUnavailableError as e:
+        for child in children:
+            stream = state.engines.submit(child, pinned)
+            decoder = state.tokenizer.decoder(prompt, common.decode)
+            generations.append(
+                Generation(
+                    stream, decoder, common.stop, len(prompt), state.metrics, started, every_token,
+                    state.tokenizer.decode,
+                )
+            )  # fmt: skip
+    except (RankOutOfRangeError, EngineUnavailableError) as e:
+        for generation in generations:
+            generation.close()
+        if isinstance(e, RankOutOfRangeError):
+            raise ApiError.invalid_param(DATA_PARALLEL_RANK_HEADER, str(e)) from None
         raise ApiError(503, str(e)) from None
-    decoder = state.tokenizer.decoder(prompt, common.decode)
-    generation = Generation(stream, decoder, common.stop, len(prompt), state.metrics, started)
-    return Submitted(external_id, int(time.time()), generation)
+    return Submitted(external_id, int(time.time()), generations)
+
+
+def child_requests(request: EngineCoreRequest, n: int) -> list[EngineCoreRequest]:
+    """The request itself when n is 1, else n child requests as vLLM's
+    ParentRequest makes them: ids `{index}_{request_id}`, seeds `seed + index`."""
+    if n == 1:
+        return [request]
+    seed = request.sampling_params.get("seed")
+    children = []
+    for index in range(n):
+        sampling = dict(request.sampling_params)
+        if seed is not None:
+            sampling["seed"] = seed + index
+        children.append(replace(request, request_id=f"{index}_{request.request_id}", sampling_params=sampling))
+    return children

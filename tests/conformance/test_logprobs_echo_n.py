@@ -1,0 +1,313 @@
+"""Logprobs, `echo` and prompt logprobs end to end: `python -m vllm_rs serve`
+with the echo model, asked through the real `openai` client, answers
+asserted against the echo model's known distribution (at a position whose
+token is t, token t + i has logprob -(i + 1) ln 2, the scored token t has
+-ln 2 and rank 1) in vLLM 0.33's layouts; `n` > 1 as child requests. The
+Python API server serves them; the Rust frontend still refuses them with a
+400 naming the field (checked here too)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from vllm_rs.api_server.submit import child_requests
+from vllm_rs.engine.protocol import EngineCoreRequest
+
+from tests.test_serve import API_KEY, FRONTENDS, Serve
+
+LN2 = math.log(2)
+
+
+@pytest.fixture(scope="module")
+def stack():
+    """echo on one engine behind the Python API server, `--max-logprobs 5`."""
+    serve = Serve("--model", "echo", "--port", "0", "--max-model-len", "512", "--max-logprobs", "5",
+                  "--frontend", "python", env={"VLLM_API_KEY": API_KEY})  # fmt: skip
+    try:
+        serve.wait_ready()
+        yield serve
+    finally:
+        serve.kill()
+
+
+def char(token_id: int) -> str:
+    return bytes([token_id]).decode("utf-8", errors="replace")
+
+
+def test_completion_logprobs(stack):
+    result = stack.client().completions.create(model="echo", prompt="hello", max_tokens=4, logprobs=2)
+    choice = result.choices[0]
+    assert choice.text == "hell"
+    lp = choice.logprobs
+    assert lp.tokens == ["h", "e", "l", "l"]
+    assert lp.token_logprobs == pytest.approx([-LN2] * 4)
+    assert lp.text_offset == [0, 1, 2, 3]
+    # logprobs + 1 entries at most: the sampled token is also the top one.
+    assert lp.top_logprobs[0] == pytest.approx({"h": -LN2, "i": -2 * LN2})
+    assert lp.top_logprobs[1] == pytest.approx({"e": -LN2, "f": -2 * LN2})
+
+
+def test_completion_logprobs_zero_and_none(stack):
+    client = stack.client()
+    zero = client.completions.create(model="echo", prompt="ab", max_tokens=2, logprobs=0).choices[0].logprobs
+    assert zero.tokens == ["a", "b"] and zero.top_logprobs == [{"a": pytest.approx(-LN2)}, {"b": pytest.approx(-LN2)}]
+    assert client.completions.create(model="echo", prompt="ab", max_tokens=2).choices[0].logprobs is None
+
+
+def test_streamed_completion_logprobs_have_running_offsets(stack):
+    chunks = list(stack.client().completions.create(model="echo", prompt="xyz", max_tokens=5, logprobs=1, stream=True))
+    tokens, offsets, texts = [], [], []
+    for chunk in chunks:
+        choice = chunk.choices[0]
+        texts.append(choice.text)
+        if choice.logprobs is not None:
+            tokens += choice.logprobs.tokens
+            offsets += choice.logprobs.text_offset
+            assert len(choice.logprobs.tokens) == len(choice.logprobs.token_logprobs)
+    assert "".join(texts) == "xyzxy"
+    assert tokens == list("xyzxy") and offsets == [0, 1, 2, 3, 4]
+
+
+def test_echo_prepends_the_prompt_with_its_logprobs(stack):
+    result = stack.client().completions.create(model="echo", prompt="abc", max_tokens=2, echo=True, logprobs=2)
+    choice = result.choices[0]
+    assert choice.text == "abcab"
+    lp = choice.logprobs
+    assert lp.tokens == list("abcab")
+    # The first prompt token has no logprob (nothing before it), as in vLLM.
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx([-LN2] * 4)
+    assert lp.top_logprobs[1] == pytest.approx({"b": -LN2, "c": -2 * LN2})
+    assert lp.text_offset == [0, 1, 2, 3, 4]
+    assert result.usage.prompt_tokens == 3 and result.usage.completion_tokens == 2
+
+
+def test_echo_without_logprobs_and_streamed(stack):
+    client = stack.client()
+    plain = client.completions.create(model="echo", prompt="hi", max_tokens=3, echo=True).choices[0]
+    assert plain.text == "hihih" and plain.logprobs is None
+    chunks = list(client.completions.create(model="echo", prompt="hi", max_tokens=3, echo=True, stream=True))
+    assert chunks[0].choices[0].text.startswith("hi")
+    assert "".join(c.choices[0].text for c in chunks) == "hihih"
+
+
+def test_prompt_logprobs(stack):
+    status, body = stack.http(
+        "POST", "/v1/completions", {"model": "echo", "prompt": "ab", "max_tokens": 1, "prompt_logprobs": 1},
+        {"authorization": f"Bearer {API_KEY}"},
+    )  # fmt: skip
+    assert status == 200, body
+    prompt_logprobs = json.loads(body)["choices"][0]["prompt_logprobs"]
+    assert prompt_logprobs[0] is None
+    entry = prompt_logprobs[1][str(ord("b"))]
+    assert entry["rank"] == 1 and entry["decoded_token"] == "b" and entry["logprob"] == pytest.approx(-LN2)
+
+
+def test_chat_logprobs_and_top_logprobs(stack):
+    client = stack.client()
+    messages = [{"role": "user", "content": "hi"}]
+    reply = client.chat.completions.create(model="echo", messages=messages, max_tokens=3, logprobs=True, top_logprobs=2)
+    content = reply.choices[0].logprobs.content
+    assert [c.token for c in content] == ["u", "s", "e"]
+    first = content[0]
+    assert first.logprob == pytest.approx(-LN2) and first.bytes == [ord("u")]
+    assert [(t.token, t.bytes) for t in first.top_logprobs] == [("u", [ord("u")]), ("v", [ord("v")])]
+    assert [t.logprob for t in first.top_logprobs] == pytest.approx([-LN2, -2 * LN2])
+    no_top = client.chat.completions.create(model="echo", messages=messages, max_tokens=2, logprobs=True)
+    assert [c.top_logprobs for c in no_top.choices[0].logprobs.content] == [[], []]
+    plain = client.chat.completions.create(model="echo", messages=messages, max_tokens=2)
+    assert plain.choices[0].logprobs is None
+
+
+def test_streamed_chat_logprobs(stack):
+    chunks = list(
+        stack.client().chat.completions.create(
+            model="echo", messages=[{"role": "user", "content": "hi"}], max_tokens=4, logprobs=True, top_logprobs=1,
+            stream=True,
+        )
+    )  # fmt: skip
+    tokens = [
+        c.token
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs
+        for c in chunk.choices[0].logprobs.content
+    ]
+    assert tokens == list("user")
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "user"
+
+
+def test_return_tokens_as_token_ids(stack):
+    client = stack.client()
+    completion = client.completions.create(
+        model="echo", prompt="ab", max_tokens=2, logprobs=2, extra_body={"return_tokens_as_token_ids": True}
+    )
+    lp = completion.choices[0].logprobs
+    assert lp.tokens == ["token_id:97", "token_id:98"]
+    assert list(lp.top_logprobs[0]) == ["token_id:97", "token_id:98"]
+    # Offsets count the placeholder strings, as vLLM's do.
+    assert lp.text_offset == [0, len("token_id:97")]
+    chat = client.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": "x"}], max_tokens=1, logprobs=True,
+        extra_body={"return_tokens_as_token_ids": True},
+    )  # fmt: skip
+    token = chat.choices[0].logprobs.content[0]
+    # As in vLLM, a token's own bytes are its decoded text's, whatever it shows.
+    assert token.token == "token_id:117" and token.bytes == [ord("u")]
+
+
+def _post(stack, path: str, body: dict) -> tuple[int, dict]:
+    status, raw = stack.http("POST", path, body, {"authorization": f"Bearer {API_KEY}"})
+    return status, json.loads(raw)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "message"),
+    [
+        ("/v1/completions", {"prompt": "a", "logprobs": 6}, "logprobs",
+         "Requested sample logprobs of 6, which is greater than max allowed: 5"),
+        ("/v1/completions", {"prompt": "a", "logprobs": -1}, "logprobs",
+         "Requested sample logprobs of 257, which is greater than max allowed: 5"),
+        ("/v1/completions", {"prompt": "a", "logprobs": -2}, "logprobs", "`logprobs` must be a positive value or -1."),
+        ("/v1/completions", {"prompt": "a", "prompt_logprobs": 9}, "prompt_logprobs",
+         "Requested prompt logprobs of 9, which is greater than max allowed: 5"),
+        ("/v1/completions", {"prompt": "a", "echo": True, "logprobs": 7}, "logprobs",
+         "Requested sample logprobs of 7, which is greater than max allowed: 5"),
+        ("/v1/completions", {"prompt": "a", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs",
+         "`prompt_logprobs` are not available when `stream=True`."),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "logprobs": True,
+                                  "top_logprobs": 6}, "logprobs",
+         "Requested sample logprobs of 6, which is greater than max allowed: 5"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, "top_logprobs",
+         "when using `top_logprobs`, `logprobs` must be set to true."),
+        ("/v1/completions", {"prompt": "a", "return_tokens_as_token_ids": 1}, "return_tokens_as_token_ids",
+         "`return_tokens_as_token_ids` must be a boolean"),
+    ],
+)  # fmt: skip
+def test_logprobs_validation(stack, path, body, param, message):
+    status, answer = _post(stack, path, {"model": "echo", "max_tokens": 2, **body})
+    assert status == 400, answer
+    assert answer["error"]["param"] == param and answer["error"]["message"] == message
+
+
+def test_server_option_return_tokens_as_token_ids():
+    serve = Serve("--model", "echo", "--port", "0", "--frontend", "python", "--return-tokens-as-token-ids",
+                  env={"VLLM_API_KEY": API_KEY})  # fmt: skip
+    try:
+        client = serve.client()
+        lp = client.completions.create(model="echo", prompt="a", max_tokens=1, logprobs=0).choices[0].logprobs
+        assert lp.tokens == ["token_id:97"]
+        lp = (
+            client.completions.create(
+                model="echo", prompt="a", max_tokens=1, logprobs=0, extra_body={"return_tokens_as_token_ids": False}
+            )
+            .choices[0]
+            .logprobs
+        )
+        assert lp.tokens == ["a"]
+    finally:
+        serve.kill()
+
+
+def test_n_choices_with_seed(stack):
+    client = stack.client()
+    result = client.completions.create(model="echo", prompt="abc", max_tokens=4, n=3, seed=7, logprobs=0)
+    assert [c.index for c in result.choices] == [0, 1, 2]
+    assert all(c.text == "abca" and c.logprobs.tokens == list("abca") for c in result.choices)
+    # The prompt counts once, the completions of every choice add up.
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens, result.usage.total_tokens) == (3, 12, 15)
+    chat = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "x"}], max_tokens=2, n=2)
+    assert [(c.index, c.message.content) for c in chat.choices] == [(0, "us"), (1, "us")]
+    assert chat.usage.completion_tokens == 4
+
+
+def test_streamed_n_choices(stack):
+    client = stack.client()
+    chunks = list(
+        client.completions.create(
+            model="echo", prompt="hey", max_tokens=5, n=3, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    for chunk in chunks[:-1]:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+            if choice.finish_reason is not None:
+                finishes[choice.index] = choice.finish_reason
+    assert texts == {0: "heyhe", 1: "heyhe", 2: "heyhe"} and finishes == {0: "length", 1: "length", 2: "length"}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 15
+    chat = list(
+        client.chat.completions.create(
+            model="echo", messages=[{"role": "user", "content": "x"}], max_tokens=3, n=2, stream=True
+        )
+    )
+    roles = [c.choices[0].index for c in chat if c.choices and c.choices[0].delta.role == "assistant"]
+    assert sorted(roles) == [0, 1]
+    content = {i: "".join(c.choices[0].delta.content or "" for c in chat if c.choices[0].index == i) for i in (0, 1)}
+    assert content == {0: "use", 1: "use"}
+
+
+def test_n_validation(stack):
+    status, answer = _post(stack, "/v1/completions", {"model": "echo", "prompt": "a", "n": 0})
+    assert (
+        status == 400
+        and answer["error"]["param"] == "n"
+        and answer["error"]["message"] == "n must be at least 1, got 0."
+    )
+    status, answer = _post(stack, "/v1/completions", {"model": "echo", "prompt": "a", "n": 2, "temperature": 0})
+    assert status == 400 and answer["error"]["message"] == "n must be 1 when using greedy sampling, got 2."
+
+
+def test_children_are_formed_as_vllms():
+    parent = EngineCoreRequest("cmpl-x-1234", [1, 2], {"seed": 10, "max_tokens": 3}, external_req_id="cmpl-x")
+    children = child_requests(parent, 3)
+    assert [c.request_id for c in children] == ["0_cmpl-x-1234", "1_cmpl-x-1234", "2_cmpl-x-1234"]
+    assert [c.sampling_params["seed"] for c in children] == [10, 11, 12]
+    assert {c.external_req_id for c in children} == {"cmpl-x"} and parent.sampling_params["seed"] == 10
+    unseeded = child_requests(EngineCoreRequest("r", [1], {}), 2)
+    assert [c.sampling_params.get("seed") for c in unseeded] == [None, None]
+    assert child_requests(parent, 1) == [parent]
+
+
+def test_disconnect_mid_stream_aborts_every_choice():
+    serve = Serve("--model", "echo", "--port", "0", "--frontend", "python", "--enable-log-requests", "--max-model-len", "1048576",
+                  env={"VLLM_API_KEY": API_KEY})  # fmt: skip
+    try:
+        client = serve.client()
+        stream = client.completions.create(model="echo", prompt="go", max_tokens=500_000, n=3, stream=True)
+        seen = set()
+        for chunk in stream:
+            seen.add(chunk.choices[0].index)
+            if len(seen) == 3:
+                break
+        stream.close()
+        # Something else completes: the engine is still serving.
+        assert client.completions.create(model="echo", prompt="ok", max_tokens=2).choices[0].text == "ok"
+        serve.interrupt()
+        assert serve.wait(30) == 0, serve.output
+        ids = [line for line in serve.lines if "received request 0_cmpl-" in line]
+        assert ids and all(f"{i}_cmpl-" in ids[0] for i in range(3)), serve.output
+        assert "1 requests finished, 3 aborted" in serve.output, serve.output
+    finally:
+        serve.kill()
+
+
+@pytest.mark.parametrize("frontend", [p for p in FRONTENDS if getattr(p, "values", [p])[0] == "rust"])
+def test_rust_frontend_refuses_them_with_a_400_naming_the_field(frontend):
+    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend, env={"VLLM_API_KEY": API_KEY})
+    try:
+        for body, param in [
+            ({"prompt": "a", "logprobs": 1}, "logprobs"),
+            ({"prompt": "a", "echo": True}, "echo"),
+            ({"prompt": "a", "n": 2}, "n"),
+            ({"prompt": "a", "prompt_logprobs": 1}, "prompt_logprobs"),
+        ]:
+            status, answer = _post(serve, "/v1/completions", {"model": "echo", **body})
+            assert status == 400 and answer["error"]["param"] == param, answer
+        chat = {"model": "echo", "messages": [{"role": "user", "content": "a"}], "logprobs": True}
+        status, answer = _post(serve, "/v1/chat/completions", chat)
+        assert status == 400 and answer["error"]["param"] == "logprobs", answer
+    finally:
+        serve.kill()
