@@ -62,11 +62,15 @@ class RunningServer:
 
 @contextlib.contextmanager
 def api_server(
-    echo_engines: int = 0, max_model_len: int | None = None, env: dict[str, str] | None = None
+    echo_engines: int = 0,
+    max_model_len: int | None = None,
+    env: dict[str, str] | None = None,
+    serve_args: dict[str, Any] | None = None,
 ) -> Iterator[RunningServer]:
     """One API server for one engine: `echo_engines=1` starts the repo's echo
     engine process, else the test must register an engine itself (see
-    `ScriptedEngine`). `env` is set for the server (and engine) processes."""
+    `ScriptedEngine`). `env` is set for the server (and engine) processes;
+    `serve_args` adds or replaces `serve` arguments (`model`, ...)."""
     saved = {name: os.environ.get(name) for name in env or {}}
     os.environ.update(env or {})
     http_sock = socket.socket()
@@ -80,6 +84,7 @@ def api_server(
             config = make_engine_config("echo", clients=[ClientAddresses(*addresses)])
             engines = CoreEngineProcManager(run_engine_core, echo_engines, 0, 0, config, True, addresses[0], None, True)
         args = argparse.Namespace(model="echo", data_parallel_size=1, api_key=None, max_model_len=max_model_len)
+        vars(args).update(serve_args or {})
         manager = APIServerProcessManager("http://127.0.0.1", http_sock, args, 1, [listeners[0]], [listeners[1]])
         port = http_sock.getsockname()[1]
     finally:

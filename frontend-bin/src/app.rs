@@ -12,10 +12,12 @@ use crate::engine::zmtp::FrameLimits;
 use crate::engine::EngineClient;
 use crate::error::ExitError;
 use crate::fds::{adopt_listening_socket, ListeningSocket};
+use crate::generation_config::GenerationConfig;
 use crate::http::server::{serve, ServeOptions};
 use crate::http::state::{unix_now, AppState};
 use crate::listener::StreamListener;
 use crate::metrics::Metrics;
+use crate::model_files::HubCache;
 use crate::stats_log::{log_stats_forever, STATS_LOG_INTERVAL};
 use crate::tokenizer::{load_tokenizer, Tokenizer};
 use anyhow::Context;
@@ -28,6 +30,7 @@ use tokio::sync::watch;
 struct Startup {
     config: ServerConfig,
     tokenizer: Arc<dyn Tokenizer>,
+    generation_config: Arc<GenerationConfig>,
     http: ListeningSocket,
     input: SocketSource,
     output: SocketSource,
@@ -116,7 +119,9 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     }
     let config = ServerConfig::load(&args.args_json, &process_env)?;
     tracing::debug!(?config, "configuration");
-    let tokenizer = load_tokenizer(&config)?;
+    let hub = HubCache::from_env(&process_env, config.model_files.download_dir.as_deref());
+    let tokenizer = load_tokenizer(&config, &hub)?;
+    let generation_config = Arc::new(GenerationConfig::for_server(&config, &hub)?);
     let http = adopt_listening_socket(args.listen_fd, "listen-fd")?;
     let source = |fd: Option<i32>, address: Option<String>, flag: &str| -> Result<SocketSource, ExitError> {
         match (fd, address) {
@@ -130,6 +135,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     Ok(Startup {
         config,
         tokenizer,
+        generation_config,
         http,
         input,
         output,
@@ -155,7 +161,16 @@ fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
 }
 
 async fn run_server(startup: Startup) -> anyhow::Result<()> {
-    let Startup { config, tokenizer, http, input, output, engine_start_index: start, engine_count: count } = startup;
+    let Startup {
+        config,
+        tokenizer,
+        generation_config,
+        http,
+        input,
+        output,
+        engine_start_index: start,
+        engine_count: count,
+    } = startup;
     let mut stop = shutdown_signal()?;
     let http_address = http.address.clone();
     let input = open_engine_listener(input, "input")?;
@@ -186,8 +201,15 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         max_header_bytes: config.http_max_header_bytes,
         drain_timeout: config.shutdown_timeout,
     };
-    let state =
-        Arc::new(AppState { config, tokenizer, engines: engines.clone(), metrics, max_model_len, created: unix_now() });
+    let state = Arc::new(AppState {
+        config,
+        tokenizer,
+        generation_config,
+        engines: engines.clone(),
+        metrics,
+        max_model_len,
+        created: unix_now(),
+    });
     let listener = StreamListener::from_socket(http).context("adopting the HTTP socket")?;
     tracing::info!(
         "serving the OpenAI API on {} (model {}, max_model_len {:?}, engines {start}..={})",

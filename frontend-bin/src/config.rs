@@ -53,6 +53,11 @@ const KNOWN_KEYS: &[&str] = &[
     "shutdown_timeout",
     "engine_stall_timeout_s",
     "max_engine_message_bytes",
+    "generation_config",
+    "override_generation_config",
+    "revision",
+    "tokenizer_revision",
+    "download_dir",
 ];
 
 /// Keys `vllm serve` may put in `--args-json` that change what clients get
@@ -76,8 +81,6 @@ pub const REFUSED_KEYS: &[(&str, &str)] = &[
     ("chat_template", "a custom chat template is not supported"),
     ("chat_template_content_format", "a chat template content format is not supported"),
     ("response_role", "another response role is not supported"),
-    ("generation_config", "generation configs are not applied"),
-    ("override_generation_config", "generation configs are not applied"),
     ("enable_auto_tool_choice", "tool calling is not supported"),
     ("tool_call_parser", "tool calling is not supported"),
     ("reasoning_parser", "reasoning parsers are not supported"),
@@ -119,6 +122,47 @@ pub struct ServerConfig {
     pub http_header_timeout: Duration,
     /// Largest request head (bytes).
     pub http_max_header_bytes: usize,
+    /// Where the model's files are found: `revision`, `tokenizer_revision`,
+    /// `download_dir`, `generation_config`, `override_generation_config`.
+    pub model_files: ModelFilesConfig,
+}
+
+/// The `--args-json` keys that say where the model's files are and which
+/// generation config applies (`model_files.rs`, `generation_config.rs`).
+#[derive(Clone, Debug, Default)]
+pub struct ModelFilesConfig {
+    /// `model`, where the generation config is looked for: vLLM sets it equal
+    /// to `model_tag`; `serve` passes the model directory here while
+    /// `model_tag` names the built-in tokenizer.
+    pub model: Option<String>,
+    /// Revision of the model in the hub cache (default `main`).
+    pub revision: Option<String>,
+    /// Revision of the tokenizer (default: `revision`).
+    pub tokenizer_revision: Option<String>,
+    /// A hub cache folder searched after the default one.
+    pub download_dir: Option<String>,
+    /// `auto` (default), `vllm` or a folder.
+    pub generation_config: String,
+    /// Overrides of the generation config's sampling defaults.
+    pub override_generation_config: Map<String, Value>,
+}
+
+impl ModelFilesConfig {
+    fn load(keys: &Keys) -> Result<Self, ExitError> {
+        let override_generation_config = match keys.get("override_generation_config") {
+            None => Map::new(),
+            Some(Value::Object(map)) => map.clone(),
+            Some(other) => return Err(Keys::wrong_type("override_generation_config", "an object", other)),
+        };
+        Ok(ModelFilesConfig {
+            model: keys.string("model")?,
+            revision: keys.string("revision")?,
+            tokenizer_revision: keys.string("tokenizer_revision")?,
+            download_dir: keys.string("download_dir")?,
+            generation_config: keys.string("generation_config")?.unwrap_or_else(|| "auto".to_owned()),
+            override_generation_config,
+        })
+    }
 }
 
 impl fmt::Debug for ServerConfig {
@@ -139,6 +183,7 @@ impl fmt::Debug for ServerConfig {
             .field("http_body_timeout", &self.http_body_timeout)
             .field("http_header_timeout", &self.http_header_timeout)
             .field("http_max_header_bytes", &self.http_max_header_bytes)
+            .field("model_files", &self.model_files)
             .finish()
     }
 }
@@ -216,6 +261,7 @@ impl ServerConfig {
             http_max_header_bytes: env
                 .integer(HTTP_MAX_HEADER_BYTES_ENV, MIN_HEADER_BYTES, MAX_HEADER_BYTES)?
                 .map_or(64 * 1024, |n| n as usize),
+            model_files: ModelFilesConfig::load(&keys)?,
             model_tag,
         })
     }
