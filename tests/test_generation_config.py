@@ -107,7 +107,11 @@ def test_an_extra_eos_id_of_the_generation_config_finishes_the_request(tmp_path)
 def test_generation_config_reading_and_errors(tmp_path):
     model = echo_model(tmp_path / "m", {"eos_token_id": [EOS, NEWLINE], "temperature": 0.6, "top_k": 20, "min_p": None})
     config = GenerationConfig.load("auto", {"temperature": None, "max_new_tokens": 5}, model)
-    assert (config.defaults, config.max_tokens_cap, config.eos_token_ids) == ({"top_k": 20, "max_tokens": 5}, 5, [EOS, NEWLINE])
+    assert (config.defaults, config.max_tokens_cap, config.eos_token_ids) == (
+        {"top_k": 20, "max_tokens": 5},
+        5,
+        [EOS, NEWLINE],
+    )
     assert GenerationConfig.load("vllm", {}, model).defaults == {}
     assert GenerationConfig.load("vllm", {}, model).eos_token_ids == [EOS, NEWLINE]
     fields = config.stop_token_fields([7], True, EOS)
@@ -159,7 +163,9 @@ def test_locate_model_follows_refs_commits_and_the_cache_variables(tmp_path):
 def test_serve_finds_a_hub_model_in_the_cache_at_its_revision(tmp_path, frontend):
     hub = fake_hub_cache(tmp_path)
     for revision, stop in [([], "\n"), (["--revision", "v2"], "\x0b")]:
-        serve = Serve("--model", "Org/Name", *revision, "--port", "0", "--frontend", frontend, env={"HF_HUB_CACHE": str(hub)})
+        serve = Serve(
+            "--model", "Org/Name", *revision, "--port", "0", "--frontend", frontend, env={"HF_HUB_CACHE": str(hub)}
+        )
         try:
             client = serve.client()
             assert [m.id for m in client.models.list().data] == ["Org/Name"]

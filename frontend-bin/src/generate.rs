@@ -116,6 +116,12 @@ impl Generation {
                 return Some(self.fail(GenerationError::Engine));
             }
             let mut finish = finish_reason.map(|reason| Finish { reason, stop_reason });
+            let mut token_ids = token_ids;
+            if finish_reason == Some(FinishReason::Stop) {
+                // As vLLM: the token that stopped the request (EOS or a stop
+                // token id) is counted but left out of the text.
+                token_ids.pop();
+            }
             let mut text = self.decoder.push(&token_ids);
             if finish.is_some() {
                 text.push_str(&self.decoder.flush());

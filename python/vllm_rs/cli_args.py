@@ -31,7 +31,7 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         "--override-generation-config",
         type=_json_object,
         default=None,
-        help='JSON object merged over the generation config\'s sampling defaults, e.g. \'{"temperature": 0.5}\'',
+        help="JSON object merged over the generation config's sampling defaults, e.g. '{\"temperature\": 0.5}'",
     )
     parser.add_argument("--host", default=None, help="address to listen on (default: all IPv4 addresses)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")

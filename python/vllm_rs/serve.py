@@ -42,9 +42,9 @@ from typing import Any
 
 import zmq
 
+from vllm_rs.api_server.generation_config import GenerationConfig, GenerationConfigError
 from vllm_rs.cli_args import make_arg_parser
 from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigError, make_engine_config
-from vllm_rs.api_server.generation_config import GenerationConfig, GenerationConfigError
 from vllm_rs.engine.models import MODEL_TYPES, ModelPathError
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 from vllm_rs.logger import init_logger
@@ -248,7 +248,9 @@ def _locate_model_files(args: argparse.Namespace) -> tuple[str, str | None]:
         except ModelNotFoundError as e:
             return model, f"--model: {e}"
     try:
-        GenerationConfig.load(args.generation_config, args.override_generation_config or {}, None if model in MODEL_TYPES else model)
+        GenerationConfig.load(
+            args.generation_config, args.override_generation_config or {}, None if model in MODEL_TYPES else model
+        )
     except GenerationConfigError as e:
         return model, str(e)
     return model, None

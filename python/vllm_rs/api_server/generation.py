@@ -94,6 +94,10 @@ class Generation:
             if finish is not None and finish.reason == FinishReason.ERROR:
                 self._fail()
                 raise GenerationError(ENGINE_FAILED_MESSAGE)
+            if finish is not None and finish.reason == FinishReason.STOP:
+                # As vLLM: the token that stopped the request (EOS or a stop
+                # token id) is counted but left out of the text.
+                token_ids = token_ids[:-1]
             text = self.decoder.push(token_ids)
             if finish is not None:
                 text += self.decoder.flush()

@@ -138,7 +138,12 @@ class GenerationConfig:
             value = merged.get(key)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or not ok(value)
+            ):
                 raise GenerationConfigError(f"{name(key)} must be {what}")
             defaults[key] = float(value)
         for key, (low, high) in _INT_KEYS.items():
