@@ -16,7 +16,7 @@ use crate::error::ExitError;
 use crate::model_files::HubCache;
 use crate::tokenizer::byte_level::BUILTIN_MODELS;
 use serde_json::{Map, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The generation config file of a model.
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
@@ -245,7 +245,7 @@ fn read_config_dir(dir: &Path) -> Result<Option<Map<String, Value>>, ExitError> 
 }
 
 /// A JSON file, `None` when it does not exist.
-fn read_json(path: &PathBuf) -> Result<Option<Value>, ExitError> {
+fn read_json(path: &Path) -> Result<Option<Value>, ExitError> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -307,6 +307,7 @@ impl Typed<'_> {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::path::PathBuf;
 
     struct Dir(PathBuf);
     impl Drop for Dir {
