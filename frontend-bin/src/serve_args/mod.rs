@@ -7,6 +7,7 @@
 
 pub mod chat;
 pub mod http_layers;
+pub mod model_files;
 
 use crate::error::ExitError;
 use serde_json::{Map, Value};
@@ -43,6 +44,11 @@ pub const HONOURED_KEYS: &[&str] = &[
     "enable_force_include_usage",
     "h11_max_incomplete_event_size",
     "h11_max_header_count",
+    "generation_config",
+    "override_generation_config",
+    "revision",
+    "tokenizer_revision",
+    "download_dir",
 ];
 
 /// Server keys (vLLM's `FrontendArgs` and the `serve` command's own) that are
@@ -90,8 +96,6 @@ pub const REFUSED_KEYS: &[(&str, &str)] = &[
     ("ssl_ciphers", "cipher suites cannot be chosen (rustls offers only its own modern TLS 1.2/1.3 suites, named differently from OpenSSL's)"),
     ("enable_ssl_refresh", "reloading certificates when their files change is not supported"),
     ("middleware", "Python ASGI middleware cannot run in this frontend"),
-    ("generation_config", "generation configs are not applied"),
-    ("override_generation_config", "generation configs are not applied"),
     ("enable_auto_tool_choice", "tool calling is not supported"),
     ("tool_call_parser", "tool calling is not supported"),
     ("tool_parser_plugin", "tool calling is not supported"),

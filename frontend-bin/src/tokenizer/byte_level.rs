@@ -25,8 +25,8 @@ impl Tokenizer for ByteLevelTokenizer {
         Box::new(ByteLevelDecoder::default())
     }
 
-    fn stop_token_ids(&self) -> &[u32] {
-        &[BYTE_EOS_TOKEN_ID]
+    fn eos_token_id(&self) -> Option<u32> {
+        Some(BYTE_EOS_TOKEN_ID)
     }
 
     fn vocab_size(&self) -> usize {

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from vllm_rs import envs
 from vllm_rs.api_server.engine_client import EngineClient
+from vllm_rs.api_server.generation_config import GenerationConfig, load_for_model
 from vllm_rs.api_server.limits import ServerLimits
 from vllm_rs.api_server.metrics import Metrics
 from vllm_rs.api_server.tokenizer import ByteLevelTokenizer, Tokenizer
@@ -34,6 +35,7 @@ class ServerSettings:
     disable_log_stats: bool = False
     engine_count: int = 1
     limits: ServerLimits = field(default_factory=ServerLimits)
+    generation_config: GenerationConfig = field(default_factory=GenerationConfig)
 
     @property
     def primary_model_name(self) -> str:
@@ -43,7 +45,8 @@ class ServerSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerSettings:
         """From the `serve` namespace and the environment variables (vLLM's
-        and the `VLLM_RS_*` limits); raises LimitError for a bad limit."""
+        and the `VLLM_RS_*` limits); raises LimitError for a bad limit and
+        GenerationConfigError for a bad generation config."""
         model_tag = getattr(args, "model_tag", None) or args.model
         names = getattr(args, "served_model_name", None) or [model_tag]
         api_key = getattr(args, "api_key", None) or envs.api_key()  # vLLM's order
@@ -61,6 +64,13 @@ class ServerSettings:
             disable_log_stats=bool(getattr(args, "disable_log_stats", False)),
             engine_count=int(getattr(args, "data_parallel_size", 1) or 1),
             limits=ServerLimits.from_env(),
+            generation_config=load_for_model(
+                args.model,
+                getattr(args, "generation_config", None) or "auto",
+                getattr(args, "override_generation_config", None) or {},
+                getattr(args, "revision", None),
+                getattr(args, "download_dir", None),
+            ),
         )
 
 
