@@ -146,12 +146,13 @@ def fake_hub_cache(root: Path) -> Path:
 
 def test_locate_model_follows_refs_commits_and_the_cache_variables(tmp_path):
     hub = fake_hub_cache(tmp_path)
-    env = {"HF_HUB_CACHE": str(hub)}
+    # Offline: the cache only (tests/test_model_download.py downloads).
+    env = {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
     snapshots = hub / "models--Org--Name" / "snapshots"
     assert locate_model("Org/Name", env=env) == str(snapshots / "1111aaaa")
     assert locate_model("Org/Name", "v2", env=env) == str(snapshots / "2222bbbb")
     assert locate_model("Org/Name", "1111aaaa", env=env) == str(snapshots / "1111aaaa")
-    assert locate_model("Org/Name", env={}, download_dir=str(hub)) == str(snapshots / "1111aaaa")
+    assert locate_model("Org/Name", env={"HF_HUB_OFFLINE": "1"}, download_dir=str(hub)) == str(snapshots / "1111aaaa")
     assert hub_cache_roots({"HF_HOME": "/h"}) == ["/h/hub"]
     assert hub_cache_roots({"HOME": "/u"}, "/d") == ["/u/.cache/huggingface/hub", "/d"]
     for name, revision in [("Org/Missing", None), ("Org/Name", "v3"), ("../etc", None), ("Org/Name", "..")]:
@@ -180,7 +181,8 @@ def test_serve_finds_a_hub_model_in_the_cache_at_its_revision(tmp_path, frontend
 @pytest.mark.parametrize("frontend", FRONTENDS)
 def test_serve_refuses_a_model_that_is_nowhere(tmp_path, frontend):
     hub = fake_hub_cache(tmp_path)
-    serve = Serve("--model", "Org/Missing", "--port", "0", "--frontend", frontend, env={"HF_HUB_CACHE": str(hub)})
+    env = {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+    serve = Serve("--model", "Org/Missing", "--port", "0", "--frontend", frontend, env=env)
     try:
         assert serve.wait(60) == 2, serve.output
         assert "Org/Missing" in serve.output and str(hub / "models--Org--Missing") in serve.output, serve.output

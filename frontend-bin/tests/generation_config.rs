@@ -197,7 +197,8 @@ fn a_model_that_is_nowhere_exits_2_naming_it_and_where_it_looked() {
     let root = temp_dir("genconfig-missing");
     let hub = fake_hub_cache(&root);
     let hub_env = hub.display().to_string();
-    let env = [("HF_HUB_CACHE", hub_env.as_str())];
+    // Offline: the model is looked for in the cache only (frontend-bin/tests/model_download.rs downloads).
+    let env = [("HF_HUB_CACHE", hub_env.as_str()), ("HF_HUB_OFFLINE", "1")];
     for (args, needle) in [
         (json!({"model_tag": "Org/Missing"}), "models--Org--Missing"),
         (json!({"model_tag": "Org/Name", "revision": "v3"}), "\"v3\""),
