@@ -429,6 +429,183 @@ def validation_cases() -> dict[str, Any]:
     return {"vocab_size": VALIDATION_VOCAB_SIZE, "max_model_len": VALIDATION_MAX_MODEL_LEN, "cases": cases}
 
 
+#: Token ids of the end of sequence of the two test tokenizers: the Rust
+#: frontend's byte-BPE fixture (258) and the built-in byte-level one (256).
+TOKENIZER_EOS_IDS = (256, 258)
+#: The `max_model_len` the generation-config cases assume (large enough that
+#: no expected `max_tokens` depends on the prompt's length).
+GENERATION_MAX_MODEL_LEN = 1000
+#: A Llama-3-like generation config: EOS plus one more end-of-turn id, and sampling defaults.
+_LLAMA3_LIKE = {"eos_token_id": ["EOS", 10], "temperature": 0.6, "top_p": 0.9, "top_k": 20, "do_sample": True}
+
+#: name -> the model directory's generation_config.json ("EOS" stands for the
+#: tokenizer's EOS id), `generation_config` (`folder` means a second folder
+#: holding `folder_config`), `override_generation_config`, endpoint and body.
+GENERATION_CASES: dict[str, dict[str, Any]] = {
+    "auto_extra_eos_and_defaults": {
+        "model_config": _LLAMA3_LIKE,
+        "mode": "auto",
+        "override": {},
+        "endpoint": "completions",
+        "body": {"prompt": "hi", "max_tokens": 5},
+    },
+    "auto_request_values_win": {
+        "model_config": _LLAMA3_LIKE,
+        "mode": "auto",
+        "override": {},
+        "endpoint": "completions",
+        "body": {"prompt": "hi", "max_tokens": 5, "temperature": 0.2, "top_k": 5, "stop_token_ids": [7, 10]},
+    },
+    "auto_ignore_eos": {
+        "model_config": _LLAMA3_LIKE,
+        "mode": "auto",
+        "override": {},
+        "endpoint": "chat",
+        "body": {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5,
+            "ignore_eos": True,
+            "stop_token_ids": [7],
+        },
+    },
+    "auto_max_new_tokens_is_the_chat_default": {
+        "model_config": {"eos_token_id": "EOS", "max_new_tokens": 6, "repetition_penalty": 1.1, "min_p": 0.05},
+        "mode": "auto",
+        "override": {},
+        "endpoint": "chat",
+        "body": {"messages": [{"role": "user", "content": "hi"}]},
+    },
+    "auto_completion_keeps_16": {
+        "model_config": {"eos_token_id": "EOS", "max_new_tokens": 6},
+        "mode": "auto",
+        "override": {"presence_penalty": 0.5, "frequency_penalty": 0.25},
+        "endpoint": "completions",
+        "body": {"prompt": "hi"},
+    },
+    "vllm_mode_keeps_eos_ids_and_override_caps": {
+        "model_config": _LLAMA3_LIKE,
+        "mode": "vllm",
+        "override": {"temperature": 0.5, "max_new_tokens": 4},
+        "endpoint": "completions",
+        "body": {"prompt": "hi", "max_tokens": 10},
+    },
+    "vllm_mode_override_is_the_chat_default": {
+        "model_config": _LLAMA3_LIKE,
+        "mode": "vllm",
+        "override": {"temperature": 0.5, "max_new_tokens": 4},
+        "endpoint": "chat",
+        "body": {"messages": [{"role": "user", "content": "hi"}]},
+    },
+    "folder_caps_and_replaces_the_model_config": {
+        "model_config": _LLAMA3_LIKE,
+        "mode": "folder",
+        "folder_config": {"max_new_tokens": 3, "temperature": 0.7, "eos_token_id": [11]},
+        "override": {},
+        "endpoint": "chat",
+        "body": {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10},
+    },
+}
+
+
+def _with_eos(config: dict[str, Any], eos: int) -> dict[str, Any]:
+    def sub(v: Any) -> Any:
+        return eos if v == "EOS" else [sub(x) for x in v] if isinstance(v, list) else v
+
+    return {k: sub(v) for k, v in config.items()}
+
+
+def generation_requests() -> dict[str, tuple[EngineCoreRequest, dict[str, Any]]]:
+    """ADD payloads vLLM's OpenAI server builds for each case, through vLLM's
+    own code: `ModelConfig.get_diff_sampling_param` and
+    `try_get_generation_config` on the case's folders, `get_max_tokens`, the
+    request's `to_sampling_params`, and the input processor's
+    `update_from_generation_config` with the tokenizer's EOS."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from vllm.config.model import ModelConfig
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
+
+    out = {}
+    for case_name, case in GENERATION_CASES.items():
+        for eos in TOKENIZER_EOS_IDS:
+            with tempfile.TemporaryDirectory() as tmp:
+                model_dir = Path(tmp, "model")
+                model_dir.mkdir()
+                (model_dir / "generation_config.json").write_text(json.dumps(_with_eos(case["model_config"], eos)))
+                mode = case["mode"]
+                if mode == "folder":
+                    folder = Path(tmp, "folder")
+                    folder.mkdir()
+                    (folder / "generation_config.json").write_text(json.dumps(_with_eos(case["folder_config"], eos)))
+                    mode = str(folder)
+                config = SimpleNamespace(
+                    generation_config=mode, override_generation_config=dict(case["override"]),
+                    hf_config_path=None, model=str(model_dir), trust_remote_code=False, _hf_config_revision=None,
+                    revision=None, code_revision=None, config_format="auto", hf_token=None,
+                )  # fmt: skip
+                config.try_get_generation_config = lambda c=config: ModelConfig.try_get_generation_config(c)
+                defaults = ModelConfig.get_diff_sampling_param(config)
+                fields = ModelConfig.try_get_generation_config(config)
+            override_max_tokens = (
+                defaults.get("max_tokens")
+                if case["mode"] not in ("auto", "vllm")
+                else case["override"].get("max_new_tokens")
+            )
+            body = {"model": "m", **case["body"]}
+            chat = case["endpoint"] == "chat"
+            request = ChatCompletionRequest(**body) if chat else CompletionRequest(**body)
+            requested = (request.max_completion_tokens or request.max_tokens) if chat else request.max_tokens
+            prompt_len = 3
+            max_tokens = get_max_tokens(GENERATION_MAX_MODEL_LEN, requested, prompt_len, defaults, override_max_tokens)
+            params = request.to_sampling_params(max_tokens, defaults)
+            params.update_from_generation_config(fields, eos)
+            name = f"genconfig_{case_name}_eos{eos}"
+            out[name] = (
+                EngineCoreRequest(
+                    request_id=f"{name}-0000abcd",
+                    prompt_token_ids=[104, 105, 10],
+                    mm_features=None,
+                    sampling_params=params,
+                    pooling_params=None,
+                    arrival_time=1767225600.0,
+                    lora_request=None,
+                    cache_salt=None,
+                    data_parallel_rank=None,
+                    client_index=0,
+                    external_req_id=name,
+                ),  # fmt: skip
+                {
+                    "case": case_name,
+                    "tokenizer_eos_token_id": eos,
+                    "max_model_len": GENERATION_MAX_MODEL_LEN,
+                    "model_generation_config": _with_eos(case["model_config"], eos),
+                    "folder_generation_config": _with_eos(case.get("folder_config", {}), eos),
+                    "generation_config": case["mode"],
+                    "override_generation_config": case["override"],
+                    "endpoint": case["endpoint"],
+                    "body": case["body"],
+                    "expect": {
+                        "max_tokens": params.max_tokens,
+                        "eos_token_id": params._eos_token_id,
+                        "stop_token_ids": sorted(params.stop_token_ids),
+                        "all_stop_token_ids": sorted(params._all_stop_token_ids),
+                        "temperature": params.temperature,
+                        "top_p": params.top_p,
+                        "top_k": params.top_k,
+                        "min_p": params.min_p,
+                        "repetition_penalty": params.repetition_penalty,
+                        "presence_penalty": params.presence_penalty,
+                        "frequency_penalty": params.frequency_penalty,
+                        "ignore_eos": params.ignore_eos,
+                    },
+                },
+            )
+    return out
+
+
 #: Realistic `vllm serve` command lines (after `vllm serve`).
 SERVE_COMMAND_LINES = {
     "plain": ["Qwen/Qwen3-0.6B"],
@@ -637,6 +814,14 @@ def main() -> None:
         write(name, encoder.encode(message), "outputs", description)
     for name, (request, given, expect) in requests().items():
         write(name, encoder.encode(request), "request", "EngineCoreRequest (ADD payload)", given=given, expect=expect)
+    for name, (request, case) in generation_requests().items():
+        write(
+            name,
+            encoder.encode(request),
+            "generation_config_request",
+            "EngineCoreRequest vLLM's OpenAI server builds for a request under a generation config",
+            **case,
+        )
     for name, call in utility_calls().items():
         write(name, encoder.encode(tuple(call)), "utility_call", f"UTILITY payload calling {call[2]}{tuple(call[3])}")
     write("abort", encoder.encode(["r1", "r2"]), "abort", "ABORT payload (request ids)")

@@ -66,11 +66,13 @@ def api_server(
     max_model_len: int | None = None,
     env: dict[str, str] | None = None,
     tokenizer: str | None = None,
+    serve_args: dict[str, Any] | None = None,
 ) -> Iterator[RunningServer]:
     """One API server for one engine: `echo_engines=1` starts the repo's echo
     engine process, else the test must register an engine itself (see
     `ScriptedEngine`). `env` is set for the server (and engine) processes;
-    `tokenizer` is the `--tokenizer` argument."""
+    `tokenizer` is the `--tokenizer` argument; `serve_args` adds or replaces
+    `serve` arguments (`model`, ...)."""
     saved = {name: os.environ.get(name) for name in env or {}}
     os.environ.update(env or {})
     http_sock = socket.socket()
@@ -86,6 +88,7 @@ def api_server(
         args = argparse.Namespace(
             model="echo", data_parallel_size=1, api_key=None, max_model_len=max_model_len, tokenizer=tokenizer
         )
+        vars(args).update(serve_args or {})
         manager = APIServerProcessManager("http://127.0.0.1", http_sock, args, 1, [listeners[0]], [listeners[1]])
         port = http_sock.getsockname()[1]
     finally:

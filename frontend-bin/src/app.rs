@@ -13,10 +13,12 @@ use crate::engine::zmtp::FrameLimits;
 use crate::engine::EngineClient;
 use crate::error::ExitError;
 use crate::fds::{adopt_listening_socket, ListeningSocket};
+use crate::generation_config::GenerationConfig;
 use crate::http::server::{serve, ServeOptions};
 use crate::http::state::{unix_now, AppState};
 use crate::listener::StreamListener;
 use crate::metrics::Metrics;
+use crate::model_files::HubCache;
 use crate::stats_log::{log_stats_forever, STATS_LOG_INTERVAL};
 use crate::tokenizer::{load_tokenizer, Tokenizer};
 use anyhow::Context;
@@ -31,6 +33,7 @@ struct Startup {
     config: ServerConfig,
     tls: Option<tokio_rustls::TlsAcceptor>,
     tokenizer: Arc<dyn Tokenizer>,
+    generation_config: Arc<GenerationConfig>,
     http: ListeningSocket,
     grpc: Option<ListeningSocket>,
     input: SocketSource,
@@ -125,8 +128,10 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     }
     let config = ServerConfig::load(&args.args_json, &process_env)?;
     tracing::debug!(?config, "configuration");
-    let tokenizer = load_tokenizer(&config)?;
+    let hub = HubCache::from_env(&process_env, config.model_files.download_dir.as_deref());
+    let tokenizer = load_tokenizer(&config, &hub)?;
     let tls = config.http_layers.tls.as_ref().map(crate::tls::acceptor).transpose()?;
+    let generation_config = Arc::new(GenerationConfig::for_server(&config, &hub)?);
     let http = adopt_listening_socket(args.listen_fd, "listen-fd")?;
     let grpc = args.grpc_listen_fd.map(crate::grpc::server::adopt).transpose()?;
     let source = |fd: Option<i32>, address: Option<String>, flag: &str| -> Result<SocketSource, ExitError> {
@@ -142,6 +147,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
         config,
         tls,
         tokenizer,
+        generation_config,
         http,
         grpc,
         input,
@@ -173,6 +179,7 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         config,
         tls,
         tokenizer,
+        generation_config,
         http,
         grpc,
         input,
@@ -215,8 +222,15 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         max_header_count: config.http_max_header_count,
         drain_timeout: config.shutdown_timeout,
     };
-    let state =
-        Arc::new(AppState { config, tokenizer, engines: engines.clone(), metrics, max_model_len, created: unix_now() });
+    let state = Arc::new(AppState {
+        config,
+        tokenizer,
+        generation_config,
+        engines: engines.clone(),
+        metrics,
+        max_model_len,
+        created: unix_now(),
+    });
     let listener = StreamListener::from_socket(http).context("adopting the HTTP socket")?;
     let scheme = if tls.is_some() { "https://" } else { "http://" };
     tracing::info!(

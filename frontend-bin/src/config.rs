@@ -7,6 +7,7 @@ use crate::engine::zmtp::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::error::ExitError;
 pub use crate::serve_args::chat::ChatOptions;
 pub use crate::serve_args::http_layers::{ClientCerts, CorsRules, HttpLayers, TlsFiles};
+pub use crate::serve_args::model_files::ModelFilesConfig;
 use serde_json::{Map, Value};
 use std::ffi::OsString;
 use std::fmt;
@@ -85,6 +86,9 @@ pub struct ServerConfig {
     pub chat: ChatOptions,
     /// Include usage in every stream, whatever `stream_options` says.
     pub enable_force_include_usage: bool,
+    /// Where the model's files are found: `revision`, `tokenizer_revision`,
+    /// `download_dir`, `generation_config`, `override_generation_config`.
+    pub model_files: ModelFilesConfig,
 }
 
 impl fmt::Debug for ServerConfig {
@@ -109,6 +113,7 @@ impl fmt::Debug for ServerConfig {
             .field("http_layers", &self.http_layers)
             .field("chat", &self.chat)
             .field("enable_force_include_usage", &self.enable_force_include_usage)
+            .field("model_files", &self.model_files)
             .finish()
     }
 }
@@ -189,6 +194,7 @@ impl ServerConfig {
             http_layers: HttpLayers::load(&keys)?,
             chat: ChatOptions::load(&keys)?,
             enable_force_include_usage: keys.bool("enable_force_include_usage")?.unwrap_or(false),
+            model_files: ModelFilesConfig::load(&keys)?,
             model_tag,
         })
     }

@@ -298,10 +298,10 @@ async fn hugging_face_tokenizer_and_chat_template_from_the_tokenizer_key() {
     let (status, body) =
         post_json(&fe.url("/v1/chat/completions"), &json!({"messages": [{"role": "user", "content": "hi"}]})).await;
     assert_eq!(status, 200, "{body}");
-    // The echo engine replays the templated prompt until the first stop token, <|eot|> (258).
+    // The echo engine replays the templated prompt until EOS, <|eot|> (258): a nil stop_reason.
     assert_eq!(body["choices"][0]["message"]["content"], "[user] hi");
     assert_eq!(body["choices"][0]["finish_reason"], "stop");
-    assert_eq!(body["choices"][0]["stop_reason"], 258);
+    assert_eq!(body["choices"][0]["stop_reason"], Value::Null);
     let common::mock_engine::EngineEvent::Added { prompt, sampling, .. } = &engines[0].added()[0] else {
         unreachable!()
     };
@@ -310,7 +310,9 @@ async fn hugging_face_tokenizer_and_chat_template_from_the_tokenizer_key() {
     let get =
         |k: &str| sampling.as_map().unwrap().iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone());
     assert_eq!(get("_eos_token_id").and_then(|v| v.as_u64()), Some(258));
-    assert_eq!(get("_all_stop_token_ids").unwrap().to_string(), "[258, 10]");
+    // The generation config (and its extra EOS id 10) belongs to the model, which
+    // `my-model` does not name: only the tokenizer's EOS counts, as in vLLM.
+    assert_eq!(get("_all_stop_token_ids").unwrap().to_string(), "[258]");
 }
 
 #[tokio::test]

@@ -19,6 +19,20 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     parser.add_argument("--model", default="toy", help="`toy`, `echo`, or a model directory")
     parser.add_argument("--served-model-name", nargs="+", default=None, help="name(s) the API serves the model under")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
+    parser.add_argument("--revision", default=None, help="revision of a hub model in the Hugging Face cache (main)")
+    parser.add_argument("--tokenizer-revision", default=None, help="revision of the tokenizer (default: --revision)")
+    parser.add_argument("--download-dir", default=None, help="a hub cache folder searched after the default one")
+    parser.add_argument(
+        "--generation-config",
+        default="auto",
+        help="`auto` (the model's generation_config.json), `vllm` (no sampling defaults) or a folder",
+    )
+    parser.add_argument(
+        "--override-generation-config",
+        type=_json_object,
+        default=None,
+        help="JSON object merged over the generation config's sampling defaults, e.g. '{\"temperature\": 0.5}'",
+    )
     parser.add_argument("--host", default=None, help="address to listen on (default: all IPv4 addresses)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
     parser.add_argument(
@@ -111,6 +125,16 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     parser.add_argument("--disable-log-stats", action="store_true")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error", "critical"))
     return parser
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def _jsonable(value: Any) -> Any:

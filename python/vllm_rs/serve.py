@@ -42,12 +42,14 @@ from typing import Any
 
 import zmq
 
+from vllm_rs.api_server.generation_config import GenerationConfig, GenerationConfigError
 from vllm_rs.cli_args import make_arg_parser
 from vllm_rs.coordinator import CoordinatorListeners, CoordinatorProcManager
 from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigError, make_engine_config
-from vllm_rs.engine.models import ModelPathError
+from vllm_rs.engine.models import MODEL_TYPES, ModelPathError
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 from vllm_rs.logger import init_logger
+from vllm_rs.model_files import ModelNotFoundError, locate_model
 from vllm_rs.multinode import Topology, TopologyError, host_heartbeat_timeout_s, plan_topology, tcp_endpoint
 from vllm_rs.network_utils import PrivateSocketDir, ZmqListener, is_valid_ipv6_address, make_zmq_listener
 from vllm_rs.process import remove_on_exit
@@ -289,6 +291,26 @@ def _validate_parsers(args: argparse.Namespace) -> None:
             raise ServeUsageError(f"{option} {name!r}: not a parser here; choose one of {', '.join(names)}")
 
 
+def _locate_model_files(args: argparse.Namespace) -> tuple[str, str | None]:
+    """`--model` as a directory (a hub id becomes its cached snapshot;
+    built-in names stay), and what is wrong with the generation config, if
+    anything (the API server loads it again; errors are caught here, before
+    anything starts)."""
+    model = args.model
+    if model not in MODEL_TYPES:
+        try:
+            model = locate_model(model, args.revision, args.download_dir)
+        except ModelNotFoundError as e:
+            return model, f"--model: {e}"
+    try:
+        GenerationConfig.load(
+            args.generation_config, args.override_generation_config or {}, None if model in MODEL_TYPES else model
+        )
+    except GenerationConfigError as e:
+        return model, str(e)
+    return model, None
+
+
 def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
     _validate_numbers(args)
     try:
@@ -303,9 +325,12 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
         raise ServeUsageError("--grpc-port: only the Rust frontend serves gRPC (use --frontend rust)")
     if args.api_key is not None and not args.api_key:
         raise ServeUsageError("--api-key: empty; give the key, or leave the option out to serve without one")
+    model_dir, generation_error = _locate_model_files(args)
+    if generation_error is not None:
+        raise ServeUsageError(generation_error)
     try:
         config = make_engine_config(
-            args.model,
+            model_dir,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,

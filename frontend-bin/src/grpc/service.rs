@@ -88,16 +88,8 @@ impl Servicer {
                 return Err(invalid("sampling_params.min_tokens", format!("must not exceed max_tokens ({max})")));
             }
         }
-        sampling.all_stop_token_ids = sampling.stop_token_ids.clone();
-        if !sampling.ignore_eos {
-            let model_stops = state.tokenizer.stop_token_ids();
-            sampling.eos_token_id = model_stops.first().copied();
-            for &id in model_stops {
-                if !sampling.all_stop_token_ids.contains(&id) {
-                    sampling.all_stop_token_ids.push(id);
-                }
-            }
-        }
+        // vLLM's stop tokens: the request's, EOS, and the generation config's EOS ids.
+        state.generation_config.set_stop_token_ids(&mut sampling, state.tokenizer.eos_token_id());
         let request = EngineRequest {
             request_id: format!("{request_id}-{}", random_hex(8)),
             prompt_token_ids: prompt_token_ids.clone(),
@@ -367,7 +359,12 @@ impl VllmEngine for Servicer {
     async fn get_model_info(&self, _: Request<GetModelInfoRequest>) -> Result<Response<GetModelInfoResponse>, Status> {
         let config = &self.state.config;
         let tokenizer = &self.state.tokenizer;
-        let stops = tokenizer.stop_token_ids();
+        let mut stops: Vec<u32> = tokenizer.eos_token_id().into_iter().collect();
+        for &id in &self.state.generation_config.eos_token_ids {
+            if !stops.contains(&id) {
+                stops.push(id);
+            }
+        }
         Ok(Response::new(GetModelInfoResponse {
             model_path: config.model_tag.clone(),
             is_generation: true,

@@ -2,6 +2,7 @@
 
 use crate::config::ServerConfig;
 use crate::engine::EngineClient;
+use crate::generation_config::GenerationConfig;
 use crate::metrics::Metrics;
 use crate::tokenizer::Tokenizer;
 use std::sync::Arc;
@@ -12,6 +13,8 @@ pub struct AppState {
     pub config: ServerConfig,
     /// The model's tokenizer.
     pub tokenizer: Arc<dyn Tokenizer>,
+    /// Sampling defaults, `max_tokens` cap and extra EOS ids of the model's generation config.
+    pub generation_config: Arc<GenerationConfig>,
     /// The engines.
     pub engines: EngineClient,
     /// Request metrics.

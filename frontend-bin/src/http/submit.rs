@@ -97,6 +97,15 @@ pub fn submit(
     }
     let prompt_len = prompt_token_ids.len() as u64;
     let sampling = &mut common.sampling;
+    let generation_config = &state.generation_config;
+    generation_config.fill_sampling_defaults(sampling);
+    if endpoint == Endpoint::Chat && sampling.max_tokens.is_none() {
+        sampling.max_tokens = generation_config.defaults.max_tokens;
+        if let (Some(max_len), Some(max_tokens)) = (state.max_model_len, &mut sampling.max_tokens) {
+            // vLLM takes the smaller of the default and what the prompt leaves.
+            *max_tokens = (*max_tokens).min(max_len.saturating_sub(prompt_len).max(1));
+        }
+    }
     if let Some(max_len) = state.max_model_len {
         if prompt_len >= max_len {
             return Err(ApiError::invalid_param(
@@ -104,18 +113,26 @@ pub fn submit(
                 format!("This model's maximum context length is {max_len} tokens. However, your prompt has {prompt_len} tokens, leaving no room for completion tokens."),
             ));
         }
-        let max_tokens = *sampling.max_tokens.get_or_insert(match endpoint {
+        let max_tokens = sampling.max_tokens.get_or_insert(match endpoint {
             Endpoint::Completions => DEFAULT_COMPLETION_MAX_TOKENS.min(max_len - prompt_len),
             Endpoint::Chat | Endpoint::Responses => max_len - prompt_len,
         });
+        *max_tokens = generation_config.cap_max_tokens(*max_tokens);
+        let max_tokens = *max_tokens;
         if prompt_len + max_tokens > max_len {
             return Err(ApiError::invalid_param(
                 common.max_tokens_param.unwrap_or("max_tokens"),
                 format!("This model's maximum context length is {max_len} tokens. However, you requested {} tokens ({prompt_len} in the {prompt_param}, {max_tokens} in the completion). Please reduce the length of the {prompt_param} or completion.", prompt_len + max_tokens),
             ));
         }
-    } else if endpoint == Endpoint::Completions {
-        sampling.max_tokens.get_or_insert(DEFAULT_COMPLETION_MAX_TOKENS);
+    } else {
+        if endpoint == Endpoint::Completions {
+            sampling.max_tokens.get_or_insert(DEFAULT_COMPLETION_MAX_TOKENS);
+        }
+        sampling.max_tokens = match sampling.max_tokens {
+            Some(n) => Some(generation_config.cap_max_tokens(n)),
+            None => generation_config.max_tokens_cap,
+        };
     }
     // Checked again once max_tokens may have been defaulted: vLLM refuses min > max.
     if let (Some(min), Some(max)) = (sampling.min_tokens, sampling.max_tokens) {
@@ -130,16 +147,7 @@ pub fn submit(
     }
     // In the vocabulary, so each fits a u32.
     sampling.stop_token_ids = common.stop_token_ids.iter().map(|&t| t as u32).collect();
-    sampling.all_stop_token_ids = sampling.stop_token_ids.clone();
-    if !sampling.ignore_eos {
-        let model_stops = state.tokenizer.stop_token_ids();
-        sampling.eos_token_id = model_stops.first().copied();
-        for &id in model_stops {
-            if !sampling.all_stop_token_ids.contains(&id) {
-                sampling.all_stop_token_ids.push(id);
-            }
-        }
-    }
+    generation_config.set_stop_token_ids(sampling, state.tokenizer.eos_token_id());
 
     let id = endpoint.external_id(&client_request_id(headers));
     let pinned_rank = pinned_rank(headers)?;

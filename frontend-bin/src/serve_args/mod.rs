@@ -7,6 +7,7 @@
 
 pub mod chat;
 pub mod http_layers;
+pub mod model_files;
 
 use crate::error::ExitError;
 use serde_json::{Map, Value};
@@ -47,6 +48,11 @@ pub const HONOURED_KEYS: &[&str] = &[
     "enable_force_include_usage",
     "h11_max_incomplete_event_size",
     "h11_max_header_count",
+    "generation_config",
+    "override_generation_config",
+    "revision",
+    "tokenizer_revision",
+    "download_dir",
 ];
 
 /// Server keys (vLLM's `FrontendArgs` and the `serve` command's own) that are
@@ -93,8 +99,6 @@ pub const REFUSED_KEYS: &[(&str, &str)] = &[
     ("ssl_ciphers", "cipher suites cannot be chosen (rustls offers only its own modern TLS 1.2/1.3 suites, named differently from OpenSSL's)"),
     ("enable_ssl_refresh", "reloading certificates when their files change is not supported"),
     ("middleware", "Python ASGI middleware cannot run in this frontend"),
-    ("generation_config", "generation configs are not applied"),
-    ("override_generation_config", "generation configs are not applied"),
     ("tool_parser_plugin", "Python tool parser plugins cannot run in this frontend"),
     ("tool_server", "built-in tool servers (MCP, demo tools) are not supported"),
     ("tool_strict_level", "structural-tag tool constraints are not supported"),

@@ -37,8 +37,8 @@ impl Tokenizer for ByteLevelTokenizer {
         ids.iter().map(|&id| byte_token_string(id)).collect()
     }
 
-    fn stop_token_ids(&self) -> &[u32] {
-        &[BYTE_EOS_TOKEN_ID]
+    fn eos_token_id(&self) -> Option<u32> {
+        Some(BYTE_EOS_TOKEN_ID)
     }
 
     fn vocab_size(&self) -> usize {

@@ -1,6 +1,5 @@
 //! Hugging Face tokenizers: `tokenizer.json` through the `tokenizers` crate,
-//! special tokens and the chat template from `tokenizer_config.json`, extra
-//! stop tokens from `generation_config.json`.
+//! special tokens and the chat template from `tokenizer_config.json`.
 
 use super::chat_template::{special_token, template_source, ChatTemplate};
 use super::incremental::{AddedTokens, IncrementalDecoder};
@@ -14,7 +13,7 @@ use std::sync::Arc;
 pub struct HfTokenizer {
     inner: Arc<tokenizers::Tokenizer>,
     added_tokens: AddedTokens,
-    stop_token_ids: Vec<u32>,
+    eos_token_id: Option<u32>,
     chat_template: Option<ChatTemplate>,
     /// The chat template's text and its BOS/EOS tokens, for a template that replaces it.
     template_parts: (Option<String>, String, String),
@@ -33,7 +32,7 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
 
 impl HfTokenizer {
     /// Loads from `location`: a directory holding `tokenizer.json` (and
-    /// optionally `tokenizer_config.json`, `generation_config.json`), or a
+    /// optionally `tokenizer_config.json`), or a
     /// `tokenizer.json` file itself.
     pub fn load(location: &Path) -> Result<Self> {
         let (dir, file) = if location.is_dir() {
@@ -47,19 +46,7 @@ impl HfTokenizer {
         let inner = tokenizers::Tokenizer::from_file(&file).map_err(|e| anyhow!("loading {}: {e}", file.display()))?;
         let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
         let token_id = |name: Option<String>| name.and_then(|t| inner.token_to_id(&t));
-        let mut stop_token_ids: Vec<u32> = token_id(special_token(&config, "eos_token")).into_iter().collect();
-        if let Some(generation) = read_json(&dir.join("generation_config.json"))? {
-            let ids = match generation.get("eos_token_id") {
-                Some(Value::Array(ids)) => ids.iter().filter_map(Value::as_u64).collect(),
-                Some(id) => id.as_u64().into_iter().collect(),
-                None => Vec::new(),
-            };
-            for id in ids.into_iter().filter_map(|id| u32::try_from(id).ok()) {
-                if !stop_token_ids.contains(&id) {
-                    stop_token_ids.push(id);
-                }
-            }
-        }
+        let eos_token_id = token_id(special_token(&config, "eos_token"));
         let bos_token = special_token(&config, "bos_token").unwrap_or_default();
         let eos_token = special_token(&config, "eos_token").unwrap_or_default();
         let template_text = template_source(&config);
@@ -76,7 +63,7 @@ impl HfTokenizer {
         Ok(HfTokenizer {
             inner: Arc::new(inner),
             added_tokens,
-            stop_token_ids,
+            eos_token_id,
             chat_template,
             template_parts,
             source: file,
@@ -103,8 +90,8 @@ impl Tokenizer for HfTokenizer {
         ids.iter().map(|&id| self.inner.id_to_token(id).unwrap_or_default()).collect()
     }
 
-    fn stop_token_ids(&self) -> &[u32] {
-        &self.stop_token_ids
+    fn eos_token_id(&self) -> Option<u32> {
+        self.eos_token_id
     }
 
     fn vocab_size(&self) -> usize {
@@ -151,7 +138,7 @@ mod tests {
     fn loads_ids_stop_tokens_and_template() {
         let t = fixture();
         assert_eq!(t.vocab_size(), 260);
-        assert_eq!(t.stop_token_ids(), &[258, 10]);
+        assert_eq!(t.eos_token_id(), Some(258));
         // "he" merges; " w" merges into "Ġw"; BOS only for raw prompts.
         assert_eq!(t.encode("hello world", true).unwrap(), [259, 256, 108, 108, 111, 257, 111, 114, 108, 100]);
         assert_eq!(t.encode("hi", false).unwrap(), [104, 105]);

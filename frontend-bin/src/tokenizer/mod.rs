@@ -36,9 +36,9 @@ pub trait Tokenizer: Send + Sync {
     /// Each id's token as the vocabulary writes it (vLLM's
     /// `convert_ids_to_tokens`, `/tokenize` with `return_token_strs`).
     fn token_strings(&self, ids: &[u32]) -> Vec<String>;
-    /// Tokens that end generation unless `ignore_eos`: EOS first, then any
-    /// others the model's generation config names.
-    fn stop_token_ids(&self) -> &[u32];
+    /// The end-of-sequence token, if the tokenizer has one (the generation
+    /// config may name more stop tokens: `generation_config.rs`).
+    fn eos_token_id(&self) -> Option<u32>;
     /// Number of token ids (valid ids are `0..vocab_size`).
     fn vocab_size(&self) -> usize;
     /// The prompt text for `messages`; errors are the client's fault (HTTP 400).
@@ -91,10 +91,12 @@ pub trait TextDecoder: Send {
 
 /// The tokenizer for `config`: the built-in byte-level one for the built-in
 /// model names, else the Hugging Face tokenizer of the `tokenizer` key or of
-/// the model directory. A tokenizer that cannot be loaded is a usage error
-/// naming the key it came from.
+/// the model: a directory or `tokenizer.json` file, else the model's snapshot
+/// in the hub cache (at `tokenizer_revision`, else `revision`). A tokenizer
+/// that cannot be found or loaded is a usage error naming the key it came from.
 pub fn load_tokenizer(
     config: &crate::config::ServerConfig,
+    hub: &crate::model_files::HubCache,
 ) -> Result<std::sync::Arc<dyn Tokenizer>, crate::error::ExitError> {
     let (key, location) = match &config.tokenizer {
         Some(tokenizer) => ("tokenizer", tokenizer.as_str()),
@@ -103,9 +105,21 @@ pub fn load_tokenizer(
         }
         None => ("model_tag", config.model_tag.as_str()),
     };
-    match hf::HfTokenizer::load(std::path::Path::new(location)) {
+    let files = &config.model_files;
+    let path = if std::path::Path::new(location).exists() {
+        std::path::PathBuf::from(location)
+    } else {
+        let revision = files.tokenizer_revision.as_deref().or(files.revision.as_deref());
+        hub.locate(location, revision).map_err(|e| {
+            crate::error::ExitError::usage(format!(
+                "--args-json: `{key}`: {e}; built-in models: {}",
+                byte_level::BUILTIN_MODELS.join(", ")
+            ))
+        })?
+    };
+    match hf::HfTokenizer::load(&path) {
         Ok(tokenizer) => {
-            tracing::info!("tokenizer: {location}");
+            tracing::info!("tokenizer: {}", path.display());
             templated::with_chat_options(std::sync::Arc::new(tokenizer), &config.chat)
         }
         Err(e) => Err(crate::error::ExitError::usage(format!(

@@ -55,8 +55,8 @@ impl Tokenizer for TemplatedTokenizer {
         self.inner.token_strings(ids)
     }
 
-    fn stop_token_ids(&self) -> &[u32] {
-        self.inner.stop_token_ids()
+    fn eos_token_id(&self) -> Option<u32> {
+        self.inner.eos_token_id()
     }
 
     fn vocab_size(&self) -> usize {

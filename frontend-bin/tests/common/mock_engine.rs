@@ -121,6 +121,7 @@ struct Active {
     max_tokens: usize,
     generated: usize,
     stop_ids: Vec<u32>,
+    eos: Option<u32>,
     mode: Mode,
 }
 
@@ -189,10 +190,18 @@ fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicB
                         let sampling = slots[3].clone();
                         let max_tokens =
                             map_get(&sampling, "max_tokens").and_then(Value::as_u64).unwrap_or(16) as usize;
-                        let stop_ids = map_get(&sampling, "_all_stop_token_ids")
+                        // As vLLM's engine: stop on `stop_token_ids` and, unless
+                        // `ignore_eos`, on `_eos_token_id`; `_all_stop_token_ids`
+                        // only guards `min_tokens` there.
+                        let stop_ids = map_get(&sampling, "stop_token_ids")
                             .and_then(Value::as_array)
                             .map(|a| a.iter().filter_map(Value::as_u64).map(|t| t as u32).collect())
                             .unwrap_or_default();
+                        let ignore_eos = map_get(&sampling, "ignore_eos").and_then(Value::as_bool).unwrap_or(false);
+                        let eos = map_get(&sampling, "_eos_token_id")
+                            .and_then(Value::as_u64)
+                            .map(|t| t as u32)
+                            .filter(|_| !ignore_eos);
                         let text: String = prompt.iter().map(|&t| t as u8 as char).collect();
                         events.lock().unwrap().push(EngineEvent::Added {
                             id: id.clone(),
@@ -220,7 +229,7 @@ fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicB
                         } else {
                             Mode::Echo
                         };
-                        active.push(Active { id, prompt, max_tokens, generated: 0, stop_ids, mode });
+                        active.push(Active { id, prompt, max_tokens, generated: 0, stop_ids, eos, mode });
                     }
                     0x01 => {
                         let ids: Vec<String> =
@@ -302,9 +311,12 @@ fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicB
                 let token = a.prompt[a.generated % a.prompt.len()];
                 a.generated += 1;
                 tokens.push(Value::from(token));
-                if a.stop_ids.contains(&token) {
+                if a.eos == Some(token) || a.stop_ids.contains(&token) {
                     finish = Value::from(0);
-                    stop_reason = Value::from(token);
+                    // EOS finishes with a nil stop_reason, a stop token with itself.
+                    if a.eos != Some(token) {
+                        stop_reason = Value::from(token);
+                    }
                     a.generated = a.max_tokens;
                     break;
                 }

@@ -20,6 +20,7 @@ import zmq
 
 from vllm_rs.api_server.app import build_app
 from vllm_rs.api_server.engine_client import EngineClient, RegistrationError
+from vllm_rs.api_server.generation_config import GenerationConfigError
 from vllm_rs.api_server.http_protocol import guarded_protocol
 from vllm_rs.api_server.limits import LimitError
 from vllm_rs.api_server.metrics import Metrics
@@ -89,7 +90,7 @@ def run_server_worker(
     try:
         settings = ServerSettings.from_args(args)
         tokenizer = load_tokenizer(settings.model_tag, settings.tokenizer)
-    except (LimitError, TokenizerLoadError) as e:
+    except (LimitError, TokenizerLoadError, GenerationConfigError) as e:
         logger.error("%s", e)
         sys.exit(1)
     code = uvloop.run(_serve(listen_address, sock, settings, tokenizer, client_config, uvicorn_kwargs))

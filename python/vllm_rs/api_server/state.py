@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from vllm_rs import envs
 from vllm_rs.api_server.chat_tools import ParserSettings
 from vllm_rs.api_server.engine_client import EngineClient
+from vllm_rs.api_server.generation_config import GenerationConfig, load_for_model
 from vllm_rs.api_server.limits import ServerLimits
 from vllm_rs.api_server.metrics import Metrics
 from vllm_rs.api_server.tokenizer import ByteLevelTokenizer, Tokenizer
@@ -41,6 +42,7 @@ class ServerSettings:
     limits: ServerLimits = field(default_factory=ServerLimits)
     #: The tool-call and reasoning parsers chosen by the serve flags.
     parsers: ParserSettings = field(default_factory=ParserSettings)
+    generation_config: GenerationConfig = field(default_factory=GenerationConfig)
 
     @property
     def primary_model_name(self) -> str:
@@ -50,7 +52,8 @@ class ServerSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerSettings:
         """From the `serve` namespace and the environment variables (vLLM's
-        and the `VLLM_RS_*` limits); raises LimitError for a bad limit."""
+        and the `VLLM_RS_*` limits); raises LimitError for a bad limit and
+        GenerationConfigError for a bad generation config."""
         model_tag = getattr(args, "model_tag", None) or args.model
         names = getattr(args, "served_model_name", None) or [model_tag]
         api_key = getattr(args, "api_key", None) or envs.api_key()  # vLLM's order
@@ -71,6 +74,13 @@ class ServerSettings:
             return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
             limits=ServerLimits.from_env(),
             parsers=ParserSettings.from_args(args),
+            generation_config=load_for_model(
+                args.model,
+                getattr(args, "generation_config", None) or "auto",
+                getattr(args, "override_generation_config", None) or {},
+                getattr(args, "revision", None),
+                getattr(args, "download_dir", None),
+            ),
         )
 
 

@@ -89,9 +89,17 @@ def _check_vocabulary(ids: list[int], param: str, vocab_size: int) -> None:
 def _limit_max_tokens(
     state: ServerState, endpoint: Endpoint, prompt_len: int, max_tokens: int | None, max_tokens_param: str | None
 ) -> int | None:
+    generation_config = state.settings.generation_config
     max_len = state.max_model_len
+    if endpoint.is_chat and max_tokens is None:
+        max_tokens = generation_config.defaults.get("max_tokens")
+        if max_tokens is not None and max_len is not None:
+            # vLLM takes the smaller of the default and what the prompt leaves.
+            max_tokens = min(max_tokens, max(max_len - prompt_len, 1))
     if max_len is None:
-        return DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None and not endpoint.is_chat else max_tokens
+        if max_tokens is None and not endpoint.is_chat:
+            max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
+        return generation_config.max_tokens_cap if max_tokens is None else generation_config.cap_max_tokens(max_tokens)
     param = endpoint.prompt_param
     if prompt_len >= max_len:
         raise ApiError.invalid_param(
@@ -103,6 +111,7 @@ def _limit_max_tokens(
         max_tokens = (
             max_len - prompt_len if endpoint.is_chat else min(DEFAULT_COMPLETION_MAX_TOKENS, max_len - prompt_len)
         )
+    max_tokens = generation_config.cap_max_tokens(max_tokens)
     if prompt_len + max_tokens > max_len:
         raise ApiError.invalid_param(
             max_tokens_param or "max_tokens",
@@ -158,17 +167,12 @@ def submit(
     if common.allowed_token_ids is not None and any(not 0 <= t < vocab for t in common.allowed_token_ids):
         raise RULES.refuse("allowed_token_ids", "allowed_token_ids_out_of_vocab")
     _check_logprobs(state, common, sampling)
-    all_stop = list(common.stop_token_ids)
-    sampling["stop_token_ids"] = list(common.stop_token_ids)
+    generation_config = state.settings.generation_config
+    generation_config.fill_sampling_defaults(sampling)
     if common.ignore_eos:
         sampling["ignore_eos"] = True
-    else:
-        eos = state.tokenizer.eos_token_id
-        if eos is not None:
-            sampling["_eos_token_id"] = eos
-            if eos not in all_stop:
-                all_stop.append(eos)
-    sampling["_all_stop_token_ids"] = all_stop
+    eos = state.tokenizer.eos_token_id
+    sampling.update(generation_config.stop_token_fields(list(common.stop_token_ids), common.ignore_eos, eos))
     external_id = f"{endpoint.id_prefix}{_client_request_id(headers)}"
     request = EngineCoreRequest(
         request_id=f"{external_id}-{secrets.token_hex(4)}",

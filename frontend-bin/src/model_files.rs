@@ -1,0 +1,398 @@
+//! Where a model's files are, found as vLLM finds them: a local directory as
+//! given; else a snapshot in the Hugging Face hub cache (`HF_HUB_CACHE`, else
+//! `HF_HOME/hub`, else `~/.cache/huggingface/hub`; then `download_dir`) for
+//! the requested revision; else, unless `HF_HUB_OFFLINE` is set, the files
+//! this frontend reads are downloaded from the hub (`HF_ENDPOINT`, default
+//! `https://huggingface.co`) into the cache. A model found in none of these
+//! is an error naming it and every place looked in.
+
+use crate::config::EnvLookup;
+use hf_hub::api::sync::{ApiBuilder, ApiError};
+use hf_hub::{Cache, Repo, RepoType};
+use std::path::{Path, PathBuf};
+
+/// The revision used when none is given.
+pub const DEFAULT_REVISION: &str = "main";
+/// The hub vLLM downloads from when `HF_ENDPOINT` is not set.
+pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+/// The files this frontend reads from a model, downloaded when present
+/// (weights stay with the engines, which fetch their own).
+pub const HUB_FILES: &[&str] = &[
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+];
+
+/// Why a model's files could not be found.
+#[derive(Debug, thiserror::Error)]
+pub enum LocateError {
+    /// Not a directory, not in the cache, and not downloaded (offline, or not
+    /// a name the hub could have).
+    #[error(
+        "{name:?} is not a directory and revision {revision:?} of it is not in the Hugging Face cache \
+         (looked in {}){why_not_downloaded}",
+        list(.looked)
+    )]
+    NotFound {
+        /// The model name or path as given.
+        name: String,
+        /// The revision looked for.
+        revision: String,
+        /// The cache folders of the model that were looked in.
+        looked: Vec<PathBuf>,
+        /// Why no download was tried (starts with `; `).
+        why_not_downloaded: String,
+    },
+    /// The hub has none of the files at that revision (no such repo or
+    /// revision, or a private or gated one without a token).
+    #[error(
+        "{name:?} is not a directory, revision {revision:?} of it is not in the Hugging Face cache \
+         (looked in {}), and {endpoint} has no such model at that revision{auth_hint}",
+        list(.looked)
+    )]
+    NotOnHub {
+        /// The model name as given.
+        name: String,
+        /// The revision looked for.
+        revision: String,
+        /// The cache folders of the model that were looked in.
+        looked: Vec<PathBuf>,
+        /// The hub asked.
+        endpoint: String,
+        /// A hint when the hub refused access (401/403).
+        auth_hint: String,
+    },
+    /// The download failed (network, disk, a malformed answer).
+    #[error(
+        "{name:?} is not a directory, revision {revision:?} of it is not in the Hugging Face cache \
+         (looked in {}), and downloading {file} from {endpoint} failed: {reason}",
+        list(.looked)
+    )]
+    Download {
+        /// The model name as given.
+        name: String,
+        /// The revision looked for.
+        revision: String,
+        /// The cache folders of the model that were looked in.
+        looked: Vec<PathBuf>,
+        /// The hub asked.
+        endpoint: String,
+        /// The file whose download failed.
+        file: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+fn list(paths: &[PathBuf]) -> String {
+    if paths.is_empty() {
+        return "nothing: not a model name".to_owned();
+    }
+    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// How files missing from the cache are fetched.
+#[derive(Clone, Debug)]
+enum Download {
+    /// `HF_HUB_OFFLINE` is set: only the cache is used.
+    Offline,
+    /// From `endpoint` into the cache folder `into`.
+    From {
+        /// The hub's base URL (`HF_ENDPOINT`).
+        endpoint: String,
+        /// The hub cache the files go to: `download_dir` when given, else the default one.
+        into: PathBuf,
+        /// `HF_TOKEN`, for private and gated models (never logged).
+        token: Option<String>,
+    },
+}
+
+/// The hub cache folders to search, in order, and how to download what they lack.
+#[derive(Clone, Debug)]
+pub struct HubCache {
+    roots: Vec<PathBuf>,
+    download: Download,
+}
+
+impl Default for HubCache {
+    /// A cache with no folders that never downloads.
+    fn default() -> Self {
+        HubCache { roots: Vec::new(), download: Download::Offline }
+    }
+}
+
+/// `HF_HUB_OFFLINE` as `huggingface_hub` reads it: 1, ON, YES or TRUE (any case).
+fn truthy(value: &str) -> bool {
+    matches!(value.trim().to_ascii_uppercase().as_str(), "1" | "ON" | "YES" | "TRUE")
+}
+
+impl HubCache {
+    /// The cache as the Hugging Face libraries find it from the environment
+    /// (`HF_HUB_CACHE`, else `HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`,
+    /// else `~/.cache/huggingface/hub`), then `download_dir` when given.
+    /// Downloads go to `download_dir` when given (as vLLM's do), else to
+    /// the default folder; `HF_HUB_OFFLINE` turns them off.
+    pub fn from_env(env: EnvLookup, download_dir: Option<&str>) -> Self {
+        let text = |name: &str| env(name).and_then(|v| v.into_string().ok()).filter(|v| !v.is_empty());
+        let var = |name: &str| env(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let default_root = var("HF_HUB_CACHE").or_else(|| var("HF_HOME").map(|home| home.join("hub"))).or_else(|| {
+            var("XDG_CACHE_HOME")
+                .or_else(|| var("HOME").map(|home| home.join(".cache")))
+                .map(|cache| cache.join("huggingface").join("hub"))
+        });
+        let into = download_dir.map(PathBuf::from).or_else(|| default_root.clone());
+        let download = match into {
+            _ if text("HF_HUB_OFFLINE").is_some_and(|v| truthy(&v)) => Download::Offline,
+            None => Download::Offline,
+            Some(into) => Download::From {
+                endpoint: text("HF_ENDPOINT")
+                    .map_or_else(|| DEFAULT_ENDPOINT.to_owned(), |e| e.trim_end_matches('/').to_owned()),
+                into,
+                token: text("HF_TOKEN"),
+            },
+        };
+        let roots = default_root.into_iter().chain(download_dir.map(PathBuf::from)).collect();
+        HubCache { roots, download }
+    }
+
+    /// The directory holding `name`'s files: `name` itself when it is a
+    /// directory, else the cached snapshot of `revision` (default `main`): a
+    /// branch or tag under `refs/`, or a commit hash under `snapshots/`;
+    /// else the snapshot the files in `HUB_FILES` are downloaded into.
+    pub fn locate(&self, name: &str, revision: Option<&str>) -> Result<PathBuf, LocateError> {
+        let revision = revision.unwrap_or(DEFAULT_REVISION);
+        if Path::new(name).is_dir() {
+            return Ok(PathBuf::from(name));
+        }
+        let folder = format!("models--{}", name.replace('/', "--"));
+        let mut looked = Vec::new();
+        // A repo id never has empty parts, `..` or absolute paths: anything
+        // else cannot name a cache folder and must not walk out of one.
+        let plausible = !name.is_empty()
+            && !name.starts_with('/')
+            && name.split('/').count() <= 2
+            && name.split('/').all(|part| !part.is_empty() && part != "." && part != "..");
+        let plausible = plausible && !revision.contains('/') && revision != ".." && revision != ".";
+        if plausible {
+            for root in &self.roots {
+                let repo = root.join(&folder);
+                if let Some(snapshot) = snapshot(&repo, revision) {
+                    return Ok(snapshot);
+                }
+                looked.push(repo);
+            }
+        }
+        let not_found = |why: &str| LocateError::NotFound {
+            name: name.to_owned(),
+            revision: revision.to_owned(),
+            looked: looked.clone(),
+            why_not_downloaded: why.to_owned(),
+        };
+        match &self.download {
+            _ if !plausible => Err(not_found("; not a Hugging Face model id, so nothing was downloaded")),
+            Download::Offline => {
+                Err(not_found("; HF_HUB_OFFLINE is set (or there is no cache folder), so nothing was downloaded"))
+            }
+            Download::From { endpoint, into, token } => {
+                let request = HubRequest { name, revision, looked: &looked, endpoint };
+                request.download(into, token.clone())
+            }
+        }
+    }
+}
+
+/// `repo/snapshots/<commit>` for `revision`: the commit `refs/<revision>`
+/// names, or `revision` itself when it is a cached commit.
+fn snapshot(repo: &Path, revision: &str) -> Option<PathBuf> {
+    let commit = match std::fs::read_to_string(repo.join("refs").join(revision)) {
+        Ok(text) => text.trim().to_owned(),
+        Err(_) => revision.to_owned(),
+    };
+    if commit.is_empty() || commit.contains('/') || commit == ".." {
+        return None;
+    }
+    let dir = repo.join("snapshots").join(commit);
+    dir.is_dir().then_some(dir)
+}
+
+/// One model to download, with what the errors name.
+struct HubRequest<'a> {
+    name: &'a str,
+    revision: &'a str,
+    looked: &'a [PathBuf],
+    endpoint: &'a str,
+}
+
+impl HubRequest<'_> {
+    /// Downloads the files of `HUB_FILES` the hub has into the cache `into`
+    /// and returns their snapshot folder.
+    fn download(&self, into: &Path, token: Option<String>) -> Result<PathBuf, LocateError> {
+        tracing::info!(
+            "downloading the tokenizer and config files of {} (revision {}) from {} into {}",
+            self.name,
+            self.revision,
+            self.endpoint,
+            into.display()
+        );
+        let api = ApiBuilder::from_cache(Cache::new(into.to_path_buf()))
+            .with_endpoint(self.endpoint.to_owned())
+            .with_token(token)
+            .with_progress(false)
+            .build()
+            .map_err(|e| self.failed("", &e))?;
+        let repo = api.repo(Repo::with_revision(self.name.to_owned(), RepoType::Model, self.revision.to_owned()));
+        let (mut snapshot, mut refused) = (None, false);
+        for file in HUB_FILES {
+            match repo.download(file) {
+                Ok(path) => snapshot = path.parent().map(Path::to_path_buf),
+                Err(e) => match status(&e) {
+                    Some(404) => {}
+                    Some(401 | 403) => refused = true,
+                    _ => return Err(self.failed(file, &e)),
+                },
+            }
+        }
+        snapshot.ok_or_else(|| LocateError::NotOnHub {
+            name: self.name.to_owned(),
+            revision: self.revision.to_owned(),
+            looked: self.looked.to_vec(),
+            endpoint: self.endpoint.to_owned(),
+            auth_hint: if refused {
+                " (it refused access: a private or gated model needs HF_TOKEN)".to_owned()
+            } else {
+                String::new()
+            },
+        })
+    }
+
+    fn failed(&self, file: &str, e: &ApiError) -> LocateError {
+        LocateError::Download {
+            name: self.name.to_owned(),
+            revision: self.revision.to_owned(),
+            looked: self.looked.to_vec(),
+            endpoint: self.endpoint.to_owned(),
+            file: file.to_owned(),
+            reason: e.to_string(),
+        }
+    }
+}
+
+/// The HTTP status of a hub answer that was an error status.
+fn status(e: &ApiError) -> Option<u16> {
+    match e {
+        ApiError::RequestError(e) => match e.as_ref() {
+            ureq::Error::StatusCode(code) => Some(*code),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+    use std::fs;
+
+    fn cache(root: &Path) -> HubCache {
+        let root = root.to_path_buf();
+        // Offline: these tests look at the cache only.
+        HubCache::from_env(
+            &move |name| match name {
+                "HF_HUB_CACHE" => Some(OsString::from(&root)),
+                "HF_HUB_OFFLINE" => Some("1".into()),
+                _ => None,
+            },
+            None,
+        )
+    }
+
+    fn fake_repo(root: &Path, name: &str, refs: &[(&str, &str)], commits: &[&str]) {
+        let repo = root.join(format!("models--{}", name.replace('/', "--")));
+        fs::create_dir_all(repo.join("refs")).unwrap();
+        for (reference, commit) in refs {
+            fs::write(repo.join("refs").join(reference), commit).unwrap();
+        }
+        for commit in commits {
+            fs::create_dir_all(repo.join("snapshots").join(commit)).unwrap();
+        }
+    }
+
+    #[test]
+    fn finds_refs_and_commits_and_prefers_a_directory() {
+        let root = std::env::temp_dir().join(format!("vllm-rs-hub-{}", std::process::id()));
+        fake_repo(&root, "Org/Name", &[("main", "aaa\n"), ("v2", "bbb")], &["aaa", "bbb", "ccc"]);
+        let hub = cache(&root);
+        let snapshots = root.join("models--Org--Name/snapshots");
+        assert_eq!(hub.locate("Org/Name", None).unwrap(), snapshots.join("aaa"));
+        assert_eq!(hub.locate("Org/Name", Some("v2")).unwrap(), snapshots.join("bbb"));
+        assert_eq!(hub.locate("Org/Name", Some("ccc")).unwrap(), snapshots.join("ccc"));
+        let dir = snapshots.join("ccc");
+        assert_eq!(hub.locate(dir.to_str().unwrap(), Some("zzz")).unwrap(), dir);
+        for (name, revision) in
+            [("Org/Name", Some("v3")), ("Org/Other", None), ("../x", None), ("Org/Name", Some(".."))]
+        {
+            let err = hub.locate(name, revision).unwrap_err().to_string();
+            assert!(
+                err.contains(name) && err.contains("Hugging Face cache") && err.contains("nothing was downloaded"),
+                "{err}"
+            );
+        }
+        let err = hub.locate("Org/Other", None).unwrap_err().to_string();
+        assert!(err.contains(&root.join("models--Org--Other").display().to_string()), "{err}");
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn cache_roots_follow_the_hugging_face_variables() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| OsString::from(v))
+        };
+        let roots = |h: HubCache| h.roots;
+        assert_eq!(
+            roots(HubCache::from_env(&env(&[("HF_HUB_CACHE", "/a"), ("HF_HOME", "/b")]), Some("/d"))),
+            [PathBuf::from("/a"), PathBuf::from("/d")]
+        );
+        assert_eq!(
+            roots(HubCache::from_env(&env(&[("HF_HOME", "/b"), ("HOME", "/h")]), None)),
+            [PathBuf::from("/b/hub")]
+        );
+        assert_eq!(
+            roots(HubCache::from_env(&env(&[("HOME", "/h")]), None)),
+            [PathBuf::from("/h/.cache/huggingface/hub")]
+        );
+        assert_eq!(
+            roots(HubCache::from_env(&env(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]), None)),
+            [PathBuf::from("/x/huggingface/hub")]
+        );
+    }
+
+    #[test]
+    fn downloads_go_to_download_dir_else_the_default_cache_unless_offline() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| OsString::from(v))
+        };
+        let target = |h: HubCache| match h.download {
+            Download::Offline => None,
+            Download::From { endpoint, into, .. } => Some((endpoint, into)),
+        };
+        assert_eq!(
+            target(HubCache::from_env(&env(&[("HF_HOME", "/b"), ("HF_ENDPOINT", "http://hub.test/")]), None)),
+            Some(("http://hub.test".to_owned(), PathBuf::from("/b/hub")))
+        );
+        assert_eq!(
+            target(HubCache::from_env(&env(&[("HOME", "/h")]), Some("/d"))),
+            Some((DEFAULT_ENDPOINT.to_owned(), PathBuf::from("/d")))
+        );
+        for offline in ["1", "ON", "yes", "True"] {
+            let vars: &'static [(&'static str, &'static str)] =
+                Box::leak(Box::new([("HOME", "/h"), ("HF_HUB_OFFLINE", offline)]));
+            assert_eq!(target(HubCache::from_env(&env(vars), None)), None, "{offline}");
+        }
+        assert!(target(HubCache::from_env(&env(&[("HOME", "/h"), ("HF_HUB_OFFLINE", "0")]), None)).is_some());
+    }
+}
