@@ -144,14 +144,31 @@ def health(url: str) -> int | None:
         return None
 
 
-def saw_503(url: str, head: HostProcess, within_s: float = 30) -> bool:
-    """Whether `/health` answers 503 before `head` exits (or the deadline)."""
-    deadline = time.monotonic() + within_s
-    while head.proc.poll() is None and time.monotonic() < deadline:
-        if health(url) == 503:
-            return True
-        time.sleep(0.05)
-    return False
+class HealthWatch:
+    """Polls `/health` from inside host 0 on a thread of its own, from
+    before a failure is caused until `head` exits: whether it ever answered
+    503. Started before the failure, so that a head stopping quickly after
+    it cannot hide the 503 window."""
+
+    def __init__(self, hosts: netns.Hosts, url: str, head: HostProcess, within_s: float = 60):
+        self.seen_503 = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(hosts, url, head, within_s), daemon=True)
+        self._thread.start()
+
+    def _watch(self, hosts: netns.Hosts, url: str, head: HostProcess, within_s: float) -> None:
+        deadline = time.monotonic() + within_s
+        with hosts.inside(0):
+            while not self._done.is_set() and head.proc.poll() is None and time.monotonic() < deadline:
+                if health(url) == 503:
+                    self.seen_503 = True
+                    return
+                self._done.wait(0.01)
+
+    def result(self) -> bool:
+        """Waits for the watch to end (503 seen, head gone, or the bound)."""
+        self._thread.join()
+        return self.seen_503
 
 
 def stop_all(*procs: HostProcess) -> None:
@@ -166,12 +183,18 @@ def stop_all(*procs: HostProcess) -> None:
 def test_head_and_two_headless_nodes_serve_together(hosts, frontend):
     """dp 4: ranks 0-1 on the head, 2 on node 1, 3 on node 2. Completions and
     streams succeed; `X-data-parallel-rank` reaches each remote engine (its
-    own log counts the requests it finished); a third node claiming a taken
-    rank is refused (exit 2); Ctrl-C at the head stops every host (exit 0)."""
+    own log counts the requests it finished); the DP coordinator on the
+    head has every engine's subscription, the remote ones over TCP; a third
+    node claiming a taken rank is refused (exit 2); Ctrl-C at the head stops
+    every host (exit 0)."""
     head = HostProcess(hosts, 0, *head_args(hosts, 4, 2, "--frontend", frontend))
     nodes = [HostProcess(hosts, 1, *node_args(hosts, 4, 1, 2)), HostProcess(hosts, 2, *node_args(hosts, 4, 1, 3))]
     try:
         url = head.wait_ready()
+        # Engines register only once the coordinator has all four subscriptions.
+        assert "All engine subscriptions received by DP coordinator" in head.output, head.output
+        tcp_endpoints = re.search(r"engine sockets on (\S+(?:, \S+)*): TCP", head.output)
+        assert tcp_endpoints and len(tcp_endpoints.group(1).split(", ")) == 4, head.output  # 2 frontend + 2 coordinator
         with hosts.inside(0):
             api = client(url)
             for _ in range(8):
@@ -243,15 +266,15 @@ def test_losing_an_engine_host(hosts, how, frontend):
         processes = [p for proc in (head, node) for p in proc.processes()]
         with hosts.inside(0):
             stream = start_stream_on(client(url), 1)
+            watch = HealthWatch(hosts, url, head)
             if how == "sigkill":
                 for p in node.processes():
                     p.kill()
             else:
                 hosts.cut_link(1)
             error = drain_expecting_failure(stream)
-            seen_503 = saw_503(url, head)
         assert error
-        assert seen_503, head.output
+        assert watch.result(), head.output
         assert head.wait() == 1, head.output
         assert re.search(
             rf"error: lost engine host {re.escape(hosts.address(1))}:\d+ \(data-parallel rank 1\)", head.output

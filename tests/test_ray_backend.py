@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.support import netns
-from tests.test_multinode import HostProcess, client, drain_expecting_failure, saw_503, start_stream_on, stop_all
+from tests.test_multinode import HostProcess, client, drain_expecting_failure, start_stream_on, stop_all
 from tests.test_serve import assert_all_gone
 
 
@@ -228,7 +228,7 @@ def test_engines_as_ray_actors_on_two_nodes(cluster):
 
 def test_an_engine_actor_killed_mid_stream(cluster):
     """SIGKILL of the worker node's actor while it streams: the stream fails,
-    `/health` answers 503, serve exits 1 naming EngineCore_1, and the other
+    the frontend notices the engine gone, serve exits 1 naming EngineCore_1, and the other
     actor is gone too."""
     serve = ray_serve(cluster, "--model", "toy", "--max-model-len", "2048")
     try:
@@ -238,8 +238,11 @@ def test_an_engine_actor_killed_mid_stream(cluster):
             stream = start_stream_on(client(url), 1)
             os.kill(placed[1][1], signal.SIGKILL)
             error = drain_expecting_failure(stream)
-            seen_503 = saw_503(url, serve)
-        assert error and seen_503, serve.output
+        assert error, serve.output
+        # The frontend marked itself unhealthy (/health 503: tested with a
+        # window to see it in test_multinode); here serve stops the stack
+        # within milliseconds, as Ray reports the actor's death at once.
+        assert "engine 1 is gone: its connection closed (handled as ENGINE_CORE_DEAD)" in serve.output, serve.output
         assert serve.wait() == 1, serve.output
         assert re.search(r"error: .*EngineCore_1", serve.output), serve.output
         assert_all_gone(alive([pid for _, pid in placed.values()]), within_s=30)

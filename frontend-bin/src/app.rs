@@ -32,6 +32,7 @@ struct Startup {
     tls: Option<tokio_rustls::TlsAcceptor>,
     tokenizer: Arc<dyn Tokenizer>,
     http: ListeningSocket,
+    grpc: Option<ListeningSocket>,
     input: SocketSource,
     output: SocketSource,
     engine_start_index: u32,
@@ -100,9 +101,6 @@ pub fn run(args: FrontendArgs) -> Result<(), ExitError> {
 
 fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     check_distinct_fds(&args)?;
-    if args.grpc_listen_fd.is_some() {
-        return Err(ExitError::usage("--grpc-listen-fd: the gRPC service is not supported yet"));
-    }
     let coordinator = args
         .coordinator_address
         .as_deref()
@@ -130,6 +128,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     let tokenizer = load_tokenizer(&config)?;
     let tls = config.http_layers.tls.as_ref().map(crate::tls::acceptor).transpose()?;
     let http = adopt_listening_socket(args.listen_fd, "listen-fd")?;
+    let grpc = args.grpc_listen_fd.map(crate::grpc::server::adopt).transpose()?;
     let source = |fd: Option<i32>, address: Option<String>, flag: &str| -> Result<SocketSource, ExitError> {
         match (fd, address) {
             (Some(fd), _) => adopt_listening_socket(fd, flag).map(SocketSource::Listener),
@@ -144,6 +143,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
         tls,
         tokenizer,
         http,
+        grpc,
         input,
         output,
         engine_start_index: args.engine_start_index,
@@ -174,6 +174,7 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         tls,
         tokenizer,
         http,
+        grpc,
         input,
         output,
         engine_start_index: start,
@@ -225,11 +226,22 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         max_model_len,
         start + count - 1
     );
+    let grpc = grpc.map(|socket| {
+        let mut stop = stop.clone();
+        let stopping = async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        };
+        tokio::spawn(crate::grpc::server::serve(socket, state.clone(), stopping))
+    });
     let stopping = async move {
         let _ = stop.wait_for(|stopped| *stopped).await;
         engines.stop_accepting();
     };
-    let drained = serve(listener, crate::http::router(state.clone()), options, tls, stopping).await;
+    let drain_timeout = options.drain_timeout;
+    let mut drained = serve(listener, crate::http::router(state.clone()), options, tls, stopping).await;
+    if let Some(grpc) = grpc {
+        drained &= crate::grpc::server::drained(grpc, drain_timeout).await;
+    }
     if !drained {
         tracing::warn!("requests still in flight after the drain timeout: aborting them");
         state.engines.abort_all("the server is shutting down");

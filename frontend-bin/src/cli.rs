@@ -48,7 +48,7 @@ pub struct FrontendArgs {
     /// Total data-parallel size of the deployment.
     #[arg(long, value_name = "D")]
     pub data_parallel_size: u32,
-    /// Inherited gRPC socket (not supported yet: giving it exits 2).
+    /// Inherited TCP socket on which to serve vLLM's gRPC generate API (`vllm.grpc.engine.VllmEngine`).
     #[arg(long, value_name = "FD")]
     pub grpc_listen_fd: Option<RawFd>,
     /// The data-parallel coordinator's publish address (tcp://HOST:PORT, ipc://PATH, ipc://@NAME):

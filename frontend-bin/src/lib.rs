@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod fds;
 pub mod generate;
+pub mod grpc;
 pub mod http;
 pub mod ids;
 pub mod listener;

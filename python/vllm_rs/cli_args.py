@@ -21,6 +21,12 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     parser.add_argument("--host", default=None, help="address to listen on (default: all IPv4 addresses)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        default=None,
+        help="also serve vLLM's gRPC generate API on this TCP port (Rust frontend)",
+    )
     parser.add_argument("--uds", default=None, help="listen on this Unix socket instead of TCP")
     parser.add_argument("--data-parallel-size", type=int, default=1, help="number of engine processes")
     parser.add_argument(

@@ -1,8 +1,10 @@
 """The data-parallel coordinator: vLLM 0.33's `DPCoordinator` protocol, in
 its own process, for `serve --data-parallel-size N` (N > 1).
 
-Three sockets, all listeners that `serve` creates in its private socket
-directory before any child starts (`CoordinatorListeners`):
+Three sockets, all listeners that `serve` creates before any child starts
+(`CoordinatorListeners`): in its private socket directory, except that the
+two engine-facing ones listen on TCP at `--data-parallel-address` when
+engines run on other hosts:
 
 - front publish (XPUB): frontends connect an XSUB, subscribe with `\\x01`,
   and receive msgpack `[counts, current_wave, engines_running]`, `counts`
@@ -37,6 +39,7 @@ from vllm_rs.api_server.engine_outputs import decode_engine_message
 from vllm_rs.engine.config import CoordinatorAddresses
 from vllm_rs.engine.protocol import REQUEST_START_DP_WAVE, ProtocolError, pack
 from vllm_rs.logger import init_logger
+from vllm_rs.multinode import tcp_endpoint
 from vllm_rs.network_utils import PrivateSocketDir, ZmqListener, make_zmq_listener, make_zmq_socket
 
 logger = init_logger(__name__)
@@ -64,13 +67,18 @@ class CoordinatorListeners:
     engine_output: ZmqListener
 
     @classmethod
-    def create(cls, socket_dir: PrivateSocketDir) -> CoordinatorListeners:
+    def create(cls, socket_dir: PrivateSocketDir, engine_host: str | None = None) -> CoordinatorListeners:
         """Binds all three in `socket_dir` (files of mode 0600 in a 0700
-        directory); on failure none is left open."""
+        directory), or, given `engine_host` (engines on other hosts), the two
+        engine-facing ones on TCP at that address (a port the kernel picks);
+        on failure none is left open."""
         made: list[ZmqListener] = []
         try:
             for name, kind in (("coord-front", zmq.XPUB), ("coord-in", zmq.XPUB), ("coord-out", zmq.PULL)):
-                made.append(make_zmq_listener(socket_dir.endpoint(name), kind))
+                on_tcp = engine_host is not None and name != "coord-front"
+                made.append(
+                    make_zmq_listener(tcp_endpoint(engine_host, 0) if on_tcp else socket_dir.endpoint(name), kind)
+                )
         except BaseException:
             for listener in made:
                 listener.cleanup()

@@ -15,6 +15,7 @@ Waiting for the head to come up is bounded by `--engine-ready-timeout`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import selectors
 import signal
 import socket
@@ -23,7 +24,7 @@ import time
 from typing import Any
 
 from vllm_rs import envs
-from vllm_rs.engine.config import ClientAddresses, EngineConfig
+from vllm_rs.engine.config import ClientAddresses, CoordinatorAddresses, EngineConfig
 from vllm_rs.logger import init_logger
 from vllm_rs.multinode import HEARTBEAT_INTERVAL_S, ChannelClosed, NodeChannel, Topology
 
@@ -84,8 +85,11 @@ def _join(channel: NodeChannel, topology: Topology, model: str, deadline: float)
     raise HeadlessError("the head node did not answer this node's hello in time")
 
 
-def _valid_welcome(welcome: dict[str, Any]) -> tuple[list[ClientAddresses], float]:
+def _valid_welcome(welcome: dict[str, Any]) -> tuple[list[ClientAddresses], float, CoordinatorAddresses | None]:
+    """The frontends' addresses, the heartbeat bound and the coordinator's
+    addresses (None without one) of a welcome; HeadlessError if malformed."""
     inputs, outputs, timeout = welcome.get("inputs"), welcome.get("outputs"), welcome.get("heartbeat_timeout_s")
+    coordinator = welcome.get("coordinator")
     if (
         not isinstance(inputs, list)
         or not isinstance(outputs, list)
@@ -94,9 +98,23 @@ def _valid_welcome(welcome: dict[str, Any]) -> tuple[list[ClientAddresses], floa
         or not all(isinstance(a, str) and a.startswith("tcp://") for a in inputs + outputs)
         or not isinstance(timeout, (int, float))
         or not 2 <= timeout <= 3600
+        or (coordinator is not None and not _valid_coordinator(coordinator))
     ):
         raise HeadlessError("the head node's welcome is malformed")
-    return [ClientAddresses(i, o) for i, o in zip(inputs, outputs)], float(timeout)
+    clients = [ClientAddresses(i, o) for i, o in zip(inputs, outputs)]
+    return clients, float(timeout), CoordinatorAddresses(**coordinator) if coordinator is not None else None
+
+
+def _valid_coordinator(coordinator: Any) -> bool:
+    # The engines connect to the two engine-facing sockets; the frontends'
+    # one is only registered (as vLLM's dp_stats_address), never connected.
+    return (
+        isinstance(coordinator, dict)
+        and set(coordinator) == {f.name for f in dataclasses.fields(CoordinatorAddresses)}
+        and all(isinstance(a, str) for a in coordinator.values())
+        and coordinator["engine_publish"].startswith("tcp://")
+        and coordinator["engine_output"].startswith("tcp://")
+    )
 
 
 class _Stop(Exception):
@@ -123,8 +141,9 @@ def run_headless(args: argparse.Namespace, topology: Topology, config: EngineCon
     told_head = False
     try:
         channel = _connect(topology.address, topology.rpc_port, deadline)
-        clients, heartbeat_timeout_s = _valid_welcome(_join(channel, topology, args.model, deadline))
+        clients, heartbeat_timeout_s, coordinator = _valid_welcome(_join(channel, topology, args.model, deadline))
         config.clients = clients
+        config.coordinator = coordinator
         config.heartbeat_ttl_s = heartbeat_timeout_s
         ranks = topology.local_ranks
         logger.info(

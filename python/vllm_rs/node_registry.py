@@ -1,12 +1,14 @@
 """The head node's side of the node channel (`vllm_rs.multinode`): accepts
 `serve --headless` nodes on `--data-parallel-rpc-port`, hands each the
-engine socket addresses, and watches them. A node that goes away (its
+engine socket addresses (the frontends', and the DP coordinator's), and
+watches them. A node that goes away (its
 connection closes, it stops answering heartbeats, one of its engines dies,
 or it stops) is a lost host: `failure` names it and its ranks, and
 `on_lost` is called once (serve then stops the stack, exit 1)."""
 
 from __future__ import annotations
 
+import dataclasses
 import selectors
 import socket
 import threading
@@ -14,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from vllm_rs.engine.config import CoordinatorAddresses
 from vllm_rs.logger import init_logger
 from vllm_rs.multinode import HEARTBEAT_INTERVAL_S, ChannelClosed, NodeChannel
 
@@ -49,6 +52,7 @@ class NodeRegistry:
         inputs: list[str],
         outputs: list[str],
         heartbeat_timeout_s: float,
+        coordinator: CoordinatorAddresses | None = None,
     ):
         self.failure: str | None = None
         self.on_lost: Callable[[], None] = lambda: None
@@ -59,6 +63,8 @@ class NodeRegistry:
         self._welcome = {"type": "welcome", "inputs": inputs, "outputs": outputs}
         self._timeout_s = heartbeat_timeout_s
         self._welcome["heartbeat_timeout_s"] = heartbeat_timeout_s
+        if coordinator is not None:
+            self._welcome["coordinator"] = dataclasses.asdict(coordinator)
         self._nodes: dict[int, _Node] = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()

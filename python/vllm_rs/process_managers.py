@@ -348,6 +348,7 @@ class RustFrontendProcessManager:
                     "api_key",
                     "hf_token",
                     "api_server_count",
+                    "grpc_port",
                     "data_parallel_rank",
                     "data_parallel_external_lb",
                     "data_parallel_hybrid_lb",

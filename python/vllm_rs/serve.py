@@ -77,6 +77,7 @@ HEALTH_RESPONSE_LIMIT = 65536
 #: part it reaches (JSON, the Rust frontend's integers and durations, torch).
 NUMERIC_OPTION_RANGES: dict[str, tuple[float, float]] = {
     "port": (0, 65535),
+    "grpc_port": (1, 65535),
     "data_parallel_size": (1, 1024),
     "data_parallel_size_local": (0, 1024),
     "data_parallel_start_rank": (0, 1023),
@@ -114,11 +115,12 @@ def make_serve_parser() -> argparse.ArgumentParser:
 
 @dataclass
 class HttpEndpoint:
-    """The HTTP socket and how to reach it."""
+    """The HTTP socket and how to reach it, and the gRPC socket of `--grpc-port`."""
 
     sock: socket.socket
     url: str
     uds_path: str | None = None
+    grpc_sock: socket.socket | None = None
 
     @property
     def listen_address(self) -> str:
@@ -137,8 +139,10 @@ class HttpEndpoint:
         return self.sock.family, (host, port)
 
     def close(self) -> None:
-        """Closes the socket and removes a Unix socket file."""
+        """Closes the sockets and removes a Unix socket file."""
         self.sock.close()
+        if self.grpc_sock is not None:
+            self.grpc_sock.close()
         if self.uds_path:
             try:
                 os.unlink(self.uds_path)
@@ -208,8 +212,13 @@ class StackPlan:
     topology: Topology | None = None
     #: The node channel's listener, when headless nodes are expected.
     node_listener: socket.socket | None = None
-    #: The data-parallel coordinator's sockets (DP > 1 on one host only).
+    #: The data-parallel coordinator's sockets (DP > 1).
     coordinator_listeners: CoordinatorListeners | None = None
+
+    def all_listeners(self) -> list[ZmqListener]:
+        """The frontends' engine listeners and the coordinator's."""
+        coordinator = self.coordinator_listeners.all() if self.coordinator_listeners else []
+        return [listener for pair in self.listeners for listener in pair] + coordinator
 
     def cleanup(self) -> None:
         """Closes and removes every socket this plan created, and the socket
@@ -220,6 +229,23 @@ class StackPlan:
         self.http.close()
         if self.node_listener is not None:
             self.node_listener.close()
+
+
+def _bind_grpc_socket(args: argparse.Namespace, http: HttpEndpoint) -> socket.socket:
+    """Binds and listens on `--grpc-port` (on `--host`); closes `http` and
+    raises ServeUsageError when it cannot."""
+    host = args.host or "0.0.0.0"
+    family = socket.AF_INET6 if is_valid_ipv6_address(host) else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, args.grpc_port))
+        sock.listen(HTTP_BACKLOG)
+    except OSError as e:
+        sock.close()
+        http.close()
+        raise ServeUsageError(f"--grpc-port {args.grpc_port}: cannot listen on {host}: {e.strerror or e}") from None
+    return sock
 
 
 def _cleanup_listeners(listeners: list[tuple[ZmqListener, ZmqListener]], socket_dir: PrivateSocketDir) -> None:
@@ -257,6 +283,8 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
         raise ServeUsageError(str(e)) from None
     if args.frontend == "rust" and args.api_server_count != 1:
         raise ServeUsageError("--api-server-count applies to --frontend python (the Rust frontend is one process)")
+    if args.grpc_port is not None and args.frontend != "rust":
+        raise ServeUsageError("--grpc-port: only the Rust frontend serves gRPC (use --frontend rust)")
     if args.api_key is not None and not args.api_key:
         raise ServeUsageError("--api-key: empty; give the key, or leave the option out to serve without one")
     try:
@@ -300,6 +328,8 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
         args.served_model_name = args.served_model_name or [args.model]
     topology: Topology = args._topology
     http = create_http_endpoint(args)
+    if args.grpc_port is not None:
+        http.grpc_sock = _bind_grpc_socket(args, http)
     try:
         socket_dir = PrivateSocketDir()
     except OSError as e:
@@ -320,10 +350,11 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
                     ),
                 )
             )
-        # The coordinator's sockets live in the private directory, which only
-        # this host reaches: across hosts the engines balance without one.
-        with_coordinator = args.data_parallel_size > 1 and not tcp_address
-        coordinator = CoordinatorListeners.create(socket_dir) if with_coordinator else None
+        # Engines on other hosts reach the coordinator over TCP like the
+        # frontends; the frontends' side stays in the private directory.
+        coordinator = (
+            CoordinatorListeners.create(socket_dir, engine_host=tcp_address) if args.data_parallel_size > 1 else None
+        )
     except OSError as e:
         _cleanup_listeners(listeners, socket_dir)
         http.close()
@@ -337,7 +368,8 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
         logger.warning(
             "engine sockets on %s: TCP without authentication, reachable from the network of %s: "
             "keep that network trusted",
-            ", ".join(a for pair in listeners for a in (pair[0].address, pair[1].address)), tcp_address,
+            ", ".join(listener.address for listener in plan.all_listeners() if listener.address.startswith("tcp://")),
+            tcp_address,
         )  # fmt: skip
         if topology.backend == "mp" and topology.remote_ranks:
             plan.node_listener = _bind_node_listener(plan, tcp_address, topology.rpc_port)
@@ -490,6 +522,7 @@ def _start_frontend(plan: StackPlan) -> Any:
         return RustFrontendProcessManager(
             plan.frontend_binary, plan.http.sock, args, input_listener, output_listener, 0, dp, dp,
             stats_update_address=stats_update_address,
+            grpc_sock=plan.http.grpc_sock,
         )  # fmt: skip
     return APIServerProcessManager(
         plan.http.listen_address, plan.http.sock, args, args.api_server_count,
@@ -575,7 +608,7 @@ def _start_node_registry(plan: StackPlan) -> Any:
     registry = NodeRegistry(
         plan.node_listener, plan.topology.remote_ranks, plan.topology.data_parallel_size, plan.args.model,
         [c.input_address for c in plan.engine_config.clients], [c.output_address for c in plan.engine_config.clients],
-        plan.engine_config.heartbeat_ttl_s or host_heartbeat_timeout_s(),
+        plan.engine_config.heartbeat_ttl_s or host_heartbeat_timeout_s(), plan.engine_config.coordinator,
     )  # fmt: skip
     plan.node_listener = None  # the registry owns it now
     main_thread = threading.main_thread().ident

@@ -1,0 +1,34 @@
+//! vLLM's gRPC engine service (`vllm.grpc.engine.VllmEngine`), generated from
+//! the `.proto` files in `proto/` (same package, messages and field numbers as
+//! vLLM's published definition, so vLLM's gRPC clients talk to it unchanged).
+//!
+//! This crate holds only the wire types and the generated server/client; the
+//! servicer that drives engines lives in the frontend (`vllm_rs_frontend::grpc`).
+
+// The generated code names other packages by their full path from the crate
+// root, so the modules nest like the proto packages.
+#[allow(missing_docs, clippy::all)]
+mod smg {
+    pub mod grpc {
+        pub mod common {
+            tonic::include_proto!("smg.grpc.common");
+        }
+    }
+}
+
+#[allow(missing_docs, clippy::all)]
+mod vllm {
+    pub mod grpc {
+        pub mod engine {
+            tonic::include_proto!("vllm.grpc.engine");
+        }
+    }
+}
+
+/// Messages shared between the gateway's engine services (`smg.grpc.common`).
+pub use smg::grpc::common;
+/// The `vllm.grpc.engine` package: the `VllmEngine` service and its messages.
+pub use vllm::grpc::engine;
+
+/// The service's full name, `vllm.grpc.engine.VllmEngine`.
+pub const SERVICE_NAME: &str = "vllm.grpc.engine.VllmEngine";

@@ -1,0 +1,59 @@
+//! Serving the `VllmEngine` service on the adopted `--grpc-listen-fd` socket.
+
+use super::service::Servicer;
+use crate::error::ExitError;
+use crate::fds::{adopt_listening_socket, ListeningSocket, LocalAddress};
+use crate::http::state::AppState;
+use anyhow::Context;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tonic::transport::server::TcpIncoming;
+use vllm_rs_grpc::engine::vllm_engine_server::VllmEngineServer;
+
+/// Adopts the `--grpc-listen-fd` socket, which must be TCP (gRPC clients dial host:port).
+pub fn adopt(fd: std::os::fd::RawFd) -> Result<ListeningSocket, ExitError> {
+    let socket = adopt_listening_socket(fd, "grpc-listen-fd")?;
+    match socket.address {
+        LocalAddress::Tcp(_) => Ok(socket),
+        _ => Err(ExitError::usage(format!("--grpc-listen-fd {fd}: not a TCP socket"))),
+    }
+}
+
+/// Serves gRPC on `socket` until `stopping` resolves, then lets running calls finish.
+pub async fn serve(
+    socket: ListeningSocket,
+    state: Arc<AppState>,
+    stopping: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let listener = std::net::TcpListener::from(socket.fd);
+    listener.set_nonblocking(true).context("adopting the gRPC socket")?;
+    let listener = tokio::net::TcpListener::from_std(listener).context("adopting the gRPC socket")?;
+    if let LocalAddress::Tcp(address) = socket.address {
+        tracing::info!("serving vLLM's gRPC API on {address}");
+    }
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .add_service(VllmEngineServer::new(Servicer::new(state)))
+        .serve_with_incoming_shutdown(incoming, stopping)
+        .await
+        .context("serving gRPC")
+}
+
+/// Waits up to `timeout` for the gRPC server to finish its running calls;
+/// false when some are still running (the caller then aborts them).
+pub async fn drained(server: JoinHandle<anyhow::Result<()>>, timeout: Duration) -> bool {
+    match tokio::time::timeout(timeout, server).await {
+        Ok(Ok(Ok(()))) => true,
+        Ok(Ok(Err(e))) => {
+            tracing::error!("gRPC server failed: {e:#}");
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::error!("gRPC server task failed: {e}");
+            true
+        }
+        Err(_) => false,
+    }
+}
