@@ -300,7 +300,8 @@ impl VllmEngine for Servicer {
         let has_stops = stop.iter().any(|s| !s.is_empty());
         let generation = Generation {
             stream,
-            stop_strings: has_stops.then(|| (StopStrings::new(stop), self.state.tokenizer.decoder(&prompt, DecodeOptions::default()))),
+            stop_strings: has_stops
+                .then(|| (StopStrings::new(stop), self.state.tokenizer.decoder(&prompt, DecodeOptions::default()))),
             streaming,
             prompt_tokens: prompt_tokens as u32,
             output_ids: Vec::new(),
