@@ -1,5 +1,5 @@
-//! Bearer-token authentication when `api_key` is set. `/health` and
-//! `/metrics` stay open, and so do `OPTIONS` requests (CORS preflights carry
+//! Bearer-token authentication when `api_key` is set. `/health`, `/ping`
+//! and `/metrics` stay open, and so do `OPTIONS` requests (CORS preflights carry
 //! no credentials), as in vLLM.
 
 use super::error::ApiError;
@@ -10,7 +10,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 /// Paths served without a key.
-const OPEN_PATHS: &[&str] = &["/health", "/metrics"];
+const OPEN_PATHS: &[&str] = &["/health", "/ping", "/metrics"];
 
 /// Rejects requests without a valid `Authorization: Bearer <key>` with 401.
 pub async fn require_api_key(State(state): State<SharedState>, request: Request, next: Next) -> Response {

@@ -42,7 +42,7 @@ pub struct ChatRequest {
 
 /// One message as sent.
 #[derive(Debug, Deserialize)]
-struct MessageInput {
+pub(crate) struct MessageInput {
     role: String,
     #[serde(default)]
     content: Option<ContentInput>,
@@ -158,7 +158,7 @@ fn response_role(configured: &str, messages: &[ChatMessage], add_generation_prom
 }
 
 /// The conversation, each content flattened to text.
-fn messages(items: Option<Vec<MessageInput>>) -> Result<Vec<ChatMessage>, ApiError> {
+pub(crate) fn messages(items: Option<Vec<MessageInput>>) -> Result<Vec<ChatMessage>, ApiError> {
     let items = items.ok_or_else(|| RULES.refuse("messages", "messages_missing", &[]))?;
     if items.is_empty() {
         return Err(RULES.refuse("messages", "messages_empty", &[]));

@@ -1,21 +1,23 @@
-//! The small routes: health, models, load, version, metrics, and the engine
+//! The small routes: health (and ping), models, load, version, metrics, and the engine
 //! utility calls (`/reset_prefix_cache`, `/sleep`, `/wake_up`).
 
 use super::error::ApiError;
 use super::state::SharedState;
+use super::submit::check_model;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::time::Duration;
 
 /// How long a utility call may take per engine.
 const UTILITY_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// `GET /health`: 200 while the engines are usable, 503 after one died.
+/// `GET /health` (and `/ping`, as vLLM serves it, GET or POST): 200 while
+/// the engines are usable, 503 after one died.
 pub async fn health(State(state): State<SharedState>) -> Response {
     match state.engines.failure() {
         None => StatusCode::OK.into_response(),
@@ -25,23 +27,29 @@ pub async fn health(State(state): State<SharedState>) -> Response {
 
 /// `GET /v1/models`: every served name.
 pub async fn list_models(State(state): State<SharedState>) -> Response {
-    let data: Vec<_> = state
-        .config
-        .served_model_names
-        .iter()
-        .map(|name| {
-            json!({
-                "id": name,
-                "object": "model",
-                "created": state.created,
-                "owned_by": "vllm-rs",
-                "root": state.config.model_tag,
-                "parent": null,
-                "max_model_len": state.max_model_len,
-            })
-        })
-        .collect();
+    let data: Vec<_> = state.config.served_model_names.iter().map(|name| model_card(&state, name)).collect();
     Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{id}`: the card of one served name; 404 naming `model`
+/// for any other, in vLLM's words.
+pub async fn retrieve_model(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
+    match check_model(&state, Some(&id)) {
+        Ok(()) => Json(model_card(&state, &id)).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+fn model_card(state: &SharedState, name: &str) -> Value {
+    json!({
+        "id": name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "vllm-rs",
+        "root": state.config.model_tag,
+        "parent": null,
+        "max_model_len": state.max_model_len,
+    })
 }
 
 /// `GET /load`: requests in flight.

@@ -10,12 +10,14 @@ pub mod error;
 pub mod misc;
 pub mod params;
 pub mod request_id;
+pub mod responses;
 pub mod root_path;
 pub mod rules;
 pub mod server;
 pub mod sse;
 pub mod state;
 pub mod submit;
+pub mod tokenize;
 
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -34,10 +36,15 @@ pub fn routes(state: SharedState) -> Router {
     let root_path = layers.root_path.clone();
     let mut app = Router::new()
         .route("/health", get(misc::health))
+        .route("/ping", get(misc::health).post(misc::health))
         .route("/metrics", get(misc::metrics))
         .route("/load", get(misc::load))
         .route("/version", get(misc::version))
         .route("/v1/models", get(misc::list_models))
+        .route("/v1/models/{id}", get(misc::retrieve_model))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/v1/responses", post(responses::create_response))
         .route("/v1/completions", post(completions::create_completion))
         .route("/v1/chat/completions", post(chat::create_chat_completion))
         .route("/reset_prefix_cache", post(misc::reset_prefix_cache))

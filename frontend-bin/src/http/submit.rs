@@ -25,13 +25,17 @@ pub enum Endpoint {
     Completions,
     /// `/v1/chat/completions`
     Chat,
+    /// `/v1/responses`
+    Responses,
 }
 
 impl Endpoint {
-    fn id_prefix(self) -> &'static str {
+    /// The id the client sees, as vLLM writes it per endpoint.
+    fn external_id(self, client_id: &str) -> String {
         match self {
-            Endpoint::Completions => "cmpl",
-            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completions => format!("cmpl-{client_id}"),
+            Endpoint::Chat => format!("chatcmpl-{client_id}"),
+            Endpoint::Responses => format!("resp_{client_id}"),
         }
     }
 
@@ -40,6 +44,7 @@ impl Endpoint {
         match self {
             Endpoint::Completions => "prompt",
             Endpoint::Chat => "messages",
+            Endpoint::Responses => "input",
         }
     }
 }
@@ -101,7 +106,7 @@ pub fn submit(
         }
         let max_tokens = *sampling.max_tokens.get_or_insert(match endpoint {
             Endpoint::Completions => DEFAULT_COMPLETION_MAX_TOKENS.min(max_len - prompt_len),
-            Endpoint::Chat => max_len - prompt_len,
+            Endpoint::Chat | Endpoint::Responses => max_len - prompt_len,
         });
         if prompt_len + max_tokens > max_len {
             return Err(ApiError::invalid_param(
@@ -136,7 +141,7 @@ pub fn submit(
         }
     }
 
-    let id = format!("{}-{}", endpoint.id_prefix(), client_request_id(headers));
+    let id = endpoint.external_id(&client_request_id(headers));
     let pinned_rank = pinned_rank(headers)?;
     let request = EngineRequest {
         request_id: format!("{id}-{}", random_hex(8)),

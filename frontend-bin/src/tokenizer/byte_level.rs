@@ -25,6 +25,18 @@ impl Tokenizer for ByteLevelTokenizer {
         Box::new(ByteLevelDecoder::default())
     }
 
+    /// The bytes as UTF-8 (invalid sequences become U+FFFD); EOS has no text.
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        let bytes: Vec<u8> = ids.iter().filter_map(|&id| u8::try_from(id).ok()).collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Printable ASCII bytes are themselves, other bytes `<0xNN>` (as
+    /// byte-fallback vocabularies name them), EOS `<|eos|>`.
+    fn token_strings(&self, ids: &[u32]) -> Vec<String> {
+        ids.iter().map(|&id| byte_token_string(id)).collect()
+    }
+
     fn stop_token_ids(&self) -> &[u32] {
         &[BYTE_EOS_TOKEN_ID]
     }
@@ -46,6 +58,16 @@ impl Tokenizer for ByteLevelTokenizer {
             prompt.push_str("assistant: ");
         }
         Ok(prompt)
+    }
+}
+
+/// The token string of one byte-level id.
+fn byte_token_string(id: u32) -> String {
+    match id {
+        0x20..=0x7e => char::from(id as u8).to_string(),
+        0..=0xff => format!("<0x{id:02X}>"),
+        BYTE_EOS_TOKEN_ID => "<|eos|>".to_string(),
+        _ => String::new(),
     }
 }
 
@@ -119,5 +141,13 @@ mod tests {
     fn chat_template_lists_roles() {
         let messages = vec![ChatMessage { role: "user".into(), content: "hi".into() }];
         assert_eq!(ByteLevelTokenizer.apply_chat_template(&messages, true).unwrap(), "user: hi\nassistant: ");
+    }
+
+    #[test]
+    fn decodes_whole_and_names_each_token() {
+        let t = ByteLevelTokenizer;
+        assert_eq!(t.decode(&[0x68, 0xc3, 0xa9, 256]).unwrap(), "hé");
+        assert_eq!(t.decode(&[0xc3]).unwrap(), "\u{fffd}");
+        assert_eq!(t.token_strings(&[0x68, 0x20, 0x0a, 0xc3, 256]), ["h", " ", "<0x0A>", "<0xC3>", "<|eos|>"]);
     }
 }

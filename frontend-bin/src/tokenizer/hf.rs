@@ -94,6 +94,15 @@ impl Tokenizer for HfTokenizer {
         Box::new(IncrementalDecoder::new(self.inner.clone(), &self.added_tokens, prompt, options))
     }
 
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, false).map_err(|e| anyhow!("{e}"))
+    }
+
+    /// An id outside the vocabulary has no token: an empty string.
+    fn token_strings(&self, ids: &[u32]) -> Vec<String> {
+        ids.iter().map(|&id| self.inner.id_to_token(id).unwrap_or_default()).collect()
+    }
+
     fn stop_token_ids(&self) -> &[u32] {
         &self.stop_token_ids
     }

@@ -27,6 +27,12 @@ pub trait Tokenizer: Send + Sync {
     /// A fresh streaming decoder for one request whose prompt is `prompt`:
     /// generated text is decoded in the prompt's context, as vLLM does.
     fn decoder(&self, prompt: &[u32], options: DecodeOptions) -> Box<dyn TextDecoder>;
+    /// The whole text of `ids` with special tokens kept, as vLLM's
+    /// `tokenizer.decode` gives it (`/detokenize`).
+    fn decode(&self, ids: &[u32]) -> Result<String>;
+    /// Each id's token as the vocabulary writes it (vLLM's
+    /// `convert_ids_to_tokens`, `/tokenize` with `return_token_strs`).
+    fn token_strings(&self, ids: &[u32]) -> Vec<String>;
     /// Tokens that end generation unless `ignore_eos`: EOS first, then any
     /// others the model's generation config names.
     fn stop_token_ids(&self) -> &[u32];

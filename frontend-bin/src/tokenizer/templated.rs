@@ -47,6 +47,14 @@ impl Tokenizer for TemplatedTokenizer {
         self.inner.decoder(prompt, options)
     }
 
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids)
+    }
+
+    fn token_strings(&self, ids: &[u32]) -> Vec<String> {
+        self.inner.token_strings(ids)
+    }
+
     fn stop_token_ids(&self) -> &[u32] {
         self.inner.stop_token_ids()
     }

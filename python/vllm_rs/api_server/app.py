@@ -12,7 +12,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from vllm_rs.api_server import misc_routes, openai_routes
+from vllm_rs.api_server import misc_routes, openai_routes, responses_routes, tokenize_routes
 from vllm_rs.api_server.errors import ApiError
 from vllm_rs.api_server.state import ServerState
 from vllm_rs.logger import init_logger
@@ -20,12 +20,12 @@ from vllm_rs.logger import init_logger
 logger = init_logger(__name__)
 
 #: Paths served without a key.
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/ping", "/metrics"})
 
 
 class ApiKeyMiddleware:
     """401 for requests without `Authorization: Bearer <key>` naming one of
-    the keys (`/health` and `/metrics` stay open)."""
+    the keys (`/health`, `/ping` and `/metrics` stay open)."""
 
     def __init__(self, app: ASGIApp, keys: list[str]):
         self.app = app
@@ -81,7 +81,13 @@ def build_app(state: ServerState) -> FastAPI:
         ("GET", "/metrics", misc_routes.metrics),
         ("GET", "/load", misc_routes.load),
         ("GET", "/version", misc_routes.version),
+        ("GET", "/ping", misc_routes.health),
+        ("POST", "/ping", misc_routes.health),
         ("GET", "/v1/models", misc_routes.list_models),
+        ("GET", "/v1/models/{model_id:path}", misc_routes.retrieve_model),
+        ("POST", "/tokenize", tokenize_routes.tokenize),
+        ("POST", "/detokenize", tokenize_routes.detokenize),
+        ("POST", "/v1/responses", responses_routes.create_response),
         ("POST", "/v1/completions", openai_routes.create_completion),
         ("POST", "/v1/chat/completions", openai_routes.create_chat_completion),
         ("POST", "/reset_prefix_cache", misc_routes.reset_prefix_cache),

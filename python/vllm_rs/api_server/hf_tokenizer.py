@@ -152,6 +152,15 @@ class HfTokenizer:
         (true for raw prompts, false for chat prompts, whose template writes them)."""
         return self.inner.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def decode(self, token_ids: list[int]) -> str:
+        """The whole text of `token_ids` with special tokens kept, as vLLM's
+        `tokenizer.decode` gives it (`/detokenize`)."""
+        return self.inner.decode(token_ids, skip_special_tokens=False)
+
+    def token_strings(self, token_ids: list[int]) -> list[str]:
+        """Each id's token as the vocabulary writes it (vLLM's `convert_ids_to_tokens`)."""
+        return [self.inner.id_to_token(t) or "" for t in token_ids]
+
     def decoder(self, prompt: list[int], options: DecodeOptions) -> IncrementalDecoder:
         """A fresh streaming decoder for one request whose prompt is `prompt`."""
         return IncrementalDecoder(self, prompt, options)

@@ -14,6 +14,7 @@ from vllm_rs.api_server.errors import ApiError
 from vllm_rs.api_server.openai_routes import json_response
 from vllm_rs.api_server.params import parse_decimal
 from vllm_rs.api_server.state import ServerState
+from vllm_rs.api_server.submit import check_model
 
 #: How long a utility call may take per engine (seconds).
 UTILITY_TIMEOUT_S = 60.0
@@ -26,29 +27,39 @@ def _state(request: Request) -> ServerState:
 
 
 async def health(request: Request) -> Response:
-    """200 while the engines are usable, 503 after one died or while one is hung."""
+    """`/health` (and `/ping`, GET or POST, as vLLM serves it): 200 while the
+    engines are usable, 503 after one died or while one is hung."""
     failure = _state(request).engines.unhealthy
     if failure is not None:
         raise ApiError(503, failure)
     return Response(status_code=200)
 
 
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "vllm-rs",
+        "root": state.settings.model_tag,
+        "parent": None,
+        "max_model_len": state.max_model_len,
+    }
+
+
 async def list_models(request: Request) -> Response:
     """Every served name."""
     state = _state(request)
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "vllm-rs",
-            "root": state.settings.model_tag,
-            "parent": None,
-            "max_model_len": state.max_model_len,
-        }
-        for name in state.settings.served_model_names
-    ]
-    return json_response({"object": "list", "data": data})
+    return json_response({"object": "list", "data": [_model_card(state, n) for n in state.settings.served_model_names]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    """`GET /v1/models/{id}`: the card of one served name; 404 naming
+    `model` for any other, in vLLM's words."""
+    state = _state(request)
+    model_id = request.path_params["model_id"]
+    check_model(state, model_id)
+    return json_response(_model_card(state, model_id))
 
 
 async def load(request: Request) -> Response:

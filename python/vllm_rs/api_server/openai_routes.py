@@ -146,12 +146,19 @@ def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], b
         raise RULES.refuse("tools", "tools_unsupported")
     if c.response_format is not None and c.response_format.type != "text":
         raise RULES.refuse("response_format", "response_format_unsupported")
-    if c.messages is None:
+    messages = flatten_messages(c.messages)
+    return common, messages, True if c.add_generation_prompt is None else c.add_generation_prompt
+
+
+def flatten_messages(items: list[MessageInput] | None) -> list[ChatMessage]:
+    """The conversation, each content flattened to text; a 400 naming
+    `messages` when it is missing, empty or holds a part that is not text."""
+    if items is None:
         raise RULES.refuse("messages", "messages_missing")
-    if not c.messages:
+    if not items:
         raise RULES.refuse("messages", "messages_empty")
     messages = []
-    for i, item in enumerate(c.messages):
+    for i, item in enumerate(items):
         content = item.content
         if content is None:
             content = ""
@@ -160,7 +167,7 @@ def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], b
                 raise RULES.refuse("messages", "text_parts_only", index=i)
             content = "".join(part.text for part in content)  # type: ignore[misc]
         messages.append(ChatMessage(item.role, content))
-    return common, messages, True if c.add_generation_prompt is None else c.add_generation_prompt
+    return messages
 
 
 @dataclass(frozen=True)

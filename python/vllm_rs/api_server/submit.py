@@ -33,13 +33,16 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 class Endpoint:
     """Which endpoint a request came in on."""
 
+    #: Starts the id the client sees, separator included.
     id_prefix: str
     prompt_param: str
+    #: `max_tokens` defaults to the room the prompt leaves (else 16).
     is_chat: bool
 
 
-COMPLETIONS = Endpoint("cmpl", "prompt", False)
-CHAT = Endpoint("chatcmpl", "messages", True)
+COMPLETIONS = Endpoint("cmpl-", "prompt", False)
+CHAT = Endpoint("chatcmpl-", "messages", True)
+RESPONSES = Endpoint("resp_", "input", True)
 
 
 @dataclass
@@ -148,7 +151,7 @@ def submit(
             if eos not in all_stop:
                 all_stop.append(eos)
     sampling["_all_stop_token_ids"] = all_stop
-    external_id = f"{endpoint.id_prefix}-{_client_request_id(headers)}"
+    external_id = f"{endpoint.id_prefix}{_client_request_id(headers)}"
     request = EngineCoreRequest(
         request_id=f"{external_id}-{secrets.token_hex(4)}",
         prompt_token_ids=prompt,

@@ -71,6 +71,14 @@ class ByteDecoder:
         return self._decoder.decode(b"", final=True)
 
 
+def _byte_token_string(token_id: int) -> str:
+    if 0x20 <= token_id <= 0x7E:
+        return chr(token_id)
+    if 0 <= token_id <= 0xFF:
+        return f"<0x{token_id:02X}>"
+    return "<|eos|>" if token_id == BYTE_EOS_TOKEN_ID else ""
+
+
 class ByteLevelTokenizer:
     """One token per byte of the UTF-8 text."""
 
@@ -80,6 +88,15 @@ class ByteLevelTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text` (there are no special tokens to add)."""
         return list(text.encode("utf-8", errors="surrogatepass"))
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The bytes as UTF-8 (invalid sequences become U+FFFD); EOS has no text."""
+        return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
+
+    def token_strings(self, token_ids: list[int]) -> list[str]:
+        """Printable ASCII bytes are themselves, other bytes `<0xNN>` (as
+        byte-fallback vocabularies name them), EOS `<|eos|>`."""
+        return [_byte_token_string(t) for t in token_ids]
 
     def decoder(self, prompt: list[int], options: DecodeOptions) -> ByteDecoder:
         """A fresh streaming decoder for one request; bytes are decoded
