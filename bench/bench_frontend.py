@@ -54,7 +54,7 @@ import zmq  # noqa: E402
 from vllm_rs.network_utils import make_zmq_listener  # noqa: E402
 from vllm_rs.utils import CoreEngineProcManager, RustFrontendProcessManager  # noqa: E402
 
-from tests.test_frontend_fake_engine import connect_as_engine  # noqa: E402
+from tests.support.engine_peer import connect_as_engine  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog. "
 STREAM_GOAL = 0.90

@@ -24,7 +24,7 @@ from vllm_rs.engine.config import ClientAddresses
 from vllm_rs.network_utils import make_zmq_listener
 from vllm_rs.utils import APIServerProcessManager, CoreEngineProcManager
 
-from tests.test_frontend_fake_engine import connect_as_engine
+from tests.support.engine_peer import connect_as_engine
 
 ADD, ABORT, UTILITY = b"\x00", b"\x01", b"\x03"
 FINISH_LENGTH = 1

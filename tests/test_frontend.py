@@ -1,7 +1,8 @@
-"""The Rust frontend end to end: `RustFrontendProcessManager` starts the
-installed `vllm-rs` binary, `CoreEngineProcManager` starts fake engines written
-with pyzmq (tests/test_frontend_fake_engine.py), and the `openai` package is
-the client."""
+"""The Rust frontend as a process: `RustFrontendProcessManager` starts the
+installed `vllm-rs` binary, `CoreEngineProcManager` starts the reference
+engine with the `echo` model (as `serve` does), and the `openai` package is
+the client: an engine that dies, bad `--args-json`, credentials kept out of
+the logs, a graceful stop. What its HTTP surface does is in tests/conformance/."""
 
 from __future__ import annotations
 
@@ -13,17 +14,17 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import openai
 import pytest
 import zmq
+from vllm_rs.engine import make_engine_config, run_engine_core
+from vllm_rs.engine.config import ClientAddresses
+from vllm_rs.engine.core import FAIL_AT_STEP_ENV
 from vllm_rs.network_utils import make_zmq_listener
 from vllm_rs.utils import CoreEngineProcManager, RustFrontendProcessManager, wait_for_completion_or_failure
-
-from tests.test_frontend_fake_engine import engine_log, run_fake_engine
 
 READY_TIMEOUT_S = 60
 
@@ -62,9 +63,6 @@ class Stack:
         except urllib.error.HTTPError as e:
             return e.code
 
-    def events(self, rank: int) -> list[dict]:
-        return engine_log(self.log_dir, rank)
-
     def frontend_log(self) -> str:
         return (self.log_dir / "frontend.log").read_text(errors="replace")
 
@@ -83,18 +81,10 @@ class Stack:
         raise AssertionError(f"frontend not ready after {READY_TIMEOUT_S}s:\n{self.frontend_log()}")
 
 
-def wait_until(check, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 @contextlib.contextmanager
-def serving(tmp_path: Path, engine_count: int = 1, step_s: float = 0.002, start_engines: bool = True, **args):
-    """A frontend with `engine_count` fake engines; `args` become the server arguments."""
+def serving(tmp_path: Path, engine_count: int = 1, start_engines: bool = True, **args):
+    """A frontend for the `echo` model with `engine_count` reference engines
+    (their log goes to the test's fd 2); `args` become the server arguments."""
     http = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     http.bind(("127.0.0.1", 0))
     http.listen(128)
@@ -105,11 +95,13 @@ def serving(tmp_path: Path, engine_count: int = 1, step_s: float = 0.002, start_
     frontend = None
     try:
         if start_engines:
-            config = {"output_address": output_listener.address, "log_dir": str(tmp_path), "step_s": step_s}
-            engines = CoreEngineProcManager(
-                run_fake_engine, engine_count, 0, 0, config, True, input_listener.address, None, False
+            config = make_engine_config(
+                "echo", clients=[ClientAddresses(input_listener.address, output_listener.address)]
             )
-        namespace = argparse.Namespace(model="toy", **args)
+            engines = CoreEngineProcManager(
+                run_engine_core, engine_count, 0, 0, config, True, input_listener.address, None, True
+            )
+        namespace = argparse.Namespace(model="echo", **args)
         with stderr_to(tmp_path / "frontend.log"):
             frontend = RustFrontendProcessManager(
                 None, http, namespace, input_listener, output_listener, 0, engine_count, engine_count
@@ -129,85 +121,16 @@ def _short_engine_wait(monkeypatch):
     monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "30")
 
 
-def test_completions_and_chat_streamed_and_not(tmp_path):
+def test_engine_death_gives_503_and_fails_the_wait(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAIL_AT_STEP_ENV, "3")  # the engine fails in its third step
     with serving(tmp_path) as stack:
         stack.wait_ready()
-        client = stack.client()
-        completion = client.completions.create(model="toy", prompt="hello", max_tokens=7)
-        assert completion.choices[0].text == "hellohe"
-        assert completion.choices[0].finish_reason == "length"
-        assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (5, 7)
-
-        chunks = list(
-            client.completions.create(
-                model="toy", prompt="abc", max_tokens=5, stream=True, stream_options={"include_usage": True}
-            )
-        )
-        assert "".join(c.choices[0].text for c in chunks if c.choices) == "abcab"
-        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
-        assert chunks[-1].usage.completion_tokens == 5
-
-        chat = client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
-        assert chat.choices[0].message.role == "assistant"
-        assert chat.choices[0].message.content == "user: hi"
-
-        stream = client.chat.completions.create(
-            model="toy", messages=[{"role": "user", "content": "yo"}], max_tokens=4, stream=True
-        )
-        chunks = list(stream)
-        assert chunks[0].choices[0].delta.role == "assistant"
-        assert "".join(c.choices[0].delta.content or "" for c in chunks) == "user"
-        assert chunks[-1].choices[0].finish_reason == "length"
-
-        with pytest.raises(openai.NotFoundError):
-            client.completions.create(model="other", prompt="x", max_tokens=1)
-        with pytest.raises(openai.BadRequestError) as info:
-            client.completions.create(model="toy", prompt="x", max_tokens=1, temperature=-1)
-        assert info.value.body["param"] == "temperature"
-        assert [m.id for m in client.models.list()] == ["toy"]
-
-
-def test_two_engines_share_the_load(tmp_path):
-    with serving(tmp_path, engine_count=2, step_s=0.01) as stack:
-        stack.wait_ready()
-        client = stack.client()
-
-        def one(_):
-            return client.completions.create(model="toy", prompt="abcdef", max_tokens=10).choices[0].text
-
-        with ThreadPoolExecutor(16) as pool:
-            assert list(pool.map(one, range(16))) == ["abcdefabcd"] * 16
-        counts = [sum(e["event"] == "add" for e in stack.events(rank)) for rank in (0, 1)]
-        assert sum(counts) == 16
-        assert min(counts) >= 4, counts
-
-
-def test_client_disconnect_aborts_in_the_engine(tmp_path):
-    with serving(tmp_path, step_s=0.02) as stack:
-        stack.wait_ready()
-        stream = stack.client().completions.create(model="toy", prompt="abc", max_tokens=400, stream=True)
-        first = next(iter(stream))
-        assert first.choices[0].text
-        stream.close()
-        assert wait_until(lambda: any(e["event"] == "abort" for e in stack.events(0))), stack.events(0)
-        added = [e["id"] for e in stack.events(0) if e["event"] == "add"]
-        aborted = [e["id"] for e in stack.events(0) if e["event"] == "abort"]
-        assert aborted == added
-
-
-def test_engine_death_gives_503_and_fails_the_wait(tmp_path):
-    with serving(tmp_path) as stack:
-        stack.wait_ready()
-        client = stack.client()
-        with ThreadPoolExecutor(1) as pool:
-            hanging = pool.submit(client.completions.create, model="toy", prompt="HANG", max_tokens=5)
-            assert wait_until(lambda: len(stack.events(0)) == 1)
-            with pytest.raises(openai.InternalServerError) as info:
-                client.completions.create(model="toy", prompt="DIE now", max_tokens=5)
-            assert "ENGINE_CORE_DEAD" in info.value.body["message"]
-            with pytest.raises(openai.InternalServerError):
-                hanging.result(timeout=10)
+        with pytest.raises(openai.InternalServerError) as info:
+            stack.client().completions.create(model="echo", prompt="never finished", max_tokens=50)
+        assert "ENGINE_CORE_DEAD" in info.value.body["message"]
         assert stack.get("/health") == 503
+        with pytest.raises(openai.InternalServerError):
+            stack.client().completions.create(model="echo", prompt="after", max_tokens=5)
         with pytest.raises(RuntimeError, match="Engine core process EngineCore_0 died unexpectedly"):
             wait_for_completion_or_failure(stack.frontend, stack.engines)
 
@@ -225,8 +148,8 @@ def test_credentials_never_reach_the_log(tmp_path, caplog):
     with serving(tmp_path, api_key=secret, enable_log_requests=True) as stack:
         stack.wait_ready()
         with pytest.raises(openai.AuthenticationError):
-            stack.client("wrong").completions.create(model="toy", prompt="x", max_tokens=1)
-        ok = stack.client(secret).completions.create(model="toy", prompt="x", max_tokens=1)
+            stack.client("wrong").completions.create(model="echo", prompt="x", max_tokens=1)
+        ok = stack.client(secret).completions.create(model="echo", prompt="x", max_tokens=1)
         assert ok.choices[0].text == "x"
         assert stack.get("/health") == 200
     launch = [r.getMessage() for r in caplog.records if "Launching Rust frontend" in r.getMessage()]

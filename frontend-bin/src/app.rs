@@ -6,8 +6,8 @@ use crate::cli::FrontendArgs;
 use crate::config::{process_env, ServerConfig};
 use crate::engine::client::EngineSettings;
 use crate::engine::coordination::follow_coordinator;
+use crate::engine::input_socket::EngineInputSocket;
 use crate::engine::registration::wait_for_engines;
-use crate::engine::router::InputRouter;
 use crate::engine::sockets::{open_engine_listener, SocketSource};
 use crate::engine::zmtp::FrameLimits;
 use crate::engine::EngineClient;
@@ -193,7 +193,7 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
     let input = open_engine_listener(input, "input")?;
     let output = open_engine_listener(output, "output")?;
     let limits = FrameLimits { max_message_bytes: config.max_engine_message_bytes };
-    let (router, mut received) = InputRouter::start(input, limits);
+    let (input_socket, mut received) = EngineInputSocket::start(input, limits);
 
     tracing::info!("waiting for engines {start}..={} to register", start + count - 1);
     let registrations = tokio::select! {
@@ -207,7 +207,7 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
     let max_model_len = registrations.iter().filter_map(|r| r.max_model_len).chain(config.max_model_len).min();
 
     let settings = EngineSettings { limits, stall_timeout: config.engine_stall_timeout };
-    let engines = EngineClient::start(router, output, start, count, 0, settings);
+    let engines = EngineClient::start(input_socket, output, start, count, 0, settings);
     if let Some(address) = coordinator {
         follow_coordinator(address, engines.clone());
     }
@@ -252,7 +252,7 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         engines.stop_accepting();
     };
     let drain_timeout = options.drain_timeout;
-    let mut drained = serve(listener, crate::http::router(state.clone()), options, tls, stopping).await;
+    let mut drained = serve(listener, crate::http::routes(state.clone()), options, tls, stopping).await;
     if let Some(grpc) = grpc {
         drained &= crate::grpc::server::drained(grpc, drain_timeout).await;
     }

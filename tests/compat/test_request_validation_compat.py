@@ -19,7 +19,7 @@ from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.serial_utils import MsgpackDecoder  # noqa: E402
 
 from tests.api_server_harness import ADD, DEADLINE_S, in_background  # noqa: E402
-from tests.test_request_validation import CASES, FINISH_LENGTH, post, served  # noqa: E402, F401
+from tests.conformance.test_request_validation import CASES, FINISH_LENGTH, post, served  # noqa: E402, F401
 
 DECODE_REQUEST = MsgpackDecoder(EngineCoreRequest)
 

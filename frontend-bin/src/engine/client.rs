@@ -2,7 +2,7 @@
 //! the waiting HTTP handlers, aborts, utility calls, and engine failure.
 //!
 //! Both engine sockets are spoken in the async runtime (`zmtp.rs`): whoever
-//! submits or aborts queues the message on the input ROUTER (`router.rs`),
+//! submits or aborts queues the message on the input ROUTER (`input_socket.rs`),
 //! and each engine's output connection is read by its own task as a PULL,
 //! which decodes every message and dispatches it to the per-request inboxes;
 //! the handlers it wakes run on the same worker, with no thread in between.
@@ -16,11 +16,11 @@
 use super::balancer::Balancer;
 use super::codec::{decode_outputs, encode_abort, encode_add, encode_utility, DecodeError};
 use super::inbox::{Inbox, RequestEvent};
+use super::input_socket::EngineInputSocket;
 use super::protocol::{
     engine_identity, EngineOutput, EngineRequest, FinishReason, OutputsMessage, SchedulerStats, UtilityReply,
     REQUEST_ABORT, REQUEST_ADD, REQUEST_UTILITY,
 };
-use super::router::InputRouter;
 use super::zmtp::{handshake, pong_frame, FrameLimits, Incoming};
 use crate::listener::{accept_engine_connections, AcceptedStream, PendingPermit, StreamListener};
 use std::collections::HashMap;
@@ -135,7 +135,7 @@ struct Shared {
     next_call_id: AtomicI64,
     /// The request wave the coordinator last published (0 without one).
     current_wave: AtomicU64,
-    router: Arc<InputRouter>,
+    input_socket: Arc<EngineInputSocket>,
     failure: OnceLock<String>,
     stopping: AtomicBool,
     /// Per engine slot: when it last sent something (or last became busy),
@@ -151,18 +151,18 @@ pub struct EngineClient {
 }
 
 impl EngineClient {
-    /// Starts reading engine outputs from `output` (the input `router` has seen
+    /// Starts reading engine outputs from `output` (the `input_socket` has seen
     /// every engine register), watching for a lost or hung engine. Must be
     /// called from inside the tokio runtime.
     pub fn start(
-        router: Arc<InputRouter>,
+        input_socket: Arc<EngineInputSocket>,
         output: StreamListener,
         start_index: u32,
         engine_count: u32,
         client_index: u32,
         settings: EngineSettings,
     ) -> Self {
-        let mut lost_engine = router.lost_engine();
+        let mut lost_engine = input_socket.lost_engine();
         let shared = Arc::new(Shared {
             start_index,
             client_index,
@@ -171,7 +171,7 @@ impl EngineClient {
             utility_calls: Mutex::new(HashMap::new()),
             next_call_id: AtomicI64::new(1),
             current_wave: AtomicU64::new(0),
-            router,
+            input_socket,
             failure: OnceLock::new(),
             stopping: AtomicBool::new(false),
             last_heard_ms: (0..engine_count).map(|_| AtomicU64::new(0)).collect(),
@@ -318,7 +318,7 @@ impl EngineClient {
     /// Resolves once every message queued for the engines so far (ABORTs
     /// included) has been written to their sockets, or their connections are gone.
     pub async fn flush(&self) {
-        self.shared.router.flush().await;
+        self.shared.input_socket.flush().await;
     }
 
     /// Aborts every request in flight: their handlers get `reason`, the engines an ABORT.
@@ -358,7 +358,7 @@ impl Shared {
 
     /// Queues `[type, payload]` for the engine on the ROUTER; a failed send fails its request.
     fn send(&self, command: InputCommand<'_>) {
-        let sent = self.router.send(&engine_identity(command.engine), &[&[command.kind], &command.payload]);
+        let sent = self.input_socket.send(&engine_identity(command.engine), &[&[command.kind], &command.payload]);
         if let Err(e) = sent {
             let reason = format!("cannot send to engine {}: {e}", command.engine);
             tracing::warn!("{reason}");

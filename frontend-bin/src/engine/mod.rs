@@ -5,10 +5,10 @@ pub mod client;
 pub mod codec;
 pub mod coordination;
 pub mod inbox;
+pub mod input_socket;
 pub mod msgpack;
 pub mod protocol;
 pub mod registration;
-pub mod router;
 pub mod sockets;
 
 pub use client::{EngineClient, RequestStream, SubmitError};

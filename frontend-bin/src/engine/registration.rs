@@ -2,8 +2,8 @@
 //! input socket, bounded by `engine_ready_timeout_secs`.
 
 use super::codec::decode_registration;
+use super::input_socket::EngineMessage;
 use super::protocol::Registration;
-use super::router::EngineMessage;
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The frontend's two engine-facing sockets, each adopted from an inherited
 //! listener fd (never a fresh bind) or bound to a given address. Both are
 //! plain listeners: the runtime speaks ZeroMQ on their connections itself, a
-//! ROUTER on the input one (`router.rs`), a PULL on the output one (`zmtp.rs`).
+//! ROUTER on the input one (`input_socket.rs`), a PULL on the output one (`zmtp.rs`).
 
 use crate::fds::ListeningSocket;
 use crate::listener::StreamListener;

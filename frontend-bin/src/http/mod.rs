@@ -31,7 +31,7 @@ use state::SharedState;
 /// All routes, with authentication and the body deadline (the size limit is the
 /// JSON extractor's), CORS, and when configured request id headers and the
 /// root path. Outermost first, as vLLM stacks them: request id, auth, CORS.
-pub fn router(state: SharedState) -> Router {
+pub fn routes(state: SharedState) -> Router {
     let layers = &state.config.http_layers;
     let cors = std::sync::Arc::new(cors::Cors::new(&layers.cors));
     let request_id_headers = layers.request_id_headers;

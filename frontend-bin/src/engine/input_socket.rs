@@ -34,7 +34,7 @@ pub enum SendError {
 
 /// The engines connected to the input socket, by identity. An identity
 /// belongs to the first live connection that claimed it.
-pub struct InputRouter {
+pub struct EngineInputSocket {
     links: Mutex<HashMap<Vec<u8>, Arc<Link>>>,
     received: mpsc::UnboundedSender<EngineMessage>,
     next_link_id: AtomicU64,
@@ -84,30 +84,30 @@ impl Link {
     }
 }
 
-impl InputRouter {
+impl EngineInputSocket {
     /// Accepts engine connections on `listener` from now on, reading messages
     /// of at most `limits`. Messages the engines send come out of the
     /// receiver (dropping it discards them).
     pub fn start(
         listener: StreamListener,
         limits: FrameLimits,
-    ) -> (Arc<InputRouter>, mpsc::UnboundedReceiver<EngineMessage>) {
+    ) -> (Arc<EngineInputSocket>, mpsc::UnboundedReceiver<EngineMessage>) {
         let (received, receiver) = mpsc::unbounded_channel();
-        let router = Arc::new(InputRouter {
+        let input_socket = Arc::new(EngineInputSocket {
             links: Mutex::new(HashMap::new()),
             received,
             next_link_id: AtomicU64::new(0),
             limits,
             lost: watch::Sender::new(None),
         });
-        let for_engines = router.clone();
+        let for_engines = input_socket.clone();
         tokio::spawn(async move {
             accept_engine_connections(listener, "an engine input connection", move |stream, pending| {
                 serve_engine(stream, pending, for_engines.clone())
             })
             .await
         });
-        (router, receiver)
+        (input_socket, receiver)
     }
 
     /// Queues `frames` as one message for the engine with `identity`.
@@ -160,20 +160,20 @@ impl InputRouter {
 /// A connection whose identity is held by another live one is refused; when
 /// the holder ends after it sent something (its registration), that engine
 /// is lost.
-async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, router: Arc<InputRouter>) {
-    let peer = match handshake(stream, "ROUTER", "DEALER", router.limits).await {
+async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, input_socket: Arc<EngineInputSocket>) {
+    let peer = match handshake(stream, "ROUTER", "DEALER", input_socket.limits).await {
         Ok(peer) => peer,
         Err(e) => return tracing::warn!("refused an engine input connection: {e}"),
     };
     let (mut reader, mut writer, identity) = (peer.reader, peer.writer, peer.identity);
     let (written_tx, written) = watch::channel(0);
     let link = Arc::new(Link {
-        id: router.next_link_id.fetch_add(1, Ordering::Relaxed),
+        id: input_socket.next_link_id.fetch_add(1, Ordering::Relaxed),
         outbox: Mutex::new(Outbox::default()),
         filled: Notify::new(),
         written,
     });
-    if !router.claim(&identity, &link) {
+    if !input_socket.claim(&identity, &link) {
         return tracing::warn!(
             identity = ?identity,
             "refused an engine input connection: a live connection already holds its identity"
@@ -205,7 +205,7 @@ async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, router: Ar
             Ok(Some(Incoming::Message(frame))) => {
                 registered = true;
                 pending.take();
-                if router.received.send((identity.clone(), frame)).is_err() {
+                if input_socket.received.send((identity.clone(), frame)).is_err() {
                     tracing::debug!(identity = ?identity, "ignoring a message from an engine after start-up");
                 }
             }
@@ -219,9 +219,9 @@ async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, router: Ar
         }
     }
     writing.abort();
-    router.release(&identity, &link);
+    input_socket.release(&identity, &link);
     if registered {
-        router.lost.send_if_modified(|lost| {
+        input_socket.lost.send_if_modified(|lost| {
             let first = lost.is_none();
             if first {
                 *lost = Some(identity);
@@ -269,7 +269,7 @@ mod tests {
     async fn pings_from_a_peer_that_never_reads_do_not_grow_its_outbox() {
         let name = format!("vllm-rs-router-pong-{}-{}", std::process::id(), crate::ids::random_hex(6));
         let listener = StreamListener::bind_endpoint(&format!("ipc://@{name}")).unwrap();
-        let (router, mut received) = InputRouter::start(listener, FrameLimits::default());
+        let (input_socket, mut received) = EngineInputSocket::start(listener, FrameLimits::default());
         let mut peer = dealer(&name).await;
         // 100k PINGs (about 1 MiB of PONGs) and never a read; then a message,
         // which comes out once every PING before it was handled.
@@ -281,7 +281,7 @@ mod tests {
             peer
         });
         assert_eq!(received.recv().await, Some((vec![0, 0], Bytes::from_static(b"hi"))));
-        let queued = router.links.lock().unwrap()[&vec![0u8, 0]].outbox.lock().unwrap().bytes.len();
+        let queued = input_socket.links.lock().unwrap()[&vec![0u8, 0]].outbox.lock().unwrap().bytes.len();
         assert!(queued <= MAX_OUTBOX_FOR_PONG + 64, "{queued} bytes of PONGs queued");
         drop(writing.await.unwrap());
     }
@@ -290,15 +290,15 @@ mod tests {
     async fn flush_resolves_once_queued_messages_are_on_the_socket() {
         let name = format!("vllm-rs-router-flush-{}-{}", std::process::id(), crate::ids::random_hex(6));
         let listener = StreamListener::bind_endpoint(&format!("ipc://@{name}")).unwrap();
-        let (router, mut received) = InputRouter::start(listener, FrameLimits::default());
+        let (input_socket, mut received) = EngineInputSocket::start(listener, FrameLimits::default());
         let mut peer = dealer(&name).await;
         peer.write_all(&[0x00, 3, b'r', b'e', b'g']).await.unwrap();
         assert_eq!(received.recv().await, Some((vec![0, 0], Bytes::from_static(b"reg"))));
-        router.flush().await; // nothing queued: resolves at once
+        input_socket.flush().await; // nothing queued: resolves at once
         for _ in 0..100 {
-            router.send(&[0, 0], &[b"abort"]).unwrap();
+            input_socket.send(&[0, 0], &[b"abort"]).unwrap();
         }
-        router.flush().await;
+        input_socket.flush().await;
         // Every message is in the socket's buffer: readable without waiting.
         let expected: Vec<u8> = [0x00, 5].iter().chain(b"abort").copied().cycle().take(7 * 100).collect();
         let mut got = vec![0u8; expected.len()];
@@ -312,8 +312,8 @@ mod tests {
         }
         assert_eq!(got, expected);
         // With the peer gone, a flush still returns (written, or the connection ended).
-        router.send(&[0, 0], &[b"late"]).unwrap();
+        input_socket.send(&[0, 0], &[b"late"]).unwrap();
         drop(peer);
-        tokio::time::timeout(std::time::Duration::from_secs(30), router.flush()).await.expect("flush returned");
+        tokio::time::timeout(std::time::Duration::from_secs(30), input_socket.flush()).await.expect("flush returned");
     }
 }

@@ -39,7 +39,7 @@ from tests.api_server_harness import (
     request,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.33"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "vllm-0.33"
 CASES = json.loads((FIXTURES / "request_validation.json").read_text())
 FINISH_LENGTH, FINISH_ERROR = 1, 3
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
