@@ -162,7 +162,9 @@ fn input_messages(instructions: Option<&str>, input: Option<&Value>) -> Result<V
     }
     match input {
         None | Some(Value::Null) => return Err(RULES.refuse("input", "input_missing", &[])),
-        Some(Value::String(text)) => messages.push(ChatMessage { role: "user".into(), content: text.clone(), extra: None }),
+        Some(Value::String(text)) => {
+            messages.push(ChatMessage { role: "user".into(), content: text.clone(), extra: None })
+        }
         Some(Value::Array(items)) => {
             for (index, item) in items.iter().enumerate() {
                 let message = input_message(item)
