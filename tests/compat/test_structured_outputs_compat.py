@@ -23,7 +23,7 @@ from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # noqa: E402
 from vllm_rs._core import required_tools_schema  # noqa: E402
 
 from tests.api_server_harness import ADD, DEADLINE_S, in_background  # noqa: E402
-from tests.test_request_validation import FINISH_LENGTH, post, served  # noqa: E402, F401
+from tests.conformance.test_request_validation import FINISH_LENGTH, post, served  # noqa: E402, F401
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 CASES = [
