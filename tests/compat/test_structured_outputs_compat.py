@@ -15,7 +15,6 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed: tests/compat runs with a vLLM 0.33 venv (README.md)")
 
 import msgspec  # noqa: E402  (comes with vLLM)
-
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest  # noqa: E402
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.tool_parsers.utils import get_json_schema_from_tools  # noqa: E402
