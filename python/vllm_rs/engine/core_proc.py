@@ -53,8 +53,9 @@ DEAD_MESSAGE_LINGER_MS = 1000
 HEARTBEAT_INTERVAL_MS = 1000
 
 
-class EngineShutdown(Exception):
-    """Raised by the SIGTERM handler to leave the loop."""
+class EngineShutdown(BaseException):
+    """Raised by the SIGTERM handler to leave the loop; a BaseException, like
+    SystemExit, so that no `except Exception` on the way swallows it."""
 
 
 def _raise_shutdown(signum: int, frame: Any) -> None:
