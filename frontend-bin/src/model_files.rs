@@ -27,62 +27,47 @@ pub const HUB_FILES: &[&str] = &[
     "chat_template.json",
 ];
 
-/// Why a model's files could not be found.
+/// Why a model's files could not be found: where it was looked for, and
+/// why it was not downloaded or the download failed.
 #[derive(Debug, thiserror::Error)]
-pub enum LocateError {
-    /// Not a directory, not in the cache, and not downloaded (offline, or not
-    /// a name the hub could have).
-    #[error(
-        "{name:?} is not a directory and revision {revision:?} of it is not in the Hugging Face cache \
-         (looked in {}){why_not_downloaded}",
-        list(.looked)
-    )]
-    NotFound {
-        /// The model name or path as given.
-        name: String,
-        /// The revision looked for.
-        revision: String,
-        /// The cache folders of the model that were looked in.
-        looked: Vec<PathBuf>,
-        /// Why no download was tried (starts with `; `).
-        why_not_downloaded: String,
-    },
+#[error(
+    "{name:?} is not a directory and revision {revision:?} of it is not in the Hugging Face cache \
+     (looked in {}){why}",
+    list(.looked)
+)]
+pub struct LocateError {
+    /// The model name or path as given.
+    pub name: String,
+    /// The revision looked for.
+    pub revision: String,
+    /// The cache folders of the model that were looked in.
+    pub looked: Vec<PathBuf>,
+    /// Why the cache could not be filled from the hub.
+    pub why: Unavailable,
+}
+
+/// Why a model missing from the cache was not downloaded.
+#[derive(Debug, thiserror::Error)]
+pub enum Unavailable {
+    /// No download was tried (offline, or not a name the hub could have).
+    #[error("; {0}, so nothing was downloaded")]
+    NotDownloaded(&'static str),
     /// The hub has none of the files at that revision (no such repo or
     /// revision, or a private or gated one without a token).
-    #[error(
-        "{name:?} is not a directory, revision {revision:?} of it is not in the Hugging Face cache \
-         (looked in {}), and {endpoint} has no such model at that revision{auth_hint}",
-        list(.looked)
-    )]
+    #[error(", and {endpoint} has no such model at that revision{}", if *.refused { " (it refused access: a private or gated model needs HF_TOKEN)" } else { "" })]
     NotOnHub {
-        /// The model name as given.
-        name: String,
-        /// The revision looked for.
-        revision: String,
-        /// The cache folders of the model that were looked in.
-        looked: Vec<PathBuf>,
         /// The hub asked.
         endpoint: String,
-        /// A hint when the hub refused access (401/403).
-        auth_hint: String,
+        /// Whether the hub refused access (401/403).
+        refused: bool,
     },
     /// The download failed (network, disk, a malformed answer).
-    #[error(
-        "{name:?} is not a directory, revision {revision:?} of it is not in the Hugging Face cache \
-         (looked in {}), and downloading {file} from {endpoint} failed: {reason}",
-        list(.looked)
-    )]
+    #[error(", and downloading {file} from {endpoint} failed: {reason}")]
     Download {
-        /// The model name as given.
-        name: String,
-        /// The revision looked for.
-        revision: String,
-        /// The cache folders of the model that were looked in.
-        looked: Vec<PathBuf>,
         /// The hub asked.
         endpoint: String,
         /// The file whose download failed.
-        file: String,
+        file: &'static str,
         /// What went wrong.
         reason: String,
     },
@@ -163,7 +148,7 @@ impl HubCache {
     /// directory, else the cached snapshot of `revision` (default `main`): a
     /// branch or tag under `refs/`, or a commit hash under `snapshots/`;
     /// else the snapshot the files in `HUB_FILES` are downloaded into.
-    pub fn locate(&self, name: &str, revision: Option<&str>) -> Result<PathBuf, LocateError> {
+    pub fn locate(&self, name: &str, revision: Option<&str>) -> Result<PathBuf, Box<LocateError>> {
         let revision = revision.unwrap_or(DEFAULT_REVISION);
         if Path::new(name).is_dir() {
             return Ok(PathBuf::from(name));
@@ -186,22 +171,15 @@ impl HubCache {
                 looked.push(repo);
             }
         }
-        let not_found = |why: &str| LocateError::NotFound {
-            name: name.to_owned(),
-            revision: revision.to_owned(),
-            looked: looked.clone(),
-            why_not_downloaded: why.to_owned(),
+        let why = match &self.download {
+            _ if !plausible => Unavailable::NotDownloaded("not a Hugging Face model id"),
+            Download::Offline => Unavailable::NotDownloaded("HF_HUB_OFFLINE is set (or there is no cache folder)"),
+            Download::From { endpoint, into, token } => match download(name, revision, endpoint, into, token.clone()) {
+                Ok(snapshot) => return Ok(snapshot),
+                Err(why) => why,
+            },
         };
-        match &self.download {
-            _ if !plausible => Err(not_found("; not a Hugging Face model id, so nothing was downloaded")),
-            Download::Offline => {
-                Err(not_found("; HF_HUB_OFFLINE is set (or there is no cache folder), so nothing was downloaded"))
-            }
-            Download::From { endpoint, into, token } => {
-                let request = HubRequest { name, revision, looked: &looked, endpoint };
-                request.download(into, token.clone())
-            }
-        }
+        Err(Box::new(LocateError { name: name.to_owned(), revision: revision.to_owned(), looked, why }))
     }
 }
 
@@ -219,66 +197,44 @@ fn snapshot(repo: &Path, revision: &str) -> Option<PathBuf> {
     dir.is_dir().then_some(dir)
 }
 
-/// One model to download, with what the errors name.
-struct HubRequest<'a> {
-    name: &'a str,
-    revision: &'a str,
-    looked: &'a [PathBuf],
-    endpoint: &'a str,
-}
-
-impl HubRequest<'_> {
-    /// Downloads the files of `HUB_FILES` the hub has into the cache `into`
-    /// and returns their snapshot folder.
-    fn download(&self, into: &Path, token: Option<String>) -> Result<PathBuf, LocateError> {
-        tracing::info!(
-            "downloading the tokenizer and config files of {} (revision {}) from {} into {}",
-            self.name,
-            self.revision,
-            self.endpoint,
-            into.display()
-        );
-        let api = ApiBuilder::from_cache(Cache::new(into.to_path_buf()))
-            .with_endpoint(self.endpoint.to_owned())
-            .with_token(token)
-            .with_progress(false)
-            .build()
-            .map_err(|e| self.failed("", &e))?;
-        let repo = api.repo(Repo::with_revision(self.name.to_owned(), RepoType::Model, self.revision.to_owned()));
-        let (mut snapshot, mut refused) = (None, false);
-        for file in HUB_FILES {
-            match repo.download(file) {
-                Ok(path) => snapshot = path.parent().map(Path::to_path_buf),
-                Err(e) => match status(&e) {
-                    Some(404) => {}
-                    Some(401 | 403) => refused = true,
-                    _ => return Err(self.failed(file, &e)),
-                },
-            }
-        }
-        snapshot.ok_or_else(|| LocateError::NotOnHub {
-            name: self.name.to_owned(),
-            revision: self.revision.to_owned(),
-            looked: self.looked.to_vec(),
-            endpoint: self.endpoint.to_owned(),
-            auth_hint: if refused {
-                " (it refused access: a private or gated model needs HF_TOKEN)".to_owned()
-            } else {
-                String::new()
+/// Downloads the files of `HUB_FILES` that the hub at `endpoint` has for
+/// `name` at `revision` into the cache `into`, and returns their snapshot
+/// folder.
+fn download(
+    name: &str,
+    revision: &str,
+    endpoint: &str,
+    into: &Path,
+    token: Option<String>,
+) -> Result<PathBuf, Unavailable> {
+    tracing::info!(
+        "downloading the tokenizer and config files of {name} (revision {revision}) from {endpoint} into {}",
+        into.display()
+    );
+    let failed = |file: &'static str, e: &ApiError| Unavailable::Download {
+        endpoint: endpoint.to_owned(),
+        file,
+        reason: e.to_string(),
+    };
+    let api = ApiBuilder::from_cache(Cache::new(into.to_path_buf()))
+        .with_endpoint(endpoint.to_owned())
+        .with_token(token)
+        .with_progress(false)
+        .build()
+        .map_err(|e| failed("", &e))?;
+    let repo = api.repo(Repo::with_revision(name.to_owned(), RepoType::Model, revision.to_owned()));
+    let (mut snapshot, mut refused) = (None, false);
+    for file in HUB_FILES {
+        match repo.download(file) {
+            Ok(path) => snapshot = path.parent().map(Path::to_path_buf),
+            Err(e) => match status(&e) {
+                Some(404) => {}
+                Some(401 | 403) => refused = true,
+                _ => return Err(failed(file, &e)),
             },
-        })
-    }
-
-    fn failed(&self, file: &str, e: &ApiError) -> LocateError {
-        LocateError::Download {
-            name: self.name.to_owned(),
-            revision: self.revision.to_owned(),
-            looked: self.looked.to_vec(),
-            endpoint: self.endpoint.to_owned(),
-            file: file.to_owned(),
-            reason: e.to_string(),
         }
     }
+    snapshot.ok_or_else(|| Unavailable::NotOnHub { endpoint: endpoint.to_owned(), refused })
 }
 
 /// The HTTP status of a hub answer that was an error status.
