@@ -86,6 +86,10 @@ pub struct ServerConfig {
     pub chat: ChatOptions,
     /// Include usage in every stream, whatever `stream_options` says.
     pub enable_force_include_usage: bool,
+    /// Most logprobs a request may ask for (-1: the whole vocabulary), vLLM's `--max-logprobs`.
+    pub max_logprobs: i64,
+    /// Tokens in logprobs as `token_id:N` unless a request says otherwise.
+    pub return_tokens_as_token_ids: bool,
     /// Where the model's files are found: `revision`, `tokenizer_revision`,
     /// `download_dir`, `generation_config`, `override_generation_config`.
     pub model_files: ModelFilesConfig,
@@ -113,10 +117,15 @@ impl fmt::Debug for ServerConfig {
             .field("http_layers", &self.http_layers)
             .field("chat", &self.chat)
             .field("enable_force_include_usage", &self.enable_force_include_usage)
+            .field("max_logprobs", &self.max_logprobs)
+            .field("return_tokens_as_token_ids", &self.return_tokens_as_token_ids)
             .field("model_files", &self.model_files)
             .finish()
     }
 }
+
+/// vLLM's default `--max-logprobs`.
+pub const DEFAULT_MAX_LOGPROBS: i64 = 20;
 
 /// Reads one environment variable; tests pass a map instead of the process environment.
 pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<OsString>;
@@ -194,6 +203,13 @@ impl ServerConfig {
             http_layers: HttpLayers::load(&keys)?,
             chat: ChatOptions::load(&keys)?,
             enable_force_include_usage: keys.bool("enable_force_include_usage")?.unwrap_or(false),
+            max_logprobs: match keys.get("max_logprobs") {
+                None => DEFAULT_MAX_LOGPROBS,
+                Some(v) => v.as_i64().filter(|&n| n >= -1).ok_or_else(|| {
+                    Keys::wrong_type("max_logprobs", "an integer >= -1 (-1: the whole vocabulary)", v)
+                })?,
+            },
+            return_tokens_as_token_ids: keys.bool("return_tokens_as_token_ids")?.unwrap_or(false),
             model_files: ModelFilesConfig::load(&keys)?,
             model_tag,
         })

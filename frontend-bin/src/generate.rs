@@ -1,11 +1,13 @@
 //! One generation as the HTTP handlers see it: engine outputs turned into text
 //! deltas, with detokenization, stop strings, usage counts and metrics.
 
+use crate::engine::inbox::OutputLogprobs;
 use crate::engine::protocol::{FinishReason, RequestError, StopReason};
 use crate::engine::{RequestEvent, RequestStream};
+use crate::logprobs::{Position, PositionReader};
 use crate::metrics::Metrics;
 use crate::stop::StopStrings;
-use crate::tokenizer::TextDecoder;
+use crate::tokenizer::{TextDecoder, Tokenizer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,6 +27,64 @@ pub struct Delta {
     pub text: String,
     /// Set on the last delta.
     pub finish: Option<Finish>,
+    /// The tokens of the delta and their logprobs, when the request asked for logprobs.
+    pub scored: Option<Box<Scored>>,
+}
+
+/// The tokens that arrived with a delta and their logprobs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Scored {
+    /// Every token of the delta (the one that stopped generation too).
+    pub token_ids: Vec<u32>,
+    /// Their positions, when the engine sent logprobs.
+    pub logprobs: Option<Vec<Position>>,
+    /// The prompt's positions (the first token's is `None`), with the first delta, when asked for.
+    pub prompt_logprobs: Option<Vec<Option<Position>>>,
+}
+
+/// Reads a generation's logprobs: sampled and prompt positions, each
+/// reader keeping its scored tokens as context.
+struct Scoring {
+    sample: PositionReader,
+    prompt: PositionReader,
+}
+
+impl Scoring {
+    fn read(&mut self, token_ids: &[u32], logprobs: Option<Box<OutputLogprobs>>) -> Scored {
+        let mut scored = Scored { token_ids: token_ids.to_vec(), ..Scored::default() };
+        if let Some(logprobs) = logprobs {
+            if !logprobs.sample.is_empty() {
+                scored.logprobs = Some(logprobs.sample.iter().flat_map(|rows| self.sample.read(rows)).collect());
+            }
+            if let Some(rows) = &logprobs.prompt {
+                scored.prompt_logprobs =
+                    Some(std::iter::once(None).chain(self.prompt.read(rows).into_iter().map(Some)).collect());
+            }
+        }
+        scored
+    }
+
+    /// Adds a later delta's tokens and positions to `whole`.
+    fn merge(whole: &mut Scored, delta: Scored) {
+        whole.token_ids.extend(delta.token_ids);
+        if let Some(positions) = delta.logprobs {
+            whole.logprobs.get_or_insert_with(Vec::new).extend(positions);
+        }
+        if delta.prompt_logprobs.is_some() {
+            whole.prompt_logprobs = delta.prompt_logprobs;
+        }
+    }
+}
+
+/// A whole generation: its text, how it ended, and its scored tokens when asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Whole {
+    /// All the text.
+    pub text: String,
+    /// How it ended.
+    pub finish: Finish,
+    /// All the tokens and their logprobs, when the request asked for logprobs.
+    pub scored: Option<Box<Scored>>,
 }
 
 /// Why a generation failed.
@@ -63,6 +123,9 @@ pub struct Generation {
     started: Instant,
     last_tokens_at: Option<Instant>,
     finished: bool,
+    /// Set when the request asked for logprobs: then every output with
+    /// tokens makes a delta, text or not (logprobs belong to tokens, as in vLLM).
+    scoring: Option<Box<Scoring>>,
 }
 
 impl Generation {
@@ -86,7 +149,18 @@ impl Generation {
             started,
             last_tokens_at: None,
             finished: false,
+            scoring: None,
         }
+    }
+
+    /// This generation with its tokens' logprobs read into positions
+    /// (decoded with `tokenizer`), for a request that asked for logprobs.
+    pub fn with_logprobs(mut self, tokenizer: Arc<dyn Tokenizer>) -> Self {
+        self.scoring = Some(Box::new(Scoring {
+            sample: PositionReader::new(tokenizer.clone()),
+            prompt: PositionReader::new(tokenizer),
+        }));
+        self
     }
 
     /// The token counts so far.
@@ -107,12 +181,12 @@ impl Generation {
     /// Outputs that queued up while the caller was busy come as one delta.
     pub async fn next_delta(&mut self) -> Option<Result<Delta, GenerationError>> {
         while !self.finished {
-            let (token_ids, finish_reason, stop_reason) = match self.stream.recv().await {
+            let (token_ids, finish_reason, stop_reason, logprobs) = match self.stream.recv().await {
                 None => return Some(self.fail(GenerationError::Unavailable("the engine client stopped".into()))),
                 Some(RequestEvent::Failed(reason)) => return Some(self.fail(GenerationError::Unavailable(reason))),
                 Some(RequestEvent::Rejected(error)) => return Some(self.fail(GenerationError::Rejected(error))),
-                Some(RequestEvent::Output { token_ids, finish_reason, stop_reason }) => {
-                    (token_ids, finish_reason, stop_reason)
+                Some(RequestEvent::Output { token_ids, finish_reason, stop_reason, logprobs }) => {
+                    (token_ids, finish_reason, stop_reason, logprobs)
                 }
             };
             self.count_tokens(token_ids.len());
@@ -140,8 +214,14 @@ impl Generation {
             if let Some(f) = &finish {
                 self.finish(f.reason);
             }
-            if !emit.is_empty() || finish.is_some() {
-                return Some(Ok(Delta { text: emit, finish }));
+            let scored = match &mut self.scoring {
+                Some(scoring) if !token_ids.is_empty() || logprobs.is_some() || finish.is_some() => {
+                    Some(Box::new(scoring.read(&token_ids, logprobs)))
+                }
+                _ => None,
+            };
+            if !emit.is_empty() || finish.is_some() || scored.as_ref().is_some_and(|s| !s.token_ids.is_empty()) {
+                return Some(Ok(Delta { text: emit, finish, scored }));
             }
         }
         None
@@ -149,12 +229,24 @@ impl Generation {
 
     /// Runs to the end, returning the whole text and the finish.
     pub async fn collect(&mut self) -> Result<(String, Finish), GenerationError> {
+        self.collect_whole().await.map(|whole| (whole.text, whole.finish))
+    }
+
+    /// Runs to the end, returning all of it, scored tokens included.
+    pub async fn collect_whole(&mut self) -> Result<Whole, GenerationError> {
         let mut text = String::new();
+        let mut scored: Option<Box<Scored>> = None;
         while let Some(delta) = self.next_delta().await {
             let delta = delta?;
             text.push_str(&delta.text);
+            if let Some(part) = delta.scored {
+                match &mut scored {
+                    None => scored = Some(part),
+                    Some(whole) => Scoring::merge(whole, *part),
+                }
+            }
             if let Some(finish) = delta.finish {
-                return Ok((text, finish));
+                return Ok(Whole { text, finish, scored });
             }
         }
         Err(GenerationError::Unavailable("the generation ended without a finish reason".into()))

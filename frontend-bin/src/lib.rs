@@ -14,6 +14,7 @@ pub mod grpc;
 pub mod http;
 pub mod ids;
 pub mod listener;
+pub mod logprobs;
 pub mod metrics;
 pub mod model_files;
 pub mod serve_args;

@@ -2,20 +2,21 @@
 with the echo model, asked through the real `openai` client, answers
 asserted against the echo model's known distribution (at a position whose
 token is t, token t + i has logprob -(i + 1) ln 2, the scored token t has
--ln 2 and rank 1) in vLLM 0.33's layouts; `n` > 1 as child requests. The
-Python API server serves them; the Rust frontend still refuses them with a
-400 naming the field (checked here too)."""
+-ln 2 and rank 1) in vLLM 0.33's layouts, on both frontends, which must
+write the same bytes; `n` > 1 as child requests (Python API server; the
+Rust frontend still refuses `n` with a 400 naming the field)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from vllm_rs.api_server.submit import child_requests
 from vllm_rs.engine.protocol import EngineCoreRequest
 
-from tests.test_serve import API_KEY, FRONTENDS, Serve
+from tests.test_serve import API_KEY, FRONTENDS, Serve, rust_frontend_available
 
 LN2 = math.log(2)
 
@@ -32,12 +33,37 @@ def stack():
         serve.kill()
 
 
+@pytest.fixture(scope="module")
+def stacks():
+    """echo on one engine behind each frontend, `--max-logprobs 5`, started on first use."""
+    started: dict[str, Serve] = {}
+
+    def get(frontend: str) -> Serve:
+        if frontend not in started:
+            started[frontend] = Serve("--model", "echo", "--port", "0", "--max-model-len", "512", "--max-logprobs", "5",
+                                      "--frontend", frontend, env={"VLLM_API_KEY": API_KEY})  # fmt: skip
+            started[frontend].wait_ready()
+        return started[frontend]
+
+    try:
+        yield get
+    finally:
+        for serve in started.values():
+            serve.kill()
+
+
+@pytest.fixture(params=FRONTENDS)
+def lp_stack(request, stacks):
+    """The echo stack behind each frontend in turn."""
+    return stacks(request.param)
+
+
 def char(token_id: int) -> str:
     return bytes([token_id]).decode("utf-8", errors="replace")
 
 
-def test_completion_logprobs(stack):
-    result = stack.client().completions.create(model="echo", prompt="hello", max_tokens=4, logprobs=2)
+def test_completion_logprobs(lp_stack):
+    result = lp_stack.client().completions.create(model="echo", prompt="hello", max_tokens=4, logprobs=2)
     choice = result.choices[0]
     assert choice.text == "hell"
     lp = choice.logprobs
@@ -49,15 +75,15 @@ def test_completion_logprobs(stack):
     assert lp.top_logprobs[1] == pytest.approx({"e": -LN2, "f": -2 * LN2})
 
 
-def test_completion_logprobs_zero_and_none(stack):
-    client = stack.client()
+def test_completion_logprobs_zero_and_none(lp_stack):
+    client = lp_stack.client()
     zero = client.completions.create(model="echo", prompt="ab", max_tokens=2, logprobs=0).choices[0].logprobs
     assert zero.tokens == ["a", "b"] and zero.top_logprobs == [{"a": pytest.approx(-LN2)}, {"b": pytest.approx(-LN2)}]
     assert client.completions.create(model="echo", prompt="ab", max_tokens=2).choices[0].logprobs is None
 
 
-def test_streamed_completion_logprobs_have_running_offsets(stack):
-    chunks = list(stack.client().completions.create(model="echo", prompt="xyz", max_tokens=5, logprobs=1, stream=True))
+def test_streamed_completion_logprobs_have_running_offsets(lp_stack):
+    chunks = list(lp_stack.client().completions.create(model="echo", prompt="xyz", max_tokens=5, logprobs=1, stream=True))
     tokens, offsets, texts = [], [], []
     for chunk in chunks:
         choice = chunk.choices[0]
@@ -70,8 +96,8 @@ def test_streamed_completion_logprobs_have_running_offsets(stack):
     assert tokens == list("xyzxy") and offsets == [0, 1, 2, 3, 4]
 
 
-def test_echo_prepends_the_prompt_with_its_logprobs(stack):
-    result = stack.client().completions.create(model="echo", prompt="abc", max_tokens=2, echo=True, logprobs=2)
+def test_echo_prepends_the_prompt_with_its_logprobs(lp_stack):
+    result = lp_stack.client().completions.create(model="echo", prompt="abc", max_tokens=2, echo=True, logprobs=2)
     choice = result.choices[0]
     assert choice.text == "abcab"
     lp = choice.logprobs
@@ -84,8 +110,8 @@ def test_echo_prepends_the_prompt_with_its_logprobs(stack):
     assert result.usage.prompt_tokens == 3 and result.usage.completion_tokens == 2
 
 
-def test_echo_without_logprobs_and_streamed(stack):
-    client = stack.client()
+def test_echo_without_logprobs_and_streamed(lp_stack):
+    client = lp_stack.client()
     plain = client.completions.create(model="echo", prompt="hi", max_tokens=3, echo=True).choices[0]
     assert plain.text == "hihih" and plain.logprobs is None
     chunks = list(client.completions.create(model="echo", prompt="hi", max_tokens=3, echo=True, stream=True))
@@ -93,8 +119,8 @@ def test_echo_without_logprobs_and_streamed(stack):
     assert "".join(c.choices[0].text for c in chunks) == "hihih"
 
 
-def test_prompt_logprobs(stack):
-    status, body = stack.http(
+def test_prompt_logprobs(lp_stack):
+    status, body = lp_stack.http(
         "POST", "/v1/completions", {"model": "echo", "prompt": "ab", "max_tokens": 1, "prompt_logprobs": 1},
         {"authorization": f"Bearer {API_KEY}"},
     )  # fmt: skip
@@ -105,8 +131,8 @@ def test_prompt_logprobs(stack):
     assert entry["rank"] == 1 and entry["decoded_token"] == "b" and entry["logprob"] == pytest.approx(-LN2)
 
 
-def test_chat_logprobs_and_top_logprobs(stack):
-    client = stack.client()
+def test_chat_logprobs_and_top_logprobs(lp_stack):
+    client = lp_stack.client()
     messages = [{"role": "user", "content": "hi"}]
     reply = client.chat.completions.create(model="echo", messages=messages, max_tokens=3, logprobs=True, top_logprobs=2)
     content = reply.choices[0].logprobs.content
@@ -121,9 +147,9 @@ def test_chat_logprobs_and_top_logprobs(stack):
     assert plain.choices[0].logprobs is None
 
 
-def test_streamed_chat_logprobs(stack):
+def test_streamed_chat_logprobs(lp_stack):
     chunks = list(
-        stack.client().chat.completions.create(
+        lp_stack.client().chat.completions.create(
             model="echo", messages=[{"role": "user", "content": "hi"}], max_tokens=4, logprobs=True, top_logprobs=1,
             stream=True,
         )
@@ -138,8 +164,8 @@ def test_streamed_chat_logprobs(stack):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "user"
 
 
-def test_return_tokens_as_token_ids(stack):
-    client = stack.client()
+def test_return_tokens_as_token_ids(lp_stack):
+    client = lp_stack.client()
     completion = client.completions.create(
         model="echo", prompt="ab", max_tokens=2, logprobs=2, extra_body={"return_tokens_as_token_ids": True}
     )
@@ -155,6 +181,33 @@ def test_return_tokens_as_token_ids(stack):
     token = chat.choices[0].logprobs.content[0]
     # As in vLLM, a token's own bytes are its decoded text's, whatever it shows.
     assert token.token == "token_id:117" and token.bytes == [ord("u")]
+
+
+#: Bodies whose non-streamed answers both frontends must write byte for byte alike.
+SAME_BYTES = [
+    ("/v1/completions", {"prompt": "hello", "max_tokens": 4, "logprobs": 2}),
+    ("/v1/completions", {"prompt": "abc", "max_tokens": 2, "echo": True, "logprobs": 5}),
+    ("/v1/completions", {"prompt": "ab", "max_tokens": 1, "prompt_logprobs": 1}),
+    ("/v1/completions", {"prompt": "ab", "max_tokens": 2, "logprobs": 1, "return_tokens_as_token_ids": True}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 3, "echo": True}),
+    ("/v1/completions", {"prompt": "\u00e9\u4e2d", "max_tokens": 5, "logprobs": 3}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": True,
+                              "top_logprobs": 2, "prompt_logprobs": 0}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "logprobs": True}),
+]  # fmt: skip
+
+
+@pytest.mark.skipif(not rust_frontend_available(), reason="vllm-rs binary not built")
+@pytest.mark.parametrize(("path", "body"), SAME_BYTES)
+def test_both_frontends_write_the_same_bytes(stacks, path, body):
+    answers = []
+    for frontend in ("rust", "python"):
+        status, raw = stacks(frontend).http("POST", path, {"model": "echo", **body},
+                                            {"authorization": f"Bearer {API_KEY}"})  # fmt: skip
+        assert status == 200, raw
+        # Only the id and the creation time may differ.
+        answers.append(re.sub(rb'"(id":"[a-z]+-|created":)[0-9a-f]+', rb"\\1X", raw))
+    assert answers[0] == answers[1]
 
 
 def _post(stack, path: str, body: dict) -> tuple[int, dict]:
@@ -185,14 +238,15 @@ def _post(stack, path: str, body: dict) -> tuple[int, dict]:
          "`return_tokens_as_token_ids` must be a boolean"),
     ],
 )  # fmt: skip
-def test_logprobs_validation(stack, path, body, param, message):
-    status, answer = _post(stack, path, {"model": "echo", "max_tokens": 2, **body})
+def test_logprobs_validation(lp_stack, path, body, param, message):
+    status, answer = _post(lp_stack, path, {"model": "echo", "max_tokens": 2, **body})
     assert status == 400, answer
     assert answer["error"]["param"] == param and answer["error"]["message"] == message
 
 
-def test_server_option_return_tokens_as_token_ids():
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", "python", "--return-tokens-as-token-ids",
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_server_option_return_tokens_as_token_ids(frontend):
+    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend, "--return-tokens-as-token-ids",
                   env={"VLLM_API_KEY": API_KEY})  # fmt: skip
     try:
         client = serve.client()
@@ -295,19 +349,10 @@ def test_disconnect_mid_stream_aborts_every_choice():
 
 
 @pytest.mark.parametrize("frontend", [p for p in FRONTENDS if getattr(p, "values", [p])[0] == "rust"])
-def test_rust_frontend_refuses_them_with_a_400_naming_the_field(frontend):
+def test_rust_frontend_refuses_n_with_a_400_naming_the_field(frontend):
     serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend, env={"VLLM_API_KEY": API_KEY})
     try:
-        for body, param in [
-            ({"prompt": "a", "logprobs": 1}, "logprobs"),
-            ({"prompt": "a", "echo": True}, "echo"),
-            ({"prompt": "a", "n": 2}, "n"),
-            ({"prompt": "a", "prompt_logprobs": 1}, "prompt_logprobs"),
-        ]:
-            status, answer = _post(serve, "/v1/completions", {"model": "echo", **body})
-            assert status == 400 and answer["error"]["param"] == param, answer
-        chat = {"model": "echo", "messages": [{"role": "user", "content": "a"}], "logprobs": True}
-        status, answer = _post(serve, "/v1/chat/completions", chat)
-        assert status == 400 and answer["error"]["param"] == "logprobs", answer
+        status, answer = _post(serve, "/v1/completions", {"model": "echo", "prompt": "a", "n": 2})
+        assert status == 400 and answer["error"]["param"] == "n", answer
     finally:
         serve.kill()

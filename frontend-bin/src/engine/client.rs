@@ -455,6 +455,7 @@ impl Shared {
             };
             let (mut tokens, mut finish_reason, mut stop_reason) =
                 (output.new_token_ids.as_slice(), output.finish_reason, output.stop_reason);
+            let mut logprobs = output.logprobs;
             if let Some(left) = &mut entry.tokens_left {
                 if tokens.len() as u64 >= *left {
                     if tokens.len() as u64 > *left || finish_reason.is_none() {
@@ -462,6 +463,9 @@ impl Shared {
                         // there: end it here, and stop it in the engine.
                         tracing::debug!(request_id = %output.request_id, "engine output reached max_tokens: finishing with length");
                         tokens = &tokens[..*left as usize];
+                        if let Some(rows) = &mut logprobs {
+                            rows.truncate(tokens.len());
+                        }
                         (finish_reason, stop_reason) = (Some(FinishReason::Length), None);
                         overran.push((entry.slot, output.request_id.to_string()));
                     }
@@ -470,7 +474,7 @@ impl Shared {
                     *left -= tokens.len() as u64;
                 }
             }
-            entry.inbox.push_output(tokens, finish_reason, stop_reason);
+            entry.inbox.push_scored_output(tokens, logprobs, output.prompt_logprobs, finish_reason, stop_reason);
             if finish_reason.is_some() {
                 if let Some(entry) = requests.remove(output.request_id) {
                     self.balancer.engine(entry.slot).finished();
@@ -547,7 +551,7 @@ async fn read_engine_outputs(stream: AcceptedStream, pending: PendingPermit, lim
     loop {
         match peer.reader.next().await {
             Ok(Some(Incoming::Message(frame))) => {
-                if let Err(e) = handle_message(&frame, &shared) {
+                if let Err(e) = handle_message(&frame, peer.reader.aux_frames(), &shared) {
                     return tracing::warn!(
                         "dropping an engine output connection: it sent a message that does not decode: {e}"
                     );
@@ -569,9 +573,9 @@ async fn read_engine_outputs(stream: AcceptedStream, pending: PendingPermit, lim
     }
 }
 
-/// Decodes one outputs message (its first frame) and dispatches it.
-fn handle_message(frame: &[u8], shared: &Shared) -> Result<(), DecodeError> {
-    shared.dispatch(decode_outputs(frame)?);
+/// Decodes one outputs message (its first frame and aux frames) and dispatches it.
+fn handle_message(frame: &[u8], aux: &[bytes::Bytes], shared: &Shared) -> Result<(), DecodeError> {
+    shared.dispatch(decode_outputs(frame, aux)?);
     Ok(())
 }
 

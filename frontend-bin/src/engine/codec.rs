@@ -1,11 +1,13 @@
 //! MessagePack encoding of frontend-to-engine payloads and lenient decoding of
 //! engine-to-frontend messages (short arrays take their trailing defaults).
 
+use super::logprob_rows::{read_rows, LogprobRows};
 use super::msgpack::{Cursor, ReadError};
 use super::protocol::{
     EngineOutput, EngineRequest, FinishReason, OutputsMessage, Registration, RequestError, SamplingParams,
     SchedulerStats, StopReason, TokenIds, UtilityReply, ENGINE_CORE_DEAD,
 };
+use bytes::Bytes;
 use rmp::encode;
 use rmpv::Value;
 use serde::{Serialize, Serializer};
@@ -143,6 +145,12 @@ impl Serialize for SamplingParamsMap<'_> {
         if let Some(v) = &p.structured_outputs {
             entries.push(("structured_outputs", V::Json(v)));
         }
+        if let Some(v) = p.logprobs {
+            entries.push(("logprobs", V::Int(v)));
+        }
+        if let Some(v) = p.prompt_logprobs {
+            entries.push(("prompt_logprobs", V::Int(v)));
+        }
         serializer.collect_map(entries)
     }
 }
@@ -219,8 +227,9 @@ impl<'c, 'a> Slots<'c, 'a> {
 
 /// Decodes one message from the output socket: its frames are
 /// `[EngineCoreOutputs, aux frames...]` or the single frame `ENGINE_CORE_DEAD`.
-/// Strings in the result borrow from `frame` (the first frame).
-pub fn decode_outputs(frame: &[u8]) -> Result<OutputsMessage<'_>, DecodeError> {
+/// Strings in the result borrow from `frame` (the first frame); `aux` are
+/// the frames after it, which hold large logprobs arrays.
+pub fn decode_outputs<'a>(frame: &'a [u8], aux: &'a [Bytes]) -> Result<OutputsMessage<'a>, DecodeError> {
     if frame == ENGINE_CORE_DEAD {
         return Ok(OutputsMessage::EngineDead);
     }
@@ -235,7 +244,7 @@ pub fn decode_outputs(frame: &[u8]) -> Result<OutputsMessage<'_>, DecodeError> {
         let count = c.read_array_len().map_err(at("outputs"))?;
         outputs.reserve(count.min(4096));
         for _ in 0..count {
-            outputs.push(decode_output(c)?);
+            outputs.push(decode_output(c, aux)?);
         }
     }
     let stats = slots.present()?.map(decode_stats).transpose()?;
@@ -273,7 +282,19 @@ pub fn decode_outputs(frame: &[u8]) -> Result<OutputsMessage<'_>, DecodeError> {
 /// Slot of `finish_reason` in an EngineCoreOutput.
 const FINISH_REASON_SLOT: usize = 5;
 
-fn decode_output<'a>(cursor: &mut Cursor<'a>) -> Result<EngineOutput<'a>, DecodeError> {
+/// Reads a logprobs slot (present and not nil) as rows.
+fn logprob_slot<'a>(
+    slots: &mut Slots<'_, 'a>,
+    aux: &'a [Bytes],
+    what: &str,
+) -> Result<Option<Box<LogprobRows>>, DecodeError> {
+    match slots.present()? {
+        Some(c) => Ok(Some(Box::new(read_rows(c, aux, what).map_err(|e| malformed(e.to_string()))?))),
+        None => Ok(None),
+    }
+}
+
+fn decode_output<'a>(cursor: &mut Cursor<'a>, aux: &'a [Bytes]) -> Result<EngineOutput<'a>, DecodeError> {
     let mut slots = Slots::new(cursor, "EngineCoreOutput")?;
     if slots.len < 2 {
         return Err(malformed(format!("EngineCoreOutput has {} slots, needs at least 2", slots.len)));
@@ -290,6 +311,8 @@ fn decode_output<'a>(cursor: &mut Cursor<'a>) -> Result<EngineOutput<'a>, Decode
             new_token_ids.push(c.read_u32().map_err(at("new_token_ids"))?);
         }
     }
+    let logprobs = logprob_slot(&mut slots, aux, "new_logprobs")?;
+    let prompt_logprobs = logprob_slot(&mut slots, aux, "new_prompt_logprobs_tensors")?;
     while slots.next < FINISH_REASON_SLOT.min(slots.len) {
         if let Some(c) = slots.present()? {
             c.skip().map_err(at("EngineCoreOutput"))?;
@@ -314,7 +337,7 @@ fn decode_output<'a>(cursor: &mut Cursor<'a>) -> Result<EngineOutput<'a>, Decode
     }
     let error = slots.present()?.map(decode_request_error).transpose()?;
     slots.finish()?;
-    Ok(EngineOutput { request_id, new_token_ids, finish_reason, stop_reason, error })
+    Ok(EngineOutput { request_id, new_token_ids, logprobs, prompt_logprobs, finish_reason, stop_reason, error })
 }
 
 /// Slot of `error` (a `RequestError`) in an EngineCoreOutput.
@@ -527,12 +550,14 @@ mod tests {
     fn short_outputs_take_defaults() {
         // [0, [["r1", [65, 66]]]]
         let bytes = cat(&[&[0x92, 0x00, 0x91, 0x92], &fixstr("r1"), &[0x92, 0x41, 0x42]]);
-        let msg = decode_outputs(&bytes).unwrap();
+        let msg = decode_outputs(&bytes, &[]).unwrap();
         let expected = OutputsMessage::Batch {
             engine_index: 0,
             outputs: vec![EngineOutput {
                 request_id: "r1",
                 new_token_ids: vec![65, 66].into(),
+                logprobs: None,
+                prompt_logprobs: None,
                 finish_reason: None,
                 stop_reason: None,
                 error: None,
@@ -559,7 +584,8 @@ mod tests {
             &[0xc0, 0x91],
             &fixstr("r"),
         ]);
-        let OutputsMessage::Batch { engine_index, outputs, stats, finished_requests } = decode_outputs(&bytes).unwrap()
+        let OutputsMessage::Batch { engine_index, outputs, stats, finished_requests } =
+            decode_outputs(&bytes, &[]).unwrap()
         else {
             panic!("expected a batch")
         };
@@ -573,7 +599,7 @@ mod tests {
     #[test]
     fn stop_string_reason_and_length_finish() {
         let bytes = cat(&[&[0x92, 0x00, 0x91, 0x97], &fixstr("r"), &[0x90, 0xc0, 0xc0, 0xc0, 0x01], &fixstr("END")]);
-        let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes).unwrap() else { panic!() };
+        let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes, &[]).unwrap() else { panic!() };
         assert_eq!(outputs[0].finish_reason, Some(FinishReason::Length));
         assert_eq!(outputs[0].stop_reason, Some(StopReason::Text("END".into())));
     }
@@ -585,12 +611,12 @@ mod tests {
             &[0x95, 0x00, 0x90, 0xc0, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x93, 0x05, 0xc0, 0x92, 0xc0],
             &fixstr("ok"),
         ]);
-        let msg = decode_outputs(&bytes).unwrap();
+        let msg = decode_outputs(&bytes, &[]).unwrap();
         let reply = UtilityReply { call_id: 5, failure_message: None, result: Some(Value::from("ok")) };
         assert_eq!(msg, OutputsMessage::Utility { engine_index: 0, reply });
         // failure: [0, nil, nil, nil, [6, "boom"]]
         let bytes = cat(&[&[0x95, 0x00, 0xc0, 0xc0, 0xc0, 0x92, 0x06], &fixstr("boom")]);
-        let OutputsMessage::Utility { reply, .. } = decode_outputs(&bytes).unwrap() else { panic!() };
+        let OutputsMessage::Utility { reply, .. } = decode_outputs(&bytes, &[]).unwrap() else { panic!() };
         assert_eq!(reply.failure_message.as_deref(), Some("boom"));
     }
 
@@ -599,22 +625,22 @@ mod tests {
         // [0, [], nil, 0, nil, nil, 3]
         let bytes = vec![0x97, 0x00, 0x90, 0xc0, 0x00, 0xc0, 0xc0, 0x03];
         assert_eq!(
-            decode_outputs(&bytes).unwrap(),
+            decode_outputs(&bytes, &[]).unwrap(),
             OutputsMessage::Wave { engine_index: 0, wave_complete: Some(3), start_wave: None }
         );
     }
 
     #[test]
     fn engine_dead_frame() {
-        assert_eq!(decode_outputs(b"ENGINE_CORE_DEAD").unwrap(), OutputsMessage::EngineDead);
+        assert_eq!(decode_outputs(b"ENGINE_CORE_DEAD", &[]).unwrap(), OutputsMessage::EngineDead);
     }
 
     #[test]
     fn empty_and_mixed_messages_are_protocol_errors() {
-        assert!(matches!(decode_outputs(&[0x91, 0x00]), Err(DecodeError::Protocol(_))));
+        assert!(matches!(decode_outputs(&[0x91, 0x00], &[]), Err(DecodeError::Protocol(_))));
         // outputs plus a wave_complete
         let bytes = cat(&[&[0x97, 0x00, 0x91, 0x92], &fixstr("r"), &[0x90, 0xc0, 0xc0, 0xc0, 0xc0, 0x01]]);
-        assert!(matches!(decode_outputs(&bytes), Err(DecodeError::Protocol(_))));
+        assert!(matches!(decode_outputs(&bytes, &[]), Err(DecodeError::Protocol(_))));
     }
 
     #[test]
@@ -629,7 +655,7 @@ mod tests {
             cat(&[&[0x92, 0x00, 0x91, 0x96], &fixstr("r"), &[0x90, 0xc0, 0xc0, 0xc0, 0x09]]), // unknown finish
             vec![0x91, 0x00, 0x00],             // trailing byte
         ] {
-            assert!(matches!(decode_outputs(&bytes), Err(DecodeError::Malformed(_))), "{bytes:x?}");
+            assert!(matches!(decode_outputs(&bytes, &[]), Err(DecodeError::Malformed(_))), "{bytes:x?}");
         }
     }
 
@@ -735,7 +761,7 @@ mod tests {
 
             #[test]
             fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-                let _ = decode_outputs(&bytes);
+                let _ = decode_outputs(&bytes, &[]);
                 let _ = decode_registration(&bytes);
             }
 
@@ -744,12 +770,12 @@ mod tests {
                 message in outputs_message(),
                 mutations in proptest::collection::vec(mutation(), 1..4),
             ) {
-                prop_assert!(decode_outputs(&message).is_ok(), "{message:x?}");
+                prop_assert!(decode_outputs(&message, &[]).is_ok(), "{message:x?}");
                 let mut mutated = message;
                 for m in &mutations {
                     apply(&mut mutated, m);
                 }
-                let _ = decode_outputs(&mutated);
+                let _ = decode_outputs(&mutated, &[]);
             }
         }
     }

@@ -7,7 +7,7 @@
 //! streams, an engine faster than the clients) this is what keeps the cost per
 //! token low: one lock and a copy, instead of a queued event and a wake-up.
 
-use super::protocol::{FinishReason, RequestError, StopReason};
+use super::protocol::{FinishReason, LogprobRows, RequestError, StopReason};
 use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
 
@@ -22,11 +22,22 @@ pub enum RequestEvent {
         finish_reason: Option<FinishReason>,
         /// What stopped it, when known.
         stop_reason: Option<StopReason>,
+        /// The logprobs that came with the tokens, when the request asked for them.
+        logprobs: Option<Box<OutputLogprobs>>,
     },
     /// The request failed outside the engine's control (engine dead, protocol error, send failure).
     Failed(String),
     /// The engine finished the request with ERROR and said why.
     Rejected(RequestError),
+}
+
+/// Logprobs of the outputs merged into one event.
+#[derive(Debug, Default, PartialEq)]
+pub struct OutputLogprobs {
+    /// Rows of the new tokens, one batch per engine output, in order.
+    pub sample: Vec<LogprobRows>,
+    /// The prompt's rows (they come once, with the first output).
+    pub prompt: Option<LogprobRows>,
 }
 
 /// One request's pending outputs. Shared by the output task (which fills it)
@@ -39,6 +50,7 @@ pub struct Inbox {
 #[derive(Default)]
 struct Pending {
     token_ids: Vec<u32>,
+    logprobs: Option<Box<OutputLogprobs>>,
     finish: Option<(FinishReason, Option<StopReason>)>,
     failure: Option<String>,
     rejection: Option<RequestError>,
@@ -50,8 +62,28 @@ struct Pending {
 impl Inbox {
     /// Adds the tokens of one engine output and, on the last one, its finish.
     pub fn push_output(&self, token_ids: &[u32], finish_reason: Option<FinishReason>, stop_reason: Option<StopReason>) {
+        self.push_scored_output(token_ids, None, None, finish_reason, stop_reason);
+    }
+
+    /// Adds the tokens of one engine output with their logprobs (`sample`)
+    /// and the prompt's (`prompt`), when the engine sent them.
+    pub fn push_scored_output(
+        &self,
+        token_ids: &[u32],
+        sample: Option<Box<LogprobRows>>,
+        prompt: Option<Box<LogprobRows>>,
+        finish_reason: Option<FinishReason>,
+        stop_reason: Option<StopReason>,
+    ) {
         self.update(|pending| {
             pending.token_ids.extend_from_slice(token_ids);
+            if sample.is_some() || prompt.is_some() {
+                let logprobs = pending.logprobs.get_or_insert_with(Default::default);
+                logprobs.sample.extend(sample.map(|rows| *rows));
+                if let Some(rows) = prompt {
+                    logprobs.prompt = Some(*rows);
+                }
+            }
             if let Some(reason) = finish_reason {
                 pending.finish = Some((reason, stop_reason));
             }
@@ -98,7 +130,7 @@ impl Inbox {
         if let Some(error) = pending.rejection.take() {
             return Poll::Ready(Some(RequestEvent::Rejected(error)));
         }
-        if !pending.token_ids.is_empty() || pending.finish.is_some() {
+        if !pending.token_ids.is_empty() || pending.finish.is_some() || pending.logprobs.is_some() {
             let (finish_reason, stop_reason) = pending.finish.take().unzip();
             // The next batch is likely about as long as this one: no regrowing from empty.
             let capacity = pending.token_ids.len();
@@ -107,6 +139,7 @@ impl Inbox {
                 token_ids,
                 finish_reason,
                 stop_reason: stop_reason.flatten(),
+                logprobs: pending.logprobs.take(),
             }));
         }
         if pending.closed {
@@ -142,9 +175,25 @@ mod tests {
             token_ids: vec![1, 2, 3, 4],
             finish_reason: Some(FinishReason::Length),
             stop_reason: None,
+            logprobs: None,
         };
         assert_eq!(poll_now(&inbox), Poll::Ready(Some(event)));
         assert_eq!(poll_now(&inbox), Poll::Pending);
+    }
+
+    #[test]
+    fn logprobs_of_merged_outputs_arrive_with_their_tokens() {
+        let inbox = Inbox::default();
+        let rows = |t: u32| LogprobRows { width: 1, token_ids: vec![t], logprobs: vec![-1.0], ranks: vec![1] };
+        inbox.push_scored_output(&[1], Some(Box::new(rows(1))), Some(Box::new(rows(9))), None, None);
+        inbox.push_scored_output(&[2], Some(Box::new(rows(2))), None, None, None);
+        let Poll::Ready(Some(RequestEvent::Output { token_ids, logprobs: Some(logprobs), .. })) = poll_now(&inbox)
+        else {
+            panic!("expected an output with logprobs")
+        };
+        assert_eq!(token_ids, vec![1, 2]);
+        assert_eq!(logprobs.sample, vec![rows(1), rows(2)]);
+        assert_eq!(logprobs.prompt, Some(rows(9)));
     }
 
     #[test]
@@ -154,7 +203,7 @@ mod tests {
         inbox.fail("engine died".into());
         inbox.close();
         assert_eq!(poll_now(&inbox), Poll::Ready(Some(RequestEvent::Failed("engine died".into()))));
-        let event = RequestEvent::Output { token_ids: vec![7], finish_reason: None, stop_reason: None };
+        let event = RequestEvent::Output { token_ids: vec![7], finish_reason: None, stop_reason: None, logprobs: None };
         assert_eq!(poll_now(&inbox), Poll::Ready(Some(event)));
         assert_eq!(poll_now(&inbox), Poll::Ready(None));
     }
@@ -170,6 +219,7 @@ mod tests {
             token_ids: vec![5],
             finish_reason: Some(FinishReason::Stop),
             stop_reason: Some(StopReason::Token(5)),
+            logprobs: None,
         };
         assert_eq!(waiter.await.unwrap(), Some(event));
     }

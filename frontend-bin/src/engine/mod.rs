@@ -6,6 +6,7 @@ pub mod codec;
 pub mod coordination;
 pub mod inbox;
 pub mod input_socket;
+pub mod logprob_rows;
 pub mod msgpack;
 pub mod protocol;
 pub mod registration;

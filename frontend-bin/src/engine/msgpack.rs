@@ -181,6 +181,47 @@ impl<'a> Cursor<'a> {
         std::str::from_utf8(self.take(len)?).or_else(|_| err("string is not UTF-8"))
     }
 
+    /// True when the next value is an extension (any type code).
+    pub fn next_is_ext(&self) -> bool {
+        matches!(
+            self.peek_marker(),
+            Ok(Marker::FixExt1
+                | Marker::FixExt2
+                | Marker::FixExt4
+                | Marker::FixExt8
+                | Marker::FixExt16
+                | Marker::Ext8
+                | Marker::Ext16
+                | Marker::Ext32)
+        )
+    }
+
+    /// An extension value: its type code and its bytes, borrowed.
+    pub fn read_ext(&mut self) -> ReadResult<(i8, &'a [u8])> {
+        let len = match self.peek_marker()? {
+            Marker::FixExt1 => 1,
+            Marker::FixExt2 => 2,
+            Marker::FixExt4 => 4,
+            Marker::FixExt8 => 8,
+            Marker::FixExt16 => 16,
+            Marker::Ext8 | Marker::Ext16 | Marker::Ext32 => {
+                let width = match self.peek_marker()? {
+                    Marker::Ext8 => 1,
+                    Marker::Ext16 => 2,
+                    _ => 4,
+                };
+                self.pos += 1;
+                let len = self.be(width)? as usize;
+                let kind = self.take(1)?[0] as i8;
+                return Ok((kind, self.take(len)?));
+            }
+            other => return err(format!("expected an extension, got {other:?}")),
+        };
+        self.pos += 1;
+        let kind = self.take(1)?[0] as i8;
+        Ok((kind, self.take(len)?))
+    }
+
     /// Skips one value of any kind.
     pub fn skip(&mut self) -> ReadResult<()> {
         self.skip_at_depth(0)
@@ -292,6 +333,18 @@ mod tests {
         let raw = c.read_raw().unwrap();
         assert_eq!(raw.len(), bytes.len() - 1);
         assert_eq!(c.read_i64().unwrap(), 7);
+    }
+
+    #[test]
+    fn reads_fixed_and_sized_extensions() {
+        // fixext4 type 3 [1,2,3,4], ext8 of 3 bytes type 3, then a truncated ext8
+        let bytes = [0xd6, 0x03, 1, 2, 3, 4, 0xc7, 0x03, 0x03, 9, 8, 7];
+        let mut c = Cursor::new(&bytes);
+        assert!(c.next_is_ext());
+        assert_eq!(c.read_ext().unwrap(), (3, &[1u8, 2, 3, 4][..]));
+        assert_eq!(c.read_ext().unwrap(), (3, &[9u8, 8, 7][..]));
+        assert!(Cursor::new(&[0xc7, 0x05, 0x03, 1]).read_ext().is_err());
+        assert!(Cursor::new(&[0x01]).read_ext().is_err());
     }
 
     #[test]

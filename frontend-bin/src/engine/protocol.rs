@@ -1,5 +1,6 @@
 //! The messages of the engine-core protocol (docs: engine-protocol.md), as Rust types.
 
+pub use super::logprob_rows::LogprobRows;
 use smallvec::SmallVec;
 use std::fmt;
 
@@ -54,6 +55,10 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// vLLM's `StructuredOutputsParams` as its encoder writes it (a map of every field).
     pub structured_outputs: Option<serde_json::Value>,
+    /// Top logprobs per generated token (-1: the whole vocabulary), when asked for.
+    pub logprobs: Option<i64>,
+    /// Top logprobs per prompt token (-1: the whole vocabulary), when asked for.
+    pub prompt_logprobs: Option<i64>,
 }
 
 /// One ADD request (EngineCoreRequest).
@@ -137,6 +142,10 @@ pub struct EngineOutput<'a> {
     pub request_id: &'a str,
     /// Tokens generated since the previous output.
     pub new_token_ids: TokenIds,
+    /// Their logprobs, when the request asked for them (`new_logprobs`).
+    pub logprobs: Option<Box<LogprobRows>>,
+    /// The prompt's logprobs, once, when asked for (`new_prompt_logprobs_tensors`).
+    pub prompt_logprobs: Option<Box<LogprobRows>>,
     /// Set on the last output of the request.
     pub finish_reason: Option<FinishReason>,
     /// What stopped it, when known.

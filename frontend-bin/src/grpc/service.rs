@@ -143,11 +143,11 @@ impl Generation {
                 event = self.stream.recv() => event,
                 _ = self.aborted.wait_for(|aborted| *aborted) => {
                     self.stream.abort();
-                    Some(RequestEvent::Output { token_ids: vec![], finish_reason: Some(FinishReason::Abort), stop_reason: None })
+                    Some(RequestEvent::Output { token_ids: vec![], finish_reason: Some(FinishReason::Abort), stop_reason: None, logprobs: None })
                 }
             };
             let (mut token_ids, mut finish_reason, mut stop_reason) = match event {
-                Some(RequestEvent::Output { token_ids, finish_reason, stop_reason }) => {
+                Some(RequestEvent::Output { token_ids, finish_reason, stop_reason, .. }) => {
                     (token_ids, finish_reason, stop_reason)
                 }
                 Some(RequestEvent::Failed(why)) => return Some(Err(self.fail(Status::unavailable(why)))),

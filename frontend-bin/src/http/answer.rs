@@ -5,10 +5,46 @@ use super::error::ApiError;
 use super::sse::{sse_response, ChunkHeader, ChunkWriter};
 use super::state::AppState;
 use super::submit::{stop_reason_json, Submitted};
-use crate::generate::GenerationError;
+use crate::generate::{GenerationError, Whole};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde::{Serialize, Serializer};
+use serde_json::value::{to_raw_value, RawValue};
+
+/// A JSON object written with its keys in the order they were put (values
+/// already JSON: logprobs are written as the Python server writes them).
+#[derive(Default)]
+pub struct Fields(Vec<(&'static str, Box<RawValue>)>);
+
+impl Fields {
+    /// Adds `key` with `value` serialized.
+    pub fn put(&mut self, key: &'static str, value: &impl Serialize) {
+        self.0.push((key, to_raw_value(value).expect("answer fields serialize")));
+    }
+
+    /// Adds `key` with JSON text `value` (`null` when `None`).
+    pub fn put_raw(&mut self, key: &'static str, value: Option<Box<RawValue>>) {
+        match value {
+            Some(raw) => self.0.push((key, raw)),
+            None => self.put(key, &()),
+        }
+    }
+}
+
+impl Serialize for Fields {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+/// What one endpoint puts in a whole (unstreamed) choice between `index` and
+/// `finish_reason`, and `prompt_logprobs` for the response itself (chat).
+pub struct ChoiceBody {
+    /// The choice's own fields (text or message, logprobs, ...).
+    pub fields: Fields,
+    /// `prompt_logprobs` on the response, when it goes there.
+    pub response_prompt_logprobs: Option<Box<RawValue>>,
+}
 
 /// How one endpoint shapes its answers.
 pub struct AnswerFormat<MakeWriter, Content> {
@@ -18,7 +54,7 @@ pub struct AnswerFormat<MakeWriter, Content> {
     pub chunk_object: &'static str,
     /// Makes the chunk writer for a stream.
     pub writer: MakeWriter,
-    /// The choice field holding the text (`text`, or `message`) and its value.
+    /// The body of the whole choice.
     pub content: Content,
 }
 
@@ -50,7 +86,7 @@ pub async fn answer<W, MakeWriter, Content>(
 where
     W: ChunkWriter,
     MakeWriter: FnOnce(ChunkHeader) -> W,
-    Content: FnOnce(String) -> (&'static str, Value),
+    Content: FnOnce(Whole) -> ChoiceBody,
 {
     let include_usage = include_usage || state.config.enable_force_include_usage;
     let model = state.config.primary_model_name().to_string();
@@ -58,22 +94,23 @@ where
         let header = ChunkHeader { id: submitted.id, object: format.chunk_object, created: submitted.created, model };
         return Ok(sse_response(submitted.generation, (format.writer)(header), include_usage).await);
     }
-    let (text, finish) = submitted.generation.collect().await.map_err(|e| generation_error(&e))?;
-    let mut choice = json!({
-        "index": 0,
-        "logprobs": null,
-        "finish_reason": finish.reason.as_str(),
-        "stop_reason": stop_reason_json(&finish.stop_reason),
-    });
-    let (key, content) = (format.content)(text);
-    choice[key] = content;
-    Ok(Json(json!({
-        "id": submitted.id,
-        "object": format.object,
-        "created": submitted.created,
-        "model": model,
-        "choices": [choice],
-        "usage": submitted.generation.usage(),
-    }))
-    .into_response())
+    let whole = submitted.generation.collect_whole().await.map_err(|e| generation_error(&e))?;
+    let finish = whole.finish.clone();
+    let body = (format.content)(whole);
+    let mut choice = Fields::default();
+    choice.put("index", &0);
+    choice.0.extend(body.fields.0);
+    choice.put("finish_reason", &finish.reason.as_str());
+    choice.put("stop_reason", &stop_reason_json(&finish.stop_reason));
+    let mut answer = Fields::default();
+    answer.put("id", &submitted.id);
+    answer.put("object", &format.object);
+    answer.put("created", &submitted.created);
+    answer.put("model", &model);
+    answer.put("choices", &[choice]);
+    answer.put("usage", &submitted.generation.usage());
+    if let Some(prompt_logprobs) = body.response_prompt_logprobs {
+        answer.put_raw("prompt_logprobs", Some(prompt_logprobs));
+    }
+    Ok(Json(answer).into_response())
 }

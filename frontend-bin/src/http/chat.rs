@@ -1,6 +1,6 @@
 //! `POST /v1/chat/completions`.
 
-use super::answer::{answer, AnswerFormat};
+use super::answer::{answer, AnswerFormat, ChoiceBody, Fields};
 use super::error::ApiError;
 use super::params::{parse_body, parse_json_object, CommonParams, JsonBody, SamplingInput};
 use super::rules::RULES;
@@ -10,13 +10,16 @@ use super::structured::{read_structured_outputs, wire_params};
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
 use super::tools::{finish_reason, output_parser, read_chat_tools, template_extra, whole_message, ParsedChatChunks};
 use crate::generate::{Delta, Usage};
+use crate::logprobs::{Rendering, TokenStrings};
 use crate::tokenizer::ChatMessage;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
+use std::sync::Arc;
 
 /// Handles a chat completion request, streamed or not.
 pub async fn create_chat_completion(
@@ -94,9 +97,6 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
             return Err(RULES.refuse("top_logprobs", "top_logprobs_without_logprobs", &[]));
         }
     }
-    if input.logprobs == Some(true) {
-        return Err(RULES.refuse("logprobs", "logprobs_unsupported", &[("param", "logprobs")]));
-    }
     if input.continue_final_message == Some(true) {
         let key = match input.add_generation_prompt {
             Some(true) => "continue_with_generation_prompt",
@@ -110,6 +110,9 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
         (None, n) => n.map(|n| ("max_tokens", n)),
     };
     let mut common = sampling.check(max_tokens)?;
+    if input.logprobs == Some(true) {
+        common.sampling.logprobs = Some(input.top_logprobs.unwrap_or(0));
+    }
     let object = parse_json_object(body)?;
     common.sampling.structured_outputs = read_structured_outputs(&object)?.map(|fields| wire_params(&fields));
     let messages = messages(input.messages, object.get("messages"))?;
@@ -134,6 +137,17 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
         .map_err(|e| ApiError::invalid_param("messages", format!("cannot tokenize the messages: {e}")))?;
     let (stream, include_usage) = (common.stream, common.include_usage);
     let role = response_role(&state.config.chat.response_role, &messages, add_generation_prompt);
+    let rendering = (common.sampling.logprobs.is_some() || common.sampling.prompt_logprobs.is_some()).then(|| {
+        Arc::new(Rendering {
+            strings: TokenStrings {
+                tokenizer: state.tokenizer.clone(),
+                as_ids: common.return_tokens_as_token_ids.unwrap_or(state.config.return_tokens_as_token_ids),
+            },
+            logprobs: common.sampling.logprobs,
+            echo: None,
+            prompt_logprobs: common.sampling.prompt_logprobs.is_some(),
+        })
+    });
     let mut submitted = submit(&state, &headers, Endpoint::Chat, prompt_token_ids, common)?;
     if let Some(parser) = output_parser(&tools, &state.config.chat) {
         let model = state.config.primary_model_name().to_string();
@@ -141,26 +155,60 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
             let include_usage = include_usage || state.config.enable_force_include_usage;
             let header =
                 ChunkHeader { id: submitted.id, object: "chat.completion.chunk", created: submitted.created, model };
-            let writer = ParsedChatChunks { header, role, stream: parser.stream().into(), mode: tools.mode };
+            let writer = ParsedChatChunks { header, role, stream: parser.stream().into(), mode: tools.mode, rendering };
             return Ok(super::sse::sse_response(submitted.generation, writer, include_usage).await);
         }
-        let (text, finish) = submitted.generation.collect().await.map_err(|e| super::answer::generation_error(&e))?;
-        let (message, called) = whole_message(&parser, &role, &text, state.config.chat.reasoning_parser.is_some());
-        let choice = json!({"index": 0, "message": message, "logprobs": null,
-                            "finish_reason": finish_reason(finish.reason.as_str(), tools.mode, called),
-                            "stop_reason": stop_reason_json(&finish.stop_reason)});
-        return Ok(axum::Json(json!({"id": submitted.id, "object": "chat.completion", "created": submitted.created,
-                                    "model": model, "choices": [choice], "usage": submitted.generation.usage()}))
-        .into_response());
+        let whole = submitted.generation.collect_whole().await.map_err(|e| super::answer::generation_error(&e))?;
+        let (message, called) =
+            whole_message(&parser, &role, &whole.text, state.config.chat.reasoning_parser.is_some());
+        let (logprobs, prompt_logprobs) = whole_logprobs(rendering.as_deref(), &whole);
+        let mut choice = Fields::default();
+        choice.put("index", &0);
+        choice.put("message", &message);
+        choice.put_raw("logprobs", logprobs);
+        choice.put("finish_reason", &finish_reason(whole.finish.reason.as_str(), tools.mode, called));
+        choice.put("stop_reason", &stop_reason_json(&whole.finish.stop_reason));
+        let mut answer = Fields::default();
+        answer.put("id", &submitted.id);
+        answer.put("object", &"chat.completion");
+        answer.put("created", &submitted.created);
+        answer.put("model", &model);
+        answer.put("choices", &[choice]);
+        answer.put("usage", &submitted.generation.usage());
+        if let Some(prompt_logprobs) = prompt_logprobs {
+            answer.put_raw("prompt_logprobs", Some(prompt_logprobs));
+        }
+        return Ok(axum::Json(answer).into_response());
     }
     let stream_role = role.clone();
+    let stream_rendering = rendering.clone();
     let format = AnswerFormat {
         object: "chat.completion",
         chunk_object: "chat.completion.chunk",
-        writer: move |header| ChatChunks { header, role: stream_role },
-        content: move |text| ("message", json!({"role": role, "content": text})),
+        writer: move |header| ChatChunks { header, role: stream_role, rendering: stream_rendering },
+        content: move |whole: crate::generate::Whole| {
+            let (logprobs, response_prompt_logprobs) = whole_logprobs(rendering.as_deref(), &whole);
+            let mut fields = Fields::default();
+            fields.put("message", &json!({"role": role, "content": whole.text}));
+            fields.put_raw("logprobs", logprobs);
+            ChoiceBody { fields, response_prompt_logprobs }
+        },
     };
     answer(&state, submitted, stream, include_usage, format).await
+}
+
+/// A whole chat answer's `logprobs` (choice) and `prompt_logprobs`
+/// (response), each `None` when not asked for.
+fn whole_logprobs(
+    rendering: Option<&Rendering>,
+    whole: &crate::generate::Whole,
+) -> (Option<Box<RawValue>>, Option<Box<RawValue>>) {
+    let Some(rendering) = rendering else { return (None, None) };
+    let scored = whole.scored.as_deref();
+    let prompt = rendering
+        .prompt_logprobs
+        .then(|| rendering.prompt_logprobs_json(scored.and_then(|s| s.prompt_logprobs.as_deref())));
+    (rendering.chat_logprobs(scored), prompt)
 }
 
 /// The role of the answer, as vLLM picks it: `response_role` when the prompt
@@ -206,7 +254,7 @@ pub(crate) fn messages(items: Option<Vec<MessageInput>>, raw: Option<&Value>) ->
 struct ChunkChoice<'a> {
     index: u32,
     delta: ChunkDelta<'a>,
-    logprobs: Option<()>,
+    logprobs: Option<Box<RawValue>>,
     finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     stop_reason: Option<Value>,
@@ -216,18 +264,22 @@ struct ChunkChoice<'a> {
 struct ChunkDelta<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     role: Option<&'a str>,
-    content: &'a str,
+    /// Left out of a chunk that only carries logprobs (vLLM's empty `DeltaMessage`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
 }
 
 struct ChatChunks {
     header: ChunkHeader,
     /// The role the first chunk announces.
     role: String,
+    /// How logprobs are shown, when the request asked for them.
+    rendering: Option<Arc<Rendering>>,
 }
 
 impl ChunkWriter for ChatChunks {
     fn opening(&self) -> Option<Bytes> {
-        let delta = ChunkDelta { role: Some(&self.role), content: "" };
+        let delta = ChunkDelta { role: Some(&self.role), content: Some("") };
         Some(
             self.header.event(
                 vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason: None, stop_reason: None }],
@@ -239,8 +291,11 @@ impl ChunkWriter for ChatChunks {
     fn delta(&self, delta: &Delta) -> Bytes {
         let choice = ChunkChoice {
             index: 0,
-            delta: ChunkDelta { role: None, content: &delta.text },
-            logprobs: None,
+            delta: ChunkDelta {
+                role: None,
+                content: (!delta.text.is_empty() || delta.finish.is_some()).then_some(delta.text.as_str()),
+            },
+            logprobs: self.rendering.as_ref().and_then(|r| r.chat_logprobs(delta.scored.as_deref())),
             finish_reason: delta.finish.as_ref().map(|f| f.reason.as_str()),
             stop_reason: delta.finish.as_ref().map(|f| stop_reason_json(&f.stop_reason)),
         };

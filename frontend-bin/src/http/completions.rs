@@ -1,6 +1,6 @@
 //! `POST /v1/completions`.
 
-use super::answer::{answer, AnswerFormat};
+use super::answer::{answer, AnswerFormat, ChoiceBody, Fields};
 use super::error::ApiError;
 use super::params::{parse_body, parse_json_object, CommonParams, JsonBody, SamplingInput};
 use super::rules::RULES;
@@ -8,13 +8,18 @@ use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
 use super::structured::{read_structured_outputs, wire_params};
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
-use crate::generate::{Delta, Usage};
+use crate::generate::{Delta, Usage, Whole};
+use crate::logprobs::render::CompletionPieces;
+use crate::logprobs::{Echo, Rendering, TokenStrings};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
+use std::borrow::Cow;
+use std::sync::Arc;
 
 /// Handles a completion request, streamed or not.
 pub async fn create_completion(
@@ -64,6 +69,8 @@ pub struct CompletionRequest {
     pub common: CommonParams,
     /// The prompt.
     pub prompt: Prompt,
+    /// Show the prompt before the completion.
+    pub echo: bool,
 }
 
 /// Reads every parameter of a completion body, or a 4xx naming the first bad
@@ -73,15 +80,17 @@ pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, ApiErr
     let sampling: SamplingInput = parse_body(body)?;
     if let Some(logprobs) = input.logprobs {
         RULES.check_int("logprobs", logprobs)?;
-        return Err(RULES.refuse("logprobs", "logprobs_unsupported", &[("param", "logprobs")]));
     }
     let max_tokens = sampling.max_tokens.map(|n| ("max_tokens", n));
     let mut common = sampling.check(max_tokens)?;
+    common.sampling.logprobs = input.logprobs;
+    let echo = input.echo == Some(true);
+    if echo && common.sampling.prompt_logprobs.is_none() {
+        // vLLM scores an echoed prompt as it scores the completion.
+        common.sampling.prompt_logprobs = input.logprobs;
+    }
     common.sampling.structured_outputs =
         read_structured_outputs(&parse_json_object(body)?)?.map(|fields| wire_params(&fields));
-    if input.echo == Some(true) {
-        return Err(RULES.refuse("echo", "echo_unsupported", &[]));
-    }
     if input.suffix.is_some() {
         return Err(RULES.refuse("suffix", "suffix_unsupported", &[]));
     }
@@ -96,40 +105,83 @@ pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, ApiErr
             return Err(RULES.refuse("prompt", "one_prompt_only", &[]))
         }
     };
-    Ok(CompletionRequest { common, prompt })
+    Ok(CompletionRequest { common, prompt, echo })
 }
 
 async fn completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
-    let CompletionRequest { common, prompt } = parse_completion_request(body)?;
+    let CompletionRequest { common, prompt, echo } = parse_completion_request(body)?;
     check_model(&state, common.model.as_deref())?;
-    let prompt_token_ids = match prompt {
-        Prompt::Text(text) => state
-            .tokenizer
-            .encode(&text, true)
-            .map_err(|e| ApiError::invalid_param("prompt", format!("cannot tokenize the prompt: {e}")))?,
-        Prompt::TokenIds(ids) => ids,
+    let (prompt_text, prompt_token_ids) = match prompt {
+        Prompt::Text(text) => {
+            let ids = state
+                .tokenizer
+                .encode(&text, true)
+                .map_err(|e| ApiError::invalid_param("prompt", format!("cannot tokenize the prompt: {e}")))?;
+            (Some(text), ids)
+        }
+        Prompt::TokenIds(ids) => (None, ids),
     };
+    let rendering =
+        (echo || common.sampling.logprobs.is_some() || common.sampling.prompt_logprobs.is_some()).then(|| {
+            let echo = echo.then(|| Echo {
+                text: prompt_text.unwrap_or_else(|| state.tokenizer.decode(&prompt_token_ids).unwrap_or_default()),
+                token_ids: prompt_token_ids.clone(),
+            });
+            Arc::new(Rendering {
+                strings: TokenStrings {
+                    tokenizer: state.tokenizer.clone(),
+                    as_ids: common.return_tokens_as_token_ids.unwrap_or(state.config.return_tokens_as_token_ids),
+                },
+                logprobs: common.sampling.logprobs,
+                echo,
+                prompt_logprobs: common.sampling.prompt_logprobs.is_some(),
+            })
+        });
     let (stream, include_usage) = (common.stream, common.include_usage);
     let submitted = submit(&state, &headers, Endpoint::Completions, prompt_token_ids, common)?;
+    let stream_rendering = rendering.clone();
     let format = AnswerFormat {
         object: "text_completion",
         chunk_object: "text_completion",
-        writer: CompletionChunks,
-        content: |text| ("text", Value::String(text)),
+        writer: move |header| CompletionChunks { header, pieces: stream_rendering.map(CompletionPieces::new) },
+        content: move |whole| completion_choice(whole, rendering),
     };
     answer(&state, submitted, stream, include_usage, format).await
+}
+
+/// The fields of a whole completion choice: text, logprobs and, when asked
+/// for, prompt logprobs.
+fn completion_choice(whole: Whole, rendering: Option<Arc<Rendering>>) -> ChoiceBody {
+    let mut fields = Fields::default();
+    let Some(rendering) = rendering else {
+        fields.put("text", &whole.text);
+        fields.put("logprobs", &());
+        return ChoiceBody { fields, response_prompt_logprobs: None };
+    };
+    let (text, logprobs) = CompletionPieces::new(rendering.clone()).piece(&whole.text, whole.scored.as_deref());
+    fields.put("text", &text);
+    fields.put_raw("logprobs", logprobs);
+    if rendering.prompt_logprobs {
+        let positions = whole.scored.as_deref().and_then(|s| s.prompt_logprobs.as_deref());
+        fields.put_raw("prompt_logprobs", Some(rendering.prompt_logprobs_json(positions)));
+    }
+    ChoiceBody { fields, response_prompt_logprobs: None }
 }
 
 #[derive(Serialize)]
 struct ChunkChoice<'a> {
     index: u32,
-    text: &'a str,
-    logprobs: Option<()>,
+    text: Cow<'a, str>,
+    logprobs: Option<Box<RawValue>>,
     finish_reason: Option<&'static str>,
     stop_reason: Value,
 }
 
-struct CompletionChunks(ChunkHeader);
+struct CompletionChunks {
+    header: ChunkHeader,
+    /// Echo and logprobs, when the request asked for either.
+    pieces: Option<CompletionPieces>,
+}
 
 impl ChunkWriter for CompletionChunks {
     fn opening(&self) -> Option<Bytes> {
@@ -137,17 +189,21 @@ impl ChunkWriter for CompletionChunks {
     }
 
     fn delta(&self, delta: &Delta) -> Bytes {
+        let (text, logprobs) = match &self.pieces {
+            Some(pieces) => pieces.piece(&delta.text, delta.scored.as_deref()),
+            None => (Cow::Borrowed(delta.text.as_str()), None),
+        };
         let choice = ChunkChoice {
             index: 0,
-            text: &delta.text,
-            logprobs: None,
+            text,
+            logprobs,
             finish_reason: delta.finish.as_ref().map(|f| f.reason.as_str()),
             stop_reason: delta.finish.as_ref().map(|f| stop_reason_json(&f.stop_reason)).unwrap_or(Value::Null),
         };
-        self.0.event(vec![choice], None)
+        self.header.event(vec![choice], None)
     }
 
     fn usage(&self, usage: Usage) -> Bytes {
-        self.0.event::<ChunkChoice>(Vec::new(), Some(usage))
+        self.header.event::<ChunkChoice>(Vec::new(), Some(usage))
     }
 }

@@ -138,8 +138,10 @@ pub struct SamplingInput {
     pub bad_words: Option<Vec<String>>,
     /// The only tokens that may be generated.
     pub allowed_token_ids: Option<Vec<i64>>,
-    /// Prompt logprobs (not supported).
+    /// Top logprobs per prompt token (-1: the whole vocabulary).
     pub prompt_logprobs: Option<i64>,
+    /// Tokens in logprobs as `token_id:N`; `None`: as the server is configured.
+    pub return_tokens_as_token_ids: Option<bool>,
     /// Prompt truncation (not supported).
     pub truncate_prompt_tokens: Option<i64>,
     /// Tokens per streamed chunk (a hint; ignored).
@@ -169,6 +171,8 @@ pub struct CommonParams {
     pub allowed_token_ids: Option<Vec<i64>>,
     /// `stop_token_ids` as sent, checked against the vocabulary at submission.
     pub stop_token_ids: Vec<i64>,
+    /// Tokens in logprobs as `token_id:N`; `None`: as the server is configured.
+    pub return_tokens_as_token_ids: Option<bool>,
 }
 
 /// `value` in `param`'s integer range, as a count.
@@ -226,7 +230,6 @@ impl SamplingInput {
             if stream && (p > 0 || p == -1) {
                 return Err(RULES.refuse("prompt_logprobs", "prompt_logprobs_with_stream", &[]));
             }
-            return Err(RULES.refuse("prompt_logprobs", "logprobs_unsupported", &[("param", "prompt_logprobs")]));
         }
         if let Some(n) = self.n {
             RULES.check_int("n", n)?;
@@ -295,9 +298,11 @@ impl SamplingInput {
             // vLLM reads seed -1 as no seed.
             seed: self.seed.filter(|&s| s != -1),
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            prompt_logprobs: self.prompt_logprobs,
             ..Default::default()
         };
         Ok(CommonParams {
+            return_tokens_as_token_ids: self.return_tokens_as_token_ids,
             model: self.model,
             sampling,
             max_tokens_param,
@@ -479,7 +484,9 @@ mod tests {
             (json!({"bad_words": vec!["x"; 1025]}), "bad_words"),
             (json!({"allowed_token_ids": vec![1; 1025]}), "allowed_token_ids"),
             (json!({"truncate_prompt_tokens": 3}), "truncate_prompt_tokens"),
-            (json!({"prompt_logprobs": 1}), "prompt_logprobs"),
+            (json!({"prompt_logprobs": -2}), "prompt_logprobs"),
+            (json!({"prompt_logprobs": 1, "stream": true}), "prompt_logprobs"),
+            (json!({"return_tokens_as_token_ids": 1}), "return_tokens_as_token_ids"),
         ] {
             let err = parse(body.clone()).unwrap_err();
             assert_eq!((err.status, err.param.as_deref()), (StatusCode::BAD_REQUEST, Some(param)), "{body}");

@@ -5,7 +5,7 @@ use super::error::ApiError;
 use super::params::{check_min_tokens, CommonParams};
 use super::rules::RULES;
 use super::state::{unix_now, unix_now_f64, AppState};
-use crate::engine::protocol::{EngineRequest, StopReason};
+use crate::engine::protocol::{EngineRequest, SamplingParams, StopReason};
 use crate::engine::SubmitError;
 use crate::generate::Generation;
 use crate::ids::random_hex;
@@ -145,6 +145,7 @@ pub fn submit(
             return Err(RULES.refuse("allowed_token_ids", "allowed_token_ids_out_of_vocab", &[]));
         }
     }
+    check_logprobs(state, sampling)?;
     // In the vocabulary, so each fits a u32.
     sampling.stop_token_ids = common.stop_token_ids.iter().map(|&t| t as u32).collect();
     generation_config.set_stop_token_ids(sampling, state.tokenizer.eos_token_id());
@@ -171,12 +172,35 @@ pub fn submit(
         );
     }
     let decoder = state.tokenizer.decoder(&request.prompt_token_ids, common.decode);
+    let scored = request.sampling.logprobs.is_some() || request.sampling.prompt_logprobs.is_some();
     let stream = state.engines.submit(request, pinned_rank).map_err(|e| match e {
         SubmitError::RankOutOfRange { .. } => ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, e.to_string()),
         SubmitError::Unavailable(why) => ApiError::unavailable(why),
     })?;
-    let generation = Generation::new(stream, decoder, common.stop, prompt_len as usize, state.metrics.clone(), started);
+    let mut generation =
+        Generation::new(stream, decoder, common.stop, prompt_len as usize, state.metrics.clone(), started);
+    if scored {
+        generation = generation.with_logprobs(state.tokenizer.clone());
+    }
     Ok(Submitted { id, created: unix_now(), generation })
+}
+
+/// vLLM's SamplingParams check against `--max-logprobs` (-1 counts as the
+/// whole vocabulary on both sides).
+fn check_logprobs(state: &AppState, sampling: &SamplingParams) -> Result<(), ApiError> {
+    let vocab = state.tokenizer.vocab_size() as i64;
+    let limit = if state.config.max_logprobs == -1 { vocab } else { state.config.max_logprobs };
+    for (param, key, value) in [
+        ("logprobs", "logprobs_above_max", sampling.logprobs),
+        ("prompt_logprobs", "prompt_logprobs_above_max", sampling.prompt_logprobs),
+    ] {
+        let Some(value) = value else { continue };
+        let count = if value == -1 { vocab } else { value };
+        if count > limit {
+            return Err(RULES.refuse(param, key, &[("count", &count.to_string()), ("limit", &limit.to_string())]));
+        }
+    }
+    Ok(())
 }
 
 /// 400 naming `param` when a token id lies outside the vocabulary, in vLLM's words.

@@ -7,6 +7,7 @@
 //! `mistral`, which reads them as `auto`); the output read by
 //! [`ChatOutputParser`], whole and streamed.
 
+use super::answer::Fields;
 use super::error::ApiError;
 use super::rules::RULES;
 use super::sse::{ChunkHeader, ChunkWriter};
@@ -231,6 +232,8 @@ pub struct ParsedChatChunks {
     pub stream: Mutex<ChatOutputStream>,
     /// The tool mode (for the finish reason).
     pub mode: &'static str,
+    /// How logprobs are shown, when the request asked for them.
+    pub rendering: Option<std::sync::Arc<crate::logprobs::Rendering>>,
 }
 
 impl ChunkWriter for ParsedChatChunks {
@@ -261,17 +264,23 @@ impl ChunkWriter for ParsedChatChunks {
                 }
             }
         }
+        let logprobs = self.rendering.as_ref().and_then(|r| r.chat_logprobs(delta.scored.as_deref()));
+        let mut choice = Fields::default();
+        choice.put("index", &0);
         let Some(finish) = &delta.finish else {
-            if out.is_empty() {
+            if out.is_empty() && logprobs.is_none() {
                 return Bytes::new();
             }
-            return self
-                .header
-                .event(vec![json!({"index": 0, "delta": out, "logprobs": null, "finish_reason": null})], None);
+            choice.put("delta", &out);
+            choice.put_raw("logprobs", logprobs);
+            choice.put("finish_reason", &());
+            return self.header.event(vec![choice], None);
         };
         let reason = finish_reason(finish.reason.as_str(), self.mode, stream.tools_called());
-        let choice = json!({"index": 0, "delta": out, "logprobs": null, "finish_reason": reason,
-                            "stop_reason": stop_reason_json(&finish.stop_reason)});
+        choice.put("delta", &out);
+        choice.put_raw("logprobs", logprobs);
+        choice.put("finish_reason", &reason);
+        choice.put("stop_reason", &stop_reason_json(&finish.stop_reason));
         self.header.event(vec![choice], None)
     }
 

@@ -53,6 +53,8 @@ pub const HONOURED_KEYS: &[&str] = &[
     "revision",
     "tokenizer_revision",
     "download_dir",
+    "max_logprobs",
+    "return_tokens_as_token_ids",
 ];
 
 /// Server keys (vLLM's `FrontendArgs` and the `serve` command's own) that are
@@ -79,7 +81,6 @@ pub const IGNORED_KEYS: &[(&str, &str)] = &[
     ("max_log_len", "request logs show counts, never prompt text or ids"),
     ("enable_log_deltas", "outputs are not logged (see enable_log_outputs)"),
     ("enable_log_outputs", "outputs are not logged: request logs show counts only"),
-    ("return_tokens_as_token_ids", "it changes logprobs only, and logprobs requests are refused with 400"),
     ("trust_request_chat_template", "it only permits more: requests never bring their own chat template here"),
     ("trust_request_mm_kwargs", "it only permits more: multimodal input is not served"),
     ("enable_server_load_tracking", "/load always reports the requests in flight"),
@@ -90,7 +91,6 @@ pub const IGNORED_KEYS: &[(&str, &str)] = &[
     ("reasoning_effort_map", "requests' reasoning_effort is not passed to chat templates"),
     ("fingerprint_value", "used only with fingerprint_mode custom, which is refused"),
     ("trust_remote_code", "the frontend runs no model code"),
-    ("max_logprobs", "logprobs requests are refused with 400"),
 ];
 
 /// Keys refused whenever set (not null, not false): serving without them

@@ -9,8 +9,9 @@
 //! thread hop. Only what those sockets need is here: the greeting, the
 //! READY handshake (checking the peer's socket type, reading its identity),
 //! data frames, and PING (the caller answers with [`pong_frame`]). The first
-//! frame of each incoming message is returned; later (aux) frames are skipped
-//! without being buffered.
+//! frame of each incoming message is returned; its later (aux) frames, which
+//! vLLM's engines use for large arrays (logprobs), are kept beside it
+//! ([`FrameReader::aux_frames`]): a message without them costs nothing extra.
 //!
 //! Spec: <https://rfc.zeromq.org/spec/23/> (ZMTP 3.0), <https://rfc.zeromq.org/spec/37/> (3.1 commands).
 
@@ -256,24 +257,15 @@ pub struct FrameReader<R> {
     stream: R,
     buffer: BytesMut,
     limits: FrameLimits,
-    /// Bytes of an aux frame still to discard.
-    skipping: u64,
-    /// The message being read has more (aux) frames to come.
-    in_aux_frames: bool,
+    /// The aux frames of the message last returned (empty for most messages).
+    aux: Vec<Bytes>,
     /// Bytes of the message being read so far (all its frames).
     message_bytes: u64,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     fn new(stream: R, limits: FrameLimits) -> Self {
-        FrameReader {
-            stream,
-            buffer: BytesMut::with_capacity(READ_CHUNK),
-            limits,
-            skipping: 0,
-            in_aux_frames: false,
-            message_bytes: 0,
-        }
+        FrameReader { stream, buffer: BytesMut::with_capacity(READ_CHUNK), limits, aux: Vec::new(), message_bytes: 0 }
     }
 
     /// Counts a frame of `size` bytes towards the current message; past the
@@ -291,19 +283,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    /// The next message's first frame (its aux frames are skipped) or PING;
-    /// `None` when the peer closed the connection between messages.
+    /// The next message's first frame (its aux frames are then in
+    /// [`Self::aux_frames`]) or PING; `None` when the peer closed the
+    /// connection between messages.
     pub async fn next(&mut self) -> Result<Option<Incoming>, ZmtpError> {
+        self.aux.clear();
         loop {
-            if self.skipping > 0 {
-                let n = self.skipping.min(self.buffer.len() as u64) as usize;
-                self.buffer.advance(n);
-                self.skipping -= n as u64;
-                if self.skipping > 0 {
-                    self.fill().await?;
-                    continue;
-                }
-            }
             let Some(header) = parse_header(&self.buffer) else {
                 if !self.fill_or_eof().await? {
                     return Ok(None);
@@ -318,20 +303,27 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 }
                 continue; // other commands carry nothing for us
             }
-            let more = header.flags & FLAG_MORE != 0;
-            if self.in_aux_frames {
-                self.count_message_bytes(header.size)?;
-                self.buffer.advance(header.len);
-                self.skipping = header.size;
-                self.in_aux_frames = more;
-                continue;
-            }
             self.message_bytes = 0;
             self.count_message_bytes(header.size)?;
+            let mut more = header.flags & FLAG_MORE != 0;
             let frame = self.read_body(header, self.limits.max_message_bytes, "message").await?;
-            self.in_aux_frames = more;
+            while more {
+                let header = self.read_header().await?;
+                if header.flags & FLAG_COMMAND != 0 {
+                    return Err(protocol("a command frame inside a multi-frame message"));
+                }
+                self.count_message_bytes(header.size)?;
+                more = header.flags & FLAG_MORE != 0;
+                let aux = self.read_body(header, self.limits.max_message_bytes, "message").await?;
+                self.aux.push(aux);
+            }
             return Ok(Some(Incoming::Message(frame)));
         }
+    }
+
+    /// The frames after the first of the message [`Self::next`] last returned.
+    pub fn aux_frames(&self) -> &[Bytes] {
+        &self.aux
     }
 
     async fn read_header(&mut self) -> Result<FrameHeader, ZmtpError> {
@@ -413,13 +405,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn reads_first_frames_and_skips_aux_frames_across_reads() {
+    async fn reads_first_frames_and_keeps_aux_frames_across_reads() {
         let (ours, mut peer) = duplex(64);
         let pull = tokio::spawn(async move {
             let mut connection = handshake(ours, "PULL", "PUSH", FrameLimits::default()).await.unwrap();
             let mut got = Vec::new();
             while let Some(incoming) = connection.reader.next().await.unwrap() {
-                got.push(incoming);
+                got.push((incoming, connection.reader.aux_frames().to_vec()));
             }
             got
         });
@@ -437,8 +429,12 @@ mod tests {
         wire.extend_from_slice(&long);
         peer.write_all(&wire).await.unwrap();
         drop(peer);
-        let messages = [Bytes::from_static(b"abc"), Bytes::from_static(b"x"), Bytes::from(long)];
-        assert_eq!(pull.await.unwrap(), Vec::from(messages.map(Incoming::Message)));
+        let messages = vec![
+            (Incoming::Message(Bytes::from_static(b"abc")), vec![]),
+            (Incoming::Message(Bytes::from_static(b"x")), vec![Bytes::from(long.clone()), Bytes::from_static(&[9, 9])]),
+            (Incoming::Message(Bytes::from(long)), vec![]),
+        ];
+        assert_eq!(pull.await.unwrap(), messages);
     }
 
     #[tokio::test]
@@ -575,7 +571,7 @@ mod tests {
         wire.extend_from_slice(&[1u8; 100]);
         wire.extend_from_slice(&long_header(0, 901)); // 100 + 901 > 1000
         let (got, error) = read_all_after_handshake(limits, wire).await;
-        assert_eq!(got, vec![Incoming::Message(Bytes::from(vec![1u8; 100]))]);
+        assert!(got.is_empty(), "a message over the limit is not returned");
         assert!(error.unwrap().contains("limit"));
     }
 
