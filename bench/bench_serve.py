@@ -7,8 +7,8 @@ echo --data-parallel-size 2`):
   * 64 streams of 256 tokens: streamed tokens/s (SSE, counted from
     `stream_options.include_usage`);
   * the same streams with `logprobs=5` against without, in one run, on the
-    Python API server (the Rust frontend does not serve logprobs yet);
-    `--only-logprobs` runs just this row;
+    Rust frontend and on one Python API server (a ratio each);
+    `--only-logprobs` runs just these rows;
 
 for `--frontend rust`, `--frontend python --api-server-count 1` and `2`.
 Goal: the Rust frontend serves at least 5x the requests/s of one Python API
@@ -55,8 +55,8 @@ STACKS = {
     "python x1": ["--frontend", "python", "--api-server-count", "1"],
     "python x2": ["--frontend", "python", "--api-server-count", "2"],
 }
-#: Where streamed logprobs are measured (the frontend that serves them).
-LOGPROBS_STACK = ("python x1", STACKS["python x1"])
+#: Where streamed logprobs are measured: both frontends.
+LOGPROBS_STACKS = ("rust", "python x1")
 
 
 @contextlib.contextmanager
@@ -149,13 +149,12 @@ def bench_toy(opts: argparse.Namespace, stream_load: Path, log_dir: Path) -> flo
         return max(frontend_streaming(stream_load, port, opts.toy_streams, opts.toy_tokens) for _ in range(opts.rounds))
 
 
-def bench_logprobs(opts: argparse.Namespace, stream_load: Path, log_dir: Path) -> dict:
-    """Streamed tokens/s with `logprobs=5` and without, on one stack (the
-    Python API server: the Rust frontend does not serve logprobs yet)."""
-    name, args = LOGPROBS_STACK
+def bench_logprobs(opts: argparse.Namespace, stream_load: Path, log_dir: Path, name: str) -> dict:
+    """Streamed tokens/s with `logprobs=5` and without, on the stack `name`."""
+    args = STACKS[name]
     with serve(
         "--model", "echo", "--served-model-name", "toy", "--data-parallel-size", "2", *args,
-        log_path=log_dir / "serve-logprobs.log",
+        log_path=log_dir / f"serve-logprobs-{name.replace(' ', '')}.log",
     ) as port:  # fmt: skip
         frontend_streaming(stream_load, port, 2, 8, logprobs=5)  # warm-up
         plain = with_logprobs = 0.0
@@ -198,7 +197,8 @@ def main() -> int:
     results_dir.mkdir(parents=True, exist_ok=True)
     stream_load = build_stream_load()
     if opts.only_logprobs:
-        print_logprobs(bench_logprobs(opts, stream_load, results_dir))
+        for name in LOGPROBS_STACKS:
+            print_logprobs(bench_logprobs(opts, stream_load, results_dir, name))
         return 0
     print(f"serve on echo, 2 engines; {opts.concurrency} clients x max_tokens=1 ({opts.client} client), "
           f"{opts.streams} streams x {opts.tokens} tokens; best of {opts.rounds}; {os.cpu_count()} CPUs")  # fmt: skip
@@ -216,8 +216,9 @@ def main() -> int:
     verdict = "a smoke run, too short to judge" if opts.quick else ("met" if met else "NOT met")
     print(f"  Rust / one Python API server: {ratio:.1f}x requests/s, p99 {rust['p99_ms']:.2f} vs {python1['p99_ms']:.2f} ms "
           f"(goal: >= {REQUESTS_GOAL:.0f}x at equal or lower p99: {verdict})")  # fmt: skip
-    results["logprobs"] = bench_logprobs(opts, stream_load, results_dir)
-    print_logprobs(results["logprobs"])
+    results["logprobs"] = [bench_logprobs(opts, stream_load, results_dir, name) for name in LOGPROBS_STACKS]
+    for row in results["logprobs"]:
+        print_logprobs(row)
     toy = bench_toy(opts, stream_load, results_dir)
     results["toy_cpu_stream_tokens_per_s"] = toy
     print(

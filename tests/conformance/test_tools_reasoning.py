@@ -110,6 +110,25 @@ def test_reasoning_is_split_whole_and_streamed(echo_tools):
     assert (reasoning, content) == ("user: thinking hard", "The answer is 4")
 
 
+def test_logprobs_cover_every_token_of_a_parsed_chat(echo_tools):
+    """Logprobs with the tool and reasoning parsers: one entry per generated
+    token, whichever part of the message its text lands in, whole and streamed."""
+    client = echo_tools.client()
+    ask = {"model": "echo", "messages": _user("mull</think>" + CALL_TEXT), "tools": [WEATHER], "stop": STOP,
+           "max_tokens": 400, "logprobs": True, "top_logprobs": 1}  # fmt: skip
+    whole = client.chat.completions.create(**ask)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    tokens = [c.token for c in choice.logprobs.content]
+    assert len(tokens) == whole.usage.completion_tokens
+    assert "get_weather" in "".join(tokens) and "</think>" in "".join(tokens)
+    assert all(len(c.top_logprobs) == 1 for c in choice.logprobs.content)
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    streamed = [c.token for chunk in chunks if chunk.choices and chunk.choices[0].logprobs
+                for c in chunk.choices[0].logprobs.content]  # fmt: skip
+    assert streamed == tokens
+
+
 def test_tool_calling_loop(echo_tools):
     """The model calls a tool through the parser, the client runs it and sends
     the result as a `tool` message, and the model answers with it."""

@@ -631,6 +631,50 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_that_break_the_layout_are_malformed() {
+        fn message(rows: Value) -> Vec<u8> {
+            let output = Value::Array(vec![Value::from("r"), Value::Array(vec![Value::from(1)]), rows]);
+            let mut bytes = Vec::new();
+            rmpv::encode::write_value(&mut bytes, &Value::Array(vec![Value::from(0), Value::Array(vec![output])]))
+                .unwrap();
+            bytes
+        }
+        let array = |dtype: &str, shape: &[u64], data: Vec<u8>| {
+            Value::Array(vec![
+                Value::from(dtype),
+                Value::Array(shape.iter().map(|&d| Value::from(d)).collect()),
+                Value::Ext(3, data),
+            ])
+        };
+        let good = || {
+            vec![
+                array("<i4", &[1, 2], [5i32, 6].iter().flat_map(|v| v.to_le_bytes()).collect()),
+                array("<f4", &[1, 2], [-1f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect()),
+                array("<i8", &[1], 1i64.to_le_bytes().to_vec()),
+                Value::Nil,
+            ]
+        };
+        let bytes = message(Value::Array(good()));
+        let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes, &[]).unwrap() else { panic!() };
+        assert_eq!(outputs[0].logprobs.as_deref().unwrap().row(0), (&[5u32, 6][..], &[-1f32, -2.0][..], 1));
+        let mut wrong_dtype = good();
+        wrong_dtype[1] = array("<f8", &[1, 2], vec![0; 16]);
+        let mut short_data = good();
+        short_data[0] = array("<i4", &[1, 2], vec![0; 7]);
+        let mut negative_id = good();
+        negative_id[0] = array("<i4", &[1, 2], [-5i32, 6].iter().flat_map(|v| v.to_le_bytes()).collect());
+        let mut ranks_shape = good();
+        ranks_shape[2] = array("<i8", &[2], vec![0; 16]);
+        let mut other_ext = good();
+        other_ext[2] =
+            Value::Array(vec![Value::from("<i8"), Value::Array(vec![Value::from(1)]), Value::Ext(4, vec![0; 8])]);
+        for rows in [wrong_dtype, short_data, negative_id, ranks_shape, other_ext, good()[..2].to_vec()] {
+            let bytes = message(Value::Array(rows));
+            assert!(matches!(decode_outputs(&bytes, &[]), Err(DecodeError::Malformed(_))), "{bytes:x?}");
+        }
+    }
+
+    #[test]
     fn engine_dead_frame() {
         assert_eq!(decode_outputs(b"ENGINE_CORE_DEAD", &[]).unwrap(), OutputsMessage::EngineDead);
     }
