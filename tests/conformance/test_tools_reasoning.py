@@ -123,10 +123,14 @@ def test_logprobs_cover_every_token_of_a_parsed_chat(echo_tools):
     assert len(tokens) == whole.usage.completion_tokens
     assert "get_weather" in "".join(tokens) and "</think>" in "".join(tokens)
     assert all(len(c.top_logprobs) == 1 for c in choice.logprobs.content)
-    chunks = list(client.chat.completions.create(**ask, stream=True))
+    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
     streamed = [c.token for chunk in chunks if chunk.choices and chunk.choices[0].logprobs
                 for c in chunk.choices[0].logprobs.content]  # fmt: skip
-    assert streamed == tokens
+    assert len(streamed) == chunks[-1].usage.completion_tokens
+    # Tokens the engine made past the stop string (before the abort reached
+    # it) vary with timing; up to the stop string both are the same.
+    called = "".join(tokens).index("</tool_call>")
+    assert "".join(streamed)[:called] == "".join(tokens)[:called]
 
 
 def test_tool_calling_loop(echo_tools):
