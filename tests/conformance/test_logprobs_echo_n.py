@@ -83,7 +83,9 @@ def test_completion_logprobs_zero_and_none(lp_stack):
 
 
 def test_streamed_completion_logprobs_have_running_offsets(lp_stack):
-    chunks = list(lp_stack.client().completions.create(model="echo", prompt="xyz", max_tokens=5, logprobs=1, stream=True))
+    chunks = list(
+        lp_stack.client().completions.create(model="echo", prompt="xyz", max_tokens=5, logprobs=1, stream=True)
+    )
     tokens, offsets, texts = [], [], []
     for chunk in chunks:
         choice = chunk.choices[0]
