@@ -1,6 +1,7 @@
 //! Serving the `VllmEngine` service on the adopted `--grpc-listen-fd` socket.
 
 use super::service::Servicer;
+use crate::engine::EngineClient;
 use crate::error::ExitError;
 use crate::fds::{adopt_listening_socket, ListeningSocket, LocalAddress};
 use crate::http::state::AppState;
@@ -10,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tonic::transport::server::TcpIncoming;
-use crate::engine::EngineClient;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
