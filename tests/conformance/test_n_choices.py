@@ -13,7 +13,7 @@ import pytest
 from vllm_rs.api_server.submit import child_requests
 from vllm_rs.engine.protocol import EngineCoreRequest
 
-from tests.conformance.support import AUTH, API_KEY
+from tests.conformance.support import API_KEY, AUTH
 from tests.test_serve import FRONTENDS, Serve
 
 CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
@@ -51,7 +51,9 @@ def test_n_choices(stack):
 
 def test_n_choices_each_match_their_stop_string(stack):
     result = stack.client().completions.create(model="echo", prompt="hello", max_tokens=8, n=2, stop=["ll"])
-    assert [(c.text, c.finish_reason, c.model_extra["stop_reason"]) for c in result.choices] == [("he", "stop", "ll")] * 2
+    assert [(c.text, c.finish_reason, c.model_extra["stop_reason"]) for c in result.choices] == [
+        ("he", "stop", "ll")
+    ] * 2
 
 
 def test_streamed_n_choices(stack):
@@ -86,7 +88,9 @@ def test_streamed_chat_n_choices(stack):
         (0, "assistant", ""),
         (1, "assistant", ""),
     ]
-    content = {i: "".join(c.choices[0].delta.content or "" for c in chunks[2:-1] if c.choices[0].index == i) for i in (0, 1)}
+    content = {
+        i: "".join(c.choices[0].delta.content or "" for c in chunks[2:-1] if c.choices[0].index == i) for i in (0, 1)
+    }
     assert content == {0: "use", 1: "use"}
     finishes = [(c.choices[0].index, c.choices[0].finish_reason) for c in chunks[2:-1] if c.choices[0].finish_reason]
     assert sorted(finishes) == [(0, "length"), (1, "length")]

@@ -73,15 +73,21 @@ where
         choice
     })
     .await?;
-    Ok(Json(json!({
+    Ok(Json(whole_answer(&submitted, format.object, &model, choices, usage)).into_response())
+}
+
+/// The body of a whole answer holding `choices` (moved in, not copied).
+pub fn whole_answer(submitted: &Submitted, object: &str, model: &str, choices: Vec<Value>, usage: Usage) -> Value {
+    let mut body = json!({
         "id": submitted.id,
-        "object": format.object,
+        "object": object,
         "created": submitted.created,
         "model": model,
-        "choices": choices,
+        "choices": null,
         "usage": usage,
-    }))
-    .into_response())
+    });
+    body["choices"] = Value::Array(choices);
+    body
 }
 
 /// Streams the choices of a request (`first`, then `more`, as `Submitted`

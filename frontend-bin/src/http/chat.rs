@@ -1,6 +1,6 @@
 //! `POST /v1/chat/completions`.
 
-use super::answer::{answer, stream_choices, whole_choices, AnswerFormat};
+use super::answer::{answer, stream_choices, whole_answer, whole_choices, AnswerFormat};
 use super::error::ApiError;
 use super::params::{parse_body, parse_json_object, CommonParams, JsonBody, SamplingInput};
 use super::rules::RULES;
@@ -160,9 +160,7 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
                    "stop_reason": stop_reason_json(&finish.stop_reason)})
         })
         .await?;
-        return Ok(axum::Json(json!({"id": submitted.id, "object": "chat.completion", "created": submitted.created,
-                                    "model": model, "choices": choices, "usage": usage}))
-        .into_response());
+        return Ok(axum::Json(whole_answer(&submitted, "chat.completion", &model, choices, usage)).into_response());
     }
     let format = AnswerFormat {
         object: "chat.completion",
