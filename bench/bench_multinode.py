@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -38,10 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_frontend import build_stream_load, frontend_requests, frontend_streaming  # noqa: E402
-from bench.bench_serve import run, wrk_requests  # noqa: E402
+from bench.bench_serve import run, served_port, wrk_requests  # noqa: E402
 from tests.support import netns  # noqa: E402
 
-READY_LINE = re.compile(rb"serving the OpenAI API on http://[^:]+:(\d+) ")
 GOAL = 0.90
 DELAY_MS = 0.5
 RPC_PORT = 29660
@@ -80,12 +78,7 @@ def stack(hosts: netns.Hosts, layout: str, log_dir: Path):
         try:
             if node_host is not None:
                 procs.append(_start(hosts, node_host, node_args, node_log))
-            port = None
-            for line in head.stdout:
-                head_log.write(line)
-                if match := READY_LINE.search(line):
-                    port = int(match.group(1))
-                    break
+            port = served_port(head.stdout, head_log)
             if port is None:
                 raise RuntimeError(f"the {layout} stack did not start; see {head_log_path}")
             yield port

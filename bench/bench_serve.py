@@ -49,6 +49,18 @@ sys.path.insert(0, str(ROOT))
 from bench.bench_frontend import build_stream_load, frontend_requests, frontend_streaming  # noqa: E402
 
 READY_LINE = re.compile(rb"serving the OpenAI API on http://[^:]+:(\d+) ")
+
+
+def served_port(output, log) -> int | None:
+    """The HTTP port `serve` announces in `output` (its stdout, bytes), copying
+    each line read to `log`; None when it ends without announcing one."""
+    for line in output:
+        log.write(line)
+        if match := READY_LINE.search(line):
+            return int(match.group(1))
+    return None
+
+
 REQUESTS_GOAL = 5.0
 STACKS = {
     "rust": ["--frontend", "rust"],
@@ -69,12 +81,7 @@ def serve(*args: str, log_path: Path):
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
         try:
-            port = None
-            for line in proc.stdout:
-                log.write(line)
-                if match := READY_LINE.search(line):
-                    port = int(match.group(1))
-                    break
+            port = served_port(proc.stdout, log)
             if port is None:
                 raise RuntimeError(f"serve {' '.join(args)} did not start; see {log_path}")
             yield port

@@ -123,16 +123,21 @@ class ScriptedEngine:
     def next_add(self, timeout_s: float = DEADLINE_S) -> tuple[str, list[int], dict[str, Any]]:
         """The next ADD (request id, prompt, sampling params); ABORTs met on
         the way are recorded in `aborted`."""
+        message = msgpack.unpackb(self.next_add_payload(timeout_s), strict_map_key=False)
+        return message[0], message[1], message[3]
+
+    def next_add_payload(self, timeout_s: float = DEADLINE_S) -> bytes:
+        """The msgpack payload of the next ADD, as it came; ABORTs met on the
+        way are recorded in `aborted`."""
         deadline = time.monotonic() + timeout_s
         while True:
             remaining = deadline - time.monotonic()
             assert remaining > 0 and self.dealer.poll(remaining * 1000), "no ADD arrived"
             kind, payload = self.dealer.recv_multipart()
-            message = msgpack.unpackb(payload, strict_map_key=False)
             if kind == ADD:
-                return message[0], message[1], message[3]
+                return payload
             if kind == ABORT:
-                self.aborted.extend(message)
+                self.aborted.extend(msgpack.unpackb(payload))
 
     def wait_for_abort(self, request_id: str, timeout_s: float = DEADLINE_S) -> None:
         """Returns once ABORT for `request_id` arrived."""

@@ -66,44 +66,23 @@ class RayCluster:
             raise
 
     def _start(self, hosts: netns.Hosts, ray: str, common: list[str], env: dict[str, str]) -> None:
-        self.nodes.append(
-            subprocess.Popen(
-                hosts.command(
-                    0,
-                    [
-                        ray,
-                        "start",
-                        "--head",
-                        "--port",
-                        str(RAY_PORT),
-                        "--node-ip-address",
-                        hosts.address(0),
-                        "--temp-dir",
-                        self.temp_dir,
-                        "--include-dashboard=false",
-                        *common,
-                    ],
-                ),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=env,
-                start_new_session=True,
-            )  # fmt: skip
-        )
+        def start(host: int, args: list[str]) -> None:
+            self.nodes.append(
+                subprocess.Popen(
+                    hosts.command(host, [ray, "start", *args, *common]),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env=env,
+                    start_new_session=True,
+                )  # fmt: skip
+            )
+
+        head = hosts.address(0)
+        start(0, ["--head", "--port", str(RAY_PORT), "--node-ip-address", head, "--temp-dir", self.temp_dir,
+                  "--include-dashboard=false"])  # fmt: skip
         self._wait_nodes(1)
-        self.nodes.append(
-            subprocess.Popen(
-                hosts.command(
-                    1, [ray, "start", "--address", self.head_address, "--node-ip-address", hosts.address(1), *common]
-                ),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=env,
-                start_new_session=True,
-            )  # fmt: skip
-        )
+        start(1, ["--address", self.head_address, "--node-ip-address", hosts.address(1)])
         self._wait_nodes(2)
 
     def _wait_nodes(self, count: int) -> None:

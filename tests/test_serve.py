@@ -61,17 +61,35 @@ class Serve:
         self.lines: list[str] = []
         self.url: str | None = None
         self._ready = threading.Event()
+        self._new_line = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+            with self._new_line:
+                self.lines.append(line.rstrip("\n"))
+                self._new_line.notify_all()
             match = READY_LINE.search(line)
             if match and self.url is None:
                 self.url = match.group(1).replace("0.0.0.0", "127.0.0.1")
                 self._ready.set()
         self._ready.set()
+        with self._new_line:
+            self._new_line.notify_all()
+
+    def wait_for_line(self, pattern: str, timeout_s: float = READY_TIMEOUT_S) -> re.Match:
+        """The first output line matching the regex `pattern`, waiting for it
+        while the process runs."""
+        deadline = time.monotonic() + timeout_s
+        with self._new_line:
+            while True:
+                for line in self.lines:
+                    if match := re.search(pattern, line):
+                        return match
+                remaining = deadline - time.monotonic()
+                assert remaining > 0 and self._reader.is_alive(), f"no line matching {pattern!r} in:\n{self.output}"
+                self._new_line.wait(remaining)
 
     @property
     def output(self) -> str:

@@ -77,7 +77,7 @@ class CoordinatorWatch:
 @pytest.mark.parametrize("frontend", FRONTENDS)
 def test_data_parallel_stack_with_the_coordinator(frontend):
     serve = Serve("--model", "echo", "--port", "0", "--data-parallel-size", "2", "--max-model-len", "512",
-                  "--frontend", frontend, env={"VLLM_API_KEY": API_KEY})  # fmt: skip
+                  "--frontend", frontend, env={"VLLM_API_KEY": API_KEY, "VLLM_LOG_STATS_INTERVAL": "0.5"})  # fmt: skip
     watch = None
     try:
         client = serve.client()
@@ -115,6 +115,15 @@ def test_data_parallel_stack_with_the_coordinator(frontend):
         # Requests sent now carry the new wave to whichever engine gets them.
         for _ in range(4):
             assert client.completions.create(model="echo", prompt="w", max_tokens=2).choices[0].text == "ww"
+
+        # /metrics keeps a series per engine, labelled as vLLM labels them, and
+        # the throughput log line comes at the interval asked for.
+        metrics = serve.http("GET", "/metrics")[1].decode()
+        series = re.findall(r"^vllm:prompt_tokens_total\{(.*)\} (\S+)$", metrics, re.M)
+        prompt_tokens = {int(re.search(r'engine="(\d+)"', labels)[1]): float(n) for labels, n in series}
+        assert all('model_name="echo"' in labels for labels, _ in series), metrics
+        assert set(prompt_tokens) == {0, 1} and all(n > 0 for n in prompt_tokens.values()), metrics
+        serve.wait_for_line(r"Avg prompt throughput: [0-9.]+ tokens/s, Avg generation throughput: [0-9.]+ tokens/s")
 
         processes = serve.descendants()
         serve.interrupt()

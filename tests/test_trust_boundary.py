@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from tests.test_serve import FRONTENDS, Serve, assert_all_gone
+from tests.conformance.support import serving
+from tests.test_serve import FRONTENDS
 
 NOBODY = 65534
 API_KEY = "sk-trust-boundary-key"
@@ -133,16 +134,8 @@ def attacker_files():
 @pytest.fixture(scope="module", params=FRONTENDS)
 def stack(request):
     """echo on one engine behind an API key given in the environment."""
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", request.param, env={"VLLM_API_KEY": API_KEY})
-    try:
-        serve.wait_ready()
+    with serving(request.param, env={"VLLM_API_KEY": API_KEY}) as serve:
         yield serve
-        processes = serve.descendants()
-        serve.interrupt()
-        assert serve.wait(30) == 0, serve.output
-        assert_all_gone(processes, within_s=1)
-    finally:
-        serve.kill()
 
 
 def run_as_nobody(attacker_files: Path, *args: str) -> dict:

@@ -19,7 +19,7 @@ use crate::http::state::{unix_now, AppState};
 use crate::listener::StreamListener;
 use crate::metrics::Metrics;
 use crate::model_files::HubCache;
-use crate::stats_log::{log_stats_forever, STATS_LOG_INTERVAL};
+use crate::stats_log::log_stats_forever;
 use crate::tokenizer::{load_tokenizer, Tokenizer};
 use anyhow::Context;
 use std::sync::Arc;
@@ -211,9 +211,9 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
     if let Some(address) = coordinator {
         follow_coordinator(address, engines.clone());
     }
-    let metrics = Arc::new(Metrics::new(config.primary_model_name()));
+    let metrics = Arc::new(Metrics::new(config.primary_model_name(), engines.engine_indices()));
     if !config.disable_log_stats {
-        tokio::spawn(log_stats_forever(metrics.clone(), engines.clone(), STATS_LOG_INTERVAL));
+        tokio::spawn(log_stats_forever(metrics.clone(), engines.clone(), config.log_stats_interval));
     }
     let options = ServeOptions {
         keep_alive_timeout: config.http_timeout_keep_alive,

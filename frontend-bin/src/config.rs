@@ -19,6 +19,8 @@ pub const MAX_TIMEOUT_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
 /// The bearer key, as vLLM reads it.
 pub const API_KEY_ENV: &str = "VLLM_API_KEY";
+/// vLLM's variable for how often throughput is logged, in seconds.
+pub const LOG_STATS_INTERVAL_ENV: &str = "VLLM_LOG_STATS_INTERVAL";
 /// Seconds to wait for every engine to register, when `--args-json` does not say.
 pub const ENGINE_READY_TIMEOUT_ENV: &str = "VLLM_ENGINE_READY_TIMEOUT_S";
 /// Seconds without a message from an engine with requests in flight before it counts as hung.
@@ -66,6 +68,8 @@ pub struct ServerConfig {
     pub enable_log_requests: bool,
     /// Do not log periodic throughput stats.
     pub disable_log_stats: bool,
+    /// How often throughput is logged (`VLLM_LOG_STATS_INTERVAL`, 10 s).
+    pub log_stats_interval: Duration,
     /// How long a SIGTERM/SIGINT drain may take before in-flight requests are aborted.
     pub shutdown_timeout: Duration,
     /// An engine with requests in flight that sends nothing for this long counts as hung.
@@ -103,6 +107,7 @@ impl fmt::Debug for ServerConfig {
             .field("http_timeout_keep_alive", &self.http_timeout_keep_alive)
             .field("enable_log_requests", &self.enable_log_requests)
             .field("disable_log_stats", &self.disable_log_stats)
+            .field("log_stats_interval", &self.log_stats_interval)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("engine_stall_timeout", &self.engine_stall_timeout)
             .field("max_engine_message_bytes", &self.max_engine_message_bytes)
@@ -161,6 +166,7 @@ impl ServerConfig {
             http_timeout_keep_alive: keys.seconds("http_timeout_keep_alive", positive)?.unwrap_or(Duration::from_secs(5)),
             enable_log_requests: keys.bool("enable_log_requests")?.unwrap_or(false),
             disable_log_stats: keys.bool("disable_log_stats")?.unwrap_or(false),
+            log_stats_interval: env.seconds(LOG_STATS_INTERVAL_ENV, positive)?.unwrap_or(Duration::from_secs(10)),
             shutdown_timeout: keys.seconds("shutdown_timeout", Bound::NonNegative)?.unwrap_or(Duration::from_secs(4)),
             engine_stall_timeout: match keys.seconds("engine_stall_timeout_s", positive)? {
                 Some(timeout) => timeout,
@@ -455,6 +461,8 @@ mod tests {
             (HTTP_MAX_HEADER_BYTES_ENV, "99999999999999999999"),
             (MAX_ENGINE_MESSAGE_BYTES_ENV, "12"),
             (MAX_ENGINE_MESSAGE_BYTES_ENV, "1.5"),
+            (LOG_STATS_INTERVAL_ENV, "0"),
+            (LOG_STATS_INTERVAL_ENV, "often"),
         ] {
             match with_env(toy, &[(name, bad)]) {
                 Err(ExitError::Usage(m)) => assert!(m.contains(name), "{name}={bad}: {m}"),
@@ -479,12 +487,13 @@ mod tests {
                 (HTTP_BODY_TIMEOUT_ENV, "0.5"),
                 (HTTP_MAX_HEADER_BYTES_ENV, "8192"),
                 (ENGINE_STALL_TIMEOUT_ENV, ""),
+                (LOG_STATS_INTERVAL_ENV, "2.5"),
             ],
         )
         .unwrap();
         assert_eq!(
-            (c.engine_ready_timeout, c.http_body_timeout, c.http_max_header_bytes),
-            (Duration::from_secs(7), Duration::from_millis(500), 8192)
+            (c.engine_ready_timeout, c.http_body_timeout, c.http_max_header_bytes, c.log_stats_interval),
+            (Duration::from_secs(7), Duration::from_millis(500), 8192, Duration::from_millis(2500))
         );
         assert_eq!(c.engine_stall_timeout, Duration::from_secs(60), "an empty variable counts as unset");
         let c = with_env(r#"{"model_tag": "toy", "engine_ready_timeout_secs": 3}"#, &[(ENGINE_READY_TIMEOUT_ENV, "7")])

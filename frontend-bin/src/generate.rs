@@ -85,7 +85,7 @@ impl Generation {
         metrics: Arc<Metrics>,
         started: Instant,
     ) -> Self {
-        metrics.record_prompt(prompt_tokens);
+        metrics.record_prompt(stream.engine(), prompt_tokens);
         Generation {
             stream,
             decoder,
@@ -179,14 +179,14 @@ impl Generation {
             None => (Some(now - self.started), None),
             Some(last) => (None, Some(now - last)),
         };
-        self.metrics.record_tokens(count, first, gap);
+        self.metrics.record_tokens(self.engine(), count, first, gap);
         self.last_tokens_at = Some(now);
         self.completion_tokens += count;
     }
 
     fn finish(&mut self, reason: FinishReason) {
         self.finished = true;
-        self.metrics.record_finished(reason, self.elapsed());
+        self.metrics.record_finished(self.engine(), reason, self.elapsed());
     }
 
     fn fail(&mut self, error: GenerationError) -> Result<Delta, GenerationError> {

@@ -5,9 +5,6 @@ use crate::metrics::Metrics;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How often throughput is logged.
-pub const STATS_LOG_INTERVAL: Duration = Duration::from_secs(10);
-
 /// Logs prompt and generation throughput every `interval` while there is traffic.
 pub async fn log_stats_forever(metrics: Arc<Metrics>, engines: EngineClient, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);

@@ -274,7 +274,7 @@ async fn models_version_load_and_metrics() {
         assert_eq!(status, 200);
     }
     let metrics = reqwest::get(fe.url("/metrics")).await.unwrap().text().await.unwrap();
-    let labels = "model_name=\"my-model\"";
+    let labels = "model_name=\"my-model\",engine=\"0\"";
     for line in [
         format!("vllm:request_success_total{{{labels},finished_reason=\"length\"}} 2"),
         format!("vllm:prompt_tokens_total{{{labels}}} 6"),

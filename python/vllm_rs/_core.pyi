@@ -155,17 +155,6 @@ class DeltaMessage:
     @property
     def tool_calls(self) -> list[DeltaToolCall]: ...
 
-class ToolParserStream:
-    """Streams one output's tool calls."""
-
-    def push(self, delta: str) -> DeltaMessage | None:
-        """What `delta` adds, or None when nothing can be sent yet."""
-    def finish(self) -> DeltaMessage | None:
-        """What was held back, once the output is complete (None after)."""
-    @property
-    def tools_called(self) -> bool:
-        """Whether a call was streamed (finish_reason `tool_calls`)."""
-
 class ToolParser:
     """A tool-call parser by vLLM's name for one request; `tools_json` is the
     request's `tools` list as JSON text. ValueError for an unknown name or
@@ -176,13 +165,8 @@ class ToolParser:
     def name(self) -> str:
         """The canonical name (aliases resolved)."""
     def parse(self, text: str) -> ExtractedToolCalls: ...
-    def stream(self) -> ToolParserStream: ...
-
-class ReasoningStream:
-    """Streams one output's reasoning split."""
-
-    def push(self, delta: str) -> DeltaMessage | None: ...
-    def finish(self) -> DeltaMessage | None: ...
+    def stream(self) -> ChatOutputStream:
+        """A streaming reader for one output (a chat reader with only this parser)."""
 
 class ReasoningParser:
     """A reasoning parser by vLLM's name; `thinking` is the chat template's
@@ -193,7 +177,8 @@ class ReasoningParser:
     def name(self) -> str: ...
     def parse(self, text: str) -> tuple[str | None, str | None]:
         """`(reasoning, content)` of a whole output."""
-    def stream(self) -> ReasoningStream: ...
+    def stream(self) -> ChatOutputStream:
+        """A streaming reader for one output (a chat reader with only this parser)."""
 
 class ChatOutputStream:
     """Streams one chat choice's output."""

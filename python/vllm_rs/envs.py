@@ -4,6 +4,10 @@ import os
 import tempfile
 
 
+class EnvError(ValueError):
+    """An environment variable holds a value it cannot have; the message names it."""
+
+
 def _int(name: str, default: int) -> int:
     value = os.environ.get(name)
     if value is None or value == "":
@@ -11,7 +15,20 @@ def _int(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+        raise EnvError(f"{name} must be an integer, got {value!r}") from None
+
+
+def log_stats_interval_s() -> float:
+    """`VLLM_LOG_STATS_INTERVAL`: seconds between throughput log lines (10);
+    raises EnvError unless it is a number > 0."""
+    value = os.environ.get("VLLM_LOG_STATS_INTERVAL") or "10"
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise EnvError(f"VLLM_LOG_STATS_INTERVAL must be a number of seconds > 0, got {value!r}")
+    return seconds
 
 
 def engine_ready_timeout_s() -> int:
@@ -42,5 +59,5 @@ def vllm_port() -> int | None:
     if not value:
         return None
     if not value.isdigit():
-        raise ValueError(f"VLLM_PORT must be a port number, got {value!r}")
+        raise EnvError(f"VLLM_PORT must be a port number, got {value!r}")
     return int(value)

@@ -42,6 +42,18 @@ pub struct DeltaMessage {
     tool_calls: Vec<Py<DeltaToolCall>>,
 }
 
+fn tool_calls_to_py(py: Python<'_>, calls: Vec<parsers::ToolCall>) -> PyResult<Vec<Py<ToolCall>>> {
+    calls.into_iter().map(|c| Py::new(py, ToolCall { id: c.id, name: c.name, arguments: c.arguments })).collect()
+}
+
+/// The request's `tools` from their JSON text (none when absent).
+fn request_tools(tools_json: Option<&str>) -> PyResult<Vec<parsers::Tool>> {
+    let Some(text) = tools_json else { return Ok(Vec::new()) };
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| PyValueError::new_err(format!("tools_json is not JSON: {e}")))?;
+    Ok(parsers::Tool::from_request_tools(&value))
+}
+
 fn delta_to_py(py: Python<'_>, delta: Option<parsers::DeltaMessage>) -> PyResult<Option<DeltaMessage>> {
     let Some(delta) = delta else { return Ok(None) };
     let tool_calls = delta
@@ -68,15 +80,8 @@ impl ToolParser {
     #[new]
     #[pyo3(signature = (name, tools_json=None))]
     fn new(name: &str, tools_json: Option<&str>) -> PyResult<Self> {
-        let tools = match tools_json {
-            None => Vec::new(),
-            Some(text) => {
-                let value: serde_json::Value = serde_json::from_str(text)
-                    .map_err(|e| PyValueError::new_err(format!("tools_json is not JSON: {e}")))?;
-                parsers::Tool::from_request_tools(&value)
-            }
-        };
-        let inner = parsers::ToolParser::new(name, tools).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let inner = parsers::ToolParser::new(name, request_tools(tools_json)?)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(ToolParser { inner })
     }
 
@@ -89,42 +94,14 @@ impl ToolParser {
     /// Content and tool calls of a whole output.
     fn parse(&self, py: Python<'_>, text: &str) -> PyResult<ExtractedToolCalls> {
         let out = self.inner.parse(text);
-        let tool_calls = out
-            .tool_calls
-            .into_iter()
-            .map(|c| Py::new(py, ToolCall { id: c.id, name: c.name, arguments: c.arguments }))
-            .collect::<PyResult<_>>()?;
+        let tool_calls = tool_calls_to_py(py, out.tool_calls)?;
         Ok(ExtractedToolCalls { tools_called: out.tools_called, content: out.content, tool_calls })
     }
 
-    /// A streaming parser for one output.
-    fn stream(&self) -> ToolParserStream {
-        ToolParserStream { inner: self.inner.stream() }
-    }
-}
-
-/// Streams one output's tool calls: `push` each text delta, then `finish`.
-#[pyclass(name = "ToolParserStream", module = "vllm_rs._core")]
-pub struct ToolParserStream {
-    inner: parsers::ToolParserStream,
-}
-
-#[pymethods]
-impl ToolParserStream {
-    /// What `delta` adds, or None when nothing can be sent yet.
-    fn push(&mut self, py: Python<'_>, delta: &str) -> PyResult<Option<DeltaMessage>> {
-        delta_to_py(py, self.inner.push(delta))
-    }
-
-    /// What was held back, once the output is complete (None after).
-    fn finish(&mut self, py: Python<'_>) -> PyResult<Option<DeltaMessage>> {
-        delta_to_py(py, self.inner.finish())
-    }
-
-    /// Whether a tool call was streamed (finish_reason `tool_calls`).
-    #[getter]
-    fn tools_called(&self) -> bool {
-        self.inner.tools_called()
+    /// A streaming parser for one output (a chat reader with only this parser).
+    fn stream(&self) -> ChatOutputStream {
+        let reader = parsers::ChatOutputParser::new(None, parsers::ToolMode::Auto(self.inner.clone()), true);
+        ChatOutputStream { inner: reader.stream() }
     }
 }
 
@@ -157,28 +134,10 @@ impl ReasoningParser {
         (out.reasoning, out.content)
     }
 
-    /// A streaming parser for one output.
-    fn stream(&self) -> ReasoningStream {
-        ReasoningStream { inner: self.inner.stream() }
-    }
-}
-
-/// Streams one output's reasoning split: `push` each delta, then `finish`.
-#[pyclass(name = "ReasoningStream", module = "vllm_rs._core")]
-pub struct ReasoningStream {
-    inner: parsers::ReasoningStream,
-}
-
-#[pymethods]
-impl ReasoningStream {
-    /// What `delta` adds, or None when nothing yet.
-    fn push(&mut self, py: Python<'_>, delta: &str) -> PyResult<Option<DeltaMessage>> {
-        delta_to_py(py, self.inner.push(delta))
-    }
-
-    /// What was held back, once the output is complete (None after).
-    fn finish(&mut self, py: Python<'_>) -> PyResult<Option<DeltaMessage>> {
-        delta_to_py(py, self.inner.finish())
+    /// A streaming parser for one output (a chat reader with only this parser).
+    fn stream(&self) -> ChatOutputStream {
+        let reader = parsers::ChatOutputParser::new(Some(self.inner.clone()), parsers::ToolMode::None, true);
+        ChatOutputStream { inner: reader.stream() }
     }
 }
 
@@ -214,15 +173,8 @@ impl ChatOutputParser {
             "none" => parsers::ToolMode::None,
             "auto" => {
                 let name = tool_parser.ok_or_else(|| PyValueError::new_err("mode auto needs tool_parser"))?;
-                let tools = match tools_json {
-                    None => Vec::new(),
-                    Some(text) => {
-                        let value: serde_json::Value = serde_json::from_str(text)
-                            .map_err(|e| PyValueError::new_err(format!("tools_json is not JSON: {e}")))?;
-                        parsers::Tool::from_request_tools(&value)
-                    }
-                };
-                parsers::ToolMode::Auto(parsers::ToolParser::new(name, tools).map_err(|e| value_error(&e))?)
+                let parser = parsers::ToolParser::new(name, request_tools(tools_json)?);
+                parsers::ToolMode::Auto(parser.map_err(|e| value_error(&e))?)
             }
             "named" => parsers::ToolMode::Named(
                 function_name.ok_or_else(|| PyValueError::new_err("mode named needs function_name"))?,
@@ -240,12 +192,7 @@ impl ChatOutputParser {
     /// `(reasoning, content, tool_calls)` of a whole output.
     fn parse(&self, py: Python<'_>, text: &str) -> PyResult<ParsedChoice> {
         let out = self.inner.parse(text);
-        let calls = out
-            .tool_calls
-            .into_iter()
-            .map(|c| Py::new(py, ToolCall { id: c.id, name: c.name, arguments: c.arguments }))
-            .collect::<PyResult<_>>()?;
-        Ok((out.reasoning, out.content, calls))
+        Ok((out.reasoning, out.content, tool_calls_to_py(py, out.tool_calls)?))
     }
 
     /// A streaming reader for one output.
@@ -303,9 +250,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DeltaToolCall>()?;
     m.add_class::<DeltaMessage>()?;
     m.add_class::<ToolParser>()?;
-    m.add_class::<ToolParserStream>()?;
     m.add_class::<ReasoningParser>()?;
-    m.add_class::<ReasoningStream>()?;
     m.add_class::<ChatOutputParser>()?;
     m.add_class::<ChatOutputStream>()?;
     m.add_function(wrap_pyfunction!(required_tools_schema, m)?)?;

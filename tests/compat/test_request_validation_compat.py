@@ -18,7 +18,7 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.serial_utils import MsgpackDecoder  # noqa: E402
 
-from tests.api_server_harness import ADD, DEADLINE_S, in_background  # noqa: E402
+from tests.api_server_harness import DEADLINE_S, in_background  # noqa: E402
 from tests.conformance.test_request_validation import CASES, FINISH_LENGTH, post, served  # noqa: E402, F401
 
 DECODE_REQUEST = MsgpackDecoder(EngineCoreRequest)
@@ -54,11 +54,7 @@ def vocabulary() -> SimpleNamespace:
 def test_every_accepted_request_decodes_as_vllms_engine_decodes_it(served, name, endpoint, body):  # noqa: F811
     answered = in_background(post, served, endpoint, body, f"compat-{name}-{served.kind}")
     engine = served.engine
-    while True:
-        assert engine.dealer.poll(DEADLINE_S * 1000), "no ADD arrived"
-        kind, payload = engine.dealer.recv_multipart()
-        if kind == ADD:
-            break
+    payload = engine.next_add_payload()
     request = DECODE_REQUEST.decode(payload)  # builds SamplingParams: runs _verify_args
     assert isinstance(request.sampling_params, SamplingParams)
     request.sampling_params.verify(vocabulary(), None, None, None)

@@ -22,7 +22,7 @@ from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # noqa: E402
 from vllm_rs._core import required_tools_schema  # noqa: E402
 
-from tests.api_server_harness import ADD, DEADLINE_S, in_background  # noqa: E402
+from tests.api_server_harness import DEADLINE_S, in_background  # noqa: E402
 from tests.conformance.test_request_validation import FINISH_LENGTH, post, served  # noqa: E402, F401
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -54,11 +54,7 @@ def test_constraints_reach_the_engine_as_vllm_encodes_them(served, name, endpoin
     body = {"messages": [{"role": "user", "content": "x"}]} if endpoint == "chat" else {"prompt": "x"}
     answered = in_background(post, served, endpoint, {**body, **extra, "max_tokens": 4}, f"so-{name}-{served.kind}")
     engine = served.engine
-    while True:
-        assert engine.dealer.poll(DEADLINE_S * 1000), "no ADD arrived"
-        kind, payload = engine.dealer.recv_multipart()
-        if kind == ADD:
-            break
+    payload = engine.next_add_payload()
     sent = msgspec.msgpack.decode(payload)[3]["structured_outputs"]
     assert sent == vllm_wire(fields)
     request = MsgpackDecoder(EngineCoreRequest).decode(payload)

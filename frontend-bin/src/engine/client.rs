@@ -310,6 +310,13 @@ impl EngineClient {
         self.shared.balancer.total_inflight()
     }
 
+    /// Requests in flight on `engine` (0 for one this frontend does not serve).
+    pub fn inflight_of(&self, engine: u32) -> u64 {
+        let slot = engine.checked_sub(self.shared.start_index).map(|slot| slot as usize);
+        let engines = self.shared.balancer.engines();
+        slot.and_then(|slot| engines.get(slot)).map_or(0, |load| load.inflight())
+    }
+
     /// Stops taking requests; the ones in flight go on.
     pub fn stop_accepting(&self) {
         self.shared.stopping.store(true, Ordering::Relaxed);

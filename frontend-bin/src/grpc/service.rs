@@ -219,13 +219,13 @@ impl Generation {
             None => (Some(now - self.started), None),
             Some(last) => (None, Some(now - last)),
         };
-        self.state.metrics.record_tokens(count, first, gap);
+        self.state.metrics.record_tokens(self.stream.engine(), count, first, gap);
         self.last_tokens_at = Some(now);
     }
 
     fn finish(&mut self, reason: FinishReason) {
         self.done = true;
-        self.state.metrics.record_finished(reason, self.started.elapsed());
+        self.state.metrics.record_finished(self.stream.engine(), reason, self.started.elapsed());
         self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.request_id);
     }
 
@@ -288,7 +288,7 @@ impl VllmEngine for Servicer {
             }
         };
         let prompt_tokens = prompt.len();
-        self.state.metrics.record_prompt(prompt_tokens);
+        self.state.metrics.record_prompt(stream.engine(), prompt_tokens);
         let has_stops = stop.iter().any(|s| !s.is_empty());
         let generation = Generation {
             stream,

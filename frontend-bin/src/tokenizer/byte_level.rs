@@ -1,7 +1,7 @@
 //! The built-in byte-level tokenizer of the built-in models (`toy`, `echo`):
 //! ids 0..=255 are the bytes of the UTF-8 text, 256 is end-of-sequence.
 
-use super::{ChatMessage, DecodeOptions, TextDecoder, Tokenizer};
+use super::{ChatMessage, ChatTemplateError, DecodeOptions, TextDecoder, Tokenizer};
 use anyhow::Result;
 
 /// The end-of-sequence id of the byte-level vocabulary.
@@ -46,7 +46,11 @@ impl Tokenizer for ByteLevelTokenizer {
     }
 
     /// `role: content` lines, then `assistant: ` when a reply is wanted.
-    fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String> {
+    fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
         let mut prompt = String::new();
         for m in messages {
             prompt.push_str(&m.role);

@@ -2,7 +2,7 @@
 //! `tokenizer_config.json`), rendered with minijinja plus Python-style string
 //! methods, as transformers' `apply_chat_template` does.
 
-use super::ChatMessage;
+use super::{ChatMessage, ChatTemplateError};
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde_json::{json, Value};
 
@@ -55,7 +55,7 @@ impl ChatTemplate {
     }
 
     /// The prompt for `messages`.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String> {
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ChatTemplateError> {
         self.render_with_tools(messages, add_generation_prompt, None)
     }
 
@@ -65,8 +65,8 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         tools: Option<&Value>,
-    ) -> Result<String, String> {
-        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| e.to_string())?;
+    ) -> Result<String, ChatTemplateError> {
+        let template = self.env.get_template(TEMPLATE_NAME)?;
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| {
@@ -88,7 +88,7 @@ impl ChatTemplate {
                 bos_token => self.bos_token,
                 eos_token => self.eos_token,
             })
-            .map_err(|e| e.to_string())
+            .map_err(ChatTemplateError::from)
     }
 }
 
@@ -280,7 +280,7 @@ mod tests {
     fn raise_exception_becomes_an_error() {
         let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}".into(), String::new(), String::new())
             .unwrap();
-        assert!(t.render(&[], true).unwrap_err().contains("roles must alternate"));
+        assert!(t.render(&[], true).unwrap_err().to_string().contains("roles must alternate"));
     }
 
     #[test]

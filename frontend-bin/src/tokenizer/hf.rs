@@ -3,7 +3,7 @@
 
 use super::chat_template::{special_token, template_source, ChatTemplate};
 use super::incremental::{AddedTokens, IncrementalDecoder};
-use super::{ChatMessage, DecodeOptions, TextDecoder, Tokenizer};
+use super::{ChatMessage, ChatTemplateError, DecodeOptions, TextDecoder, Tokenizer};
 use anyhow::{anyhow, Context, Result};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -98,10 +98,14 @@ impl Tokenizer for HfTokenizer {
         self.inner.get_vocab_size(true)
     }
 
-    fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String> {
+    fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
         match &self.chat_template {
             Some(template) => template.render(messages, add_generation_prompt),
-            None => Err(format!("the tokenizer at {} has no chat template", self.source.display())),
+            None => Err(ChatTemplateError::Missing(self.source.clone())),
         }
     }
 
@@ -110,7 +114,7 @@ impl Tokenizer for HfTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
-    ) -> Result<String, String> {
+    ) -> Result<String, ChatTemplateError> {
         match &self.chat_template {
             Some(template) => template.render_with_tools(messages, add_generation_prompt, tools),
             None => self.apply_chat_template(messages, add_generation_prompt),

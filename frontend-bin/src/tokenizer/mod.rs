@@ -9,6 +9,17 @@ pub mod templated;
 
 use anyhow::Result;
 
+/// Why messages could not be turned into a prompt; the client's fault (HTTP 400).
+#[derive(Debug, thiserror::Error)]
+pub enum ChatTemplateError {
+    /// The tokenizer has no chat template.
+    #[error("the tokenizer at {} has no chat template", .0.display())]
+    Missing(std::path::PathBuf),
+    /// The template failed (`raise_exception`, a syntax error, an undefined value ...).
+    #[error("{0}")]
+    Render(#[from] minijinja::Error),
+}
+
 /// One chat message, its content already flattened to text.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ChatMessage {
@@ -42,7 +53,11 @@ pub trait Tokenizer: Send + Sync {
     /// Number of token ids (valid ids are `0..vocab_size`).
     fn vocab_size(&self) -> usize;
     /// The prompt text for `messages`; errors are the client's fault (HTTP 400).
-    fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String>;
+    fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError>;
     /// The prompt for `messages` with the request's `tools` (as vLLM passes
     /// them to templates); templates that cannot show tools ignore them.
     fn apply_chat_template_with_tools(
@@ -50,7 +65,7 @@ pub trait Tokenizer: Send + Sync {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         _tools: Option<&serde_json::Value>,
-    ) -> Result<String, String> {
+    ) -> Result<String, ChatTemplateError> {
         self.apply_chat_template(messages, add_generation_prompt)
     }
     /// The text of the model's own chat template, when it has one in that form.

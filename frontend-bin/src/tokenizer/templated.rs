@@ -3,7 +3,7 @@
 //! else is the model's tokenizer's.
 
 use super::chat_template::ChatTemplate;
-use super::{ChatMessage, DecodeOptions, TextDecoder, Tokenizer};
+use super::{ChatMessage, ChatTemplateError, DecodeOptions, TextDecoder, Tokenizer};
 use crate::config::ChatOptions;
 use crate::error::ExitError;
 use anyhow::Result;
@@ -63,7 +63,11 @@ impl Tokenizer for TemplatedTokenizer {
         self.inner.vocab_size()
     }
 
-    fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String> {
+    fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
         self.template.render(messages, add_generation_prompt)
     }
 
@@ -72,7 +76,7 @@ impl Tokenizer for TemplatedTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
-    ) -> Result<String, String> {
+    ) -> Result<String, ChatTemplateError> {
         self.template.render_with_tools(messages, add_generation_prompt, tools)
     }
 

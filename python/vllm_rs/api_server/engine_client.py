@@ -252,6 +252,11 @@ class EngineClient:
         """Requests in flight over all engines."""
         return len(self._requests)
 
+    def inflight_of(self, engine: int) -> int:
+        """Requests in flight on `engine` (0 for one this server does not serve)."""
+        slot = engine - self.start
+        return self.loads[slot].inflight if 0 <= slot < self.count else 0
+
     def engine_indices(self) -> range:
         """The engines this server talks to."""
         return range(self.start, self.start + self.count)

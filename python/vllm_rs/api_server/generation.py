@@ -91,7 +91,7 @@ class Generation:
         # reads them (each keeps the scored tokens before as context).
         self._sample_positions = PositionReader(decode or _no_text)
         self._prompt_positions = PositionReader(decode or _no_text)
-        metrics.record_prompt(prompt_tokens)
+        metrics.record_prompt(stream.engine, prompt_tokens)
 
     def usage(self) -> dict[str, int]:
         """Token counts so far."""
@@ -173,15 +173,15 @@ class Generation:
             return
         now = time.monotonic()
         if self.last_tokens_at is None:
-            self.metrics.record_tokens(count, now - self.started, None)
+            self.metrics.record_tokens(self.stream.engine, count, now - self.started, None)
         else:
-            self.metrics.record_tokens(count, None, now - self.last_tokens_at)
+            self.metrics.record_tokens(self.stream.engine, count, None, now - self.last_tokens_at)
         self.last_tokens_at = now
         self.completion_tokens += count
 
     def _finish(self, reason: FinishReason) -> None:
         self.finished = True
-        self.metrics.record_finished(reason, time.monotonic() - self.started)
+        self.metrics.record_finished(self.stream.engine, reason, time.monotonic() - self.started)
 
     def _fail(self) -> None:
         self._finish(FinishReason.ERROR)

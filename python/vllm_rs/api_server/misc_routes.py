@@ -75,7 +75,7 @@ async def version(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     """Prometheus text (OpenMetrics when the Accept header asks for it)."""
     state = _state(request)
-    body, content_type = state.metrics.render(state.engines.inflight, request.headers.get("accept"))
+    body, content_type = state.metrics.render(state.engines.inflight_of, request.headers.get("accept"))
     return Response(body, headers={"Content-Type": content_type})
 
 

@@ -26,13 +26,12 @@ from vllm_rs.api_server.limits import LimitError
 from vllm_rs.api_server.metrics import Metrics
 from vllm_rs.api_server.state import ServerSettings, ServerState
 from vllm_rs.api_server.tokenizer import Tokenizer, TokenizerLoadError, load_tokenizer
+from vllm_rs.envs import EnvError
 from vllm_rs.logger import init_logger
 from vllm_rs.network_utils import ZmqListener
 
 logger = init_logger(__name__)
 
-#: How often throughput is logged.
-STATS_LOG_INTERVAL_S = 10.0
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -90,7 +89,7 @@ def run_server_worker(
     try:
         settings = ServerSettings.from_args(args)
         tokenizer = load_tokenizer(settings.model_tag, settings.tokenizer)
-    except (LimitError, TokenizerLoadError, GenerationConfigError) as e:
+    except (EnvError, LimitError, TokenizerLoadError, GenerationConfigError) as e:
         logger.error("%s", e)
         sys.exit(1)
     code = uvloop.run(_serve(listen_address, sock, settings, tokenizer, client_config, uvicorn_kwargs))
@@ -149,7 +148,9 @@ async def _serve(
         if settings.max_model_len is not None:
             lengths.append(settings.max_model_len)
         max_model_len = min(lengths) if lengths else None
-        state = ServerState(settings, engines, Metrics(settings.primary_model_name), max_model_len, tokenizer)
+        state = ServerState(
+            settings, engines, Metrics(settings.primary_model_name, engines.engine_indices()), max_model_len, tokenizer
+        )
         await _serve_http(listen_address, sock, state, uvicorn_kwargs)
         return 0
     finally:
@@ -189,10 +190,10 @@ async def _serve_http(listen_address: str, sock: Any, state: ServerState, uvicor
 async def _log_stats_forever(state: ServerState) -> None:
     """Logs prompt and generation throughput while there is traffic."""
     metrics = state.metrics
-    last = (metrics.prompt_tokens, metrics.generation_tokens, time.monotonic())
+    last = (metrics.prompt_total, metrics.generation_total, time.monotonic())
     while True:
-        await asyncio.sleep(STATS_LOG_INTERVAL_S)
-        now = (metrics.prompt_tokens, metrics.generation_tokens, time.monotonic())
+        await asyncio.sleep(state.settings.log_stats_interval_s)
+        now = (metrics.prompt_total, metrics.generation_total, time.monotonic())
         elapsed = max(now[2] - last[2], 1e-9)
         if now[:2] != last[:2] or state.engines.inflight:
             logger.info(

@@ -34,6 +34,8 @@ class ServerSettings:
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     enable_log_requests: bool = False
     disable_log_stats: bool = False
+    #: Seconds between throughput log lines (`VLLM_LOG_STATS_INTERVAL`).
+    log_stats_interval_s: float = 10.0
     engine_count: int = 1
     #: Most logprobs a request may ask for (-1: the whole vocabulary), vLLM's `--max-logprobs`.
     max_logprobs: int = 20
@@ -69,6 +71,7 @@ class ServerSettings:
             shutdown_timeout_s=DEFAULT_SHUTDOWN_TIMEOUT_S if shutdown is None else float(shutdown),
             enable_log_requests=bool(getattr(args, "enable_log_requests", False)),
             disable_log_stats=bool(getattr(args, "disable_log_stats", False)),
+            log_stats_interval_s=envs.log_stats_interval_s(),
             engine_count=int(getattr(args, "data_parallel_size", 1) or 1),
             max_logprobs=int(getattr(args, "max_logprobs", 20)),
             return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
