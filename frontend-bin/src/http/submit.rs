@@ -197,7 +197,7 @@ pub fn submit(
 /// The `n` child requests of `request`, as vLLM's `ParentRequest` makes them:
 /// ids `{index}_{request id}`, the same external id, seeds `seed + index`
 /// when the request has a seed.
-pub fn child_requests(request: &EngineRequest, n: u32) -> impl Iterator<Item = EngineRequest> + '_ {
+fn child_requests(request: &EngineRequest, n: u32) -> impl Iterator<Item = EngineRequest> + '_ {
     (0..n).map(move |index| {
         let mut child = request.clone();
         child.request_id = format!("{index}_{}", request.request_id);
