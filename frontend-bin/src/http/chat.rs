@@ -1,6 +1,6 @@
 //! `POST /v1/chat/completions`.
 
-use super::answer::{answer, AnswerFormat};
+use super::answer::{answer, stream_choices, whole_answer, whole_choices, AnswerFormat};
 use super::error::ApiError;
 use super::params::{parse_body, parse_json_object, CommonParams, JsonBody, SamplingInput};
 use super::rules::RULES;
@@ -141,24 +141,32 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
             let include_usage = include_usage || state.config.enable_force_include_usage;
             let header =
                 ChunkHeader { id: submitted.id, object: "chat.completion.chunk", created: submitted.created, model };
-            let writer = ParsedChatChunks { header, role, stream: parser.stream().into(), mode: tools.mode };
-            return Ok(super::sse::sse_response(submitted.generation, writer, include_usage).await);
+            let writer = |header, index| ParsedChatChunks {
+                header,
+                role: role.clone(),
+                stream: parser.stream().into(),
+                mode: tools.mode,
+                index,
+            };
+            return Ok(
+                stream_choices(submitted.generation, submitted.more_choices, header, include_usage, writer).await
+            );
         }
-        let (text, finish) = submitted.generation.collect().await.map_err(|e| super::answer::generation_error(&e))?;
-        let (message, called) = whole_message(&parser, &role, &text, state.config.chat.reasoning_parser.is_some());
-        let choice = json!({"index": 0, "message": message, "logprobs": null,
-                            "finish_reason": finish_reason(finish.reason.as_str(), tools.mode, called),
-                            "stop_reason": stop_reason_json(&finish.stop_reason)});
-        return Ok(axum::Json(json!({"id": submitted.id, "object": "chat.completion", "created": submitted.created,
-                                    "model": model, "choices": [choice], "usage": submitted.generation.usage()}))
-        .into_response());
+        let reasoning_field = state.config.chat.reasoning_parser.is_some();
+        let (choices, usage) = whole_choices(&mut submitted, |index, text, finish| {
+            let (message, called) = whole_message(&parser, &role, &text, reasoning_field);
+            json!({"index": index, "message": message, "logprobs": null,
+                   "finish_reason": finish_reason(finish.reason.as_str(), tools.mode, called),
+                   "stop_reason": stop_reason_json(&finish.stop_reason)})
+        })
+        .await?;
+        return Ok(axum::Json(whole_answer(&submitted, "chat.completion", &model, choices, usage)).into_response());
     }
-    let stream_role = role.clone();
     let format = AnswerFormat {
         object: "chat.completion",
         chunk_object: "chat.completion.chunk",
-        writer: move |header| ChatChunks { header, role: stream_role },
-        content: move |text| ("message", json!({"role": role, "content": text})),
+        writer: |header, index| ChatChunks { header, role: role.clone(), index },
+        content: |text| ("message", json!({"role": &role, "content": text})),
     };
     answer(&state, submitted, stream, include_usage, format).await
 }
@@ -219,26 +227,27 @@ struct ChunkDelta<'a> {
     content: &'a str,
 }
 
+/// The chunks of one choice of a streamed chat answer.
 struct ChatChunks {
     header: ChunkHeader,
     /// The role the first chunk announces.
     role: String,
+    /// The choice's index (streams of n > 1 choices interleave them).
+    index: u32,
 }
 
 impl ChunkWriter for ChatChunks {
     fn opening(&self) -> Option<Bytes> {
         let delta = ChunkDelta { role: Some(&self.role), content: "" };
-        Some(
-            self.header.event(
-                vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason: None, stop_reason: None }],
-                None,
-            ),
-        )
+        Some(self.header.event(
+            vec![ChunkChoice { index: self.index, delta, logprobs: None, finish_reason: None, stop_reason: None }],
+            None,
+        ))
     }
 
     fn delta(&self, delta: &Delta) -> Bytes {
         let choice = ChunkChoice {
-            index: 0,
+            index: self.index,
             delta: ChunkDelta { role: None, content: &delta.text },
             logprobs: None,
             finish_reason: delta.finish.as_ref().map(|f| f.reason.as_str()),

@@ -114,7 +114,7 @@ async fn completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Resu
     let format = AnswerFormat {
         object: "text_completion",
         chunk_object: "text_completion",
-        writer: CompletionChunks,
+        writer: |header, index| CompletionChunks { header, index },
         content: |text| ("text", Value::String(text)),
     };
     answer(&state, submitted, stream, include_usage, format).await
@@ -129,7 +129,12 @@ struct ChunkChoice<'a> {
     stop_reason: Value,
 }
 
-struct CompletionChunks(ChunkHeader);
+/// The chunks of one choice of a streamed completion.
+struct CompletionChunks {
+    header: ChunkHeader,
+    /// The choice's index (streams of n > 1 choices interleave them).
+    index: u32,
+}
 
 impl ChunkWriter for CompletionChunks {
     fn opening(&self) -> Option<Bytes> {
@@ -138,16 +143,16 @@ impl ChunkWriter for CompletionChunks {
 
     fn delta(&self, delta: &Delta) -> Bytes {
         let choice = ChunkChoice {
-            index: 0,
+            index: self.index,
             text: &delta.text,
             logprobs: None,
             finish_reason: delta.finish.as_ref().map(|f| f.reason.as_str()),
             stop_reason: delta.finish.as_ref().map(|f| stop_reason_json(&f.stop_reason)).unwrap_or(Value::Null),
         };
-        self.0.event(vec![choice], None)
+        self.header.event(vec![choice], None)
     }
 
     fn usage(&self, usage: Usage) -> Bytes {
-        self.0.event::<ChunkChoice>(Vec::new(), Some(usage))
+        self.header.event::<ChunkChoice>(Vec::new(), Some(usage))
     }
 }

@@ -231,12 +231,13 @@ pub struct ParsedChatChunks {
     pub stream: Mutex<ChatOutputStream>,
     /// The tool mode (for the finish reason).
     pub mode: &'static str,
+    /// The choice's index (streams of n > 1 choices interleave them).
+    pub index: u32,
 }
 
 impl ChunkWriter for ParsedChatChunks {
     fn opening(&self) -> Option<Bytes> {
-        let choice =
-            json!({"index": 0, "delta": {"role": self.role, "content": ""}, "logprobs": null, "finish_reason": null});
+        let choice = json!({"index": self.index, "delta": {"role": self.role, "content": ""}, "logprobs": null, "finish_reason": null});
         Some(self.header.event(vec![choice], None))
     }
 
@@ -265,12 +266,13 @@ impl ChunkWriter for ParsedChatChunks {
             if out.is_empty() {
                 return Bytes::new();
             }
-            return self
-                .header
-                .event(vec![json!({"index": 0, "delta": out, "logprobs": null, "finish_reason": null})], None);
+            return self.header.event(
+                vec![json!({"index": self.index, "delta": out, "logprobs": null, "finish_reason": null})],
+                None,
+            );
         };
         let reason = finish_reason(finish.reason.as_str(), self.mode, stream.tools_called());
-        let choice = json!({"index": 0, "delta": out, "logprobs": null, "finish_reason": reason,
+        let choice = json!({"index": self.index, "delta": out, "logprobs": null, "finish_reason": reason,
                             "stop_reason": stop_reason_json(&finish.stop_reason)});
         self.header.event(vec![choice], None)
     }
