@@ -14,8 +14,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.conformance.support import assert_error_shape, port_of, send, serving
-from tests.test_serve import FRONTENDS
+from tests.conformance.support import assert_error_shape, port_of, send
+from tests.test_serve import FRONTENDS, Serve
 
 TEMPLATE = (
     "{% if style is defined %}style={{ style }};{% endif %}"
@@ -24,34 +24,39 @@ TEMPLATE = (
     "{% if enable_thinking is defined and not enable_thinking %}(no thinking){% endif %}{% endif %}"
 )
 STOP = ["\n[assistant]"]
+MODEL = "kwargs-echo"
 REASONED = [{"role": "user", "content": "thinking hard</think>The answer is 4"}]
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    """An echo model directory with the byte-level BPE tokenizer and `TEMPLATE`."""
+    """A tokenizer directory: the byte-level BPE tokenizer with `TEMPLATE`."""
     directory = tmp_path_factory.mktemp("kwargs-echo")
     fixture = Path(__file__).parents[2] / "frontend-bin/tests/fixtures/byte-bpe"
     shutil.copy(fixture / "tokenizer.json", directory)
     config = json.loads((fixture / "tokenizer_config.json").read_text())
     config["chat_template"] = TEMPLATE
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    (directory / "config.json").write_text(json.dumps({"model_type": "echo"}))
     return directory
 
 
 @pytest.fixture(scope="module", params=FRONTENDS)
 def stack(request, model_dir):
     """The echo model with the qwen3 reasoning parser and a server default `style`."""
-    with serving(request.param, "--model", str(model_dir), "--reasoning-parser", "qwen3",
-                 "--default-chat-template-kwargs", '{"style": "server"}') as serve:  # fmt: skip
+    serve = Serve("--model", "echo", "--tokenizer", str(model_dir), "--port", "0", "--frontend", request.param,
+                  "--reasoning-parser", "qwen3", "--default-chat-template-kwargs", '{"style": "server"}',
+                  "--served-model-name", MODEL, env={"HF_HUB_OFFLINE": "1"})  # fmt: skip
+    try:
+        serve.wait_ready()
         yield serve
+    finally:
+        serve.kill()
 
 
 def _chat(stack, kwargs: dict | None = None, **extra):
     body = {} if kwargs is None else {"extra_body": {"chat_template_kwargs": kwargs}}
     return stack.client().chat.completions.create(
-        model=str(stack.args[stack.args.index("--model") + 1]), messages=REASONED, stop=STOP, max_tokens=400,
+        model=MODEL, messages=REASONED, stop=STOP, max_tokens=400,
         **body, **extra,
     )  # fmt: skip
 
@@ -83,7 +88,7 @@ def test_thinking_off_makes_all_output_content(stack):
 
 def test_tokenize_messages_get_the_kwargs(stack):
     port = port_of(stack)
-    model = stack.args[stack.args.index("--model") + 1]
+    model = MODEL
     texts = []
     for kwargs in (None, {"style": "terse", "enable_thinking": False}):
         body = {"model": model, "messages": REASONED, **({} if kwargs is None else {"chat_template_kwargs": kwargs})}
@@ -110,7 +115,7 @@ def test_bad_kwargs_are_400_naming_them(stack, kwargs, expected):
         _chat(stack, kwargs)
     error = caught.value.body
     assert expected in error["message"] and error["param"] == "chat_template_kwargs", error
-    model = stack.args[stack.args.index("--model") + 1]
+    model = MODEL
     body = {"model": model, "messages": REASONED, "chat_template_kwargs": kwargs}
     status, answer = send("POST", port_of(stack), "/tokenize", body)
     assert_error_shape(status, answer, 400, "chat_template_kwargs")
