@@ -119,4 +119,19 @@ mod tests {
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn default_template_kwargs_are_an_object_or_null() {
+        let load = |value: serde_json::Value| {
+            let map = serde_json::Map::from_iter([("default_chat_template_kwargs".to_owned(), value)]);
+            ChatOptions::load(&Keys(&map)).map(|options| options.default_template_kwargs)
+        };
+        let kwargs = load(serde_json::json!({"enable_thinking": false})).unwrap();
+        assert_eq!(kwargs.get("enable_thinking"), Some(&serde_json::Value::Bool(false)));
+        assert!(load(serde_json::Value::Null).unwrap().is_empty());
+        match load(serde_json::json!("{\"enable_thinking\": false}")) {
+            Err(ExitError::Usage(m)) => assert!(m.contains("`default_chat_template_kwargs` must be a JSON object"), "{m}"),
+            other => panic!("expected a usage error, got {other:?}"),
+        }
+    }
 }
