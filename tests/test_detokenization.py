@@ -136,7 +136,7 @@ def test_chat_reply_is_decoded_after_the_rendered_template(served):
 
 def test_the_prompt_context_is_what_gives_the_leading_space(served):
     # Guards the tokenizers made here: the decode the tests expect differs
-    # from a context-free decode exactly where the issue was.
+    # from a context-free decode exactly where a decoder without the prompt context goes wrong (the leading space).
     _, tokenizer, kind = served
     paris = encode(tokenizer, " Paris")
     with_context = expected_text(tokenizer, tokenizer.encode("The capital is").ids, paris)

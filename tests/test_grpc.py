@@ -5,6 +5,8 @@ generated from the project's own .proto files."""
 from __future__ import annotations
 
 import importlib
+import os
+import signal
 import socket
 import sys
 import time
@@ -129,6 +131,48 @@ def test_health_model_and_server_info(client):
     assert info.vocab_size > 255
     server = stub.GetServerInfo(pb2.GetServerInfoRequest(), timeout=10)
     assert server.server_type == "vllm-grpc"
+
+
+def test_standard_health_service_and_reflection(served):
+    health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from grpc_health.v1 import health_pb2_grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    with grpc.insecure_channel(served[1]) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for name in ("", "vllm.grpc.engine.VllmEngine"):
+            status = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=10).status
+            assert status == health_pb2.HealthCheckResponse.SERVING, name
+        with pytest.raises(grpc.RpcError) as unknown:
+            health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        # What grpcurl and vLLM's own tooling read: the services and their schemas.
+        database = ProtoReflectionDescriptorDatabase(channel)
+        assert {"vllm.grpc.engine.VllmEngine", "grpc.health.v1.Health"} <= set(database.get_services())
+        service = DescriptorPool(database).FindServiceByName("vllm.grpc.engine.VllmEngine")
+        assert service.FindMethodByName("Generate").input_type.full_name == "vllm.grpc.engine.GenerateRequest"
+
+
+def test_health_watch_turns_not_serving_when_the_engine_dies():
+    health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+    from grpc_health.v1 import health_pb2_grpc
+
+    port = free_port()
+    serve = Serve(
+        "--model", "echo", "--port", "0", "--grpc-port", str(port), "--host", "127.0.0.1", "--frontend", "rust"
+    )
+    try:
+        serve.wait_ready()
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=60)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            engine_pid = int(serve.wait_for_line(r"EngineCore_0 ready \(pid (\d+)\)")[1])
+            os.kill(engine_pid, signal.SIGKILL)
+            assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert serve.wait(60) != 0, serve.output
+    finally:
+        serve.kill()
 
 
 def test_bad_requests_are_invalid_argument(client):

@@ -54,8 +54,11 @@ async fn sigint_before_engines_register_exits_0() {
 
 #[tokio::test]
 async fn sigterm_lets_a_request_in_flight_finish() {
-    let (mut fe, engines) =
-        Frontend::start_with_engines(Options::default(), |s| s.step = Duration::from_millis(20)).await;
+    // A drain far longer than the 25 steps need even on a loaded machine: the
+    // test is that the request in flight finishes, not how fast (with the
+    // default 4 s, a run of every test at once on 2 cores once aborted it).
+    let options = Options { args: json!({"model_tag": "toy", "shutdown_timeout": 120}), ..Default::default() };
+    let (mut fe, engines) = Frontend::start_with_engines(options, |s| s.step = Duration::from_millis(20)).await;
     let url = fe.url("/v1/completions");
     let request = tokio::spawn(async move { post_json(&url, &json!({"prompt": "abc", "max_tokens": 25})).await });
     assert!(
@@ -66,7 +69,7 @@ async fn sigterm_lets_a_request_in_flight_finish() {
     let (status, body) = request.await.unwrap();
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["choices"][0]["text"].as_str().unwrap().len(), 25);
-    let status = fe.wait_exit(Duration::from_secs(10)).expect("exit after the drain");
+    let status = fe.wait_exit(Duration::from_secs(60)).expect("exit after the drain");
     assert_eq!(status.code(), Some(0));
 }
 

@@ -30,5 +30,8 @@ pub use smg::grpc::common;
 /// The `vllm.grpc.engine` package: the `VllmEngine` service and its messages.
 pub use vllm::grpc::engine;
 
+/// The encoded `FileDescriptorSet` of the `.proto` files (for gRPC reflection).
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vllm_engine_descriptors.bin"));
+
 /// The service's full name, `vllm.grpc.engine.VllmEngine`.
 pub const SERVICE_NAME: &str = "vllm.grpc.engine.VllmEngine";

@@ -137,6 +137,8 @@ struct Shared {
     current_wave: AtomicU64,
     input_socket: Arc<EngineInputSocket>,
     failure: OnceLock<String>,
+    /// Woken once `failure` is set.
+    failed: tokio::sync::Notify,
     stopping: AtomicBool,
     /// Per engine slot: when it last sent something (or last became busy),
     /// in milliseconds since `epoch`.
@@ -173,6 +175,7 @@ impl EngineClient {
             current_wave: AtomicU64::new(0),
             input_socket,
             failure: OnceLock::new(),
+            failed: tokio::sync::Notify::new(),
             stopping: AtomicBool::new(false),
             last_heard_ms: (0..engine_count).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
@@ -305,6 +308,17 @@ impl EngineClient {
         self.shared.failure.get().map(String::as_str)
     }
 
+    /// Resolves once the engines are unusable, with why.
+    pub async fn failed(&self) -> String {
+        loop {
+            let woken = self.shared.failed.notified();
+            if let Some(why) = self.failure() {
+                return why.to_owned();
+            }
+            woken.await;
+        }
+    }
+
     /// Requests in flight over all engines.
     pub fn inflight(&self) -> u64 {
         self.shared.balancer.total_inflight()
@@ -403,6 +417,7 @@ impl Shared {
     fn fail_all(&self, reason: String) {
         tracing::error!("{reason}");
         let reason = self.failure.get_or_init(|| reason).clone();
+        self.failed.notify_waiters();
         let drained: Vec<RequestSlot> = self.requests.lock().unwrap().drain().map(|(_, s)| s).collect();
         for entry in drained {
             self.balancer.engine(entry.slot).finished();

@@ -1,6 +1,7 @@
 //! Serving the `VllmEngine` service on the adopted `--grpc-listen-fd` socket.
 
 use super::service::Servicer;
+use crate::engine::EngineClient;
 use crate::error::ExitError;
 use crate::fds::{adopt_listening_socket, ListeningSocket, LocalAddress};
 use crate::http::state::AppState;
@@ -10,6 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tonic::transport::server::TcpIncoming;
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
 use vllm_rs_grpc::engine::vllm_engine_server::VllmEngineServer;
 
 /// Adopts the `--grpc-listen-fd` socket, which must be TCP (gRPC clients dial host:port).
@@ -34,11 +38,42 @@ pub async fn serve(
         tracing::info!("serving vLLM's gRPC API on {address}");
     }
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    // Clients ask either version of the reflection protocol (grpcurl v1 first, vLLM serves v1alpha).
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(vllm_rs_grpc::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1().context("building the gRPC reflection service")?;
+    let reflection_v1alpha = reflection().build_v1alpha().context("building the gRPC reflection service")?;
     tonic::transport::Server::builder()
+        .add_service(health_service(state.engines.clone()).await)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(VllmEngineServer::new(Servicer::new(state)))
         .serve_with_incoming_shutdown(incoming, stopping)
         .await
         .context("serving gRPC")
+}
+
+/// The standard `grpc.health.v1.Health` service: the server (`""`) and
+/// `vllm.grpc.engine.VllmEngine` are SERVING until the engines fail, then
+/// NOT_SERVING; other names are unknown (NOT_FOUND).
+async fn health_service(engines: EngineClient) -> HealthServer<impl Health> {
+    let (reporter, service) = tonic_health::server::health_reporter();
+    let healthy = engines.failure().is_none();
+    set_health(&reporter, if healthy { ServingStatus::Serving } else { ServingStatus::NotServing }).await;
+    tokio::spawn(async move {
+        engines.failed().await;
+        set_health(&reporter, ServingStatus::NotServing).await;
+    });
+    service
+}
+
+async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
+    for name in ["", vllm_rs_grpc::SERVICE_NAME] {
+        reporter.set_service_status(name, status).await;
+    }
 }
 
 /// Waits up to `timeout` for the gRPC server to finish its running calls;
