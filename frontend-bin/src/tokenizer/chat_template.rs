@@ -114,11 +114,11 @@ impl ChatTemplate {
             .filter(|(name, _)| self.variables.contains(*name) && !CONSUMED_BY_APPLY.contains(&name.as_str()))
             .map(|(name, value)| (name.clone(), value.clone()))
             .collect();
-        // The first of the merged maps that has a name wins it.
+        // The last of the merged maps that has a name wins it.
         let fixed = context! { messages => messages, add_generation_prompt => add_generation_prompt, tools => tools };
         let tokens = context! { bos_token => self.bos_token, eos_token => self.eos_token };
         template
-            .render(minijinja::value::merge_maps([fixed, minijinja::Value::from_serialize(&kwargs), tokens]))
+            .render(minijinja::value::merge_maps([tokens, minijinja::Value::from_serialize(&kwargs), fixed]))
             .map_err(ChatTemplateError::from)
     }
 }
@@ -274,13 +274,13 @@ mod tests {
         let t = ChatTemplate::new(source.into(), "<s>".into(), String::new()).unwrap();
         let messages = vec![ChatMessage { role: "user".into(), content: "hi".into(), extra: None }];
         let render = |kwargs: Value| t.render_with_tools(&messages, true, None, kwargs.as_object().unwrap()).unwrap();
-        assert_eq!(render(json!({})), "<s>|plain|unset|1|true");
-        assert_eq!(render(json!({"style": "terse", "unused": 1})), "<s>|terse|unset|1|true");
+        assert_eq!(render(json!({})), "<s>|plain|unset|1|True");
+        assert_eq!(render(json!({"style": "terse", "unused": 1})), "<s>|terse|unset|1|True");
         // transformers consumes its own parameters, and the server's variables win;
         // special tokens are the template's defaults, which kwargs replace.
         assert_eq!(
             render(json!({"padding": true, "add_generation_prompt": false, "messages": [], "bos_token": "B"})),
-            "B|plain|unset|1|true"
+            "B|plain|unset|1|True"
         );
     }
 
