@@ -19,13 +19,17 @@ const RESERVED: [&str; 3] = ["conversation", "messages", "tools"];
 /// (absent or null: none) merged over `defaults`; request values that are
 /// null or `"auto"` leave the default in place, as vLLM's `merge_kwargs` does.
 /// A non-object, or a refused key, is a 400 naming `chat_template_kwargs`.
-pub fn read_template_kwargs(body: &Map<String, Value>, defaults: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+pub fn read_template_kwargs(
+    body: &Map<String, Value>,
+    defaults: &Map<String, Value>,
+) -> Result<Map<String, Value>, ApiError> {
     let given = match body.get("chat_template_kwargs") {
         None | Some(Value::Null) => return Ok(defaults.clone()),
         Some(Value::Object(map)) => map,
         Some(_) => return Err(RULES.wrong_type("chat_template_kwargs")),
     };
-    let unexpected: Vec<String> = UNEXPECTED.iter().filter(|k| given.contains_key(**k)).map(|k| format!("'{k}'")).collect();
+    let unexpected: Vec<String> =
+        UNEXPECTED.iter().filter(|k| given.contains_key(**k)).map(|k| format!("'{k}'")).collect();
     if !unexpected.is_empty() {
         let keys = format!("{{{}}}", unexpected.join(", "));
         return Err(RULES.refuse("chat_template_kwargs", "chat_template_kwargs_unexpected", &[("keys", &keys)]));
@@ -68,7 +72,8 @@ mod tests {
     #[test]
     fn request_kwargs_merge_over_defaults_except_null_and_auto() {
         let defaults = object(json!({"enable_thinking": false, "style": "terse", "effort": "high"}));
-        let body = object(json!({"chat_template_kwargs": {"enable_thinking": true, "style": null, "effort": "auto", "x": 1}}));
+        let body =
+            object(json!({"chat_template_kwargs": {"enable_thinking": true, "style": null, "effort": "auto", "x": 1}}));
         let merged = read_template_kwargs(&body, &defaults).unwrap();
         assert_eq!(Value::Object(merged), json!({"enable_thinking": true, "style": "terse", "effort": "high", "x": 1}));
         assert_eq!(read_template_kwargs(&object(json!({"chat_template_kwargs": null})), &defaults).unwrap(), defaults);
@@ -97,7 +102,9 @@ mod tests {
     #[test]
     fn thinking_follows_python_truth() {
         assert!(thinking_enabled(&Map::new()));
-        for (value, on) in [(json!(false), false), (json!(true), true), (json!(0), false), (json!("no"), true), (json!(null), false)] {
+        for (value, on) in
+            [(json!(false), false), (json!(true), true), (json!(0), false), (json!("no"), true), (json!(null), false)]
+        {
             assert_eq!(thinking_enabled(&object(json!({"enable_thinking": value}))), on, "{value}");
         }
     }

@@ -155,8 +155,11 @@ pub fn output_parser(tools: &ChatTools, options: &ChatOptions, thinking: bool) -
         "required" => ToolMode::Required,
         _ => ToolMode::None,
     };
-    let reasoning =
-        options.reasoning_parser.as_deref().and_then(|name| ReasoningParser::new(name).ok()).map(|p| p.with_thinking(thinking));
+    let reasoning = options
+        .reasoning_parser
+        .as_deref()
+        .and_then(|name| ReasoningParser::new(name).ok())
+        .map(|p| p.with_thinking(thinking));
     Some(ChatOutputParser::new(reasoning, mode, tools.parallel_tool_calls))
 }
 

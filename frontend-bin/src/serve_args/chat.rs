@@ -130,7 +130,9 @@ mod tests {
         assert_eq!(kwargs.get("enable_thinking"), Some(&serde_json::Value::Bool(false)));
         assert!(load(serde_json::Value::Null).unwrap().is_empty());
         match load(serde_json::json!("{\"enable_thinking\": false}")) {
-            Err(ExitError::Usage(m)) => assert!(m.contains("`default_chat_template_kwargs` must be a JSON object"), "{m}"),
+            Err(ExitError::Usage(m)) => {
+                assert!(m.contains("`default_chat_template_kwargs` must be a JSON object"), "{m}")
+            }
             other => panic!("expected a usage error, got {other:?}"),
         }
     }
