@@ -8,6 +8,7 @@ use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
 use super::structured::{read_structured_outputs, wire_params};
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
+use super::template_kwargs::{read_template_kwargs, thinking_enabled};
 use super::tools::{finish_reason, output_parser, read_chat_tools, template_extra, whole_message, ParsedChatChunks};
 use crate::generate::{Delta, Usage};
 use crate::tokenizer::ChatMessage;
@@ -118,7 +119,9 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
 
 async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
     let ChatRequest { mut common, messages, add_generation_prompt } = parse_chat_request(body)?;
-    let tools = read_chat_tools(&parse_json_object(body)?, &state.config.chat)?;
+    let object = parse_json_object(body)?;
+    let tools = read_chat_tools(&object, &state.config.chat)?;
+    let template_kwargs = read_template_kwargs(&object, &state.config.chat.default_template_kwargs)?;
     if let Some(constraint) = &tools.constraint {
         // A forced tool choice replaces the request's own constraint, as in vLLM.
         common.sampling.structured_outputs = Some(wire_params(constraint));
@@ -126,7 +129,7 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
     check_model(&state, common.model.as_deref())?;
     let prompt = state
         .tokenizer
-        .apply_chat_template_with_tools(&messages, add_generation_prompt, tools.tools.as_ref())
+        .apply_chat_template_with_tools(&messages, add_generation_prompt, tools.tools.as_ref(), &template_kwargs)
         .map_err(|e| ApiError::invalid_param("messages", format!("cannot apply the chat template: {e}")))?;
     let prompt_token_ids = state
         .tokenizer
@@ -135,7 +138,7 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
     let (stream, include_usage) = (common.stream, common.include_usage);
     let role = response_role(&state.config.chat.response_role, &messages, add_generation_prompt);
     let mut submitted = submit(&state, &headers, Endpoint::Chat, prompt_token_ids, common)?;
-    if let Some(parser) = output_parser(&tools, &state.config.chat) {
+    if let Some(parser) = output_parser(&tools, &state.config.chat, thinking_enabled(&template_kwargs)) {
         let model = state.config.primary_model_name().to_string();
         if stream {
             let include_usage = include_usage || state.config.enable_force_include_usage;

@@ -139,8 +139,9 @@ pub fn read_chat_tools(body: &Map<String, Value>, options: &ChatOptions) -> Resu
     Ok(out)
 }
 
-/// The reader of a request's output, or `None` when its text is all content.
-pub fn output_parser(tools: &ChatTools, options: &ChatOptions) -> Option<ChatOutputParser> {
+/// The reader of a request's output, or `None` when its text is all content;
+/// `thinking` is the request's `enable_thinking` (only `qwen3` reads it).
+pub fn output_parser(tools: &ChatTools, options: &ChatOptions, thinking: bool) -> Option<ChatOutputParser> {
     if tools.mode == "none" && options.reasoning_parser.is_none() {
         return None;
     }
@@ -154,7 +155,11 @@ pub fn output_parser(tools: &ChatTools, options: &ChatOptions) -> Option<ChatOut
         "required" => ToolMode::Required,
         _ => ToolMode::None,
     };
-    let reasoning = options.reasoning_parser.as_deref().and_then(|name| ReasoningParser::new(name).ok());
+    let reasoning = options
+        .reasoning_parser
+        .as_deref()
+        .and_then(|name| ReasoningParser::new(name).ok())
+        .map(|p| p.with_thinking(thinking));
     Some(ChatOutputParser::new(reasoning, mode, tools.parallel_tool_calls))
 }
 
@@ -355,7 +360,7 @@ mod tests {
             ChatMessage { role: "tool".into(), content: "sunny".into(), extra: template_extra(&tool) },
         ];
         let tools = json!([{"type": "function", "function": {"name": "f"}}]);
-        let prompt = template.render_with_tools(&messages, false, Some(&tools)).unwrap();
+        let prompt = template.render_with_tools(&messages, false, Some(&tools), &Map::new()).unwrap();
         assert_eq!(prompt, "[f]assistant:Paris;tool:c1sunny;");
     }
 }
