@@ -8,6 +8,7 @@ its prompt; the toy model samples (seeded per child)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 from vllm_rs.api_server.submit import child_requests
@@ -123,16 +124,21 @@ def test_children_are_formed_as_vllms():
     assert child_requests(parent, 1) == [parent]
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def toy(request):
-    """toy (random weights, sampled) with hermes tool calls and the deepseek_r1 reasoning parser."""
-    serve = Serve("--model", "toy", "--port", "0", "--frontend", request.param, "--max-model-len", "256",
+def _with_parsers(frontend: str, model: str, max_model_len: int) -> Iterator[Serve]:
+    """`model` served with hermes auto tool choice and the deepseek_r1 reasoning parser."""
+    serve = Serve("--model", model, "--port", "0", "--frontend", frontend, "--max-model-len", str(max_model_len),
                   "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1")  # fmt: skip
     try:
         serve.wait_ready()
         yield serve
     finally:
         serve.kill()
+
+
+@pytest.fixture(scope="module", params=FRONTENDS)
+def toy(request):
+    """toy (random weights, sampled) with the parsers."""
+    yield from _with_parsers(request.param, "toy", 256)
 
 
 def test_seeded_choices_are_reproducible_yet_distinct(toy):
@@ -150,14 +156,8 @@ def test_seeded_choices_are_reproducible_yet_distinct(toy):
 
 @pytest.fixture(scope="module", params=FRONTENDS)
 def echo_tools(request):
-    """echo with hermes auto tool choice and the deepseek_r1 reasoning parser."""
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", request.param, "--max-model-len", "2048",
-                  "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1")  # fmt: skip
-    try:
-        serve.wait_ready()
-        yield serve
-    finally:
-        serve.kill()
+    """echo with the parsers."""
+    yield from _with_parsers(request.param, "echo", 2048)
 
 
 def test_chat_n_choices_parse_tools_and_reasoning_per_choice(echo_tools):
