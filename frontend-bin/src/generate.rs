@@ -112,6 +112,16 @@ pub struct Usage {
     pub total_tokens: usize,
 }
 
+impl Usage {
+    /// Adds `choice`, another choice of the same prompt: the prompt counts
+    /// once, the completions add up (as vLLM counts n > 1).
+    pub fn add_choice(&mut self, choice: Usage) {
+        self.prompt_tokens = choice.prompt_tokens;
+        self.completion_tokens += choice.completion_tokens;
+        self.total_tokens = self.prompt_tokens + self.completion_tokens;
+    }
+}
+
 /// A running generation.
 pub struct Generation {
     stream: RequestStream,

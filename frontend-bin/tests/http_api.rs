@@ -170,7 +170,7 @@ async fn errors_have_the_openai_shape() {
         (json!({"model": "nope", "prompt": "x"}), 404, Some("model")),
         (json!({"prompt": "x", "max_tokens": -3}), 400, Some("max_tokens")),
         (json!({"prompt": "x", "temperature": "hot"}), 400, Some("temperature")),
-        (json!({"prompt": "x", "n": 3}), 400, Some("n")),
+        (json!({"prompt": "x", "n": 0}), 400, Some("n")),
         (json!({"prompt": 5}), 400, Some("prompt")),
         (json!({"max_tokens": 3}), 400, Some("prompt")),
         (json!({"prompt": "x", "max_tokens": 40}), 400, Some("max_tokens")),

@@ -116,6 +116,12 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         "--reasoning-parser", default=None, help="split reasoning into the `reasoning` field (deepseek_r1, qwen3)"
     )
     parser.add_argument(
+        "--default-chat-template-kwargs",
+        type=_json_object,
+        default=None,
+        help="JSON object of chat template variables every chat request starts from, e.g. '{\"enable_thinking\": false}'",
+    )
+    parser.add_argument(
         "--max-logprobs", type=int, default=20, help="most logprobs a request may ask for (-1: the whole vocabulary)"
     )
     parser.add_argument(

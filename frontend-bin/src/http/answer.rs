@@ -2,10 +2,11 @@
 //! stream, or one JSON body once the generation finished.
 
 use super::error::ApiError;
-use super::sse::{sse_response, ChunkHeader, ChunkWriter};
+use super::sse::{choices_sse_response, sse_response, ChunkHeader, ChunkWriter};
 use super::state::AppState;
 use super::submit::{stop_reason_json, Submitted};
-use crate::generate::{GenerationError, Whole};
+use crate::generate::{Generation, GenerationError, Usage, Whole};
+use futures_util::future::try_join_all;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Serialize, Serializer};
@@ -52,7 +53,7 @@ pub struct AnswerFormat<MakeWriter, Content> {
     pub object: &'static str,
     /// `object` of each streamed chunk.
     pub chunk_object: &'static str,
-    /// Makes the chunk writer for a stream.
+    /// Makes the chunk writer of one choice of a stream: (header, index).
     pub writer: MakeWriter,
     /// The body of the whole choice.
     pub content: Content,
@@ -81,36 +82,99 @@ pub async fn answer<W, MakeWriter, Content>(
     mut submitted: Submitted,
     stream: bool,
     include_usage: bool,
-    format: AnswerFormat<MakeWriter, Content>,
+    mut format: AnswerFormat<MakeWriter, Content>,
 ) -> Result<Response, ApiError>
 where
     W: ChunkWriter,
-    MakeWriter: FnOnce(ChunkHeader) -> W,
-    Content: FnOnce(Whole) -> ChoiceBody,
+    MakeWriter: FnMut(ChunkHeader, u32) -> W,
+    Content: FnMut(Whole) -> ChoiceBody,
 {
     let include_usage = include_usage || state.config.enable_force_include_usage;
     let model = state.config.primary_model_name().to_string();
     if stream {
         let header = ChunkHeader { id: submitted.id, object: format.chunk_object, created: submitted.created, model };
-        return Ok(sse_response(submitted.generation, (format.writer)(header), include_usage).await);
+        return Ok(
+            stream_choices(submitted.generation, submitted.more_choices, header, include_usage, format.writer).await
+        );
     }
-    let whole = submitted.generation.collect_whole().await.map_err(|e| generation_error(&e))?;
-    let finish = whole.finish.clone();
-    let body = (format.content)(whole);
-    let mut choice = Fields::default();
-    choice.put("index", &0);
-    choice.0.extend(body.fields.0);
-    choice.put("finish_reason", &finish.reason.as_str());
-    choice.put("stop_reason", &stop_reason_json(&finish.stop_reason));
+    let mut response_prompt_logprobs = None;
+    let (choices, usage) = whole_choices(&mut submitted, |index, whole| {
+        let finish = whole.finish.clone();
+        let body = (format.content)(whole);
+        if response_prompt_logprobs.is_none() {
+            response_prompt_logprobs = body.response_prompt_logprobs;
+        }
+        let mut choice = Fields::default();
+        choice.put("index", &index);
+        choice.0.extend(body.fields.0);
+        choice.put("finish_reason", &finish.reason.as_str());
+        choice.put("stop_reason", &stop_reason_json(&finish.stop_reason));
+        choice
+    })
+    .await?;
+    let body = whole_answer(&submitted, format.object, &model, choices, usage, response_prompt_logprobs);
+    Ok(Json(body).into_response())
+}
+
+/// The body of a whole answer holding `choices`, in the Python server's key
+/// order; `prompt_logprobs` (chat) goes on the response itself.
+pub fn whole_answer(
+    submitted: &Submitted,
+    object: &'static str,
+    model: &str,
+    choices: Vec<Fields>,
+    usage: Usage,
+    prompt_logprobs: Option<Box<RawValue>>,
+) -> Fields {
     let mut answer = Fields::default();
     answer.put("id", &submitted.id);
-    answer.put("object", &format.object);
+    answer.put("object", &object);
     answer.put("created", &submitted.created);
     answer.put("model", &model);
-    answer.put("choices", &[choice]);
-    answer.put("usage", &submitted.generation.usage());
-    if let Some(prompt_logprobs) = body.response_prompt_logprobs {
+    answer.put("choices", &choices);
+    answer.put("usage", &usage);
+    if let Some(prompt_logprobs) = prompt_logprobs {
         answer.put_raw("prompt_logprobs", Some(prompt_logprobs));
     }
-    Ok(Json(answer).into_response())
+    answer
+}
+
+/// Streams the choices of a request (`first`, then `more`, as `Submitted`
+/// holds them), each through the writer `writer(header, index)` makes.
+pub async fn stream_choices<W: ChunkWriter>(
+    first: Generation,
+    more: Vec<Generation>,
+    header: ChunkHeader,
+    include_usage: bool,
+    mut writer: impl FnMut(ChunkHeader, u32) -> W,
+) -> Response {
+    if more.is_empty() {
+        return sse_response(first, writer(header, 0), include_usage).await;
+    }
+    let mut generations = more;
+    generations.insert(0, first);
+    let writers = (0..generations.len() as u32).map(|index| writer(header.clone(), index)).collect();
+    choices_sse_response(generations, writers, include_usage)
+}
+
+/// Runs every choice of `submitted` to its end, concurrently, and makes each
+/// one's body with `choice(index, whole)`: the choices by index and the
+/// usage of all of them. The first failure fails the whole answer (the
+/// other choices are aborted when `submitted` is dropped).
+pub async fn whole_choices<T>(
+    submitted: &mut Submitted,
+    mut choice: impl FnMut(u32, Whole) -> T,
+) -> Result<(Vec<T>, Usage), ApiError> {
+    if submitted.more_choices.is_empty() {
+        let whole = submitted.generation.collect_whole().await.map_err(|e| generation_error(&e))?;
+        return Ok((vec![choice(0, whole)], submitted.generation.usage()));
+    }
+    let generations = std::iter::once(&mut submitted.generation).chain(submitted.more_choices.iter_mut());
+    let wholes = try_join_all(generations.map(Generation::collect_whole)).await.map_err(|e| generation_error(&e))?;
+    let choices = wholes.into_iter().zip(0..).map(|(whole, index)| choice(index, whole)).collect();
+    let mut usage = Usage::default();
+    for generation in std::iter::once(&submitted.generation).chain(&submitted.more_choices) {
+        usage.add_choice(generation.usage());
+    }
+    Ok((choices, usage))
 }

@@ -1,6 +1,6 @@
 //! `POST /v1/chat/completions`.
 
-use super::answer::{answer, AnswerFormat, ChoiceBody, Fields};
+use super::answer::{answer, stream_choices, whole_answer, whole_choices, AnswerFormat, ChoiceBody, Fields};
 use super::error::ApiError;
 use super::params::{parse_body, parse_json_object, CommonParams, JsonBody, SamplingInput};
 use super::rules::RULES;
@@ -8,6 +8,7 @@ use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
 use super::structured::{read_structured_outputs, wire_params};
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
+use super::template_kwargs::{read_template_kwargs, thinking_enabled};
 use super::tools::{finish_reason, output_parser, read_chat_tools, template_extra, whole_message, ParsedChatChunks};
 use crate::generate::{Delta, Usage};
 use crate::logprobs::{Rendering, TokenStrings};
@@ -121,7 +122,9 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
 
 async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
     let ChatRequest { mut common, messages, add_generation_prompt } = parse_chat_request(body)?;
-    let tools = read_chat_tools(&parse_json_object(body)?, &state.config.chat)?;
+    let object = parse_json_object(body)?;
+    let tools = read_chat_tools(&object, &state.config.chat)?;
+    let template_kwargs = read_template_kwargs(&object, &state.config.chat.default_template_kwargs)?;
     if let Some(constraint) = &tools.constraint {
         // A forced tool choice replaces the request's own constraint, as in vLLM.
         common.sampling.structured_outputs = Some(wire_params(constraint));
@@ -129,7 +132,7 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
     check_model(&state, common.model.as_deref())?;
     let prompt = state
         .tokenizer
-        .apply_chat_template_with_tools(&messages, add_generation_prompt, tools.tools.as_ref())
+        .apply_chat_template_with_tools(&messages, add_generation_prompt, tools.tools.as_ref(), &template_kwargs)
         .map_err(|e| ApiError::invalid_param("messages", format!("cannot apply the chat template: {e}")))?;
     let prompt_token_ids = state
         .tokenizer
@@ -149,47 +152,52 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
         })
     });
     let mut submitted = submit(&state, &headers, Endpoint::Chat, prompt_token_ids, common)?;
-    if let Some(parser) = output_parser(&tools, &state.config.chat) {
+    if let Some(parser) = output_parser(&tools, &state.config.chat, thinking_enabled(&template_kwargs)) {
         let model = state.config.primary_model_name().to_string();
         if stream {
             let include_usage = include_usage || state.config.enable_force_include_usage;
             let header =
                 ChunkHeader { id: submitted.id, object: "chat.completion.chunk", created: submitted.created, model };
-            let writer = ParsedChatChunks { header, role, stream: parser.stream().into(), mode: tools.mode, rendering };
-            return Ok(super::sse::sse_response(submitted.generation, writer, include_usage).await);
+            let writer = |header, index| ParsedChatChunks {
+                header,
+                role: role.clone(),
+                stream: parser.stream().into(),
+                mode: tools.mode,
+                index,
+                rendering: rendering.clone(),
+            };
+            return Ok(
+                stream_choices(submitted.generation, submitted.more_choices, header, include_usage, writer).await
+            );
         }
-        let whole = submitted.generation.collect_whole().await.map_err(|e| super::answer::generation_error(&e))?;
-        let (message, called) =
-            whole_message(&parser, &role, &whole.text, state.config.chat.reasoning_parser.is_some());
-        let (logprobs, prompt_logprobs) = whole_logprobs(rendering.as_deref(), &whole);
-        let mut choice = Fields::default();
-        choice.put("index", &0);
-        choice.put("message", &message);
-        choice.put_raw("logprobs", logprobs);
-        choice.put("finish_reason", &finish_reason(whole.finish.reason.as_str(), tools.mode, called));
-        choice.put("stop_reason", &stop_reason_json(&whole.finish.stop_reason));
-        let mut answer = Fields::default();
-        answer.put("id", &submitted.id);
-        answer.put("object", &"chat.completion");
-        answer.put("created", &submitted.created);
-        answer.put("model", &model);
-        answer.put("choices", &[choice]);
-        answer.put("usage", &submitted.generation.usage());
-        if let Some(prompt_logprobs) = prompt_logprobs {
-            answer.put_raw("prompt_logprobs", Some(prompt_logprobs));
-        }
-        return Ok(axum::Json(answer).into_response());
+        let reasoning_field = state.config.chat.reasoning_parser.is_some();
+        let mut response_prompt_logprobs = None;
+        let (choices, usage) = whole_choices(&mut submitted, |index, whole| {
+            let (message, called) = whole_message(&parser, &role, &whole.text, reasoning_field);
+            let (logprobs, prompt_logprobs) = whole_logprobs(rendering.as_deref(), &whole);
+            if response_prompt_logprobs.is_none() {
+                response_prompt_logprobs = prompt_logprobs;
+            }
+            let mut choice = Fields::default();
+            choice.put("index", &index);
+            choice.put("message", &message);
+            choice.put_raw("logprobs", logprobs);
+            choice.put("finish_reason", &finish_reason(whole.finish.reason.as_str(), tools.mode, called));
+            choice.put("stop_reason", &stop_reason_json(&whole.finish.stop_reason));
+            choice
+        })
+        .await?;
+        let body = whole_answer(&submitted, "chat.completion", &model, choices, usage, response_prompt_logprobs);
+        return Ok(axum::Json(body).into_response());
     }
-    let stream_role = role.clone();
-    let stream_rendering = rendering.clone();
     let format = AnswerFormat {
         object: "chat.completion",
         chunk_object: "chat.completion.chunk",
-        writer: move |header| ChatChunks { header, role: stream_role, rendering: stream_rendering },
-        content: move |whole: crate::generate::Whole| {
+        writer: |header, index| ChatChunks { header, role: role.clone(), index, rendering: rendering.clone() },
+        content: |whole: crate::generate::Whole| {
             let (logprobs, response_prompt_logprobs) = whole_logprobs(rendering.as_deref(), &whole);
             let mut fields = Fields::default();
-            fields.put("message", &json!({"role": role, "content": whole.text}));
+            fields.put("message", &json!({"role": &role, "content": whole.text}));
             fields.put_raw("logprobs", logprobs);
             ChoiceBody { fields, response_prompt_logprobs }
         },
@@ -269,10 +277,13 @@ struct ChunkDelta<'a> {
     content: Option<&'a str>,
 }
 
+/// The chunks of one choice of a streamed chat answer.
 struct ChatChunks {
     header: ChunkHeader,
     /// The role the first chunk announces.
     role: String,
+    /// The choice's index (streams of n > 1 choices interleave them).
+    index: u32,
     /// How logprobs are shown, when the request asked for them.
     rendering: Option<Arc<Rendering>>,
 }
@@ -280,17 +291,15 @@ struct ChatChunks {
 impl ChunkWriter for ChatChunks {
     fn opening(&self) -> Option<Bytes> {
         let delta = ChunkDelta { role: Some(&self.role), content: Some("") };
-        Some(
-            self.header.event(
-                vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason: None, stop_reason: None }],
-                None,
-            ),
-        )
+        Some(self.header.event(
+            vec![ChunkChoice { index: self.index, delta, logprobs: None, finish_reason: None, stop_reason: None }],
+            None,
+        ))
     }
 
     fn delta(&self, delta: &Delta) -> Bytes {
         let choice = ChunkChoice {
-            index: 0,
+            index: self.index,
             delta: ChunkDelta {
                 role: None,
                 content: (!delta.text.is_empty() || delta.finish.is_some()).then_some(delta.text.as_str()),

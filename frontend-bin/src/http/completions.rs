@@ -143,8 +143,12 @@ async fn completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Resu
     let format = AnswerFormat {
         object: "text_completion",
         chunk_object: "text_completion",
-        writer: move |header| CompletionChunks { header, pieces: stream_rendering.map(CompletionPieces::new) },
-        content: move |whole| completion_choice(whole, rendering),
+        writer: move |header, index| CompletionChunks {
+            header,
+            index,
+            pieces: stream_rendering.clone().map(CompletionPieces::new),
+        },
+        content: move |whole| completion_choice(whole, rendering.clone()),
     };
     answer(&state, submitted, stream, include_usage, format).await
 }
@@ -177,8 +181,11 @@ struct ChunkChoice<'a> {
     stop_reason: Value,
 }
 
+/// The chunks of one choice of a streamed completion.
 struct CompletionChunks {
     header: ChunkHeader,
+    /// The choice's index (streams of n > 1 choices interleave them).
+    index: u32,
     /// Echo and logprobs, when the request asked for either.
     pieces: Option<CompletionPieces>,
 }
@@ -194,7 +201,7 @@ impl ChunkWriter for CompletionChunks {
             None => (Cow::Borrowed(delta.text.as_str()), None),
         };
         let choice = ChunkChoice {
-            index: 0,
+            index: self.index,
             text,
             logprobs,
             finish_reason: delta.finish.as_ref().map(|f| f.reason.as_str()),

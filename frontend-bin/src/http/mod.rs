@@ -18,6 +18,7 @@ pub mod sse;
 pub mod state;
 pub mod structured;
 pub mod submit;
+pub mod template_kwargs;
 pub mod tokenize;
 pub mod tools;
 

@@ -98,7 +98,7 @@ pub struct SamplingInput {
     pub stream: Option<bool>,
     /// Streaming options (`include_usage`).
     pub stream_options: Option<Map<String, Value>>,
-    /// Number of choices (only 1).
+    /// Number of choices.
     pub n: Option<i64>,
     /// Candidates per choice (only 1).
     pub best_of: Option<i64>,
@@ -161,6 +161,8 @@ pub struct CommonParams {
     pub stop: Vec<String>,
     /// How generated ids become text.
     pub decode: DecodeOptions,
+    /// Number of choices, each its own engine request when above 1.
+    pub n: u32,
     /// Stream the answer as server-sent events.
     pub stream: bool,
     /// Send a usage chunk at the end of the stream.
@@ -174,6 +176,9 @@ pub struct CommonParams {
     /// Tokens in logprobs as `token_id:N`; `None`: as the server is configured.
     pub return_tokens_as_token_ids: Option<bool>,
 }
+
+/// Temperatures below this are greedy sampling (vLLM's `_SAMPLING_EPS`).
+const GREEDY_TEMPERATURE: f64 = 1e-5;
 
 /// `value` in `param`'s integer range, as a count.
 fn count(param: &str, value: i64) -> Result<u64, ApiError> {
@@ -231,12 +236,11 @@ impl SamplingInput {
                 return Err(RULES.refuse("prompt_logprobs", "prompt_logprobs_with_stream", &[]));
             }
         }
-        if let Some(n) = self.n {
-            RULES.check_int("n", n)?;
-            if n > 1 {
-                return Err(RULES.refuse("n", "n_unsupported", &[("value", &n.to_string())]));
-            }
-        }
+        let n = match self.n {
+            // In range 1 to 16384, so it fits.
+            Some(n) => RULES.check_int("n", n).map(|()| n as u32)?,
+            None => 1,
+        };
         if let Some(best_of) = self.best_of {
             RULES.check_int("best_of", best_of)?;
         }
@@ -249,6 +253,10 @@ impl SamplingInput {
             RULES.check_int("top_k", k)?;
         }
         let min_p = float("min_p", self.min_p)?;
+        if n > 1 && temperature.is_some_and(|t| t < GREEDY_TEMPERATURE) {
+            // vLLM's SamplingParams refuses it with no parameter named.
+            return Err(ApiError::bad_request(RULES.message("n_with_greedy_sampling", &[("n", &n.to_string())])));
+        }
         let max_tokens_param = max_tokens.map(|(param, _)| param);
         let max_tokens = max_tokens.map(|(param, n)| count(param, n)).transpose()?;
         let min_tokens = self.min_tokens.map(|n| count("min_tokens", n)).transpose()?;
@@ -285,6 +293,17 @@ impl SamplingInput {
         if self.truncate_prompt_tokens.is_some() {
             return Err(RULES.refuse("truncate_prompt_tokens", "truncate_prompt_tokens_unsupported", &[]));
         }
+        // vLLM reads seed -1 as no seed.
+        let seed = self.seed.filter(|&s| s != -1);
+        if let Some(seed) = seed {
+            // Child i of n samples with seed + i (vLLM's ParentRequest).
+            if seed.checked_add(i64::from(n) - 1).is_none() {
+                return Err(ApiError::invalid_param(
+                    "seed",
+                    format!("seed + n - 1 must fit in a signed 64-bit integer, got seed={seed} with n={n}."),
+                ));
+            }
+        }
         let sampling = SamplingParams {
             temperature,
             top_p,
@@ -295,8 +314,7 @@ impl SamplingInput {
             repetition_penalty,
             max_tokens,
             min_tokens,
-            // vLLM reads seed -1 as no seed.
-            seed: self.seed.filter(|&s| s != -1),
+            seed,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             prompt_logprobs: self.prompt_logprobs,
             ..Default::default()
@@ -311,6 +329,7 @@ impl SamplingInput {
                 skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
                 spaces_between_special_tokens: self.spaces_between_special_tokens.unwrap_or(true),
             },
+            n,
             stream,
             include_usage,
             logit_bias_ids,
@@ -422,6 +441,20 @@ mod tests {
     }
 
     #[test]
+    fn n_is_read_and_refused_with_greedy_sampling_as_vllm_does() {
+        assert_eq!(parse(json!({})).unwrap().n, 1);
+        assert_eq!(parse(json!({"n": 3, "temperature": 0.5})).unwrap().n, 3);
+        assert_eq!(parse(json!({"n": 1, "temperature": 0})).unwrap().n, 1);
+        assert_eq!(parse(json!({"n": 2, "seed": i64::MAX})).unwrap_err().param.as_deref(), Some("seed"));
+        assert_eq!(parse(json!({"n": 1, "seed": i64::MAX})).unwrap().sampling.seed, Some(i64::MAX));
+        let err = parse(json!({"n": 2, "temperature": 0})).unwrap_err();
+        assert_eq!(
+            (err.status, err.param, err.message.as_str()),
+            (StatusCode::BAD_REQUEST, None, "n must be 1 when using greedy sampling, got 2.")
+        );
+    }
+
+    #[test]
     fn invalid_values_name_the_parameter_with_vllms_message() {
         for (body, param, message) in [
             (json!({"max_tokens": 0}), "max_tokens", "max_tokens must be at least 1, got 0."),
@@ -429,6 +462,7 @@ mod tests {
             (json!({"top_p": 0}), "top_p", "top_p must be in (0, 1], got 0.0."),
             (json!({"top_k": -5}), "top_k", "top_k must be 0 (disable), or at least 1, got -5."),
             (json!({"n": 0}), "n", "n must be at least 1, got 0."),
+            (json!({"n": 16385}), "n", "n must be at most 16384, got 16385."),
             (
                 json!({"min_tokens": 5, "max_tokens": 2}),
                 "min_tokens",
@@ -470,7 +504,7 @@ mod tests {
     fn wrong_types_and_project_limits_name_the_parameter() {
         for (body, param) in [
             (json!({"max_tokens": "5"}), "max_tokens"),
-            (json!({"n": 2}), "n"),
+            (json!({"n": 1.5}), "n"),
             (json!({"stop": 3}), "stop"),
             (json!({"stream": "yes"}), "stream"),
             (json!({"seed": 1.5}), "seed"),

@@ -209,6 +209,7 @@ async fn response(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result
     let echo = Echo::new(&sampling, &input);
     let max_output_tokens = input.max_output_tokens.map(|n| ("max_output_tokens", n));
     let mut common = sampling.check(max_output_tokens)?;
+    common.n = 1; // vLLM's Responses API has no `n`: one choice
     check_model(&state, common.model.as_deref())?;
     let prompt = state
         .tokenizer

@@ -7,7 +7,7 @@ use crate::generate::{Delta, Generation, GenerationError, Usage};
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
-use futures_util::stream;
+use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 use serde::Serialize;
 use std::convert::Infallible;
 
@@ -31,6 +31,7 @@ pub fn event<T: Serialize>(value: &T) -> Bytes {
 }
 
 /// What every chunk of one streamed answer repeats: id, object, created, model.
+#[derive(Clone)]
 pub struct ChunkHeader {
     /// The id the client sees.
     pub id: String,
@@ -133,10 +134,103 @@ pub async fn sse_response<W: ChunkWriter>(mut generation: Generation, writer: W,
             }
         }
     });
-    let mut response = Response::new(Body::from_stream(body));
+    event_stream_response(Body::from_stream(body))
+}
+
+fn event_stream_response(body: Body) -> Response {
+    let mut response = Response::new(body);
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
+}
+
+/// One output of one choice of an answer with n > 1: the choice's index,
+/// its delta or failure, and its token counts so far.
+type ChoiceOutput = (usize, Result<Delta, GenerationError>, Usage);
+
+/// The outputs of one choice, up to and including its last delta or failure.
+fn choice_outputs(index: usize, generation: Generation) -> BoxStream<'static, ChoiceOutput> {
+    stream::unfold(Some(generation), move |generation| async move {
+        let mut generation = generation?;
+        let output = generation.next_delta().await?;
+        let running = matches!(&output, Ok(delta) if delta.finish.is_none());
+        let usage = generation.usage();
+        // A finished (or failed) choice's generation goes; the others run on.
+        Some(((index, output, usage), running.then_some(generation)))
+    })
+    .boxed()
+}
+
+struct ChoicesState<W> {
+    /// Every running choice's outputs, merged as they come.
+    outputs: SelectAll<BoxStream<'static, ChoiceOutput>>,
+    /// One writer per choice, by index.
+    writers: Vec<W>,
+    include_usage: bool,
+    /// The usage of the choices that finished.
+    usage: Usage,
+    /// The openings of every choice, sent first.
+    opening: Option<Vec<u8>>,
+    ended: bool,
+}
+
+/// A `text/event-stream` response for an answer with n > 1 choices: every
+/// choice's opening, then each choice's chunks as they come (each choice
+/// ends with its own finish chunk), then the usage of all of them. A
+/// failure of one choice ends the stream with its error; dropping the body
+/// (client gone) drops every generation, which aborts each one.
+pub fn choices_sse_response<W: ChunkWriter>(
+    generations: Vec<Generation>,
+    writers: Vec<W>,
+    include_usage: bool,
+) -> Response {
+    let opening = writers.iter().filter_map(ChunkWriter::opening).fold(Vec::new(), |mut all, chunk| {
+        all.extend_from_slice(&chunk);
+        all
+    });
+    let outputs = stream::select_all(
+        generations.into_iter().enumerate().map(|(index, generation)| choice_outputs(index, generation)),
+    );
+    let state =
+        ChoicesState { outputs, writers, include_usage, usage: Usage::default(), opening: Some(opening), ended: false };
+    let body = stream::unfold(state, |mut s| async move {
+        if let Some(opening) = s.opening.take().filter(|o| !o.is_empty()) {
+            return Some((Ok::<Bytes, Infallible>(Bytes::from(opening)), s));
+        }
+        if s.ended {
+            return None;
+        }
+        loop {
+            let Some((index, output, usage)) = s.outputs.next().await else {
+                let mut last = Vec::new();
+                if s.include_usage {
+                    last.extend_from_slice(&s.writers[0].usage(s.usage));
+                }
+                last.extend_from_slice(DONE);
+                s.ended = true;
+                return Some((Ok(Bytes::from(last)), s));
+            };
+            match output {
+                Ok(delta) => {
+                    if delta.finish.is_some() {
+                        s.usage.add_choice(usage);
+                    }
+                    let chunk = s.writers[index].delta(&delta);
+                    if !chunk.is_empty() {
+                        return Some((Ok(chunk), s));
+                    }
+                }
+                Err(error) => {
+                    let mut last = error_event(&error).to_vec();
+                    last.extend_from_slice(DONE);
+                    s.outputs = SelectAll::new(); // aborts the other choices now
+                    s.ended = true;
+                    return Some((Ok(Bytes::from(last)), s));
+                }
+            }
+        }
+    });
+    event_stream_response(Body::from_stream(body))
 }

@@ -55,8 +55,11 @@ pub struct Submitted {
     pub id: String,
     /// When it was created (unix seconds).
     pub created: u64,
-    /// Its generation.
+    /// The generation of its first (often only) choice.
     pub generation: Generation,
+    /// The generations of choices 1 to n - 1 when `n` > 1; empty, and so
+    /// never allocated, for one choice.
+    pub more_choices: Vec<Generation>,
 }
 
 /// 404 unless `model` is absent or one of the served names.
@@ -161,28 +164,50 @@ pub fn submit(
         client_index: 0,
         external_request_id: id.clone(),
     };
-    if state.config.enable_log_requests {
-        tracing::info!(
-            request_id = %request.request_id,
-            prompt_tokens = prompt_len,
-            max_tokens = ?request.sampling.max_tokens,
-            temperature = ?request.sampling.temperature,
-            stream = common.stream,
-            "received request"
-        );
-    }
-    let decoder = state.tokenizer.decoder(&request.prompt_token_ids, common.decode);
     let scored = request.sampling.logprobs.is_some() || request.sampling.prompt_logprobs.is_some();
-    let stream = state.engines.submit(request, pinned_rank).map_err(|e| match e {
-        SubmitError::RankOutOfRange { .. } => ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, e.to_string()),
-        SubmitError::Unavailable(why) => ApiError::unavailable(why),
-    })?;
-    let mut generation =
-        Generation::new(stream, decoder, common.stop, prompt_len as usize, state.metrics.clone(), started);
-    if scored {
-        generation = generation.with_logprobs(state.tokenizer.clone());
+    let start = |request: EngineRequest, stop: Vec<String>| -> Result<Generation, ApiError> {
+        if state.config.enable_log_requests {
+            tracing::info!(
+                request_id = %request.request_id,
+                prompt_tokens = prompt_len,
+                max_tokens = ?request.sampling.max_tokens,
+                temperature = ?request.sampling.temperature,
+                stream = common.stream,
+                "received request"
+            );
+        }
+        let decoder = state.tokenizer.decoder(&request.prompt_token_ids, common.decode);
+        let stream = state.engines.submit(request, pinned_rank).map_err(|e| match e {
+            SubmitError::RankOutOfRange { .. } => ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, e.to_string()),
+            SubmitError::Unavailable(why) => ApiError::unavailable(why),
+        })?;
+        let generation = Generation::new(stream, decoder, stop, prompt_len as usize, state.metrics.clone(), started);
+        Ok(if scored { generation.with_logprobs(state.tokenizer.clone()) } else { generation })
+    };
+    if common.n <= 1 {
+        let generation = start(request, common.stop)?;
+        return Ok(Submitted { id, created: unix_now(), generation, more_choices: Vec::new() });
     }
-    Ok(Submitted { id, created: unix_now(), generation })
+    // Each child goes to an engine of its own choosing, as vLLM's AsyncLLM adds
+    // them; the ones already started are aborted (dropped) when one cannot be.
+    let mut more_choices = child_requests(&request, common.n)
+        .map(|child| start(child, common.stop.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let generation = more_choices.remove(0);
+    Ok(Submitted { id, created: unix_now(), generation, more_choices })
+}
+
+/// The `n` child requests of `request`, as vLLM's `ParentRequest` makes them:
+/// ids `{index}_{request id}`, the same external id, seeds `seed + index`
+/// when the request has a seed.
+fn child_requests(request: &EngineRequest, n: u32) -> impl Iterator<Item = EngineRequest> + '_ {
+    (0..n).map(move |index| {
+        let mut child = request.clone();
+        child.request_id = format!("{index}_{}", request.request_id);
+        // The seed was checked to leave room for n - 1 more.
+        child.sampling.seed = request.sampling.seed.map(|seed| seed + i64::from(index));
+        child
+    })
 }
 
 /// vLLM's SamplingParams check against `--max-logprobs` (-1 counts as the

@@ -4,10 +4,11 @@
 
 use super::chat::{messages, MessageInput};
 use super::error::ApiError;
-use super::params::{parse_body, JsonBody};
+use super::params::{parse_body, parse_json_object, JsonBody};
 use super::rules::RULES;
 use super::state::SharedState;
 use super::submit::check_model;
+use super::template_kwargs::read_template_kwargs;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -28,7 +29,6 @@ struct TokenizeInput {
     return_token_strs: Option<bool>,
     tools: Option<Vec<IgnoredAny>>,
     chat_template: Option<IgnoredAny>,
-    chat_template_kwargs: Option<IgnoredAny>,
     media_io_kwargs: Option<IgnoredAny>,
     mm_processor_kwargs: Option<IgnoredAny>,
 }
@@ -46,7 +46,6 @@ fn tokenize_body(state: &SharedState, body: &[u8]) -> Result<Value, ApiError> {
     check_model(state, input.model.as_deref())?;
     let unsupported = [
         ("chat_template", input.chat_template.is_some()),
-        ("chat_template_kwargs", input.chat_template_kwargs.is_some()),
         ("media_io_kwargs", input.media_io_kwargs.is_some()),
         ("mm_processor_kwargs", input.mm_processor_kwargs.is_some()),
         ("tools", input.tools.is_some_and(|tools| !tools.is_empty())),
@@ -71,9 +70,10 @@ fn tokenize_body(state: &SharedState, body: &[u8]) -> Result<Value, ApiError> {
                 return Err(RULES.refuse("continue_final_message", key, &[]));
             }
             let messages = messages(Some(items), None)?;
+            let kwargs = read_template_kwargs(&parse_json_object(body)?, &state.config.chat.default_template_kwargs)?;
             let text = state
                 .tokenizer
-                .apply_chat_template(&messages, add_generation_prompt)
+                .apply_chat_template_with_tools(&messages, add_generation_prompt, None, &kwargs)
                 .map_err(|e| ApiError::invalid_param("messages", format!("cannot apply the chat template: {e}")))?;
             state
                 .tokenizer

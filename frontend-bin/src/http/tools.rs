@@ -140,8 +140,9 @@ pub fn read_chat_tools(body: &Map<String, Value>, options: &ChatOptions) -> Resu
     Ok(out)
 }
 
-/// The reader of a request's output, or `None` when its text is all content.
-pub fn output_parser(tools: &ChatTools, options: &ChatOptions) -> Option<ChatOutputParser> {
+/// The reader of a request's output, or `None` when its text is all content;
+/// `thinking` is the request's `enable_thinking` (only `qwen3` reads it).
+pub fn output_parser(tools: &ChatTools, options: &ChatOptions, thinking: bool) -> Option<ChatOutputParser> {
     if tools.mode == "none" && options.reasoning_parser.is_none() {
         return None;
     }
@@ -155,7 +156,11 @@ pub fn output_parser(tools: &ChatTools, options: &ChatOptions) -> Option<ChatOut
         "required" => ToolMode::Required,
         _ => ToolMode::None,
     };
-    let reasoning = options.reasoning_parser.as_deref().and_then(|name| ReasoningParser::new(name).ok());
+    let reasoning = options
+        .reasoning_parser
+        .as_deref()
+        .and_then(|name| ReasoningParser::new(name).ok())
+        .map(|p| p.with_thinking(thinking));
     Some(ChatOutputParser::new(reasoning, mode, tools.parallel_tool_calls))
 }
 
@@ -234,12 +239,13 @@ pub struct ParsedChatChunks {
     pub mode: &'static str,
     /// How logprobs are shown, when the request asked for them.
     pub rendering: Option<std::sync::Arc<crate::logprobs::Rendering>>,
+    /// The choice's index (streams of n > 1 choices interleave them).
+    pub index: u32,
 }
 
 impl ChunkWriter for ParsedChatChunks {
     fn opening(&self) -> Option<Bytes> {
-        let choice =
-            json!({"index": 0, "delta": {"role": self.role, "content": ""}, "logprobs": null, "finish_reason": null});
+        let choice = json!({"index": self.index, "delta": {"role": self.role, "content": ""}, "logprobs": null, "finish_reason": null});
         Some(self.header.event(vec![choice], None))
     }
 
@@ -266,7 +272,7 @@ impl ChunkWriter for ParsedChatChunks {
         }
         let logprobs = self.rendering.as_ref().and_then(|r| r.chat_logprobs(delta.scored.as_deref()));
         let mut choice = Fields::default();
-        choice.put("index", &0);
+        choice.put("index", &self.index);
         let Some(finish) = &delta.finish else {
             if out.is_empty() && logprobs.is_none() {
                 return Bytes::new();
@@ -362,7 +368,7 @@ mod tests {
             ChatMessage { role: "tool".into(), content: "sunny".into(), extra: template_extra(&tool) },
         ];
         let tools = json!([{"type": "function", "function": {"name": "f"}}]);
-        let prompt = template.render_with_tools(&messages, false, Some(&tools)).unwrap();
+        let prompt = template.render_with_tools(&messages, false, Some(&tools), &Map::new()).unwrap();
         assert_eq!(prompt, "[f]assistant:Paris;tool:c1sunny;");
     }
 }

@@ -1,7 +1,8 @@
 //! The `--args-json` keys that shape chat prompts and answers:
 //! `chat_template`, `chat_template_content_format`, `response_role`, and
 //! the output parsers: `enable_auto_tool_choice`, `tool_call_parser`,
-//! `reasoning_parser`, `exclude_tools_when_tool_choice_none`.
+//! `reasoning_parser`, `exclude_tools_when_tool_choice_none`, and
+//! `default_chat_template_kwargs`.
 
 use crate::config::Keys;
 use crate::error::ExitError;
@@ -23,6 +24,9 @@ pub struct ChatOptions {
     pub reasoning_parser: Option<String>,
     /// Leave `tools` out of the template when `tool_choice` is `none`.
     pub exclude_tools_when_tool_choice_none: bool,
+    /// The `chat_template_kwargs` every chat request starts from
+    /// (`default_chat_template_kwargs`); a request's own override them.
+    pub default_template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Default for ChatOptions {
@@ -34,6 +38,7 @@ impl Default for ChatOptions {
             auto_tool_parser: None,
             reasoning_parser: None,
             exclude_tools_when_tool_choice_none: false,
+            default_template_kwargs: serde_json::Map::new(),
         }
     }
 }
@@ -73,6 +78,11 @@ impl ChatOptions {
             auto_tool_parser: tool_call_parser.filter(|_| auto_tools),
             reasoning_parser,
             exclude_tools_when_tool_choice_none: keys.bool("exclude_tools_when_tool_choice_none")?.unwrap_or(false),
+            default_template_kwargs: match keys.get("default_chat_template_kwargs") {
+                None | Some(serde_json::Value::Null) => serde_json::Map::new(),
+                Some(serde_json::Value::Object(map)) => map.clone(),
+                Some(other) => return Err(Keys::wrong_type("default_chat_template_kwargs", "a JSON object", other)),
+            },
         })
     }
 }
@@ -108,5 +118,22 @@ mod tests {
             other => panic!("expected a usage error, got {other:?}"),
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn default_template_kwargs_are_an_object_or_null() {
+        let load = |value: serde_json::Value| {
+            let map = serde_json::Map::from_iter([("default_chat_template_kwargs".to_owned(), value)]);
+            ChatOptions::load(&Keys(&map)).map(|options| options.default_template_kwargs)
+        };
+        let kwargs = load(serde_json::json!({"enable_thinking": false})).unwrap();
+        assert_eq!(kwargs.get("enable_thinking"), Some(&serde_json::Value::Bool(false)));
+        assert!(load(serde_json::Value::Null).unwrap().is_empty());
+        match load(serde_json::json!("{\"enable_thinking\": false}")) {
+            Err(ExitError::Usage(m)) => {
+                assert!(m.contains("`default_chat_template_kwargs` must be a JSON object"), "{m}")
+            }
+            other => panic!("expected a usage error, got {other:?}"),
+        }
     }
 }

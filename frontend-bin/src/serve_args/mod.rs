@@ -42,6 +42,7 @@ pub const HONOURED_KEYS: &[&str] = &[
     "enable_auto_tool_choice",
     "tool_call_parser",
     "reasoning_parser",
+    "default_chat_template_kwargs",
     "exclude_tools_when_tool_choice_none",
     "response_role",
     "enable_request_id_headers",
@@ -110,7 +111,6 @@ pub const REFUSED_KEYS: &[(&str, &str)] = &[
     ("tokens_only", "the tokens-in/tokens-out endpoints are not served"),
     ("enable_scale_out", "the scale-out endpoints are not served"),
     ("lora_modules", "LoRA adapters are not served"),
-    ("default_chat_template_kwargs", "chat template keyword arguments are not supported"),
     ("skip_tokenizer_init", "the frontend always tokenizes prompts"),
     ("grpc", "the Python gRPC server replaces the HTTP frontend"),
 ];

@@ -4,9 +4,29 @@
 
 use super::{ChatMessage, ChatTemplateError};
 use minijinja::{context, Environment, Error, ErrorKind};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
+use std::collections::HashSet;
 
 const TEMPLATE_NAME: &str = "chat";
+
+/// transformers' `apply_chat_template` parameters: vLLM accepts them as
+/// `chat_template_kwargs` whatever the template uses, but transformers
+/// consumes them itself, so the template never sees them (`documents` aside,
+/// which it passes on, and `tools`/`conversation`, which requests cannot set).
+const CONSUMED_BY_APPLY: [&str; 12] = [
+    "add_generation_prompt",
+    "chat_template",
+    "continue_final_message",
+    "max_length",
+    "padding",
+    "return_assistant_tokens_mask",
+    "return_dict",
+    "return_tensors",
+    "sanitize_control_tokens",
+    "tokenize",
+    "tokenizer_kwargs",
+    "truncation",
+];
 
 /// How message content reaches a template (vLLM's `chat_template_content_format`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +43,9 @@ pub struct ChatTemplate {
     bos_token: String,
     eos_token: String,
     content_format: ContentFormat,
+    /// The variables the template reads without defining them (its own
+    /// `undeclared_variables`): the only `chat_template_kwargs` it gets.
+    variables: HashSet<String>,
 }
 
 impl ChatTemplate {
@@ -38,7 +61,8 @@ impl ChatTemplate {
         });
         env.add_function("strftime_now", |format: String| -> String { format_today(&format) });
         env.add_template_owned(TEMPLATE_NAME, source)?;
-        Ok(ChatTemplate { env, bos_token, eos_token, content_format })
+        let variables = env.get_template(TEMPLATE_NAME)?.undeclared_variables(false);
+        Ok(ChatTemplate { env, bos_token, eos_token, content_format, variables })
     }
 
     /// The same template with `format` instead of the detected content format (when given).
@@ -56,15 +80,20 @@ impl ChatTemplate {
 
     /// The prompt for `messages`.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ChatTemplateError> {
-        self.render_with_tools(messages, add_generation_prompt, None)
+        self.render_with_tools(messages, add_generation_prompt, None, &Map::new())
     }
 
-    /// The prompt for `messages` and the request's `tools` (the template's `tools` variable).
+    /// The prompt for `messages`, the request's `tools` (the template's
+    /// `tools` variable) and its `chat_template_kwargs` (already checked:
+    /// `http::template_kwargs`): those the template reads become variables,
+    /// as vLLM filters them; they may replace `bos_token`/`eos_token`, as in
+    /// transformers, but never the messages, tools or `add_generation_prompt`.
     pub fn render_with_tools(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         tools: Option<&Value>,
+        kwargs: &Map<String, Value>,
     ) -> Result<String, ChatTemplateError> {
         let template = self.env.get_template(TEMPLATE_NAME)?;
         let messages: Vec<Value> = messages
@@ -80,14 +109,16 @@ impl ChatTemplate {
                 message
             })
             .collect();
+        let kwargs: Map<String, Value> = kwargs
+            .iter()
+            .filter(|(name, _)| self.variables.contains(*name) && !CONSUMED_BY_APPLY.contains(&name.as_str()))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+        // The last of the merged maps that has a name wins it.
+        let fixed = context! { messages => messages, add_generation_prompt => add_generation_prompt, tools => tools };
+        let tokens = context! { bos_token => self.bos_token, eos_token => self.eos_token };
         template
-            .render(context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                tools => tools,
-                bos_token => self.bos_token,
-                eos_token => self.eos_token,
-            })
+            .render(minijinja::value::merge_maps([tokens, minijinja::Value::from_serialize(&kwargs), fixed]))
             .map_err(ChatTemplateError::from)
     }
 }
@@ -235,6 +266,22 @@ mod tests {
         let messages = vec![ChatMessage { role: "user".into(), content: "  hi ".into(), extra: None }];
         assert_eq!(t.render(&messages, true).unwrap(), "<s><|user|>hi</s><|assistant|>");
         assert_eq!(t.render(&messages, false).unwrap(), "<s><|user|>hi</s>");
+    }
+
+    #[test]
+    fn kwargs_reach_the_variables_the_template_reads_but_not_the_servers_own() {
+        let source = "{{ bos_token }}|{{ style | default('plain') }}|{{ padding | default('unset') }}|{{ messages | length }}|{{ add_generation_prompt }}";
+        let t = ChatTemplate::new(source.into(), "<s>".into(), String::new()).unwrap();
+        let messages = vec![ChatMessage { role: "user".into(), content: "hi".into(), extra: None }];
+        let render = |kwargs: Value| t.render_with_tools(&messages, true, None, kwargs.as_object().unwrap()).unwrap();
+        assert_eq!(render(json!({})), "<s>|plain|unset|1|True");
+        assert_eq!(render(json!({"style": "terse", "unused": 1})), "<s>|terse|unset|1|True");
+        // transformers consumes its own parameters, and the server's variables win;
+        // special tokens are the template's defaults, which kwargs replace.
+        assert_eq!(
+            render(json!({"padding": true, "add_generation_prompt": false, "messages": [], "bos_token": "B"})),
+            "B|plain|unset|1|True"
+        );
     }
 
     #[test]

@@ -114,9 +114,10 @@ impl Tokenizer for HfTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, ChatTemplateError> {
         match &self.chat_template {
-            Some(template) => template.render_with_tools(messages, add_generation_prompt, tools),
+            Some(template) => template.render_with_tools(messages, add_generation_prompt, tools, kwargs),
             None => self.apply_chat_template(messages, add_generation_prompt),
         }
     }

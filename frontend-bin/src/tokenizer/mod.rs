@@ -58,13 +58,16 @@ pub trait Tokenizer: Send + Sync {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError>;
-    /// The prompt for `messages` with the request's `tools` (as vLLM passes
-    /// them to templates); templates that cannot show tools ignore them.
+    /// The prompt for `messages` with the request's `tools` and checked
+    /// `chat_template_kwargs` (as vLLM passes them to templates); templates
+    /// that cannot show tools ignore them, and a template gets only the
+    /// kwargs it reads (the built-in one reads none).
     fn apply_chat_template_with_tools(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         _tools: Option<&serde_json::Value>,
+        _kwargs: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, ChatTemplateError> {
         self.apply_chat_template(messages, add_generation_prompt)
     }

@@ -76,8 +76,9 @@ impl Tokenizer for TemplatedTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, ChatTemplateError> {
-        self.template.render_with_tools(messages, add_generation_prompt, tools)
+        self.template.render_with_tools(messages, add_generation_prompt, tools, kwargs)
     }
 
     fn template_tokens(&self) -> (String, String) {

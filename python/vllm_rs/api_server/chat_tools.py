@@ -129,8 +129,9 @@ def read_chat_tools(body: dict[str, Any], settings: ParserSettings) -> ChatTools
     return ChatTools(tools, "required", None, {"json": schema}, parallel)
 
 
-def output_parser(tools: ChatTools, settings: ParserSettings) -> ChatOutputParser | None:
-    """The reader of this request's output, or None when its text is all content."""
+def output_parser(tools: ChatTools, settings: ParserSettings, thinking: bool = True) -> ChatOutputParser | None:
+    """The reader of this request's output, or None when its text is all
+    content; `thinking` is the request's `enable_thinking` (only qwen3 reads it)."""
     if tools.mode == "none" and settings.reasoning_parser is None:
         return None
     return ChatOutputParser(
@@ -139,6 +140,7 @@ def output_parser(tools: ChatTools, settings: ParserSettings) -> ChatOutputParse
         function_name=tools.function_name,
         tools_json=json.dumps(tools.tools) if tools.tools else None,
         reasoning_parser=settings.reasoning_parser,
+        thinking=thinking,
         parallel_tool_calls=tools.parallel_tool_calls,
     )
 

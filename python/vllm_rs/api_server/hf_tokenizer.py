@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import tokenizers
+from jinja2 import meta
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers.decoders import DecodeStream
 
+from vllm_rs.api_server.template_kwargs import template_variables
 from vllm_rs.api_server.tokenizer import ChatMessage, ChatTemplateError, DecodeOptions, TokenizerLoadError
 from vllm_rs.logger import init_logger
 
@@ -139,11 +141,14 @@ class HfTokenizer:
         self._eos_token = eos or ""
         source_text = _template_source(config)
         self._template = None
+        #: The variables the template reads without defining them: the only kwargs it gets.
+        self._variables: frozenset[str] = frozenset()
         if source_text is not None:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_exception
             try:
                 self._template = env.from_string(source_text)
+                self._variables = frozenset(meta.find_undeclared_variables(env.parse(source_text)))
             except TemplateError as e:
                 raise TokenizerLoadError(f"the chat template of {source.parent} does not compile: {e}") from None
 
@@ -166,20 +171,28 @@ class HfTokenizer:
         return IncrementalDecoder(self, prompt, options)
 
     def apply_chat_template(
-        self, messages: list[ChatMessage], add_generation_prompt: bool, tools: list | None = None
+        self,
+        messages: list[ChatMessage],
+        add_generation_prompt: bool,
+        tools: list | None = None,
+        kwargs: dict[str, Any] | None = None,
     ) -> str:
-        """The prompt for `messages` (and the request's `tools`, as vLLM passes them); raises ChatTemplateError when there is
+        """The prompt for `messages` (and the request's `tools` and checked
+        `chat_template_kwargs`, as vLLM passes them: those the template reads,
+        never replacing the messages, tools or `add_generation_prompt`, but
+        replacing the special tokens); raises ChatTemplateError when there is
         no template or it refuses the messages."""
         if self._template is None:
             raise ChatTemplateError(f"the tokenizer at {self.source} has no chat template")
         try:
-            return self._template.render(
-                messages=[{"role": m.role, "content": m.content, **(m.extra or {})} for m in messages],
-                add_generation_prompt=add_generation_prompt,
-                tools=tools,
-                bos_token=self._bos_token,
-                eos_token=self._eos_token,
-            )
+            variables = {"bos_token": self._bos_token, "eos_token": self._eos_token}
+            variables |= template_variables(kwargs or {}, self._variables)
+            variables |= {
+                "messages": [{"role": m.role, "content": m.content, **(m.extra or {})} for m in messages],
+                "add_generation_prompt": add_generation_prompt,
+                "tools": tools,
+            }
+            return self._template.render(variables)
         except TemplateError as e:
             raise ChatTemplateError(str(e)) from None
 

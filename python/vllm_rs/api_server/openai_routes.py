@@ -39,6 +39,7 @@ from vllm_rs.api_server.sse import (
 from vllm_rs.api_server.state import ServerState
 from vllm_rs.api_server.structured_outputs import read_structured_outputs, wire_params
 from vllm_rs.api_server.submit import CHAT, COMPLETIONS, Submitted, check_model, submit
+from vllm_rs.api_server.template_kwargs import read_template_kwargs, thinking_enabled
 from vllm_rs.api_server.tokenizer import ChatMessage, ChatTemplateError
 
 
@@ -317,17 +318,18 @@ async def create_chat_completion(request: Request) -> Response:
     body = await read_json_object(request)
     common, messages, add_generation_prompt = parse_chat(body)
     tools = read_chat_tools(body, state.settings.parsers)
+    template_kwargs = read_template_kwargs(body, state.settings.default_chat_template_kwargs)
     if tools.constraint is not None:
         # A forced tool choice replaces the request's own constraint, as in vLLM.
         common.sampling["structured_outputs"] = wire_params(tools.constraint)
     check_model(state, common.model)
     try:
-        prompt_text = state.tokenizer.apply_chat_template(messages, add_generation_prompt, tools.tools)
+        prompt_text = state.tokenizer.apply_chat_template(messages, add_generation_prompt, tools.tools, template_kwargs)
     except ChatTemplateError as e:  # the template refused the messages, or there is none
         raise ApiError.invalid_param("messages", f"cannot apply the chat template: {e}") from None
     # The template writes BOS and the like itself.
     prompt = state.tokenizer.encode(prompt_text, add_special_tokens=False)
     submitted = submit(state, request.headers, CHAT, prompt, common)
-    parser = output_parser(tools, state.settings.parsers)
+    parser = output_parser(tools, state.settings.parsers, thinking_enabled(template_kwargs))
     shape = CHAT_SHAPE if parser is None else _parsed_chat_shape(parser, tools, state.settings.parsers.reasoning_parser)
     return await _answer(state, submitted, common, shape, _rendering(state, common))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from vllm_rs import envs
 from vllm_rs.api_server.chat_tools import ParserSettings
@@ -44,6 +45,8 @@ class ServerSettings:
     limits: ServerLimits = field(default_factory=ServerLimits)
     #: The tool-call and reasoning parsers chosen by the serve flags.
     parsers: ParserSettings = field(default_factory=ParserSettings)
+    #: The `chat_template_kwargs` every chat request starts from (`--default-chat-template-kwargs`).
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     generation_config: GenerationConfig = field(default_factory=GenerationConfig)
 
     @property
@@ -77,6 +80,7 @@ class ServerSettings:
             return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
             limits=ServerLimits.from_env(),
             parsers=ParserSettings.from_args(args),
+            default_chat_template_kwargs=dict(getattr(args, "default_chat_template_kwargs", None) or {}),
             generation_config=load_for_model(
                 args.model,
                 getattr(args, "generation_config", None) or "auto",

@@ -15,6 +15,7 @@ from vllm_rs.api_server.params import Int64, RequestModel, parse_model
 from vllm_rs.api_server.request_rules import RULES
 from vllm_rs.api_server.state import ServerState
 from vllm_rs.api_server.submit import check_model
+from vllm_rs.api_server.template_kwargs import read_template_kwargs
 from vllm_rs.api_server.tokenizer import ChatTemplateError
 
 
@@ -30,7 +31,6 @@ class TokenizeInput(RequestModel):
     return_token_strs: bool | None = None
     tools: list[Any] | None = None
     chat_template: Any = None
-    chat_template_kwargs: Any = None
     media_io_kwargs: Any = None
     mm_processor_kwargs: Any = None
 
@@ -42,8 +42,8 @@ class DetokenizeInput(RequestModel):
     tokens: list[Int64] | None = None
 
 
-def _tokens(state: ServerState, t: TokenizeInput) -> list[int]:
-    for param in ("chat_template", "chat_template_kwargs", "media_io_kwargs", "mm_processor_kwargs"):
+def _tokens(state: ServerState, t: TokenizeInput, body: dict[str, Any]) -> list[int]:
+    for param in ("chat_template", "media_io_kwargs", "mm_processor_kwargs"):
         if getattr(t, param) is not None:
             raise RULES.refuse(param, "field_unsupported", param=param)
     if t.tools:
@@ -60,8 +60,9 @@ def _tokens(state: ServerState, t: TokenizeInput) -> list[int]:
         key = "continue_with_generation_prompt" if add_generation_prompt else "continue_final_message_unsupported"
         raise RULES.refuse("continue_final_message", key)
     messages = flatten_messages(t.messages)
+    kwargs = read_template_kwargs(body, state.settings.default_chat_template_kwargs)
     try:
-        text = state.tokenizer.apply_chat_template(messages, add_generation_prompt)
+        text = state.tokenizer.apply_chat_template(messages, add_generation_prompt, None, kwargs)
     except ChatTemplateError as e:
         raise ApiError.invalid_param("messages", f"cannot apply the chat template: {e}") from None
     return state.tokenizer.encode(text, add_special_tokens=bool(t.add_special_tokens))
@@ -70,9 +71,10 @@ def _tokens(state: ServerState, t: TokenizeInput) -> list[int]:
 async def tokenize(request: Request) -> Response:
     """Handles `POST /tokenize`."""
     state: ServerState = request.app.state.server
-    t = parse_model(TokenizeInput, await read_json_object(request))
+    body = await read_json_object(request)
+    t = parse_model(TokenizeInput, body)
     check_model(state, t.model)
-    tokens = _tokens(state, t)
+    tokens = _tokens(state, t, body)
     token_strs = state.tokenizer.token_strings(tokens) if t.return_token_strs else None
     return json_response(
         {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens, "token_strs": token_strs}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from vllm_rs.engine.models import BYTE_EOS_TOKEN_ID, BYTE_VOCAB_SIZE, MODEL_TYPES
 
@@ -106,10 +106,15 @@ class ByteLevelTokenizer:
         return ByteDecoder()
 
     def apply_chat_template(
-        self, messages: list[ChatMessage], add_generation_prompt: bool, tools: list | None = None
+        self,
+        messages: list[ChatMessage],
+        add_generation_prompt: bool,
+        tools: list | None = None,
+        kwargs: dict[str, Any] | None = None,
     ) -> str:
         """`role: content` lines, then `assistant: ` when a reply is wanted
-        (the built-in template shows neither tools nor tool calls)."""
+        (the built-in template shows neither tools nor tool calls, and reads
+        no kwargs)."""
         prompt = "".join(f"{m.role}: {m.content}\n" for m in messages)
         return prompt + "assistant: " if add_generation_prompt else prompt
 

@@ -3,8 +3,7 @@ with the echo model, asked through the real `openai` client, answers
 asserted against the echo model's known distribution (at a position whose
 token is t, token t + i has logprob -(i + 1) ln 2, the scored token t has
 -ln 2 and rank 1) in vLLM 0.33's layouts, on both frontends, which must
-write the same bytes; `n` > 1 as child requests (Python API server; the
-Rust frontend still refuses `n` with a 400 naming the field)."""
+write the same bytes (`n` > 1: test_n_choices.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,6 @@ import math
 import re
 
 import pytest
-from vllm_rs.api_server.submit import child_requests
-from vllm_rs.engine.protocol import EngineCoreRequest
 
 from tests.test_serve import API_KEY, FRONTENDS, Serve, rust_frontend_available
 
@@ -262,99 +259,5 @@ def test_server_option_return_tokens_as_token_ids(frontend):
             .logprobs
         )
         assert lp.tokens == ["a"]
-    finally:
-        serve.kill()
-
-
-def test_n_choices_with_seed(stack):
-    client = stack.client()
-    result = client.completions.create(model="echo", prompt="abc", max_tokens=4, n=3, seed=7, logprobs=0)
-    assert [c.index for c in result.choices] == [0, 1, 2]
-    assert all(c.text == "abca" and c.logprobs.tokens == list("abca") for c in result.choices)
-    # The prompt counts once, the completions of every choice add up.
-    assert (result.usage.prompt_tokens, result.usage.completion_tokens, result.usage.total_tokens) == (3, 12, 15)
-    chat = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "x"}], max_tokens=2, n=2)
-    assert [(c.index, c.message.content) for c in chat.choices] == [(0, "us"), (1, "us")]
-    assert chat.usage.completion_tokens == 4
-
-
-def test_streamed_n_choices(stack):
-    client = stack.client()
-    chunks = list(
-        client.completions.create(
-            model="echo", prompt="hey", max_tokens=5, n=3, stream=True, stream_options={"include_usage": True}
-        )
-    )
-    texts: dict[int, str] = {}
-    finishes: dict[int, str] = {}
-    for chunk in chunks[:-1]:
-        for choice in chunk.choices:
-            texts[choice.index] = texts.get(choice.index, "") + choice.text
-            if choice.finish_reason is not None:
-                finishes[choice.index] = choice.finish_reason
-    assert texts == {0: "heyhe", 1: "heyhe", 2: "heyhe"} and finishes == {0: "length", 1: "length", 2: "length"}
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 15
-    chat = list(
-        client.chat.completions.create(
-            model="echo", messages=[{"role": "user", "content": "x"}], max_tokens=3, n=2, stream=True
-        )
-    )
-    roles = [c.choices[0].index for c in chat if c.choices and c.choices[0].delta.role == "assistant"]
-    assert sorted(roles) == [0, 1]
-    content = {i: "".join(c.choices[0].delta.content or "" for c in chat if c.choices[0].index == i) for i in (0, 1)}
-    assert content == {0: "use", 1: "use"}
-
-
-def test_n_validation(stack):
-    status, answer = _post(stack, "/v1/completions", {"model": "echo", "prompt": "a", "n": 0})
-    assert (
-        status == 400
-        and answer["error"]["param"] == "n"
-        and answer["error"]["message"] == "n must be at least 1, got 0."
-    )
-    status, answer = _post(stack, "/v1/completions", {"model": "echo", "prompt": "a", "n": 2, "temperature": 0})
-    assert status == 400 and answer["error"]["message"] == "n must be 1 when using greedy sampling, got 2."
-
-
-def test_children_are_formed_as_vllms():
-    parent = EngineCoreRequest("cmpl-x-1234", [1, 2], {"seed": 10, "max_tokens": 3}, external_req_id="cmpl-x")
-    children = child_requests(parent, 3)
-    assert [c.request_id for c in children] == ["0_cmpl-x-1234", "1_cmpl-x-1234", "2_cmpl-x-1234"]
-    assert [c.sampling_params["seed"] for c in children] == [10, 11, 12]
-    assert {c.external_req_id for c in children} == {"cmpl-x"} and parent.sampling_params["seed"] == 10
-    unseeded = child_requests(EngineCoreRequest("r", [1], {}), 2)
-    assert [c.sampling_params.get("seed") for c in unseeded] == [None, None]
-    assert child_requests(parent, 1) == [parent]
-
-
-def test_disconnect_mid_stream_aborts_every_choice():
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", "python", "--enable-log-requests", "--max-model-len", "1048576",
-                  env={"VLLM_API_KEY": API_KEY})  # fmt: skip
-    try:
-        client = serve.client()
-        stream = client.completions.create(model="echo", prompt="go", max_tokens=500_000, n=3, stream=True)
-        seen = set()
-        for chunk in stream:
-            seen.add(chunk.choices[0].index)
-            if len(seen) == 3:
-                break
-        stream.close()
-        # Something else completes: the engine is still serving.
-        assert client.completions.create(model="echo", prompt="ok", max_tokens=2).choices[0].text == "ok"
-        serve.interrupt()
-        assert serve.wait(30) == 0, serve.output
-        ids = [line for line in serve.lines if "received request 0_cmpl-" in line]
-        assert ids and all(f"{i}_cmpl-" in ids[0] for i in range(3)), serve.output
-        assert "1 requests finished, 3 aborted" in serve.output, serve.output
-    finally:
-        serve.kill()
-
-
-@pytest.mark.parametrize("frontend", [p for p in FRONTENDS if getattr(p, "values", [p])[0] == "rust"])
-def test_rust_frontend_refuses_n_with_a_400_naming_the_field(frontend):
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend, env={"VLLM_API_KEY": API_KEY})
-    try:
-        status, answer = _post(serve, "/v1/completions", {"model": "echo", "prompt": "a", "n": 2})
-        assert status == 400 and answer["error"]["param"] == "n", answer
     finally:
         serve.kill()

@@ -1,0 +1,111 @@
+//! A request's `chat_template_kwargs`, as vLLM 0.33 reads them: an object
+//! merged over the server's `default_chat_template_kwargs`; `chat_template`
+//! and `tokenize` are refused, as are the names the server itself passes
+//! (where transformers fails on the duplicate). The template renderer
+//! filters the rest to the variables the template uses.
+
+use super::error::ApiError;
+use super::rules::RULES;
+use serde_json::{Map, Value};
+
+/// Keys vLLM refuses outright ("unexpected chat template kwargs").
+const UNEXPECTED: [&str; 2] = ["chat_template", "tokenize"];
+
+/// Keys transformers' `apply_chat_template` already receives from the
+/// server: given again they fail there ("multiple values for keyword argument").
+const RESERVED: [&str; 3] = ["conversation", "messages", "tools"];
+
+/// The effective kwargs of a request body: its `chat_template_kwargs`
+/// (absent or null: none) merged over `defaults`; request values that are
+/// null or `"auto"` leave the default in place, as vLLM's `merge_kwargs` does.
+/// A non-object, or a refused key, is a 400 naming `chat_template_kwargs`.
+pub fn read_template_kwargs(
+    body: &Map<String, Value>,
+    defaults: &Map<String, Value>,
+) -> Result<Map<String, Value>, ApiError> {
+    let given = match body.get("chat_template_kwargs") {
+        None | Some(Value::Null) => return Ok(defaults.clone()),
+        Some(Value::Object(map)) => map,
+        Some(_) => return Err(RULES.wrong_type("chat_template_kwargs")),
+    };
+    let unexpected: Vec<String> =
+        UNEXPECTED.iter().filter(|k| given.contains_key(**k)).map(|k| format!("'{k}'")).collect();
+    if !unexpected.is_empty() {
+        let keys = format!("{{{}}}", unexpected.join(", "));
+        return Err(RULES.refuse("chat_template_kwargs", "chat_template_kwargs_unexpected", &[("keys", &keys)]));
+    }
+    if let Some(key) = RESERVED.iter().find(|k| given.contains_key(**k)) {
+        return Err(RULES.refuse("chat_template_kwargs", "chat_template_kwargs_reserved", &[("key", key)]));
+    }
+    let mut merged = defaults.clone();
+    for (key, value) in given {
+        if !value.is_null() && value.as_str() != Some("auto") {
+            merged.insert(key.clone(), value.clone());
+        }
+    }
+    Ok(merged)
+}
+
+/// The `enable_thinking` the reasoning parser reads from the kwargs: true
+/// when absent, else the value's truth as Python sees it (vLLM's qwen3 parser).
+pub fn thinking_enabled(kwargs: &Map<String, Value>) -> bool {
+    match kwargs.get("enable_thinking") {
+        None => true,
+        Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(value: Value) -> Map<String, Value> {
+        value.as_object().cloned().unwrap()
+    }
+
+    #[test]
+    fn request_kwargs_merge_over_defaults_except_null_and_auto() {
+        let defaults = object(json!({"enable_thinking": false, "style": "terse", "effort": "high"}));
+        let body =
+            object(json!({"chat_template_kwargs": {"enable_thinking": true, "style": null, "effort": "auto", "x": 1}}));
+        let merged = read_template_kwargs(&body, &defaults).unwrap();
+        assert_eq!(Value::Object(merged), json!({"enable_thinking": true, "style": "terse", "effort": "high", "x": 1}));
+        assert_eq!(read_template_kwargs(&object(json!({"chat_template_kwargs": null})), &defaults).unwrap(), defaults);
+        assert_eq!(read_template_kwargs(&Map::new(), &defaults).unwrap(), defaults);
+    }
+
+    #[test]
+    fn refused_kwargs_name_the_parameter() {
+        let cases = [
+            (json!({"chat_template_kwargs": [1]}), "must be an object"),
+            (json!({"chat_template_kwargs": "x"}), "must be an object"),
+            (
+                json!({"chat_template_kwargs": {"tokenize": true, "chat_template": "x"}}),
+                "Found unexpected chat template kwargs from request: {'chat_template', 'tokenize'}",
+            ),
+            (json!({"chat_template_kwargs": {"tools": []}}), "cannot set `tools`"),
+            (json!({"chat_template_kwargs": {"messages": []}}), "cannot set `messages`"),
+        ];
+        for (body, expected) in cases {
+            let error = read_template_kwargs(&object(body.clone()), &Map::new()).unwrap_err();
+            let text = format!("{error:?}");
+            assert!(text.contains(expected) && text.contains("chat_template_kwargs"), "{body}: {text}");
+        }
+    }
+
+    #[test]
+    fn thinking_follows_python_truth() {
+        assert!(thinking_enabled(&Map::new()));
+        for (value, on) in
+            [(json!(false), false), (json!(true), true), (json!(0), false), (json!("no"), true), (json!(null), false)]
+        {
+            assert_eq!(thinking_enabled(&object(json!({"enable_thinking": value}))), on, "{value}");
+        }
+    }
+}
