@@ -50,6 +50,25 @@ def test_n_choices(stack):
     assert (chat.usage.completion_tokens, chat.usage.total_tokens) == (4, chat.usage.prompt_tokens + 4)
 
 
+def test_each_choice_carries_its_own_logprobs_and_echo(stack):
+    client = stack.client()
+    result = client.completions.create(model="echo", prompt="ab", max_tokens=3, n=2, logprobs=1, echo=True)
+    for choice in result.choices:
+        assert choice.text == "ababa" and choice.logprobs.tokens == list("ababa"), choice
+        assert choice.logprobs.text_offset == [0, 1, 2, 3, 4] and choice.logprobs.token_logprobs[0] is None
+    streamed = client.completions.create(model="echo", prompt="ab", max_tokens=3, n=2, logprobs=1, stream=True)
+    tokens: dict[int, list[str]] = {0: [], 1: []}
+    for chunk in streamed:
+        for choice in chunk.choices:
+            tokens[choice.index] += choice.logprobs.tokens if choice.logprobs else []
+    assert tokens == {0: list("aba"), 1: list("aba")}
+    chat = client.chat.completions.create(model="echo", messages=_user("x"), max_tokens=2, n=2, logprobs=True,
+                                          top_logprobs=1)  # fmt: skip
+    for choice in chat.choices:
+        assert [entry.token for entry in choice.logprobs.content] == ["u", "s"], choice
+        assert all(len(entry.top_logprobs) == 1 for entry in choice.logprobs.content)
+
+
 def test_n_choices_each_match_their_stop_string(stack):
     result = stack.client().completions.create(model="echo", prompt="hello", max_tokens=8, n=2, stop=["ll"])
     assert [(c.text, c.finish_reason, c.model_extra["stop_reason"]) for c in result.choices] == [

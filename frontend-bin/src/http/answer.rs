@@ -6,9 +6,9 @@ use super::sse::{choices_sse_response, sse_response, ChunkHeader, ChunkWriter};
 use super::state::AppState;
 use super::submit::{stop_reason_json, Submitted};
 use crate::generate::{Generation, GenerationError, Usage, Whole};
-use futures_util::future::try_join_all;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures_util::future::try_join_all;
 use serde::{Serialize, Serializer};
 use serde_json::value::{to_raw_value, RawValue};
 
