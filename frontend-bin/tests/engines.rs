@@ -385,7 +385,6 @@ async fn peers_of_another_user_are_refused_on_abstract_engine_sockets() {
     )
     .await;
     assert_eq!(status, 200);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 const CONNECT_ENV: &str = "VLLM_RS_TEST_CONNECT_ABSTRACT";

@@ -41,6 +41,7 @@ from vllm_rs.engine.protocol import REQUEST_START_DP_WAVE, ProtocolError, pack
 from vllm_rs.logger import init_logger
 from vllm_rs.multinode import tcp_endpoint
 from vllm_rs.network_utils import PrivateSocketDir, ZmqListener, make_zmq_listener, make_zmq_socket
+from vllm_rs.signal_wakeup import drain, signal_wakeup
 
 logger = init_logger(__name__)
 
@@ -181,7 +182,10 @@ def run_coordinator(engine_count: int, listeners: CoordinatorListeners) -> None:
         ctx, listeners.engine_output.address, zmq.PULL, linger=0, listener=listeners.engine_output
     )
     try:
-        _serve(Coordinator(engine_count), front, back_publish, back_output)
+        # The wakeup socket ends a wait however the kernel routed SIGTERM
+        # (`vllm_rs.signal_wakeup`); the handler then raises here.
+        with signal_wakeup() as wakeup:
+            _serve(Coordinator(engine_count), front, back_publish, back_output, wakeup)
     except KeyboardInterrupt:
         logger.info("DP Coordinator process exiting")
     finally:
@@ -190,21 +194,33 @@ def run_coordinator(engine_count: int, listeners: CoordinatorListeners) -> None:
         ctx.term()
 
 
-def _serve(state: Coordinator, front: Any, back_publish: Any, back_output: Any) -> None:
+def _serve(state: Coordinator, front: Any, back_publish: Any, back_output: Any, wakeup: Any = None) -> None:
+    subscriptions = zmq.Poller()
+    for sock in (back_publish, wakeup):
+        if sock is not None:
+            subscriptions.register(sock, zmq.POLLIN)
     subscribed = 0
     while subscribed < len(state.engines):
-        if back_publish.recv() == SUBSCRIBE:
-            subscribed += 1
+        for sock, _ in subscriptions.poll():
+            if sock is wakeup:
+                drain(wakeup)
+            elif back_publish.recv() == SUBSCRIBE:
+                subscribed += 1
     back_publish.send(READY)
     logger.info("All engine subscriptions received by DP coordinator")
     poller = zmq.Poller()
-    for sock in (front, back_publish, back_output):
-        poller.register(sock, zmq.POLLIN)
+    for sock in (front, back_publish, back_output, wakeup):
+        if sock is not None:
+            poller.register(sock, zmq.POLLIN)
     last_publish_ms = 0
     while True:
         elapsed = int(time.time() * 1000) - last_publish_ms
         interval = MIN_STATS_UPDATE_INTERVAL_MS if state.stats_changed else IDLE_PUBLISH_INTERVAL_MS
         events = dict(poller.poll(timeout=max(0, interval - elapsed)))
+        if wakeup is not None and events.pop(wakeup, None):
+            drain(wakeup)
+            if not events:
+                continue
         if not events:
             front.send(state.published())
             state.stats_changed = False

@@ -8,23 +8,14 @@ its prompt; the toy model samples (seeded per child)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 from vllm_rs.api_server.submit import child_requests
 from vllm_rs.engine.protocol import EngineCoreRequest
 
 from tests.conformance.support import API_KEY, AUTH
+from tests.conformance.test_tools_reasoning import CALL_TEXT, WEATHER, _serve, echo_tools  # noqa: F401
 from tests.test_serve import FRONTENDS, Serve
-
-CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 def _user(text: str) -> list[dict]:
@@ -143,21 +134,10 @@ def test_children_are_formed_as_vllms():
     assert child_requests(parent, 1) == [parent]
 
 
-def _with_parsers(frontend: str, model: str, max_model_len: int) -> Iterator[Serve]:
-    """`model` served with hermes auto tool choice and the deepseek_r1 reasoning parser."""
-    serve = Serve("--model", model, "--port", "0", "--frontend", frontend, "--max-model-len", str(max_model_len),
-                  "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1")  # fmt: skip
-    try:
-        serve.wait_ready()
-        yield serve
-    finally:
-        serve.kill()
-
-
 @pytest.fixture(scope="module", params=FRONTENDS)
 def toy(request):
-    """toy (random weights, sampled) with the parsers."""
-    yield from _with_parsers(request.param, "toy", 256)
+    """toy (random weights, sampled)."""
+    yield from _serve(request.param, "toy")
 
 
 def test_seeded_choices_are_reproducible_yet_distinct(toy):
@@ -173,13 +153,7 @@ def test_seeded_choices_are_reproducible_yet_distinct(toy):
     assert texts(8) != first
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def echo_tools(request):
-    """echo with the parsers."""
-    yield from _with_parsers(request.param, "echo", 2048)
-
-
-def test_chat_n_choices_parse_tools_and_reasoning_per_choice(echo_tools):
+def test_chat_n_choices_parse_tools_and_reasoning_per_choice(echo_tools):  # noqa: F811
     client = echo_tools.client()
     kwargs = {"model": "echo", "messages": _user("</think>" + CALL_TEXT), "tools": [WEATHER],
               "stop": ["\nassistant"], "max_tokens": 400, "n": 2}  # fmt: skip

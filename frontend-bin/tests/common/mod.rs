@@ -9,21 +9,45 @@ use mock_engine::{EngineSpec, MockEngine};
 use serde_json::{json, Value};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 pub const BINARY: &str = env!("CARGO_BIN_EXE_vllm-rs");
 
 /// A fresh temporary directory for this test.
-pub fn temp_dir(tag: &str) -> PathBuf {
+pub fn temp_dir(tag: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!(
         "vllm-rs-test-{tag}-{}-{}",
         std::process::id(),
         vllm_rs_frontend::ids::random_hex(6)
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TempDir(dir)
+}
+
+/// A folder under the system temp dir that is removed, with all it holds,
+/// when the test drops it (a failing test's too).
+pub struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// How the HTTP socket is made.
@@ -81,7 +105,8 @@ pub struct Frontend {
     pub input_address: String,
     pub output_address: String,
     pub stderr_path: PathBuf,
-    dir: PathBuf,
+    /// Removed (fields drop after `drop`) once the child is gone.
+    dir: TempDir,
 }
 
 fn bound_only_tcp4() -> (OwnedFd, u16) {
@@ -293,7 +318,6 @@ impl Drop for Frontend {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
