@@ -44,9 +44,9 @@ CASES = json.loads((FIXTURES / "request_validation.json").read_text())
 FINISH_LENGTH, FINISH_ERROR = 1, 3
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 PREFIXES = {"completions": "cmpl", "chat": "chatcmpl"}
-#: Cases the project once refused that a frontend now serves, by frontend
-#: (the Rust frontend does not serve logprobs and echo yet).
-NOW_SERVED = {"python": {"n_2", "completion_logprobs", "chat_logprobs", "echo"}, "rust": {"n_2"}}
+#: Cases the project once refused (marked `project_limit` in the fixture)
+#: that both frontends now serve as vLLM does.
+NOW_SERVED = {"n_2", "completion_logprobs", "chat_logprobs", "echo"}
 
 
 @contextlib.contextmanager
@@ -122,7 +122,7 @@ def answer_next_add(served: SimpleNamespace, expected_id: str) -> tuple[str, dic
 def test_requests_are_checked_as_vllm_checks_them(served, case):
     endpoint, verdict = case["endpoint"], case["vllm"]
     client_id = f"case-{case['name']}-{served.kind}"
-    limited = case["project_limit"] and case["name"] not in NOW_SERVED[served.kind]
+    limited = case["project_limit"] and case["name"] not in NOW_SERVED
     if verdict["accepted"] and not limited:
         answered = in_background(post, served, endpoint, case["body"], client_id)
         n = case["body"].get("n", 1)
