@@ -113,6 +113,8 @@ def test_byte_decoder_never_splits_a_character():
         ({"messages": [{"content": "no role"}]}, "messages"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
         ({"top_logprobs": 3}, "top_logprobs"),
+        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"reasoning_effort": 2}, "reasoning_effort"),
     ],
 )
 def test_invalid_parameters_name_the_parameter(body, param):
@@ -122,9 +124,10 @@ def test_invalid_parameters_name_the_parameter(body, param):
 
 
 def test_parameters_are_read():
-    c, messages, add_generation_prompt = parse_chat(
+    c, messages, add_generation_prompt, effort = parse_chat(
         {
             "model": "toy",
+            "reasoning_effort": "xhigh",
             "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
             "max_tokens": 5,
             "max_completion_tokens": 9,
@@ -143,8 +146,8 @@ def test_parameters_are_read():
         "toy", 9, "max_completion_tokens", ["x"], [1, 2], True,
     )  # fmt: skip
     assert c.sampling == {"temperature": 0.0, "top_k": 3} and c.stream and c.include_usage
-    assert messages == [ChatMessage("user", "ab")] and add_generation_prompt
-    common, prompt, echo = parse_completion({"prompt": [[5, 6]], "min_tokens": 1})
+    assert messages == [ChatMessage("user", "ab")] and add_generation_prompt and effort == "xhigh"
+    common, prompt, echo, _ = parse_completion({"prompt": [[5, 6]], "min_tokens": 1})
     assert (prompt, common.max_tokens, common.sampling, echo) == ([5, 6], None, {"min_tokens": 1}, False)
     with pytest.raises(ApiError, match="must be a JSON object"):
         parse_json_object(b"[1]")

@@ -30,6 +30,20 @@ fn huge_or_negative_timeouts_in_args_json_exit_2_naming_the_key() {
 }
 
 #[test]
+fn a_bad_reasoning_effort_map_in_args_json_exits_2_with_vllms_message() {
+    for (map, message) in [
+        (r#"["low"]"#, "must be a JSON object mapping reasoning efforts to strings."),
+        (r#"{"low": 1}"#, "must be a JSON object mapping reasoning efforts to strings."),
+        (r#"{"turbo": "high"}"#, "has unknown efforts ['turbo']; keys must be one of ['none', 'minimal',"),
+    ] {
+        let (code, text) =
+            common::exit_of(&format!(r#"{{"model_tag": "toy", "reasoning_effort_map": {map}}}"#), &[], &[]);
+        assert_refused(code, &text, "--reasoning-effort-map");
+        assert!(text.contains(message), "{map}: {text}");
+    }
+}
+
+#[test]
 fn out_of_range_environment_variables_exit_2_naming_the_variable() {
     let toy = r#"{"model_tag": "toy"}"#;
     for (name, bad) in [

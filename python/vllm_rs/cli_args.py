@@ -8,6 +8,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+#: vLLM 0.33's reasoning efforts (its `ReasoningEffort`), in its order.
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
 #: Arguments whose values never reach a log.
 SENSITIVE_ARGS = frozenset({"api_key", "hf_token", "watermark_config"})
 
@@ -122,6 +125,13 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         help="JSON object of chat template variables every chat request starts from, e.g. '{\"enable_thinking\": false}'",
     )
     parser.add_argument(
+        "--reasoning-effort-map",
+        type=_reasoning_effort_map,
+        default=None,
+        help="JSON object rewriting requested reasoning efforts to ones the chat template knows, "
+        "e.g. '{\"medium\": \"low\"}'",
+    )
+    parser.add_argument(
         "--max-logprobs", type=int, default=20, help="most logprobs a request may ask for (-1: the whole vocabulary)"
     )
     parser.add_argument(
@@ -140,6 +150,25 @@ def _json_object(text: str) -> dict[str, Any]:
         raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _reasoning_effort_map(text: str) -> dict[str, str]:
+    """`--reasoning-effort-map` checked as vLLM's `validate_reasoning_effort_map`
+    checks it, with its messages."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise argparse.ArgumentTypeError(
+            "Error: --reasoning-effort-map must be a JSON object mapping reasoning efforts to strings."
+        )
+    if unknown := sorted(set(value) - set(REASONING_EFFORTS)):
+        raise argparse.ArgumentTypeError(
+            f"Error: --reasoning-effort-map has unknown efforts {unknown}; "
+            f"keys must be one of {list(REASONING_EFFORTS)}."
+        )
     return value
 
 

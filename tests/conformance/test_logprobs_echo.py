@@ -118,6 +118,36 @@ def test_echo_without_logprobs_and_streamed(lp_stack):
     assert "".join(c.choices[0].text for c in chunks) == "hihih"
 
 
+def test_echo_with_max_tokens_zero_answers_the_prompt_alone(lp_stack):
+    # vLLM asks the engine for one token and shows none: the token still
+    # counts in usage and the choice ends with "length".
+    client = lp_stack.client()
+    result = client.completions.create(model="echo", prompt="abc", max_tokens=0, echo=True, logprobs=1)
+    choice = result.choices[0]
+    assert (choice.text, choice.finish_reason) == ("abc", "length")
+    lp = choice.logprobs
+    assert lp.tokens == list("abc") and lp.text_offset == [0, 1, 2]
+    assert lp.token_logprobs[0] is None and lp.token_logprobs[1:] == pytest.approx([-LN2] * 2)
+    assert lp.top_logprobs[2] == pytest.approx({"c": -LN2, "d": -2 * LN2})
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens, result.usage.total_tokens) == (3, 1, 4)
+    plain = client.completions.create(model="echo", prompt="hi", max_tokens=0, echo=True).choices[0]
+    assert (plain.text, plain.logprobs, plain.finish_reason) == ("hi", None, "length")
+
+
+def test_streamed_echo_with_max_tokens_zero(lp_stack):
+    client = lp_stack.client()
+    chunks = list(client.completions.create(model="echo", prompt="xyz", max_tokens=0, echo=True, logprobs=0,
+                                            stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    choices = [c.choices[0] for c in chunks if c.choices]
+    assert "".join(c.text for c in choices) == "xyz"
+    assert [c.finish_reason for c in choices][-1] == "length"
+    tokens = [t for c in choices if c.logprobs is not None for t in c.logprobs.tokens]
+    assert tokens == list("xyz")
+    assert chunks[-1].usage.completion_tokens == 1 and chunks[-1].usage.prompt_tokens == 3
+    plain = list(client.completions.create(model="echo", prompt="hi", max_tokens=0, echo=True, stream=True))
+    assert "".join(c.choices[0].text for c in plain) == "hi"
+
+
 def test_prompt_logprobs(lp_stack):
     status, body = lp_stack.http(
         "POST", "/v1/completions", {"model": "echo", "prompt": "ab", "max_tokens": 1, "prompt_logprobs": 1},
@@ -189,6 +219,8 @@ SAME_BYTES = [
     ("/v1/completions", {"prompt": "ab", "max_tokens": 1, "prompt_logprobs": 1}),
     ("/v1/completions", {"prompt": "ab", "max_tokens": 2, "logprobs": 1, "return_tokens_as_token_ids": True}),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 3, "echo": True}),
+    ("/v1/completions", {"prompt": "abc", "max_tokens": 0, "echo": True, "logprobs": 2}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0, "echo": True}),
     ("/v1/completions", {"prompt": "\u00e9\u4e2d", "max_tokens": 5, "logprobs": 3}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": True,
                               "top_logprobs": 2, "prompt_logprobs": 0}),
@@ -235,6 +267,12 @@ def _post(stack, path: str, body: dict) -> tuple[int, dict]:
          "when using `top_logprobs`, `logprobs` must be set to true."),
         ("/v1/completions", {"prompt": "a", "return_tokens_as_token_ids": 1}, "return_tokens_as_token_ids",
          "`return_tokens_as_token_ids` must be a boolean"),
+        # vLLM serves max_tokens 0 only to echo the prompt.
+        ("/v1/completions", {"prompt": "a", "max_tokens": 0}, "max_tokens", "max_tokens must be at least 1, got 0."),
+        ("/v1/completions", {"prompt": "a", "max_tokens": 0, "echo": False}, "max_tokens",
+         "max_tokens must be at least 1, got 0."),
+        ("/v1/completions", {"prompt": "a", "max_tokens": 0, "echo": True, "min_tokens": 2}, "min_tokens",
+         "min_tokens must be less than or equal to max_tokens=1, got 2."),
     ],
 )  # fmt: skip
 def test_logprobs_validation(lp_stack, path, body, param, message):

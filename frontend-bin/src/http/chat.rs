@@ -8,7 +8,7 @@ use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
 use super::structured::{read_structured_outputs, wire_params};
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
-use super::template_kwargs::{read_template_kwargs, thinking_enabled};
+use super::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs, thinking_enabled};
 use super::tools::{finish_reason, output_parser, read_chat_tools, template_extra, whole_message, ParsedChatChunks};
 use crate::generate::{Delta, Usage};
 use crate::logprobs::{Rendering, TokenStrings};
@@ -43,6 +43,8 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     /// End the prompt with the assistant's turn.
     pub add_generation_prompt: bool,
+    /// The requested reasoning effort (`reasoning_effort`), before the server's map.
+    pub reasoning_effort: Option<String>,
 }
 
 /// One message as sent.
@@ -85,6 +87,7 @@ struct ChatInput {
     structured_outputs: Option<Map<String, Value>>,
     add_generation_prompt: Option<bool>,
     continue_final_message: Option<bool>,
+    reasoning_effort: Option<Value>,
 }
 
 /// Reads every parameter of a chat body, or a 4xx naming the first bad one.
@@ -117,14 +120,22 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
     let object = parse_json_object(body)?;
     common.sampling.structured_outputs = read_structured_outputs(&object)?.map(|fields| wire_params(&fields));
     let messages = messages(input.messages, object.get("messages"))?;
-    Ok(ChatRequest { common, messages, add_generation_prompt: input.add_generation_prompt.unwrap_or(true) })
+    let reasoning_effort = read_reasoning_effort(input.reasoning_effort.as_ref(), "reasoning_effort")?;
+    Ok(ChatRequest {
+        common,
+        messages,
+        add_generation_prompt: input.add_generation_prompt.unwrap_or(true),
+        reasoning_effort,
+    })
 }
 
 async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
-    let ChatRequest { mut common, messages, add_generation_prompt } = parse_chat_request(body)?;
+    let ChatRequest { mut common, messages, add_generation_prompt, reasoning_effort } = parse_chat_request(body)?;
     let object = parse_json_object(body)?;
     let tools = read_chat_tools(&object, &state.config.chat)?;
-    let template_kwargs = read_template_kwargs(&object, &state.config.chat.default_template_kwargs)?;
+    let chat = &state.config.chat;
+    let mut template_kwargs = read_template_kwargs(&object, &chat.default_template_kwargs)?;
+    apply_reasoning_effort(&mut template_kwargs, &object, reasoning_effort.as_deref(), &chat.reasoning_effort_map);
     if let Some(constraint) = &tools.constraint {
         // A forced tool choice replaces the request's own constraint, as in vLLM.
         common.sampling.structured_outputs = Some(wire_params(constraint));

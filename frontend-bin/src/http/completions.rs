@@ -71,20 +71,29 @@ pub struct CompletionRequest {
     pub prompt: Prompt,
     /// Show the prompt before the completion.
     pub echo: bool,
+    /// Show the prompt alone: `echo` with `max_tokens` 0, which vLLM serves
+    /// by generating one token and leaving it out of the text and logprobs.
+    pub prompt_only: bool,
 }
 
 /// Reads every parameter of a completion body, or a 4xx naming the first bad
 /// one. Needs neither the model nor the tokenizer, so it never fails otherwise.
 pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, ApiError> {
     let input: CompletionInput = parse_body(body)?;
-    let sampling: SamplingInput = parse_body(body)?;
+    let mut sampling: SamplingInput = parse_body(body)?;
     if let Some(logprobs) = input.logprobs {
         RULES.check_int("logprobs", logprobs)?;
+    }
+    let echo = input.echo == Some(true);
+    // vLLM's `echo_without_generation`: the engine is asked for one token;
+    // without echo, 0 stays a 400 (max_tokens must be at least 1).
+    let prompt_only = echo && sampling.max_tokens == Some(0);
+    if prompt_only {
+        sampling.max_tokens = Some(1);
     }
     let max_tokens = sampling.max_tokens.map(|n| ("max_tokens", n));
     let mut common = sampling.check(max_tokens)?;
     common.sampling.logprobs = input.logprobs;
-    let echo = input.echo == Some(true);
     if echo && common.sampling.prompt_logprobs.is_none() {
         // vLLM scores an echoed prompt as it scores the completion.
         common.sampling.prompt_logprobs = input.logprobs;
@@ -105,11 +114,11 @@ pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, ApiErr
             return Err(RULES.refuse("prompt", "one_prompt_only", &[]))
         }
     };
-    Ok(CompletionRequest { common, prompt, echo })
+    Ok(CompletionRequest { common, prompt, echo, prompt_only })
 }
 
 async fn completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
-    let CompletionRequest { common, prompt, echo } = parse_completion_request(body)?;
+    let CompletionRequest { common, prompt, echo, prompt_only } = parse_completion_request(body)?;
     check_model(&state, common.model.as_deref())?;
     let (prompt_text, prompt_token_ids) = match prompt {
         Prompt::Text(text) => {
@@ -126,6 +135,7 @@ async fn completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Resu
             let echo = echo.then(|| Echo {
                 text: prompt_text.unwrap_or_else(|| state.tokenizer.decode(&prompt_token_ids).unwrap_or_default()),
                 token_ids: prompt_token_ids.clone(),
+                prompt_only,
             });
             Arc::new(Rendering {
                 strings: TokenStrings {

@@ -1,16 +1,18 @@
 //! `POST /v1/responses`, as vLLM 0.33 serves it without a response store:
 //! text or message input, one assistant message of text out, unstreamed (the
 //! response object) or streamed as vLLM's typed events (`response.created`
-//! ... `response.completed`). What this server does not do (tools,
-//! background mode, stored responses, reasoning, structured output) is a 400
+//! ... `response.completed`). `chat_template_kwargs` and `reasoning.effort`
+//! reach the chat template as in chat completions. What this server does not
+//! do (tools, background mode, stored responses, structured output) is a 400
 //! naming the field, never dropped.
 
 use super::answer::generation_error;
 use super::error::ApiError;
-use super::params::{parse_body, JsonBody, SamplingInput};
+use super::params::{parse_body, parse_json_object, JsonBody, SamplingInput};
 use super::rules::RULES;
 use super::state::{AppState, SharedState};
 use super::submit::{check_model, submit, Endpoint, Submitted};
+use super::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs, REASONING_EFFORTS};
 use crate::engine::protocol::FinishReason;
 use crate::generate::{Finish, Generation, Usage};
 use crate::ids::random_hex;
@@ -63,12 +65,11 @@ struct ResponsesInput {
     safety_identifier: Option<String>,
     include_stop_str_in_output: Option<bool>,
     enable_response_messages: Option<bool>,
-    // Present and non-null: refused (see UNSUPPORTED).
+    reasoning: Option<Value>,
+    // Present and non-null: refused (see `unsupported`).
     prompt: Option<IgnoredAny>,
-    reasoning: Option<IgnoredAny>,
     previous_input_messages: Option<IgnoredAny>,
     structured_outputs: Option<IgnoredAny>,
-    chat_template_kwargs: Option<IgnoredAny>,
     kv_transfer_params: Option<IgnoredAny>,
     vllm_xargs: Option<IgnoredAny>,
     mm_processor_kwargs: Option<IgnoredAny>,
@@ -93,10 +94,57 @@ struct ResponsesRequest {
     sampling: SamplingInput,
     input: ResponsesInput,
     messages: Vec<ChatMessage>,
+    /// `reasoning` as the response object repeats it (null when not given).
+    reasoning: Value,
+    /// The requested `reasoning.effort`, before the server's map.
+    reasoning_effort: Option<String>,
+    /// The template kwargs: the server's defaults, the request's own, its effort.
+    template_kwargs: serde_json::Map<String, Value>,
 }
 
-/// Reads and checks every parameter, or a 4xx naming the first bad one.
-fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
+/// The fields of `reasoning`, in the order vLLM writes them, each with the
+/// values it may take (`None`: any string).
+const REASONING_FIELDS: [(&str, Option<&[&str]>); 5] = [
+    ("context", Some(&["auto", "current_turn", "all_turns"])),
+    ("effort", Some(&REASONING_EFFORTS)),
+    ("generate_summary", Some(&["auto", "concise", "detailed"])),
+    ("mode", None),
+    ("summary", Some(&["auto", "concise", "detailed"])),
+];
+
+/// `reasoning` checked as OpenAI's `Reasoning` model reads it, and written
+/// back as vLLM's response object repeats it (every field, null when not
+/// given); a 400 naming the first bad field. vLLM acts on `effort` only.
+fn read_reasoning(value: Option<&Value>) -> Result<(Value, Option<String>), ApiError> {
+    let fields = match value {
+        None | Some(Value::Null) => return Ok((Value::Null, None)),
+        Some(Value::Object(fields)) => fields,
+        Some(_) => return Err(RULES.wrong_type("reasoning")),
+    };
+    let mut echoed = serde_json::Map::new();
+    for (name, allowed) in REASONING_FIELDS {
+        let value = fields.get(name).unwrap_or(&Value::Null);
+        let valid = match (value, allowed) {
+            (Value::Null, _) => true,
+            (Value::String(text), Some(allowed)) => allowed.contains(&text.as_str()),
+            (Value::String(_), None) => true,
+            _ => false,
+        };
+        if !valid {
+            return Err(RULES.wrong_type(&format!("reasoning.{name}")));
+        }
+        echoed.insert(name.into(), value.clone());
+    }
+    let effort = read_reasoning_effort(fields.get("effort"), "reasoning.effort")?;
+    Ok((Value::Object(echoed), effort))
+}
+
+/// Reads and checks every parameter, or a 4xx naming the first bad one;
+/// `default_kwargs` are the server's `default_chat_template_kwargs`.
+fn parse_responses_request(
+    body: &[u8],
+    default_kwargs: &serde_json::Map<String, Value>,
+) -> Result<ResponsesRequest, ApiError> {
     let input: ResponsesInput = parse_body(body)?;
     let sampling: SamplingInput = parse_body(body)?;
     if input.prompt.is_some() {
@@ -116,10 +164,8 @@ fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
     }
     let unsupported = [
         ("tools", input.tools.as_ref().is_some_and(|tools| !tools.is_empty())),
-        ("reasoning", input.reasoning.is_some()),
         ("previous_input_messages", input.previous_input_messages.is_some()),
         ("structured_outputs", input.structured_outputs.is_some()),
-        ("chat_template_kwargs", input.chat_template_kwargs.is_some()),
         ("kv_transfer_params", input.kv_transfer_params.is_some()),
         ("vllm_xargs", input.vllm_xargs.is_some()),
         ("mm_processor_kwargs", input.mm_processor_kwargs.is_some()),
@@ -150,7 +196,9 @@ fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
         Some(_) => return Err(RULES.wrong_type("truncation")),
     }
     let messages = input_messages(input.instructions.as_deref(), input.input.as_ref())?;
-    Ok(ResponsesRequest { sampling, input, messages })
+    let (reasoning, reasoning_effort) = read_reasoning(input.reasoning.as_ref())?;
+    let template_kwargs = read_template_kwargs(&parse_json_object(body)?, default_kwargs)?;
+    Ok(ResponsesRequest { sampling, input, messages, reasoning, reasoning_effort, template_kwargs })
 }
 
 /// The conversation: `instructions` as the system message, then `input` (a
@@ -205,15 +253,23 @@ fn input_message(item: &Value) -> Option<ChatMessage> {
 }
 
 async fn response(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
-    let ResponsesRequest { sampling, input, messages } = parse_responses_request(body)?;
-    let echo = Echo::new(&sampling, &input);
+    let chat = &state.config.chat;
+    let ResponsesRequest { sampling, input, messages, reasoning, reasoning_effort, mut template_kwargs } =
+        parse_responses_request(body, &chat.default_template_kwargs)?;
+    apply_reasoning_effort(
+        &mut template_kwargs,
+        &parse_json_object(body)?,
+        reasoning_effort.as_deref(),
+        &chat.reasoning_effort_map,
+    );
+    let echo = Echo::new(&sampling, &input, reasoning);
     let max_output_tokens = input.max_output_tokens.map(|n| ("max_output_tokens", n));
     let mut common = sampling.check(max_output_tokens)?;
     common.n = 1; // vLLM's Responses API has no `n`: one choice
     check_model(&state, common.model.as_deref())?;
     let prompt = state
         .tokenizer
-        .apply_chat_template(&messages, true)
+        .apply_chat_template_with_tools(&messages, true, None, &template_kwargs)
         .map_err(|e| ApiError::invalid_param("input", format!("cannot apply the chat template: {e}")))?;
     let prompt_token_ids = state
         .tokenizer
@@ -261,11 +317,13 @@ struct Echo {
     prompt_cache_key: Option<String>,
     safety_identifier: Option<String>,
     text: Value,
+    reasoning: Value,
 }
 
 impl Echo {
-    fn new(sampling: &SamplingInput, input: &ResponsesInput) -> Self {
+    fn new(sampling: &SamplingInput, input: &ResponsesInput, reasoning: Value) -> Self {
         Echo {
+            reasoning,
             instructions: input.instructions.clone(),
             metadata: json!(input.metadata),
             temperature: sampling.temperature.unwrap_or(1.0),
@@ -325,7 +383,7 @@ impl Answer {
             "prompt_cache_options": null,
             "prompt_cache_key": e.prompt_cache_key,
             "prompt_cache_retention": null,
-            "reasoning": null,
+            "reasoning": e.reasoning,
             "safety_identifier": e.safety_identifier,
             "service_tier": e.service_tier,
             "status": status,
@@ -526,8 +584,12 @@ fn stream_events(submitted: Submitted, answer: Answer) -> Response {
 mod tests {
     use super::*;
 
+    fn parse(body: &Value) -> Result<ResponsesRequest, ApiError> {
+        parse_responses_request(body.to_string().as_bytes(), &serde_json::Map::new())
+    }
+
     fn refusal(body: Value) -> (Option<String>, String) {
-        match parse_responses_request(body.to_string().as_bytes()) {
+        match parse(&body) {
             Ok(_) => panic!("{body} was accepted"),
             Err(e) => (e.param, e.message),
         }
@@ -543,11 +605,31 @@ mod tests {
                 {"role": "developer", "content": [{"type": "input_text", "text": "c"}, {"type": "input_text", "text": "d"}]},
             ],
         });
-        let request = parse_responses_request(body.to_string().as_bytes()).unwrap();
+        let request = parse(&body).unwrap();
         let roles: Vec<_> = request.messages.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
         assert_eq!(roles, [("system", "sys"), ("user", "a"), ("assistant", "b"), ("developer", "cd")]);
-        let request = parse_responses_request(br#"{"input": "hi"}"#).unwrap();
+        let request = parse(&json!({"input": "hi"})).unwrap();
         assert_eq!((request.messages[0].role.as_str(), request.messages[0].content.as_str()), ("user", "hi"));
+    }
+
+    #[test]
+    fn reasoning_is_repeated_whole_and_its_effort_read() {
+        let request = parse(&json!({"input": "x", "reasoning": {"effort": "low", "summary": "auto", "x": 1}})).unwrap();
+        let expected = json!({"context": null, "effort": "low", "generate_summary": null, "mode": null, "summary": "auto"});
+        assert_eq!(request.reasoning, expected);
+        assert_eq!(request.reasoning_effort.as_deref(), Some("low"));
+        let request = parse(&json!({"input": "x", "reasoning": null})).unwrap();
+        assert_eq!((request.reasoning, request.reasoning_effort), (Value::Null, None));
+        let request = parse(&json!({"input": "x", "reasoning": {}})).unwrap();
+        assert_eq!(request.reasoning_effort, None);
+    }
+
+    #[test]
+    fn template_kwargs_merge_over_the_server_defaults() {
+        let defaults = json!({"style": "server", "enable_thinking": false}).as_object().cloned().unwrap();
+        let body = json!({"input": "x", "chat_template_kwargs": {"enable_thinking": true, "style": null}});
+        let request = parse_responses_request(body.to_string().as_bytes(), &defaults).unwrap();
+        assert_eq!(Value::Object(request.template_kwargs), json!({"style": "server", "enable_thinking": true}));
     }
 
     #[test]
@@ -556,7 +638,12 @@ mod tests {
             (json!({"input": "x", "tools": [{"type": "function"}]}), "tools"),
             (json!({"input": "x", "background": true}), "background"),
             (json!({"input": "x", "previous_response_id": "resp_1"}), "response_id"),
-            (json!({"input": "x", "reasoning": {}}), "reasoning"),
+            (json!({"input": "x", "reasoning": "high"}), "reasoning"),
+            (json!({"input": "x", "reasoning": {"effort": "extreme"}}), "reasoning.effort"),
+            (json!({"input": "x", "reasoning": {"summary": "long"}}), "reasoning.summary"),
+            (json!({"input": "x", "reasoning": {"mode": 1}}), "reasoning.mode"),
+            (json!({"input": "x", "chat_template_kwargs": {"tokenize": true}}), "chat_template_kwargs"),
+            (json!({"input": "x", "chat_template_kwargs": [1]}), "chat_template_kwargs"),
             (json!({"input": "x", "include": ["reasoning.encrypted_content"]}), "include"),
             (json!({"input": "x", "text": {"format": {"type": "json_schema"}}}), "text"),
             (json!({"input": "x", "truncation": "auto"}), "truncation"),

@@ -2,11 +2,16 @@
 //! merged over the server's `default_chat_template_kwargs`; `chat_template`
 //! and `tokenize` are refused, as are the names the server itself passes
 //! (where transformers fails on the duplicate). The template renderer
-//! filters the rest to the variables the template uses.
+//! filters the rest to the variables the template uses. A requested
+//! reasoning effort joins them as vLLM's `build_chat_params` puts it.
 
 use super::error::ApiError;
 use super::rules::RULES;
 use serde_json::{Map, Value};
+use std::collections::HashMap;
+
+/// vLLM 0.33's reasoning efforts (its `ReasoningEffort`), in its order.
+pub const REASONING_EFFORTS: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
 
 /// Keys vLLM refuses outright ("unexpected chat template kwargs").
 const UNEXPECTED: [&str; 2] = ["chat_template", "tokenize"];
@@ -44,6 +49,41 @@ pub fn read_template_kwargs(
         }
     }
     Ok(merged)
+}
+
+/// A request's reasoning effort (chat's `reasoning_effort`, the responses
+/// API's `reasoning.effort`): absent or null is none; anything but one of
+/// `REASONING_EFFORTS` is a 400 naming `param`.
+pub fn read_reasoning_effort(value: Option<&Value>, param: &str) -> Result<Option<String>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(effort)) if REASONING_EFFORTS.contains(&effort.as_str()) => Ok(Some(effort.clone())),
+        Some(_) => Err(RULES.wrong_type(param)),
+    }
+}
+
+/// Puts a requested `effort` into the effective `kwargs` as vLLM's
+/// `build_chat_params` does: the effort, rewritten by the server's
+/// `effort_map` (`--reasoning-effort-map`), becomes `reasoning_effort`, and
+/// `enable_thinking` becomes whether it is not `"none"` unless the request's
+/// own `chat_template_kwargs` (in `body`) name `enable_thinking`. Both win
+/// over the request's and the server's kwargs; an effort mapped to `"auto"`
+/// leaves `reasoning_effort` as it was, as vLLM's merge does.
+pub fn apply_reasoning_effort(
+    kwargs: &mut Map<String, Value>,
+    body: &Map<String, Value>,
+    effort: Option<&str>,
+    effort_map: &HashMap<String, String>,
+) {
+    let Some(effort) = effort.map(|e| effort_map.get(e).map_or(e, String::as_str)) else { return };
+    if effort != "auto" {
+        kwargs.insert("reasoning_effort".into(), Value::String(effort.into()));
+    }
+    let thinking_given =
+        body.get("chat_template_kwargs").and_then(Value::as_object).is_some_and(|k| k.contains_key("enable_thinking"));
+    if !thinking_given {
+        kwargs.insert("enable_thinking".into(), Value::Bool(effort != "none"));
+    }
 }
 
 /// The `enable_thinking` the reasoning parser reads from the kwargs: true
@@ -96,6 +136,45 @@ mod tests {
             let error = read_template_kwargs(&object(body.clone()), &Map::new()).unwrap_err();
             let text = format!("{error:?}");
             assert!(text.contains(expected) && text.contains("chat_template_kwargs"), "{body}: {text}");
+        }
+    }
+
+    #[test]
+    fn an_effort_sets_the_template_effort_and_thinking_over_both_kwargs() {
+        let defaults = object(json!({"enable_thinking": false, "reasoning_effort": "low"}));
+        let effective = |body: Value, effort: Option<&str>, map: &[(&str, &str)]| {
+            let body = object(body);
+            let mut kwargs = read_template_kwargs(&body, &defaults).unwrap();
+            let map = map.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            apply_reasoning_effort(&mut kwargs, &body, effort, &map);
+            Value::Object(kwargs)
+        };
+        assert_eq!(effective(json!({}), None, &[]), json!({"enable_thinking": false, "reasoning_effort": "low"}));
+        assert_eq!(effective(json!({}), Some("high"), &[]), json!({"enable_thinking": true, "reasoning_effort": "high"}));
+        assert_eq!(effective(json!({}), Some("none"), &[]), json!({"enable_thinking": false, "reasoning_effort": "none"}));
+        // The request's own enable_thinking stays, even null (which then leaves the default).
+        let body = json!({"chat_template_kwargs": {"enable_thinking": true, "reasoning_effort": "x"}});
+        assert_eq!(effective(body, Some("none"), &[]), json!({"enable_thinking": true, "reasoning_effort": "none"}));
+        let body = json!({"chat_template_kwargs": {"enable_thinking": null}});
+        assert_eq!(effective(body, Some("high"), &[]), json!({"enable_thinking": false, "reasoning_effort": "high"}));
+        // The map rewrites the effort before thinking is derived from it.
+        let map = [("medium", "none"), ("xhigh", "max")];
+        assert_eq!(effective(json!({}), Some("medium"), &map), json!({"enable_thinking": false, "reasoning_effort": "none"}));
+        assert_eq!(effective(json!({}), Some("xhigh"), &map), json!({"enable_thinking": true, "reasoning_effort": "max"}));
+        assert_eq!(effective(json!({}), Some("low"), &[("low", "auto")]), json!({"enable_thinking": true, "reasoning_effort": "low"}));
+    }
+
+    #[test]
+    fn efforts_are_vllms_seven_or_null() {
+        for effort in REASONING_EFFORTS {
+            assert_eq!(read_reasoning_effort(Some(&json!(effort)), "reasoning_effort").unwrap().as_deref(), Some(effort));
+        }
+        assert_eq!(read_reasoning_effort(None, "reasoning_effort").unwrap(), None);
+        assert_eq!(read_reasoning_effort(Some(&Value::Null), "reasoning_effort").unwrap(), None);
+        for bad in [json!("extreme"), json!("HIGH"), json!(1), json!(["low"])] {
+            let error = read_reasoning_effort(Some(&bad), "reasoning.effort").unwrap_err();
+            assert_eq!(error.param.as_deref(), Some("reasoning.effort"), "{bad}");
+            assert!(error.message.contains("`reasoning.effort` must be one of"), "{}", error.message);
         }
     }
 

@@ -44,6 +44,9 @@ pub struct Echo {
     pub text: String,
     /// The prompt tokens.
     pub token_ids: Vec<u32>,
+    /// Show the prompt alone, leaving the generated tokens out (vLLM's
+    /// `echo` with `max_tokens` 0).
+    pub prompt_only: bool,
 }
 
 /// How one request's answer shows logprobs, echo and prompt logprobs.
@@ -310,11 +313,13 @@ impl CompletionPieces {
     /// The text and the `logprobs` of the next delta.
     pub fn piece<'a>(&self, text: &'a str, scored: Option<&Scored>) -> (Cow<'a, str>, Option<Box<RawValue>>) {
         let rendering = &self.rendering;
+        // The one token generated for a prompt-only echo is not shown.
+        let shown = !rendering.echo.as_ref().is_some_and(|e| e.prompt_only);
         let (token_ids, sample) = match scored {
-            Some(s) => (&s.token_ids[..], s.logprobs.as_deref()),
-            None => (&[][..], None),
+            Some(s) if shown => (&s.token_ids[..], s.logprobs.as_deref()),
+            _ => (&[][..], None),
         };
-        let mut text = Cow::Borrowed(text);
+        let mut text = Cow::Borrowed(if shown { text } else { "" });
         let mut all_ids = Cow::Borrowed(token_ids);
         let mut positions: Vec<Option<&Position>> = padded(sample, token_ids.len()).collect();
         if let Some(echo) = rendering.echo.as_ref().filter(|_| !self.echoed.get()) {

@@ -1,12 +1,14 @@
 //! The `--args-json` keys that shape chat prompts and answers:
 //! `chat_template`, `chat_template_content_format`, `response_role`, and
 //! the output parsers: `enable_auto_tool_choice`, `tool_call_parser`,
-//! `reasoning_parser`, `exclude_tools_when_tool_choice_none`, and
-//! `default_chat_template_kwargs`.
+//! `reasoning_parser`, `exclude_tools_when_tool_choice_none`,
+//! `default_chat_template_kwargs` and `reasoning_effort_map`.
 
 use crate::config::Keys;
 use crate::error::ExitError;
+use crate::http::template_kwargs::REASONING_EFFORTS;
 use crate::tokenizer::chat_template::ContentFormat;
+use std::collections::HashMap;
 
 /// How chat messages become a prompt, and who answers.
 #[derive(Clone, Debug)]
@@ -27,6 +29,9 @@ pub struct ChatOptions {
     /// The `chat_template_kwargs` every chat request starts from
     /// (`default_chat_template_kwargs`); a request's own override them.
     pub default_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Rewrites of requested reasoning efforts (`reasoning_effort_map`);
+    /// efforts not listed pass unchanged.
+    pub reasoning_effort_map: HashMap<String, String>,
 }
 
 impl Default for ChatOptions {
@@ -39,6 +44,7 @@ impl Default for ChatOptions {
             reasoning_parser: None,
             exclude_tools_when_tool_choice_none: false,
             default_template_kwargs: serde_json::Map::new(),
+            reasoning_effort_map: HashMap::new(),
         }
     }
 }
@@ -83,8 +89,36 @@ impl ChatOptions {
                 Some(serde_json::Value::Object(map)) => map.clone(),
                 Some(other) => return Err(Keys::wrong_type("default_chat_template_kwargs", "a JSON object", other)),
             },
+            reasoning_effort_map: reasoning_effort_map(keys.get("reasoning_effort_map"))?,
         })
     }
+}
+
+/// `reasoning_effort_map` checked as vLLM's `validate_reasoning_effort_map`
+/// checks it, with its messages: an object (or null) mapping vLLM's
+/// reasoning efforts to strings.
+fn reasoning_effort_map(value: Option<&serde_json::Value>) -> Result<HashMap<String, String>, ExitError> {
+    let map = match value {
+        None | Some(serde_json::Value::Null) => return Ok(HashMap::new()),
+        Some(serde_json::Value::Object(map)) if map.values().all(serde_json::Value::is_string) => map,
+        Some(_) => {
+            return Err(ExitError::usage(
+                "Error: --reasoning-effort-map must be a JSON object mapping reasoning efforts to strings.",
+            ))
+        }
+    };
+    let mut unknown: Vec<&str> =
+        map.keys().map(String::as_str).filter(|key| !REASONING_EFFORTS.contains(key)).collect();
+    if !unknown.is_empty() {
+        unknown.sort_unstable();
+        let quoted = |items: &[&str]| items.iter().map(|s| format!("'{s}'")).collect::<Vec<_>>().join(", ");
+        return Err(ExitError::usage(format!(
+            "Error: --reasoning-effort-map has unknown efforts [{}]; keys must be one of [{}].",
+            quoted(&unknown),
+            quoted(&REASONING_EFFORTS)
+        )));
+    }
+    Ok(map.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned())).collect())
 }
 
 /// vLLM's reading of `--chat-template`: the file it names when that opens;
@@ -118,6 +152,34 @@ mod tests {
             other => panic!("expected a usage error, got {other:?}"),
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_reasoning_effort_map_takes_vllms_efforts_to_strings() {
+        let load = |value: serde_json::Value| {
+            let map = serde_json::Map::from_iter([("reasoning_effort_map".to_owned(), value)]);
+            ChatOptions::load(&Keys(&map)).map(|options| options.reasoning_effort_map)
+        };
+        let map = load(serde_json::json!({"medium": "low", "xhigh": "max"})).unwrap();
+        assert_eq!(map.get("medium").map(String::as_str), Some("low"));
+        assert_eq!(map.get("xhigh").map(String::as_str), Some("max"));
+        assert!(load(serde_json::Value::Null).unwrap().is_empty());
+        let wrong = "Error: --reasoning-effort-map must be a JSON object mapping reasoning efforts to strings.";
+        for (value, message) in [
+            (serde_json::json!(["low"]), wrong.to_owned()),
+            (serde_json::json!({"low": 1}), wrong.to_owned()),
+            (
+                serde_json::json!({"turbo": "high", "fast": "low", "low": "x"}),
+                "Error: --reasoning-effort-map has unknown efforts ['fast', 'turbo']; keys must be one of \
+                 ['none', 'minimal', 'low', 'medium', 'high', 'xhigh', 'max']."
+                    .to_owned(),
+            ),
+        ] {
+            match load(value.clone()) {
+                Err(ExitError::Usage(m)) => assert_eq!(m, message, "{value}"),
+                other => panic!("{value}: expected a usage error, got {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -43,6 +43,7 @@ pub const HONOURED_KEYS: &[&str] = &[
     "tool_call_parser",
     "reasoning_parser",
     "default_chat_template_kwargs",
+    "reasoning_effort_map",
     "exclude_tools_when_tool_choice_none",
     "response_role",
     "enable_request_id_headers",
@@ -89,7 +90,6 @@ pub const IGNORED_KEYS: &[(&str, &str)] = &[
     ("cohere_is_reasoning_model", "the Cohere endpoints are not served"),
     ("cohere_format", "the Cohere endpoints are not served"),
     ("anthropic_disabled_thinking_effort", "the Anthropic endpoints are not served"),
-    ("reasoning_effort_map", "requests' reasoning_effort is not passed to chat templates"),
     ("fingerprint_value", "used only with fingerprint_mode custom, which is refused"),
     ("trust_remote_code", "the frontend runs no model code"),
 ];

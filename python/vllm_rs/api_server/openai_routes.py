@@ -39,7 +39,12 @@ from vllm_rs.api_server.sse import (
 from vllm_rs.api_server.state import ServerState
 from vllm_rs.api_server.structured_outputs import read_structured_outputs, wire_params
 from vllm_rs.api_server.submit import CHAT, COMPLETIONS, Submitted, check_model, submit
-from vllm_rs.api_server.template_kwargs import read_template_kwargs, thinking_enabled
+from vllm_rs.api_server.template_kwargs import (
+    apply_reasoning_effort,
+    read_reasoning_effort,
+    read_template_kwargs,
+    thinking_enabled,
+)
 from vllm_rs.api_server.tokenizer import ChatMessage, ChatTemplateError
 
 
@@ -106,18 +111,25 @@ class ChatInput(RequestModel):
     structured_outputs: dict[str, Any] | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
+    reasoning_effort: Any = None
 
 
-def parse_completion(body: dict[str, Any]) -> tuple[CommonParams, str | list[int], bool]:
+def parse_completion(body: dict[str, Any]) -> tuple[CommonParams, str | list[int], bool, bool]:
     """Every parameter of a completion body checked: the shared ones, the
-    prompt (text or token ids) and `echo`; a 400 naming the first bad one."""
+    prompt (text or token ids), `echo`, and whether the prompt is echoed
+    alone (`echo` with `max_tokens` 0); a 400 naming the first bad one."""
     c = parse_model(CompletionInput, body)
     s = parse_model(SamplingInput, body)
     if c.logprobs is not None:
         RULES.check_number("logprobs", c.logprobs)
+    echo = bool(c.echo)
+    # vLLM's `echo_without_generation`: the engine is asked for one token;
+    # without echo, 0 stays a 400 (max_tokens must be at least 1).
+    prompt_only = echo and s.max_tokens == 0
+    if prompt_only:
+        s.max_tokens = 1
     common = common_params(s, None if s.max_tokens is None else ("max_tokens", s.max_tokens))
     common.logprobs = c.logprobs
-    echo = bool(c.echo)
     if echo and common.prompt_logprobs is None:
         # vLLM scores an echoed prompt as it scores the completion.
         common.prompt_logprobs = c.logprobs
@@ -131,7 +143,7 @@ def parse_completion(body: dict[str, Any]) -> tuple[CommonParams, str | list[int
             raise RULES.refuse("prompt", "one_prompt_only")
         prompt = prompt[0]
     _constrain(common, body)
-    return common, prompt, echo  # type: ignore[return-value]
+    return common, prompt, echo, prompt_only  # type: ignore[return-value]
 
 
 def _constrain(common: CommonParams, body: dict[str, Any]) -> None:
@@ -142,10 +154,10 @@ def _constrain(common: CommonParams, body: dict[str, Any]) -> None:
         common.sampling["structured_outputs"] = wire_params(fields)
 
 
-def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], bool]:
+def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], bool, str | None]:
     """Every parameter of a chat body checked: the shared ones, the messages
-    (each content flattened to text) and `add_generation_prompt`; a 400
-    naming the first bad one."""
+    (each content flattened to text), `add_generation_prompt` and
+    `reasoning_effort`; a 400 naming the first bad one."""
     c = parse_model(ChatInput, body)
     s = parse_model(SamplingInput, body)
     if c.top_logprobs is not None:
@@ -165,7 +177,8 @@ def parse_chat(body: dict[str, Any]) -> tuple[CommonParams, list[ChatMessage], b
         common.logprobs = c.top_logprobs or 0
     _constrain(common, body)
     messages = flatten_messages(c.messages)
-    return common, messages, True if c.add_generation_prompt is None else c.add_generation_prompt
+    reasoning_effort = read_reasoning_effort(c.reasoning_effort, "reasoning_effort")
+    return common, messages, True if c.add_generation_prompt is None else c.add_generation_prompt, reasoning_effort
 
 
 def flatten_messages(items: list[MessageInput] | None) -> list[ChatMessage]:
@@ -276,13 +289,14 @@ async def _answer(
 async def create_completion(request: Request) -> Response:
     """Handles a completion request."""
     state: ServerState = request.app.state.server
-    common, prompt, echo = parse_completion(await read_json_object(request))
+    common, prompt, echo, prompt_only = parse_completion(await read_json_object(request))
     check_model(state, common.model)
     prompt_tokens = state.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
     submitted = submit(state, request.headers, COMPLETIONS, prompt_tokens, common)
     echoed = None
     if echo:
-        echoed = Echo(prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt), prompt_tokens)
+        text = prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt)
+        echoed = Echo(text, prompt_tokens, prompt_only)
     return await _answer(state, submitted, common, COMPLETION_SHAPE, _rendering(state, common, echoed))
 
 
@@ -316,9 +330,12 @@ async def create_chat_completion(request: Request) -> Response:
     """Handles a chat completion request."""
     state: ServerState = request.app.state.server
     body = await read_json_object(request)
-    common, messages, add_generation_prompt = parse_chat(body)
+    common, messages, add_generation_prompt, reasoning_effort = parse_chat(body)
     tools = read_chat_tools(body, state.settings.parsers)
     template_kwargs = read_template_kwargs(body, state.settings.default_chat_template_kwargs)
+    template_kwargs = apply_reasoning_effort(
+        template_kwargs, body, reasoning_effort, state.settings.reasoning_effort_map
+    )
     if tools.constraint is not None:
         # A forced tool choice replaces the request's own constraint, as in vLLM.
         common.sampling["structured_outputs"] = wire_params(tools.constraint)

@@ -23,6 +23,9 @@ class Echo:
 
     text: str
     token_ids: list[int]
+    #: Show the prompt alone, leaving the generated tokens out (vLLM's
+    #: `echo` with `max_tokens` 0).
+    prompt_only: bool = False
 
 
 @dataclass
@@ -68,9 +71,12 @@ class CompletionPieces:
 
     def piece(self, delta: Delta) -> tuple[str, dict[str, Any] | None]:
         """The text and the `logprobs` of the next delta."""
+        echo = self.rendering.echo
         text, token_ids = delta.text, delta.token_ids
         positions = _padded(delta.logprobs, len(token_ids))
-        echo = self.rendering.echo
+        if echo is not None and echo.prompt_only:
+            # The one token generated for a prompt-only echo is not shown.
+            text, token_ids, positions = "", [], []
         if echo is not None and not self.echoed:
             self.echoed = True
             text = echo.text + text

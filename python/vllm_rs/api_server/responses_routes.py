@@ -1,9 +1,10 @@
 """`POST /v1/responses`, as vLLM 0.33 serves it without a response store:
 text or message input, one assistant message of text out, unstreamed (the
 response object) or streamed as vLLM's typed events (`response.created` ...
-`response.completed`). What this server does not do (tools, background
-mode, stored responses, reasoning, structured output) is a 400 naming the
-field, never dropped."""
+`response.completed`). `chat_template_kwargs` and `reasoning.effort` reach
+the chat template as in chat completions. What this server does not do
+(tools, background mode, stored responses, structured output) is a 400
+naming the field, never dropped."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from vllm_rs.api_server.params import Int64, RequestModel, SamplingInput, common
 from vllm_rs.api_server.request_rules import RULES
 from vllm_rs.api_server.state import ServerState
 from vllm_rs.api_server.submit import RESPONSES, check_model, submit
+from vllm_rs.api_server.template_kwargs import apply_reasoning_effort, read_reasoning_effort, read_template_kwargs
 from vllm_rs.api_server.tokenizer import ChatMessage, ChatTemplateError
+from vllm_rs.cli_args import REASONING_EFFORTS
 from vllm_rs.engine.protocol import FinishReason
 
 
@@ -61,11 +64,10 @@ class ResponsesInput(RequestModel):
     safety_identifier: str | None = None
     include_stop_str_in_output: bool | None = None
     enable_response_messages: bool | None = None
-    prompt: Any = None
     reasoning: Any = None
+    prompt: Any = None
     previous_input_messages: Any = None
     structured_outputs: Any = None
-    chat_template_kwargs: Any = None
     kv_transfer_params: Any = None
     vllm_xargs: Any = None
     mm_processor_kwargs: Any = None
@@ -74,10 +76,8 @@ class ResponsesInput(RequestModel):
 
 #: Fields refused when given (not null), beyond the ones with their own rule.
 UNSUPPORTED = (
-    "reasoning",
     "previous_input_messages",
     "structured_outputs",
-    "chat_template_kwargs",
     "kv_transfer_params",
     "vllm_xargs",
     "mm_processor_kwargs",
@@ -113,6 +113,36 @@ def _check_supported(r: ResponsesInput) -> None:
         raise RULES.refuse("truncation", "truncation_unsupported")
     if r.truncation not in (None, "disabled"):
         raise RULES.wrong_type("truncation")
+
+
+#: The fields of `reasoning`, in the order vLLM writes them, each with the
+#: values it may take (None: any string).
+REASONING_FIELDS: dict[str, tuple[str, ...] | None] = {
+    "context": ("auto", "current_turn", "all_turns"),
+    "effort": REASONING_EFFORTS,
+    "generate_summary": ("auto", "concise", "detailed"),
+    "mode": None,
+    "summary": ("auto", "concise", "detailed"),
+}
+
+
+def read_reasoning(value: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """`reasoning` checked as OpenAI's `Reasoning` model reads it, and as
+    vLLM's response object repeats it (every field, None when not given),
+    with its effort; a 400 naming the first bad field. vLLM acts on `effort`
+    only."""
+    if value is None:
+        return None, None
+    if not isinstance(value, dict):
+        raise RULES.wrong_type("reasoning")
+    echoed = {}
+    for name, allowed in REASONING_FIELDS.items():
+        field_value = value.get(name)
+        valid = field_value is None or (isinstance(field_value, str) and (allowed is None or field_value in allowed))
+        if not valid:
+            raise RULES.wrong_type(f"reasoning.{name}")
+        echoed[name] = field_value
+    return echoed, read_reasoning_effort(value.get("effort"), "reasoning.effort")
 
 
 def _input_message(item: Any) -> ChatMessage | None:
@@ -164,6 +194,8 @@ class Answer:
 
     request: ResponsesInput
     sampling: SamplingInput
+    #: `reasoning` as the response object repeats it.
+    reasoning: dict[str, Any] | None
     id: str
     created_at: int
     model: str
@@ -196,7 +228,7 @@ class Answer:
             "prompt_cache_options": None,
             "prompt_cache_key": r.prompt_cache_key,
             "prompt_cache_retention": None,
-            "reasoning": None,
+            "reasoning": self.reasoning,
             "safety_identifier": r.safety_identifier,
             "service_tier": r.service_tier or "auto",
             "status": status,
@@ -316,11 +348,15 @@ async def create_response(request: Request) -> Response:
     s = parse_model(SamplingInput, body)
     _check_supported(r)
     messages = input_messages(r.instructions, r.input)
+    reasoning, effort = read_reasoning(r.reasoning)
+    settings = state.settings
+    template_kwargs = read_template_kwargs(body, settings.default_chat_template_kwargs)
+    template_kwargs = apply_reasoning_effort(template_kwargs, body, effort, settings.reasoning_effort_map)
     common = common_params(s, None if r.max_output_tokens is None else ("max_output_tokens", r.max_output_tokens))
     common.n = 1  # vLLM's Responses API has no `n`: one choice
     check_model(state, common.model)
     try:
-        prompt_text = state.tokenizer.apply_chat_template(messages, True)
+        prompt_text = state.tokenizer.apply_chat_template(messages, True, None, template_kwargs)
     except ChatTemplateError as e:
         raise ApiError.invalid_param("input", f"cannot apply the chat template: {e}") from None
     prompt = state.tokenizer.encode(prompt_text, add_special_tokens=False)
@@ -330,7 +366,7 @@ async def create_response(request: Request) -> Response:
         room = max_len - len(prompt)
         common.max_tokens = room if common.max_tokens is None else min(common.max_tokens, room)
     submitted = submit(state, request.headers, RESPONSES, prompt, common)
-    answer = Answer(r, s, submitted.id, submitted.created, state.settings.primary_model_name, common.max_tokens)
+    answer = Answer(r, s, reasoning, submitted.id, submitted.created, state.settings.primary_model_name, common.max_tokens)
     (generation,) = submitted.generations  # a response has one choice
     if common.stream:
         return StreamingResponse(

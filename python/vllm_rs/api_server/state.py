@@ -47,6 +47,8 @@ class ServerSettings:
     parsers: ParserSettings = field(default_factory=ParserSettings)
     #: The `chat_template_kwargs` every chat request starts from (`--default-chat-template-kwargs`).
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: Rewrites of requested reasoning efforts (`--reasoning-effort-map`).
+    reasoning_effort_map: dict[str, str] = field(default_factory=dict)
     generation_config: GenerationConfig = field(default_factory=GenerationConfig)
 
     @property
@@ -81,6 +83,7 @@ class ServerSettings:
             limits=ServerLimits.from_env(),
             parsers=ParserSettings.from_args(args),
             default_chat_template_kwargs=dict(getattr(args, "default_chat_template_kwargs", None) or {}),
+            reasoning_effort_map=dict(getattr(args, "reasoning_effort_map", None) or {}),
             generation_config=load_for_model(
                 args.model,
                 getattr(args, "generation_config", None) or "auto",
