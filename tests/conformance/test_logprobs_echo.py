@@ -122,7 +122,7 @@ def test_echo_with_max_tokens_zero_answers_the_prompt_alone(lp_stack):
     # vLLM asks the engine for one token and shows none: the token still
     # counts in usage and the choice ends with "length".
     client = lp_stack.client()
-    result = client.completions.create(model="echo", prompt="abc", max_tokens=0, echo=True, logprobs=1)
+    result = client.completions.create(model="echo", prompt="abc", max_tokens=0, echo=True, logprobs=2)
     choice = result.choices[0]
     assert (choice.text, choice.finish_reason) == ("abc", "length")
     lp = choice.logprobs
