@@ -129,7 +129,7 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         type=_reasoning_effort_map,
         default=None,
         help="JSON object rewriting requested reasoning efforts to ones the chat template knows, "
-        "e.g. '{\"medium\": \"low\"}'",
+        'e.g. \'{"medium": "low"}\'',
     )
     parser.add_argument(
         "--max-logprobs", type=int, default=20, help="most logprobs a request may ask for (-1: the whole vocabulary)"

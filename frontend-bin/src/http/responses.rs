@@ -615,7 +615,8 @@ mod tests {
     #[test]
     fn reasoning_is_repeated_whole_and_its_effort_read() {
         let request = parse(&json!({"input": "x", "reasoning": {"effort": "low", "summary": "auto", "x": 1}})).unwrap();
-        let expected = json!({"context": null, "effort": "low", "generate_summary": null, "mode": null, "summary": "auto"});
+        let expected =
+            json!({"context": null, "effort": "low", "generate_summary": null, "mode": null, "summary": "auto"});
         assert_eq!(request.reasoning, expected);
         assert_eq!(request.reasoning_effort.as_deref(), Some("low"));
         let request = parse(&json!({"input": "x", "reasoning": null})).unwrap();

@@ -150,8 +150,14 @@ mod tests {
             Value::Object(kwargs)
         };
         assert_eq!(effective(json!({}), None, &[]), json!({"enable_thinking": false, "reasoning_effort": "low"}));
-        assert_eq!(effective(json!({}), Some("high"), &[]), json!({"enable_thinking": true, "reasoning_effort": "high"}));
-        assert_eq!(effective(json!({}), Some("none"), &[]), json!({"enable_thinking": false, "reasoning_effort": "none"}));
+        assert_eq!(
+            effective(json!({}), Some("high"), &[]),
+            json!({"enable_thinking": true, "reasoning_effort": "high"})
+        );
+        assert_eq!(
+            effective(json!({}), Some("none"), &[]),
+            json!({"enable_thinking": false, "reasoning_effort": "none"})
+        );
         // The request's own enable_thinking stays, even null (which then leaves the default).
         let body = json!({"chat_template_kwargs": {"enable_thinking": true, "reasoning_effort": "x"}});
         assert_eq!(effective(body, Some("none"), &[]), json!({"enable_thinking": true, "reasoning_effort": "none"}));
@@ -159,15 +165,27 @@ mod tests {
         assert_eq!(effective(body, Some("high"), &[]), json!({"enable_thinking": false, "reasoning_effort": "high"}));
         // The map rewrites the effort before thinking is derived from it.
         let map = [("medium", "none"), ("xhigh", "max")];
-        assert_eq!(effective(json!({}), Some("medium"), &map), json!({"enable_thinking": false, "reasoning_effort": "none"}));
-        assert_eq!(effective(json!({}), Some("xhigh"), &map), json!({"enable_thinking": true, "reasoning_effort": "max"}));
-        assert_eq!(effective(json!({}), Some("low"), &[("low", "auto")]), json!({"enable_thinking": true, "reasoning_effort": "low"}));
+        assert_eq!(
+            effective(json!({}), Some("medium"), &map),
+            json!({"enable_thinking": false, "reasoning_effort": "none"})
+        );
+        assert_eq!(
+            effective(json!({}), Some("xhigh"), &map),
+            json!({"enable_thinking": true, "reasoning_effort": "max"})
+        );
+        assert_eq!(
+            effective(json!({}), Some("low"), &[("low", "auto")]),
+            json!({"enable_thinking": true, "reasoning_effort": "low"})
+        );
     }
 
     #[test]
     fn efforts_are_vllms_seven_or_null() {
         for effort in REASONING_EFFORTS {
-            assert_eq!(read_reasoning_effort(Some(&json!(effort)), "reasoning_effort").unwrap().as_deref(), Some(effort));
+            assert_eq!(
+                read_reasoning_effort(Some(&json!(effort)), "reasoning_effort").unwrap().as_deref(),
+                Some(effort)
+            );
         }
         assert_eq!(read_reasoning_effort(None, "reasoning_effort").unwrap(), None);
         assert_eq!(read_reasoning_effort(Some(&Value::Null), "reasoning_effort").unwrap(), None);

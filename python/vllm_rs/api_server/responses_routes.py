@@ -366,7 +366,9 @@ async def create_response(request: Request) -> Response:
         room = max_len - len(prompt)
         common.max_tokens = room if common.max_tokens is None else min(common.max_tokens, room)
     submitted = submit(state, request.headers, RESPONSES, prompt, common)
-    answer = Answer(r, s, reasoning, submitted.id, submitted.created, state.settings.primary_model_name, common.max_tokens)
+    answer = Answer(
+        r, s, reasoning, submitted.id, submitted.created, state.settings.primary_model_name, common.max_tokens
+    )
     (generation,) = submitted.generations  # a response has one choice
     if common.stream:
         return StreamingResponse(
