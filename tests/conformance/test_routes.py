@@ -192,7 +192,9 @@ def test_streamed_response_ends_incomplete_at_the_token_limit_with_typed_sse(sta
         ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, 400, "tools", "not supported"),
         ({"input": "x", "background": True}, 400, "background", "does not support `store=True`"),
         ({"input": "x", "previous_response_id": "resp_1"}, 404, "response_id", "'resp_1' not found"),
-        ({"input": "x", "reasoning": {"effort": "low"}}, 400, "reasoning", "not supported"),
+        # `reasoning` and `chat_template_kwargs` are served: test_chat_template_kwargs.py.
+        ({"input": "x", "reasoning": {"effort": "extreme"}}, 400, "reasoning.effort", "must be one of"),
+        ({"input": "x", "structured_outputs": {"regex": "a"}}, 400, "structured_outputs", "not supported"),
         ({"input": "x", "include": ["message.output_text.logprobs"]}, 400, "include", "not supported"),
         ({"input": "x", "text": {"format": {"type": "json_object"}}}, 400, "text", "only the `text` format"),
         ({"input": "x", "tool_choice": "required"}, 400, "tool_choice", "must be specified with 'tools'"),
