@@ -382,6 +382,7 @@ async fn an_engine_silent_past_its_heartbeat_ttl_is_lost_with_its_requests_and_h
         assert!(!String::from_utf8_lossy(&chunk).contains("error"), "{chunk:?}");
     }
     assert_eq!(reqwest::get(fe.url("/health")).await.unwrap().status(), 200);
+    assert!(fe.wait_for_log("announces a heartbeat TTL of 1s", 1, Duration::from_secs(30)).await, "{}", fe.stderr());
     // Stopped, the engine sends nothing but keeps its connections open (no FIN, no RST).
     engine.signal(libc::SIGSTOP);
     let payloads = drain_sse(&mut stream, Duration::from_secs(60)).await;

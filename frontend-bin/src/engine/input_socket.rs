@@ -211,6 +211,8 @@ async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, input_sock
         }
     });
     let (mut pending, mut registered) = (Some(pending), false);
+    // The heartbeat TTL last logged: logged when it first comes and when it changes.
+    let mut announced_ttl = None;
     let how = loop {
         match reader.next().await {
             Ok(Some(Incoming::Message(frame))) => {
@@ -221,6 +223,16 @@ async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, input_sock
                 }
             }
             Ok(Some(Incoming::Ping(context))) => {
+                if reader.peer_ttl() != announced_ttl {
+                    announced_ttl = reader.peer_ttl();
+                    match announced_ttl {
+                        Some(ttl) => tracing::info!(
+                            identity = ?identity,
+                            "an engine announces a heartbeat TTL of {ttl:?}: silent for longer, it is lost"
+                        ),
+                        None => tracing::info!(identity = ?identity, "an engine no longer announces a heartbeat TTL"),
+                    }
+                }
                 if !link.queue_pong(&context) {
                     tracing::debug!(identity = ?identity, "not answering a PING: the engine is not reading");
                 }
