@@ -257,17 +257,22 @@ class HttpConnection:
         self.writer.close()
 
 
-def build_stream_load() -> Path:
-    """Builds the native streaming client; returns the path of its executable."""
+def build_example(name: str) -> Path:
+    """Builds the `vllm-rs` crate's example `name` (release); returns the path of its executable."""
     cache = Path(os.environ.get("VLLM_RS_CACHE") or Path.home() / ".cache" / "vllm-rs")
     env = {**os.environ, "CARGO_TARGET_DIR": os.environ.get("CARGO_TARGET_DIR") or str(cache / "target")}
-    command = ["cargo", "build", "--release", "-p", "vllm-rs", "--example", "stream_load", "--message-format=json"]
+    command = ["cargo", "build", "--release", "-p", "vllm-rs", "--example", name, "--message-format=json"]
     built = subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.PIPE, text=True)
     for line in built.stdout.splitlines():
         artifact = json.loads(line)
-        if artifact.get("reason") == "compiler-artifact" and artifact["target"]["name"] == "stream_load":
+        if artifact.get("reason") == "compiler-artifact" and artifact["target"]["name"] == name:
             return Path(artifact["executable"])
-    raise RuntimeError("cargo built no stream_load executable")
+    raise RuntimeError(f"cargo built no {name} executable")
+
+
+def build_stream_load() -> Path:
+    """Builds the native streaming client; returns the path of its executable."""
+    return build_example("stream_load")
 
 
 def frontend_streaming(stream_load: Path, port: int, streams: int, tokens: int, logprobs: int | None = None) -> float:

@@ -7,6 +7,7 @@ its link cut) or the head."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -284,6 +285,47 @@ def test_losing_an_engine_host(hosts, how, frontend):
             assert "error: lost the head node" in node.output
         assert_all_gone(processes, within_s=15)
     finally:
+        stop_all(head, node)
+
+
+def engine_processes(host: HostProcess) -> list[psutil.Process]:
+    """The engine core processes `host` runs (titled `VLLM::EngineCore_N`)."""
+    return [p for p in host.processes() if "EngineCor" in p.name()]
+
+
+@needs_hosts
+def test_the_rust_frontend_loses_a_silent_engine_within_its_heartbeat_ttl(hosts):
+    """The remote engine is stopped (SIGSTOP): its host, its connections and
+    the node channel stay up, but it sends nothing, not even its ZMTP PINGs.
+    The Rust frontend alone notices, from the heartbeat TTL those PINGs
+    announce (`VLLM_RS_HOST_HEARTBEAT_TIMEOUT_S`): the stream on it fails,
+    `/health` answers 503, and the head stops, exit 1, naming the silence."""
+    toy = ("--model", "toy", "--max-model-len", "2048")
+    head = HostProcess(hosts, 0, *head_args(hosts, 2, 1, "--frontend", "rust"), *toy)
+    node = HostProcess(hosts, 1, *node_args(hosts, 2, 1, 1), *toy)
+    engine = None
+    try:
+        url = head.wait_ready()
+        (engine,) = engine_processes(node)
+        # The bound is known from the engine's first PING on its input connection.
+        head.wait_for_line(r"announces a heartbeat TTL of 3s.*identity=\[1, 0\]")
+        with hosts.inside(0):
+            stream = start_stream_on(client(url), 1)
+            watch = HealthWatch(hosts, url, head)
+            engine.suspend()
+            error = drain_expecting_failure(stream)
+        assert error
+        assert watch.result(), head.output
+        assert head.wait() == 1, head.output
+        assert re.search(
+            r"engine 1 is gone: its connection was dropped: the peer sent nothing for 3s, the heartbeat TTL",
+            head.output,
+        ), head.output
+        assert node.proc.poll() is None or node.wait() == 0, node.output  # the head told it to stop
+    finally:
+        if engine is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                engine.resume()
         stop_all(head, node)
 
 

@@ -270,7 +270,13 @@ struct EngineProcess(std::process::Child);
 
 impl EngineProcess {
     fn start(index: u32, fe: &Frontend, step: Duration) -> Self {
-        let spec = format!("{index}|{}|{}|{}", fe.input_address, fe.output_address, step.as_millis());
+        Self::start_with_heartbeat(index, fe, step, None)
+    }
+
+    /// An engine process whose sockets send ZMTP PINGs announcing `ttl`.
+    fn start_with_heartbeat(index: u32, fe: &Frontend, step: Duration, ttl: Option<Duration>) -> Self {
+        let ttl_ms = ttl.map_or(0, |ttl| ttl.as_millis());
+        let spec = format!("{index}|{}|{}|{}|{ttl_ms}", fe.input_address, fe.output_address, step.as_millis());
         let child = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["mock_engine_process", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
             .env(ENGINE_SPEC_ENV, spec)
@@ -300,9 +306,10 @@ const ENGINE_SPEC_ENV: &str = "VLLM_RS_TEST_ENGINE_SPEC";
 #[ignore = "helper run by other tests as an engine process"]
 fn mock_engine_process() {
     let spec = std::env::var(ENGINE_SPEC_ENV).expect("run by EngineProcess");
-    let [index, input, output, step_ms]: [&str; 4] = spec.split('|').collect::<Vec<_>>().try_into().unwrap();
+    let [index, input, output, step_ms, ttl_ms]: [&str; 5] = spec.split('|').collect::<Vec<_>>().try_into().unwrap();
     let mut engine = EngineSpec::new(index.parse().unwrap(), input, output);
     engine.step = Duration::from_millis(step_ms.parse().unwrap());
+    engine.heartbeat_ttl = Some(Duration::from_millis(ttl_ms.parse().unwrap())).filter(|ttl| !ttl.is_zero());
     let _engine = MockEngine::start(engine);
     let _ = std::io::Read::read(&mut std::io::stdin(), &mut [0u8; 1]);
 }
@@ -339,6 +346,52 @@ async fn a_stopped_engine_is_marked_hung_after_the_stall_timeout() {
     assert!(error["error"]["message"].as_str().unwrap().contains("engine 0 is hung"), "{error}");
     let health = reqwest::get(fe.url("/health")).await.unwrap();
     assert_eq!(health.status(), 503);
+    engine.signal(libc::SIGCONT);
+}
+
+/// Reads `stream` to its end (at most `within`); every payload of its SSE body.
+async fn drain_sse(stream: &mut reqwest::Response, within: Duration) -> Vec<String> {
+    let mut body = String::new();
+    let deadline = tokio::time::Instant::now() + within;
+    while let Some(chunk) =
+        tokio::time::timeout_at(deadline, stream.chunk()).await.expect("the stream did not end in time").unwrap()
+    {
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    common::sse_payloads(&body)
+}
+
+#[tokio::test]
+async fn an_engine_silent_past_its_heartbeat_ttl_is_lost_with_its_requests_and_health() {
+    // The stall bound is far away: only the engine's heartbeat TTL (1 s) can end this.
+    let options = Options { args: json!({"model_tag": "toy", "engine_stall_timeout_s": 600}), ..Default::default() };
+    let mut fe = Frontend::spawn(options);
+    let engine = EngineProcess::start_with_heartbeat(0, &fe, Duration::from_millis(20), Some(Duration::from_secs(1)));
+    fe.wait_ready(Duration::from_secs(30)).await;
+    let mut stream = reqwest::Client::new()
+        .post(fe.url("/v1/completions"))
+        .json(&json!({"prompt": "abc", "max_tokens": 1000, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    // Several TTLs of a live engine (outputs and PINGs flowing) lose nothing.
+    let live_since = std::time::Instant::now();
+    while live_since.elapsed() < Duration::from_secs(3) {
+        let chunk = stream.chunk().await.unwrap().expect("the stream ended early");
+        assert!(!String::from_utf8_lossy(&chunk).contains("error"), "{chunk:?}");
+    }
+    assert_eq!(reqwest::get(fe.url("/health")).await.unwrap().status(), 200);
+    assert!(fe.wait_for_log("announces a heartbeat TTL of 1s", 1, Duration::from_secs(30)).await, "{}", fe.stderr());
+    // Stopped, the engine sends nothing but keeps its connections open (no FIN, no RST).
+    engine.signal(libc::SIGSTOP);
+    let payloads = drain_sse(&mut stream, Duration::from_secs(60)).await;
+    assert_eq!(payloads.last().map(String::as_str), Some("[DONE]"), "{payloads:?}");
+    let error: Value = serde_json::from_str(&payloads[payloads.len() - 2]).unwrap();
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("engine 0 is gone: its connection was dropped"), "{error}");
+    assert!(message.contains("heartbeat TTL"), "{error}");
+    assert_eq!(reqwest::get(fe.url("/health")).await.unwrap().status(), 503);
     engine.signal(libc::SIGCONT);
 }
 

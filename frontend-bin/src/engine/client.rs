@@ -189,14 +189,14 @@ impl EngineClient {
         });
         let for_lost = Arc::downgrade(&shared);
         tokio::spawn(async move {
-            let Ok(identity) = lost_engine.wait_for(Option::is_some).await.map(|lost| lost.clone().unwrap_or_default())
-            else {
+            let Ok(Some(lost)) = lost_engine.wait_for(Option::is_some).await.map(|lost| lost.clone()) else {
                 return;
             };
             if let Some(shared) = for_lost.upgrade() {
                 shared.fail_all(format!(
-                    "engine {} is gone: its connection closed (handled as ENGINE_CORE_DEAD); requests in flight were failed",
-                    engine_name(&identity)
+                    "engine {} is gone: {} (handled as ENGINE_CORE_DEAD); requests in flight were failed",
+                    engine_name(&lost.identity),
+                    lost.how
                 ));
             }
         });

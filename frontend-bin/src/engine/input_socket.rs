@@ -24,6 +24,16 @@ const MAX_OUTBOX_FOR_PONG: usize = 64 << 10;
 /// A message an engine sent on its DEALER: its identity and the first frame.
 pub type EngineMessage = (Vec<u8>, Bytes);
 
+/// An engine whose registered connection ended, and how it ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostEngine {
+    /// The engine's identity (its 2-byte index).
+    pub identity: Vec<u8>,
+    /// How the connection ended: closed, or dropped and why (a silence past
+    /// the heartbeat TTL of the engine's PINGs, a protocol error).
+    pub how: String,
+}
+
 /// Why a message could not be queued for an engine.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SendError {
@@ -39,8 +49,8 @@ pub struct EngineInputSocket {
     received: mpsc::UnboundedSender<EngineMessage>,
     next_link_id: AtomicU64,
     limits: FrameLimits,
-    /// The identity of the first engine whose registered connection ended.
-    lost: watch::Sender<Option<Vec<u8>>>,
+    /// The first engine whose registered connection ended.
+    lost: watch::Sender<Option<LostEngine>>,
 }
 
 /// One engine connection's outbox.
@@ -131,8 +141,8 @@ impl EngineInputSocket {
     }
 
     /// Watches for an engine whose own connection (the one it registered
-    /// on) ended: the value turns to that engine's identity, once.
-    pub fn lost_engine(&self) -> watch::Receiver<Option<Vec<u8>>> {
+    /// on) ended, closed or dropped: the value turns to that engine, once.
+    pub fn lost_engine(&self) -> watch::Receiver<Option<LostEngine>> {
         self.lost.subscribe()
     }
 
@@ -159,7 +169,8 @@ impl EngineInputSocket {
 /// reads. The connection stays pending (`pending`) until its first message.
 /// A connection whose identity is held by another live one is refused; when
 /// the holder ends after it sent something (its registration), that engine
-/// is lost.
+/// is lost: when it closes, breaks the protocol, or is silent past the
+/// heartbeat TTL its PINGs announce (a host whose link was cut).
 async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, input_socket: Arc<EngineInputSocket>) {
     let peer = match handshake(stream, "ROUTER", "DEALER", input_socket.limits).await {
         Ok(peer) => peer,
@@ -200,7 +211,9 @@ async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, input_sock
         }
     });
     let (mut pending, mut registered) = (Some(pending), false);
-    loop {
+    // The heartbeat TTL last logged: logged when it first comes and when it changes.
+    let mut announced_ttl = None;
+    let how = loop {
         match reader.next().await {
             Ok(Some(Incoming::Message(frame))) => {
                 registered = true;
@@ -210,21 +223,37 @@ async fn serve_engine(stream: AcceptedStream, pending: PendingPermit, input_sock
                 }
             }
             Ok(Some(Incoming::Ping(context))) => {
+                if reader.peer_ttl() != announced_ttl {
+                    announced_ttl = reader.peer_ttl();
+                    match announced_ttl {
+                        Some(ttl) => tracing::info!(
+                            identity = ?identity,
+                            "an engine announces a heartbeat TTL of {ttl:?}: silent for longer, it is lost"
+                        ),
+                        None => tracing::info!(identity = ?identity, "an engine no longer announces a heartbeat TTL"),
+                    }
+                }
                 if !link.queue_pong(&context) {
                     tracing::debug!(identity = ?identity, "not answering a PING: the engine is not reading");
                 }
             }
-            Ok(None) => break tracing::debug!(identity = ?identity, "engine input connection closed"),
-            Err(e) => break tracing::warn!(identity = ?identity, "dropping an engine input connection: {e}"),
+            Ok(None) => {
+                tracing::debug!(identity = ?identity, "engine input connection closed");
+                break "its connection closed".to_string();
+            }
+            Err(e) => {
+                tracing::warn!(identity = ?identity, "dropping an engine input connection: {e}");
+                break format!("its connection was dropped: {e}");
+            }
         }
-    }
+    };
     writing.abort();
     input_socket.release(&identity, &link);
     if registered {
         input_socket.lost.send_if_modified(|lost| {
             let first = lost.is_none();
             if first {
-                *lost = Some(identity);
+                *lost = Some(LostEngine { identity, how });
             }
             first
         });

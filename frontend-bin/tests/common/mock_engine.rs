@@ -44,6 +44,9 @@ pub struct EngineSpec {
     pub registration: Option<(u64, u64)>,
     pub step: Duration,
     pub tokens_per_step: usize,
+    /// When set, both sockets send ZMTP PINGs announcing this TTL, five
+    /// per TTL (ZMQ_HEARTBEAT_IVL/TTL/TIMEOUT), as a multi-node engine does.
+    pub heartbeat_ttl: Option<Duration>,
 }
 
 impl EngineSpec {
@@ -55,6 +58,7 @@ impl EngineSpec {
             registration: Some((1024, 100)),
             step: Duration::from_millis(2),
             tokens_per_step: 1,
+            heartbeat_ttl: None,
         }
     }
 }
@@ -151,11 +155,21 @@ fn now() -> f64 {
 
 fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicBool>) {
     let ctx = zmq::Context::new();
+    let heartbeat = |socket: &zmq::Socket| {
+        if let Some(ttl) = spec.heartbeat_ttl {
+            let ttl_ms = ttl.as_millis() as i32;
+            socket.set_heartbeat_ivl(ttl_ms / 5).unwrap();
+            socket.set_heartbeat_ttl(ttl_ms).unwrap();
+            socket.set_heartbeat_timeout(ttl_ms).unwrap();
+        }
+    };
     let dealer = ctx.socket(zmq::DEALER).unwrap();
+    heartbeat(&dealer);
     dealer.set_identity(&(spec.index as u16).to_le_bytes()).unwrap();
     dealer.set_linger(0).unwrap();
     dealer.connect(&spec.input).unwrap();
     let push = ctx.socket(zmq::PUSH).unwrap();
+    heartbeat(&push);
     push.set_linger(0).unwrap();
     push.connect(&spec.output).unwrap();
     let registration = match spec.registration {

@@ -8,10 +8,21 @@
 //! the runtime itself takes one `read` or `write` per many messages and no
 //! thread hop. Only what those sockets need is here: the greeting, the
 //! READY handshake (checking the peer's socket type, reading its identity),
-//! data frames, and PING (the caller answers with [`pong_frame`]). The first
+//! data frames, and PING (the caller answers with [`pong_frame`]; the
+//! reader honours the TTL it announces, below). The first
 //! frame of each incoming message is returned; its later (aux) frames, which
 //! vLLM's engines use for large arrays (logprobs), are kept beside it
 //! ([`FrameReader::aux_frames`]): a message without them costs nothing extra.
+//!
+//! A PING carries a TTL (ZMTP 3.1: 16 bits, in tenths of a second) telling
+//! the receiver to drop the connection when nothing arrives from the peer
+//! for that long, which is how a peer whose link was cut (no FIN, no RST)
+//! is noticed. libzmq arms that timer at each PING with a non-zero TTL and
+//! disarms it on any later traffic; a peer that keeps its heartbeat sends
+//! PINGs more often than its TTL, so the reader here keeps the simpler form
+//! of the same rule: once a PING announced a TTL, a read that waits longer
+//! than it after the last bytes received fails with
+//! [`ZmtpError::PeerSilent`]; a PING with TTL 0 lifts the bound.
 //!
 //! Spec: <https://rfc.zeromq.org/spec/23/> (ZMTP 3.0), <https://rfc.zeromq.org/spec/37/> (3.1 commands).
 
@@ -60,6 +71,9 @@ pub enum ZmtpError {
     /// The peer broke the protocol (or is not a ZeroMQ PUSH socket).
     #[error("ZMTP protocol error: {0}")]
     Protocol(String),
+    /// Nothing arrived from the peer within the TTL its last PING announced.
+    #[error("the peer sent nothing for {0:?}, the heartbeat TTL its last PING announced")]
+    PeerSilent(std::time::Duration),
 }
 
 fn protocol(why: impl Into<String>) -> ZmtpError {
@@ -252,6 +266,15 @@ pub fn pong_frame(context: &[u8]) -> Vec<u8> {
     command_frame(&body)
 }
 
+/// The TTL a PING's data announces (its first two bytes, big-endian, in
+/// tenths of a second); `None` for 0, which asks for no bound.
+fn ping_ttl(data: &[u8]) -> Result<Option<std::time::Duration>, ZmtpError> {
+    let ttl: [u8; 2] =
+        data.get(..2).and_then(|ttl| ttl.try_into().ok()).ok_or_else(|| protocol("a PING without its 2-byte TTL"))?;
+    let deciseconds = u64::from(u16::from_be_bytes(ttl));
+    Ok((deciseconds > 0).then(|| std::time::Duration::from_millis(deciseconds * 100)))
+}
+
 /// Reads frames from one peer, buffered.
 pub struct FrameReader<R> {
     stream: R,
@@ -261,11 +284,29 @@ pub struct FrameReader<R> {
     aux: Vec<Bytes>,
     /// Bytes of the message being read so far (all its frames).
     message_bytes: u64,
+    /// The TTL of the peer's last PING, when it announced one.
+    peer_ttl: Option<std::time::Duration>,
+    /// When bytes last arrived from the peer (or the reader was made).
+    last_heard: tokio::time::Instant,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     fn new(stream: R, limits: FrameLimits) -> Self {
-        FrameReader { stream, buffer: BytesMut::with_capacity(READ_CHUNK), limits, aux: Vec::new(), message_bytes: 0 }
+        FrameReader {
+            stream,
+            buffer: BytesMut::with_capacity(READ_CHUNK),
+            limits,
+            aux: Vec::new(),
+            message_bytes: 0,
+            peer_ttl: None,
+            last_heard: tokio::time::Instant::now(),
+        }
+    }
+
+    /// The heartbeat TTL the peer's last PING announced (`None` before any,
+    /// or after one with TTL 0): the longest silence [`Self::next`] waits.
+    pub fn peer_ttl(&self) -> Option<std::time::Duration> {
+        self.peer_ttl
     }
 
     /// Counts a frame of `size` bytes towards the current message; past the
@@ -299,7 +340,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 let body = self.read_body(header, MAX_COMMAND_BYTES, "command").await?;
                 let (name, data) = command_parts(&body)?;
                 if name == b"PING" {
-                    return Ok(Some(Incoming::Ping(data.get(2..).unwrap_or_default().to_vec())));
+                    self.peer_ttl = ping_ttl(data)?;
+                    return Ok(Some(Incoming::Ping(data[2..].to_vec())));
                 }
                 continue; // other commands carry nothing for us
             }
@@ -365,12 +407,23 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    /// Reads more bytes; false at end of stream.
+    /// Reads more bytes; false at end of stream. Past the peer's TTL after
+    /// the last bytes it sent, a [`ZmtpError::PeerSilent`].
     async fn fill_or_eof(&mut self) -> Result<bool, ZmtpError> {
         if self.buffer.capacity() - self.buffer.len() < READ_CHUNK / 4 {
             self.buffer.reserve(READ_CHUNK);
         }
-        Ok(self.stream.read_buf(&mut self.buffer).await? > 0)
+        let read = self.stream.read_buf(&mut self.buffer);
+        let count = match self.peer_ttl {
+            // Bytes already waiting are taken even past the deadline: the
+            // timeout polls the read first.
+            Some(ttl) => {
+                tokio::time::timeout_at(self.last_heard + ttl, read).await.map_err(|_| ZmtpError::PeerSilent(ttl))??
+            }
+            None => read.await?,
+        };
+        self.last_heard = tokio::time::Instant::now();
+        Ok(count > 0)
     }
 }
 
@@ -519,6 +572,93 @@ mod tests {
         peer.write_all(&command_frame(&ping)).await.unwrap();
         assert_eq!(pull.await.unwrap(), Some(Incoming::Ping(b"ctx".to_vec())));
         assert_eq!(pong_frame(b"ctx"), b"\x04\x08\x04PONGctx");
+    }
+
+    #[test]
+    fn a_ping_ttl_is_big_endian_tenths_of_a_second() {
+        use std::time::Duration;
+        assert_eq!(ping_ttl(&[0, 50]).unwrap(), Some(Duration::from_secs(5)));
+        assert_eq!(ping_ttl(&[0, 30, b'c', b't', b'x']).unwrap(), Some(Duration::from_secs(3)));
+        assert_eq!(ping_ttl(&[0x8C, 0xA0]).unwrap(), Some(Duration::from_secs(3600)));
+        assert_eq!(ping_ttl(&[0xFF, 0xFF]).unwrap(), Some(Duration::from_millis(6_553_500)));
+        assert_eq!(ping_ttl(&[0, 0]).unwrap(), None);
+        for short in [&[][..], &[7]] {
+            assert!(ping_ttl(short).unwrap_err().to_string().contains("2-byte TTL"));
+        }
+    }
+
+    /// A PING command frame announcing `ttl_deciseconds`.
+    fn ping(ttl_deciseconds: u16) -> Vec<u8> {
+        let mut body = vec![4];
+        body.extend_from_slice(b"PING");
+        body.extend_from_slice(&ttl_deciseconds.to_be_bytes());
+        command_frame(&body)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_silent_past_its_ping_ttl_is_dropped_and_traffic_keeps_it() {
+        use std::time::Duration;
+        use tokio::time::{sleep, Instant};
+        let (ours, mut peer) = duplex(1024);
+        let pull = tokio::spawn(async move {
+            let mut connection = handshake(ours, "PULL", "PUSH", FrameLimits::default()).await.unwrap();
+            let mut got = Vec::new();
+            loop {
+                match connection.reader.next().await {
+                    Ok(Some(incoming)) => got.push((incoming, connection.reader.peer_ttl(), Instant::now())),
+                    other => return (got, other.map(|_| ()), Instant::now()),
+                }
+            }
+        });
+        peer_handshake(&mut peer, &[(b"Socket-Type", b"PUSH")]).await;
+        // Before any PING there is no bound: a long silence is fine.
+        sleep(Duration::from_secs(600)).await;
+        peer.write_all(&ping(10)).await.unwrap(); // 1 s
+        for _ in 0..5 {
+            // Within the TTL each time, so the connection lives on past 5 TTLs.
+            sleep(Duration::from_millis(900)).await;
+            peer.write_all(&[0x00, 1, b'm']).await.unwrap();
+        }
+        let last_message = Instant::now();
+        // Without the bound the reader would wait forever: fail instead.
+        let (got, end, ended) =
+            tokio::time::timeout(Duration::from_secs(60), pull).await.expect("the silent peer was dropped").unwrap();
+        assert_eq!(got.len(), 6, "{got:?}");
+        assert_eq!(got[0].0, Incoming::Ping(vec![]));
+        assert!(got.iter().all(|(_, ttl, _)| *ttl == Some(Duration::from_secs(1))));
+        assert!(matches!(end, Err(ZmtpError::PeerSilent(ttl)) if ttl == Duration::from_secs(1)), "{end:?}");
+        // Dropped one TTL after the last bytes, on the paused (virtual) clock.
+        assert_eq!(ended - last_message, Duration::from_secs(1));
+        drop(peer);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ping_with_ttl_zero_lifts_the_bound() {
+        use std::time::Duration;
+        let (ours, mut peer) = duplex(1024);
+        let pull = tokio::spawn(async move {
+            let mut connection = handshake(ours, "PULL", "PUSH", FrameLimits::default()).await.unwrap();
+            let mut got = Vec::new();
+            while let Some(incoming) = connection.reader.next().await.unwrap() {
+                got.push((incoming, connection.reader.peer_ttl()));
+            }
+            got
+        });
+        peer_handshake(&mut peer, &[(b"Socket-Type", b"PUSH")]).await;
+        peer.write_all(&ping(10)).await.unwrap();
+        peer.write_all(&ping(0)).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        peer.write_all(&[0x00, 1, b'm']).await.unwrap();
+        drop(peer);
+        let got = pull.await.unwrap();
+        assert_eq!(
+            got,
+            vec![
+                (Incoming::Ping(vec![]), Some(Duration::from_secs(1))),
+                (Incoming::Ping(vec![]), None),
+                (Incoming::Message(Bytes::from_static(b"m")), None),
+            ]
+        );
     }
 
     /// Handshakes as a PULL with `limits`, lets a PUSH peer write `wire` and
