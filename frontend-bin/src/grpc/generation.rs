@@ -237,13 +237,10 @@ pub fn responses(choices: Vec<Choice>, streaming: bool) -> GenerateStream {
         let completes = futures_util::future::try_join_all(choices.into_iter().map(|mut choice| async move {
             choice.next().await.unwrap_or_else(|| Err(Status::internal("the choice ended without an answer")))
         }));
-        Box::pin(
-            futures_util::stream::once(completes)
-                .flat_map(|result| match result {
-                    Ok(completes) => futures_util::stream::iter(completes.into_iter().map(Ok)).left_stream(),
-                    Err(status) => futures_util::stream::iter([Err(status)]).right_stream(),
-                }),
-        )
+        Box::pin(futures_util::stream::once(completes).flat_map(|result| match result {
+            Ok(completes) => futures_util::stream::iter(completes.into_iter().map(Ok)).left_stream(),
+            Err(status) => futures_util::stream::iter([Err(status)]).right_stream(),
+        }))
     }
 }
 

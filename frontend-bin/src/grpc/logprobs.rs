@@ -142,8 +142,14 @@ mod tests {
         assert_eq!(output.top_logprobs[1], TopLogProbs { values: vec![-ln2, -2.0 * ln2], token_ids: vec![9, 10] });
         let input = input.unwrap();
         assert_eq!(input.token_ids, vec![5, 6]);
-        assert_eq!(input.token_logprobs, vec![InputTokenLogProb { value: None }, InputTokenLogProb { value: Some(-ln2) }]);
-        assert_eq!(input.top_logprobs, vec![TopLogProbs::default(), TopLogProbs { values: vec![-ln2], token_ids: vec![6] }]);
+        assert_eq!(
+            input.token_logprobs,
+            vec![InputTokenLogProb { value: None }, InputTokenLogProb { value: Some(-ln2) }]
+        );
+        assert_eq!(
+            input.top_logprobs,
+            vec![TopLogProbs::default(), TopLogProbs { values: vec![-ln2], token_ids: vec![6] }]
+        );
     }
 
     #[test]
