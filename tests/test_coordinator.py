@@ -5,6 +5,7 @@ peers playing two engines and a frontend."""
 from __future__ import annotations
 
 import re
+import signal
 
 import msgpack
 import pytest
@@ -13,6 +14,8 @@ from vllm_rs.coordinator import Coordinator, CoordinatorListeners, CoordinatorPr
 from vllm_rs.engine.protocol import REQUEST_START_DP_WAVE, EngineCoreOutputs, encode_outputs
 from vllm_rs.engine.stats import SchedulerStats
 from vllm_rs.network_utils import PrivateSocketDir
+
+from tests.thread_signals import signal_another_thread, wait_for_thread
 
 TIMEOUT_MS = 30_000
 
@@ -116,6 +119,25 @@ def test_the_process_on_its_sockets():
             listener.cleanup()
         socket_dir.remove()
     assert manager.proc.exitcode == 0
+
+
+def test_sigterm_to_another_thread_ends_the_wait_for_engines():
+    """The kernel may hand a SIGTERM to any thread that does not block it; one
+    handed to a thread other than the main one still ends the coordinator's
+    wait for engine subscriptions (a poll without timeout) with exit 0."""
+    socket_dir = PrivateSocketDir()
+    listeners = CoordinatorListeners.create(socket_dir)
+    manager = CoordinatorProcManager(2, listeners)
+    try:
+        wait_for_thread(manager.proc.pid, "ZMQbg/")  # its sockets exist: the handler is installed
+        signal_another_thread(manager.proc.pid, signal.SIGTERM)
+        manager.proc.join(TIMEOUT_MS / 1000)
+        assert manager.proc.exitcode == 0
+    finally:
+        manager.shutdown(timeout=5)
+        for listener in listeners.all():
+            listener.cleanup()
+        socket_dir.remove()
 
 
 def test_the_api_servers_decoder_takes_what_the_coordinator_publishes():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import time
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,15 @@ def signal_another_thread(pid: int, signum: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(SYS_TGKILL, pid, taking[0], signum) != 0:
         raise OSError(ctypes.get_errno(), f"tgkill({pid}, {taking[0]}, {signum})")
+
+
+def wait_for_thread(pid: int, name_prefix: str, timeout_s: float = 30.0) -> None:
+    """Returns once `pid` runs a thread whose name starts with `name_prefix`
+    (e.g. libzmq's `ZMQbg/` threads, which exist once a socket does)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(
+        Path(f"/proc/{pid}/task/{tid}/comm").read_text().startswith(name_prefix)
+        for tid in os.listdir(f"/proc/{pid}/task")
+    ):
+        assert time.monotonic() < deadline, f"pid {pid} started no {name_prefix!r} thread within {timeout_s} s"
+        time.sleep(0.01)  # /proc offers no notification of a new thread

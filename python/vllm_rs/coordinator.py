@@ -174,14 +174,15 @@ def run_coordinator(engine_count: int, listeners: CoordinatorListeners) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # serve stops it after the frontends
     signal.signal(signal.SIGTERM, _raise_interrupt)
     ctx = zmq.Context()
-    front = make_zmq_socket(ctx, listeners.front_publish.address, zmq.XPUB, linger=0, listener=listeners.front_publish)
-    back_publish = make_zmq_socket(
-        ctx, listeners.engine_publish.address, zmq.XPUB, linger=0, listener=listeners.engine_publish
-    )
-    back_output = make_zmq_socket(
-        ctx, listeners.engine_output.address, zmq.PULL, linger=0, listener=listeners.engine_output
-    )
-    try:
+    sockets: list[Any] = []
+    try:  # from here on a SIGTERM, however early, ends in exit 0
+        for listener, kind in (
+            (listeners.front_publish, zmq.XPUB),
+            (listeners.engine_publish, zmq.XPUB),
+            (listeners.engine_output, zmq.PULL),
+        ):
+            sockets.append(make_zmq_socket(ctx, listener.address, kind, linger=0, listener=listener))
+        front, back_publish, back_output = sockets
         # The wakeup socket ends a wait however the kernel routed SIGTERM
         # (`vllm_rs.signal_wakeup`); the handler then raises here.
         with signal_wakeup() as wakeup:
@@ -189,7 +190,7 @@ def run_coordinator(engine_count: int, listeners: CoordinatorListeners) -> None:
     except KeyboardInterrupt:
         logger.info("DP Coordinator process exiting")
     finally:
-        for sock in (front, back_publish, back_output):
+        for sock in sockets:
             sock.close(linger=0)
         ctx.term()
 

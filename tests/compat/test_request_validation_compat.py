@@ -19,7 +19,7 @@ from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.serial_utils import MsgpackDecoder  # noqa: E402
 
 from tests.api_server_harness import DEADLINE_S, in_background  # noqa: E402
-from tests.conformance.test_request_validation import CASES, FINISH_LENGTH, post, served  # noqa: E402, F401
+from tests.conformance.test_request_validation import CASES, FINISH_LENGTH, NOW_SERVED, post, served  # noqa: E402, F401
 
 DECODE_REQUEST = MsgpackDecoder(EngineCoreRequest)
 
@@ -36,7 +36,7 @@ EXTREMES = [
 ACCEPTED = [
     (case["name"], case["endpoint"], case["body"])
     for case in CASES["cases"]
-    if case["vllm"]["accepted"] and not case["project_limit"]
+    if case["vllm"]["accepted"] and (not case["project_limit"] or case["name"] in NOW_SERVED)
 ] + [(f"extreme{i}", endpoint, body) for i, (endpoint, body) in enumerate(EXTREMES)]
 
 
@@ -54,10 +54,10 @@ def vocabulary() -> SimpleNamespace:
 def test_every_accepted_request_decodes_as_vllms_engine_decodes_it(served, name, endpoint, body):  # noqa: F811
     answered = in_background(post, served, endpoint, body, f"compat-{name}-{served.kind}")
     engine = served.engine
-    payload = engine.next_add_payload()
-    request = DECODE_REQUEST.decode(payload)  # builds SamplingParams: runs _verify_args
-    assert isinstance(request.sampling_params, SamplingParams)
-    request.sampling_params.verify(vocabulary(), None, None, None)
-    engine.send_outputs([[request.request_id, [65], None, None, None, FINISH_LENGTH]])
+    for _choice in range(body.get("n", 1)):  # n > 1: one child request per choice
+        request = DECODE_REQUEST.decode(engine.next_add_payload())  # builds SamplingParams: runs _verify_args
+        assert isinstance(request.sampling_params, SamplingParams)
+        request.sampling_params.verify(vocabulary(), None, None, None)
+        engine.send_outputs([[request.request_id, [65], None, None, None, FINISH_LENGTH]])
     status, answer = answered.result(timeout=DEADLINE_S)
     assert status == 200, answer
