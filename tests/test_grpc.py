@@ -445,3 +445,11 @@ def test_bad_schema_is_invalid_argument_naming_it(toy):
             list(stub.Generate(request, timeout=10))
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
         assert error.value.details().startswith(f"{field}:"), error.value.details()
+
+
+def test_http_counts_each_choice_as_a_request_too(served):
+    serve = served[0]
+    before = success_count(serve, "echo", "length")
+    result = serve.client().completions.create(model="echo", prompt="abc", max_tokens=4, n=2)
+    assert sorted(c.index for c in result.choices) == [0, 1]
+    assert success_count(serve, "echo", "length") == before + 2
