@@ -1,11 +1,15 @@
 """vLLM's gRPC generate API (`vllm.grpc.engine.VllmEngine`) served by the Rust
 frontend on `serve --grpc-port`, driven by a real `grpcio` client with stubs
-generated from the project's own .proto files."""
+generated from the project's own .proto files (and with vLLM's own published
+stubs, `smg_grpc_proto`, when installed)."""
 
 from __future__ import annotations
 
 import importlib
+import json
+import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -181,7 +185,9 @@ def test_bad_requests_are_invalid_argument(client):
         (tokens_request(pb2, "b1", [], max_tokens=3), "tokenized.input_ids"),
         (tokens_request(pb2, "b2", [1, 2], max_tokens=3, top_p=2.0), "sampling_params.top_p"),
         (tokens_request(pb2, "b3", [1, 2], max_tokens=MAX_MODEL_LEN), "sampling_params.max_tokens"),
-        (tokens_request(pb2, "b4", [1, 2], max_tokens=3, n=2), "sampling_params.n"),
+        (tokens_request(pb2, "b4", [1, 2], max_tokens=3, n=20000), "sampling_params.n"),
+        (tokens_request(pb2, "b6", [1, 2], max_tokens=3, logprobs=-2), "sampling_params.logprobs"),
+        (tokens_request(pb2, "b7", [1, 2], max_tokens=3, prompt_logprobs=100000), "sampling_params.prompt_logprobs"),
         (pb2.GenerateRequest(request_id="b5"), "input"),
     ]
     for request, field in cases:
@@ -233,3 +239,217 @@ def test_grpc_port_is_refused_with_the_python_frontend():
         assert "--grpc-port" in serve.output and "--frontend rust" in serve.output
     finally:
         serve.kill()
+
+
+LN2 = math.log(2)
+
+
+def assert_echo_top(top, token: int, count: int) -> None:
+    """The echo model's top logprobs at a position scoring `token`: `token`,
+    `token + 1`, ... at -ln 2, -2 ln 2, ... (float32 on the wire)."""
+    assert list(top.token_ids) == [token + i for i in range(count)]
+    assert list(top.values) == pytest.approx([-(i + 1) * LN2 for i in range(count)], abs=1e-6)
+
+
+def assert_echo_input_logprobs(input_logprobs, prompt: list[int], count: int) -> None:
+    """The prompt's logprobs: none for the first token, -ln 2 for the rest."""
+    assert list(input_logprobs.token_ids) == prompt
+    first, *rest = input_logprobs.token_logprobs
+    assert not first.HasField("value") and len(input_logprobs.top_logprobs[0].token_ids) == 0
+    assert [r.value for r in rest] == pytest.approx([-LN2] * len(rest), abs=1e-6)
+    for token, top in zip(prompt[1:], input_logprobs.top_logprobs[1:], strict=True):
+        assert_echo_top(top, token, count)
+
+
+def test_whole_generation_with_logprobs(client):
+    pb2, stub = client
+    prompt = list(b"hello")
+    request = tokens_request(pb2, "lp-whole", prompt, False, max_tokens=7, logprobs=2, prompt_logprobs=1)
+    (only,) = list(stub.Generate(request, timeout=60))
+    done = only.complete
+    assert list(done.output_ids) == echo(prompt, 7) and done.index == 0
+    assert list(done.output_logprobs.token_ids) == echo(prompt, 7)
+    assert list(done.output_logprobs.token_logprobs) == pytest.approx([-LN2] * 7, abs=1e-6)
+    for token, top in zip(echo(prompt, 7), done.output_logprobs.top_logprobs, strict=True):
+        assert_echo_top(top, token, 2)
+    assert_echo_input_logprobs(done.input_logprobs, prompt, 1)
+    # logprobs=0: each token's own logprob, no top logprobs (as vLLM's servicer).
+    (zero,) = list(stub.Generate(tokens_request(pb2, "lp-zero", prompt, False, max_tokens=3, logprobs=0), timeout=60))
+    assert list(zero.complete.output_logprobs.token_ids) == echo(prompt, 3)
+    assert len(zero.complete.output_logprobs.top_logprobs) == 0 and not zero.complete.HasField("input_logprobs")
+    (plain,) = list(stub.Generate(tokens_request(pb2, "lp-none", prompt, False, max_tokens=3), timeout=60))
+    assert not plain.complete.HasField("output_logprobs") and not plain.complete.HasField("input_logprobs")
+
+
+def test_streamed_generation_with_logprobs(client):
+    pb2, stub = client
+    prompt = list(b"stream")
+    request = tokens_request(pb2, "lp-stream", prompt, True, max_tokens=9, logprobs=3, prompt_logprobs=2)
+    responses = list(stub.Generate(request, timeout=60))
+    chunks = [r.chunk for r in responses[:-1]]
+    assert chunks and responses[-1].WhichOneof("response") == "complete"
+    # Each chunk scores its own tokens; the prompt's logprobs come only in the first chunk.
+    for chunk in chunks:
+        assert list(chunk.output_logprobs.token_ids) == list(chunk.token_ids)
+    assert [c.HasField("input_logprobs") for c in chunks] == [True] + [False] * (len(chunks) - 1)
+    assert_echo_input_logprobs(chunks[0].input_logprobs, prompt, 2)
+    tops = [top for c in chunks for top in c.output_logprobs.top_logprobs]
+    for token, top in zip(echo(prompt, 9), tops, strict=True):
+        assert_echo_top(top, token, 3)
+    done = responses[-1].complete
+    assert (done.finish_reason, done.completion_tokens) == ("length", 9)
+    assert not done.HasField("output_logprobs") and not done.HasField("input_logprobs")
+
+
+def test_logprobs_above_the_servers_limit_are_invalid_argument(client):
+    pb2, stub = client
+    with pytest.raises(grpc.RpcError) as error:
+        list(stub.Generate(tokens_request(pb2, "lp-max", [1, 2], max_tokens=2, logprobs=21), timeout=10))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith("sampling_params.logprobs:") and "21" in error.value.details()
+
+
+def success_count(serve: Serve, model: str, reason: str) -> float:
+    """`vllm:request_success_total` for `reason`, summed over the engines."""
+    status, body = serve.http("GET", "/metrics")
+    assert status == 200
+    pattern = rf'^vllm:request_success_total{{model_name="{model}",engine="\d+",finished_reason="{reason}"}} (\S+)$'
+    return sum(float(m[1]) for m in re.finditer(pattern, body.decode(), re.MULTILINE))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_two_choices_have_their_index(served, client, stream):
+    pb2, stub = client
+    prompt = list(b"two")
+    before = success_count(served[0], "echo", "length")
+    request = tokens_request(pb2, f"n2-{stream}", prompt, stream, max_tokens=5, n=2, logprobs=1)
+    responses = list(stub.Generate(request, timeout=60))
+    completes = [r.complete for r in responses if r.WhichOneof("response") == "complete"]
+    assert sorted(c.index for c in completes) == [0, 1]
+    for index in (0, 1):
+        if stream:
+            chunks = [r.chunk for r in responses if r.WhichOneof("response") == "chunk" and r.chunk.index == index]
+            assert [t for c in chunks for t in c.token_ids] == echo(prompt, 5)
+            assert [t for c in chunks for t in c.output_logprobs.token_ids] == echo(prompt, 5)
+        else:
+            # Not streamed: one complete per choice, in index order, each with all its tokens.
+            assert completes[index].index == index and list(completes[index].output_ids) == echo(prompt, 5)
+            assert list(completes[index].output_logprobs.token_ids) == echo(prompt, 5)
+        (complete,) = [c for c in completes if c.index == index]
+        assert (complete.finish_reason, complete.completion_tokens, complete.prompt_tokens) == ("length", 5, 3)
+    # As in vLLM, each choice is a request of its own in the metrics.
+    assert success_count(served[0], "echo", "length") == before + 2
+
+
+def test_vllms_published_stubs_talk_to_ours(served):
+    """vLLM's gRPC server imports its stubs from `smg_grpc_proto`; a client
+    built on them gets the same answers from this server."""
+    smg = pytest.importorskip("smg_grpc_proto")
+    from smg_grpc_proto import vllm_engine_pb2 as pb2
+    from smg_grpc_proto import vllm_engine_pb2_grpc as pb2_grpc
+
+    assert smg and pb2.DESCRIPTOR.package == "vllm.grpc.engine"
+    with grpc.insecure_channel(served[1]) as channel:
+        stub = pb2_grpc.VllmEngineStub(channel)
+        prompt = list(b"vllm")
+        request = tokens_request(pb2, "smg-1", prompt, False, max_tokens=6, n=2, logprobs=1, prompt_logprobs=0)
+        completes = [r.complete for r in stub.Generate(request, timeout=60)]
+        assert [c.index for c in completes] == [0, 1]
+        assert all(list(c.output_ids) == echo(prompt, 6) for c in completes)
+        assert list(completes[0].input_logprobs.token_ids) == prompt
+        assert stub.GetModelInfo(pb2.GetModelInfoRequest(), timeout=10).served_model_name == "echo"
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def toy(stubs):
+    """The toy model (random weights) on gRPC, with its client."""
+    port = free_port()
+    serve = Serve("--model", "toy", "--port", "0", "--grpc-port", str(port), "--host", "127.0.0.1",
+                  "--max-model-len", "1024", "--frontend", "rust")  # fmt: skip
+    try:
+        serve.wait_ready()
+        pb2, pb2_grpc = stubs
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield pb2, pb2_grpc.VllmEngineStub(channel)
+    finally:
+        serve.kill()
+
+
+def text_of(output_ids) -> str:
+    """The toy model's byte-level tokens as text (256 is EOS)."""
+    return bytes(t for t in output_ids if t < 256).decode()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_schema_constraint_output_validates(toy, stream):
+    jsonschema = pytest.importorskip("jsonschema")
+    pb2, stub = toy
+    request = pb2.GenerateRequest(
+        request_id=f"schema-{stream}",
+        text="a person",
+        sampling_params=pb2.SamplingParams(max_tokens=300, seed=3, json_schema=json.dumps(SCHEMA)),
+        stream=stream,
+    )
+    responses = list(stub.Generate(request, timeout=120))
+    if stream:
+        output = [t for r in responses if r.WhichOneof("response") == "chunk" for t in r.chunk.token_ids]
+    else:
+        output = list(responses[-1].complete.output_ids)
+    assert responses[-1].complete.finish_reason == "stop", text_of(output)
+    jsonschema.validate(json.loads(text_of(output)), SCHEMA)
+
+
+def test_choice_and_regex_constraints_hold(toy):
+    pb2, stub = toy
+    choice = pb2.SamplingParams(max_tokens=20, seed=1, choice=pb2.ChoiceConstraint(choices=["alpha", "beta"]))
+    regex = pb2.SamplingParams(max_tokens=20, seed=1, regex="[0-9]{3}-[a-z]{2}")
+    for params, check in [
+        (choice, lambda t: t in ("alpha", "beta")),
+        (regex, re.compile("[0-9]{3}-[a-z]{2}").fullmatch),
+    ]:
+        request = pb2.GenerateRequest(request_id="c", text="pick", sampling_params=params, stream=False)
+        (only,) = list(stub.Generate(request, timeout=60))
+        assert check(text_of(only.complete.output_ids)), text_of(only.complete.output_ids)
+
+
+def test_choices_use_seed_plus_index(toy):
+    pb2, stub = toy
+
+    def generate(request_id, n, seed):
+        params = pb2.SamplingParams(max_tokens=8, temperature=1.0, seed=seed, n=n)
+        request = pb2.GenerateRequest(request_id=request_id, text="seeded", sampling_params=params, stream=False)
+        return {r.complete.index: list(r.complete.output_ids) for r in stub.Generate(request, timeout=60)}
+
+    both = generate("seeds-2", 2, 11)
+    assert both == {0: generate("seed-11", 1, 11)[0], 1: generate("seed-12", 1, 12)[0]}
+
+
+def test_bad_schema_is_invalid_argument_naming_it(toy):
+    pb2, stub = toy
+    for params, field in [
+        (pb2.SamplingParams(max_tokens=5, json_schema="{not json"), "sampling_params.json_schema"),
+        (pb2.SamplingParams(max_tokens=5, json_schema="[1, 2]"), "sampling_params.json_schema"),
+        (pb2.SamplingParams(max_tokens=5, regex="a("), "sampling_params.regex"),
+        (pb2.SamplingParams(max_tokens=5, choice=pb2.ChoiceConstraint()), "sampling_params.choice"),
+    ]:
+        request = pb2.GenerateRequest(request_id="bad-schema", text="x", sampling_params=params, stream=False)
+        with pytest.raises(grpc.RpcError) as error:
+            list(stub.Generate(request, timeout=10))
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
+        assert error.value.details().startswith(f"{field}:"), error.value.details()
+
+
+def test_http_counts_each_choice_as_a_request_too(served):
+    serve = served[0]
+    before = success_count(serve, "echo", "length")
+    result = serve.client().completions.create(model="echo", prompt="abc", max_tokens=4, n=2)
+    assert sorted(c.index for c in result.choices) == [0, 1]
+    assert success_count(serve, "echo", "length") == before + 2

@@ -5,11 +5,11 @@ use crate::engine::inbox::OutputLogprobs;
 use crate::engine::protocol::{FinishReason, RequestError, StopReason};
 use crate::engine::{RequestEvent, RequestStream};
 use crate::logprobs::{Position, PositionReader};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, TokenClock};
 use crate::stop::StopStrings;
 use crate::tokenizer::{TextDecoder, Tokenizer};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// How a generation ended.
 #[derive(Clone, Debug, PartialEq)]
@@ -127,12 +127,8 @@ pub struct Generation {
     stream: RequestStream,
     decoder: Box<dyn TextDecoder>,
     stops: StopStrings,
-    metrics: Arc<Metrics>,
     prompt_tokens: usize,
-    completion_tokens: usize,
-    started: Instant,
-    last_tokens_at: Option<Instant>,
-    finished: bool,
+    clock: TokenClock,
     /// Set when the request asked for logprobs: then every output with
     /// tokens makes a delta, text or not (logprobs belong to tokens, as in vLLM).
     scoring: Option<Box<Scoring>>,
@@ -148,19 +144,8 @@ impl Generation {
         metrics: Arc<Metrics>,
         started: Instant,
     ) -> Self {
-        metrics.record_prompt(stream.engine(), prompt_tokens);
-        Generation {
-            stream,
-            decoder,
-            stops: StopStrings::new(stop_strings),
-            metrics,
-            prompt_tokens,
-            completion_tokens: 0,
-            started,
-            last_tokens_at: None,
-            finished: false,
-            scoring: None,
-        }
+        let clock = TokenClock::start(metrics, stream.engine(), prompt_tokens, started);
+        Generation { stream, decoder, stops: StopStrings::new(stop_strings), prompt_tokens, clock, scoring: None }
     }
 
     /// This generation with its tokens' logprobs read into positions
@@ -177,8 +162,8 @@ impl Generation {
     pub fn usage(&self) -> Usage {
         Usage {
             prompt_tokens: self.prompt_tokens,
-            completion_tokens: self.completion_tokens,
-            total_tokens: self.prompt_tokens + self.completion_tokens,
+            completion_tokens: self.clock.generated(),
+            total_tokens: self.prompt_tokens + self.clock.generated(),
         }
     }
 
@@ -190,7 +175,7 @@ impl Generation {
     /// The next non-empty delta (or the final one); `None` once finished.
     /// Outputs that queued up while the caller was busy come as one delta.
     pub async fn next_delta(&mut self) -> Option<Result<Delta, GenerationError>> {
-        while !self.finished {
+        while !self.clock.is_finished() {
             let (token_ids, finish_reason, stop_reason, logprobs) = match self.stream.recv().await {
                 None => return Some(self.fail(GenerationError::Unavailable("the engine client stopped".into()))),
                 Some(RequestEvent::Failed(reason)) => return Some(self.fail(GenerationError::Unavailable(reason))),
@@ -199,7 +184,7 @@ impl Generation {
                     (token_ids, finish_reason, stop_reason, logprobs)
                 }
             };
-            self.count_tokens(token_ids.len());
+            self.clock.tokens(token_ids.len());
             if finish_reason == Some(FinishReason::Error) {
                 return Some(self.fail(GenerationError::Engine));
             }
@@ -222,7 +207,7 @@ impl Generation {
                 emit.push_str(&self.stops.flush());
             }
             if let Some(f) = &finish {
-                self.finish(f.reason);
+                self.clock.finish(f.reason);
             }
             let scored = match &mut self.scoring {
                 Some(scoring) if !token_ids.is_empty() || logprobs.is_some() || finish.is_some() => {
@@ -262,40 +247,8 @@ impl Generation {
         Err(GenerationError::Unavailable("the generation ended without a finish reason".into()))
     }
 
-    fn count_tokens(&mut self, count: usize) {
-        if count == 0 {
-            return;
-        }
-        let now = Instant::now();
-        let (first, gap) = match self.last_tokens_at {
-            None => (Some(now - self.started), None),
-            Some(last) => (None, Some(now - last)),
-        };
-        self.metrics.record_tokens(self.engine(), count, first, gap);
-        self.last_tokens_at = Some(now);
-        self.completion_tokens += count;
-    }
-
-    fn finish(&mut self, reason: FinishReason) {
-        self.finished = true;
-        self.metrics.record_finished(self.engine(), reason, self.elapsed());
-    }
-
     fn fail(&mut self, error: GenerationError) -> Result<Delta, GenerationError> {
-        self.finish(FinishReason::Error);
+        self.clock.finish(FinishReason::Error);
         Err(error)
-    }
-
-    fn elapsed(&self) -> Duration {
-        self.started.elapsed()
-    }
-}
-
-impl Drop for Generation {
-    fn drop(&mut self) {
-        if !self.finished {
-            // The client went away first; the stream's own drop sends the ABORT.
-            self.finish(FinishReason::Abort);
-        }
     }
 }

@@ -12,7 +12,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::borrow::Cow;
 use std::ops::Range;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The content type of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -217,6 +218,72 @@ impl Metrics {
     }
 }
 
+/// One engine request's timing as the metrics see it, shared by the HTTP
+/// and gRPC paths: its prompt counts when it starts, time to first token and
+/// inter-token latency as its tokens arrive, end-to-end latency and the
+/// finish reason once. As in vLLM, each child of an `n` > 1 request is a
+/// request of its own here (its own TTFT, latency and `request_success`),
+/// its clock started when the parent arrived.
+#[derive(Debug)]
+pub struct TokenClock {
+    metrics: Arc<Metrics>,
+    engine: u32,
+    started: Instant,
+    last_tokens_at: Option<Instant>,
+    generated: usize,
+    finished: bool,
+}
+
+impl TokenClock {
+    /// A clock for a request of `prompt_tokens` on `engine` that arrived at
+    /// `started`; counts the prompt tokens.
+    pub fn start(metrics: Arc<Metrics>, engine: u32, prompt_tokens: usize, started: Instant) -> Self {
+        metrics.record_prompt(engine, prompt_tokens);
+        TokenClock { metrics, engine, started, last_tokens_at: None, generated: 0, finished: false }
+    }
+
+    /// `count` new tokens arrived now (nothing happens for none).
+    pub fn tokens(&mut self, count: usize) {
+        if count == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let (first, gap) = match self.last_tokens_at {
+            None => (Some(now - self.started), None),
+            Some(last) => (None, Some(now - last)),
+        };
+        self.metrics.record_tokens(self.engine, count, first, gap);
+        self.last_tokens_at = Some(now);
+        self.generated += count;
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.generated
+    }
+
+    /// True once [`TokenClock::finish`] was called.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// The request finished for `reason`; only the first call counts.
+    pub fn finish(&mut self, reason: FinishReason) {
+        if !self.finished {
+            self.finished = true;
+            self.metrics.record_finished(self.engine, reason, self.started.elapsed());
+        }
+    }
+}
+
+impl Drop for TokenClock {
+    fn drop(&mut self) {
+        // Dropped unfinished: the client went away, and the request stream's
+        // own drop aborts the engine request.
+        self.finish(FinishReason::Abort);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,5 +323,32 @@ mod tests {
     fn model_name_is_escaped_in_labels() {
         let text = Metrics::new("a\"b\\c\nd", 0..1).render(|_| 0);
         assert!(text.contains(r#"vllm:num_requests_running{model_name="a\"b\\c\nd",engine="0"} 0"#), "{text}");
+    }
+
+    #[test]
+    fn token_clock_times_tokens_and_finishes_once() {
+        let metrics = Arc::new(Metrics::new("toy", 0..1));
+        let mut clock = TokenClock::start(metrics.clone(), 0, 3, Instant::now());
+        clock.tokens(0);
+        clock.tokens(2);
+        clock.tokens(1);
+        assert_eq!((clock.generated(), metrics.token_totals()), (3, (3, 3)));
+        clock.finish(FinishReason::Stop);
+        clock.finish(FinishReason::Error);
+        assert!(clock.is_finished());
+        drop(clock);
+        // A clock dropped unfinished counts as aborted.
+        drop(TokenClock::start(metrics.clone(), 0, 1, Instant::now()));
+        let text = metrics.render(|_| 0);
+        for line in [
+            r#"vllm:request_success_total{model_name="toy",engine="0",finished_reason="stop"} 1"#,
+            r#"vllm:request_success_total{model_name="toy",engine="0",finished_reason="error"} 0"#,
+            r#"vllm:request_success_total{model_name="toy",engine="0",finished_reason="abort"} 1"#,
+            r#"vllm:time_to_first_token_seconds_count{model_name="toy",engine="0"} 1"#,
+            r#"vllm:inter_token_latency_seconds_count{model_name="toy",engine="0"} 1"#,
+            r#"vllm:e2e_request_latency_seconds_count{model_name="toy",engine="0"} 2"#,
+        ] {
+            assert!(text.contains(&format!("{line}\n")), "missing {line} in\n{text}");
+        }
     }
 }

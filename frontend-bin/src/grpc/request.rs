@@ -2,8 +2,12 @@
 //! vLLM's gRPC servicer maps it onto its `SamplingParams`.
 
 use crate::engine::protocol::SamplingParams;
+use crate::http::error::ApiError;
+use crate::http::rules::RULES;
+use crate::http::structured::single_constraint;
+use serde_json::Value;
 use tonic::Status;
-use vllm_rs_grpc::engine::{generate_request, GenerateRequest};
+use vllm_rs_grpc::engine::{generate_request, sampling_params::Constraint, GenerateRequest};
 
 /// The prompt of a `GenerateRequest`.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,8 +27,10 @@ pub struct MappedRequest {
     pub sampling: SamplingParams,
     /// Stop strings, matched on the detokenized output.
     pub stop: Vec<String>,
-    /// Stream chunks (true) or answer with one `GenerateComplete`.
+    /// Stream chunks (true) or answer with one `GenerateComplete` per choice.
     pub stream: bool,
+    /// Number of choices (`n`, at least 1).
+    pub n: u32,
     /// Engine the request is pinned to.
     pub data_parallel_rank: Option<u32>,
 }
@@ -38,9 +44,38 @@ fn unsupported(field: &str) -> Status {
     invalid(field, "not supported yet by the vllm-rs frontend")
 }
 
+/// The INVALID_ARGUMENT status for a request rule the HTTP routes share,
+/// its message led by the field: `sampling_params.` and the rule's param
+/// unless the param is already the field's whole name.
+pub fn rule_status(error: ApiError) -> Status {
+    match error.param {
+        Some(param) if param.starts_with("sampling_params.") => invalid(&param, error.message),
+        Some(param) => invalid(&format!("sampling_params.{param}"), error.message),
+        None => Status::invalid_argument(error.message),
+    }
+}
+
+/// The structured-outputs constraint as vLLM's servicer maps it onto its
+/// `StructuredOutputsParams` (`json_schema` is its `json`), checked and
+/// encoded as the HTTP routes do it.
+#[allow(clippy::result_large_err)]
+fn constraint_params(constraint: &Constraint) -> Result<Value, Status> {
+    let (field, kind, spec) = match constraint {
+        Constraint::JsonSchema(schema) => ("json_schema", "json", Value::from(schema.as_str())),
+        Constraint::Regex(regex) => ("regex", "regex", Value::from(regex.as_str())),
+        Constraint::Grammar(grammar) => ("grammar", "grammar", Value::from(grammar.as_str())),
+        Constraint::StructuralTag(tag) => ("structural_tag", "structural_tag", Value::from(tag.as_str())),
+        Constraint::JsonObject(on) => ("json_object", "json_object", Value::from(*on)),
+        Constraint::Choice(choice) => ("choice", "choice", Value::from(choice.choices.clone())),
+    };
+    single_constraint(&format!("sampling_params.{field}"), kind, spec).map_err(rule_status)
+}
+
 /// Checks `request` and maps it. Zero means "unset" for the non-optional
 /// proto3 numbers, as in vLLM's servicer: top_p 0 -> 1, top_k 0 -> off,
 /// repetition_penalty 0 -> 1, n 0 -> 1; an unset temperature is 1.
+/// `logprobs`, `prompt_logprobs` and `n` are checked by the HTTP routes'
+/// rules; the `--max-logprobs` limit is checked at submission.
 // tonic's Status is large, but it is what every RPC answers with.
 #[allow(clippy::result_large_err)]
 pub fn map_request(request: &GenerateRequest) -> Result<MappedRequest, Status> {
@@ -63,18 +98,14 @@ pub fn map_request(request: &GenerateRequest) -> Result<MappedRequest, Status> {
         Some(rank) => Some(u32::try_from(rank).map_err(|_| invalid("data_parallel_rank", "must not be negative"))?),
     };
     let params = request.sampling_params.clone().unwrap_or_default();
-    if params.n > 1 {
-        return Err(invalid("sampling_params.n", "n > 1 is not supported yet by the vllm-rs frontend"));
+    let n = params.n.max(1);
+    RULES.check_int("n", i64::from(n)).map_err(rule_status)?;
+    for (param, value) in [("logprobs", params.logprobs), ("prompt_logprobs", params.prompt_logprobs)] {
+        if let Some(value) = value {
+            RULES.check_int(param, i64::from(value)).map_err(rule_status)?;
+        }
     }
-    if params.logprobs.is_some() {
-        return Err(unsupported("sampling_params.logprobs"));
-    }
-    if params.prompt_logprobs.is_some() {
-        return Err(unsupported("sampling_params.prompt_logprobs"));
-    }
-    if params.constraint.is_some() {
-        return Err(unsupported("sampling_params.constraint"));
-    }
+    let structured_outputs = params.constraint.as_ref().map(constraint_params).transpose()?;
     if !params.logit_bias.is_empty() {
         return Err(unsupported("sampling_params.logit_bias"));
     }
@@ -136,15 +167,18 @@ pub fn map_request(request: &GenerateRequest) -> Result<MappedRequest, Status> {
         seed: params.seed.map(i64::from),
         stop_token_ids: params.stop_token_ids.clone(),
         ignore_eos: params.ignore_eos,
+        structured_outputs,
+        logprobs: params.logprobs.map(i64::from),
+        prompt_logprobs: params.prompt_logprobs.map(i64::from),
         ..SamplingParams::default()
     };
-    Ok(MappedRequest { prompt, sampling, stop: params.stop, stream: request.stream, data_parallel_rank })
+    Ok(MappedRequest { prompt, sampling, stop: params.stop, stream: request.stream, n, data_parallel_rank })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vllm_rs_grpc::engine::{SamplingParams as ProtoParams, TokenizedInput};
+    use vllm_rs_grpc::engine::{ChoiceConstraint, SamplingParams as ProtoParams, TokenizedInput};
 
     fn tokens_request(params: ProtoParams) -> GenerateRequest {
         GenerateRequest {
@@ -196,6 +230,28 @@ mod tests {
     }
 
     #[test]
+    fn choices_logprobs_and_constraints_map_as_vllms_servicer() {
+        let params = ProtoParams {
+            n: 3,
+            logprobs: Some(2),
+            prompt_logprobs: Some(0),
+            constraint: Some(Constraint::JsonSchema(r#"{"type": "object"}"#.into())),
+            ..ProtoParams::default()
+        };
+        let mapped = map_request(&tokens_request(params)).unwrap();
+        assert_eq!((mapped.n, mapped.sampling.logprobs, mapped.sampling.prompt_logprobs), (3, Some(2), Some(0)));
+        // The engine gets vLLM's StructuredOutputsParams: the schema as `json`, text as given.
+        let structured = mapped.sampling.structured_outputs.unwrap();
+        assert_eq!(structured["json"], r#"{"type": "object"}"#);
+        assert_eq!(structured["regex"], Value::Null);
+        let choice = Constraint::Choice(ChoiceConstraint { choices: vec!["yes".into(), "no".into()] });
+        let mapped = map_request(&tokens_request(ProtoParams { constraint: Some(choice), ..ProtoParams::default() }));
+        assert_eq!(mapped.unwrap().sampling.structured_outputs.unwrap()["choice"], serde_json::json!(["yes", "no"]));
+        let unset = map_request(&tokens_request(ProtoParams::default())).unwrap();
+        assert_eq!((unset.n, unset.sampling.logprobs, unset.sampling.structured_outputs), (1, None, None));
+    }
+
+    #[test]
     fn bad_input_names_the_field() {
         let cases = [
             (ProtoParams { top_p: 1.5, ..ProtoParams::default() }, "sampling_params.top_p"),
@@ -203,8 +259,28 @@ mod tests {
                 ProtoParams { max_tokens: Some(2), min_tokens: 3, ..ProtoParams::default() },
                 "sampling_params.min_tokens",
             ),
-            (ProtoParams { n: 2, ..ProtoParams::default() }, "sampling_params.n"),
-            (ProtoParams { logprobs: Some(1), ..ProtoParams::default() }, "sampling_params.logprobs"),
+            (ProtoParams { n: 20000, ..ProtoParams::default() }, "sampling_params.n"),
+            (ProtoParams { logprobs: Some(-2), ..ProtoParams::default() }, "sampling_params.logprobs"),
+            (ProtoParams { prompt_logprobs: Some(-5), ..ProtoParams::default() }, "sampling_params.prompt_logprobs"),
+            (
+                ProtoParams { constraint: Some(Constraint::JsonSchema("{not json".into())), ..ProtoParams::default() },
+                "sampling_params.json_schema",
+            ),
+            (
+                ProtoParams { constraint: Some(Constraint::Regex("a(".into())), ..ProtoParams::default() },
+                "sampling_params.regex",
+            ),
+            (
+                ProtoParams {
+                    constraint: Some(Constraint::Choice(ChoiceConstraint { choices: vec![] })),
+                    ..ProtoParams::default()
+                },
+                "sampling_params.choice",
+            ),
+            (
+                ProtoParams { constraint: Some(Constraint::JsonObject(false)), ..ProtoParams::default() },
+                "sampling_params.json_object",
+            ),
         ];
         for (params, field) in cases {
             let status = map_request(&tokens_request(params)).unwrap_err();

@@ -2,33 +2,31 @@
 //! HealthCheck, Abort, GetModelInfo, GetServerInfo and GetLoads; the other
 //! RPCs answer UNIMPLEMENTED.
 
-use super::request::{invalid, map_request, MappedRequest, Prompt};
-use crate::engine::protocol::{EngineRequest, FinishReason, RequestError, StopReason};
-use crate::engine::{RequestEvent, RequestStream, SubmitError};
+use super::generation::{responses, Call, Choice, GenerateStream, Running, RunningEntry};
+use super::logprobs::ChoiceLogprobs;
+use super::request::{invalid, map_request, rule_status, MappedRequest, Prompt};
+use crate::engine::protocol::EngineRequest;
+use crate::engine::{RequestStream, SubmitError};
 use crate::http::state::{unix_now_f64, AppState};
+use crate::http::submit::{check_logprobs, child_requests};
 use crate::ids::random_hex;
+use crate::metrics::TokenClock;
 use crate::stop::StopStrings;
-use crate::tokenizer::{DecodeOptions, TextDecoder};
+use crate::tokenizer::DecodeOptions;
 use futures_util::Stream;
-use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 use vllm_rs_grpc::common;
 use vllm_rs_grpc::engine::{
-    generate_complete::MatchedStop, generate_response, vllm_engine_server::VllmEngine, AbortRequest, AbortResponse,
-    EmbedRequest, EmbedResponse, GenerateComplete, GenerateRequest, GenerateResponse, GenerateStreamChunk,
+    vllm_engine_server::VllmEngine, AbortRequest, AbortResponse, EmbedRequest, EmbedResponse, GenerateRequest,
     GetLoadsRequest, GetLoadsResponse, GetModelInfoRequest, GetModelInfoResponse, GetServerInfoRequest,
     GetServerInfoResponse, HealthCheckRequest, HealthCheckResponse, SchedulerLoad,
 };
 
 /// What `GetServerInfo` reports as `server_type`, as vLLM's servicer does.
 pub const SERVER_TYPE: &str = "vllm-grpc";
-
-/// Running Generate calls by client request id: a sender per call that Abort fires.
-type Running = Arc<Mutex<HashMap<String, watch::Sender<bool>>>>;
 
 /// The servicer; one per server, shared by every connection.
 pub struct Servicer {
@@ -44,10 +42,11 @@ impl Servicer {
     }
 
     /// Checks the prompt, fills in `max_tokens` and the stop tokens, and
-    /// submits; answers the request's stream and its prompt token ids.
+    /// submits (`n` child requests for `n` > 1, as on HTTP); answers the
+    /// choices' streams in index order and the prompt token ids.
     // tonic's Status is large, but it is what every RPC answers with.
     #[allow(clippy::result_large_err)]
-    fn submit(&self, request_id: &str, mapped: MappedRequest) -> Result<(RequestStream, Vec<u32>), Status> {
+    fn submit(&self, request_id: &str, mapped: MappedRequest) -> Result<(Vec<RequestStream>, Vec<u32>), Status> {
         let state = &self.state;
         if let Some(reason) = state.engines.failure() {
             return Err(Status::unavailable(reason.to_string()));
@@ -88,6 +87,7 @@ impl Servicer {
                 return Err(invalid("sampling_params.min_tokens", format!("must not exceed max_tokens ({max})")));
             }
         }
+        check_logprobs(state, &sampling).map_err(rule_status)?;
         // vLLM's stop tokens: the request's, EOS, and the generation config's EOS ids.
         state.generation_config.set_stop_token_ids(&mut sampling, state.tokenizer.eos_token_id());
         let request = EngineRequest {
@@ -102,158 +102,19 @@ impl Servicer {
         if state.config.enable_log_requests {
             tracing::info!(request_id = %request.request_id, prompt_tokens = prompt_len, "received gRPC request");
         }
-        let stream = state.engines.submit(request, mapped.data_parallel_rank).map_err(|e| match e {
-            SubmitError::RankOutOfRange { .. } => invalid("data_parallel_rank", e),
-            SubmitError::Unavailable(why) => Status::unavailable(why),
-        })?;
-        Ok((stream, prompt_token_ids))
-    }
-}
-
-/// The response stream of one Generate call.
-type GenerateStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
-
-/// One Generate call following its engine request. Dropping it (the client
-/// cancelled) drops the request stream, which aborts the engine request.
-struct Generation {
-    stream: RequestStream,
-    stop_strings: Option<(StopStrings, Box<dyn TextDecoder>)>,
-    streaming: bool,
-    prompt_tokens: u32,
-    output_ids: Vec<u32>,
-    aborted: watch::Receiver<bool>,
-    running: Running,
-    request_id: String,
-    state: Arc<AppState>,
-    started: Instant,
-    last_tokens_at: Option<Instant>,
-    done: bool,
-    /// The `GenerateComplete` that follows the last chunk.
-    queued: Option<GenerateResponse>,
-}
-
-impl Generation {
-    /// The next response: a chunk of new tokens, or the final `GenerateComplete`.
-    async fn next(&mut self) -> Option<Result<GenerateResponse, Status>> {
-        if let Some(complete) = self.queued.take() {
-            return Some(Ok(complete));
-        }
-        while !self.done {
-            let event = tokio::select! {
-                event = self.stream.recv() => event,
-                _ = self.aborted.wait_for(|aborted| *aborted) => {
-                    self.stream.abort();
-                    Some(RequestEvent::Output { token_ids: vec![], finish_reason: Some(FinishReason::Abort), stop_reason: None, logprobs: None })
-                }
-            };
-            let (mut token_ids, mut finish_reason, mut stop_reason) = match event {
-                Some(RequestEvent::Output { token_ids, finish_reason, stop_reason, .. }) => {
-                    (token_ids, finish_reason, stop_reason)
-                }
-                Some(RequestEvent::Failed(why)) => return Some(Err(self.fail(Status::unavailable(why)))),
-                Some(RequestEvent::Rejected(error)) => return Some(Err(self.fail(rejection_status(error)))),
-                None => return Some(Err(self.fail(Status::unavailable("the engine client stopped")))),
-            };
-            self.record_tokens(token_ids.len());
-            if let Some((stops, decoder)) = &mut self.stop_strings {
-                let mut text = decoder.push(&token_ids);
-                if finish_reason.is_some() {
-                    text.push_str(&decoder.flush());
-                }
-                if let (_, Some(stop)) = stops.push(&text) {
-                    self.stream.abort();
-                    finish_reason = Some(FinishReason::Stop);
-                    stop_reason = Some(StopReason::Text(stop));
-                }
-            }
-            let chunk_ids = if self.streaming { token_ids.clone() } else { Vec::new() };
-            self.output_ids.append(&mut token_ids);
-            if let Some(reason) = finish_reason {
-                self.finish(reason);
-                let complete = self.complete(reason, stop_reason);
-                if chunk_ids.is_empty() {
-                    return Some(Ok(complete));
-                }
-                self.queued = Some(complete);
-            }
-            if !chunk_ids.is_empty() {
-                let chunk = GenerateStreamChunk {
-                    token_ids: chunk_ids,
-                    prompt_tokens: self.prompt_tokens,
-                    completion_tokens: self.output_ids.len() as u32,
-                    ..GenerateStreamChunk::default()
-                };
-                return Some(Ok(GenerateResponse { response: Some(generate_response::Response::Chunk(chunk)) }));
-            }
-        }
-        None
-    }
-
-    fn complete(&self, reason: FinishReason, stop_reason: Option<StopReason>) -> GenerateResponse {
-        let finish_reason = match reason {
-            FinishReason::Repetition => FinishReason::Stop,
-            other => other,
+        let submit = |request: EngineRequest| {
+            state.engines.submit(request, mapped.data_parallel_rank).map_err(|e| match e {
+                SubmitError::RankOutOfRange { .. } => invalid("data_parallel_rank", e),
+                SubmitError::Unavailable(why) => Status::unavailable(why),
+            })
         };
-        let matched_stop = match stop_reason {
-            Some(StopReason::Token(id)) => u32::try_from(id).ok().map(MatchedStop::MatchedTokenId),
-            Some(StopReason::Text(text)) => Some(MatchedStop::MatchedStopStr(text)),
-            None => None,
+        // The choices already submitted are aborted (dropped) when one cannot be.
+        let streams = if mapped.n <= 1 {
+            vec![submit(request)?]
+        } else {
+            child_requests(&request, mapped.n).map(submit).collect::<Result<Vec<_>, _>>()?
         };
-        let complete = GenerateComplete {
-            output_ids: if self.streaming { Vec::new() } else { self.output_ids.clone() },
-            finish_reason: finish_reason.as_str().to_string(),
-            prompt_tokens: self.prompt_tokens,
-            completion_tokens: self.output_ids.len() as u32,
-            matched_stop,
-            ..GenerateComplete::default()
-        };
-        GenerateResponse { response: Some(generate_response::Response::Complete(complete)) }
-    }
-
-    fn record_tokens(&mut self, count: usize) {
-        if count == 0 {
-            return;
-        }
-        let now = Instant::now();
-        let (first, gap) = match self.last_tokens_at {
-            None => (Some(now - self.started), None),
-            Some(last) => (None, Some(now - last)),
-        };
-        self.state.metrics.record_tokens(self.stream.engine(), count, first, gap);
-        self.last_tokens_at = Some(now);
-    }
-
-    fn finish(&mut self, reason: FinishReason) {
-        self.done = true;
-        self.state.metrics.record_finished(self.stream.engine(), reason, self.started.elapsed());
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.request_id);
-    }
-
-    fn fail(&mut self, status: Status) -> Status {
-        self.finish(FinishReason::Error);
-        status
-    }
-}
-
-impl Drop for Generation {
-    fn drop(&mut self) {
-        if !self.done {
-            // The client cancelled; the request stream's own drop sends the ABORT.
-            self.finish(FinishReason::Abort);
-        }
-    }
-}
-
-/// The status for a request the engine finished with ERROR, by its code as
-/// the HTTP routes map it: validation errors are the client's, retryable ones
-/// a temporary unavailability, the rest internal.
-fn rejection_status(error: RequestError) -> Status {
-    if error.code == "validation_error" {
-        Status::invalid_argument(error.message)
-    } else if error.retryable {
-        Status::unavailable(error.message)
-    } else {
-        Status::internal(error.message)
+        Ok((streams, prompt_token_ids))
     }
 }
 
@@ -270,46 +131,25 @@ impl VllmEngine for Servicer {
         let request = request.into_inner();
         let mapped = map_request(&request)?;
         let request_id = if request.request_id.is_empty() { random_hex(32) } else { request.request_id };
-        let (abort, aborted) = watch::channel(false);
-        {
-            let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-            if running.contains_key(&request_id) {
-                return Err(invalid("request_id", format!("{request_id:?} is already running")));
-            }
-            running.insert(request_id.clone(), abort);
-        }
+        let Some((entry, aborted)) = RunningEntry::register(&self.running, &request_id) else {
+            return Err(invalid("request_id", format!("{request_id:?} is already running")));
+        };
         let stop = mapped.stop.clone();
         let streaming = mapped.stream;
-        let (stream, prompt) = match self.submit(&request_id, mapped) {
-            Ok(submitted) => submitted,
-            Err(status) => {
-                self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&request_id);
-                return Err(status);
-            }
-        };
-        let prompt_tokens = prompt.len();
-        self.state.metrics.record_prompt(stream.engine(), prompt_tokens);
+        let (logprobs, prompt_logprobs) = (mapped.sampling.logprobs, mapped.sampling.prompt_logprobs);
+        // On failure the entry drops, and the id is free again.
+        let (streams, prompt) = self.submit(&request_id, mapped)?;
         let has_stops = stop.iter().any(|s| !s.is_empty());
-        let generation = Generation {
-            stream,
-            stop_strings: has_stops
-                .then(|| (StopStrings::new(stop), self.state.tokenizer.decoder(&prompt, DecodeOptions::default()))),
-            streaming,
-            prompt_tokens: prompt_tokens as u32,
-            output_ids: Vec::new(),
-            aborted,
-            running: self.running.clone(),
-            request_id,
-            state: self.state.clone(),
-            started,
-            last_tokens_at: None,
-            done: false,
-            queued: None,
-        };
-        let responses = futures_util::stream::unfold(generation, |mut generation| async move {
-            generation.next().await.map(|response| (response, generation))
+        let call = Call { streaming, prompt: prompt.into(), aborted, entry };
+        let choices = (0..).zip(streams).map(|(index, stream)| {
+            let clock = TokenClock::start(self.state.metrics.clone(), stream.engine(), call.prompt.len(), started);
+            let stop_strings = has_stops.then(|| {
+                (StopStrings::new(stop.clone()), self.state.tokenizer.decoder(&call.prompt, DecodeOptions::default()))
+            });
+            let logprobs = ChoiceLogprobs::new(logprobs, prompt_logprobs);
+            Choice::new(index, call.clone(), stream, clock, stop_strings, logprobs)
         });
-        Ok(Response::new(Box::pin(responses)))
+        Ok(Response::new(responses(choices.collect(), streaming)))
     }
 
     async fn embed(&self, _: Request<EmbedRequest>) -> Result<Response<EmbedResponse>, Status> {

@@ -79,10 +79,8 @@ fn structured_outputs_fields(value: &Value) -> Result<Map<String, Value>, ApiErr
     Ok(fields)
 }
 
-fn check_schema(param: &str, schema: &Value) -> Result<(), ApiError> {
-    let bad = |why: &str| {
-        RULES.refuse(param, "structured_outputs_bad_schema", &[("param", &format!("{param}.json")), ("why", why)])
-    };
+fn check_schema(param: &str, field: &str, schema: &Value) -> Result<(), ApiError> {
+    let bad = |why: &str| RULES.refuse(param, "structured_outputs_bad_schema", &[("param", field), ("why", why)]);
     let parsed;
     let schema = match schema {
         Value::String(text) if text.trim().is_empty() => {
@@ -100,10 +98,11 @@ fn check_schema(param: &str, schema: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// vLLM's checks of one constraint (`SamplingParams._validate_structured_outputs`).
-fn check(param: &str, kind: &str, spec: &Value) -> Result<(), ApiError> {
+/// vLLM's checks of one constraint (`SamplingParams._validate_structured_outputs`);
+/// errors are for `param` and show the constraint as `field`.
+fn check(param: &str, field: &str, kind: &str, spec: &Value) -> Result<(), ApiError> {
     match kind {
-        "json" => check_schema(param, spec),
+        "json" => check_schema(param, field, spec),
         "regex" => {
             let Some(regex) = spec.as_str() else { return Err(RULES.wrong_type(param)) };
             let why = if regex.contains('\0') {
@@ -112,11 +111,9 @@ fn check(param: &str, kind: &str, spec: &Value) -> Result<(), ApiError> {
                 regex_syntax::Parser::new().parse(regex).err().map(|e| e.to_string())
             };
             match why {
-                Some(why) => Err(RULES.refuse(
-                    param,
-                    "structured_outputs_bad_regex",
-                    &[("param", &format!("{param}.regex")), ("why", &why)],
-                )),
+                Some(why) => {
+                    Err(RULES.refuse(param, "structured_outputs_bad_regex", &[("param", field), ("why", &why)]))
+                }
                 None => Ok(()),
             }
         }
@@ -163,8 +160,17 @@ pub fn read_structured_outputs(body: &Map<String, Value>) -> Result<Option<Map<S
     if kinds.len() != 1 {
         return Err(RULES.refuse(param, "structured_outputs_kinds", &[("count", &kinds.len().to_string())]));
     }
-    check(param, kinds[0], &fields[kinds[0]])?;
+    check(param, &format!("{param}.{}", kinds[0]), kinds[0], &fields[kinds[0]])?;
     Ok(Some(fields))
+}
+
+/// One constraint given on its own, as gRPC's `constraint` oneof gives it:
+/// `kind` one of vLLM's `StructuredOutputsParams` fields, checked as the
+/// HTTP routes check it (errors name `field`), answered as [`wire_params`]
+/// writes it for the engine.
+pub fn single_constraint(field: &str, kind: &str, spec: Value) -> Result<Value, ApiError> {
+    check(field, field, kind, &spec)?;
+    Ok(wire_params(&Map::from_iter([(kind.to_owned(), spec)])))
 }
 
 #[cfg(test)]

@@ -199,8 +199,8 @@ pub fn submit(
 
 /// The `n` child requests of `request`, as vLLM's `ParentRequest` makes them:
 /// ids `{index}_{request id}`, the same external id, seeds `seed + index`
-/// when the request has a seed.
-fn child_requests(request: &EngineRequest, n: u32) -> impl Iterator<Item = EngineRequest> + '_ {
+/// when the request has a seed. The gRPC servicer fans out the same way.
+pub fn child_requests(request: &EngineRequest, n: u32) -> impl Iterator<Item = EngineRequest> + '_ {
     (0..n).map(move |index| {
         let mut child = request.clone();
         child.request_id = format!("{index}_{}", request.request_id);
@@ -211,8 +211,8 @@ fn child_requests(request: &EngineRequest, n: u32) -> impl Iterator<Item = Engin
 }
 
 /// vLLM's SamplingParams check against `--max-logprobs` (-1 counts as the
-/// whole vocabulary on both sides).
-fn check_logprobs(state: &AppState, sampling: &SamplingParams) -> Result<(), ApiError> {
+/// whole vocabulary on both sides); the gRPC servicer checks the same.
+pub fn check_logprobs(state: &AppState, sampling: &SamplingParams) -> Result<(), ApiError> {
     let vocab = state.tokenizer.vocab_size() as i64;
     let limit = if state.config.max_logprobs == -1 { vocab } else { state.config.max_logprobs };
     for (param, key, value) in [

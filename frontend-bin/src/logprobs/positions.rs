@@ -33,14 +33,21 @@ pub fn entry(position: &Position, token_id: u32) -> Option<&Entry> {
 /// and shows only what it adds, or nothing. One reader per generation and
 /// kind (sample or prompt): it keeps the scored tokens as context.
 pub struct PositionReader {
-    tokenizer: Arc<dyn Tokenizer>,
+    /// `None`: the entries' texts stay empty (answers that show only ids).
+    tokenizer: Option<Arc<dyn Tokenizer>>,
     context: Vec<u32>,
 }
 
 impl PositionReader {
     /// A reader with no context yet.
     pub fn new(tokenizer: Arc<dyn Tokenizer>) -> Self {
-        PositionReader { tokenizer, context: Vec::new() }
+        PositionReader { tokenizer: Some(tokenizer), context: Vec::new() }
+    }
+
+    /// A reader for answers that show token ids only (gRPC): the same
+    /// positions, every entry's text empty, nothing decoded.
+    pub fn ids_only() -> Self {
+        PositionReader { tokenizer: None, context: Vec::new() }
     }
 
     /// The positions of `rows`, in order.
@@ -74,31 +81,29 @@ impl PositionReader {
         positions
     }
 
-    fn decode(&self, ids: &[u32]) -> String {
-        // A decode failure shows as no text, as an unknown id would.
-        self.tokenizer.decode(ids).unwrap_or_default()
-    }
-
     /// vLLM's `_correct_decoded_token`.
     fn text(&self, token_id: u32, context: &[u32]) -> String {
-        let text = self.decode(&[token_id]);
+        let Some(tokenizer) = self.tokenizer.as_deref() else { return String::new() };
+        // A decode failure shows as no text, as an unknown id would.
+        let decode = |ids: &[u32]| tokenizer.decode(ids).unwrap_or_default();
+        let text = decode(&[token_id]);
         if !text.ends_with('\u{FFFD}') {
             return text;
         }
         for size in 1..=context.len() {
             let tail = &context[context.len() - size..];
-            let whole = self.decode(&[tail, &[token_id]].concat());
+            let whole = decode(&[tail, &[token_id]].concat());
             if whole.ends_with('\u{FFFD}') {
                 continue;
             }
             let mut clean_end = tail.len();
             for j in (0..tail.len()).rev() {
-                if !self.decode(&[tail[j]]).ends_with('\u{FFFD}') {
+                if !decode(&[tail[j]]).ends_with('\u{FFFD}') {
                     break;
                 }
                 clean_end = j;
             }
-            let prefix = if clean_end > 0 { self.decode(&tail[..clean_end]) } else { String::new() };
+            let prefix = if clean_end > 0 { decode(&tail[..clean_end]) } else { String::new() };
             if let Some(rest) = whole.strip_prefix(prefix.as_str()) {
                 return rest.to_owned();
             }
