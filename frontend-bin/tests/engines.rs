@@ -64,12 +64,7 @@ async fn data_parallel_rank_header_pins_the_engine() {
 #[tokio::test]
 async fn client_disconnect_mid_stream_aborts_in_the_engine() {
     let (fe, engines) = Frontend::start_with_engines(Options::default(), |s| s.step = Duration::from_millis(20)).await;
-    let mut r = reqwest::Client::new()
-        .post(fe.url("/v1/completions"))
-        .json(&json!({"prompt": "abc", "max_tokens": 1000, "stream": true}))
-        .send()
-        .await
-        .unwrap();
+    let mut r = long_stream(&fe).await;
     let first = r.chunk().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
     drop(r);
@@ -320,12 +315,7 @@ async fn a_stopped_engine_is_marked_hung_after_the_stall_timeout() {
     let mut fe = Frontend::spawn(options);
     let engine = EngineProcess::start(0, &fe, Duration::from_millis(20));
     fe.wait_ready(Duration::from_secs(30)).await;
-    let mut stream = reqwest::Client::new()
-        .post(fe.url("/v1/completions"))
-        .json(&json!({"prompt": "abc", "max_tokens": 1000, "stream": true}))
-        .send()
-        .await
-        .unwrap();
+    let mut stream = long_stream(&fe).await;
     assert_eq!(stream.status(), 200);
     // A busy engine that keeps sending is not hung, however long the request runs.
     let busy_since = std::time::Instant::now();
@@ -335,18 +325,24 @@ async fn a_stopped_engine_is_marked_hung_after_the_stall_timeout() {
     }
     assert!(!body.contains("error"), "{body}");
     engine.signal(libc::SIGSTOP);
-    while let Some(chunk) =
-        tokio::time::timeout(Duration::from_secs(30), stream.chunk()).await.expect("the stream was not failed").unwrap()
-    {
-        body.push_str(&String::from_utf8_lossy(&chunk));
-    }
-    let payloads = common::sse_payloads(&body);
-    assert_eq!(payloads.last().map(String::as_str), Some("[DONE]"), "{body}");
+    let payloads = drain_sse(&mut stream, Duration::from_secs(30)).await;
+    assert_eq!(payloads.last().map(String::as_str), Some("[DONE]"), "{payloads:?}");
     let error: Value = serde_json::from_str(&payloads[payloads.len() - 2]).unwrap();
     assert!(error["error"]["message"].as_str().unwrap().contains("engine 0 is hung"), "{error}");
     let health = reqwest::get(fe.url("/health")).await.unwrap();
     assert_eq!(health.status(), 503);
     engine.signal(libc::SIGCONT);
+}
+
+/// A streamed completion of up to 1000 tokens from `fe` (long enough to
+/// outlast what each test does to its engine).
+async fn long_stream(fe: &Frontend) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(fe.url("/v1/completions"))
+        .json(&json!({"prompt": "abc", "max_tokens": 1000, "stream": true}))
+        .send()
+        .await
+        .unwrap()
 }
 
 /// Reads `stream` to its end (at most `within`); every payload of its SSE body.
@@ -368,12 +364,7 @@ async fn an_engine_silent_past_its_heartbeat_ttl_is_lost_with_its_requests_and_h
     let mut fe = Frontend::spawn(options);
     let engine = EngineProcess::start_with_heartbeat(0, &fe, Duration::from_millis(20), Some(Duration::from_secs(1)));
     fe.wait_ready(Duration::from_secs(30)).await;
-    let mut stream = reqwest::Client::new()
-        .post(fe.url("/v1/completions"))
-        .json(&json!({"prompt": "abc", "max_tokens": 1000, "stream": true}))
-        .send()
-        .await
-        .unwrap();
+    let mut stream = long_stream(&fe).await;
     assert_eq!(stream.status(), 200);
     // Several TTLs of a live engine (outputs and PINGs flowing) lose nothing.
     let live_since = std::time::Instant::now();
