@@ -235,7 +235,8 @@ def test_toy_binds_one_kv_cache_per_layer(toy_config):
     layers = runner.model.attention_layers()
     assert len(runner.kv_caches) == len(layers) == runner.model_config.num_layers
     for index, (_, attention) in enumerate(sorted(layers.items())):
-        assert attention.kv_cache[0] is runner.kv_caches[index]
+        # Bound through the layer's own bind_kv_cache: the tensor itself, as in vLLM 0.33.
+        assert attention.kv_cache is runner.kv_caches[index]
         assert runner.kv_caches[index].shape[:3] == (2, runner.num_gpu_blocks, toy_config.cache_config.block_size)
 
 

@@ -4,12 +4,14 @@ Hub (`tests/fake_hub.py`, pointed to by `HF_ENDPOINT`), never the internet:
 `serve --model Org/Name` with an empty `HF_HOME` downloads the config and
 tokenizer files into the cache layout and serves with them (either
 frontend); `HF_HUB_OFFLINE` and a repo the hub lacks exit 2 naming the model
-and where it looked."""
+and where it looked. The built-in models (`toy`, `echo`) never reach the hub:
+`serve` opens no connection to `HF_ENDPOINT` and logs no hub access for them."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from vllm_rs.engine.models import write_model_dir
 from vllm_rs.model_files import ModelNotFoundError, locate_model
 
 from tests.fake_hub import COMMIT, FakeHub
-from tests.test_serve import FRONTENDS, Serve
+from tests.test_serve import FRONTENDS, Serve, rust_frontend_available
 
 
 def hub_files(root: Path) -> Path:
@@ -91,3 +93,65 @@ def test_serve_exits_2_offline_or_for_a_repo_the_hub_lacks(tmp_path, frontend):
                 assert "Traceback" not in serve.output, serve.output
             finally:
                 serve.kill()
+
+
+def assert_never_connected(hub: socket.socket) -> None:
+    """`hub` (listening, non-blocking) has no connection waiting: the kernel
+    completes a connect into the backlog even though nobody accepts."""
+    with pytest.raises(BlockingIOError):
+        hub.accept()
+
+
+def test_locate_model_refuses_built_in_names_without_asking_anyone(tmp_path, monkeypatch):
+    with socket.socket() as hub:
+        hub.bind(("127.0.0.1", 0))
+        hub.listen()
+        hub.setblocking(False)
+        # Even a cached repo of that name is not looked at.
+        cached = tmp_path / "hub" / "models--toy"
+        (cached / "refs").mkdir(parents=True)
+        (cached / "refs" / "main").write_text(COMMIT)
+        (cached / "snapshots" / COMMIT).mkdir(parents=True)
+        env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_ENDPOINT": f"http://127.0.0.1:{hub.getsockname()[1]}"}
+        for name in ("toy", "echo"):
+            with pytest.raises(ModelNotFoundError, match="built-in model") as e:
+                locate_model(name, env=env)
+            assert repr(name) in str(e.value) and "nothing was downloaded" in str(e.value)
+        assert_never_connected(hub)
+    # A directory of that name is still a directory.
+    (tmp_path / "toy").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert locate_model("toy", env=env) == "toy"
+
+
+@pytest.mark.skipif(not rust_frontend_available(), reason="vllm-rs binary not built")
+@pytest.mark.parametrize("model", ["echo", "toy"])
+def test_built_in_models_never_reach_the_hub(tmp_path, model):
+    with socket.socket() as hub:
+        # A hub that would see any attempt: HF_ENDPOINT points here, online.
+        hub.bind(("127.0.0.1", 0))
+        hub.listen()
+        hub.setblocking(False)
+        endpoint = f"http://127.0.0.1:{hub.getsockname()[1]}"
+        env = {
+            "HF_HOME": str(tmp_path / "home"),
+            "HF_HUB_CACHE": "",
+            "HF_ENDPOINT": endpoint,
+            "HF_HUB_OFFLINE": "",
+            # A proxy would take the connection elsewhere and hide an attempt.
+            **{name: "" for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy")},
+        }
+        serve = Serve("--model", model, "--port", "0", env=env)  # the Rust frontend, the default
+        try:
+            choice = serve.client().completions.create(model=model, prompt="ab", max_tokens=2).choices[0]
+            assert choice.finish_reason == "length", serve.output
+            # The frontend has loaded its tokenizer and generation config by now.
+            assert_never_connected(hub)
+            serve.interrupt()
+            assert serve.wait(30) == 0, serve.output
+        finally:
+            serve.kill()
+        assert_never_connected(hub)
+    for needle in ("downloading", "huggingface", endpoint, "Hugging Face cache"):
+        assert needle not in serve.output, serve.output
+    assert not (tmp_path / "home").exists(), "nothing was written to the hub cache"

@@ -14,13 +14,17 @@ from pathlib import Path
 import pytest
 import zmq
 from vllm_rs.network_utils import (
+    HostPortError,
     PrivateSocketDir,
     default_socket_dir_base,
     get_open_port,
     get_open_zmq_ipc_path,
     get_tcp_uri,
+    join_host_port,
     make_zmq_listener,
+    make_zmq_path,
     make_zmq_socket,
+    split_host_port,
     split_zmq_path,
 )
 from vllm_rs.utils import get_engine_client_zmq_addr
@@ -95,6 +99,137 @@ def test_split_rejects_bad_paths_with_a_clear_error():
     for bad in ("127.0.0.1:80", "tcp://host", "tcp://:80", "udp://x:1", "ipc://"):
         with pytest.raises(ValueError, match="Invalid zmq path"):
             split_zmq_path(bad)
+
+
+def ipv6_available() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+needs_ipv6 = pytest.mark.skipif(not ipv6_available(), reason="no IPv6 loopback here")
+
+
+@pytest.mark.parametrize(
+    ("path", "parts"),
+    [
+        ("ipc://some_path", ("ipc", "some_path", "")),
+        ("inproc://some_identifier", ("inproc", "some_identifier", "")),
+        ("tcp://127.0.0.1:5555", ("tcp", "127.0.0.1", "5555")),
+        ("tcp://[::1]:5555", ("tcp", "::1", "5555")),
+    ],
+)
+def test_split_zmq_path_and_make_zmq_path_are_inverse(path, parts):
+    assert split_zmq_path(path) == parts
+    scheme, host, port = parts
+    assert make_zmq_path(scheme, host, port or None) == path
+    if port:
+        assert make_zmq_path(scheme, host, int(port)) == path
+
+
+@pytest.mark.parametrize("bad", ["invalid_path", "tcp://127.0.0.1", "tcp://[::1]", "tcp://:5555"])
+def test_split_zmq_path_rejects_vllms_bad_paths(bad):
+    with pytest.raises(ValueError, match="Invalid zmq path"):
+        split_zmq_path(bad)
+
+
+def test_make_zmq_path_and_join_host_port_bracket_ipv6_hosts_only():
+    assert make_zmq_path("tcp", "127.0.0.1", "5555") == "tcp://127.0.0.1:5555"
+    assert make_zmq_path("tcp", "::1", 5555) == "tcp://[::1]:5555"
+    assert make_zmq_path("tcp", "fe80::1%eth0", 1) == "tcp://[fe80::1%eth0]:1"
+    assert make_zmq_path("tcp", "localhost", 0) == "tcp://localhost:0"
+    assert make_zmq_path("ipc", "/run/x.sock") == "ipc:///run/x.sock"
+    assert join_host_port("127.0.0.1", 5555) == "127.0.0.1:5555"
+    assert join_host_port("::1", 5555) == "[::1]:5555"
+    assert join_host_port("example.org", 80) == "example.org:80"
+    assert get_tcp_uri("::1", 5555) == make_zmq_path("tcp", "::1", 5555)
+
+
+def test_split_host_port_takes_ipv4_names_and_bracketed_ipv6():
+    assert split_host_port("127.0.0.1:5555") == ("127.0.0.1", 5555)
+    assert split_host_port("localhost:0") == ("localhost", 0)
+    assert split_host_port("[::1]:5555") == ("::1", 5555)
+    assert split_host_port("[2001:db8::7]:65535") == ("2001:db8::7", 65535)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("127.0.0.1::5555", "one `:`"),
+        ("127.0.0.1:5555:", "one `:`"),
+        ("::1:5555", "brackets"),
+        ("127.0.0.15555", "no `:`"),
+        ("127.0.0.1:5555a", "not a number"),
+        ("127.0.0.1:", "not a number"),
+        ("127.0.0.1:65536", "from 0 to 65535"),
+        ("127.0.0.1:-1", "not a number"),
+        (":5555", "host is empty"),
+        ("[::1]::5555", "not a number"),
+        ("[::1]:5555a", "not a number"),
+        ("[::1]5555", "`:` right after the `]`"),
+        ("[::1:5555", "`:` right after the `]`"),
+        ("[]:5555", "host is empty"),
+    ],
+)
+def test_split_host_port_rejects_bad_input_naming_it(text, why):
+    with pytest.raises(ValueError) as e:
+        split_host_port(text)
+    assert isinstance(e.value, HostPortError)
+    assert repr(text) in str(e.value) and why in str(e.value)
+
+
+def test_split_host_port_raises_index_error_where_vllm_does():
+    # vLLM raises IndexError for a bracketed host without `:` after it;
+    # callers written against vLLM may catch that.
+    with pytest.raises(IndexError):
+        split_host_port("[::1]5555")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", pytest.param("::1", marks=needs_ipv6)])
+def test_joined_address_splits_back_and_reaches_a_real_server(host):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as server:
+        server.bind((host, 0))
+        server.listen()
+        text = join_host_port(host, server.getsockname()[1])
+        with socket.create_connection(split_host_port(text), timeout=10):
+            peer, _ = server.accept()
+            peer.close()
+
+
+@needs_ipv6
+def test_make_zmq_path_endpoint_carries_zeromq_traffic_over_ipv6():
+    listener = make_zmq_listener(make_zmq_path("tcp", "::1", 0), zmq.PULL)
+    scheme, host, port = split_zmq_path(listener.address)
+    assert (scheme, host) == ("tcp", "::1") and int(port) > 0
+    assert make_zmq_path(scheme, host, int(port)) == listener.address
+    ctx = zmq.Context()
+    pull = make_zmq_socket(ctx, listener.address, zmq.PULL, listener=listener)
+    assert pull.getsockopt(zmq.IPV6) == 1
+    push = make_zmq_socket(ctx, make_zmq_path("tcp", "::1", int(port)), zmq.PUSH, linger=0)
+    push.send(b"over v6")
+    assert pull.poll(10_000)
+    assert pull.recv() == b"over v6"
+    push.close()
+    pull.close(linger=0)
+    ctx.term()
+
+
+def test_get_open_port_from_vllm_port_skips_ports_held_open(monkeypatch):
+    held = []
+    try:
+        monkeypatch.setenv("VLLM_PORT", str(get_open_port()))
+        for _ in range(3):
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", get_open_port()))  # fails if a held port came back
+        assert len({s.getsockname()[1] for s in held}) == 3
+    finally:
+        for s in held:
+            s.close()
 
 
 def test_listener_resolves_port_zero_and_holds_it():

@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from vllm_rs import tensor_utils as tu  # noqa: E402
+from vllm_rs.engine.toy_model import AttentionMetadata, PagedAttention, SequenceSlice  # noqa: E402
 from vllm_rs.tensor_utils import (  # noqa: E402
     PIN_MEMORY,
     CachedRequestData,
@@ -285,44 +286,175 @@ def test_extract_layer_index():
         assert repr(bad) in str(e.value) and found in str(e.value)
 
 
-def _layers(*names):
+def _legacy_layers(*names):
+    """Layer objects without a `bind_kv_cache` method (the older API)."""
     return {name: types.SimpleNamespace(kv_cache=None) for name in names}
 
 
-def test_bind_kv_cache_orders_by_layer_index_and_binds_context():
+def _attention_layers(*names):
+    """The toy model's attention layers: real modules with vLLM's `bind_kv_cache(tensor)`."""
+    return {name: PagedAttention(name, num_heads=1, head_dim=1) for name in names}
+
+
+def _caches(*names, device="cpu"):
+    return {name: torch.full((2,), float(i), device=device) for i, name in enumerate(names)}
+
+
+def _runner_names(runner, kv_caches):
+    """The layer names of the tensors in `runner`, by identity."""
+    by_id = {id(t): name for name, t in kv_caches.items()}
+    return [by_id[id(t)] for t in runner]
+
+
+def test_bind_kv_cache_binds_through_the_layers_own_method_in_index_order():
     names = ["model.layers.10.attn", "model.layers.2.attn", "model.layers.0.attn"]
-    kv_caches = {name: torch.full((2,), float(i)) for i, name in enumerate(names)}
-    ctx = _layers(*names)
+    kv_caches = _caches(*names)
+    ctx = _attention_layers(*names)
     runner: list = []
     bind_kv_cache(kv_caches, ctx, runner)
-    assert [t.data_ptr() for t in runner] == [
-        kv_caches["model.layers.0.attn"].data_ptr(),
-        kv_caches["model.layers.2.attn"].data_ptr(),
-        kv_caches["model.layers.10.attn"].data_ptr(),
-    ]
+    assert _runner_names(runner, kv_caches) == ["model.layers.0.attn", "model.layers.2.attn", "model.layers.10.attn"]
     for name in names:
-        assert isinstance(ctx[name].kv_cache, list) and len(ctx[name].kv_cache) == 1
-        assert ctx[name].kv_cache[0] is kv_caches[name]
+        # The tensor itself (vLLM 0.33), not a one-element list.
+        assert ctx[name].kv_cache is kv_caches[name]
+
+
+def test_bound_cache_is_what_the_toy_attention_reads_and_writes():
+    layer = PagedAttention("layers.0.attn", num_heads=1, head_dim=2)
+    cache = torch.zeros(2, 1, 4, 1, 2)  # [k/v, blocks, block_size, heads, head_dim]
+    bind_kv_cache({"layers.0.attn": cache}, {"layers.0.attn": layer}, [])
+    k = torch.tensor([[[1.0, 2.0]]])
+    v = torch.tensor([[[3.0, 4.0]]])
+    meta = AttentionMetadata(torch.tensor([2]), [SequenceSlice(0, 1, torch.tensor([2]), None)])
+    out = layer(torch.ones(1, 1, 2), k, v, meta)
+    assert cache[0, 0, 2, 0].tolist() == [1.0, 2.0] and cache[1, 0, 2, 0].tolist() == [3.0, 4.0]
+    assert out.tolist() == [[3.0, 4.0]]  # one key: attention returns its value
+
+
+def test_a_layer_without_the_method_gets_the_older_list_form():
+    ctx = {**_legacy_layers("layers.1.attn"), **_attention_layers("layers.0.attn")}
+    kv_caches = _caches("layers.0.attn", "layers.1.attn")
+    bind_kv_cache(kv_caches, ctx, [])
+    assert ctx["layers.1.attn"].kv_cache == [kv_caches["layers.1.attn"]]
+    assert ctx["layers.1.attn"].kv_cache[0] is kv_caches["layers.1.attn"]
+    assert ctx["layers.0.attn"].kv_cache is kv_caches["layers.0.attn"]
+
+
+def test_gaps_between_layer_indices_keep_the_order():
+    # Attention layers of a hybrid model on one pipeline stage (Jamba-like).
+    names = ["model.layers.28.attn", "model.layers.20.attn"]
+    kv_caches = _caches(*names)
+    runner: list = []
+    bind_kv_cache(kv_caches, _attention_layers(*names), runner)
+    assert _runner_names(runner, kv_caches) == ["model.layers.20.attn", "model.layers.28.attn"]
+
+
+def test_draft_and_target_layers_sharing_an_index_interleave():
+    names = ["model.layers.0.attn", "model.layers.1.attn", "draft_model.layers.0.attn", "draft_model.layers.1.attn"]
+    kv_caches = _caches(*names)
+    ctx = _attention_layers(*names)
+    runner: list = []
+    bind_kv_cache(kv_caches, ctx, runner)
+    assert _runner_names(runner, kv_caches) == [
+        "model.layers.0.attn",
+        "draft_model.layers.0.attn",
+        "model.layers.1.attn",
+        "draft_model.layers.1.attn",
+    ]
+    assert all(ctx[name].kv_cache is kv_caches[name] for name in names)
+
+
+def test_self_and_cross_attention_of_one_decoder_layer_keep_their_given_order():
+    names = ["decoder.layers.1.encoder_attn", "decoder.layers.0.self_attn", "decoder.layers.1.self_attn"]
+    kv_caches = _caches(*names)
+    ctx = {**_legacy_layers(names[0]), **_attention_layers(*names[1:])}
+    runner: list = []
+    bind_kv_cache(kv_caches, ctx, runner)
+    assert _runner_names(runner, kv_caches) == [
+        "decoder.layers.0.self_attn",
+        "decoder.layers.1.encoder_attn",
+        "decoder.layers.1.self_attn",
+    ]
+
+
+def test_a_shared_index_on_another_device_is_not_implemented_and_changes_nothing():
+    names = ["model.layers.0.attn", "draft_model.layers.0.attn", "model.layers.1.attn"]
+    kv_caches = _caches(*names, device="meta")
+    ctx = _legacy_layers(*names)
+    runner: list = []
+    with pytest.raises(NotImplementedError) as e:
+        bind_kv_cache(kv_caches, ctx, runner)
+    for needle in ("'model.layers.0.attn'", "'draft_model.layers.0.attn'", "index 0", "meta"):
+        assert needle in str(e.value)
+    assert runner == [] and all(layer.kv_cache is None for layer in ctx.values())
+    # One layer per index is fine on any device.
+    bind_kv_cache({n: kv_caches[n] for n in names[::2]}, ctx, runner)
+    assert len(runner) == 2
+
+
+@needs_cuda
+def test_a_shared_index_on_cuda_is_supported():
+    names = ["model.layers.0.attn", "draft_model.layers.0.attn"]
+    kv_caches = _caches(*names, device="cuda")
+    runner: list = []
+    bind_kv_cache(kv_caches, _attention_layers(*names), runner)
+    assert _runner_names(runner, kv_caches) == names
+
+
+def test_num_attn_module_orders_sub_modules_within_a_layer():
+    names = ["model.layers.1.attn.0", "model.layers.0.attn.1", "model.layers.0.attn.0", "model.layers.1.attn.1"]
+    kv_caches = _caches(*names)
+    runner: list = []
+    bind_kv_cache(kv_caches, _attention_layers(*names), runner, num_attn_module=2)
+    assert _runner_names(runner, kv_caches) == sorted(names)
+    with pytest.raises(ValueError, match="num_attn_module must be at least 1, got 0"):
+        bind_kv_cache(kv_caches, _attention_layers(*names), [], num_attn_module=0)
+
+
+def test_layers_get_their_views_and_the_runner_keeps_the_allocations():
+    names = ["layers.0.attn", "layers.1.attn"]
+    kv_caches = {name: torch.arange(8.0) for name in names}
+    # E.g. a backend's smaller kernel blocks: same memory, another shape.
+    views = {name: t.view(4, 2) for name, t in kv_caches.items()}
+    ctx = _attention_layers(*names)
+    runner: list = []
+    groups = [types.SimpleNamespace(layer_names=list(names))]
+    bind_kv_cache(kv_caches, ctx, runner, kv_cache_groups=groups, layer_kv_caches=views)
+    assert runner[0] is kv_caches["layers.0.attn"] and runner[1] is kv_caches["layers.1.attn"]
+    for name in names:
+        assert ctx[name].kv_cache is views[name]
+        assert ctx[name].kv_cache.data_ptr() == kv_caches[name].data_ptr()
+    # An empty mapping means "no views", as in vLLM.
+    ctx = _attention_layers(*names)
+    bind_kv_cache(kv_caches, ctx, [], layer_kv_caches={})
+    assert ctx["layers.0.attn"].kv_cache is kv_caches["layers.0.attn"]
+
+
+def test_views_for_other_layers_are_refused_naming_them():
+    kv_caches = _caches("layers.0.attn", "layers.1.attn")
+    ctx = _legacy_layers("layers.0.attn", "layers.1.attn", "layers.2.attn")
+    runner: list = []
+    views = {"layers.0.attn": kv_caches["layers.0.attn"], "layers.2.attn": torch.zeros(2)}
+    with pytest.raises(ValueError) as e:
+        bind_kv_cache(kv_caches, ctx, runner, layer_kv_caches=views)
+    assert "missing ['layers.1.attn']" in str(e.value) and "extra ['layers.2.attn']" in str(e.value)
+    assert runner == [] and all(layer.kv_cache is None for layer in ctx.values())
+
+
+@pytest.mark.parametrize("group", [types.SimpleNamespace(), types.SimpleNamespace(layer_names="layers.0.attn"), 3])
+def test_a_malformed_kv_cache_group_is_a_type_error(group):
+    ctx = _legacy_layers("layers.0.attn")
+    runner: list = []
+    with pytest.raises(TypeError, match=r"kv_cache_groups\[0\] must have `layer_names`"):
+        bind_kv_cache(_caches("layers.0.attn"), ctx, runner, kv_cache_groups=[group])
+    assert runner == [] and ctx["layers.0.attn"].kv_cache is None
 
 
 def test_bind_kv_cache_rejects_non_empty_runner_list():
-    ctx = _layers("layers.0.attn")
+    ctx = _legacy_layers("layers.0.attn")
     runner = [torch.zeros(1)]
     with pytest.raises(ValueError, match="runner_kv_caches must be empty"):
         bind_kv_cache({"layers.0.attn": torch.zeros(1)}, ctx, runner)
     assert len(runner) == 1 and ctx["layers.0.attn"].kv_cache is None
-
-
-def test_bind_kv_cache_same_index_raises_not_implemented_naming_layers():
-    names = ["decoder.layers.1.self_attn", "decoder.layers.1.encoder_attn", "decoder.layers.0.self_attn"]
-    ctx = _layers(*names)
-    runner: list = []
-    with pytest.raises(NotImplementedError) as e:
-        bind_kv_cache({n: torch.zeros(1) for n in names}, ctx, runner)
-    assert "decoder.layers.1.self_attn" in str(e.value)
-    assert "decoder.layers.1.encoder_attn" in str(e.value)
-    # Nothing was changed.
-    assert runner == [] and all(layer.kv_cache is None for layer in ctx.values())
 
 
 @pytest.mark.parametrize("bad", ["model.attn", "model.layers.1.experts.3.attn"])
@@ -330,20 +462,17 @@ def test_bind_kv_cache_bad_layer_name_names_it(bad):
     names = ["layers.0.attn", bad]
     runner: list = []
     with pytest.raises(ValueError) as e:
-        bind_kv_cache({n: torch.zeros(1) for n in names}, _layers(*names), runner)
+        bind_kv_cache({n: torch.zeros(1) for n in names}, _legacy_layers(*names), runner)
     assert bad in str(e.value)
     assert runner == []
 
 
 def test_bind_kv_cache_layer_missing_from_forward_context():
     runner: list = []
+    ctx = _legacy_layers("layers.0.attn")
     with pytest.raises(KeyError, match="layers.1.attn"):
-        bind_kv_cache(
-            {"layers.0.attn": torch.zeros(1), "layers.1.attn": torch.zeros(1)},
-            _layers("layers.0.attn"),
-            runner,
-        )
-    assert runner == []
+        bind_kv_cache({"layers.0.attn": torch.zeros(1), "layers.1.attn": torch.zeros(1)}, ctx, runner)
+    assert runner == [] and ctx["layers.0.attn"].kv_cache is None
 
 
 # ---------------------------------------------------------------- iteration details

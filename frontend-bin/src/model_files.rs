@@ -4,9 +4,11 @@
 //! the requested revision; else, unless `HF_HUB_OFFLINE` is set, the files
 //! this frontend reads are downloaded from the hub (`HF_ENDPOINT`, default
 //! `https://huggingface.co`) into the cache. A model found in none of these
-//! is an error naming it and every place looked in.
+//! is an error naming it and every place looked in. The built-in models
+//! (`toy`, `echo`) have no files: they are never looked for or downloaded.
 
 use crate::config::EnvLookup;
+use crate::tokenizer::byte_level::BUILTIN_MODELS;
 use hf_hub::api::sync::{ApiBuilder, ApiError};
 use hf_hub::{Cache, Repo, RepoType};
 use std::path::{Path, PathBuf};
@@ -147,7 +149,9 @@ impl HubCache {
     /// The directory holding `name`'s files: `name` itself when it is a
     /// directory, else the cached snapshot of `revision` (default `main`): a
     /// branch or tag under `refs/`, or a commit hash under `snapshots/`;
-    /// else the snapshot the files in `HUB_FILES` are downloaded into.
+    /// else the snapshot the files in `HUB_FILES` are downloaded into. A
+    /// built-in model name (`toy`, `echo`) that is not a directory is an
+    /// error at once: neither the cache nor the hub is asked for it.
     pub fn locate(&self, name: &str, revision: Option<&str>) -> Result<PathBuf, Box<LocateError>> {
         let revision = revision.unwrap_or(DEFAULT_REVISION);
         if Path::new(name).is_dir() {
@@ -157,7 +161,11 @@ impl HubCache {
         let mut looked = Vec::new();
         // A repo id never has empty parts, `..` or absolute paths: anything
         // else cannot name a cache folder and must not walk out of one.
-        let plausible = !name.is_empty()
+        // A built-in model has no files anywhere: never look for it, and
+        // never ask the hub (an offline machine would wait on it).
+        let builtin = BUILTIN_MODELS.contains(&name);
+        let plausible = !builtin
+            && !name.is_empty()
             && !name.starts_with('/')
             && name.split('/').count() <= 2
             && name.split('/').all(|part| !part.is_empty() && part != "." && part != "..");
@@ -172,6 +180,7 @@ impl HubCache {
             }
         }
         let why = match &self.download {
+            _ if builtin => Unavailable::NotDownloaded("the name of a built-in model, which has no Hugging Face files"),
             _ if !plausible => Unavailable::NotDownloaded("not a Hugging Face model id"),
             Download::Offline => Unavailable::NotDownloaded("HF_HUB_OFFLINE is set (or there is no cache folder)"),
             Download::From { endpoint, into, token } => match download(name, revision, endpoint, into, token.clone()) {
@@ -300,6 +309,36 @@ mod tests {
         }
         let err = hub.locate("Org/Other", None).unwrap_err().to_string();
         assert!(err.contains(&root.join("models--Org--Other").display().to_string()), "{err}");
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn built_in_models_are_never_looked_for_or_downloaded() {
+        // A hub that would see any attempt, online, with a cache that has the name.
+        let hub = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        hub.set_nonblocking(true).unwrap();
+        let endpoint = OsString::from(format!("http://{}", hub.local_addr().unwrap()));
+        let root = std::env::temp_dir().join(format!("vllm-rs-hub-builtin-{}", std::process::id()));
+        fake_repo(&root, "toy", &[("main", "aaa")], &["aaa"]);
+        let env_root = root.clone();
+        let hub_cache = HubCache::from_env(
+            &move |name| match name {
+                "HF_HUB_CACHE" => Some(OsString::from(&env_root)),
+                "HF_ENDPOINT" => Some(endpoint.clone()),
+                _ => None,
+            },
+            None,
+        );
+        for name in BUILTIN_MODELS {
+            let err = hub_cache.locate(name, None).unwrap_err();
+            assert!(err.looked.is_empty(), "{err}");
+            assert!(matches!(err.why, Unavailable::NotDownloaded(_)), "{err}");
+            assert!(err.to_string().contains("built-in model"), "{err}");
+        }
+        assert_eq!(hub.accept().unwrap_err().kind(), std::io::ErrorKind::WouldBlock, "the hub was contacted");
+        // A directory of that name is still a directory.
+        let dir = root.join("models--toy");
+        assert_eq!(hub_cache.locate(dir.to_str().unwrap(), None).unwrap(), dir);
         fs::remove_dir_all(&root).unwrap();
     }
 

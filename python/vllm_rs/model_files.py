@@ -5,13 +5,15 @@ requested revision; else, unless `HF_HUB_OFFLINE` is set, the tokenizer and
 config files are downloaded from the hub (`HF_ENDPOINT`) into the cache with
 `huggingface_hub`, as vLLM does. A model found in none of these raises
 ModelNotFoundError naming it and every place looked in (the Rust frontend's
-`model_files.rs` does the same)."""
+`model_files.rs` does the same). The built-in models (`toy`, `echo`) have no
+files: they are never looked for or downloaded."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 
+from vllm_rs.engine.models import MODEL_TYPES as BUILTIN_MODELS
 from vllm_rs.logger import init_logger
 
 logger = init_logger(__name__)
@@ -133,13 +135,16 @@ def locate_model(
     """The directory holding `name`'s files: `name` when it is a directory,
     else the cached snapshot of `revision` (default `main`: a branch or tag
     under `refs/`, or a commit under `snapshots/`), else the snapshot its
-    files are downloaded into (to `download_dir` when given, as vLLM does)."""
+    files are downloaded into (to `download_dir` when given, as vLLM does).
+    A built-in model name that is not a directory raises at once: neither
+    the cache nor the hub is asked for it."""
     revision = revision or DEFAULT_REVISION
     env = os.environ if env is None else env
     if os.path.isdir(name):
         return name
     looked = []
-    plausible = _plausible(name, revision)
+    builtin = name in BUILTIN_MODELS
+    plausible = not builtin and _plausible(name, revision)
     if plausible:
         folder = "models--" + name.replace("/", "--")
         for root in hub_cache_roots(env, download_dir):
@@ -153,6 +158,10 @@ def locate_model(
         f"(looked in {', '.join(looked) or 'nothing: not a model name'})"
     )
     into = download_dir or _default_root(env)
+    if builtin:
+        raise ModelNotFoundError(
+            f"{where}; the name of a built-in model, which has no Hugging Face files, so nothing was downloaded"
+        )
     if not plausible:
         raise ModelNotFoundError(f"{where}; not a Hugging Face model id, so nothing was downloaded")
     if _offline(env) or into is None:

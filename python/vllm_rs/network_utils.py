@@ -69,9 +69,54 @@ def is_valid_ipv6_address(address: str) -> bool:
 
 def get_tcp_uri(host: str, port: int) -> str:
     """`tcp://host:port`, or `tcp://[host]:port` for an IPv6 host. Port 0 stays 0."""
+    return make_zmq_path("tcp", host, port)
+
+
+def make_zmq_path(scheme: str, host: str, port: int | str | None = None) -> str:
+    """A ZeroMQ endpoint from its parts: `scheme://host` without a port (ipc
+    paths, inproc names), else `scheme://host:port`, with the host in
+    brackets when it is an IPv6 address (`tcp://[::1]:5555`)."""
+    if port is None:
+        return f"{scheme}://{host}"
+    return f"{scheme}://{join_host_port(host, port)}"
+
+
+def join_host_port(host: str, port: int | str) -> str:
+    """`host:port`, or `[host]:port` when `host` is an IPv6 address."""
     if is_valid_ipv6_address(host):
-        return f"tcp://[{host}]:{port}"
-    return f"tcp://{host}:{port}"
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+class HostPortError(ValueError, IndexError):
+    """A `host:port` string that `split_host_port` cannot split. A
+    ValueError; also an IndexError, which is what vLLM raises for a
+    bracketed IPv6 host with no `:` after the bracket, so code that catches
+    either keeps working."""
+
+
+def split_host_port(host_port: str) -> tuple[str, int]:
+    """(host, port) from `host:port` or `[ipv6]:port` (the host comes back
+    without brackets). Anything else raises HostPortError (a ValueError)
+    naming the input and what is wrong: no `:` before the port, several
+    colons outside brackets (an IPv6 host needs them), an empty host, or a
+    port that is not a number from 0 to 65535."""
+    if host_port.startswith("["):
+        host, bracket, after = host_port[1:].partition("]")
+        if not bracket or not after.startswith(":"):
+            raise HostPortError(f"{host_port!r}: expected [IPV6]:PORT, with `:` right after the `]`")
+        port = after[1:]
+    else:
+        host, colon, port = host_port.partition(":")
+        if not colon:
+            raise HostPortError(f"{host_port!r}: expected HOST:PORT, found no `:`")
+        if ":" in port:
+            raise HostPortError(f"{host_port!r}: expected HOST:PORT with one `:` (put an IPv6 host in brackets)")
+    if not host:
+        raise HostPortError(f"{host_port!r}: the host is empty")
+    if not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise HostPortError(f"{host_port!r}: the port {port!r} is not a number from 0 to 65535")
+    return host, int(port)
 
 
 def default_socket_dir_base() -> str:

@@ -13,7 +13,7 @@ import functools
 import logging
 import os
 import platform
-from collections.abc import Iterable, Mapping, MutableSequence
+from collections.abc import Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,43 +206,89 @@ def extract_layer_index(layer_name: str, num_attn_module: int = 1) -> int:
     return int_vals[0]
 
 
+#: Device types whose runners take several layers with one layer index (as
+#: vLLM's CPU, CUDA/ROCm and XPU platforms do): nothing there reads
+#: `runner_kv_caches` by layer index.
+_MULTI_LAYER_INDEX_DEVICES = frozenset({"cpu", "cuda", "xpu"})
+
+
+def _check_kv_cache_groups(kv_cache_groups: Sequence[Any]) -> None:
+    for i, group in enumerate(kv_cache_groups):
+        names = getattr(group, "layer_names", None)
+        if isinstance(names, str) or not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
+            raise TypeError(f"kv_cache_groups[{i}] must have `layer_names`, a list of layer names; got {group!r}")
+
+
 def bind_kv_cache(
     kv_caches: Mapping[str, torch.Tensor],
     forward_context: Mapping[str, Any],
     runner_kv_caches: MutableSequence[torch.Tensor],
+    num_attn_module: int = 1,
+    kv_cache_groups: Sequence[Any] | None = None,
+    layer_kv_caches: Mapping[str, torch.Tensor] | None = None,
 ) -> None:
-    """Bind allocated KV caches to the model runner and the forward context.
+    """Bind allocated KV caches to the model runner and the forward context
+    (vLLM 0.33's signature and behaviour).
 
     Fills the empty `runner_kv_caches` with the tensors of `kv_caches` in
-    layer-index order and sets `forward_context[name].kv_cache = [tensor]`
-    for every layer. Everything is checked before anything is changed:
-    a non-empty `runner_kv_caches` raises ValueError; a layer name without
-    exactly one integer raises ValueError naming it; two layers with one index
-    (e.g. self and cross attention of an encoder-decoder layer) raise
-    NotImplementedError naming both; a layer missing from `forward_context`
-    raises KeyError naming it.
+    layer-index order (`extract_layer_index(name, num_attn_module)`); layers
+    that share one index (a draft model's `draft_model.layers.0.attn` beside
+    `model.layers.0.attn`, cross and self attention of an encoder-decoder
+    layer) follow each other in the order of `kv_caches`. Then binds each
+    layer of `forward_context` to its tensor in `layer_kv_caches` (views such
+    as kernel-block views; default, or when empty: `kv_caches`) through the
+    layer's own `bind_kv_cache(tensor)` method; a layer object without that
+    method gets the older form, `layer.kv_cache = [tensor]`.
+    `kv_cache_groups` (objects with `layer_names`) is vLLM's grouping, which
+    vLLM reads only to share Mamba ReplaySSM ring cursors within a group;
+    this project has no such layers, so it is only checked for its shape.
+
+    Everything is checked before anything is changed: a non-empty
+    `runner_kv_caches` or `num_attn_module < 1` raises ValueError; a layer
+    name without its layer index raises ValueError naming it; layers sharing
+    an index on a device other than CPU, CUDA or XPU raise
+    NotImplementedError naming them; `layer_kv_caches` naming other layers
+    than `kv_caches` raises ValueError; a layer missing from
+    `forward_context` raises KeyError naming it; a malformed group raises
+    TypeError.
     """
     if len(runner_kv_caches) != 0:
         raise ValueError(f"runner_kv_caches must be empty before bind_kv_cache, it has {len(runner_kv_caches)} entries")
-    index_to_name: dict[int, str] = {}
+    if num_attn_module < 1:
+        raise ValueError(f"num_attn_module must be at least 1, got {num_attn_module}")
+    if kv_cache_groups is not None:
+        _check_kv_cache_groups(kv_cache_groups)
+    index_to_names: dict[int, list[str]] = {}
     for layer_name in kv_caches:
-        index = extract_layer_index(layer_name)
-        other = index_to_name.setdefault(index, layer_name)
-        if other != layer_name:
+        index_to_names.setdefault(extract_layer_index(layer_name, num_attn_module), []).append(layer_name)
+    for index, names in index_to_names.items():
+        devices = {kv_caches[name].device.type for name in names}
+        if len(names) > 1 and not devices <= _MULTI_LAYER_INDEX_DEVICES:
             raise NotImplementedError(
-                f"layers {other!r} and {layer_name!r} share layer index "
-                f"{index}; binding several KV caches to one layer index "
-                "(e.g. encoder-decoder cross attention) is not supported"
+                f"layers {', '.join(map(repr, names))} share layer index {index}: several layers with one "
+                f"layer index are supported on CPU, CUDA and XPU devices, not on {', '.join(sorted(devices))}"
             )
-    for layer_name in kv_caches:
+    bound = layer_kv_caches or kv_caches
+    if bound.keys() != kv_caches.keys():
+        missing, extra = sorted(kv_caches.keys() - bound.keys()), sorted(bound.keys() - kv_caches.keys())
+        raise ValueError(
+            f"layer_kv_caches must name the layers of kv_caches: missing {missing or 'none'}, extra {extra or 'none'}"
+        )
+    for layer_name in bound:
         if layer_name not in forward_context:
             raise KeyError(f"layer {layer_name!r} is not in the forward context")
 
-    for index in sorted(index_to_name):
-        runner_kv_caches.append(kv_caches[index_to_name[index]])
-    for layer_name, kv_cache in kv_caches.items():
-        # A list, as in vLLM (one entry per virtual engine in v0 PP).
-        forward_context[layer_name].kv_cache = [kv_cache]
+    for index in sorted(index_to_names):
+        runner_kv_caches.extend(kv_caches[name] for name in index_to_names[index])
+    for layer_name, kv_cache in bound.items():
+        layer = forward_context[layer_name]
+        bind = getattr(layer, "bind_kv_cache", None)
+        if callable(bind):
+            bind(kv_cache)
+        else:
+            # Layers written for the older vLLM API read `kv_cache[0]` (one
+            # entry per virtual engine in v0 pipeline parallelism).
+            layer.kv_cache = [kv_cache]
 
 
 # --------------------------------------------------------------------------

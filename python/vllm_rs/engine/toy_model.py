@@ -65,20 +65,25 @@ class AttentionMetadata:
 
 
 class PagedAttention(nn.Module):
-    """Scaled dot-product attention over a paged KV cache. `kv_cache` is set
-    by `bind_kv_cache`: `[cache]` with cache shaped
-    `[2, num_blocks, block_size, num_heads, head_dim]`."""
+    """Scaled dot-product attention over a paged KV cache, shaped
+    `[2, num_blocks, block_size, num_heads, head_dim]` and bound by
+    `vllm_rs.tensor_utils.bind_kv_cache` through this layer's own
+    `bind_kv_cache` method, as vLLM binds its attention layers."""
 
     def __init__(self, layer_name: str, num_heads: int, head_dim: int):
         super().__init__()
         self.layer_name = layer_name
         self.num_heads = num_heads
         self.head_dim = head_dim
-        self.kv_cache: list[torch.Tensor] = []
+        self.kv_cache = torch.empty(0)
+
+    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        """Makes `kv_cache` this layer's cache (the tensor itself, not a copy)."""
+        self.kv_cache = kv_cache
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q, k, v: `[tokens, heads, head_dim]`; returns `[tokens, heads * head_dim]`."""
-        cache = self.kv_cache[0]
+        cache = self.kv_cache
         key_cache = cache[0].view(-1, self.num_heads, self.head_dim)
         value_cache = cache[1].view(-1, self.num_heads, self.head_dim)
         key_cache.index_copy_(0, meta.slot_mapping, k)
