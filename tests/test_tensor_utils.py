@@ -306,13 +306,20 @@ def _runner_names(runner, kv_caches):
     return [by_id[id(t)] for t in runner]
 
 
+def _bind(ctx, **kwargs):
+    """Binds a fresh CPU cache to every layer of `ctx`; returns the caches
+    and the layer names in the order the runner's list got them."""
+    kv_caches = _caches(*ctx)
+    runner: list = []
+    bind_kv_cache(kv_caches, ctx, runner, **kwargs)
+    return kv_caches, _runner_names(runner, kv_caches)
+
+
 def test_bind_kv_cache_binds_through_the_layers_own_method_in_index_order():
     names = ["model.layers.10.attn", "model.layers.2.attn", "model.layers.0.attn"]
-    kv_caches = _caches(*names)
     ctx = _attention_layers(*names)
-    runner: list = []
-    bind_kv_cache(kv_caches, ctx, runner)
-    assert _runner_names(runner, kv_caches) == ["model.layers.0.attn", "model.layers.2.attn", "model.layers.10.attn"]
+    kv_caches, order = _bind(ctx)
+    assert order == ["model.layers.0.attn", "model.layers.2.attn", "model.layers.10.attn"]
     for name in names:
         # The tensor itself (vLLM 0.33), not a one-element list.
         assert ctx[name].kv_cache is kv_caches[name]
@@ -341,20 +348,15 @@ def test_a_layer_without_the_method_gets_the_older_list_form():
 
 def test_gaps_between_layer_indices_keep_the_order():
     # Attention layers of a hybrid model on one pipeline stage (Jamba-like).
-    names = ["model.layers.28.attn", "model.layers.20.attn"]
-    kv_caches = _caches(*names)
-    runner: list = []
-    bind_kv_cache(kv_caches, _attention_layers(*names), runner)
-    assert _runner_names(runner, kv_caches) == ["model.layers.20.attn", "model.layers.28.attn"]
+    _, order = _bind(_attention_layers("model.layers.28.attn", "model.layers.20.attn"))
+    assert order == ["model.layers.20.attn", "model.layers.28.attn"]
 
 
 def test_draft_and_target_layers_sharing_an_index_interleave():
     names = ["model.layers.0.attn", "model.layers.1.attn", "draft_model.layers.0.attn", "draft_model.layers.1.attn"]
-    kv_caches = _caches(*names)
     ctx = _attention_layers(*names)
-    runner: list = []
-    bind_kv_cache(kv_caches, ctx, runner)
-    assert _runner_names(runner, kv_caches) == [
+    kv_caches, order = _bind(ctx)
+    assert order == [
         "model.layers.0.attn",
         "draft_model.layers.0.attn",
         "model.layers.1.attn",
@@ -365,11 +367,8 @@ def test_draft_and_target_layers_sharing_an_index_interleave():
 
 def test_self_and_cross_attention_of_one_decoder_layer_keep_their_given_order():
     names = ["decoder.layers.1.encoder_attn", "decoder.layers.0.self_attn", "decoder.layers.1.self_attn"]
-    kv_caches = _caches(*names)
-    ctx = {**_legacy_layers(names[0]), **_attention_layers(*names[1:])}
-    runner: list = []
-    bind_kv_cache(kv_caches, ctx, runner)
-    assert _runner_names(runner, kv_caches) == [
+    _, order = _bind({**_legacy_layers(names[0]), **_attention_layers(*names[1:])})
+    assert order == [
         "decoder.layers.0.self_attn",
         "decoder.layers.1.encoder_attn",
         "decoder.layers.1.self_attn",
@@ -402,12 +401,10 @@ def test_a_shared_index_on_cuda_is_supported():
 
 def test_num_attn_module_orders_sub_modules_within_a_layer():
     names = ["model.layers.1.attn.0", "model.layers.0.attn.1", "model.layers.0.attn.0", "model.layers.1.attn.1"]
-    kv_caches = _caches(*names)
-    runner: list = []
-    bind_kv_cache(kv_caches, _attention_layers(*names), runner, num_attn_module=2)
-    assert _runner_names(runner, kv_caches) == sorted(names)
+    _, order = _bind(_attention_layers(*names), num_attn_module=2)
+    assert order == sorted(names)
     with pytest.raises(ValueError, match="num_attn_module must be at least 1, got 0"):
-        bind_kv_cache(kv_caches, _attention_layers(*names), [], num_attn_module=0)
+        _bind(_attention_layers(*names), num_attn_module=0)
 
 
 def test_layers_get_their_views_and_the_runner_keeps_the_allocations():
