@@ -13,6 +13,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_rs.engine.gguf_file import GgufArray, GgufFormatError, GgufHeader, read_header
+
 #: Hugging Face architecture -> its `model_type`; all share `llama.py`.
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -186,10 +188,10 @@ def check_safetensors(path: str) -> None:
 
 @dataclass
 class GgufInfo:
-    """What `read_gguf` found: the decoder config, the raw metadata, the file."""
+    """What `read_gguf` found: the decoder config, the header, the file."""
 
     config: TransformerConfig
-    metadata: dict[str, Any]
+    header: GgufHeader
     path: str
 
 
@@ -198,28 +200,23 @@ def read_gguf(path: str) -> GgufInfo:
     (a supported type, inside the file); raises CheckpointError naming the
     file and what is wrong."""
     try:
-        import gguf
-    except ImportError:
-        raise CheckpointError(f"{path}: reading GGUF files needs the `gguf` package (pip install gguf)") from None
-    try:
-        reader = gguf.GGUFReader(path)
-    except (OSError, ValueError, IndexError, KeyError, struct.error) as e:
-        raise CheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
-    size = os.path.getsize(path)
-    for tensor in reader.tensors:
-        type_name = gguf.GGMLQuantizationType(tensor.tensor_type).name
-        if type_name not in GGUF_TYPES:
+        header = read_header(path)
+    except GgufFormatError as e:
+        raise CheckpointError(f"{path}: not a readable GGUF file: {e}") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read: {e.strerror or e}") from None
+    for tensor in header.tensors.values():
+        if tensor.type_name not in GGUF_TYPES:
             raise CheckpointError(
-                f"{path}: tensor {tensor.name} has GGUF type {type_name}, which is not supported "
+                f"{path}: tensor {tensor.name} has GGUF type {tensor.type_name}, which is not supported "
                 f"(supported: {', '.join(GGUF_TYPES)})"
             )
-        if tensor.data_offset + tensor.n_bytes > size:
+        if tensor.offset + tensor.num_bytes > header.file_size:
             raise CheckpointError(
                 f"{path}: truncated GGUF file: tensor {tensor.name} ends at byte "
-                f"{tensor.data_offset + tensor.n_bytes}, the file has {size}"
+                f"{tensor.offset + tensor.num_bytes}, the file has {header.file_size}"
             )
-    metadata = {name: f.contents() for name, f in reader.fields.items() if not name.startswith("tokenizer.ggml.")}
-    tensors = {t.name: t for t in reader.tensors}
+    metadata, tensors = header.metadata, header.tensors
     arch = metadata.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise CheckpointError(
@@ -236,13 +233,13 @@ def read_gguf(path: str) -> GgufInfo:
     if embed is None:
         raise CheckpointError(f"{path}: GGUF file has no token_embd.weight tensor")
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    tokens = metadata.get("tokenizer.ggml.tokens")
     scaling = None
     if metadata.get(f"{arch}.rope.scaling.type") == "linear":
         scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
     config = TransformerConfig(
         architecture=GGUF_ARCHITECTURES[arch],
-        vocab_size=len(tokens.data) if tokens is not None else int(embed.shape[1]),
+        vocab_size=tokens.count if isinstance(tokens, GgufArray) else int(embed.shape[0]),
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
         num_layers=int(key("block_count")),
@@ -259,4 +256,4 @@ def read_gguf(path: str) -> GgufInfo:
         rope_scaling=scaling,
         checkpoint_dtype=None,
     )
-    return GgufInfo(config, metadata, path)
+    return GgufInfo(config, header, path)

@@ -306,6 +306,7 @@ class EngineCore:
             **self.totals,
             "prefix_cache_block_queries": pool.queries if pool else 0,
             "prefix_cache_block_hits": pool.hits if pool else 0,
+            "num_preemptions": self.scheduler.num_preemptions,
             "num_running_reqs": self.scheduler.num_running,
             "num_waiting_reqs": self.scheduler.num_waiting,
             "is_sleeping": self.is_sleeping(),
@@ -313,7 +314,7 @@ class EngineCore:
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         """Forgets the prefix cache (there is no connector; running requests
-        keep their blocks either way, since nothing is ever preempted)."""
+        keep their blocks either way)."""
         return self.scheduler.reset_prefix_cache()
 
     def pause_scheduler(self, mode: str = "abort", clear_cache: bool = True) -> WhenIdle | None:

@@ -198,11 +198,13 @@ class ModelRunner:
             if end_pos == request.num_tokens:
                 self.logits_indices.np[len(sample_requests)] = row + n - 1
                 sample_requests.append(request)
-            if request.sampling.prompt_logprobs is not None and start_pos < request.num_prompt_tokens - 1:
+            first = max(start_pos, request.num_prompt_scored)
+            last = min(end_pos, request.num_prompt_tokens - 1)
+            if request.sampling.prompt_logprobs is not None and first < last:
                 # Position p scores prompt token p + 1.
-                last = min(end_pos, request.num_prompt_tokens - 1)
-                prompt_scores.append((request, request.prompt_token_ids[start_pos + 1 : last + 1]))
-                prompt_rows.append(np.arange(row, row + last - start_pos))
+                prompt_scores.append((request, request.prompt_token_ids[first + 1 : last + 1]))
+                prompt_rows.append(np.arange(row + first - start_pos, row + last - start_pos))
+                request.num_prompt_scored = last
             row += n
             key_row += end_pos
         key_slots_gpu = self.key_slots.copy_to_gpu(key_row)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from vllm_rs.engine.checkpoint import CheckpointError
+from vllm_rs.engine.gguf_file import read_header
 from vllm_rs.engine.llama import CausalLM
 from vllm_rs.engine.models import ModelSpec
 
@@ -105,15 +106,19 @@ def _gguf_tensors(spec: ModelSpec) -> Iterator[tuple[str, str, torch.Tensor]]:
     path = spec.weights_path
     config = spec.transformer
     permute = config.model_type in ("llama", "mistral")
-    reader = gguf.GGUFReader(path)
-    for tensor in reader.tensors:
-        qtype = gguf.GGMLQuantizationType(tensor.tensor_type)
-        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-            array = np.asarray(tensor.data)
+    header = read_header(path)
+    # A plain ndarray over the map: numpy.memmap slices cost a Python call each.
+    data = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
+    for tensor in header.tensors.values():
+        raw = data[tensor.offset : tensor.offset + tensor.num_bytes]
+        if tensor.type_name == "F32":
+            array = raw.view(np.float32)
+        elif tensor.type_name == "F16":
+            array = raw.view(np.float16)
         else:
-            array = gguf.quants.dequantize(tensor.data, qtype)
-        array = array.reshape(shape)
+            rows = tensor.num_elements // tensor.shape[-1]
+            array = gguf.quants.dequantize(raw.reshape(rows, -1), gguf.GGMLQuantizationType(tensor.type))
+        array = array.reshape(tensor.shape)
         name = GGUF_NAMES.get(tensor.name)
         if name is None and (match := _LAYER.fullmatch(tensor.name)):
             suffix = GGUF_LAYER_NAMES.get(match.group(2))
@@ -126,4 +131,5 @@ def _gguf_tensors(spec: ModelSpec) -> Iterator[tuple[str, str, torch.Tensor]]:
             name = GGUF_ROPE_FREQS
         if name is None:
             raise CheckpointError(f"{path}: unexpected tensor {tensor.name}")
-        yield name, path, torch.from_numpy(np.ascontiguousarray(array))
+        # A copy: the memory map is read-only, and the model owns its weights.
+        yield name, path, torch.from_numpy(np.array(array))
