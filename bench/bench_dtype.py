@@ -71,7 +71,9 @@ def main() -> None:
         decode = batch * args.decode / statistics.median(r[1] for r in runs)
         base.setdefault(batch, (prefill, decode))
         ratio = f"x{prefill / base[batch][0]:.2f} / x{decode / base[batch][1]:.2f}"
-        print(f"{dtype:9} batch {batch:2}: prefill {prefill:8.1f} tok/s, decode {decode:7.1f} tok/s ({ratio} of {args.dtypes[0]})")
+        print(
+            f"{dtype:9} batch {batch:2}: prefill {prefill:8.1f} tok/s, decode {decode:7.1f} tok/s ({ratio} of {args.dtypes[0]})"
+        )
 
 
 if __name__ == "__main__":

@@ -279,7 +279,9 @@ def run_model(device: str, model: str | None) -> None:
         print(f"\nreal model: {path}")
 
         def generate(on: str, dtype: str, batch: int, max_tokens: int) -> tuple[list[list[int]], float, EngineCore]:
-            config = make_engine_config(path, device=on, dtype=dtype, max_model_len=512, kv_cache_memory_bytes=256 << 20)
+            config = make_engine_config(
+                path, device=on, dtype=dtype, max_model_len=512, kv_cache_memory_bytes=256 << 20
+            )
             core = EngineCore(config)
             vocab = config.model_config.spec.vocab_size
             for i in range(batch):

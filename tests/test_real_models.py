@@ -72,7 +72,9 @@ def _prompts(vocab: int, seed: int) -> list[list[int]]:
     return prompts
 
 
-def run_engine(path: str, prompts: list[list[int]]) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], EngineCore]:
+def run_engine(
+    path: str, prompts: list[list[int]]
+) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], EngineCore]:
     """Greedy outputs and the logits of every sampled position, per request;
     the last prompt joins once the others finished (its prefix is cached)."""
     config = make_engine_config(
@@ -290,7 +292,14 @@ def test_serve_exits_2_without_a_traceback(checkpoints, tmp_path, case):
         (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FalconForCausalLM"]}))
         args, expected = ["--model", str(tmp_path)], "FalconForCausalLM"
     else:
-        args = ["--model", checkpoints["qwen2"][1]["gguf-f32"], "--device", "cpu", "--kv-cache-memory-bytes", str(1 << 50)]
+        args = [
+            "--model",
+            checkpoints["qwen2"][1]["gguf-f32"],
+            "--device",
+            "cpu",
+            "--kv-cache-memory-bytes",
+            str(1 << 50),
+        ]
         expected = "available"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(

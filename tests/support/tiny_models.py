@@ -87,7 +87,11 @@ def save_safetensors(model, path: str, max_shard_size: str | None = None) -> str
 
 def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's converter permutation (LlamaModel.permute)."""
-    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def save_gguf(model, path: str, f16: bool = False) -> str:

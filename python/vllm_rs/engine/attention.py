@@ -67,5 +67,3 @@ class PagedAttention(nn.Module):
             attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seq.mask, enable_gqa=gqa)
             out[seq.start : seq.end] = attended.transpose(0, 1)
         return out.reshape(q.shape[0], -1)
-
-

@@ -76,7 +76,9 @@ class TransformerConfig:
     def num_parameters(self) -> int:
         """Parameters of the decoder (for the memory check)."""
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attn = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.qkv_bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
+        attn = (
+            h * (q + 2 * kv) + q * h + (q + 2 * kv if self.qkv_bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
+        )
         layer = attn + 3 * h * self.intermediate_size + 2 * h
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + embeddings + h
@@ -94,7 +96,9 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
     architecture = next((a for a in architectures if a in ARCHITECTURES), None)
     if architecture is None:
         named = ", ".join(map(str, architectures)) or f"model_type {config.get('model_type')!r}"
-        raise CheckpointError(f"{where}: architecture {named} is not supported (supported: {supported_architectures()})")
+        raise CheckpointError(
+            f"{where}: architecture {named} is not supported (supported: {supported_architectures()})"
+        )
     try:
         hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
         rope = config.get("rope_parameters") or {}

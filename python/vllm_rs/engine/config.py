@@ -201,7 +201,9 @@ def make_engine_config(
         kv_cache_memory_bytes=kv_cache_memory_bytes,
     )
     if spec.model_type != "echo":
-        cache.num_gpu_blocks = size_kv_cache(spec, cache, scheduler, max_len, resolved_dtype, device, data_parallel_size)
+        cache.num_gpu_blocks = size_kv_cache(
+            spec, cache, scheduler, max_len, resolved_dtype, device, data_parallel_size
+        )
     return EngineConfig(
         model_config=ModelConfig(model=model, spec=spec, max_model_len=max_len, dtype=resolved_dtype, seed=seed),
         cache_config=cache,

@@ -121,7 +121,9 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> None:
         forward_context = self.model.attention_layers()
         kv_caches = {
-            name: torch.zeros(layer.cache_shape(self.num_gpu_blocks, self.block_size), dtype=self.dtype, device=self.device)
+            name: torch.zeros(
+                layer.cache_shape(self.num_gpu_blocks, self.block_size), dtype=self.dtype, device=self.device
+            )
             for name, layer in forward_context.items()
         }
         bind_kv_cache(kv_caches, forward_context, self.kv_caches)

@@ -65,7 +65,9 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> Cau
             rope_factors = array.float()
             continue
         if name not in expected:
-            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and spec.transformer.tie_word_embeddings):
+            if name.endswith("rotary_emb.inv_freq") or (
+                name == "lm_head.weight" and spec.transformer.tie_word_embeddings
+            ):
                 continue
             raise CheckpointError(f"{source}: unexpected tensor {name}")
         if tuple(array.shape) != tuple(expected[name].shape):
