@@ -294,7 +294,7 @@ def test_serve_exits_2_without_a_traceback(checkpoints, tmp_path, case):
     else:
         args = [
             "--model",
-            checkpoints["qwen2"][1]["gguf-f32"],
+            checkpoints["qwen2"][1]["safetensors"],
             "--device",
             "cpu",
             "--kv-cache-memory-bytes",

@@ -26,8 +26,9 @@ CPU_AUTO_DTYPE = "float32"
 #: vLLM's KV-cache budget on the CPU, in GiB.
 CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 #: A real model's KV cache on the CPU when no budget is given: at most this
-#: (vLLM's `VLLM_CPU_KVCACHE_SPACE` default, 4 GiB), less when
-#: `max_num_seqs` full sequences need less.
+#: (vLLM's `VLLM_CPU_KVCACHE_SPACE` default, 4 GiB) and at most half the
+#: memory left after the weights, less when `max_num_seqs` full sequences
+#: need less; at least one full sequence.
 DEFAULT_CPU_KV_BYTES = 4 << 30
 
 
@@ -297,7 +298,9 @@ def size_kv_cache(
     elif not spec.is_real:
         blocks = wanted
     elif device == "cpu":
-        blocks = max(min_blocks, min(wanted, DEFAULT_CPU_KV_BYTES // block_bytes))
+        weights = spec.transformer.num_parameters() * DTYPE_BYTES[dtype]
+        spare = max(0, available_memory_bytes() // engines - weights) // 2
+        blocks = max(min_blocks, min(wanted, min(DEFAULT_CPU_KV_BYTES, spare) // block_bytes))
     else:
         return None
     if spec.is_real and device == "cpu":
