@@ -25,11 +25,24 @@ class SequenceSlice:
 
 
 @dataclass
+class DecodeBatch:
+    """The step's one-query sequences attended together: their rows in the
+    batch `[n]`, their key slots padded to the longest `[n, keys]`, and the
+    mask of real keys `[n, 1, 1, keys]`."""
+
+    rows: torch.Tensor
+    key_slots: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass
 class AttentionMetadata:
-    """Where this step's new keys go (`slot_mapping`) and each request's slice."""
+    """Where this step's new keys go (`slot_mapping`), each request's slice,
+    and the one-query sequences batched together (when there are several)."""
 
     slot_mapping: torch.Tensor
     sequences: list[SequenceSlice]
+    decodes: DecodeBatch | None = None
 
 
 class PagedAttention(nn.Module):
@@ -66,4 +79,11 @@ class PagedAttention(nn.Module):
             values = value_cache.index_select(0, seq.key_slots).transpose(0, 1)
             attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seq.mask, enable_gqa=gqa)
             out[seq.start : seq.end] = attended.transpose(0, 1)
+        if meta.decodes is not None:
+            batch = meta.decodes
+            keys = key_cache[batch.key_slots].transpose(1, 2)
+            values = value_cache[batch.key_slots].transpose(1, 2)
+            queries = q.index_select(0, batch.rows)[:, :, None, :]
+            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.mask, enable_gqa=gqa)
+            out.index_copy_(0, batch.rows, attended[:, :, 0, :])
         return out.reshape(q.shape[0], -1)

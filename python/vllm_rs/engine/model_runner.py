@@ -12,7 +12,7 @@ import os
 import numpy as np
 import torch
 
-from vllm_rs.engine.attention import AttentionMetadata, SequenceSlice
+from vllm_rs.engine.attention import AttentionMetadata, DecodeBatch, SequenceSlice
 from vllm_rs.engine.config import EngineConfig, kv_bytes_per_token
 from vllm_rs.engine.logprobs import gather, num_columns
 from vllm_rs.engine.prefix_hash import hash_block_tokens
@@ -79,6 +79,10 @@ class ModelRunner:
         self.positions = CpuGpuBuffer(max_tokens, dtype=torch.int64, device=self.device)
         self.slot_mapping = CpuGpuBuffer(max_tokens, dtype=torch.int64, device=self.device)
         self.key_slots = CpuGpuBuffer(max_keys, dtype=torch.int64, device=self.device)
+        max_seqs = config.scheduler_config.max_num_seqs
+        self.decode_rows = CpuGpuBuffer(max_seqs, dtype=torch.int64, device=self.device)
+        self.decode_lens = CpuGpuBuffer(max_seqs, dtype=torch.int64, device=self.device)
+        self.decode_key_slots = CpuGpuBuffer(max_keys, dtype=torch.int64, device=self.device)
         # One row per sampled request, plus every prompt position when prompt logprobs are asked for.
         self.logits_indices = CpuGpuBuffer(
             config.scheduler_config.max_num_seqs + max_tokens, dtype=torch.int64, device=self.device
@@ -209,9 +213,13 @@ class ModelRunner:
                 request.num_prompt_scored = last
             row += n
             key_row += end_pos
+        decodes = [r for r in ranges if r[1] - r[0] == 1]
+        batched = self._stage_decodes(decodes) if len(decodes) > 1 else None
         key_slots_gpu = self.key_slots.copy_to_gpu(key_row)
         sequences = []
         for start, end, key_start, seq_len, context in ranges:
+            if batched is not None and end - start == 1:
+                continue
             mask = None
             if end - start > 1:
                 query_pos = torch.arange(context, seq_len, device=self.device)
@@ -220,5 +228,25 @@ class ModelRunner:
         if prompt_rows:
             extra = np.concatenate(prompt_rows)
             self.logits_indices.np[len(sample_requests) : len(sample_requests) + len(extra)] = extra
-        meta = AttentionMetadata(self.slot_mapping.copy_to_gpu(num_tokens), sequences)
+        meta = AttentionMetadata(self.slot_mapping.copy_to_gpu(num_tokens), sequences, batched)
         return meta, sample_requests, prompt_scores
+
+    def _stage_decodes(self, decodes: list[tuple[int, int, int, int, int]]) -> DecodeBatch:
+        """The one-token sequences of the step as one padded batch: their
+        rows, their key slots `[n, longest]` (padding points at slot 0 and
+        is masked out)."""
+        n = len(decodes)
+        longest = max(seq_len for _, _, _, seq_len, _ in decodes)
+        padded = self.decode_key_slots.np[: n * longest].reshape(n, longest)
+        padded[:] = 0
+        for i, (start, _, key_start, seq_len, _) in enumerate(decodes):
+            self.decode_rows.np[i] = start
+            self.decode_lens.np[i] = seq_len
+            padded[i, :seq_len] = self.key_slots.np[key_start : key_start + seq_len]
+        lens = self.decode_lens.copy_to_gpu(n)
+        mask = torch.arange(longest, device=self.device)[None, :] < lens[:, None]
+        return DecodeBatch(
+            self.decode_rows.copy_to_gpu(n),
+            self.decode_key_slots.copy_to_gpu(n * longest).view(n, longest),
+            mask[:, None, None, :],
+        )
