@@ -54,9 +54,12 @@ def checkpoints(tmp_path_factory):
     """arch -> (transformers model, {format: path})."""
     root = tmp_path_factory.mktemp("tiny-models")
     out = {}
-    for seed, arch in enumerate(("llama", "qwen2", "qwen3")):
+    for seed, arch in enumerate(("llama", "mistral", "qwen2", "qwen3")):
         model = make_hf_model(arch, seed)
         paths = {"safetensors": save_safetensors(model, str(root / f"{arch}-st"), "40KB" if arch == "llama" else None)}
+        if arch == "mistral":
+            out[arch] = (model, paths)
+            continue  # llama.cpp writes Mistral as `llama`, which the llama GGUF covers
         paths["gguf-f32"] = save_gguf(model, str(root / f"{arch}-f32.gguf"))
         if arch != "llama":
             paths["gguf-f16"] = save_gguf(model, str(root / f"{arch}-f16.gguf"), f16=True)
@@ -126,7 +129,7 @@ def _check_against_transformers(model, path: str, seed: int) -> None:
         assert generated == expected, request_id
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
 def test_safetensors_logits_and_greedy_match_transformers(checkpoints, arch):
     model, paths = checkpoints[arch]
     if arch == "llama":

@@ -35,6 +35,9 @@ CONFIGS = {
             "original_max_position_embeddings": 64,
         },
     ),
+    "mistral": dict(
+        architectures=["MistralForCausalLM"], rope_theta=10000.0, tie_word_embeddings=False, sliding_window=None
+    ),
     "qwen2": dict(architectures=["Qwen2ForCausalLM"], rope_theta=1000000.0, tie_word_embeddings=True),
     "qwen3": dict(architectures=["Qwen3ForCausalLM"], rope_theta=1000000.0, tie_word_embeddings=False, head_dim=32),
 }
