@@ -148,6 +148,18 @@ def test_gguf_logits_and_greedy_match_transformers(checkpoints, arch, fmt):
     _check_against_transformers(model, paths[fmt], seed=2)
 
 
+def test_quantized_gguf_matches_transformers_reading_it(checkpoints, tmp_path):
+    """Q8_0, BF16, Q4_1 and Q4_0 tensors (written with gguf's quantizers):
+    our dequantized model against transformers loading the same file."""
+    model, _ = checkpoints["qwen2"]
+    kinds = {"attn_q": "Q8_0", "attn_k": "BF16", "attn_v": "Q4_1", "ffn_": "Q4_0", "token_embd": "Q8_0"}
+    path = save_gguf(model, str(tmp_path / "mixed.gguf"), quant=kinds)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file="mixed.gguf", dtype=torch.float32
+    )
+    _check_against_transformers(reference.eval(), path, seed=4)
+
+
 def test_preemption_when_blocks_run_out_keeps_greedy_output(checkpoints):
     _, paths = checkpoints["qwen2"]
     prompts = _prompts(96, 3)[:4]

@@ -97,9 +97,11 @@ def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def save_gguf(model, path: str, f16: bool = False) -> str:
+def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None = None) -> str:
     """Writes `model` as one GGUF file (2-D weights F16 when `f16`, norms
-    and biases F32, as llama.cpp's converter does); returns `path`."""
+    and biases F32, as llama.cpp's converter does; `quant` maps a substring
+    of GGUF tensor names to the ggml type those 2-D weights get, e.g.
+    `{"ffn_": "Q4_0"}`); returns `path`."""
     import gguf
 
     config = model.config
@@ -144,7 +146,12 @@ def save_gguf(model, path: str, f16: bool = False) -> str:
         base = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         tensors["rope_freqs.weight"] = (base / model.model.rotary_emb.inv_freq.float()).numpy()
     for name, array in tensors.items():
-        if f16 and array.ndim == 2:
+        kind = next((k for part, k in (quant or {}).items() if part in name), None)
+        if kind is not None and array.ndim == 2:
+            qtype = gguf.GGMLQuantizationType[kind]
+            data = gguf.quants.quantize(array.astype(np.float32), qtype)
+            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+        elif f16 and array.ndim == 2:
             writer.add_tensor(name, array.astype(np.float16))
         else:
             writer.add_tensor(name, array.astype(np.float32))
