@@ -210,7 +210,7 @@ def test_sleep_modes_abort_queue_and_freeze_like_vllm():
 
 
 def test_model_directories_are_validated(tmp_path):
-    with pytest.raises(ModelPathError, match="not a directory"):
+    with pytest.raises(ModelPathError, match="not a built-in model .*, a model directory or a .gguf file"):
         resolve_model(str(tmp_path / "missing"))
     with pytest.raises(ModelPathError, match="no config.json"):
         resolve_model(str(tmp_path))
