@@ -240,7 +240,7 @@ def kv_bytes_per_token(spec: ModelSpec, dtype: str) -> int:
     """KV-cache bytes one token takes over all layers."""
     if spec.transformer is not None:
         return spec.transformer.kv_bytes_per_token(dtype)
-    return 2 * int(spec.hparams["num_layers"]) * int(spec.hparams["hidden_size"]) * DTYPE_BYTES["float32"]
+    return 2 * int(spec.hparams["num_layers"]) * int(spec.hparams["hidden_size"]) * DTYPE_BYTES[dtype]
 
 
 def available_memory_bytes() -> int:
