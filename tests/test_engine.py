@@ -210,7 +210,7 @@ def test_sleep_modes_abort_queue_and_freeze_like_vllm():
 
 
 def test_model_directories_are_validated(tmp_path):
-    with pytest.raises(ModelPathError, match="not a directory"):
+    with pytest.raises(ModelPathError, match="not a built-in model .*, a model directory or a .gguf file"):
         resolve_model(str(tmp_path / "missing"))
     with pytest.raises(ModelPathError, match="no config.json"):
         resolve_model(str(tmp_path))
@@ -233,7 +233,7 @@ def test_toy_binds_one_kv_cache_per_layer(toy_config):
     core = EngineCore(toy_config)
     runner = core.runner
     layers = runner.model.attention_layers()
-    assert len(runner.kv_caches) == len(layers) == runner.model_config.num_layers
+    assert len(runner.kv_caches) == len(layers) == toy_config.model_config.spec.hparams["num_layers"]
     for index, (_, attention) in enumerate(sorted(layers.items())):
         # Bound through the layer's own bind_kv_cache: the tensor itself, as in vLLM 0.33.
         assert attention.kv_cache is runner.kv_caches[index]

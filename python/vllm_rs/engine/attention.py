@@ -1,0 +1,94 @@
+"""Attention over a paged KV cache, shared by the toy model and the real
+(Llama-shaped) models: each step's new keys and values are written to their
+cache slots (`slot_mapping`), then each request's queries attend over its
+keys gathered from the cache by slot (`key_slots`), causally within a
+prefill chunk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class SequenceSlice:
+    """One request's part of a step: its rows in the flattened batch, where
+    its keys live in the cache, and its causal mask (None for one query)."""
+
+    start: int
+    end: int
+    key_slots: torch.Tensor
+    mask: torch.Tensor | None
+
+
+@dataclass
+class DecodeBatch:
+    """The step's one-query sequences attended together: their rows in the
+    batch `[n]`, their key slots padded to the longest `[n, keys]`, and the
+    mask of real keys `[n, 1, 1, keys]`."""
+
+    rows: torch.Tensor
+    key_slots: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's new keys go (`slot_mapping`), each request's slice,
+    and the one-query sequences batched together (when there are several)."""
+
+    slot_mapping: torch.Tensor
+    sequences: list[SequenceSlice]
+    decodes: DecodeBatch | None = None
+
+
+class PagedAttention(nn.Module):
+    """Scaled dot-product attention over a paged KV cache, with grouped
+    queries when `num_kv_heads < num_heads`. The cache, shaped
+    `[2, num_blocks, block_size, num_kv_heads, head_dim]`, is bound by
+    `vllm_rs.tensor_utils.bind_kv_cache` through this layer's own
+    `bind_kv_cache` method, as vLLM binds its attention layers."""
+
+    def __init__(self, layer_name: str, num_heads: int, head_dim: int, num_kv_heads: int | None = None):
+        super().__init__()
+        self.layer_name = layer_name
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.head_dim = head_dim
+        self.kv_cache = torch.empty(0)
+
+    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        """Makes `kv_cache` this layer's cache (the tensor itself, not a copy)."""
+        self.kv_cache = kv_cache
+
+    def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """The shape of this layer's KV cache."""
+        return (2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q: `[tokens, heads, head_dim]`, k and v: `[tokens, kv_heads,
+        head_dim]`; returns `[tokens, heads * head_dim]`."""
+        cache = self.kv_cache
+        key_cache = cache[0].view(-1, self.num_kv_heads, self.head_dim)
+        value_cache = cache[1].view(-1, self.num_kv_heads, self.head_dim)
+        gqa = self.num_kv_heads != self.num_heads
+        key_cache.index_copy_(0, meta.slot_mapping, k)
+        value_cache.index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        for seq in meta.sequences:
+            queries = q[seq.start : seq.end].transpose(0, 1)
+            keys = key_cache.index_select(0, seq.key_slots).transpose(0, 1)
+            values = value_cache.index_select(0, seq.key_slots).transpose(0, 1)
+            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seq.mask, enable_gqa=gqa)
+            out[seq.start : seq.end] = attended.transpose(0, 1)
+        if meta.decodes is not None:
+            batch = meta.decodes
+            keys = key_cache[batch.key_slots].transpose(1, 2)
+            values = value_cache[batch.key_slots].transpose(1, 2)
+            queries = q.index_select(0, batch.rows)[:, :, None, :]
+            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.mask, enable_gqa=gqa)
+            out.index_copy_(0, batch.rows, attended[:, :, 0, :])
+        return out.reshape(q.shape[0], -1)
