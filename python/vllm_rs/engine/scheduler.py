@@ -3,6 +3,12 @@ the next chunk of their prompt) first, then waiting requests join while
 `max_num_seqs` and the `max_num_batched_tokens` budget allow and their KV
 blocks can be had. Long prompts are prefilled in chunks.
 
+KV blocks are taken as the tokens that fill them are scheduled, as vLLM's
+scheduler takes them. When a running request's next tokens find no free
+block, the most recently admitted running request is preempted (its blocks
+freed, to be computed again from its prompt and output so far when it is
+admitted again, first in line), with a PREEMPTED event.
+
 A step's plan has the attributes `compute_iteration_details` reads
 (`scheduled_new_reqs`, `scheduled_cached_reqs`, `num_scheduled_tokens`,
 `scheduled_encoder_input_stats`), so it can be measured without copying.
@@ -98,6 +104,8 @@ class Scheduler:
         self.prefix_cache_stats = PrefixCacheStats()
         #: Ids finished (any reason) since the last `take_finished`, by client.
         self.finished_ids: dict[int, list[str]] = {}
+        #: Preemptions so far.
+        self.num_preemptions = 0
 
     @property
     def num_running(self) -> int:
@@ -155,16 +163,19 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         cached_ids: list[str] = []
         context_ids: set[str] = set()
-        for request in self.running:
-            if budget == 0:
-                break
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
             n = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._make_room(request, request.num_computed_tokens + n):
+                break  # it was preempted itself, and every request after it
             plan.num_scheduled_tokens[request.request_id] = n
             plan.requests.append(request)
             cached_ids.append(request.request_id)
             if not request.output_token_ids:
                 context_ids.add(request.request_id)
             budget -= n
+            index += 1
         while admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if not self._allocate(request):
@@ -175,6 +186,7 @@ class Scheduler:
                 request.record_event(EngineCoreEventType.SCHEDULED)
             self.running.append(request)
             n = min(request.num_tokens - request.num_computed_tokens, budget)
+            self._grow(request, request.num_computed_tokens + n)
             plan.num_scheduled_tokens[request.request_id] = n
             plan.requests.append(request)
             plan.scheduled_new_reqs.append(NewRequest(request.request_id, request.num_computed_tokens))
@@ -227,9 +239,51 @@ class Scheduler:
         total = min(request.max_total_tokens, self.max_model_len)
         return -(-total // self.block_size)
 
+    def _grow(self, request: Request, num_tokens: int) -> bool:
+        """Gives `request` blocks for its first `num_tokens` tokens; False
+        (nothing taken) when there are not enough free blocks."""
+        pool = self.block_pool
+        if pool is None:
+            return True
+        needed = -(-num_tokens // self.block_size) - len(request.block_ids)
+        if needed <= 0:
+            return True
+        if not pool.can_allocate([], needed):
+            return False
+        request.block_ids.extend(pool.allocate([], needed))
+        return True
+
+    def _make_room(self, request: Request, num_tokens: int) -> bool:
+        """Gives running `request` blocks for `num_tokens` tokens, preempting
+        the most recently admitted running requests while blocks are short;
+        False when `request` itself had to be preempted."""
+        while not self._grow(request, num_tokens):
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        """Frees a running request's blocks and puts it first in line, to be
+        computed again from scratch (its output so far kept)."""
+        if self.block_pool is not None and request.block_ids:
+            self.block_pool.release(request.block_ids)
+        request.block_ids = []
+        request.block_hashes = []
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        self.num_preemptions += 1
+        if self.record_events:
+            request.record_event(EngineCoreEventType.PREEMPTED)
+        self.waiting.appendleft(request)
+
     def _allocate(self, request: Request) -> bool:
-        """Gives a request its KV blocks for its whole length, reusing cached
-        prefix blocks; False when there are not enough free blocks yet."""
+        """Gives a request its cached prefix blocks and blocks for the rest of
+        its known tokens (its prompt, and its output after a preemption);
+        False when there are not enough free blocks yet. Blocks for the tokens
+        it generates come with `_grow`, step by step."""
         pool = self.block_pool
         if pool is None:
             return True
@@ -243,12 +297,17 @@ class Scheduler:
             # request reads nothing from the cache (as vLLM skips it).
             if request.sampling.prompt_logprobs is None:
                 cached = pool.find_cached_prefix(hashes)
-        needed = self._blocks_needed(request) - len(cached)
+        needed = -(-request.num_tokens // self.block_size) - len(cached)
         if not pool.can_allocate(cached, needed):
             return False
         request.block_ids = pool.allocate(cached, needed)
         request.block_hashes = hashes[: len(cached)]
-        request.num_computed_tokens = request.num_cached_tokens = len(cached) * self.block_size
+        request.num_computed_tokens = len(cached) * self.block_size
+        if request.num_preemptions:
+            if self.block_hasher is not None:
+                self.prefix_cache_stats.record_preempted(request.num_prompt_tokens, request.num_computed_tokens)
+            return True
+        request.num_cached_tokens = request.num_computed_tokens
         if self.block_hasher is not None:
             self.prefix_cache_stats.record(request.num_prompt_tokens, request.num_cached_tokens)
         return True
