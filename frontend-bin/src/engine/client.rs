@@ -505,13 +505,11 @@ impl Shared {
                     *left -= tokens.len() as u64;
                 }
             }
-            computed += entry.times.lock().unwrap().observe_output(
-                series,
-                timestamp,
-                tokens.len(),
-                &output.events,
-                output.prefill_stats.as_ref(),
-            );
+            let mut times = entry.times.lock().unwrap();
+            times.note_nans(output.num_nans_in_logits);
+            computed +=
+                times.observe_output(series, timestamp, tokens.len(), &output.events, output.prefill_stats.as_ref());
+            drop(times);
             entry.inbox.push_scored_output(tokens, logprobs, output.prompt_logprobs, finish_reason, stop_reason);
             if finish_reason.is_some() {
                 if let Some(entry) = requests.remove(output.request_id) {

@@ -8,10 +8,10 @@ use super::protocol::{
     Registration, RequestError, SamplingParams, SchedulerStats, StopReason, TokenIds, UtilityReply, ENGINE_CORE_DEAD,
 };
 use bytes::Bytes;
-use smallvec::SmallVec;
 use rmp::encode;
 use rmpv::Value;
 use serde::{Serialize, Serializer};
+use smallvec::SmallVec;
 
 /// Why an outputs message could not be used.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -271,9 +271,7 @@ pub fn decode_outputs<'a>(frame: &'a [u8], aux: &'a [Bytes]) -> Result<OutputsMe
     let is_batch = !outputs.is_empty() || stats.is_some() || !finished_requests.is_empty();
     let is_wave = wave_complete.is_some() || start_wave.is_some();
     match (is_batch, utility, is_wave) {
-        (true, None, false) => {
-            Ok(OutputsMessage::Batch { engine_index, outputs, timestamp, stats, finished_requests })
-        }
+        (true, None, false) => Ok(OutputsMessage::Batch { engine_index, outputs, timestamp, stats, finished_requests }),
         (false, Some(reply), false) => Ok(OutputsMessage::Utility { engine_index, reply }),
         (false, None, true) => Ok(OutputsMessage::Wave { engine_index, wave_complete, start_wave }),
         (false, None, false) => Err(DecodeError::Protocol(format!("empty outputs message from engine {engine_index}"))),
@@ -340,6 +338,11 @@ fn decode_output<'a>(cursor: &mut Cursor<'a>, aux: &'a [Bytes]) -> Result<Engine
     };
     skip_slots_until(&mut slots, PREFILL_STATS_SLOT)?;
     let prefill_stats = slots.present()?.map(decode_prefill_stats).transpose()?;
+    skip_slots_until(&mut slots, NUM_NANS_SLOT)?;
+    let num_nans_in_logits = match slots.present()? {
+        Some(c) => c.read_u32().map_err(at("num_nans_in_logits"))?,
+        None => 0,
+    };
     skip_slots_until(&mut slots, ERROR_SLOT)?;
     let error = slots.present()?.map(decode_request_error).transpose()?;
     slots.finish()?;
@@ -353,6 +356,7 @@ fn decode_output<'a>(cursor: &mut Cursor<'a>, aux: &'a [Bytes]) -> Result<Engine
         error,
         events,
         prefill_stats,
+        num_nans_in_logits,
     })
 }
 
@@ -368,6 +372,8 @@ fn skip_slots_until(slots: &mut Slots<'_, '_>, slot: usize) -> Result<(), Decode
 
 /// Slot of `prefill_stats` in an EngineCoreOutput.
 const PREFILL_STATS_SLOT: usize = 11;
+/// Slot of `num_nans_in_logits` in an EngineCoreOutput.
+const NUM_NANS_SLOT: usize = 13;
 
 /// Reads the fields of a struct msgspec wrote as a map (by name) or as an
 /// array (by position in `fields`), handing each to `field` by index.
@@ -688,6 +694,7 @@ mod tests {
                 error: None,
                 events: SmallVec::new(),
                 prefill_stats: None,
+                num_nans_in_logits: 0,
             }],
             timestamp: 0.0,
             stats: None,
@@ -734,8 +741,9 @@ mod tests {
         // QUEUED, SCHEDULED, an unknown kind (skipped), PREEMPTED.
         output.push(Value::Array(vec![event(1, 1.0), event(2, 1.25), event(9, 1.3), event(3, 1.5)]));
         output.extend([Value::Nil, Value::Nil, Value::Nil]);
-        // PrefillStats as an array (msgspec's array_like) in slot 11.
+        // PrefillStats as an array (msgspec's array_like) in slot 11, then 2 NaNs in slot 13.
         output.push(Value::Array([40, 24, 16, 16, 0].map(Value::from).to_vec()));
+        output.extend([Value::Nil, Value::from(2)]);
         let stats = Value::Map(vec![
             (Value::from("num_running_reqs"), Value::from(1)),
             (Value::from("num_waiting_reqs"), Value::from(3)),
@@ -751,7 +759,8 @@ mod tests {
                 ]),
             ),
         ]);
-        let message = Value::Array(vec![Value::from(0), Value::Array(vec![Value::Array(output)]), stats, Value::from(2)]);
+        let message =
+            Value::Array(vec![Value::from(0), Value::Array(vec![Value::Array(output)]), stats, Value::from(2)]);
         let mut bytes = Vec::new();
         rmpv::encode::write_value(&mut bytes, &message).unwrap();
         let OutputsMessage::Batch { outputs, timestamp, stats, .. } = decode_outputs(&bytes, &[]).unwrap() else {
@@ -769,7 +778,7 @@ mod tests {
             num_local_cached_tokens: 16,
             num_external_cached_tokens: 0,
         };
-        assert_eq!(outputs[0].prefill_stats, Some(prefill));
+        assert_eq!((outputs[0].prefill_stats, outputs[0].num_nans_in_logits), (Some(prefill), 2));
         assert_eq!(timestamp, 2.0);
         let expected = SchedulerStats {
             num_running_reqs: 1,

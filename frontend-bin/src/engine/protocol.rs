@@ -156,6 +156,8 @@ pub struct EngineOutput<'a> {
     pub events: SmallVec<[EngineEvent; 2]>,
     /// How its prompt was filled, with its first token (`prefill_stats`).
     pub prefill_stats: Option<PrefillStats>,
+    /// NaNs the engine found in its logits (more than 0: corrupted).
+    pub num_nans_in_logits: u32,
 }
 
 /// What happened to a request in its engine (vLLM's `EngineCoreEventType`).

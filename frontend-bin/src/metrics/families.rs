@@ -26,26 +26,20 @@ pub const REQUEST_LATENCY_BUCKETS: &[f64] = &[
 ];
 /// Bucket bounds of the `n` request parameter.
 pub const PARAMS_N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
+/// Bucket bounds of the preemptions of one request.
+pub const NUM_PREEMPTIONS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0];
 /// Bucket bounds of the tokens one engine output batch computed.
 pub const ITERATION_TOKENS_BUCKETS: &[f64] =
     &[1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0];
-/// The largest bound of the per-request token-count histograms (vLLM's
-/// frontend uses this one whatever the model length).
-const TOKEN_COUNT_MAX: u64 = 131_072;
-
-/// Bounds 1, 2, 5, 10, 20, 50, ... up to `max`, then `max` itself (vLLM's
-/// `build_1_2_5_buckets`, ended by the maximum).
+/// Bounds 1, 2, 5, 10, 20, 50, ... up to `max` (vLLM's
+/// `build_1_2_5_buckets`, for the per-request token counts up to the model length).
 pub fn one_two_five_buckets(max: u64) -> Vec<f64> {
-    let mut bounds: Vec<f64> = (0..)
+    (0..20)
         .map(|exponent| 10u64.saturating_pow(exponent))
-        .flat_map(|scale| [1, 2, 5].map(|mantissa| mantissa * scale))
+        .flat_map(|scale| [1, 2, 5].map(|mantissa| mantissa.saturating_mul(scale)))
         .take_while(|&bound| bound <= max)
         .map(|bound| bound as f64)
-        .collect();
-    if bounds.last() != Some(&(max as f64)) {
-        bounds.push(max as f64);
-    }
-    bounds
+        .collect()
 }
 
 /// Every finish reason, in the order of [`EngineSeries::finished`].
@@ -54,6 +48,10 @@ pub const FINISH_REASONS: [FinishReason; 5] =
 
 /// Where prompt tokens came from, in the order of [`EngineSeries::prompt_tokens_by_source`].
 pub const PROMPT_TOKEN_SOURCES: [&str; 3] = ["local_compute", "local_cache_hit", "external_kv_transfer"];
+
+/// The cache tiers prompt tokens are found in, in the order of
+/// [`EngineSeries::prompt_tokens_cached_by_source`] (vLLM's `CacheHitSource`).
+pub const CACHE_HIT_SOURCES: [&str; 5] = ["device", "host", "p2p", "disk", "external_unspecified"];
 
 /// Why waiting requests wait, in the order of [`EngineSeries::waiting_by_reason`].
 pub const WAITING_REASONS: [&str; 2] = ["capacity", "deferred"];
@@ -124,13 +122,16 @@ pub struct Families {
     prompt_tokens: Family<EngineLabels, U64Counter>,
     prompt_tokens_by_source: Family<PromptSourceLabels, U64Counter>,
     prompt_tokens_cached: Family<EngineLabels, U64Counter>,
+    prompt_tokens_cached_by_source: Family<PromptSourceLabels, U64Counter>,
     generation_tokens: Family<EngineLabels, U64Counter>,
+    corrupted_requests: Family<EngineLabels, U64Counter>,
     success: Family<FinishedReasonLabels, U64Counter>,
     request_prompt_tokens: Histograms,
     request_generation_tokens: Histograms,
     request_max_num_generation_tokens: Histograms,
     request_params_max_tokens: Histograms,
     request_params_n: Histograms,
+    request_num_preemptions: Histograms,
     request_prefill_kv_computed_tokens: Histograms,
     time_to_first_token: Histograms,
     inter_token_latency: Histograms,
@@ -143,11 +144,12 @@ pub struct Families {
 }
 
 impl Families {
-    /// The families, registered in `registry` in vLLM's order. (The crate
-    /// ends each help text with a full stop, and counters' names with `_total`.)
-    pub fn register(registry: &mut Registry) -> Self {
+    /// The families, registered in `registry` in vLLM's order, the token
+    /// counts bucketed up to `max_model_len`. (The crate ends each help text
+    /// with a full stop, and counters' names with `_total`.)
+    pub fn register(registry: &mut Registry, max_model_len: u64) -> Self {
         let histograms = |bounds: &[f64]| Family::new_with_constructor(Buckets(bounds.to_vec()));
-        let token_counts = || Family::new_with_constructor(Buckets(one_two_five_buckets(TOKEN_COUNT_MAX)));
+        let token_counts = || Family::new_with_constructor(Buckets(one_two_five_buckets(max_model_len)));
         let f = Families {
             running: Family::default(),
             waiting: Family::default(),
@@ -160,13 +162,16 @@ impl Families {
             prompt_tokens: Family::default(),
             prompt_tokens_by_source: Family::default(),
             prompt_tokens_cached: Family::default(),
+            prompt_tokens_cached_by_source: Family::default(),
             generation_tokens: Family::default(),
+            corrupted_requests: Family::default(),
             success: Family::default(),
             request_prompt_tokens: token_counts(),
             request_generation_tokens: token_counts(),
             request_max_num_generation_tokens: token_counts(),
             request_params_max_tokens: token_counts(),
             request_params_n: histograms(PARAMS_N_BUCKETS),
+            request_num_preemptions: histograms(NUM_PREEMPTIONS_BUCKETS),
             request_prefill_kv_computed_tokens: token_counts(),
             time_to_first_token: histograms(TTFT_BUCKETS),
             inter_token_latency: histograms(ITL_BUCKETS),
@@ -220,7 +225,19 @@ impl Families {
             "Number of prompt tokens with prefix cache hits",
             f.prompt_tokens_cached.clone(),
         );
+        r.register(
+            "vllm:prompt_tokens_cached_by_source",
+            "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded \
+             to DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at \
+             admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits",
+            f.prompt_tokens_cached_by_source.clone(),
+        );
         r.register("vllm:generation_tokens", "Number of generation tokens processed", f.generation_tokens.clone());
+        r.register(
+            "vllm:corrupted_requests",
+            "Corrupted requests, in terms of total number of requests with NaNs in logits",
+            f.corrupted_requests.clone(),
+        );
         r.register("vllm:request_success", "Count of successfully processed requests", f.success.clone());
         r.register(
             "vllm:request_prompt_tokens",
@@ -243,6 +260,11 @@ impl Families {
             f.request_params_max_tokens.clone(),
         );
         r.register("vllm:request_params_n", "Histogram of the n request parameter", f.request_params_n.clone());
+        r.register(
+            "vllm:request_num_preemptions",
+            "Histogram of the number of times a request was preempted",
+            f.request_num_preemptions.clone(),
+        );
         r.register(
             "vllm:request_prefill_kv_computed_tokens",
             "Histogram of new KV tokens computed during prefill (excluding cached tokens)",
@@ -314,9 +336,15 @@ impl Families {
                 self.prompt_tokens_by_source.get_or_create(&labels).clone()
             }),
             prompt_tokens_cached: self.prompt_tokens_cached.get_or_create(&labels).clone(),
+            prompt_tokens_cached_by_source: CACHE_HIT_SOURCES.map(|source| {
+                let labels = PromptSourceLabels { model_name: model_name(), engine, source };
+                self.prompt_tokens_cached_by_source.get_or_create(&labels).clone()
+            }),
             generation_tokens: self.generation_tokens.get_or_create(&labels).clone(),
+            corrupted_requests: self.corrupted_requests.get_or_create(&labels).clone(),
             finished: FINISH_REASONS.map(|reason| {
-                let labels = FinishedReasonLabels { model_name: model_name(), engine, finished_reason: reason.as_str() };
+                let labels =
+                    FinishedReasonLabels { model_name: model_name(), engine, finished_reason: reason.as_str() };
                 self.success.get_or_create(&labels).clone()
             }),
             request_prompt_tokens: one(&self.request_prompt_tokens),
@@ -324,6 +352,7 @@ impl Families {
             request_max_num_generation_tokens: one(&self.request_max_num_generation_tokens),
             request_params_max_tokens: one(&self.request_params_max_tokens),
             request_params_n: one(&self.request_params_n),
+            request_num_preemptions: one(&self.request_num_preemptions),
             request_prefill_kv_computed_tokens: one(&self.request_prefill_kv_computed_tokens),
             time_to_first_token: one(&self.time_to_first_token),
             inter_token_latency: one(&self.inter_token_latency),
@@ -362,8 +391,12 @@ pub struct EngineSeries {
     pub prompt_tokens_by_source: [U64Counter; 3],
     /// `vllm:prompt_tokens_cached`.
     pub prompt_tokens_cached: U64Counter,
+    /// `vllm:prompt_tokens_cached_by_source`, in the order of [`CACHE_HIT_SOURCES`].
+    pub prompt_tokens_cached_by_source: [U64Counter; 5],
     /// `vllm:generation_tokens`.
     pub generation_tokens: U64Counter,
+    /// `vllm:corrupted_requests`.
+    pub corrupted_requests: U64Counter,
     /// `vllm:request_success`, in the order of [`FINISH_REASONS`].
     pub finished: [U64Counter; 5],
     /// `vllm:request_prompt_tokens`.
@@ -376,6 +409,8 @@ pub struct EngineSeries {
     pub request_params_max_tokens: Histogram,
     /// `vllm:request_params_n`.
     pub request_params_n: Histogram,
+    /// `vllm:request_num_preemptions`.
+    pub request_num_preemptions: Histogram,
     /// `vllm:request_prefill_kv_computed_tokens`.
     pub request_prefill_kv_computed_tokens: Histogram,
     /// `vllm:time_to_first_token_seconds`.
@@ -401,10 +436,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_two_five_buckets_end_at_the_maximum() {
+    fn one_two_five_buckets_stop_at_the_maximum() {
+        assert_eq!(one_two_five_buckets(128), [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]);
         assert_eq!(one_two_five_buckets(100), [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]);
-        let bounds = one_two_five_buckets(131_072);
-        assert_eq!(bounds.len(), 17);
-        assert_eq!(&bounds[14..], [50_000.0, 100_000.0, 131_072.0]);
+        assert_eq!(one_two_five_buckets(131_072).last(), Some(&100_000.0));
     }
 }

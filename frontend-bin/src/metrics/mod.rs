@@ -38,12 +38,13 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    /// Metrics labelled with `model_name`, with series for the `engines`.
-    pub fn new(model_name: &str, engines: Range<u32>) -> Self {
+    /// Metrics labelled with `model_name`, with series for the `engines`,
+    /// the per-request token counts bucketed up to `max_model_len`.
+    pub fn new(model_name: &str, engines: Range<u32>, max_model_len: u64) -> Self {
         // The crate writes label values as they are: escape them as the format wants.
         let escaped = model_name.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
         let mut registry = Registry::default();
-        let families = Families::register(&mut registry);
+        let families = Families::register(&mut registry, max_model_len);
         let http = HttpMetrics::register(&mut registry);
         let series = engines.clone().map(|engine| families.series(&escaped, engine)).collect();
         Metrics { registry, first: engines.start, series, http }
@@ -74,6 +75,8 @@ impl Metrics {
         series.kv_cache_usage.set(stats.kv_cache_usage);
         series.prefix_cache_queries.inc_by(stats.prefix_cache_queries);
         series.prefix_cache_hits.inc_by(stats.prefix_cache_hits);
+        // Hits of the engine's own prefix cache are on the device.
+        series.prompt_tokens_cached_by_source[0].inc_by(stats.prefix_cache_hits);
     }
 
     /// One nonempty output batch of `engine` computed `tokens` (prompt and generated).
@@ -114,7 +117,7 @@ mod tests {
 
     #[test]
     fn scheduler_stats_set_gauges_and_add_prefix_lookups() {
-        let m = Metrics::new("toy", 0..2);
+        let m = Metrics::new("toy", 0..2, 128);
         let stats = SchedulerStats {
             num_running_reqs: 3,
             num_waiting_reqs: 4,
@@ -135,6 +138,8 @@ mod tests {
             r#"vllm:kv_cache_usage_perc{model_name="toy",engine="1"} 0.25"#,
             r#"vllm:prefix_cache_queries_total{model_name="toy",engine="1"} 40"#,
             r#"vllm:prefix_cache_hits_total{model_name="toy",engine="1"} 32"#,
+            r#"vllm:prompt_tokens_cached_by_source_total{model_name="toy",engine="1",source="device"} 32"#,
+            r#"vllm:prompt_tokens_cached_by_source_total{model_name="toy",engine="1",source="disk"} 0"#,
         ] {
             has(&text, line);
         }
@@ -143,13 +148,13 @@ mod tests {
 
     #[test]
     fn model_name_is_escaped_in_labels() {
-        let text = Metrics::new("a\"b\\c\nd", 0..1).render();
+        let text = Metrics::new("a\"b\\c\nd", 0..1, 128).render();
         has(&text, r#"vllm:num_requests_running{model_name="a\"b\\c\nd",engine="0"} 0"#);
     }
 
     #[test]
     fn a_request_is_timed_from_its_engine_events_and_counted_once() {
-        let metrics = Arc::new(Metrics::new("toy", 0..1));
+        let metrics = Arc::new(Metrics::new("toy", 0..1, 128));
         let times = EngineTimes::shared(40, Some(3));
         let mut clock = TokenClock::start(metrics.clone(), 0, times.clone(), 2, Instant::now());
         let series = metrics.of(0);
@@ -163,6 +168,7 @@ mod tests {
         let queued = [event(EngineEventKind::Queued, 10.0), event(EngineEventKind::Scheduled, 10.5)];
         let mut t = times.lock().unwrap();
         assert_eq!(t.observe_output(series, 11.0, 1, &queued, Some(&prefill)), 25);
+        t.note_nans(3);
         let preempted = [event(EngineEventKind::Preempted, 11.2), event(EngineEventKind::Scheduled, 11.4)];
         assert_eq!(t.observe_output(series, 12.0, 1, &preempted, None), 1);
         assert_eq!(t.observe_output(series, 13.0, 1, &[], None), 1);
@@ -203,6 +209,8 @@ mod tests {
             format!("vllm:request_generation_tokens_sum{{{labels}}} 3.0"),
             format!("vllm:request_params_max_tokens_sum{{{labels}}} 3.0"),
             format!("vllm:request_params_n_sum{{{labels}}} 2.0"),
+            format!("vllm:request_num_preemptions_sum{{{labels}}} 1.0"),
+            format!("vllm:corrupted_requests_total{{{labels}}} 1"),
             format!("vllm:e2e_request_latency_seconds_count{{{labels}}} 1"),
         ] {
             has(&text, &line);
@@ -211,7 +219,7 @@ mod tests {
 
     #[test]
     fn a_prompt_without_prefill_stats_counts_as_computed_and_an_unfinished_clock_as_aborted() {
-        let metrics = Arc::new(Metrics::new("toy", 0..1));
+        let metrics = Arc::new(Metrics::new("toy", 0..1, 128));
         let times = EngineTimes::shared(7, None);
         assert_eq!(times.lock().unwrap().observe_output(metrics.of(0), 1.0, 1, &[], None), 8);
         drop(TokenClock::start(metrics.clone(), 0, times, 1, Instant::now()));

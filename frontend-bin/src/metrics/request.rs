@@ -22,6 +22,8 @@ pub struct EngineTimes {
     last_token: f64,
     cached_tokens: u64,
     prefilling: bool,
+    preemptions: u32,
+    corrupted: bool,
 }
 
 /// [`EngineTimes`] shared by the engine client and the request's handler.
@@ -39,6 +41,8 @@ impl EngineTimes {
             last_token: 0.0,
             cached_tokens: 0,
             prefilling: true,
+            preemptions: 0,
+            corrupted: false,
         }))
     }
 
@@ -61,7 +65,10 @@ impl EngineTimes {
                 EngineEventKind::Queued => self.queued = event.timestamp,
                 EngineEventKind::Scheduled if self.scheduled == 0.0 => self.scheduled = event.timestamp,
                 EngineEventKind::Scheduled => {}
-                EngineEventKind::Preempted => series.num_preemptions.inc(),
+                EngineEventKind::Preempted => {
+                    self.preemptions += 1;
+                    series.num_preemptions.inc();
+                }
             }
         }
         if let Some(prefill) = prefill {
@@ -82,6 +89,12 @@ impl EngineTimes {
         }
         self.last_token = batch_timestamp;
         computed
+    }
+
+    /// The engine found `nans` NaNs in the logits of an output: the request
+    /// counts as corrupted when it finishes.
+    pub fn note_nans(&mut self, nans: u32) {
+        self.corrupted |= nans > 0;
     }
 
     /// Counts the prompt by source; returns the tokens computed for it. An
@@ -114,6 +127,10 @@ impl EngineTimes {
             series.request_params_max_tokens.observe(max_tokens as f64);
         }
         series.request_params_n.observe(f64::from(n));
+        series.request_num_preemptions.observe(f64::from(self.preemptions));
+        if self.corrupted {
+            series.corrupted_requests.inc();
+        }
         series.request_prefill_kv_computed_tokens.observe(self.prompt_tokens.saturating_sub(self.cached_tokens) as f64);
         series.queue_time.observe(between(self.scheduled, self.queued));
         series.prefill_time.observe(between(self.first_token, self.scheduled));

@@ -249,12 +249,14 @@ class EngineCore:
         return outputs
 
     def _take_prefill_stats(self, request: Request) -> PrefillStats | None:
-        """The request's `PrefillStats` with its first output (when stats are
-        logged, as vLLM sends them), None after."""
-        if request.sent_prefill_stats or not self.config.log_stats:
+        """The request's `PrefillStats` with its first output, None after (as
+        vLLM sends them: whatever preemptions came between, they describe its
+        first prefill)."""
+        if request.sent_prefill_stats:
             return None
         request.sent_prefill_stats = True
-        return PrefillStats.of(request.num_prompt_tokens, request.num_cached_tokens)
+        in_cache = len(request.block_hashes) * self.config.cache_config.block_size
+        return PrefillStats.of(request.num_prompt_tokens, request.num_cached_tokens, in_cache)
 
     def take_finished(self, client_index: int) -> list[str]:
         """Ids of `client_index`'s requests that finished (any reason,
