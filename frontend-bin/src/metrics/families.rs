@@ -36,7 +36,7 @@ pub const ITERATION_TOKENS_BUCKETS: &[f64] =
 pub fn one_two_five_buckets(max: u64) -> Vec<f64> {
     (0..20)
         .map(|exponent| 10u64.saturating_pow(exponent))
-        .flat_map(|scale| [1, 2, 5].map(|mantissa| mantissa.saturating_mul(scale)))
+        .flat_map(|scale| [1u64, 2, 5].map(|mantissa| mantissa.saturating_mul(scale)))
         .take_while(|&bound| bound <= max)
         .map(|bound| bound as f64)
         .collect()
