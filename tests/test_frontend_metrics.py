@@ -80,7 +80,7 @@ def test_every_family_of_vllms_frontend_is_served_with_its_type_labels_and_bucke
     serve, _ = served
     ours = scrape(serve).families
     expected = {n: f for n, f in vllm_families().items() if not n.startswith(tuple(NOT_SERVED))}
-    assert len(expected) >= 40
+    assert len(expected) == 33, sorted(expected)
     missing = sorted(set(expected) - set(ours))
     assert not missing, f"families vLLM 0.33 serves and we do not: {missing}"
     for name, theirs in expected.items():
