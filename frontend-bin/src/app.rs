@@ -207,11 +207,13 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
     let max_model_len = registrations.iter().filter_map(|r| r.max_model_len).chain(config.max_model_len).min();
 
     let settings = EngineSettings { limits, stall_timeout: config.engine_stall_timeout };
-    let engines = EngineClient::start(input_socket, output, start, count, 0, settings);
+    // Without a length from the engines or the config, vLLM's default bound.
+    let bucket_bound = max_model_len.unwrap_or(131_072);
+    let metrics = Arc::new(Metrics::new(config.primary_model_name(), start..start + count, bucket_bound));
+    let engines = EngineClient::start(input_socket, output, start, count, 0, settings, metrics.clone());
     if let Some(address) = coordinator {
         follow_coordinator(address, engines.clone());
     }
-    let metrics = Arc::new(Metrics::new(config.primary_model_name(), engines.engine_indices()));
     if !config.disable_log_stats {
         tokio::spawn(log_stats_forever(metrics.clone(), engines.clone(), config.log_stats_interval));
     }

@@ -142,9 +142,10 @@ impl Generation {
         stop_strings: Vec<String>,
         prompt_tokens: usize,
         metrics: Arc<Metrics>,
+        n: u32,
         started: Instant,
     ) -> Self {
-        let clock = TokenClock::start(metrics, stream.engine(), prompt_tokens, started);
+        let clock = TokenClock::start(metrics, stream.engine(), stream.times(), n, started);
         Generation { stream, decoder, stops: StopStrings::new(stop_strings), prompt_tokens, clock, scoring: None }
     }
 

@@ -217,3 +217,66 @@ def test_structured_outputs_encoded_by_vllm_are_enforced():
             )
     assert json.loads(text["json"])["n"] <= 9
     assert text["choice"] in (b"alpha", b"beta") and len(text["regex"]) == 4 and text["regex"].isdigit()
+
+
+def struct_fields(cls) -> list[str]:
+    """A msgspec Struct's or a dataclass's field names, in wire order."""
+    import dataclasses
+
+    return list(getattr(cls, "__struct_fields__", None) or [f.name for f in dataclasses.fields(cls)])
+
+
+def test_prefill_stats_decode_as_vllms_with_the_prompts_sources():
+    from vllm.v1.metrics.stats import PrefillStats as VllmPrefillStats
+    from vllm_rs.engine.stats import PrefillStats
+
+    assert struct_fields(PrefillStats) == struct_fields(VllmPrefillStats)
+    core = EngineCore(make_engine_config("toy", max_model_len=128, num_gpu_blocks=8, block_size=16))
+    prompt = b"The quick brown fox jumps over the lazy d"  # 41 tokens: 2 full blocks can be cached
+    seen = {}
+    for request_id in ("cold", "warm"):
+        core.add_request(OurRequest.from_wire(unpack(ENCODE.encode(vllm_request(request_id, prompt, max_tokens=3))[0])))
+        stats = []
+        while core.has_work():
+            (output,) = decode(OurOutputs(0, [o for _, o in core.step()])).outputs
+            stats.append(output.prefill_stats)
+        assert all(s is None for s in stats[1:]) and len(stats) == 3, stats
+        assert isinstance(stats[0], VllmPrefillStats)
+        seen[request_id] = stats[0]
+    as_tuple = lambda s: tuple(getattr(s, f) for f in struct_fields(VllmPrefillStats))  # noqa: E731
+    # prompt, computed, cached (local + external), local, external, written to
+    # the prefix cache: the cold prompt fills 2 blocks, the warm one finds them.
+    assert as_tuple(seen["cold"]) == (41, 41, 0, 0, 0, 32)
+    assert as_tuple(seen["warm"]) == (41, 9, 32, 32, 0, 0)
+
+
+def test_a_full_cache_preempts_the_request_admitted_last_and_vllm_reads_the_event():
+    core = EngineCore(make_engine_config("toy", max_model_len=128, num_gpu_blocks=8, block_size=16))
+
+    def add(request_id: str, prompt: bytes) -> None:
+        request = vllm_request(request_id, prompt, max_tokens=90, ignore_eos=True)
+        core.add_request(OurRequest.from_wire(unpack(ENCODE.encode(request)[0])))
+
+    events: dict[str, list] = {"first": [], "second": []}
+    tokens = {"first": 0, "second": 0}
+    stats = []
+
+    def step() -> None:
+        message = decode(OurOutputs(0, [o for _, o in core.step()], core.scheduler_stats().to_wire()))
+        stats.append(message.scheduler_stats)
+        for output in message.outputs:
+            events[output.request_id] += [e.type for e in output.events or []]
+            tokens[output.request_id] += len(output.new_token_ids)
+
+    add("first", b"a" * 30)  # 30 + 90 tokens: the whole cache of 8 blocks of 16
+    step()
+    add("second", b"b" * 30)
+    while core.has_work():
+        step()
+    assert tokens == {"first": 90, "second": 90}
+    Q, S, P = EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED, EngineCoreEventType.PREEMPTED  # noqa: N806
+    assert events["first"] == [Q, S]
+    assert events["second"][:3] == [Q, S, P] and events["second"][3] == S and P in events["second"]
+    assert core.scheduler.num_preemptions == events["second"].count(P) >= 1
+    assert max(s.kv_cache_usage for s in stats) == 1.0
+    assert any(s.num_waiting_reqs == 1 for s in stats) and stats[-1].num_running_reqs == 0

@@ -108,8 +108,8 @@ mod tests {
     #[test]
     fn waiting_requests_weigh_three_times() {
         let b = Balancer::new(2);
-        b.engine(0).record_stats(SchedulerStats { num_running_reqs: 4, num_waiting_reqs: 0 });
-        b.engine(1).record_stats(SchedulerStats { num_running_reqs: 1, num_waiting_reqs: 1 });
+        b.engine(0).record_stats(SchedulerStats { num_running_reqs: 4, num_waiting_reqs: 0, ..Default::default() });
+        b.engine(1).record_stats(SchedulerStats { num_running_reqs: 1, num_waiting_reqs: 1, ..Default::default() });
         assert_eq!(b.engine(0).score(), 4);
         assert_eq!(b.engine(1).score(), 5);
         assert_eq!(b.choose(), 0);

@@ -23,6 +23,7 @@ use super::protocol::{
 };
 use super::zmtp::{handshake, pong_frame, FrameLimits, Incoming};
 use crate::listener::{accept_engine_connections, AcceptedStream, PendingPermit, StreamListener};
+use crate::metrics::{EngineTimes, Metrics, SharedTimes};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -87,6 +88,8 @@ struct RequestSlot {
     inbox: Arc<Inbox>,
     /// Tokens the request may still receive (its `max_tokens`), when bounded.
     tokens_left: Option<u64>,
+    /// What its engine reported, for its metrics.
+    times: SharedTimes,
 }
 
 impl Drop for RequestSlot {
@@ -144,6 +147,8 @@ struct Shared {
     /// in milliseconds since `epoch`.
     last_heard_ms: Vec<AtomicU64>,
     epoch: Instant,
+    /// Where the engines' stats and request outputs are counted.
+    metrics: Arc<Metrics>,
 }
 
 /// Handle to the engines of this frontend. Cheap to clone.
@@ -154,8 +159,9 @@ pub struct EngineClient {
 
 impl EngineClient {
     /// Starts reading engine outputs from `output` (the `input_socket` has seen
-    /// every engine register), watching for a lost or hung engine. Must be
-    /// called from inside the tokio runtime.
+    /// every engine register), watching for a lost or hung engine, counting
+    /// what the engines report in `metrics`. Must be called from inside the
+    /// tokio runtime.
     pub fn start(
         input_socket: Arc<EngineInputSocket>,
         output: StreamListener,
@@ -163,6 +169,7 @@ impl EngineClient {
         engine_count: u32,
         client_index: u32,
         settings: EngineSettings,
+        metrics: Arc<Metrics>,
     ) -> Self {
         let mut lost_engine = input_socket.lost_engine();
         let shared = Arc::new(Shared {
@@ -179,6 +186,7 @@ impl EngineClient {
             stopping: AtomicBool::new(false),
             last_heard_ms: (0..engine_count).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
+            metrics,
         });
         let for_outputs = shared.clone();
         tokio::spawn(async move {
@@ -233,11 +241,9 @@ impl EngineClient {
         let inbox = Arc::new(Inbox::default());
         let request_id = request.request_id.clone();
         let tokens_left = request.sampling.max_tokens;
-        shared
-            .requests
-            .lock()
-            .unwrap()
-            .insert(request_id.clone(), RequestSlot { slot, inbox: inbox.clone(), tokens_left });
+        let times = EngineTimes::shared(request.prompt_token_ids.len(), tokens_left);
+        let entry = RequestSlot { slot, inbox: inbox.clone(), tokens_left, times: times.clone() };
+        shared.requests.lock().unwrap().insert(request_id.clone(), entry);
         if shared.balancer.engine(slot).inflight() == 0 {
             // An idle engine owes nothing: its stall clock starts now.
             shared.heard_from(slot);
@@ -246,7 +252,7 @@ impl EngineClient {
         let engine = shared.start_index + slot as u32;
         let payload = encode_add(&request, shared.current_wave.load(Ordering::Relaxed));
         shared.send(InputCommand { engine, kind: REQUEST_ADD, payload, request_id: Some(&request_id) });
-        Ok(RequestStream { request_id, engine, inbox, shared: shared.clone(), done: false })
+        Ok(RequestStream { request_id, engine, inbox, times, shared: shared.clone(), done: false })
     }
 
     /// Calls `method` on engine `engine` and waits at most `timeout` for its reply.
@@ -286,6 +292,7 @@ impl EngineClient {
                 load.record_stats(SchedulerStats {
                     num_running_reqs: counts.running,
                     num_waiting_reqs: counts.waiting,
+                    ..Default::default()
                 });
             }
         }
@@ -322,13 +329,6 @@ impl EngineClient {
     /// Requests in flight over all engines.
     pub fn inflight(&self) -> u64 {
         self.shared.balancer.total_inflight()
-    }
-
-    /// Requests in flight on `engine` (0 for one this frontend does not serve).
-    pub fn inflight_of(&self, engine: u32) -> u64 {
-        let slot = engine.checked_sub(self.shared.start_index).map(|slot| slot as usize);
-        let engines = self.shared.balancer.engines();
-        slot.and_then(|slot| engines.get(slot)).map_or(0, |load| load.inflight())
     }
 
     /// Stops taking requests; the ones in flight go on.
@@ -438,8 +438,9 @@ impl Shared {
             }
         }
         match message {
-            OutputsMessage::Batch { engine_index, outputs, stats, finished_requests } => {
+            OutputsMessage::Batch { engine_index, outputs, timestamp, stats, finished_requests } => {
                 if let Some(stats) = stats {
+                    self.metrics.record_scheduler_stats(engine_index, &stats);
                     if let Some(load) = engine_index
                         .checked_sub(self.start_index)
                         .and_then(|slot| self.balancer.engines().get(slot as usize))
@@ -447,7 +448,7 @@ impl Shared {
                         load.record_stats(stats);
                     }
                 }
-                self.dispatch_outputs(outputs, finished_requests);
+                self.dispatch_outputs(engine_index, timestamp, outputs, finished_requests);
             }
             OutputsMessage::Utility { engine_index, reply } => self.dispatch_utility(engine_index, reply),
             OutputsMessage::Wave { engine_index, .. } => {
@@ -459,7 +460,15 @@ impl Shared {
         }
     }
 
-    fn dispatch_outputs(&self, outputs: Vec<EngineOutput<'_>>, finished_requests: Vec<&str>) {
+    fn dispatch_outputs(
+        &self,
+        engine_index: u32,
+        timestamp: f64,
+        outputs: Vec<EngineOutput<'_>>,
+        finished_requests: Vec<&str>,
+    ) {
+        let series = self.metrics.of(engine_index);
+        let mut computed = 0;
         let mut overran = Vec::new();
         let mut requests = self.requests.lock().unwrap();
         for output in outputs {
@@ -496,6 +505,11 @@ impl Shared {
                     *left -= tokens.len() as u64;
                 }
             }
+            let mut times = entry.times.lock().unwrap();
+            times.note_nans(output.num_nans_in_logits);
+            computed +=
+                times.observe_output(series, timestamp, tokens.len(), &output.events, output.prefill_stats.as_ref());
+            drop(times);
             entry.inbox.push_scored_output(tokens, logprobs, output.prompt_logprobs, finish_reason, stop_reason);
             if finish_reason.is_some() {
                 if let Some(entry) = requests.remove(output.request_id) {
@@ -511,6 +525,7 @@ impl Shared {
             }
         }
         drop(requests);
+        self.metrics.record_iteration(engine_index, computed);
         for (slot, request_id) in overran {
             self.send_abort(slot, request_id);
         }
@@ -607,6 +622,7 @@ pub struct RequestStream {
     request_id: String,
     engine: u32,
     inbox: Arc<Inbox>,
+    times: SharedTimes,
     shared: Arc<Shared>,
     done: bool,
 }
@@ -620,6 +636,11 @@ impl RequestStream {
     /// The engine that serves this request.
     pub fn engine(&self) -> u32 {
         self.engine
+    }
+
+    /// What its engine reported so far, for its metrics.
+    pub fn times(&self) -> SharedTimes {
+        self.times.clone()
     }
 
     /// Everything that arrived since the previous call, as one event (waits

@@ -4,13 +4,14 @@
 use super::logprob_rows::{read_rows, LogprobRows};
 use super::msgpack::{Cursor, ReadError};
 use super::protocol::{
-    EngineOutput, EngineRequest, FinishReason, OutputsMessage, Registration, RequestError, SamplingParams,
-    SchedulerStats, StopReason, TokenIds, UtilityReply, ENGINE_CORE_DEAD,
+    EngineEvent, EngineEventKind, EngineOutput, EngineRequest, FinishReason, OutputsMessage, PrefillStats,
+    Registration, RequestError, SamplingParams, SchedulerStats, StopReason, TokenIds, UtilityReply, ENGINE_CORE_DEAD,
 };
 use bytes::Bytes;
 use rmp::encode;
 use rmpv::Value;
 use serde::{Serialize, Serializer};
+use smallvec::SmallVec;
 
 /// Why an outputs message could not be used.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -248,9 +249,10 @@ pub fn decode_outputs<'a>(frame: &'a [u8], aux: &'a [Bytes]) -> Result<OutputsMe
         }
     }
     let stats = slots.present()?.map(decode_stats).transpose()?;
-    if let Some(c) = slots.present()? {
-        c.skip().map_err(at("timestamp"))?;
-    }
+    let timestamp = match slots.present()? {
+        Some(c) => c.read_f64().map_err(at("timestamp"))?,
+        None => 0.0,
+    };
     let utility = slots.present()?.map(decode_utility).transpose()?;
     let mut finished_requests = Vec::new();
     if let Some(c) = slots.present()? {
@@ -269,7 +271,7 @@ pub fn decode_outputs<'a>(frame: &'a [u8], aux: &'a [Bytes]) -> Result<OutputsMe
     let is_batch = !outputs.is_empty() || stats.is_some() || !finished_requests.is_empty();
     let is_wave = wave_complete.is_some() || start_wave.is_some();
     match (is_batch, utility, is_wave) {
-        (true, None, false) => Ok(OutputsMessage::Batch { engine_index, outputs, stats, finished_requests }),
+        (true, None, false) => Ok(OutputsMessage::Batch { engine_index, outputs, timestamp, stats, finished_requests }),
         (false, Some(reply), false) => Ok(OutputsMessage::Utility { engine_index, reply }),
         (false, None, true) => Ok(OutputsMessage::Wave { engine_index, wave_complete, start_wave }),
         (false, None, false) => Err(DecodeError::Protocol(format!("empty outputs message from engine {engine_index}"))),
@@ -330,14 +332,129 @@ fn decode_output<'a>(cursor: &mut Cursor<'a>, aux: &'a [Bytes]) -> Result<Engine
         Some(c) if c.next_is_str() => Some(StopReason::Text(c.read_str().map_err(at("stop_reason"))?.to_owned())),
         Some(c) => Some(StopReason::Token(c.read_i64().map_err(at("stop_reason"))?)),
     };
-    while slots.next < ERROR_SLOT.min(slots.len) {
+    let events = match slots.present()? {
+        Some(c) => decode_events(c)?,
+        None => SmallVec::new(),
+    };
+    skip_slots_until(&mut slots, PREFILL_STATS_SLOT)?;
+    let prefill_stats = slots.present()?.map(decode_prefill_stats).transpose()?;
+    skip_slots_until(&mut slots, NUM_NANS_SLOT)?;
+    let num_nans_in_logits = match slots.present()? {
+        Some(c) => c.read_u32().map_err(at("num_nans_in_logits"))?,
+        None => 0,
+    };
+    skip_slots_until(&mut slots, ERROR_SLOT)?;
+    let error = slots.present()?.map(decode_request_error).transpose()?;
+    slots.finish()?;
+    Ok(EngineOutput {
+        request_id,
+        new_token_ids,
+        logprobs,
+        prompt_logprobs,
+        finish_reason,
+        stop_reason,
+        error,
+        events,
+        prefill_stats,
+        num_nans_in_logits,
+    })
+}
+
+/// Skips the slots before `slot` (those present and not read).
+fn skip_slots_until(slots: &mut Slots<'_, '_>, slot: usize) -> Result<(), DecodeError> {
+    while slots.next < slot.min(slots.len) {
         if let Some(c) = slots.present()? {
             c.skip().map_err(at("EngineCoreOutput"))?;
         }
     }
-    let error = slots.present()?.map(decode_request_error).transpose()?;
-    slots.finish()?;
-    Ok(EngineOutput { request_id, new_token_ids, logprobs, prompt_logprobs, finish_reason, stop_reason, error })
+    Ok(())
+}
+
+/// Slot of `prefill_stats` in an EngineCoreOutput.
+const PREFILL_STATS_SLOT: usize = 11;
+/// Slot of `num_nans_in_logits` in an EngineCoreOutput.
+const NUM_NANS_SLOT: usize = 13;
+
+/// Reads the fields of a struct msgspec wrote as a map (by name) or as an
+/// array (by position in `fields`), handing each to `field` by index.
+fn read_struct(
+    cursor: &mut Cursor<'_>,
+    what: &'static str,
+    fields: &[&str],
+    mut field: impl FnMut(usize, &mut Cursor<'_>) -> Result<(), DecodeError>,
+) -> Result<(), DecodeError> {
+    if let Ok(len) = cursor.clone().read_array_len() {
+        cursor.read_array_len().map_err(at(what))?;
+        for i in 0..len {
+            if i < fields.len() && !cursor.clone().read_nil().map_err(at(what))? {
+                field(i, cursor)?;
+            } else {
+                cursor.skip().map_err(at(what))?;
+            }
+        }
+        return Ok(());
+    }
+    let entries = cursor.read_map_len().map_err(at(what))?;
+    for _ in 0..entries {
+        let key = if cursor.next_is_str() { Some(cursor.read_str().map_err(at(what))?) } else { None };
+        match key.and_then(|key| fields.iter().position(|f| *f == key)) {
+            Some(i) if !cursor.clone().read_nil().map_err(at(what))? => field(i, cursor)?,
+            Some(_) => cursor.skip().map_err(at(what))?,
+            None => {
+                if key.is_none() {
+                    cursor.skip().map_err(at(what))?;
+                }
+                cursor.skip().map_err(at(what))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// vLLM's `events`: `EngineCoreEvent`s (`type`, `timestamp`); kinds this
+/// frontend does not know are skipped.
+fn decode_events(cursor: &mut Cursor<'_>) -> Result<SmallVec<[EngineEvent; 2]>, DecodeError> {
+    let count = cursor.read_array_len().map_err(at("events"))?;
+    let mut events = SmallVec::new();
+    for _ in 0..count {
+        let (mut code, mut timestamp) = (0, 0.0);
+        read_struct(cursor, "events", &["type", "timestamp"], |i, c| {
+            match i {
+                0 => code = c.read_i64().map_err(at("events.type"))?,
+                _ => timestamp = c.read_f64().map_err(at("events.timestamp"))?,
+            }
+            Ok(())
+        })?;
+        if let Some(kind) = EngineEventKind::from_code(code) {
+            events.push(EngineEvent { kind, timestamp });
+        }
+    }
+    Ok(events)
+}
+
+/// vLLM's `PrefillStats`.
+fn decode_prefill_stats(cursor: &mut Cursor<'_>) -> Result<PrefillStats, DecodeError> {
+    const FIELDS: [&str; 5] = [
+        "num_prompt_tokens",
+        "num_computed_tokens",
+        "num_cached_tokens",
+        "num_local_cached_tokens",
+        "num_external_cached_tokens",
+    ];
+    let mut values = [0u64; 5];
+    read_struct(cursor, "prefill_stats", &FIELDS, |i, c| {
+        values[i] = c.read_u64().map_err(at("prefill_stats"))?;
+        Ok(())
+    })?;
+    let [num_prompt_tokens, num_computed_tokens, num_cached_tokens, num_local_cached_tokens, num_external_cached_tokens] =
+        values;
+    Ok(PrefillStats {
+        num_prompt_tokens,
+        num_computed_tokens,
+        num_cached_tokens,
+        num_local_cached_tokens,
+        num_external_cached_tokens,
+    })
 }
 
 /// Slot of `error` (a `RequestError`) in an EngineCoreOutput.
@@ -376,6 +493,20 @@ fn decode_stats(cursor: &mut Cursor<'_>) -> Result<SchedulerStats, DecodeError> 
         match key {
             Some("num_running_reqs") => stats.num_running_reqs = cursor.read_u64().map_err(at("num_running_reqs"))?,
             Some("num_waiting_reqs") => stats.num_waiting_reqs = cursor.read_u64().map_err(at("num_waiting_reqs"))?,
+            Some("num_skipped_waiting_reqs") => {
+                stats.num_skipped_waiting_reqs = cursor.read_u64().map_err(at("num_skipped_waiting_reqs"))?
+            }
+            Some("kv_cache_usage") => stats.kv_cache_usage = cursor.read_f64().map_err(at("kv_cache_usage"))?,
+            Some("prefix_cache_stats") if !cursor.clone().read_nil().map_err(at("prefix_cache_stats"))? => {
+                read_struct(cursor, "prefix_cache_stats", &["queries", "hits"], |i, c| {
+                    let value = c.read_u64().map_err(at("prefix_cache_stats"))?;
+                    match i {
+                        0 => stats.prefix_cache_queries = value,
+                        _ => stats.prefix_cache_hits = value,
+                    }
+                    Ok(())
+                })?
+            }
             _ => cursor.skip().map_err(at("scheduler_stats"))?,
         }
     }
@@ -561,7 +692,11 @@ mod tests {
                 finish_reason: None,
                 stop_reason: None,
                 error: None,
+                events: SmallVec::new(),
+                prefill_stats: None,
+                num_nans_in_logits: 0,
             }],
+            timestamp: 0.0,
             stats: None,
             finished_requests: vec![],
         };
@@ -584,7 +719,7 @@ mod tests {
             &[0xc0, 0x91],
             &fixstr("r"),
         ]);
-        let OutputsMessage::Batch { engine_index, outputs, stats, finished_requests } =
+        let OutputsMessage::Batch { engine_index, outputs, timestamp, stats, finished_requests } =
             decode_outputs(&bytes, &[]).unwrap()
         else {
             panic!("expected a batch")
@@ -592,8 +727,68 @@ mod tests {
         assert_eq!(engine_index, 1);
         assert_eq!(outputs[0].finish_reason, Some(FinishReason::Stop));
         assert_eq!(outputs[0].stop_reason, Some(StopReason::Token(9)));
-        assert_eq!(stats, Some(SchedulerStats { num_running_reqs: 2, num_waiting_reqs: 3 }));
-        assert_eq!(finished_requests, vec!["r"]);
+        assert_eq!(stats, Some(SchedulerStats { num_running_reqs: 2, num_waiting_reqs: 3, ..Default::default() }));
+        assert_eq!((timestamp, finished_requests), (1.5, vec!["r"]));
+    }
+
+    #[test]
+    fn events_prefill_stats_and_scheduler_stats_are_decoded() {
+        let event = |kind: i64, at: f64| {
+            Value::Map(vec![(Value::from("type"), Value::from(kind)), (Value::from("timestamp"), Value::F64(at))])
+        };
+        let mut output: Vec<Value> = vec![Value::from("r"), Value::Array(vec![Value::from(7)])];
+        output.extend([Value::Nil, Value::Nil, Value::Nil, Value::Nil, Value::Nil]);
+        // QUEUED, SCHEDULED, an unknown kind (skipped), PREEMPTED.
+        output.push(Value::Array(vec![event(1, 1.0), event(2, 1.25), event(9, 1.3), event(3, 1.5)]));
+        output.extend([Value::Nil, Value::Nil, Value::Nil]);
+        // PrefillStats as an array (msgspec's array_like) in slot 11, then 2 NaNs in slot 13.
+        output.push(Value::Array([40, 24, 16, 16, 0].map(Value::from).to_vec()));
+        output.extend([Value::Nil, Value::from(2)]);
+        let stats = Value::Map(vec![
+            (Value::from("num_running_reqs"), Value::from(1)),
+            (Value::from("num_waiting_reqs"), Value::from(3)),
+            (Value::from("num_skipped_waiting_reqs"), Value::from(1)),
+            (Value::from("kv_cache_usage"), Value::F32(0.5)),
+            (
+                Value::from("prefix_cache_stats"),
+                Value::Map(vec![
+                    (Value::from("reset"), Value::from(false)),
+                    (Value::from("queries"), Value::from(48)),
+                    (Value::from("hits"), Value::from(32)),
+                    (Value::from("hits_by_source"), Value::Map(vec![])),
+                ]),
+            ),
+        ]);
+        let message =
+            Value::Array(vec![Value::from(0), Value::Array(vec![Value::Array(output)]), stats, Value::from(2)]);
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, &message).unwrap();
+        let OutputsMessage::Batch { outputs, timestamp, stats, .. } = decode_outputs(&bytes, &[]).unwrap() else {
+            panic!("expected a batch")
+        };
+        let kinds: Vec<_> = outputs[0].events.iter().map(|e| (e.kind, e.timestamp)).collect();
+        assert_eq!(
+            kinds,
+            [(EngineEventKind::Queued, 1.0), (EngineEventKind::Scheduled, 1.25), (EngineEventKind::Preempted, 1.5)]
+        );
+        let prefill = PrefillStats {
+            num_prompt_tokens: 40,
+            num_computed_tokens: 24,
+            num_cached_tokens: 16,
+            num_local_cached_tokens: 16,
+            num_external_cached_tokens: 0,
+        };
+        assert_eq!((outputs[0].prefill_stats, outputs[0].num_nans_in_logits), (Some(prefill), 2));
+        assert_eq!(timestamp, 2.0);
+        let expected = SchedulerStats {
+            num_running_reqs: 1,
+            num_waiting_reqs: 3,
+            num_skipped_waiting_reqs: 1,
+            kv_cache_usage: 0.5,
+            prefix_cache_queries: 48,
+            prefix_cache_hits: 32,
+        };
+        assert_eq!(stats, Some(expected));
     }
 
     #[test]

@@ -160,6 +160,22 @@ impl<'a> Cursor<'a> {
         u64::try_from(n).or_else(|_| err(format!("integer {n} out of range for u64")))
     }
 
+    /// A number as f64: a float of either width, or an integer (msgpack
+    /// writers send `0.0` and `0` alike for a float field).
+    pub fn read_f64(&mut self) -> ReadResult<f64> {
+        match self.peek_marker()? {
+            Marker::F32 => {
+                self.pos += 1;
+                Ok(f64::from(f32::from_bits(self.be(4)? as u32)))
+            }
+            Marker::F64 => {
+                self.pos += 1;
+                Ok(f64::from_bits(self.be(8)?))
+            }
+            _ => self.read_integer().map(|n| n as f64),
+        }
+    }
+
     /// A UTF-8 string, borrowed.
     pub fn read_str(&mut self) -> ReadResult<&'a str> {
         let len = match self.peek_marker()? {

@@ -152,6 +152,61 @@ pub struct EngineOutput<'a> {
     pub stop_reason: Option<StopReason>,
     /// Why the engine refused the request (sent with finish reason ERROR).
     pub error: Option<RequestError>,
+    /// The request's lifecycle events since its previous output.
+    pub events: SmallVec<[EngineEvent; 2]>,
+    /// How its prompt was filled, with its first token (`prefill_stats`).
+    pub prefill_stats: Option<PrefillStats>,
+    /// NaNs the engine found in its logits (more than 0: corrupted).
+    pub num_nans_in_logits: u32,
+}
+
+/// What happened to a request in its engine (vLLM's `EngineCoreEventType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineEventKind {
+    /// It joined the waiting queue.
+    Queued,
+    /// It was scheduled (again, after a preemption).
+    Scheduled,
+    /// It was preempted: its KV cache freed, to be computed again later.
+    Preempted,
+}
+
+impl EngineEventKind {
+    /// The kind for a wire code (QUEUED=1, SCHEDULED=2, PREEMPTED=3).
+    pub fn from_code(code: i64) -> Option<Self> {
+        Some(match code {
+            1 => EngineEventKind::Queued,
+            2 => EngineEventKind::Scheduled,
+            3 => EngineEventKind::Preempted,
+            _ => return None,
+        })
+    }
+}
+
+/// One timestamped request event (vLLM's `EngineCoreEvent`); `timestamp` is
+/// the engine's monotonic clock, comparable only with that engine's others.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EngineEvent {
+    /// What happened.
+    pub kind: EngineEventKind,
+    /// When, in engine seconds.
+    pub timestamp: f64,
+}
+
+/// How a request's prompt was filled (vLLM's `PrefillStats`): computed here,
+/// found in the local prefix cache, or received from another instance.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefillStats {
+    /// Prompt tokens in all.
+    pub num_prompt_tokens: u64,
+    /// Prompt tokens computed.
+    pub num_computed_tokens: u64,
+    /// Prompt tokens not computed: local plus external cache hits.
+    pub num_cached_tokens: u64,
+    /// Prompt tokens found in the local prefix cache.
+    pub num_local_cached_tokens: u64,
+    /// Prompt tokens transferred from elsewhere (a KV connector).
+    pub num_external_cached_tokens: u64,
 }
 
 /// vLLM's `RequestError`: a request-level failure that leaves the engine
@@ -166,13 +221,23 @@ pub struct RequestError {
     pub retryable: bool,
 }
 
-/// The part of an engine's scheduler stats used for load balancing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The part of an engine's scheduler stats the frontend uses: the counts
+/// steer load balancing, and all of it feeds `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SchedulerStats {
     /// Requests running in the engine.
     pub num_running_reqs: u64,
-    /// Requests waiting in the engine.
+    /// Requests waiting in the engine for capacity.
     pub num_waiting_reqs: u64,
+    /// Waiting requests deferred by a transient constraint instead (not
+    /// among `num_waiting_reqs`).
+    pub num_skipped_waiting_reqs: u64,
+    /// Fraction of the KV cache in use, 0 to 1.
+    pub kv_cache_usage: f64,
+    /// Prompt tokens looked up in the prefix cache since the previous stats.
+    pub prefix_cache_queries: u64,
+    /// Of those, the tokens found cached.
+    pub prefix_cache_hits: u64,
 }
 
 /// The reply to a UTILITY call.
@@ -195,6 +260,8 @@ pub enum OutputsMessage<'a> {
         engine_index: u32,
         /// Per-request outputs.
         outputs: Vec<EngineOutput<'a>>,
+        /// When the engine sent it (its monotonic clock, seconds).
+        timestamp: f64,
         /// Scheduler stats, when sent.
         stats: Option<SchedulerStats>,
         /// Ids of requests the engine finished.

@@ -141,8 +141,9 @@ impl VllmEngine for Servicer {
         let (streams, prompt) = self.submit(&request_id, mapped)?;
         let has_stops = stop.iter().any(|s| !s.is_empty());
         let call = Call { streaming, prompt: prompt.into(), aborted, entry };
+        let n = streams.len() as u32;
         let choices = (0..).zip(streams).map(|(index, stream)| {
-            let clock = TokenClock::start(self.state.metrics.clone(), stream.engine(), call.prompt.len(), started);
+            let clock = TokenClock::start(self.state.metrics.clone(), stream.engine(), stream.times(), n, started);
             let stop_strings = has_stops.then(|| {
                 (StopStrings::new(stop.clone()), self.state.tokenizer.decoder(&call.prompt, DecodeOptions::default()))
             });

@@ -64,7 +64,7 @@ pub async fn version() -> Response {
 
 /// `GET /metrics`: OpenMetrics text.
 pub async fn metrics(State(state): State<SharedState>) -> Response {
-    let body = state.metrics.render(|engine| state.engines.inflight_of(engine));
+    let body = state.metrics.render();
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()
 }
 

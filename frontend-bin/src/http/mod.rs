@@ -60,6 +60,7 @@ pub fn routes(state: SharedState) -> Router {
         .layer(middleware::from_fn_with_state(cors, cors::apply_cors))
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key))
         .layer(middleware::from_fn_with_state(state.clone(), body_deadline::limit_body_time))
+        .layer(middleware::from_fn_with_state(state.metrics.clone(), crate::metrics::http::record_http))
         .with_state(state);
     if request_id_headers {
         app = app.layer(middleware::from_fn(request_id::add_request_id));

@@ -181,7 +181,8 @@ pub fn submit(
             SubmitError::RankOutOfRange { .. } => ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, e.to_string()),
             SubmitError::Unavailable(why) => ApiError::unavailable(why),
         })?;
-        let generation = Generation::new(stream, decoder, stop, prompt_len as usize, state.metrics.clone(), started);
+        let metrics = state.metrics.clone();
+        let generation = Generation::new(stream, decoder, stop, prompt_len as usize, metrics, common.n, started);
         Ok(if scored { generation.with_logprobs(state.tokenizer.clone()) } else { generation })
     };
     if common.n <= 1 {

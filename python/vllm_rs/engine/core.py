@@ -21,7 +21,7 @@ from vllm_rs.engine.protocol import (
 )
 from vllm_rs.engine.request import InvalidRequestError, Request, SamplingParams
 from vllm_rs.engine.scheduler import Scheduler
-from vllm_rs.engine.stats import SchedulerIterationDetails, SchedulerStats
+from vllm_rs.engine.stats import PrefillStats, SchedulerIterationDetails, SchedulerStats
 from vllm_rs.engine.structured_output import GrammarMatcher, compile_grammar
 from vllm_rs.logger import init_logger
 
@@ -224,7 +224,8 @@ class EngineCore:
         if model_output.prompt_logprobs:
             for request in plan.requests:
                 rows = model_output.prompt_logprobs.get(request.request_id)
-                if rows is not None:
+                # A preempted request computes its prompt again: its logprobs went out already.
+                if rows is not None and not request.output_token_ids:
                     request.pending_prompt_logprobs.append(rows)
         advanced = self.scheduler.update(plan, model_output.sampled)
         for request in advanced:
@@ -244,9 +245,20 @@ class EngineCore:
                 events=request.take_events(),
                 new_logprobs=model_output.logprobs.get(request.request_id),
                 new_prompt_logprobs=request.take_prompt_logprobs(),
+                prefill_stats=self._take_prefill_stats(request),
             )
             outputs.append((request.client_index, output))
         return outputs
+
+    def _take_prefill_stats(self, request: Request) -> PrefillStats | None:
+        """The request's `PrefillStats` with its first output, None after (as
+        vLLM sends them: whatever preemptions came between, they describe its
+        first prefill)."""
+        if request.sent_prefill_stats:
+            return None
+        request.sent_prefill_stats = True
+        in_cache = len(request.block_hashes) * self.config.cache_config.block_size
+        return PrefillStats.of(request.num_prompt_tokens, request.num_cached_tokens, in_cache)
 
     def take_finished(self, client_index: int) -> list[str]:
         """Ids of `client_index`'s requests that finished (any reason,
@@ -314,7 +326,8 @@ class EngineCore:
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         """Forgets the prefix cache (there is no connector; running requests
-        keep their blocks either way)."""
+        keep their blocks either way: the cache forgets them, and they are
+        not shared from then on)."""
         return self.scheduler.reset_prefix_cache()
 
     def pause_scheduler(self, mode: str = "abort", clear_cache: bool = True) -> WhenIdle | None:

@@ -19,6 +19,7 @@ from typing import Any
 import msgpack
 
 from vllm_rs.engine.logprobs import LogprobsRows
+from vllm_rs.engine.stats import PrefillStats
 
 #: Frontend -> engine type bytes.
 REQUEST_ADD = b"\x00"
@@ -229,6 +230,8 @@ class UtilityCall:
 #: mm_cache_miss_hashes, new_sampling_mask, spec_decode_metrics,
 #: prompt_token_id_logprobs. Slot 18 is `error`.
 _DEFAULT_SLOTS_8_TO_17 = (None, None, None, None, None, 0, None, None, None, None)
+#: The slot of `prefill_stats`.
+_PREFILL_STATS_SLOT = 11
 
 
 @dataclass
@@ -247,13 +250,20 @@ class EngineCoreOutput:
     new_logprobs: LogprobsRows | None = None
     #: The prompt's logprobs (vLLM's `LogprobsTensors`), with the first token.
     new_prompt_logprobs: LogprobsRows | None = None
+    #: How the prompt was filled, with the first token.
+    prefill_stats: PrefillStats | None = None
 
     def to_wire(self) -> list[Any]:
         """vLLM's 19-slot array without its trailing default slots (vLLM's
         decoder fills them in, as for any array-like struct): two slots for
         most outputs, which keeps a step of many requests cheap to encode."""
-        if self.error is not None:
-            return [*self._through_events(), *_DEFAULT_SLOTS_8_TO_17, self.error.to_wire()]
+        if self.error is not None or self.prefill_stats is not None:
+            slots = list(_DEFAULT_SLOTS_8_TO_17)
+            if self.prefill_stats is not None:
+                slots[_PREFILL_STATS_SLOT - 8] = self.prefill_stats.to_wire()
+            if self.error is None:
+                return [*self._through_events(), *slots[: _PREFILL_STATS_SLOT - 7]]
+            return [*self._through_events(), *slots, self.error.to_wire()]
         if self.events:
             return self._through_events()
         if self.finish_reason is not None or self.stop_reason is not None:

@@ -130,6 +130,10 @@ class Request:
     num_computed_tokens: int = 0
     #: Prompt tokens found in the prefix cache when it was first scheduled.
     num_cached_tokens: int = 0
+    #: Times it was preempted (its KV cache freed, to be computed again).
+    num_preemptions: int = 0
+    #: Whether its first output (which carries its `PrefillStats`) went out.
+    sent_prefill_stats: bool = False
     block_ids: list[int] = field(default_factory=list)
     #: Hashes of this request's full, computed blocks, in order.
     block_hashes: list[bytes] = field(default_factory=list)

@@ -1,10 +1,13 @@
 """Continuous batching: every step, running requests get their next token (or
 the next chunk of their prompt) first, then waiting requests join while
 `max_num_seqs` and the `max_num_batched_tokens` budget allow and their KV
-blocks can be had. Long prompts are prefilled in chunks. KV blocks are taken
-as tokens need them; when none is free, the most recently admitted running
-request is preempted (its blocks freed, its tokens recomputed when it runs
-again, first in line), as vLLM v1 does.
+blocks can be had. Long prompts are prefilled in chunks.
+
+KV blocks are taken as the tokens that fill them are scheduled, as vLLM's
+scheduler takes them. When a running request's next tokens find no free
+block, the most recently admitted running request is preempted (its blocks
+freed, to be computed again from its prompt and output so far when it is
+admitted again, first in line), with a PREEMPTED event.
 
 A step's plan has the attributes `compute_iteration_details` reads
 (`scheduled_new_reqs`, `scheduled_cached_reqs`, `num_scheduled_tokens`,
@@ -101,7 +104,7 @@ class Scheduler:
         self.prefix_cache_stats = PrefixCacheStats()
         #: Ids finished (any reason) since the last `take_finished`, by client.
         self.finished_ids: dict[int, list[str]] = {}
-        #: Requests preempted so far (their blocks taken for others).
+        #: Preemptions so far.
         self.num_preemptions = 0
 
     @property
@@ -160,20 +163,19 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         cached_ids: list[str] = []
         context_ids: set[str] = set()
-        for request in list(self.running):
-            if budget == 0:
-                break
-            if request.status != RequestStatus.RUNNING:
-                continue  # preempted for an earlier request this step
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
             n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._grow(request, request.num_computed_tokens + n):
-                break  # it was the last one running, so it was preempted itself
+            if not self._make_room(request, request.num_computed_tokens + n):
+                break  # it was preempted itself, and every request after it
             plan.num_scheduled_tokens[request.request_id] = n
             plan.requests.append(request)
             cached_ids.append(request.request_id)
             if not request.output_token_ids:
                 context_ids.add(request.request_id)
             budget -= n
+            index += 1
         while admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if not self._allocate(request):
@@ -184,6 +186,7 @@ class Scheduler:
                 request.record_event(EngineCoreEventType.SCHEDULED)
             self.running.append(request)
             n = min(request.num_tokens - request.num_computed_tokens, budget)
+            self._grow(request, request.num_computed_tokens + n)
             plan.num_scheduled_tokens[request.request_id] = n
             plan.requests.append(request)
             plan.scheduled_new_reqs.append(NewRequest(request.request_id, request.num_computed_tokens))
@@ -237,38 +240,50 @@ class Scheduler:
         return -(-total // self.block_size)
 
     def _grow(self, request: Request, num_tokens: int) -> bool:
-        """Gives a running request blocks for its first `num_tokens` tokens,
-        preempting the most recently admitted others while too few are free;
-        False when `request` itself had to be preempted."""
+        """Gives `request` blocks for its first `num_tokens` tokens; False
+        (nothing taken) when there are not enough free blocks."""
         pool = self.block_pool
         if pool is None:
             return True
         needed = -(-num_tokens // self.block_size) - len(request.block_ids)
-        while needed > pool.num_free_blocks:
-            victim = self.running[-1]
+        if needed <= 0:
+            return True
+        if not pool.can_allocate([], needed):
+            return False
+        request.block_ids.extend(pool.allocate([], needed))
+        return True
+
+    def _make_room(self, request: Request, num_tokens: int) -> bool:
+        """Gives running `request` blocks for `num_tokens` tokens, preempting
+        the most recently admitted running requests while blocks are short;
+        False when `request` itself had to be preempted."""
+        while not self._grow(request, num_tokens):
+            victim = self.running.pop()
             self._preempt(victim)
             if victim is request:
                 return False
-        if needed > 0:
-            request.block_ids.extend(pool.allocate([], needed))
         return True
 
     def _preempt(self, request: Request) -> None:
-        """Frees a running request's blocks and puts it first in line; its
-        tokens so far (prompt and output) are computed again when it runs."""
-        self.block_pool.release(request.block_ids)
-        request.block_ids, request.block_hashes = [], []
+        """Frees a running request's blocks and puts it first in line, to be
+        computed again from scratch (its output so far kept)."""
+        if self.block_pool is not None and request.block_ids:
+            self.block_pool.release(request.block_ids)
+        request.block_ids = []
+        request.block_hashes = []
         request.num_computed_tokens = 0
+        request.num_preemptions += 1
         request.status = RequestStatus.WAITING
-        self.running.remove(request)
-        self.waiting.appendleft(request)
         self.num_preemptions += 1
         if self.record_events:
             request.record_event(EngineCoreEventType.PREEMPTED)
+        self.waiting.appendleft(request)
 
     def _allocate(self, request: Request) -> bool:
-        """Gives a request KV blocks for its known tokens, reusing cached
-        prefix blocks; False when there are not enough free blocks yet."""
+        """Gives a request its cached prefix blocks and blocks for the rest of
+        its known tokens (its prompt, and its output after a preemption);
+        False when there are not enough free blocks yet. Blocks for the tokens
+        it generates come with `_grow`, step by step."""
         pool = self.block_pool
         if pool is None:
             return True
@@ -287,7 +302,12 @@ class Scheduler:
             return False
         request.block_ids = pool.allocate(cached, needed)
         request.block_hashes = hashes[: len(cached)]
-        request.num_computed_tokens = request.num_cached_tokens = len(cached) * self.block_size
+        request.num_computed_tokens = len(cached) * self.block_size
+        if request.num_preemptions:
+            if self.block_hasher is not None:
+                self.prefix_cache_stats.record_preempted(request.num_prompt_tokens, request.num_computed_tokens)
+            return True
+        request.num_cached_tokens = request.num_computed_tokens
         if self.block_hasher is not None:
             self.prefix_cache_stats.record(request.num_prompt_tokens, request.num_cached_tokens)
         return True

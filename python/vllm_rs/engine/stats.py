@@ -30,6 +30,43 @@ class PrefixCacheStats:
         self.queries += num_tokens
         self.hits += num_hits
 
+    def record_preempted(self, num_tokens: int, num_hits: int) -> None:
+        """Counts the lookup of a preempted request admitted again (vLLM
+        keeps these apart, so that recomputation does not inflate hits)."""
+        self.preempted_requests += 1
+        self.preempted_queries += num_tokens
+        self.preempted_hits += num_hits
+
+
+@dataclass
+class PrefillStats:
+    """How a request's prompt was filled (vLLM's `PrefillStats`), sent with
+    its first token: `num_computed_tokens` computed here,
+    `num_cached_tokens` not (`num_local_cached_tokens` found in the prefix
+    cache plus `num_external_cached_tokens` received from a KV connector,
+    which this engine has not), and `num_cache_creation_tokens` computed and
+    written to the prefix cache."""
+
+    num_prompt_tokens: int = 0
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_local_cached_tokens: int = 0
+    num_external_cached_tokens: int = 0
+    num_cache_creation_tokens: int = 0
+
+    @classmethod
+    def of(cls, num_prompt_tokens: int, num_cached_tokens: int, num_tokens_in_cache: int) -> PrefillStats:
+        """The stats of a prompt of which `num_cached_tokens` were found in
+        the local prefix cache, and whose first `num_tokens_in_cache` tokens
+        are in the prefix cache now."""
+        created = max(0, min(num_tokens_in_cache, num_prompt_tokens) - num_cached_tokens)
+        computed = num_prompt_tokens - num_cached_tokens
+        return cls(num_prompt_tokens, computed, num_cached_tokens, num_cached_tokens, 0, created)
+
+    def to_wire(self) -> dict[str, int]:
+        """A map of every field in order, as msgspec encodes vLLM's dataclass."""
+        return dict(self.__dict__)
+
 
 @dataclass
 class SchedulerIterationDetails:
