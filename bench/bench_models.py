@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -117,16 +118,6 @@ def in_process(kind: str, spec: dict) -> LevelResult:
     return LevelResult(**json.loads(ran.stdout))
 
 
-def served_levels(path: str, served, levels: dict[int, list[list[int]]], opts, warmup: list[int]) -> dict:
-    """Every concurrency level against one running server."""
-    out = {}
-    for concurrency, prompts in levels.items():
-        r = asyncio.run(run_level(served.base_url, served.model, prompts, concurrency, opts.output_tokens, warmup))
-        print_level(path, r)
-        out[concurrency] = r
-    return out
-
-
 def ratio_rows(results: dict, gguf_size: int) -> list[dict]:
     """The target ratios that this run measured both sides of."""
     rows = []
@@ -184,6 +175,123 @@ def parse_options() -> argparse.Namespace:
     return opts
 
 
+def split_prompts(opts: argparse.Namespace, levels: list[int]) -> tuple[dict[int, list[list[int]]], list[int]]:
+    """Each level's own prompts (`requests_per_stream` per client), and a
+    short warm-up prompt none of them starts with."""
+    counts = [c * opts.requests_per_stream for c in levels]
+    prompts = random_prompts(opts.gguf, sum(counts) + 1, opts.prompt_tokens, opts.seed)
+    by_level, at = {}, 0
+    for c, n in zip(levels, counts):
+        by_level[c], at = prompts[at : at + n], at + n
+    return by_level, prompts[-1][:8]
+
+
+class Run:
+    """One benchmark run: the paths, their results and failures so far."""
+
+    def __init__(self, opts: argparse.Namespace):
+        self.opts = opts
+        self.levels = sorted(set(opts.concurrency))
+        self.by_level, self.warmup = split_prompts(opts, self.levels)
+        self.results_dir = ROOT / "bench" / "results"
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        self.results: dict = {path: {} for path in PATHS}
+        self.memory: dict = {"gguf_bytes": self.opts.gguf.stat().st_size}
+        self.failures: list[str] = []
+
+    def attempt(self, path: str, action):
+        """`action()`, or None after printing why it failed."""
+        try:
+            return action()
+        except (ServerStartError, RuntimeError, OSError, ImportError) as e:
+            self.failures.append(path)
+            print(f"  {path}: FAILED: {e}", file=sys.stderr, flush=True)
+            return None
+
+    def record(self, path: str, r: LevelResult) -> None:
+        print_level(path, r)
+        self.results[path][r.concurrency] = r
+
+    def start_servers(self, stack: contextlib.ExitStack) -> dict:
+        """The servers not skipped, started and ready: {path: Served}."""
+        opts, servers = self.opts, {}
+        if "serve" not in opts.skip:
+            vllm_rs = vllm_rs_stack(opts.gguf, opts.threads, opts.dtype, self.results_dir)
+            if served := self.attempt("serve", lambda: stack.enter_context(vllm_rs)):
+                servers["serve"] = served
+                self.memory["serve_engine_rss_bytes"] = rss_bytes(served.engine_pid)
+        if "llama" not in opts.skip:
+            binary, why = find_llama_server(opts.llama_server)
+            if binary is None:
+                print(f"  llama   skipped: {why}", flush=True)
+            else:
+                llama = llama_server(binary, opts.gguf, opts.threads, max(self.levels), self.results_dir)
+                if served := self.attempt("llama", lambda: stack.enter_context(llama)):
+                    servers["llama"] = served
+                    self.memory["llama_server_rss_bytes"] = rss_bytes(served.engine_pid)
+        return servers
+
+    def served_level(self, path: str, served, concurrency: int) -> None:
+        """One level against one running server."""
+        load = run_level(served.base_url, served.model, self.by_level[concurrency], concurrency,
+                         self.opts.output_tokens, self.warmup)  # fmt: skip
+        if (r := self.attempt(path, lambda: asyncio.run(load))) is not None:
+            self.record(path, r)
+
+    def direct(self, concurrency: int) -> None:
+        """The engine core in-process at `concurrency`."""
+        spec = {"gguf": str(self.opts.gguf), "threads": self.opts.threads, "prompts": self.by_level[concurrency],
+                "warmup": self.warmup, "output_tokens": self.opts.output_tokens, "concurrency": concurrency,
+                "dtype": self.opts.dtype}  # fmt: skip
+        if (r := self.attempt("direct", lambda: in_process("engine", spec))) is not None:
+            self.record("direct", r)
+            self.memory["direct_engine_rss_bytes"] = r.extra["rss_bytes"]
+            self.memory["direct_engine_load_delta_bytes"] = r.extra["rss_load_delta_bytes"]
+
+    def hf(self) -> None:
+        """transformers generate, batch 1, on the lowest level's prompts."""
+        spec = {"gguf": str(self.opts.gguf), "threads": self.opts.threads, "prompts": self.by_level[self.levels[0]],
+                "warmup": self.warmup, "output_tokens": self.opts.output_tokens}  # fmt: skip
+        if (r := self.attempt("hf", lambda: in_process("hf", spec))) is not None:
+            self.record("hf", r)
+            self.memory["hf_rss_bytes"] = r.extra["rss_bytes"]
+
+    def measure(self) -> None:
+        """Level by level, every path back to back (so that each ratio's two
+        sides are measured minutes apart at most on a machine whose load
+        changes): the servers, then batch-1 transformers after the lowest
+        level and the direct engine after the highest."""
+        with contextlib.ExitStack() as stack:
+            servers = self.start_servers(stack)
+            for concurrency in self.levels:
+                for path, served in servers.items():
+                    self.served_level(path, served, concurrency)
+                if concurrency == self.levels[0] and "hf" not in self.opts.skip:
+                    self.hf()
+                if concurrency == self.levels[-1] and "direct" not in self.opts.skip:
+                    self.direct(concurrency)
+
+    def report(self) -> None:
+        """Prints the memory rows and the ratios; writes models.json."""
+        gguf_size = self.memory["gguf_bytes"]
+        for key in ("serve_engine_rss_bytes", "direct_engine_rss_bytes", "llama_server_rss_bytes", "hf_rss_bytes"):
+            if key in self.memory:
+                print(f"  {key.removesuffix('_bytes').replace('_', ' ')}: {self.memory[key] / 2**20:.0f} MiB "
+                      f"({self.memory[key] / gguf_size:.2f}x the GGUF)")  # fmt: skip
+        rows = ratio_rows({**self.results, "memory": self.memory}, gguf_size)
+        for row in rows:
+            if row["ratio"] is None:
+                print(f"  {row['measure']}: n/a ({row['why']})")
+                continue
+            sign = ">=" if row["higher_is_better"] else "<="
+            verdict = "a smoke run, too short to judge" if self.opts.quick else ("met" if row["met"] else "NOT met")
+            print(f"  {row['measure']}: {row['ratio']:.2f}x (target {sign} {row['goal']}x: {verdict})")
+        out = {path: {c: r.as_dict() for c, r in by_c.items()} for path, by_c in self.results.items()}
+        out.update(memory=self.memory, ratios=rows, load_average=os.getloadavg(), cpus=os.cpu_count(),
+                   options={k: str(v) if isinstance(v, Path) else v for k, v in vars(self.opts).items()})  # fmt: skip
+        (self.results_dir / "models.json").write_text(json.dumps(out, indent=2))
+
+
 def main() -> int:
     """Runs every path; prints the rows and the ratios, writes models.json."""
     try:
@@ -191,84 +299,13 @@ def main() -> int:
     except BenchInputError as e:
         print(f"bench_models.py: {e}", file=sys.stderr)
         return 2
-    levels = sorted(set(opts.concurrency))
-    counts = [c * opts.requests_per_stream for c in levels]
-    prompts = random_prompts(opts.gguf, sum(counts) + 1, opts.prompt_tokens, opts.seed)
-    warmup, prompts = prompts[-1][:8], prompts[:-1]
-    by_level, at = {}, 0
-    for c, n in zip(levels, counts):
-        by_level[c], at = prompts[at : at + n], at + n
-    gguf_size = opts.gguf.stat().st_size
-    results_dir = ROOT / "bench" / "results"
-    results_dir.mkdir(parents=True, exist_ok=True)
-    print(f"{opts.gguf.name} ({gguf_size / 2**20:.0f} MiB); {opts.prompt_tokens} prompt / {opts.output_tokens} output "
-          f"tokens, {opts.requests_per_stream} requests per stream; {opts.threads} threads; "
+    run = Run(opts)
+    print(f"{opts.gguf.name} ({run.memory['gguf_bytes'] / 2**20:.0f} MiB); {opts.prompt_tokens} prompt / "
+          f"{opts.output_tokens} output tokens, {opts.requests_per_stream} requests per stream; {opts.threads} threads; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)  # fmt: skip
-    results: dict = {"memory": {"gguf_bytes": gguf_size}}
-    failures = []
-
-    def attempt(path: str, run) -> None:
-        if path in opts.skip:
-            return
-        try:
-            results[path] = run()
-        except (ServerStartError, RuntimeError, OSError, ImportError) as e:
-            failures.append(path)
-            print(f"  {path}: FAILED: {e}", file=sys.stderr, flush=True)
-
-    def serve_run() -> dict:
-        with vllm_rs_stack(opts.gguf, opts.threads, opts.dtype, results_dir) as served:
-            results["memory"]["serve_engine_rss_bytes"] = rss_bytes(served.engine_pid)
-            return served_levels("serve", served, by_level, opts, warmup)
-
-    def direct_run() -> dict:
-        top = levels[-1]
-        spec = {"gguf": str(opts.gguf), "threads": opts.threads, "prompts": by_level[top], "warmup": warmup,
-                "output_tokens": opts.output_tokens, "concurrency": top, "dtype": opts.dtype}  # fmt: skip
-        r = in_process("engine", spec)
-        print_level("direct", r)
-        results["memory"]["direct_engine_rss_bytes"] = r.extra["rss_bytes"]
-        results["memory"]["direct_engine_load_delta_bytes"] = r.extra["rss_load_delta_bytes"]
-        return {top: r}
-
-    def llama_run() -> dict:
-        binary, why = find_llama_server(opts.llama_server)
-        if binary is None:
-            print(f"  llama   skipped: {why}", flush=True)
-            return {}
-        with llama_server(binary, opts.gguf, opts.threads, max(levels), results_dir) as served:
-            results["memory"]["llama_server_rss_bytes"] = rss_bytes(served.engine_pid)
-            return served_levels("llama", served, by_level, opts, warmup)
-
-    def hf_run() -> dict:
-        spec = {"gguf": str(opts.gguf), "threads": opts.threads, "prompts": by_level[levels[0]], "warmup": warmup,
-                "output_tokens": opts.output_tokens}  # fmt: skip
-        r = in_process("hf", spec)
-        print_level("hf", r)
-        results["memory"]["hf_rss_bytes"] = r.extra["rss_bytes"]
-        return {1: r}
-
-    for path, run in (("serve", serve_run), ("direct", direct_run), ("llama", llama_run), ("hf", hf_run)):
-        attempt(path, run)
-    memory = results["memory"]
-    for key in ("serve_engine_rss_bytes", "direct_engine_rss_bytes", "llama_server_rss_bytes", "hf_rss_bytes"):
-        if key in memory:
-            print(f"  {key.removesuffix('_bytes').replace('_', ' ')}: {memory[key] / 2**20:.0f} MiB "
-                  f"({memory[key] / gguf_size:.2f}x the GGUF)")  # fmt: skip
-    rows = ratio_rows(results, gguf_size)
-    verdict_of = {True: "met", False: "NOT met"}
-    for row in rows:
-        if row["ratio"] is None:
-            print(f"  {row['measure']}: n/a ({row['why']})")
-        else:
-            sign = ">=" if row["higher_is_better"] else "<="
-            verdict = "a smoke run, too short to judge" if opts.quick else verdict_of[row["met"]]
-            print(f"  {row['measure']}: {row['ratio']:.2f}x (target {sign} {row['goal']}x: {verdict})")
-    out = {k: {c: r.as_dict() for c, r in v.items()} if k in PATHS else v for k, v in results.items()}
-    out.update(options={k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()}, ratios=rows,
-               load_average=os.getloadavg(), cpus=os.cpu_count())  # fmt: skip
-    (results_dir / "models.json").write_text(json.dumps(out, indent=2))
-    return 1 if failures else 0
+    run.measure()
+    run.report()
+    return 1 if run.failures else 0
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def hf_generate(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     gguf = Path(spec["gguf"])
     before = rss_bytes()
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     model.eval()
     loaded = rss_bytes()
 
