@@ -61,9 +61,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.model_load import LevelResult, random_prompts, run_level  # noqa: E402
+from bench.model_load import GgufFacts, LevelResult, run_level  # noqa: E402
 from bench.model_servers import (  # noqa: E402
     LLAMA_SERVER_ENV,
+    LLAMA_SLOT_CTX,
     ServerStartError,
     find_llama_server,
     llama_server,
@@ -130,12 +131,16 @@ def ratio_rows(results: dict, gguf_size: int) -> list[dict]:
         ratio = getattr(num, nk) / getattr(den, dk)
         rows.append({"measure": name, "ratio": ratio, "goal": goal, "met": ratio >= goal if higher else ratio <= goal,
                      "higher_is_better": higher})  # fmt: skip
-    rss = results.get("memory", {}).get("serve_engine_rss_bytes")
-    rows.append(
-        {"measure": "engine RSS after load / GGUF size", "ratio": rss / gguf_size, "goal": 2.0, "met": rss <= 2 * gguf_size,
-         "higher_is_better": False}
-        if rss else {"measure": "engine RSS after load / GGUF size", "ratio": None, "goal": 2.0, "why": "serve not run"}
-    )  # fmt: skip
+    memory = results.get("memory", {})
+    rss = memory.get("serve_engine_rss_bytes")
+    for name, held in (("engine RSS after load / GGUF size", rss),
+                       ("engine RSS after load less its KV cache / GGUF size",
+                        rss - memory["kv_cache_budget_bytes"] if rss else None)):  # fmt: skip
+        if held is None:
+            rows.append({"measure": name, "ratio": None, "goal": 2.0, "why": "serve not run"})
+        else:
+            rows.append({"measure": name, "ratio": held / gguf_size, "goal": 2.0, "met": held <= 2 * gguf_size,
+                         "higher_is_better": False})  # fmt: skip
     return rows
 
 
@@ -175,11 +180,13 @@ def parse_options() -> argparse.Namespace:
     return opts
 
 
-def split_prompts(opts: argparse.Namespace, levels: list[int]) -> tuple[dict[int, list[list[int]]], list[int]]:
+def split_prompts(
+    opts: argparse.Namespace, levels: list[int], facts: GgufFacts
+) -> tuple[dict[int, list[list[int]]], list[int]]:
     """Each level's own prompts (`requests_per_stream` per client), and a
     short warm-up prompt none of them starts with."""
     counts = [c * opts.requests_per_stream for c in levels]
-    prompts = random_prompts(opts.gguf, sum(counts) + 1, opts.prompt_tokens, opts.seed)
+    prompts = facts.random_prompts(sum(counts) + 1, opts.prompt_tokens, opts.seed)
     by_level, at = {}, 0
     for c, n in zip(levels, counts):
         by_level[c], at = prompts[at : at + n], at + n
@@ -192,11 +199,16 @@ class Run:
     def __init__(self, opts: argparse.Namespace):
         self.opts = opts
         self.levels = sorted(set(opts.concurrency))
-        self.by_level, self.warmup = split_prompts(opts, self.levels)
+        facts = GgufFacts.read(opts.gguf)
+        self.by_level, self.warmup = split_prompts(opts, self.levels, facts)
+        # The engine's KV cache holds what llama-server's context does (its
+        # slots times LLAMA_SLOT_CTX tokens, at float32): the same memory for
+        # the same work, rather than the engine's default budget.
+        self.kv_cache_bytes = max(self.levels) * LLAMA_SLOT_CTX * facts.kv_bytes_per_token_f32
         self.results_dir = ROOT / "bench" / "results"
         self.results_dir.mkdir(parents=True, exist_ok=True)
         self.results: dict = {path: {} for path in PATHS}
-        self.memory: dict = {"gguf_bytes": self.opts.gguf.stat().st_size}
+        self.memory: dict = {"gguf_bytes": opts.gguf.stat().st_size, "kv_cache_budget_bytes": self.kv_cache_bytes}
         self.failures: list[str] = []
 
     def attempt(self, path: str, action):
@@ -209,6 +221,7 @@ class Run:
             return None
 
     def record(self, path: str, r: LevelResult) -> None:
+        """Prints and keeps one level's result."""
         print_level(path, r)
         self.results[path][r.concurrency] = r
 
@@ -216,7 +229,7 @@ class Run:
         """The servers not skipped, started and ready: {path: Served}."""
         opts, servers = self.opts, {}
         if "serve" not in opts.skip:
-            vllm_rs = vllm_rs_stack(opts.gguf, opts.threads, opts.dtype, self.results_dir)
+            vllm_rs = vllm_rs_stack(opts.gguf, opts.threads, opts.dtype, self.kv_cache_bytes, self.results_dir)
             if served := self.attempt("serve", lambda: stack.enter_context(vllm_rs)):
                 servers["serve"] = served
                 self.memory["serve_engine_rss_bytes"] = rss_bytes(served.engine_pid)
@@ -242,7 +255,7 @@ class Run:
         """The engine core in-process at `concurrency`."""
         spec = {"gguf": str(self.opts.gguf), "threads": self.opts.threads, "prompts": self.by_level[concurrency],
                 "warmup": self.warmup, "output_tokens": self.opts.output_tokens, "concurrency": concurrency,
-                "dtype": self.opts.dtype}  # fmt: skip
+                "dtype": self.opts.dtype, "kv_cache_memory_bytes": self.kv_cache_bytes}  # fmt: skip
         if (r := self.attempt("direct", lambda: in_process("engine", spec))) is not None:
             self.record("direct", r)
             self.memory["direct_engine_rss_bytes"] = r.extra["rss_bytes"]
@@ -274,6 +287,8 @@ class Run:
     def report(self) -> None:
         """Prints the memory rows and the ratios; writes models.json."""
         gguf_size = self.memory["gguf_bytes"]
+        print(f"  KV cache given to the engine: {self.kv_cache_bytes / 2**20:.0f} MiB "
+              f"({max(self.levels)} x {LLAMA_SLOT_CTX} tokens at float32, llama-server's context)")  # fmt: skip
         for key in ("serve_engine_rss_bytes", "direct_engine_rss_bytes", "llama_server_rss_bytes", "hf_rss_bytes"):
             if key in self.memory:
                 print(f"  {key.removesuffix('_bytes').replace('_', ' ')}: {self.memory[key] / 2**20:.0f} MiB "

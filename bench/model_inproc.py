@@ -6,8 +6,8 @@ without sockets or frontend, on the same requests as the served load.
 
 Run: python bench/model_inproc.py hf|engine < SPEC.json > RESULT.json, where
 SPEC holds `gguf`, `threads`, `prompts`, `warmup` (a prompt for a short
-first request), `output_tokens`, `concurrency` (engine) and `dtype` (engine,
-optional). The result is one JSON object: a LevelResult
+first request), `output_tokens`, `concurrency`, `kv_cache_memory_bytes`
+(engine) and `dtype` (engine, optional). The result is one JSON object: a LevelResult
 plus memory figures. bench_models.py is the caller.
 """
 
@@ -93,7 +93,8 @@ def engine_direct(spec: dict) -> dict:
 
     torch.set_num_threads(spec["threads"])
     before = rss_bytes()
-    config = make_engine_config(spec["gguf"], device="cpu", dtype=spec.get("dtype") or "auto", log_stats=False)
+    config = make_engine_config(spec["gguf"], device="cpu", dtype=spec.get("dtype") or "auto", log_stats=False,
+                                kv_cache_memory_bytes=spec["kv_cache_memory_bytes"])  # fmt: skip
     core = EngineCore(config)
     loaded = rss_bytes()
     tokens = spec["output_tokens"]

@@ -78,17 +78,36 @@ def summarize(concurrency: int, timings: list[RequestTiming], seconds: float) ->
     )
 
 
-def random_prompts(gguf_path: Path, count: int, length: int, seed: int) -> list[list[int]]:
-    """`count` prompts of `length` token ids drawn (seeded) from the GGUF
-    vocabulary's normal tokens: no control tokens, so no prompt holds an
-    end-of-sequence or chat marker, and every server sees the same ids."""
-    import gguf
+@dataclass
+class GgufFacts:
+    """What the load needs from the GGUF: its normal (non-control) token ids
+    and the KV-cache bytes one token takes at float32."""
 
-    reader = gguf.GGUFReader(str(gguf_path))
-    types = reader.fields["tokenizer.ggml.token_type"]
-    normal = [i for i, part in enumerate(types.data) if int(types.parts[part][0]) == gguf.TokenType.NORMAL]
-    rng = random.Random(seed)
-    return [[rng.choice(normal) for _ in range(length)] for _ in range(count)]
+    normal_token_ids: list[int]
+    kv_bytes_per_token_f32: int
+
+    @classmethod
+    def read(cls, gguf_path: Path) -> GgufFacts:
+        """Reads them from the file's metadata."""
+        import gguf
+
+        reader = gguf.GGUFReader(str(gguf_path))
+        types = reader.fields["tokenizer.ggml.token_type"]
+        normal = [i for i, part in enumerate(types.data) if int(types.parts[part][0]) == gguf.TokenType.NORMAL]
+
+        def key(name: str) -> int:
+            arch = reader.fields["general.architecture"].contents()
+            return int(reader.fields[f"{arch}.{name}"].contents())
+
+        head_dim = key("embedding_length") // key("attention.head_count")
+        return cls(normal, 2 * key("block_count") * key("attention.head_count_kv") * head_dim * 4)
+
+    def random_prompts(self, count: int, length: int, seed: int) -> list[list[int]]:
+        """`count` prompts of `length` normal token ids (seeded): no control
+        tokens, so no prompt holds an end-of-sequence or chat marker, and
+        every server sees the same ids."""
+        rng = random.Random(seed)
+        return [[rng.choice(self.normal_token_ids) for _ in range(length)] for _ in range(count)]
 
 
 async def one_request(client, model: str, prompt: list[int], output_tokens: int) -> RequestTiming:

@@ -68,16 +68,18 @@ def engine_process(port: int) -> int:
 
 
 @contextlib.contextmanager
-def vllm_rs_stack(gguf: Path, threads: int, dtype: str | None, log_dir: Path):
+def vllm_rs_stack(gguf: Path, threads: int, dtype: str | None, kv_cache_bytes: int, log_dir: Path):
     """`python -m vllm_rs serve GGUF` with its engine on `threads` intra-op
-    threads (OMP_NUM_THREADS), one engine, the served model named `smollm2`."""
+    threads (OMP_NUM_THREADS) and a KV cache of `kv_cache_bytes`, one
+    engine, the served model named `smollm2`."""
     # bench_serve's launcher imports the project (and its extension): only
     # when this stack runs, so that a llama-server-only run needs neither.
     from bench.bench_serve import serve
 
     previous = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    args = ["--model", str(gguf), "--served-model-name", "smollm2", "--device", "cpu"]
+    args = ["--model", str(gguf), "--served-model-name", "smollm2", "--device", "cpu",
+            "--kv-cache-memory-bytes", str(kv_cache_bytes)]  # fmt: skip
     if dtype is not None:
         args += ["--dtype", dtype]
     try:
