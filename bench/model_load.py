@@ -11,6 +11,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from openai import APIError
+
 
 class LoadError(RuntimeError):
     """A server answered a request wrongly (an error, or not every token)."""
@@ -112,9 +114,19 @@ class GgufFacts:
 
 async def one_request(client, model: str, prompt: list[int], output_tokens: int) -> RequestTiming:
     """Streams one completion; the time of every chunk that carries a
-    token is a token arrival (not a closing chunk: no text, a finish reason). Raises LoadError unless exactly `output_tokens` came
-    (counted from the usage chunk when the server sends one)."""
+    token is a token arrival (not a closing chunk: no text, a finish
+    reason). Raises LoadError for a failed request or unless exactly
+    `output_tokens` came (counted from the usage chunk when there is one)."""
     timing = RequestTiming(start=time.monotonic())
+    try:
+        return await _stream_one(client, model, prompt, output_tokens, timing)
+    except APIError as e:
+        raise LoadError(f"the server failed a request: {e}") from e
+
+
+async def _stream_one(
+    client, model: str, prompt: list[int], output_tokens: int, timing: RequestTiming
+) -> RequestTiming:
     chunks = 0
     usage_tokens = None
     # Greedy, and exactly `output_tokens`: `ignore_eos` (vLLM and llama.cpp)

@@ -22,6 +22,9 @@ import psutil
 LLAMA_SERVER_ENV = "VLLM_RS_LLAMA_SERVER"
 #: Seconds llama-server may take to load the model and listen.
 LLAMA_START_S = 300
+#: The frontend fails requests when the engine is silent this long (60 s by
+#: default); one step of 16 prefills takes longer than that on a loaded CPU.
+STACK_ENV = {"VLLM_RS_ENGINE_STALL_TIMEOUT_S": "1800"}
 #: Context tokens per llama-server slot: a 128-token prompt, 128 outputs, room.
 LLAMA_SLOT_CTX = 512
 
@@ -76,8 +79,8 @@ def vllm_rs_stack(gguf: Path, threads: int, dtype: str | None, kv_cache_bytes: i
     # when this stack runs, so that a llama-server-only run needs neither.
     from bench.bench_serve import serve
 
-    previous = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = str(threads)
+    previous = {k: os.environ.get(k) for k in (*STACK_ENV, "OMP_NUM_THREADS")}
+    os.environ.update(STACK_ENV, OMP_NUM_THREADS=str(threads))
     args = ["--model", str(gguf), "--served-model-name", "smollm2", "--device", "cpu",
             "--kv-cache-memory-bytes", str(kv_cache_bytes)]  # fmt: skip
     if dtype is not None:
@@ -86,10 +89,11 @@ def vllm_rs_stack(gguf: Path, threads: int, dtype: str | None, kv_cache_bytes: i
         with serve(*args, log_path=log_dir / "models-serve.log") as port:
             yield Served(f"http://127.0.0.1:{port}/v1", "smollm2", engine_process(port))
     finally:
-        if previous is None:
-            os.environ.pop("OMP_NUM_THREADS")
-        else:
-            os.environ["OMP_NUM_THREADS"] = previous
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key)
+            else:
+                os.environ[key] = value
 
 
 def find_llama_server(option: str | None) -> tuple[Path | None, str]:
