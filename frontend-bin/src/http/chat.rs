@@ -175,7 +175,9 @@ fn render_prompt(
         Some(source) => {
             let (bos, eos) = state.tokenizer.template_tokens();
             ChatTemplate::new(source.clone(), bos, eos)
-                .map_err(|e| ApiError::invalid_param("chat_template", format!("the chat template does not compile: {e}")))?
+                .map_err(|e| {
+                    ApiError::invalid_param("chat_template", format!("the chat template does not compile: {e}"))
+                })?
                 .render_with_tools(messages, add_generation_prompt, tools, kwargs)
                 .map_err(template_error)?
         }
@@ -215,7 +217,12 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
     let tools = read_chat_tools(&object, &state.config.chat)?;
     let chat = &state.config.chat;
     let mut template_kwargs = read_template_kwargs(&object, &chat.default_template_kwargs)?;
-    apply_reasoning_effort(&mut template_kwargs, &object, request.reasoning_effort.as_deref(), &chat.reasoning_effort_map);
+    apply_reasoning_effort(
+        &mut template_kwargs,
+        &object,
+        request.reasoning_effort.as_deref(),
+        &chat.reasoning_effort_map,
+    );
     if let Some(constraint) = &tools.constraint {
         // A forced tool choice replaces the request's own constraint, as in vLLM.
         request.common.sampling.structured_outputs = Some(wire_params(constraint));
@@ -280,8 +287,10 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
             choice
         })
         .await?;
-        let extras =
-            ChatExtras { prompt_logprobs: response_prompt_logprobs, prompt_token_ids: submitted.prompt_token_ids.take() };
+        let extras = ChatExtras {
+            prompt_logprobs: response_prompt_logprobs,
+            prompt_token_ids: submitted.prompt_token_ids.take(),
+        };
         let body = whole_answer(&submitted, "chat.completion", &model, choices, usage, Some(extras));
         return Ok(axum::Json(body).into_response());
     }
@@ -393,7 +402,14 @@ impl ChatOpening {
     /// The opening chunks of choice `index`; `usage` (prompt only) when
     /// every chunk carries usage.
     pub fn chunks(&self, header: &ChunkHeader, index: u32, usage: Option<Usage>) -> Bytes {
-        let opening = |delta| ChunkChoice { index, delta, logprobs: None, finish_reason: None, stop_reason: None, token_ids: None };
+        let opening = |delta| ChunkChoice {
+            index,
+            delta,
+            logprobs: None,
+            finish_reason: None,
+            stop_reason: None,
+            token_ids: None,
+        };
         let role = opening(ChunkDelta { role: Some(&self.role), content: Some("") });
         let first = header.event_with_prompt(vec![role], usage, self.prompt_token_ids.as_deref());
         let Some(echo) = &self.echo else { return first };
@@ -446,7 +462,10 @@ mod tests {
     #[test]
     fn continue_final_message_cuts_where_transformers_cuts() {
         let rendered = "<|user|>hi<|end|><|assistant|>Once upon<|end|>";
-        assert_eq!(continue_final_message(rendered, "Once upon").as_deref(), Some("<|user|>hi<|end|><|assistant|>Once upon"));
+        assert_eq!(
+            continue_final_message(rendered, "Once upon").as_deref(),
+            Some("<|user|>hi<|end|><|assistant|>Once upon")
+        );
         // Trailing spacing the template kept stays; spacing it trimmed is not restored.
         assert_eq!(continue_final_message("<a>Once upon <e>", "Once upon ").as_deref(), Some("<a>Once upon "));
         assert_eq!(continue_final_message("<a>Once upon<e>", "Once upon ").as_deref(), Some("<a>Once upon"));

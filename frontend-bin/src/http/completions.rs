@@ -192,12 +192,14 @@ fn completion_choice(whole: Whole, rendering: Option<Arc<Rendering>>, prompt_tok
             tail.put("prompt_logprobs", &());
         }
         Some(rendering) => {
-            let (text, logprobs) =
-                CompletionPieces::new(rendering.clone()).piece(&whole.text, whole.scored.as_deref());
+            let (text, logprobs) = CompletionPieces::new(rendering.clone()).piece(&whole.text, whole.scored.as_deref());
             fields.put("text", &text);
             fields.put_raw("logprobs", logprobs);
             let positions = whole.scored.as_deref().and_then(|s| s.prompt_logprobs.as_deref());
-            tail.put_raw("prompt_logprobs", rendering.prompt_logprobs.then(|| rendering.prompt_logprobs_json(positions)));
+            tail.put_raw(
+                "prompt_logprobs",
+                rendering.prompt_logprobs.then(|| rendering.prompt_logprobs_json(positions)),
+            );
         }
     }
     tail.put("prompt_token_ids", &prompt_token_ids);

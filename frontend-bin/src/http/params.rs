@@ -237,7 +237,10 @@ impl Truncation {
 fn checked_request_id(id: Option<String>) -> Result<Option<String>, ApiError> {
     match id {
         Some(id) if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_graphic()) => {
-            Err(ApiError::invalid_param("request_id", "request_id must be 1 to 128 printable ASCII characters without spaces"))
+            Err(ApiError::invalid_param(
+                "request_id",
+                "request_id must be 1 to 128 printable ASCII characters without spaces",
+            ))
         }
         id => Ok(id),
     }
@@ -247,7 +250,12 @@ fn truncation(keep: Option<i64>, side: Option<&str>) -> Result<Option<Truncation
     let keep_first = match side {
         None | Some("left") => false,
         Some("right") => true,
-        Some(_) => return Err(ApiError::invalid_param("truncation_side", "`truncation_side` must be either 'left' or 'right'.")),
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "truncation_side",
+                "`truncation_side` must be either 'left' or 'right'.",
+            ))
+        }
     };
     let Some(keep) = keep else { return Ok(None) };
     if keep < -1 {
