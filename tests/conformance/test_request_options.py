@@ -104,7 +104,9 @@ def test_return_token_ids_in_a_completion(served):
 
 
 def test_return_token_ids_in_a_chat(served):
-    status, body = post(served, "/v1/chat/completions", {"messages": USER_HI, "max_tokens": 4, "return_token_ids": True})
+    status, body = post(
+        served, "/v1/chat/completions", {"messages": USER_HI, "max_tokens": 4, "return_token_ids": True}
+    )
     assert status == 200, body
     assert text_of(body["prompt_token_ids"]) == "user: hi\nassistant: "
     assert text_of(body["choices"][0]["token_ids"]) == body["choices"][0]["message"]["content"] == "user"
@@ -183,7 +185,9 @@ def test_a_request_chat_template_is_refused_unless_trusted(served, trusting):
 
 def test_the_body_request_id_is_the_response_id_and_the_header_wins(served):
     client = served.client()
-    answer = client.chat.completions.create(model="echo", messages=USER_HI, max_tokens=2, extra_body={"request_id": "mine-1"})
+    answer = client.chat.completions.create(
+        model="echo", messages=USER_HI, max_tokens=2, extra_body={"request_id": "mine-1"}
+    )
     assert answer.id == "chatcmpl-mine-1"
     completion = client.completions.create(model="echo", prompt="x", max_tokens=2, extra_body={"request_id": "mine-2"})
     assert completion.id == "cmpl-mine-2"
@@ -211,7 +215,9 @@ def test_options_for_inputs_not_served_are_refused(served, path, body, param):
         if path == "/v1/completions":
             client.completions.create(model="echo", prompt="x", max_tokens=2, extra_body={param: body[param]})
         else:
-            client.chat.completions.create(model="echo", messages=USER_HI, max_tokens=2, extra_body={param: body[param]})
+            client.chat.completions.create(
+                model="echo", messages=USER_HI, max_tokens=2, extra_body={param: body[param]}
+            )
     assert raised.value.status_code == 400 and raised.value.response.json()["error"]["param"] == param
 
 
@@ -223,12 +229,18 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(served):
     answer = client.completions.create(model="echo", prompt="abcdefghij", max_tokens=4,
                                        extra_body={"truncate_prompt_tokens": 3, "return_token_ids": True})  # fmt: skip
     choice = answer.choices[0]
-    assert (answer.usage.prompt_tokens, text_of(choice.model_extra["prompt_token_ids"]), choice.text) == (3, "hij", "hijh")
+    assert (answer.usage.prompt_tokens, text_of(choice.model_extra["prompt_token_ids"]), choice.text) == (
+        3,
+        "hij",
+        "hijh",
+    )
     right = client.completions.create(model="echo", prompt="abcdefghij", max_tokens=4,
                                       extra_body={"truncate_prompt_tokens": 3, "truncation_side": "right"})  # fmt: skip
     assert right.choices[0].text == "abca"
     # -1: the model length less one token, so a prompt too long for the model still gets an answer.
-    long = client.completions.create(model="echo", prompt="z" * 200, max_tokens=1, extra_body={"truncate_prompt_tokens": -1})
+    long = client.completions.create(
+        model="echo", prompt="z" * 200, max_tokens=1, extra_body={"truncate_prompt_tokens": -1}
+    )
     assert long.usage.prompt_tokens == MAX_MODEL_LEN - 1
     chat = client.chat.completions.create(model="echo", messages=USER_HI, max_tokens=2,
                                           extra_body={"truncate_prompt_tokens": 4})  # fmt: skip
@@ -237,7 +249,9 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(served):
 
 def test_truncate_prompt_tokens_beyond_the_model_length_is_refused(served):
     for value in (MAX_MODEL_LEN + 1, -2):
-        status, error = post(served, "/v1/completions", {"prompt": "x", "max_tokens": 2, "truncate_prompt_tokens": value})
+        status, error = post(
+            served, "/v1/completions", {"prompt": "x", "max_tokens": 2, "truncate_prompt_tokens": value}
+        )
         assert_error_shape(status, error, 400, "truncate_prompt_tokens")
 
 
