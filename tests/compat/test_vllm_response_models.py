@@ -103,26 +103,23 @@ def missing_keys(ours: dict[str, Any], dumped: dict[str, Any], where: str) -> li
     return missing
 
 
-@pytest.mark.parametrize("body", CHAT_BODIES, ids=range(len(CHAT_BODIES)))
-def test_chat_answers_are_vllms_models(served, body):
-    answer = post(served, "/v1/chat/completions", body)
-    model = ChatCompletionResponse.model_validate(answer)
+#: (path, whole answer model, chunk model, body) of every case.
+CASES = [("/v1/chat/completions", ChatCompletionResponse, ChatCompletionStreamResponse, b) for b in CHAT_BODIES] + [
+    ("/v1/completions", CompletionResponse, CompletionStreamResponse, b) for b in COMPLETION_BODIES
+]
+
+
+@pytest.mark.parametrize(
+    "path, whole_model, chunk_model, body", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)]
+)
+def test_answers_are_vllms_models(served, path, whole_model, chunk_model, body):
+    answer = post(served, path, body)
+    model = whole_model.model_validate(answer)
     # `tool_calls` is left out when empty, by vLLM's own serializer too.
     assert missing_keys(answer, model.model_dump(), "response") == []
     UsageInfo.model_validate(answer["usage"])
-    for chunk in stream(served, "/v1/chat/completions", body):
-        ChatCompletionStreamResponse.model_validate(chunk)
-        UsageInfo.model_validate(chunk["usage"])
-
-
-@pytest.mark.parametrize("body", COMPLETION_BODIES, ids=range(len(COMPLETION_BODIES)))
-def test_completion_answers_are_vllms_models(served, body):
-    answer = post(served, "/v1/completions", body)
-    model = CompletionResponse.model_validate(answer)
-    assert missing_keys(answer, model.model_dump(), "response") == []
-    UsageInfo.model_validate(answer["usage"])
-    for chunk in stream(served, "/v1/completions", body):
-        CompletionStreamResponse.model_validate(chunk)
+    for chunk in stream(served, path, body):
+        chunk_model.model_validate(chunk)
         UsageInfo.model_validate(chunk["usage"])
 
 
