@@ -29,6 +29,8 @@ pub struct Delta {
     pub finish: Option<Finish>,
     /// The tokens of the delta and their logprobs, when the request asked for logprobs.
     pub scored: Option<Box<Scored>>,
+    /// The tokens of the delta, when the request asked for them (`return_token_ids`).
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// The tokens that arrived with a delta and their logprobs.
@@ -85,6 +87,8 @@ pub struct Whole {
     pub finish: Finish,
     /// All the tokens and their logprobs, when the request asked for logprobs.
     pub scored: Option<Box<Scored>>,
+    /// All the tokens, when the request asked for them (`return_token_ids`).
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// Why a generation failed.
@@ -132,6 +136,12 @@ pub struct Generation {
     /// Set when the request asked for logprobs: then every output with
     /// tokens makes a delta, text or not (logprobs belong to tokens, as in vLLM).
     scoring: Option<Box<Scoring>>,
+    /// Set when the request asked for its token ids: every output with
+    /// tokens makes a delta carrying them, as in vLLM.
+    return_token_ids: bool,
+    /// The text of the token that stopped generation in the engine is kept
+    /// (`include_stop_str_in_output`).
+    keep_stop: bool,
 }
 
 impl Generation {
@@ -146,7 +156,28 @@ impl Generation {
         started: Instant,
     ) -> Self {
         let clock = TokenClock::start(metrics, stream.engine(), stream.times(), n, started);
-        Generation { stream, decoder, stops: StopStrings::new(stop_strings), prompt_tokens, clock, scoring: None }
+        Generation {
+            stream,
+            decoder,
+            stops: StopStrings::new(stop_strings),
+            prompt_tokens,
+            clock,
+            scoring: None,
+            return_token_ids: false,
+            keep_stop: false,
+        }
+    }
+
+    /// This generation as the request's output options ask: stop strings and
+    /// the stop token's text kept (`include_stop_str_in_output`, as vLLM's
+    /// detokenizer keeps them), token ids on every delta (`return_token_ids`).
+    pub fn with_output_options(mut self, include_stop_str_in_output: bool, return_token_ids: bool) -> Self {
+        if include_stop_str_in_output {
+            self.stops = std::mem::take(&mut self.stops).keeping_stop();
+            self.keep_stop = true;
+        }
+        self.return_token_ids = return_token_ids;
+        self
     }
 
     /// This generation with its tokens' logprobs read into positions
@@ -166,6 +197,12 @@ impl Generation {
             completion_tokens: self.clock.generated(),
             total_tokens: self.prompt_tokens + self.clock.generated(),
         }
+    }
+
+    /// The token counts before any output: the prompt alone (what vLLM's
+    /// continuous usage shows on a stream's opening chunk).
+    pub fn usage_before_output(&self) -> Usage {
+        Usage { prompt_tokens: self.prompt_tokens, completion_tokens: 0, total_tokens: self.prompt_tokens }
     }
 
     /// The engine serving this generation.
@@ -193,7 +230,7 @@ impl Generation {
             // As in vLLM, the token that stopped generation in the engine (EOS,
             // a stop token id) is counted but left out of the text.
             let decoded = match finish_reason {
-                Some(FinishReason::Stop) => &token_ids[..token_ids.len().saturating_sub(1)],
+                Some(FinishReason::Stop) if !self.keep_stop => &token_ids[..token_ids.len().saturating_sub(1)],
                 _ => &token_ids[..],
             };
             let mut text = self.decoder.push(decoded);
@@ -216,8 +253,10 @@ impl Generation {
                 }
                 _ => None,
             };
-            if !emit.is_empty() || finish.is_some() || scored.as_ref().is_some_and(|s| !s.token_ids.is_empty()) {
-                return Some(Ok(Delta { text: emit, finish, scored }));
+            let has_tokens = (self.return_token_ids || scored.is_some()) && !token_ids.is_empty();
+            if !emit.is_empty() || finish.is_some() || has_tokens {
+                let token_ids = self.return_token_ids.then_some(token_ids);
+                return Some(Ok(Delta { text: emit, finish, scored, token_ids }));
             }
         }
         None
@@ -232,9 +271,13 @@ impl Generation {
     pub async fn collect_whole(&mut self) -> Result<Whole, GenerationError> {
         let mut text = String::new();
         let mut scored: Option<Box<Scored>> = None;
+        let mut token_ids: Option<Vec<u32>> = None;
         while let Some(delta) = self.next_delta().await {
             let delta = delta?;
             text.push_str(&delta.text);
+            if let Some(ids) = delta.token_ids {
+                token_ids.get_or_insert_with(Vec::new).extend(ids);
+            }
             if let Some(part) = delta.scored {
                 match &mut scored {
                     None => scored = Some(part),
@@ -242,7 +285,8 @@ impl Generation {
                 }
             }
             if let Some(finish) = delta.finish {
-                return Ok(Whole { text, finish, scored });
+                let token_ids = token_ids.or_else(|| self.return_token_ids.then(Vec::new));
+                return Ok(Whole { text, finish, scored, token_ids });
             }
         }
         Err(GenerationError::Unavailable("the generation ended without a finish reason".into()))

@@ -22,7 +22,11 @@ async fn completion_echoes_prompt_tokens_with_usage() {
     assert!(body["id"].as_str().unwrap().starts_with("cmpl-"));
     assert_eq!(body["choices"][0]["text"], "hellohe");
     assert_eq!(body["choices"][0]["finish_reason"], "length");
-    assert_eq!(body["usage"], json!({"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}));
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
+               "prompt_tokens_details": null, "completion_tokens_details": null})
+    );
     let added = engines[0].added();
     let common::mock_engine::EngineEvent::Added { id, external_id, prompt, sampling, .. } = &added[0] else {
         unreachable!()
@@ -91,7 +95,11 @@ async fn chat_completion_streamed_and_not() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["object"], "chat.completion");
     assert_eq!(body["model"], "echo");
-    assert_eq!(body["choices"][0]["message"], json!({"role": "assistant", "content": "user: hi"}));
+    assert_eq!(
+        body["choices"][0]["message"],
+        json!({"role": "assistant", "content": "user: hi", "refusal": null, "annotations": null, "audio": null,
+               "function_call": null, "reasoning": null})
+    );
     assert_eq!(body["usage"]["prompt_tokens"], "user: hi\nassistant: ".len());
 
     let r = reqwest::Client::new()

@@ -144,6 +144,11 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         'e.g. \'{"medium": "low"}\'',
     )
     parser.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let chat requests bring their own `chat_template` (refused with a 400 otherwise, as in vLLM)",
+    )
+    parser.add_argument(
         "--max-logprobs", type=int, default=20, help="most logprobs a request may ask for (-1: the whole vocabulary)"
     )
     parser.add_argument(

@@ -2,7 +2,8 @@
 //! stream, or one JSON body once the generation finished.
 
 use super::error::ApiError;
-use super::sse::{choices_sse_response, sse_response, ChunkHeader, ChunkWriter};
+use super::params::CommonParams;
+use super::sse::{choices_sse_response, sse_response, ChunkHeader, ChunkWriter, StreamUsage};
 use super::state::AppState;
 use super::submit::{stop_reason_json, Submitted};
 use crate::generate::{Generation, GenerationError, Usage, Whole};
@@ -39,12 +40,83 @@ impl Serialize for Fields {
 }
 
 /// What one endpoint puts in a whole (unstreamed) choice between `index` and
-/// `finish_reason`, and `prompt_logprobs` for the response itself (chat).
+/// `finish_reason`, after `token_ids`, and `prompt_logprobs` for the
+/// response itself (chat).
 pub struct ChoiceBody {
     /// The choice's own fields (text or message, logprobs, ...).
     pub fields: Fields,
+    /// The fields after `token_ids` (completions: `prompt_logprobs`, `prompt_token_ids`).
+    pub tail: Fields,
     /// `prompt_logprobs` on the response, when it goes there.
     pub response_prompt_logprobs: Option<Box<RawValue>>,
+}
+
+/// vLLM's `PromptTokenUsageInfo`.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens the engine found in its prefix cache.
+    pub cached_tokens: Option<usize>,
+}
+
+/// vLLM's `UsageInfo` as a whole answer shows it: the details are always
+/// there, null when not reported (`prompt_tokens_details` needs the
+/// server's `enable_prompt_tokens_details`, `completion_tokens_details` a
+/// reasoning parser).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct UsageInfo {
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Prompt and completion tokens.
+    pub total_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+    /// Details of the prompt tokens.
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+    /// Details of the generated tokens (`{"reasoning_tokens": N}`).
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+/// vLLM's `CompletionTokenUsageInfo`.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct CompletionTokensDetails {
+    /// Generated tokens that were reasoning.
+    pub reasoning_tokens: usize,
+}
+
+impl From<Usage> for UsageInfo {
+    fn from(usage: Usage) -> Self {
+        UsageInfo {
+            prompt_tokens: usage.prompt_tokens,
+            total_tokens: usage.total_tokens,
+            completion_tokens: usage.completion_tokens,
+            prompt_tokens_details: None,
+            completion_tokens_details: None,
+        }
+    }
+}
+
+/// What a whole chat answer has on the response itself, null when not asked for.
+#[derive(Debug, Serialize)]
+pub struct ChatExtras {
+    /// The prompt's logprobs (`prompt_logprobs`).
+    pub prompt_logprobs: Option<Box<RawValue>>,
+    /// The prompt's token ids (`return_token_ids`).
+    pub prompt_token_ids: Option<Vec<u32>>,
+}
+
+/// A whole (unstreamed) answer, in vLLM's key order.
+#[derive(Serialize)]
+pub struct WholeAnswer<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: Vec<Fields>,
+    /// Always null: responses carry no fingerprint.
+    system_fingerprint: Option<&'a str>,
+    usage: UsageInfo,
+    #[serde(flatten)]
+    chat: Option<ChatExtras>,
 }
 
 /// How one endpoint shapes its answers.
@@ -57,6 +129,8 @@ pub struct AnswerFormat<MakeWriter, Content> {
     pub writer: MakeWriter,
     /// The body of the whole choice.
     pub content: Content,
+    /// Chat: `prompt_logprobs` and `prompt_token_ids` go on the response.
+    pub chat: bool,
 }
 
 /// The HTTP error for a generation that failed after it started, as vLLM's
@@ -74,14 +148,21 @@ pub fn generation_error(error: &GenerationError) -> ApiError {
     }
 }
 
-/// Streams `submitted` or waits for it and answers in one body. A stream
-/// ends with usage when the request asked for it or the server forces it
+/// Where a stream of `common` carries usage, as vLLM's `should_include_usage`
+/// decides: as the request asks, or everywhere when the server forces it
 /// (`enable_force_include_usage`).
+pub fn stream_usage(state: &AppState, common: &CommonParams) -> StreamUsage {
+    let forced = state.config.enable_force_include_usage;
+    StreamUsage { last: forced || common.include_usage, continuous: forced || common.continuous_usage }
+}
+
+/// Streams `submitted` or waits for it and answers in one body; a stream
+/// carries usage where `usage` says.
 pub async fn answer<W, MakeWriter, Content>(
     state: &AppState,
     mut submitted: Submitted,
     stream: bool,
-    include_usage: bool,
+    usage: StreamUsage,
     mut format: AnswerFormat<MakeWriter, Content>,
 ) -> Result<Response, ApiError>
 where
@@ -89,17 +170,15 @@ where
     MakeWriter: FnMut(ChunkHeader, u32) -> W,
     Content: FnMut(Whole) -> ChoiceBody,
 {
-    let include_usage = include_usage || state.config.enable_force_include_usage;
     let model = state.config.primary_model_name().to_string();
     if stream {
         let header = ChunkHeader { id: submitted.id, object: format.chunk_object, created: submitted.created, model };
-        return Ok(
-            stream_choices(submitted.generation, submitted.more_choices, header, include_usage, format.writer).await
-        );
+        return Ok(stream_choices(submitted.generation, submitted.more_choices, header, usage, format.writer).await);
     }
     let mut response_prompt_logprobs = None;
-    let (choices, usage) = whole_choices(&mut submitted, |index, whole| {
+    let (choices, usage) = whole_choices(&mut submitted, |index, mut whole| {
         let finish = whole.finish.clone();
+        let token_ids = whole.token_ids.take();
         let body = (format.content)(whole);
         if response_prompt_logprobs.is_none() {
             response_prompt_logprobs = body.response_prompt_logprobs;
@@ -109,34 +188,38 @@ where
         choice.0.extend(body.fields.0);
         choice.put("finish_reason", &finish.reason.as_str());
         choice.put("stop_reason", &stop_reason_json(&finish.stop_reason));
+        choice.put("token_ids", &token_ids);
+        choice.0.extend(body.tail.0);
         choice
     })
     .await?;
-    let body = whole_answer(&submitted, format.object, &model, choices, usage, response_prompt_logprobs);
-    Ok(Json(body).into_response())
+    let chat = format.chat.then(|| ChatExtras {
+        prompt_logprobs: response_prompt_logprobs,
+        prompt_token_ids: submitted.prompt_token_ids.take(),
+    });
+    Ok(Json(whole_answer(&submitted, format.object, &model, choices, usage, chat)).into_response())
 }
 
-/// The body of a whole answer holding `choices`, in the Python server's key
-/// order; `prompt_logprobs` (chat) goes on the response itself.
-pub fn whole_answer(
-    submitted: &Submitted,
+/// The body of a whole answer holding `choices`; `chat` (chat only) puts
+/// `prompt_logprobs` and `prompt_token_ids` on the response itself.
+pub fn whole_answer<'a>(
+    submitted: &'a Submitted,
     object: &'static str,
-    model: &str,
+    model: &'a str,
     choices: Vec<Fields>,
     usage: Usage,
-    prompt_logprobs: Option<Box<RawValue>>,
-) -> Fields {
-    let mut answer = Fields::default();
-    answer.put("id", &submitted.id);
-    answer.put("object", &object);
-    answer.put("created", &submitted.created);
-    answer.put("model", &model);
-    answer.put("choices", &choices);
-    answer.put("usage", &usage);
-    if let Some(prompt_logprobs) = prompt_logprobs {
-        answer.put_raw("prompt_logprobs", Some(prompt_logprobs));
+    chat: Option<ChatExtras>,
+) -> WholeAnswer<'a> {
+    WholeAnswer {
+        id: &submitted.id,
+        object,
+        created: submitted.created,
+        model,
+        choices,
+        system_fingerprint: None,
+        usage: usage.into(),
+        chat,
     }
-    answer
 }
 
 /// Streams the choices of a request (`first`, then `more`, as `Submitted`
@@ -145,16 +228,16 @@ pub async fn stream_choices<W: ChunkWriter>(
     first: Generation,
     more: Vec<Generation>,
     header: ChunkHeader,
-    include_usage: bool,
+    usage: StreamUsage,
     mut writer: impl FnMut(ChunkHeader, u32) -> W,
 ) -> Response {
     if more.is_empty() {
-        return sse_response(first, writer(header, 0), include_usage).await;
+        return sse_response(first, writer(header, 0), usage).await;
     }
     let mut generations = more;
     generations.insert(0, first);
     let writers = (0..generations.len() as u32).map(|index| writer(header.clone(), index)).collect();
-    choices_sse_response(generations, writers, include_usage)
+    choices_sse_response(generations, writers, usage)
 }
 
 /// Runs every choice of `submitted` to its end, concurrently, and makes each

@@ -1,6 +1,6 @@
 //! `POST /v1/completions`.
 
-use super::answer::{answer, AnswerFormat, ChoiceBody, Fields};
+use super::answer::{answer, stream_usage, AnswerFormat, ChoiceBody, Fields};
 use super::error::ApiError;
 use super::params::{parse_body, parse_json_object, CommonParams, JsonBody, SamplingInput};
 use super::rules::RULES;
@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Handles a completion request, streamed or not.
 pub async fn create_completion(
@@ -60,6 +60,8 @@ struct CompletionInput {
     echo: Option<bool>,
     suffix: Option<String>,
     logprobs: Option<i64>,
+    /// Refused: this frontend serves no prompt embeddings (vLLM without `--enable-prompt-embeds`).
+    prompt_embeds: Option<serde::de::IgnoredAny>,
 }
 
 /// A completion request whose parameters are all read and checked.
@@ -103,6 +105,12 @@ pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, ApiErr
     if input.suffix.is_some() {
         return Err(RULES.refuse("suffix", "suffix_unsupported", &[]));
     }
+    if input.prompt_embeds.is_some() {
+        return Err(ApiError::invalid_param(
+            "prompt_embeds",
+            "prompt_embeds is not supported: this server takes text or token id prompts only",
+        ));
+    }
     let prompt = match input.prompt {
         None => return Err(RULES.refuse("prompt", "prompt_missing", &[])),
         Some(PromptInput::Text(text)) if text.is_empty() => return Err(RULES.refuse("prompt", "prompt_missing", &[])),
@@ -133,7 +141,12 @@ async fn completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Resu
     let rendering =
         (echo || common.sampling.logprobs.is_some() || common.sampling.prompt_logprobs.is_some()).then(|| {
             let echo = echo.then(|| Echo {
-                text: prompt_text.unwrap_or_else(|| state.tokenizer.decode(&prompt_token_ids).unwrap_or_default()),
+                // vLLM echoes no prompt text when it returns token ids instead.
+                text: match prompt_text {
+                    _ if common.return_token_ids => String::new(),
+                    Some(text) => text,
+                    None => state.tokenizer.decode(&prompt_token_ids).unwrap_or_default(),
+                },
                 token_ids: prompt_token_ids.clone(),
                 prompt_only,
             });
@@ -147,9 +160,11 @@ async fn completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Resu
                 prompt_logprobs: common.sampling.prompt_logprobs.is_some(),
             })
         });
-    let (stream, include_usage) = (common.stream, common.include_usage);
+    let (stream, usage) = (common.stream, stream_usage(&state, &common));
     let submitted = submit(&state, &headers, Endpoint::Completions, prompt_token_ids, common)?;
+    let prompt_ids: Option<Arc<[u32]>> = submitted.prompt_token_ids.as_deref().map(Arc::from);
     let stream_rendering = rendering.clone();
+    let stream_prompt_ids = prompt_ids.clone();
     let format = AnswerFormat {
         object: "text_completion",
         chunk_object: "text_completion",
@@ -157,31 +172,42 @@ async fn completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Resu
             header,
             index,
             pieces: stream_rendering.clone().map(CompletionPieces::new),
+            prompt_token_ids: Mutex::new(stream_prompt_ids.clone()),
         },
-        content: move |whole| completion_choice(whole, rendering.clone()),
+        content: move |whole| completion_choice(whole, rendering.clone(), prompt_ids.as_deref()),
+        chat: false,
     };
-    answer(&state, submitted, stream, include_usage, format).await
+    answer(&state, submitted, stream, usage, format).await
 }
 
-/// The fields of a whole completion choice: text, logprobs and, when asked
-/// for, prompt logprobs.
-fn completion_choice(whole: Whole, rendering: Option<Arc<Rendering>>) -> ChoiceBody {
+/// The fields of a whole completion choice: text and logprobs, then (after
+/// `token_ids`) prompt logprobs and prompt token ids, null when not asked for.
+fn completion_choice(whole: Whole, rendering: Option<Arc<Rendering>>, prompt_token_ids: Option<&[u32]>) -> ChoiceBody {
     let mut fields = Fields::default();
-    let Some(rendering) = rendering else {
-        fields.put("text", &whole.text);
-        fields.put("logprobs", &());
-        return ChoiceBody { fields, response_prompt_logprobs: None };
-    };
-    let (text, logprobs) = CompletionPieces::new(rendering.clone()).piece(&whole.text, whole.scored.as_deref());
-    fields.put("text", &text);
-    fields.put_raw("logprobs", logprobs);
-    if rendering.prompt_logprobs {
-        let positions = whole.scored.as_deref().and_then(|s| s.prompt_logprobs.as_deref());
-        fields.put_raw("prompt_logprobs", Some(rendering.prompt_logprobs_json(positions)));
+    let mut tail = Fields::default();
+    match rendering {
+        None => {
+            fields.put("text", &whole.text);
+            fields.put("logprobs", &());
+            tail.put("prompt_logprobs", &());
+        }
+        Some(rendering) => {
+            let (text, logprobs) = CompletionPieces::new(rendering.clone()).piece(&whole.text, whole.scored.as_deref());
+            fields.put("text", &text);
+            fields.put_raw("logprobs", logprobs);
+            let positions = whole.scored.as_deref().and_then(|s| s.prompt_logprobs.as_deref());
+            tail.put_raw(
+                "prompt_logprobs",
+                rendering.prompt_logprobs.then(|| rendering.prompt_logprobs_json(positions)),
+            );
+        }
     }
-    ChoiceBody { fields, response_prompt_logprobs: None }
+    tail.put("prompt_token_ids", &prompt_token_ids);
+    ChoiceBody { fields, tail, response_prompt_logprobs: None }
 }
 
+/// vLLM's `CompletionResponseStreamChoice` as it streams it (the fields it
+/// sets, nulls included).
 #[derive(Serialize)]
 struct ChunkChoice<'a> {
     index: u32,
@@ -189,6 +215,10 @@ struct ChunkChoice<'a> {
     logprobs: Option<Box<RawValue>>,
     finish_reason: Option<&'static str>,
     stop_reason: Value,
+    /// The prompt's token ids, on the choice's first chunk, when asked for.
+    prompt_token_ids: Option<&'a [u32]>,
+    /// The chunk's token ids, when asked for.
+    token_ids: Option<&'a [u32]>,
 }
 
 /// The chunks of one choice of a streamed completion.
@@ -198,26 +228,31 @@ struct CompletionChunks {
     index: u32,
     /// Echo and logprobs, when the request asked for either.
     pieces: Option<CompletionPieces>,
+    /// The prompt's token ids until the first chunk took them (`return_token_ids`).
+    prompt_token_ids: Mutex<Option<Arc<[u32]>>>,
 }
 
 impl ChunkWriter for CompletionChunks {
-    fn opening(&self) -> Option<Bytes> {
+    fn opening(&self, _usage: Option<Usage>) -> Option<Bytes> {
         None
     }
 
-    fn delta(&self, delta: &Delta) -> Bytes {
+    fn delta(&self, delta: &Delta, usage: Option<Usage>) -> Bytes {
         let (text, logprobs) = match &self.pieces {
             Some(pieces) => pieces.piece(&delta.text, delta.scored.as_deref()),
             None => (Cow::Borrowed(delta.text.as_str()), None),
         };
+        let prompt_token_ids = self.prompt_token_ids.lock().unwrap_or_else(|e| e.into_inner()).take();
         let choice = ChunkChoice {
             index: self.index,
             text,
             logprobs,
             finish_reason: delta.finish.as_ref().map(|f| f.reason.as_str()),
             stop_reason: delta.finish.as_ref().map(|f| stop_reason_json(&f.stop_reason)).unwrap_or(Value::Null),
+            prompt_token_ids: prompt_token_ids.as_deref(),
+            token_ids: delta.token_ids.as_deref(),
         };
-        self.header.event(vec![choice], None)
+        self.header.event(vec![choice], usage)
     }
 
     fn usage(&self, usage: Usage) -> Bytes {

@@ -7,6 +7,7 @@ pub mod chat;
 pub mod completions;
 pub mod cors;
 pub mod error;
+pub mod message;
 pub mod misc;
 pub mod params;
 pub mod request_id;

@@ -142,8 +142,16 @@ pub struct SamplingInput {
     pub prompt_logprobs: Option<i64>,
     /// Tokens in logprobs as `token_id:N`; `None`: as the server is configured.
     pub return_tokens_as_token_ids: Option<bool>,
-    /// Prompt truncation (not supported).
+    /// Keep only this many prompt tokens (-1: as many as the model length allows).
     pub truncate_prompt_tokens: Option<i64>,
+    /// Which end `truncate_prompt_tokens` cuts (`left`, the default, keeps the last tokens).
+    pub truncation_side: Option<String>,
+    /// Keep a matched stop string (and the stop token's text) in the output.
+    pub include_stop_str_in_output: Option<bool>,
+    /// Return the generated token ids (and the prompt's).
+    pub return_token_ids: Option<bool>,
+    /// The id the response carries (`X-Request-Id` wins over it, as in vLLM).
+    pub request_id: Option<String>,
     /// Tokens per streamed chunk (a hint; ignored).
     pub stream_interval: Option<i64>,
 }
@@ -167,6 +175,16 @@ pub struct CommonParams {
     pub stream: bool,
     /// Send a usage chunk at the end of the stream.
     pub include_usage: bool,
+    /// Put the usage so far on every chunk (`stream_options.continuous_usage_stats`).
+    pub continuous_usage: bool,
+    /// Keep a matched stop string (and the stop token's text) in the output.
+    pub include_stop_str_in_output: bool,
+    /// Return the generated token ids (and the prompt's).
+    pub return_token_ids: bool,
+    /// The request's own id (body `request_id`), checked.
+    pub request_id: Option<String>,
+    /// Prompt truncation, when asked for.
+    pub truncation: Option<Truncation>,
     /// `logit_bias` token ids, checked against the vocabulary at submission.
     pub logit_bias_ids: Vec<i64>,
     /// `allowed_token_ids`, checked against the vocabulary at submission.
@@ -175,6 +193,78 @@ pub struct CommonParams {
     pub stop_token_ids: Vec<i64>,
     /// Tokens in logprobs as `token_id:N`; `None`: as the server is configured.
     pub return_tokens_as_token_ids: Option<bool>,
+}
+
+/// `truncate_prompt_tokens` and `truncation_side`, as vLLM's `TokenizeParams` reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Truncation {
+    /// Tokens to keep; `None` for -1 (the model length less one).
+    pub keep: Option<u64>,
+    /// Keep the first tokens (`right`) instead of the last (`left`, vLLM's default for generation).
+    pub keep_first: bool,
+}
+
+impl Truncation {
+    /// `prompt` cut as vLLM cuts it, or a 400 naming `truncate_prompt_tokens`
+    /// when it asks for more than the model length.
+    pub fn apply(&self, prompt: &mut Vec<u32>, max_model_len: Option<u64>) -> Result<(), ApiError> {
+        let keep = match (self.keep, max_model_len) {
+            (Some(keep), Some(max_len)) if keep > max_len => {
+                return Err(ApiError::invalid_param(
+                    "truncate_prompt_tokens",
+                    format!("truncate_prompt_tokens={keep} cannot be greater than max_model_len = {max_len}. Please request a smaller truncation size."),
+                ))
+            }
+            (Some(keep), _) => keep,
+            // -1: the model length less one token, held back for the output.
+            (None, Some(max_len)) => max_len.saturating_sub(1),
+            (None, None) => return Ok(()),
+        };
+        let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+        if keep < prompt.len() {
+            if self.keep_first {
+                prompt.truncate(keep);
+            } else {
+                prompt.drain(..prompt.len() - keep);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The body's `request_id`, or a 400 naming it: at most 128 printable ASCII
+/// characters, as the `X-Request-Id` header's (it becomes part of engine ids and logs).
+fn checked_request_id(id: Option<String>) -> Result<Option<String>, ApiError> {
+    match id {
+        Some(id) if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_graphic()) => {
+            Err(ApiError::invalid_param(
+                "request_id",
+                "request_id must be 1 to 128 printable ASCII characters without spaces",
+            ))
+        }
+        id => Ok(id),
+    }
+}
+
+fn truncation(keep: Option<i64>, side: Option<&str>) -> Result<Option<Truncation>, ApiError> {
+    let keep_first = match side {
+        None | Some("left") => false,
+        Some("right") => true,
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "truncation_side",
+                "`truncation_side` must be either 'left' or 'right'.",
+            ))
+        }
+    };
+    let Some(keep) = keep else { return Ok(None) };
+    if keep < -1 {
+        return Err(ApiError::invalid_param(
+            "truncate_prompt_tokens",
+            format!("truncate_prompt_tokens must be at least -1, got {keep}."),
+        ));
+    }
+    Ok(Some(Truncation { keep: u64::try_from(keep).ok(), keep_first }))
 }
 
 /// Temperatures below this are greedy sampling (vLLM's `_SAMPLING_EPS`).
@@ -218,17 +308,17 @@ impl SamplingInput {
     /// endpoint reads (its name and value), the first one given.
     pub fn check(self, max_tokens: Option<(&'static str, i64)>) -> Result<CommonParams, ApiError> {
         let stream = self.stream.unwrap_or(false);
-        let include_usage = match &self.stream_options {
+        let (include_usage, continuous_usage) = match &self.stream_options {
             // vLLM refuses options only when there are some (an empty object passes).
             Some(options) if !options.is_empty() && !stream => {
                 return Err(RULES.refuse("stream_options", "stream_options_without_stream", &[]))
             }
-            Some(options) => match options.get("include_usage") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => return Err(RULES.wrong_type("stream_options")),
-            },
-            None => false,
+            // vLLM's should_include_usage: continuous stats only with include_usage.
+            Some(options) => {
+                let include = stream_option(options, "include_usage")?;
+                (include, include && stream_option(options, "continuous_usage_stats")?)
+            }
+            None => (false, false),
         };
         if let Some(p) = self.prompt_logprobs {
             RULES.check_int("prompt_logprobs", p)?;
@@ -290,9 +380,8 @@ impl SamplingInput {
             None => Vec::new(),
             Some(bias) => logit_bias_ids(bias)?,
         };
-        if self.truncate_prompt_tokens.is_some() {
-            return Err(RULES.refuse("truncate_prompt_tokens", "truncate_prompt_tokens_unsupported", &[]));
-        }
+        let truncation = truncation(self.truncate_prompt_tokens, self.truncation_side.as_deref())?;
+        let request_id = checked_request_id(self.request_id)?;
         // vLLM reads seed -1 as no seed.
         let seed = self.seed.filter(|&s| s != -1);
         if let Some(seed) = seed {
@@ -332,10 +421,24 @@ impl SamplingInput {
             n,
             stream,
             include_usage,
+            continuous_usage,
+            include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
+            return_token_ids: self.return_token_ids.unwrap_or(false),
+            request_id,
+            truncation,
             logit_bias_ids,
             allowed_token_ids: self.allowed_token_ids,
             stop_token_ids,
         })
+    }
+}
+
+/// A boolean of `stream_options` (absent or null: false), or a 400 naming `stream_options`.
+fn stream_option(options: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
+    match options.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(RULES.wrong_type("stream_options")),
     }
 }
 
@@ -517,7 +620,12 @@ mod tests {
             (json!({"logit_bias": {"1": 101}}), "logit_bias"),
             (json!({"bad_words": vec!["x"; 1025]}), "bad_words"),
             (json!({"allowed_token_ids": vec![1; 1025]}), "allowed_token_ids"),
-            (json!({"truncate_prompt_tokens": 3}), "truncate_prompt_tokens"),
+            (json!({"truncate_prompt_tokens": -2}), "truncate_prompt_tokens"),
+            (json!({"truncation_side": "middle"}), "truncation_side"),
+            (json!({"request_id": "has space"}), "request_id"),
+            (json!({"request_id": ""}), "request_id"),
+            (json!({"include_stop_str_in_output": 1}), "include_stop_str_in_output"),
+            (json!({"return_token_ids": "yes"}), "return_token_ids"),
             (json!({"prompt_logprobs": -2}), "prompt_logprobs"),
             (json!({"prompt_logprobs": 1, "stream": true}), "prompt_logprobs"),
             (json!({"return_tokens_as_token_ids": 1}), "return_tokens_as_token_ids"),

@@ -171,6 +171,7 @@ fn parse_responses_request(
         ("mm_processor_kwargs", input.mm_processor_kwargs.is_some()),
         ("media_io_kwargs", input.media_io_kwargs.is_some()),
         ("include_stop_str_in_output", input.include_stop_str_in_output == Some(true)),
+        ("return_token_ids", sampling.return_token_ids == Some(true)),
         ("enable_response_messages", input.enable_response_messages == Some(true)),
     ];
     if let Some((param, _)) = unsupported.iter().find(|(_, given)| *given) {

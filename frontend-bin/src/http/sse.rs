@@ -11,12 +11,13 @@ use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 use serde::Serialize;
 use std::convert::Infallible;
 
-/// Formats the chunks of one kind of streamed answer.
+/// Formats the chunks of one kind of streamed answer. `usage`, when given,
+/// is the choice's usage so far, for `stream_options.continuous_usage_stats`.
 pub trait ChunkWriter: Send + 'static {
     /// The chunk sent before any text, if any (chat: the assistant role).
-    fn opening(&self) -> Option<Bytes>;
+    fn opening(&self, usage: Option<Usage>) -> Option<Bytes>;
     /// The chunk for one delta.
-    fn delta(&self, delta: &Delta) -> Bytes;
+    fn delta(&self, delta: &Delta, usage: Option<Usage>) -> Bytes;
     /// The final usage chunk.
     fn usage(&self, usage: Usage) -> Bytes;
 }
@@ -52,13 +53,43 @@ struct Chunk<'a, C> {
     choices: Vec<C>,
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<Usage>,
+    /// The prompt's token ids, on a chat stream's first chunk when asked for (`return_token_ids`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_token_ids: Option<&'a [u32]>,
 }
 
 impl ChunkHeader {
     /// The event for a chunk with these `choices` and, when given, `usage`.
     pub fn event<C: Serialize>(&self, choices: Vec<C>, usage: Option<Usage>) -> Bytes {
-        event(&Chunk { id: &self.id, object: self.object, created: self.created, model: &self.model, choices, usage })
+        self.event_with_prompt(choices, usage, None)
     }
+
+    /// `event`, with the prompt's token ids on the chunk itself (chat's first chunk).
+    pub fn event_with_prompt<C: Serialize>(
+        &self,
+        choices: Vec<C>,
+        usage: Option<Usage>,
+        prompt_token_ids: Option<&[u32]>,
+    ) -> Bytes {
+        event(&Chunk {
+            id: &self.id,
+            object: self.object,
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage,
+            prompt_token_ids,
+        })
+    }
+}
+
+/// When a stream carries usage: a last chunk of its own, and on every chunk too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamUsage {
+    /// A usage chunk ends the stream (`include_usage`, or the server forces it).
+    pub last: bool,
+    /// Every chunk carries the usage so far (`continuous_usage_stats`).
+    pub continuous: bool,
 }
 
 const DONE: &[u8] = b"data: [DONE]\n\n";
@@ -73,7 +104,7 @@ enum Phase {
 struct StreamState<W> {
     generation: Generation,
     writer: W,
-    include_usage: bool,
+    usage: StreamUsage,
     phase: Phase,
     /// The first delta, awaited before the response started.
     first: Option<Option<Result<Delta, GenerationError>>>,
@@ -90,15 +121,16 @@ pub fn error_event(error: &GenerationError) -> Bytes {
 /// Resolves once the first delta (or failure) is there, so that the response
 /// head, the opening chunk and the first delta leave in one write instead of
 /// three: with many streams, writes to the clients are most of the work.
-pub async fn sse_response<W: ChunkWriter>(mut generation: Generation, writer: W, include_usage: bool) -> Response {
+pub async fn sse_response<W: ChunkWriter>(mut generation: Generation, writer: W, usage: StreamUsage) -> Response {
     let first = Some(generation.next_delta().await);
-    let state = StreamState { generation, writer, include_usage, phase: Phase::Opening, first };
+    let state = StreamState { generation, writer, usage, phase: Phase::Opening, first };
     let body = stream::unfold(state, |mut s| async move {
         loop {
             match s.phase {
                 Phase::Opening => {
                     s.phase = Phase::Deltas;
-                    if let Some(chunk) = s.writer.opening() {
+                    let running = s.usage.continuous.then(|| s.generation.usage_before_output());
+                    if let Some(chunk) = s.writer.opening(running) {
                         return Some((Ok::<Bytes, Infallible>(chunk), s));
                     }
                 }
@@ -107,13 +139,13 @@ pub async fn sse_response<W: ChunkWriter>(mut generation: Generation, writer: W,
                     None => s.generation.next_delta().await,
                 } {
                     Some(Ok(delta)) => {
-                        let chunk = s.writer.delta(&delta);
+                        let chunk = s.writer.delta(&delta, s.usage.continuous.then(|| s.generation.usage()));
                         if delta.finish.is_none() {
                             // The usual case: the chunk goes out as it is, no copy.
                             return Some((Ok(chunk), s));
                         }
                         let mut last = chunk.to_vec();
-                        if s.include_usage {
+                        if s.usage.last {
                             last.extend_from_slice(&s.writer.usage(s.generation.usage()));
                         }
                         last.extend_from_slice(DONE);
@@ -168,7 +200,7 @@ struct ChoicesState<W> {
     outputs: SelectAll<BoxStream<'static, ChoiceOutput>>,
     /// One writer per choice, by index.
     writers: Vec<W>,
-    include_usage: bool,
+    stream_usage: StreamUsage,
     /// The usage of the choices that finished.
     usage: Usage,
     /// The openings of every choice, sent first.
@@ -184,17 +216,18 @@ struct ChoicesState<W> {
 pub fn choices_sse_response<W: ChunkWriter>(
     generations: Vec<Generation>,
     writers: Vec<W>,
-    include_usage: bool,
+    stream_usage: StreamUsage,
 ) -> Response {
-    let opening = writers.iter().filter_map(ChunkWriter::opening).fold(Vec::new(), |mut all, chunk| {
-        all.extend_from_slice(&chunk);
+    let opening = writers.iter().zip(&generations).fold(Vec::new(), |mut all, (writer, generation)| {
+        let running = stream_usage.continuous.then(|| generation.usage_before_output());
+        all.extend_from_slice(&writer.opening(running).unwrap_or_default());
         all
     });
     let outputs = stream::select_all(
         generations.into_iter().enumerate().map(|(index, generation)| choice_outputs(index, generation)),
     );
     let state =
-        ChoicesState { outputs, writers, include_usage, usage: Usage::default(), opening: Some(opening), ended: false };
+        ChoicesState { outputs, writers, stream_usage, usage: Usage::default(), opening: Some(opening), ended: false };
     let body = stream::unfold(state, |mut s| async move {
         if let Some(opening) = s.opening.take().filter(|o| !o.is_empty()) {
             return Some((Ok::<Bytes, Infallible>(Bytes::from(opening)), s));
@@ -205,7 +238,7 @@ pub fn choices_sse_response<W: ChunkWriter>(
         loop {
             let Some((index, output, usage)) = s.outputs.next().await else {
                 let mut last = Vec::new();
-                if s.include_usage {
+                if s.stream_usage.last {
                     last.extend_from_slice(&s.writers[0].usage(s.usage));
                 }
                 last.extend_from_slice(DONE);
@@ -217,7 +250,7 @@ pub fn choices_sse_response<W: ChunkWriter>(
                     if delta.finish.is_some() {
                         s.usage.add_choice(usage);
                     }
-                    let chunk = s.writers[index].delta(&delta);
+                    let chunk = s.writers[index].delta(&delta, s.stream_usage.continuous.then_some(usage));
                     if !chunk.is_empty() {
                         return Some((Ok(chunk), s));
                     }

@@ -60,6 +60,8 @@ pub struct Submitted {
     /// The generations of choices 1 to n - 1 when `n` > 1; empty, and so
     /// never allocated, for one choice.
     pub more_choices: Vec<Generation>,
+    /// The prompt's token ids, when the request asked for them (`return_token_ids`).
+    pub prompt_token_ids: Option<Vec<u32>>,
 }
 
 /// 404 unless `model` is absent or one of the served names.
@@ -80,13 +82,16 @@ pub fn submit(
     state: &AppState,
     headers: &HeaderMap,
     endpoint: Endpoint,
-    prompt_token_ids: Vec<u32>,
+    mut prompt_token_ids: Vec<u32>,
     mut common: CommonParams,
 ) -> Result<Submitted, ApiError> {
     let started = Instant::now();
     let prompt_param = endpoint.prompt_param();
     if let Some(reason) = state.engines.failure() {
         return Err(ApiError::unavailable(reason.to_string()));
+    }
+    if let Some(truncation) = &common.truncation {
+        truncation.apply(&mut prompt_token_ids, state.max_model_len)?;
     }
     if prompt_token_ids.is_empty() {
         return Err(ApiError::invalid_param(prompt_param, format!("`{prompt_param}` must not be empty")));
@@ -153,7 +158,7 @@ pub fn submit(
     sampling.stop_token_ids = common.stop_token_ids.iter().map(|&t| t as u32).collect();
     generation_config.set_stop_token_ids(sampling, state.tokenizer.eos_token_id());
 
-    let id = endpoint.external_id(&client_request_id(headers));
+    let id = endpoint.external_id(&client_request_id(headers, common.request_id.take()));
     let pinned_rank = pinned_rank(headers)?;
     let request = EngineRequest {
         request_id: format!("{id}-{}", random_hex(8)),
@@ -181,13 +186,14 @@ pub fn submit(
             SubmitError::RankOutOfRange { .. } => ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, e.to_string()),
             SubmitError::Unavailable(why) => ApiError::unavailable(why),
         })?;
-        let metrics = state.metrics.clone();
-        let generation = Generation::new(stream, decoder, stop, prompt_len as usize, metrics, common.n, started);
+        let generation = Generation::new(stream, decoder, stop, prompt_len as usize, state.metrics.clone(), common.n, started)
+            .with_output_options(common.include_stop_str_in_output, common.return_token_ids);
         Ok(if scored { generation.with_logprobs(state.tokenizer.clone()) } else { generation })
     };
+    let prompt_token_ids = common.return_token_ids.then(|| request.prompt_token_ids.clone());
     if common.n <= 1 {
         let generation = start(request, common.stop)?;
-        return Ok(Submitted { id, created: unix_now(), generation, more_choices: Vec::new() });
+        return Ok(Submitted { id, created: unix_now(), generation, more_choices: Vec::new(), prompt_token_ids });
     }
     // Each child goes to an engine of its own choosing, as vLLM's AsyncLLM adds
     // them; the ones already started are aborted (dropped) when one cannot be.
@@ -195,7 +201,7 @@ pub fn submit(
         .map(|child| start(child, common.stop.clone()))
         .collect::<Result<Vec<_>, _>>()?;
     let generation = more_choices.remove(0);
-    Ok(Submitted { id, created: unix_now(), generation, more_choices })
+    Ok(Submitted { id, created: unix_now(), generation, more_choices, prompt_token_ids })
 }
 
 /// The `n` child requests of `request`, as vLLM's `ParentRequest` makes them:
@@ -250,13 +256,15 @@ fn check_vocabulary(ids: &[i64], param: &str, vocab_size: usize) -> Result<(), A
 /// `max_tokens` of a completion that does not say (OpenAI's default).
 const DEFAULT_COMPLETION_MAX_TOKENS: u64 = 16;
 
-/// The `X-Request-Id` header when it is a usable id, else random hex.
-fn client_request_id(headers: &HeaderMap) -> String {
+/// The `X-Request-Id` header when it is a usable id, else the body's
+/// `request_id` (already checked), else random hex: vLLM's `_base_request_id`.
+fn client_request_id(headers: &HeaderMap, body_id: Option<String>) -> String {
     headers
         .get(REQUEST_ID_HEADER)
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
         .map(str::to_owned)
+        .or(body_id)
         .unwrap_or_else(|| random_hex(32))
 }
 

@@ -8,7 +8,9 @@
 //! [`ChatOutputParser`], whole and streamed.
 
 use super::answer::Fields;
+use super::chat::ChatOpening;
 use super::error::ApiError;
+use super::message::ResponseMessage;
 use super::rules::RULES;
 use super::sse::{ChunkHeader, ChunkWriter};
 use super::submit::stop_reason_json;
@@ -16,7 +18,7 @@ use crate::config::ChatOptions;
 use crate::generate::{Delta, Usage};
 use axum::body::Bytes;
 use serde_json::{json, Map, Value};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use vllm_rs_parsers::{
     named_tool_schema, required_tools_schema, ChatOutputParser, ChatOutputStream, DeltaMessage, ReasoningParser, Tool,
     ToolMode, ToolParser,
@@ -210,20 +212,16 @@ fn delta_json(delta: &DeltaMessage) -> Map<String, Value> {
 }
 
 /// The message of a whole answer read by `parser`, and whether it has calls.
-pub fn whole_message(parser: &ChatOutputParser, role: &str, text: &str, reasoning_field: bool) -> (Value, bool) {
+pub fn whole_message(parser: &ChatOutputParser, role: &str, text: &str) -> (ResponseMessage, bool) {
     let out = parser.parse(text);
-    let mut message = json!({"role": role, "content": out.content});
-    if reasoning_field {
-        message["reasoning"] = json!(out.reasoning);
-    }
-    let called = !out.tool_calls.is_empty();
-    if called {
-        message["tool_calls"] = out
-            .tool_calls
-            .iter()
-            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-            .collect();
-    }
+    let mut message = ResponseMessage::new(role, out.content);
+    message.reasoning = out.reasoning;
+    message.tool_calls = out
+        .tool_calls
+        .iter()
+        .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+        .collect();
+    let called = !message.tool_calls.is_empty();
     (message, called)
 }
 
@@ -231,8 +229,8 @@ pub fn whole_message(parser: &ChatOutputParser, role: &str, text: &str, reasonin
 pub struct ParsedChatChunks {
     /// What every chunk repeats.
     pub header: ChunkHeader,
-    /// The role the first chunk announces.
-    pub role: String,
+    /// The first chunks: the role (and the prompt's ids), the echo.
+    pub opening: Arc<ChatOpening>,
     /// The output reader (the writer is shared by reference, so it is locked).
     pub stream: Mutex<ChatOutputStream>,
     /// The tool mode (for the finish reason).
@@ -244,12 +242,11 @@ pub struct ParsedChatChunks {
 }
 
 impl ChunkWriter for ParsedChatChunks {
-    fn opening(&self) -> Option<Bytes> {
-        let choice = json!({"index": self.index, "delta": {"role": self.role, "content": ""}, "logprobs": null, "finish_reason": null});
-        Some(self.header.event(vec![choice], None))
+    fn opening(&self, usage: Option<Usage>) -> Option<Bytes> {
+        Some(self.opening.chunks(&self.header, self.index, usage))
     }
 
-    fn delta(&self, delta: &Delta) -> Bytes {
+    fn delta(&self, delta: &Delta, usage: Option<Usage>) -> Bytes {
         let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
         let mut parts: Vec<DeltaMessage> = Vec::new();
         if !delta.text.is_empty() {
@@ -274,20 +271,23 @@ impl ChunkWriter for ParsedChatChunks {
         let mut choice = Fields::default();
         choice.put("index", &self.index);
         let Some(finish) = &delta.finish else {
-            if out.is_empty() && logprobs.is_none() {
+            // vLLM sends a chunk without text when it carries logprobs or token ids.
+            if out.is_empty() && logprobs.is_none() && delta.token_ids.is_none() {
                 return Bytes::new();
             }
             choice.put("delta", &out);
             choice.put_raw("logprobs", logprobs);
             choice.put("finish_reason", &());
-            return self.header.event(vec![choice], None);
+            choice.put("token_ids", &delta.token_ids);
+            return self.header.event(vec![choice], usage);
         };
         let reason = finish_reason(finish.reason.as_str(), self.mode, stream.tools_called());
         choice.put("delta", &out);
         choice.put_raw("logprobs", logprobs);
         choice.put("finish_reason", &reason);
         choice.put("stop_reason", &stop_reason_json(&finish.stop_reason));
-        self.header.event(vec![choice], None)
+        choice.put("token_ids", &delta.token_ids);
+        self.header.event(vec![choice], usage)
     }
 
     fn usage(&self, usage: Usage) -> Bytes {

@@ -1,7 +1,7 @@
 //! The `--args-json` keys that shape chat prompts and answers:
 //! `chat_template`, `chat_template_content_format`, `response_role`, and
 //! the output parsers: `enable_auto_tool_choice`, `tool_call_parser`,
-//! `reasoning_parser`, `exclude_tools_when_tool_choice_none`,
+//! `reasoning_parser`, `exclude_tools_when_tool_choice_none`, `trust_request_chat_template`,
 //! `default_chat_template_kwargs` and `reasoning_effort_map`.
 
 use crate::config::Keys;
@@ -26,6 +26,8 @@ pub struct ChatOptions {
     pub reasoning_parser: Option<String>,
     /// Leave `tools` out of the template when `tool_choice` is `none`.
     pub exclude_tools_when_tool_choice_none: bool,
+    /// A chat request may bring its own `chat_template` (`trust_request_chat_template`).
+    pub trust_request_chat_template: bool,
     /// The `chat_template_kwargs` every chat request starts from
     /// (`default_chat_template_kwargs`); a request's own override them.
     pub default_template_kwargs: serde_json::Map<String, serde_json::Value>,
@@ -43,6 +45,7 @@ impl Default for ChatOptions {
             auto_tool_parser: None,
             reasoning_parser: None,
             exclude_tools_when_tool_choice_none: false,
+            trust_request_chat_template: false,
             default_template_kwargs: serde_json::Map::new(),
             reasoning_effort_map: HashMap::new(),
         }
@@ -84,6 +87,7 @@ impl ChatOptions {
             auto_tool_parser: tool_call_parser.filter(|_| auto_tools),
             reasoning_parser,
             exclude_tools_when_tool_choice_none: keys.bool("exclude_tools_when_tool_choice_none")?.unwrap_or(false),
+            trust_request_chat_template: keys.bool("trust_request_chat_template")?.unwrap_or(false),
             default_template_kwargs: match keys.get("default_chat_template_kwargs") {
                 None | Some(serde_json::Value::Null) => serde_json::Map::new(),
                 Some(serde_json::Value::Object(map)) => map.clone(),
