@@ -119,14 +119,19 @@ def outcome(fn, *args):
         return ("raised", e)
 
 
+def assert_answers_as_vllm(ours, theirs, arg):
+    """`ours(arg)` returns what `theirs(arg)` returns, or raises its class."""
+    kind, expected = outcome(theirs, arg)
+    if kind == "value":
+        assert ours(arg) == expected
+    else:
+        with pytest.raises(type(expected)):
+            ours(arg)
+
+
 @pytest.mark.parametrize("text", HOST_PORTS)
 def test_split_host_port_answers_as_vllm(text):
-    kind, theirs = outcome(vllm_net.split_host_port, text)
-    if kind == "value":
-        assert network_utils.split_host_port(text) == theirs
-    else:
-        with pytest.raises(type(theirs)):
-            network_utils.split_host_port(text)
+    assert_answers_as_vllm(network_utils.split_host_port, vllm_net.split_host_port, text)
 
 
 @pytest.mark.parametrize("text", STRICTER)
@@ -160,9 +165,4 @@ def test_join_host_port_make_zmq_path_and_get_tcp_uri_answer_as_vllm(host, port)
     ],
 )
 def test_split_zmq_path_answers_as_vllm(path):
-    kind, theirs = outcome(vllm_net.split_zmq_path, path)
-    if kind == "value":
-        assert network_utils.split_zmq_path(path) == theirs
-    else:
-        with pytest.raises(type(theirs)):
-            network_utils.split_zmq_path(path)
+    assert_answers_as_vllm(network_utils.split_zmq_path, vllm_net.split_zmq_path, path)
