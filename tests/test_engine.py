@@ -233,7 +233,7 @@ def test_toy_binds_one_kv_cache_per_layer(toy_config):
     core = EngineCore(toy_config)
     runner = core.runner
     layers = runner.model.attention_layers()
-    assert len(runner.kv_caches) == len(layers) == runner.model_config.num_layers
+    assert len(runner.kv_caches) == len(layers) == toy_config.model_config.spec.hparams["num_layers"]
     for index, (_, attention) in enumerate(sorted(layers.items())):
         assert attention.kv_cache[0] is runner.kv_caches[index]
         assert runner.kv_caches[index].shape[:3] == (2, runner.num_gpu_blocks, toy_config.cache_config.block_size)

@@ -115,7 +115,19 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         default=None,
         help="reuse cached prompt blocks (default: on for toy)",
     )
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the toy model runs")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the model runs")
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="weights and KV cache dtype of a real model (auto: float32 on the CPU, the checkpoint's half dtype on CUDA)",
+    )
+    parser.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        default=None,
+        help="KV-cache size per engine in bytes (default on the CPU: $VLLM_CPU_KVCACHE_SPACE GiB, else up to 4 GiB)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the toy model's weights")
     parser.add_argument(
         "--enable-auto-tool-choice",

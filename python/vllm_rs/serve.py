@@ -92,6 +92,7 @@ NUMERIC_OPTION_RANGES: dict[str, tuple[float, float]] = {
     "max_num_batched_tokens": (1, 2**31 - 1),
     "block_size": (1, 4096),
     "num_gpu_blocks": (1, 2**31 - 1),
+    "kv_cache_memory_bytes": (1, 2**62),
     "seed": (0, 2**63 - 1),
 }
 
@@ -349,12 +350,14 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
             device=args.device,
             seed=args.seed,
             log_stats=not args.disable_log_stats,
+            dtype=args.dtype,
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         )
     except (ModelPathError, EngineConfigError) as e:
         raise ServeUsageError(str(e)) from None
     if served.tokenizer_dir is not None:
         config.model_config.spec.tokenizer_dir = served.tokenizer_dir
-    if args.device == "cuda" and config.model_config.spec.model_type == "toy" and not _cuda_available():
+    if args.device == "cuda" and config.model_config.spec.model_type != "echo" and not _cuda_available():
         raise ServeUsageError("--device cuda: CUDA is not available on this machine")
     config.heartbeat_ttl_s = heartbeat_timeout_s
     binary = None

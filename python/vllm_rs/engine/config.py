@@ -5,15 +5,30 @@ read (`model_config`, `cache_config`, `scheduler_config`, `parallel_config`,
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_rs.engine.checkpoint import DTYPE_BYTES
 from vllm_rs.engine.models import DEFAULT_MAX_MODEL_LEN, ModelSpec, resolve_model
 
-#: Scheduler limits by model type: (max_num_seqs, max_num_batched_tokens).
+#: Scheduler limits by model type: (max_num_seqs, max_num_batched_tokens);
+#: real models get `DEFAULT_REAL_LIMITS`.
 DEFAULT_LIMITS = {"toy": (64, 2048), "echo": (256, 8192)}
+DEFAULT_REAL_LIMITS = (64, 2048)
 #: KV-cache block size in tokens.
 DEFAULT_BLOCK_SIZE = 16
+#: `--dtype` choices (vLLM's names).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: What `--dtype auto` means for a real model on the CPU: the faster of
+#: float32 and bfloat16 there (measured, docs/real-models.md).
+CPU_AUTO_DTYPE = "float32"
+#: vLLM's KV-cache budget on the CPU, in GiB.
+CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+#: A real model's KV cache on the CPU when no budget is given: at most this
+#: (vLLM's `VLLM_CPU_KVCACHE_SPACE` default, 4 GiB), less when
+#: `max_num_seqs` full sequences need less.
+DEFAULT_CPU_KV_BYTES = 4 << 30
 
 
 class EngineConfigError(ValueError):
@@ -22,7 +37,7 @@ class EngineConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    """What model runs and how long its sequences may be."""
+    """What model runs, in which dtype, and how long its sequences may be."""
 
     model: str
     spec: ModelSpec
@@ -32,7 +47,10 @@ class ModelConfig:
 
     @property
     def architectures(self) -> list[str]:
-        """vLLM-style architecture names (`ToyForCausalLM`, `EchoModel`)."""
+        """vLLM-style architecture names (`LlamaForCausalLM`, ...,
+        `ToyForCausalLM`, `EchoModel`)."""
+        if self.spec.transformer is not None:
+            return [self.spec.transformer.architecture]
         return ["ToyForCausalLM" if self.spec.model_type == "toy" else "EchoModel"]
 
     @property
@@ -51,6 +69,8 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     cache_dtype: str = "auto"
     gpu_memory_utilization: float | None = None
+    #: The KV cache's memory budget (`--kv-cache-memory-bytes`), when given.
+    kv_cache_memory_bytes: int | None = None
 
 
 @dataclass
@@ -131,12 +151,22 @@ def make_engine_config(
     device: str = "auto",
     seed: int = 0,
     log_stats: bool = True,
+    dtype: str = "auto",
+    kv_cache_memory_bytes: int | None = None,
+    tokenizer_dir: str | None = None,
 ) -> EngineConfig:
-    """An EngineConfig with the model type's defaults filled in. Raises
-    `ModelPathError` for a bad model, `EngineConfigError` for bad limits."""
+    """An EngineConfig with the model type's defaults filled in and the KV
+    cache sized (`num_gpu_blocks`; for a real model from
+    `kv_cache_memory_bytes`, else `VLLM_CPU_KVCACHE_SPACE` on the CPU).
+    `tokenizer_dir` (a directory with `tokenizer.json`) overrides the
+    model's own. Raises `ModelPathError` for a bad model,
+    `EngineConfigError` for bad limits or a cache that does not fit."""
     spec = resolve_model(model)
-    default_seqs, default_tokens = DEFAULT_LIMITS[spec.model_type]
-    max_len = max_model_len or min(DEFAULT_MAX_MODEL_LEN[spec.model_type], spec.max_position)
+    if tokenizer_dir is not None:
+        spec.tokenizer_dir = tokenizer_dir
+    default_seqs, default_tokens = DEFAULT_LIMITS.get(spec.model_type, DEFAULT_REAL_LIMITS)
+    default_len = spec.max_position if spec.is_real else DEFAULT_MAX_MODEL_LEN[spec.model_type]
+    max_len = max_model_len or min(default_len, spec.max_position)
     checks: list[tuple[str, Any, bool]] = [
         ("--max-model-len", max_len, 1 <= max_len <= spec.max_position),
         ("--max-num-seqs", max_num_seqs, max_num_seqs is None or max_num_seqs >= 1),
@@ -149,21 +179,134 @@ def make_engine_config(
         ("--num-gpu-blocks", num_gpu_blocks, num_gpu_blocks is None or num_gpu_blocks >= 1),
         ("--data-parallel-size", data_parallel_size, 1 <= data_parallel_size <= 65536),
         ("--device", device, device in ("auto", "cpu", "cuda")),
+        ("--dtype", dtype, dtype in DTYPES),
+        (
+            "--kv-cache-memory-bytes",
+            kv_cache_memory_bytes,
+            kv_cache_memory_bytes is None or kv_cache_memory_bytes >= 1,
+        ),
     ]
     for name, value, ok in checks:
         if not ok:
             limit = f" (the model holds at most {spec.max_position} positions)" if name == "--max-model-len" else ""
             raise EngineConfigError(f"{name}: invalid value {value!r}{limit}")
+    if spec.is_real and device == "auto":
+        device = "cuda" if _cuda_available() else "cpu"
+    resolved_dtype = resolve_dtype(dtype, spec, device)
+    scheduler = SchedulerConfig(max_num_seqs or default_seqs, max_num_batched_tokens or default_tokens)
+    cache = CacheConfig(
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        enable_prefix_caching=spec.model_type != "echo" if enable_prefix_caching is None else enable_prefix_caching,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+    )
+    if spec.model_type != "echo":
+        cache.num_gpu_blocks = size_kv_cache(spec, cache, scheduler, max_len, resolved_dtype, device, data_parallel_size)
     return EngineConfig(
-        model_config=ModelConfig(model=model, spec=spec, max_model_len=max_len, seed=seed),
-        cache_config=CacheConfig(
-            block_size=block_size,
-            num_gpu_blocks=num_gpu_blocks,
-            enable_prefix_caching=spec.model_type == "toy" if enable_prefix_caching is None else enable_prefix_caching,
-        ),
-        scheduler_config=SchedulerConfig(max_num_seqs or default_seqs, max_num_batched_tokens or default_tokens),
+        model_config=ModelConfig(model=model, spec=spec, max_model_len=max_len, dtype=resolved_dtype, seed=seed),
+        cache_config=cache,
+        scheduler_config=scheduler,
         parallel_config=ParallelConfig(data_parallel_size=data_parallel_size),
         device_config=DeviceConfig(device),
         clients=list(clients or []),
         log_stats=log_stats,
     )
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_dtype(dtype: str, spec: ModelSpec, device: str) -> str:
+    """`--dtype auto` made concrete: float32 for the toy model; for a real
+    model the checkpoint's half dtype on CUDA (bfloat16 for a float32 one),
+    `CPU_AUTO_DTYPE` on the CPU."""
+    if dtype != "auto":
+        return dtype
+    if not spec.is_real:
+        return "float32"
+    if device == "cuda":
+        saved = spec.transformer.checkpoint_dtype
+        return saved if saved in ("bfloat16", "float16") else "bfloat16"
+    return CPU_AUTO_DTYPE
+
+
+def kv_bytes_per_token(spec: ModelSpec, dtype: str) -> int:
+    """KV-cache bytes one token takes over all layers."""
+    if spec.transformer is not None:
+        return spec.transformer.kv_bytes_per_token(dtype)
+    return 2 * int(spec.hparams["num_layers"]) * int(spec.hparams["hidden_size"]) * DTYPE_BYTES["float32"]
+
+
+def available_memory_bytes() -> int:
+    """The host memory available now (Linux `MemAvailable`, else all of it)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def size_kv_cache(
+    spec: ModelSpec,
+    cache: CacheConfig,
+    scheduler: SchedulerConfig,
+    max_model_len: int,
+    dtype: str,
+    device: str,
+    engines: int,
+) -> int | None:
+    """KV blocks per engine: `--num-gpu-blocks` when given, else what the
+    budget holds (`--kv-cache-memory-bytes`, else `VLLM_CPU_KVCACHE_SPACE`
+    GiB on the CPU), else enough for `max_num_seqs` full sequences (a real
+    model on the CPU: at most `DEFAULT_CPU_KV_BYTES`; on CUDA: None, the
+    runner sizes it from free device memory). Raises EngineConfigError when
+    the budget holds no full sequence, or when on the CPU the weights and
+    the cache of every engine exceed the memory available."""
+    block_bytes = kv_bytes_per_token(spec, dtype) * cache.block_size
+    min_blocks = -(-max_model_len // cache.block_size)
+    wanted = min_blocks * scheduler.max_num_seqs
+    budget, source = cache.kv_cache_memory_bytes, "--kv-cache-memory-bytes"
+    if budget is None and device == "cpu" and os.environ.get(CPU_KVCACHE_SPACE_ENV):
+        source = f"{CPU_KVCACHE_SPACE_ENV}={os.environ[CPU_KVCACHE_SPACE_ENV]}"
+        try:
+            budget = int(float(os.environ[CPU_KVCACHE_SPACE_ENV]) * (1 << 30))
+        except ValueError:
+            raise EngineConfigError(f"{source}: not a number of GiB") from None
+    if cache.num_gpu_blocks is not None:
+        blocks = cache.num_gpu_blocks
+    elif budget is not None:
+        blocks = budget // block_bytes
+        if blocks < min_blocks:
+            raise EngineConfigError(
+                f"{source}: a KV cache of {budget} bytes holds {blocks * cache.block_size} tokens, "
+                f"but one sequence of --max-model-len {max_model_len} needs {min_blocks * block_bytes} bytes "
+                f"({block_bytes} per block of {cache.block_size} tokens): raise the budget or lower --max-model-len"
+            )
+    elif not spec.is_real:
+        blocks = wanted
+    elif device == "cpu":
+        blocks = max(min_blocks, min(wanted, DEFAULT_CPU_KV_BYTES // block_bytes))
+    else:
+        return None
+    if spec.is_real and device == "cpu":
+        weights = spec.transformer.num_parameters() * DTYPE_BYTES[dtype]
+        needed = engines * (weights + blocks * block_bytes)
+        available = available_memory_bytes()
+        if needed > available:
+            raise EngineConfigError(
+                f"the model's weights ({_gib(weights)} in {dtype}) and its KV cache ({_gib(blocks * block_bytes)}, "
+                f"{blocks} blocks) need {_gib(needed)} for {engines} engine(s), but {_gib(available)} of memory is "
+                f"available: lower --kv-cache-memory-bytes ({CPU_KVCACHE_SPACE_ENV}) or --max-model-len, "
+                "or choose a smaller --dtype"
+            )
+    return blocks

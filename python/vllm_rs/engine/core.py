@@ -11,7 +11,6 @@ from typing import Any
 
 from vllm_rs.engine.block_pool import BlockPool
 from vllm_rs.engine.config import EngineConfig
-from vllm_rs.engine.models import BYTE_VOCAB_SIZE
 from vllm_rs.engine.protocol import (
     VLLM_PROTOCOL_VERSION,
     EngineCoreOutput,
@@ -65,9 +64,9 @@ def make_runner(config: EngineConfig) -> Any:
         from vllm_rs.engine.echo_runner import EchoRunner
 
         return EchoRunner()
-    from vllm_rs.engine.toy_runner import ToyModelRunner
+    from vllm_rs.engine.model_runner import ModelRunner
 
-    return ToyModelRunner(config)
+    return ModelRunner(config)
 
 
 class EngineCore:
@@ -155,8 +154,9 @@ class EngineCore:
         try:
             sampling = SamplingParams.from_wire(wire.sampling_params)
             prompt = wire.prompt_token_ids
-            if prompt and (set(map(type, prompt)) != {int} or min(prompt) < 0 or max(prompt) >= BYTE_VOCAB_SIZE):
-                raise InvalidRequestError(f"prompt token ids must be integers in [0, {BYTE_VOCAB_SIZE})")
+            vocab = self.config.model_config.spec.vocab_size
+            if prompt and (set(map(type, prompt)) != {int} or min(prompt) < 0 or max(prompt) >= vocab):
+                raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})")
             room = self.max_model_len - len(prompt)
             max_tokens = min(sampling.max_tokens, room) if sampling.max_tokens is not None else room
             request = Request(
@@ -170,7 +170,9 @@ class EngineCore:
             )
             if sampling.structured_outputs is not None:
                 if not self.runner.follows_grammars:
-                    raise InvalidRequestError("the echo model cannot follow structured outputs")
+                    raise InvalidRequestError(
+                        f"the {self.config.model_config.spec.model_type} model cannot follow structured outputs"
+                    )
                 spec = self.config.model_config.spec
                 vocabulary = grammar_vocabulary(spec.tokenizer_dir, spec.vocab_size)
                 request.grammar = GrammarMatcher(compile_grammar(sampling.structured_outputs, vocabulary), vocabulary)
@@ -306,6 +308,7 @@ class EngineCore:
             **self.totals,
             "prefix_cache_block_queries": pool.queries if pool else 0,
             "prefix_cache_block_hits": pool.hits if pool else 0,
+            "num_preemptions": self.scheduler.num_preemptions,
             "num_running_reqs": self.scheduler.num_running,
             "num_waiting_reqs": self.scheduler.num_waiting,
             "is_sleeping": self.is_sleeping(),
@@ -313,7 +316,7 @@ class EngineCore:
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         """Forgets the prefix cache (there is no connector; running requests
-        keep their blocks either way, since nothing is ever preempted)."""
+        keep their blocks either way)."""
         return self.scheduler.reset_prefix_cache()
 
     def pause_scheduler(self, mode: str = "abort", clear_cache: bool = True) -> WhenIdle | None:

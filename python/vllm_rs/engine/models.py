@@ -1,6 +1,8 @@
-"""Which model an engine runs: the built-in names `toy` and `echo`, or a model
+"""Which model an engine runs: the built-in names `toy` and `echo`; a model
 directory whose `config.json` names one of them (`"model_type"`), with the
-toy model's hyperparameters and, optionally, its weights in `model.pt`.
+toy model's hyperparameters and, optionally, its weights in `model.pt`; a
+real model's directory (`config.json` naming a supported architecture, and
+`*.safetensors` weights); or a `.gguf` file.
 
 Nothing here imports torch: `serve` validates `--model` before starting
 anything.
@@ -12,6 +14,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from vllm_rs.engine.checkpoint import (
+    CheckpointError,
+    TransformerConfig,
+    config_from_hf,
+    read_gguf,
+    safetensors_files,
+)
 
 #: Model types the reference engine runs.
 MODEL_TYPES = ("toy", "echo")
@@ -41,34 +51,71 @@ class ModelPathError(ValueError):
 
 @dataclass
 class ModelSpec:
-    """A resolved model: its type, where it came from, its hyperparameters."""
+    """A resolved model: its type (`toy`, `echo`, or a real model's Hugging
+    Face `model_type`), where it came from, its hyperparameters."""
 
     model_type: str
     source: str
     hparams: dict[str, Any] = field(default_factory=dict)
+    #: `model.pt` of a toy directory; the `.gguf` file of a GGUF model.
     weights_path: str | None = None
+    #: A real model's decoder config (None for toy and echo).
+    transformer: TransformerConfig | None = None
+    #: A real model's safetensors files, in load order.
+    weight_files: list[str] = field(default_factory=list)
+    #: The directory holding the model's `tokenizer.json` (the model
+    #: directory when it has one; set by `serve` for a GGUF).
+    tokenizer_dir: str | None = None
 
     @property
     def is_directory(self) -> bool:
-        """True when the model came from a directory."""
+        """True when the model came from a directory or file."""
         return self.source not in MODEL_TYPES
+
+    @property
+    def is_real(self) -> bool:
+        """True for a real (Llama-shaped) model."""
+        return self.transformer is not None
+
+    @property
+    def is_gguf(self) -> bool:
+        """True when the weights are a GGUF file."""
+        return self.is_real and self.weights_path is not None
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model knows."""
+        return self.transformer.vocab_size if self.transformer else BYTE_VOCAB_SIZE
 
     @property
     def max_position(self) -> int:
         """Longest sequence the model can hold."""
+        if self.transformer is not None:
+            c = self.transformer
+            return min(c.max_position_embeddings, c.sliding_window or c.max_position_embeddings)
         if self.model_type == "toy":
             return int(self.hparams["max_position_embeddings"])
         return 1 << 20
 
 
 def resolve_model(model: str) -> ModelSpec:
-    """The spec for `--model`: `toy`, `echo`, or a directory holding
-    `config.json` with `"model_type": "toy"|"echo"`. Raises ModelPathError
-    with a message that names the path and what is wrong."""
+    """The spec for `--model`: `toy`, `echo`, a directory holding
+    `config.json` with `"model_type": "toy"|"echo"` or a supported
+    architecture with its safetensors, or a `.gguf` file. Raises
+    ModelPathError with a message that names the path and what is wrong."""
     if model in MODEL_TYPES:
         return ModelSpec(model, model, dict(TOY_DEFAULTS) if model == "toy" else {})
+    if os.path.isfile(model) and model.endswith(".gguf"):
+        try:
+            info = read_gguf(model)
+        except CheckpointError as e:
+            raise ModelPathError(f"--model: {e}") from None
+        return ModelSpec(info.config.model_type, os.path.abspath(model), weights_path=os.path.abspath(model),
+                         transformer=info.config)  # fmt: skip
     if not os.path.isdir(model):
-        raise ModelPathError(f"--model {model!r}: not a built-in model ({', '.join(MODEL_TYPES)}) and not a directory")
+        raise ModelPathError(
+            f"--model {model!r}: not a built-in model ({', '.join(MODEL_TYPES)}), a model directory or a .gguf file"
+        )
     config_path = os.path.join(model, CONFIG_FILE)
     try:
         with open(config_path, encoding="utf-8") as f:
@@ -77,10 +124,10 @@ def resolve_model(model: str) -> ModelSpec:
         raise ModelPathError(f"--model {model!r}: the directory has no {CONFIG_FILE}") from None
     except (OSError, json.JSONDecodeError) as e:
         raise ModelPathError(f"--model {model!r}: cannot read {CONFIG_FILE}: {e}") from None
-    if not isinstance(config, dict) or config.get("model_type") not in MODEL_TYPES:
-        raise ModelPathError(
-            f"--model {model!r}: {CONFIG_FILE} must name a `model_type` this engine runs ({', '.join(MODEL_TYPES)})"
-        )
+    if not isinstance(config, dict):
+        raise ModelPathError(f"--model {model!r}: {CONFIG_FILE} is not a JSON object")
+    if config.get("model_type") not in MODEL_TYPES:
+        return _resolve_real(model, config)
     model_type = config["model_type"]
     hparams = dict(TOY_DEFAULTS) if model_type == "toy" else {}
     unknown = set(config) - set(TOY_DEFAULTS) - {"model_type", "architectures"}
@@ -89,6 +136,17 @@ def resolve_model(model: str) -> ModelSpec:
     hparams.update({k: v for k, v in config.items() if k in TOY_DEFAULTS})
     weights = os.path.join(model, WEIGHTS_FILE)
     return ModelSpec(model_type, os.path.abspath(model), hparams, weights if os.path.isfile(weights) else None)
+
+
+def _resolve_real(model: str, config: dict[str, Any]) -> ModelSpec:
+    try:
+        transformer = config_from_hf(config, os.path.join(model, CONFIG_FILE))
+        files = safetensors_files(model)
+    except CheckpointError as e:
+        raise ModelPathError(f"--model: {e}") from None
+    tokenizer = model if os.path.isfile(os.path.join(model, "tokenizer.json")) else None
+    return ModelSpec(transformer.model_type, os.path.abspath(model), transformer=transformer, weight_files=files,
+                     tokenizer_dir=tokenizer and os.path.abspath(tokenizer))  # fmt: skip
 
 
 def write_model_dir(path: str, model_type: str = "toy", **hparams: Any) -> str:

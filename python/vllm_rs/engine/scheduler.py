@@ -1,7 +1,10 @@
 """Continuous batching: every step, running requests get their next token (or
 the next chunk of their prompt) first, then waiting requests join while
 `max_num_seqs` and the `max_num_batched_tokens` budget allow and their KV
-blocks can be had. Long prompts are prefilled in chunks.
+blocks can be had. Long prompts are prefilled in chunks. KV blocks are taken
+as tokens need them; when none is free, the most recently admitted running
+request is preempted (its blocks freed, its tokens recomputed when it runs
+again, first in line), as vLLM v1 does.
 
 A step's plan has the attributes `compute_iteration_details` reads
 (`scheduled_new_reqs`, `scheduled_cached_reqs`, `num_scheduled_tokens`,
@@ -98,6 +101,8 @@ class Scheduler:
         self.prefix_cache_stats = PrefixCacheStats()
         #: Ids finished (any reason) since the last `take_finished`, by client.
         self.finished_ids: dict[int, list[str]] = {}
+        #: Requests preempted so far (their blocks taken for others).
+        self.num_preemptions = 0
 
     @property
     def num_running(self) -> int:
@@ -155,10 +160,14 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         cached_ids: list[str] = []
         context_ids: set[str] = set()
-        for request in self.running:
+        for request in list(self.running):
             if budget == 0:
                 break
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted for an earlier request this step
             n = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._grow(request, request.num_computed_tokens + n):
+                break  # it was the last one running, so it was preempted itself
             plan.num_scheduled_tokens[request.request_id] = n
             plan.requests.append(request)
             cached_ids.append(request.request_id)
@@ -227,8 +236,38 @@ class Scheduler:
         total = min(request.max_total_tokens, self.max_model_len)
         return -(-total // self.block_size)
 
+    def _grow(self, request: Request, num_tokens: int) -> bool:
+        """Gives a running request blocks for its first `num_tokens` tokens,
+        preempting the most recently admitted others while too few are free;
+        False when `request` itself had to be preempted."""
+        pool = self.block_pool
+        if pool is None:
+            return True
+        needed = -(-num_tokens // self.block_size) - len(request.block_ids)
+        while needed > pool.num_free_blocks:
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is request:
+                return False
+        if needed > 0:
+            request.block_ids.extend(pool.allocate([], needed))
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        """Frees a running request's blocks and puts it first in line; its
+        tokens so far (prompt and output) are computed again when it runs."""
+        self.block_pool.release(request.block_ids)
+        request.block_ids, request.block_hashes = [], []
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        self.running.remove(request)
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+        if self.record_events:
+            request.record_event(EngineCoreEventType.PREEMPTED)
+
     def _allocate(self, request: Request) -> bool:
-        """Gives a request its KV blocks for its whole length, reusing cached
+        """Gives a request KV blocks for its known tokens, reusing cached
         prefix blocks; False when there are not enough free blocks yet."""
         pool = self.block_pool
         if pool is None:
@@ -243,7 +282,7 @@ class Scheduler:
             # request reads nothing from the cache (as vLLM skips it).
             if request.sampling.prompt_logprobs is None:
                 cached = pool.find_cached_prefix(hashes)
-        needed = self._blocks_needed(request) - len(cached)
+        needed = -(-request.num_tokens // self.block_size) - len(cached)
         if not pool.can_allocate(cached, needed):
             return False
         request.block_ids = pool.allocate(cached, needed)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm_rs.engine.attention import AttentionMetadata, PagedAttention
 from vllm_rs.engine.models import BYTE_VOCAB_SIZE
 
 #: Byte ids of printable ASCII, and the logit bias they get at initialization.
@@ -43,54 +44,6 @@ class ToyConfig:
         if config.hidden_size % config.num_heads:
             raise ValueError(f"hidden_size {config.hidden_size} is not a multiple of num_heads {config.num_heads}")
         return config
-
-
-@dataclass
-class SequenceSlice:
-    """One request's part of a step: its rows in the flattened batch, where
-    its keys live in the cache, and its causal mask (None for one query)."""
-
-    start: int
-    end: int
-    key_slots: torch.Tensor
-    mask: torch.Tensor | None
-
-
-@dataclass
-class AttentionMetadata:
-    """Where this step's new keys go (`slot_mapping`) and each request's slice."""
-
-    slot_mapping: torch.Tensor
-    sequences: list[SequenceSlice]
-
-
-class PagedAttention(nn.Module):
-    """Scaled dot-product attention over a paged KV cache. `kv_cache` is set
-    by `bind_kv_cache`: `[cache]` with cache shaped
-    `[2, num_blocks, block_size, num_heads, head_dim]`."""
-
-    def __init__(self, layer_name: str, num_heads: int, head_dim: int):
-        super().__init__()
-        self.layer_name = layer_name
-        self.num_heads = num_heads
-        self.head_dim = head_dim
-        self.kv_cache: list[torch.Tensor] = []
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """q, k, v: `[tokens, heads, head_dim]`; returns `[tokens, heads * head_dim]`."""
-        cache = self.kv_cache[0]
-        key_cache = cache[0].view(-1, self.num_heads, self.head_dim)
-        value_cache = cache[1].view(-1, self.num_heads, self.head_dim)
-        key_cache.index_copy_(0, meta.slot_mapping, k)
-        value_cache.index_copy_(0, meta.slot_mapping, v)
-        out = torch.empty_like(q)
-        for seq in meta.sequences:
-            queries = q[seq.start : seq.end].transpose(0, 1)
-            keys = key_cache.index_select(0, seq.key_slots).transpose(0, 1)
-            values = value_cache.index_select(0, seq.key_slots).transpose(0, 1)
-            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seq.mask)
-            out[seq.start : seq.end] = attended.transpose(0, 1)
-        return out.reshape(q.shape[0], -1)
 
 
 class DecoderLayer(nn.Module):

@@ -1,7 +1,9 @@
-"""Runs the toy model for one engine: allocates the KV cache per layer and
-binds it with `bind_kv_cache`, stages each step's inputs (token ids,
-positions, cache slots) in `CpuGpuBuffer`s, runs the forward pass and samples.
-CUDA when there is one (or `--device cuda`), else the CPU."""
+"""Runs a model (the toy model or a real one, `llama.CausalLM`) for one
+engine: allocates the KV cache per layer and binds it with `bind_kv_cache`,
+stages each step's inputs (token ids, positions, cache slots) in
+`CpuGpuBuffer`s, runs one forward pass over every scheduled request (prefill
+chunks and decodes together) and samples. CUDA when there is one (or
+`--device cuda`), else the CPU; the same code on both."""
 
 from __future__ import annotations
 
@@ -10,13 +12,14 @@ import os
 import numpy as np
 import torch
 
-from vllm_rs.engine.config import EngineConfig
+from vllm_rs.engine.attention import AttentionMetadata, SequenceSlice
+from vllm_rs.engine.config import EngineConfig, kv_bytes_per_token
 from vllm_rs.engine.logprobs import gather, num_columns
 from vllm_rs.engine.prefix_hash import hash_block_tokens
 from vllm_rs.engine.request import Request
 from vllm_rs.engine.sampler import Sampler
 from vllm_rs.engine.scheduler import ModelOutput, StepPlan
-from vllm_rs.engine.toy_model import AttentionMetadata, SequenceSlice, ToyConfig, ToyDecoder
+from vllm_rs.engine.toy_model import ToyConfig, ToyDecoder
 from vllm_rs.logger import init_logger
 from vllm_rs.tensor_utils import CpuGpuBuffer, bind_kv_cache, compute_iteration_details
 
@@ -35,40 +38,41 @@ def resolve_device(name: str) -> torch.device:
 
 def limit_cpu_threads(config: EngineConfig) -> None:
     """Gives each engine on the CPU its share of the cores (unless
-    `OMP_NUM_THREADS` says otherwise): the toy model's ops are tiny, and
-    oversubscribed intra-op threads spin against the frontend and each other."""
+    `OMP_NUM_THREADS` says otherwise). The toy model's ops are tiny, and
+    oversubscribed intra-op threads spin against the frontend and each other,
+    so it leaves a core's share to the frontend; a real model's matmuls are
+    the work, so its engines share all the cores."""
     if "OMP_NUM_THREADS" not in os.environ:
-        share = (os.cpu_count() or 1) // (config.parallel_config.data_parallel_size + 1)
+        engines = config.parallel_config.data_parallel_size
+        share = (os.cpu_count() or 1) // (engines if config.model_config.spec.is_real else engines + 1)
         torch.set_num_threads(max(1, share))
 
 
-def default_num_blocks(config: EngineConfig) -> int:
-    """Enough blocks for `max_num_seqs` sequences of `max_model_len` tokens."""
-    block_size = config.cache_config.block_size
-    per_sequence = -(-config.model_config.max_model_len // block_size)
-    return per_sequence * config.scheduler_config.max_num_seqs
+class KVCacheTooSmallError(RuntimeError):
+    """The device's free memory holds no full sequence's KV cache."""
 
 
-class ToyModelRunner:
-    """The toy model with its KV cache and input buffers."""
+#: Fraction of a CUDA device's free memory (after the weights) the KV cache
+#: takes when no budget is given (vLLM's `gpu_memory_utilization` default).
+CUDA_KV_FRACTION = 0.9
 
-    #: Structured outputs mask the logits before sampling.
-    follows_grammars = True
+
+class ModelRunner:
+    """A model (toy or real) with its KV cache and input buffers."""
 
     def __init__(self, config: EngineConfig):
         self.device = resolve_device(config.device_config.device)
         if self.device.type == "cpu":
             limit_cpu_threads(config)
+        # Structured outputs mask the logits before sampling; their grammars
+        # are compiled for the model's tokenizer (a real model needs one) or
+        # the toy model's byte vocabulary.
         spec = config.model_config.spec
-        self.model_config = ToyConfig.from_hparams(spec.hparams)
-        model = ToyDecoder(self.model_config)
-        if spec.weights_path:
-            model.load_state_dict(torch.load(spec.weights_path, map_location="cpu", weights_only=True))
-        else:
-            model.init_seeded()
-        self.model = model.to(self.device).eval()
+        self.follows_grammars = not spec.is_real or spec.tokenizer_dir is not None
+        self.dtype = getattr(torch, config.model_config.dtype)
+        self.model = self._load_model(config).to(self.device).eval()
         self.block_size = config.cache_config.block_size
-        self.num_gpu_blocks = config.cache_config.num_gpu_blocks or default_num_blocks(config)
+        self.num_gpu_blocks = config.cache_config.num_gpu_blocks or self._blocks_from_free_memory(config)
         self.kv_caches: list[torch.Tensor] = []
         self._allocate_kv_cache()
         max_tokens = config.scheduler_config.max_num_batched_tokens
@@ -84,15 +88,44 @@ class ToyModelRunner:
         self._block_offsets = np.arange(self.block_size, dtype=np.int64)
         self.sampler = Sampler(self.device)
         logger.info(
-            "toy model on %s (%d threads): %d layers, hidden %d, %d KV blocks of %d tokens",
-            self.device, torch.get_num_threads(), self.model_config.num_layers, self.model_config.hidden_size, self.num_gpu_blocks, self.block_size,
+            "%s (%s) on %s (%d threads): %d KV blocks of %d tokens",
+            config.model_config.architecture, config.model_config.dtype, self.device, torch.get_num_threads(),
+            self.num_gpu_blocks, self.block_size,
         )  # fmt: skip
 
+    def _load_model(self, config: EngineConfig) -> torch.nn.Module:
+        spec = config.model_config.spec
+        if spec.is_real:
+            from vllm_rs.engine.weights import load_model
+
+            return load_model(spec, self.dtype, self.device)
+        model = ToyDecoder(ToyConfig.from_hparams(spec.hparams))
+        if spec.weights_path:
+            model.load_state_dict(torch.load(spec.weights_path, map_location="cpu", weights_only=True))
+        else:
+            model.init_seeded()
+        return model.to(self.dtype)
+
+    def _blocks_from_free_memory(self, config: EngineConfig) -> int:
+        """KV blocks for a CUDA device without a budget: `CUDA_KV_FRACTION`
+        of its free memory, at most `max_num_seqs` full sequences."""
+        block_bytes = kv_bytes_per_token(config.model_config.spec, config.model_config.dtype) * self.block_size
+        per_sequence = -(-config.model_config.max_model_len // self.block_size)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        blocks = min(int(free * CUDA_KV_FRACTION) // block_bytes, per_sequence * config.scheduler_config.max_num_seqs)
+        if blocks < per_sequence:
+            raise KVCacheTooSmallError(
+                f"{self.device} has {free} bytes free after the weights: no room for the KV cache of one sequence of "
+                f"--max-model-len {config.model_config.max_model_len} ({per_sequence * block_bytes} bytes)"
+            )
+        return blocks
+
     def _allocate_kv_cache(self) -> None:
-        c = self.model_config
-        shape = (2, self.num_gpu_blocks, self.block_size, c.num_heads, c.head_dim)
         forward_context = self.model.attention_layers()
-        kv_caches = {name: torch.zeros(shape, dtype=torch.float32, device=self.device) for name in forward_context}
+        kv_caches = {
+            name: torch.zeros(layer.cache_shape(self.num_gpu_blocks, self.block_size), dtype=self.dtype, device=self.device)
+            for name, layer in forward_context.items()
+        }
         bind_kv_cache(kv_caches, forward_context, self.kv_caches)
 
     def block_hasher(self):
@@ -167,11 +200,13 @@ class ToyModelRunner:
             if end_pos == request.num_tokens:
                 self.logits_indices.np[len(sample_requests)] = row + n - 1
                 sample_requests.append(request)
-            if request.sampling.prompt_logprobs is not None and start_pos < request.num_prompt_tokens - 1:
+            first = max(start_pos, request.num_prompt_scored)
+            last = min(end_pos, request.num_prompt_tokens - 1)
+            if request.sampling.prompt_logprobs is not None and first < last:
                 # Position p scores prompt token p + 1.
-                last = min(end_pos, request.num_prompt_tokens - 1)
-                prompt_scores.append((request, request.prompt_token_ids[start_pos + 1 : last + 1]))
-                prompt_rows.append(np.arange(row, row + last - start_pos))
+                prompt_scores.append((request, request.prompt_token_ids[first + 1 : last + 1]))
+                prompt_rows.append(np.arange(row + first - start_pos, row + last - start_pos))
+                request.num_prompt_scored = last
             row += n
             key_row += end_pos
         key_slots_gpu = self.key_slots.copy_to_gpu(key_row)

@@ -1,0 +1,71 @@
+"""Attention over a paged KV cache, shared by the toy model and the real
+(Llama-shaped) models: each step's new keys and values are written to their
+cache slots (`slot_mapping`), then each request's queries attend over its
+keys gathered from the cache by slot (`key_slots`), causally within a
+prefill chunk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class SequenceSlice:
+    """One request's part of a step: its rows in the flattened batch, where
+    its keys live in the cache, and its causal mask (None for one query)."""
+
+    start: int
+    end: int
+    key_slots: torch.Tensor
+    mask: torch.Tensor | None
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's new keys go (`slot_mapping`) and each request's slice."""
+
+    slot_mapping: torch.Tensor
+    sequences: list[SequenceSlice]
+
+
+class PagedAttention(nn.Module):
+    """Scaled dot-product attention over a paged KV cache, with grouped
+    queries when `num_kv_heads < num_heads`. `kv_cache` is set by
+    `bind_kv_cache`: `[cache]` with cache shaped
+    `[2, num_blocks, block_size, num_kv_heads, head_dim]`."""
+
+    def __init__(self, layer_name: str, num_heads: int, head_dim: int, num_kv_heads: int | None = None):
+        super().__init__()
+        self.layer_name = layer_name
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.head_dim = head_dim
+        self.kv_cache: list[torch.Tensor] = []
+
+    def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """The shape of this layer's KV cache."""
+        return (2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q: `[tokens, heads, head_dim]`, k and v: `[tokens, kv_heads,
+        head_dim]`; returns `[tokens, heads * head_dim]`."""
+        cache = self.kv_cache[0]
+        key_cache = cache[0].view(-1, self.num_kv_heads, self.head_dim)
+        value_cache = cache[1].view(-1, self.num_kv_heads, self.head_dim)
+        gqa = self.num_kv_heads != self.num_heads
+        key_cache.index_copy_(0, meta.slot_mapping, k)
+        value_cache.index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        for seq in meta.sequences:
+            queries = q[seq.start : seq.end].transpose(0, 1)
+            keys = key_cache.index_select(0, seq.key_slots).transpose(0, 1)
+            values = value_cache.index_select(0, seq.key_slots).transpose(0, 1)
+            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seq.mask, enable_gqa=gqa)
+            out[seq.start : seq.end] = attended.transpose(0, 1)
+        return out.reshape(q.shape[0], -1)
+
+

@@ -1,0 +1,259 @@
+"""Reading a real model's checkpoint without torch: the decoder's
+hyperparameters (`TransformerConfig`) from a Hugging Face `config.json` or
+from a GGUF file's metadata, and the checks that its weight files are whole
+(every safetensors header's tensors inside the file, every GGUF tensor of a
+type the loader dequantizes and inside the file). `serve` runs these before
+it starts anything, so a bad checkpoint is an exit 2 naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_rs.engine.gguf_file import GgufArray, GgufFormatError, GgufHeader, read_header
+
+#: Hugging Face architecture -> its `model_type`; all share `llama.py`.
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+#: GGUF `general.architecture` -> Hugging Face architecture.
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+#: GGUF tensor types the loader dequantizes (the `gguf` package's names).
+GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+#: Bytes per element of each `--dtype`.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint this engine cannot run (names the file and the problem)."""
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """The hyperparameters of a Llama-shaped decoder (Llama, Mistral, Qwen2, Qwen3)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    #: Bias on the q/k/v projections (Qwen2; Llama's `attention_bias`).
+    qkv_bias: bool = False
+    #: Bias on the output projection (Llama's `attention_bias`).
+    o_bias: bool = False
+    #: RMSNorm over each head of q and k (Qwen3).
+    qk_norm: bool = False
+    #: `rope_scaling` of config.json (`rope_type` `llama3` or `linear`), or None.
+    rope_scaling: dict[str, Any] | None = None
+    #: The dtype the checkpoint was saved in (`torch_dtype`), when it says.
+    checkpoint_dtype: str | None = None
+    #: Attention window (Mistral's `sliding_window`), when one applies.
+    sliding_window: int | None = None
+
+    @property
+    def model_type(self) -> str:
+        """The Hugging Face `model_type` of the architecture."""
+        return ARCHITECTURES[self.architecture]
+
+    def kv_bytes_per_token(self, dtype: str) -> int:
+        """KV-cache bytes one token takes over all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype]
+
+    def num_parameters(self) -> int:
+        """Parameters of the decoder (for the memory check)."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attn = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.qkv_bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
+        layer = attn + 3 * h * self.intermediate_size + 2 * h
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * layer + embeddings + h
+
+
+def supported_architectures() -> str:
+    """The supported architectures, for error messages."""
+    return ", ".join(ARCHITECTURES)
+
+
+def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
+    """A TransformerConfig from a parsed `config.json`; raises CheckpointError
+    naming `where` for an unsupported architecture or a missing key."""
+    architectures = config.get("architectures") or []
+    architecture = next((a for a in architectures if a in ARCHITECTURES), None)
+    if architecture is None:
+        named = ", ".join(map(str, architectures)) or f"model_type {config.get('model_type')!r}"
+        raise CheckpointError(f"{where}: architecture {named} is not supported (supported: {supported_architectures()})")
+    try:
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        rope = config.get("rope_parameters") or {}
+        scaling = config.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        model_type = ARCHITECTURES[architecture]
+        sliding = config.get("sliding_window")
+        if model_type == "qwen2" and not config.get("use_sliding_window", False):
+            sliding = None
+        if config.get("hidden_act", "silu") != "silu" or config.get("mlp_bias"):
+            raise CheckpointError(f"{where}: only SiLU MLPs without bias are supported")
+        return TransformerConfig(
+            architecture=architecture,
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
+            o_bias=model_type in ("llama", "qwen3") and bool(config.get("attention_bias", False)),
+            qk_norm=model_type == "qwen3",
+            rope_scaling=_check_rope_scaling(scaling, where),
+            checkpoint_dtype=config.get("torch_dtype") or config.get("dtype"),
+            sliding_window=int(sliding) if sliding else None,
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{where}: missing or invalid setting {e}") from None
+
+
+def _check_rope_scaling(scaling: dict[str, Any] | None, where: str) -> dict[str, Any] | None:
+    if not scaling:
+        return None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        return None
+    if kind not in ("llama3", "linear"):
+        raise CheckpointError(f"{where}: rope_scaling type {kind!r} is not supported (supported: llama3, linear)")
+    return {**scaling, "rope_type": kind}
+
+
+def safetensors_files(directory: str) -> list[str]:
+    """The weight files of a model directory, checked whole; raises
+    CheckpointError naming the file that is missing or truncated."""
+    index = os.path.join(directory, SAFETENSORS_INDEX)
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                names = sorted(set(json.load(f)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as e:
+            raise CheckpointError(f"{index}: not a safetensors index: {e}") from None
+    else:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".safetensors"))
+    if not names:
+        raise CheckpointError(f"{directory}: no *.safetensors weight files")
+    files = [os.path.join(directory, n) for n in names]
+    for path in files:
+        check_safetensors(path)
+    return files
+
+
+def check_safetensors(path: str) -> None:
+    """Raises CheckpointError naming `path` unless its header parses and
+    every tensor's bytes lie inside the file."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header)")
+            (header_len,) = struct.unpack("<Q", prefix)
+            if 8 + header_len > size:
+                raise CheckpointError(f"{path}: truncated safetensors file (header of {header_len} bytes, file {size})")
+            header = json.loads(f.read(header_len))
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read: {e.strerror or e}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not a safetensors file (bad header: {e})") from None
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + header_len + end > size:
+        raise CheckpointError(
+            f"{path}: truncated safetensors file: its tensors need {8 + header_len + end} bytes, the file has {size}"
+        )
+
+
+@dataclass
+class GgufInfo:
+    """What `read_gguf` found: the decoder config, the header, the file."""
+
+    config: TransformerConfig
+    header: GgufHeader
+    path: str
+
+
+def read_gguf(path: str) -> GgufInfo:
+    """The config from a GGUF file's metadata, with every tensor checked
+    (a supported type, inside the file); raises CheckpointError naming the
+    file and what is wrong."""
+    try:
+        header = read_header(path)
+    except GgufFormatError as e:
+        raise CheckpointError(f"{path}: not a readable GGUF file: {e}") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read: {e.strerror or e}") from None
+    for tensor in header.tensors.values():
+        if tensor.type_name not in GGUF_TYPES:
+            raise CheckpointError(
+                f"{path}: tensor {tensor.name} has GGUF type {tensor.type_name}, which is not supported "
+                f"(supported: {', '.join(GGUF_TYPES)})"
+            )
+        if tensor.offset + tensor.num_bytes > header.file_size:
+            raise CheckpointError(
+                f"{path}: truncated GGUF file: tensor {tensor.name} ends at byte "
+                f"{tensor.offset + tensor.num_bytes}, the file has {header.file_size}"
+            )
+    metadata, tensors = header.metadata, header.tensors
+    arch = metadata.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise CheckpointError(
+            f"{path}: GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHITECTURES)})"
+        )
+
+    def key(name: str, default: Any = None) -> Any:
+        value = metadata.get(f"{arch}.{name}", default)
+        if value is None:
+            raise CheckpointError(f"{path}: GGUF metadata has no {arch}.{name}")
+        return value
+
+    embed = tensors.get("token_embd.weight")
+    if embed is None:
+        raise CheckpointError(f"{path}: GGUF file has no token_embd.weight tensor")
+    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    scaling = None
+    if metadata.get(f"{arch}.rope.scaling.type") == "linear":
+        scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+    config = TransformerConfig(
+        architecture=GGUF_ARCHITECTURES[arch],
+        vocab_size=tokens.count if isinstance(tokens, GgufArray) else int(embed.shape[0]),
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(key("attention.head_count_kv", heads)),
+        head_dim=int(key("attention.key_length", hidden // heads)),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        max_position_embeddings=int(key("context_length", 2048)),
+        tie_word_embeddings="output.weight" not in tensors,
+        qkv_bias="blk.0.attn_q.bias" in tensors,
+        o_bias="blk.0.attn_output.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        rope_scaling=scaling,
+        checkpoint_dtype=None,
+    )
+    return GgufInfo(config, header, path)

@@ -1,0 +1,177 @@
+"""The real models: one decoder for Llama (Llama 2/3.x, SmolLM, TinyLlama),
+Mistral, Qwen2 and Qwen3, which differ only in flags of `TransformerConfig`
+(q/k/v bias, q/k RMSNorm, tied embeddings, RoPE scaling). Parameter names
+are the Hugging Face checkpoints' (`model.layers.N.self_attn.q_proj.weight`,
+...), so safetensors load by name; attention runs over the paged KV cache
+(`attention.PagedAttention`). The arithmetic follows transformers' modeling
+code step for step, so fp32 logits agree to rounding."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm_rs.engine.attention import AttentionMetadata, PagedAttention
+from vllm_rs.engine.checkpoint import TransformerConfig
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in float32 as transformers does."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalizes the last dimension."""
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(config: TransformerConfig, factors: torch.Tensor | None = None) -> torch.Tensor:
+    """RoPE's inverse frequencies with the config's scaling (`linear`: all
+    divided by the factor; `llama3`: low frequencies divided, high kept,
+    the band between interpolated). `factors` (a GGUF's `rope_freqs`)
+    divide the frequencies instead of a scaling config."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if factors is not None:
+        return inv_freq / factors.float()
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    factor = float(scaling["factor"])
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_len = float(scaling["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """The second half of the last dimension, negated, before the first."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with RoPE over the paged KV cache."""
+
+    def __init__(self, config: TransformerConfig, index: int):
+        super().__init__()
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.qk_norm = c.qk_norm
+        self.attn = PagedAttention(f"model.layers.{index}.self_attn.attn", c.num_heads, c.head_dim, c.num_kv_heads)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """`x`: `[tokens, hidden]`; `cos`/`sin`: `[tokens, 1, head_dim]`."""
+        q = self.q_proj(x).view(-1, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        return self.o_proj(self.attn(q, k, v, meta))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP of each row."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks with residuals."""
+
+    def __init__(self, config: TransformerConfig, index: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, index)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """One layer over the flattened batch."""
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """Embeddings, layers, final norm (`model.` in checkpoints)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """The decoder and its output head (the embeddings when tied). Built on
+    the `meta` device by `build`; weights arrive with `load_state_dict(...,
+    assign=True)` and RoPE's table with `init_rope`."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.inv_freq: torch.Tensor | None = None
+
+    @staticmethod
+    def build(config: TransformerConfig) -> CausalLM:
+        """The module with meta (storage-free) parameters."""
+        with torch.device("meta"):
+            return CausalLM(config)
+
+    def init_rope(self, device: torch.device, factors: torch.Tensor | None = None) -> None:
+        """Computes RoPE's inverse frequencies on `device` (float32)."""
+        self.inv_freq = rope_inv_freq(self.config, factors).to(device)
+
+    def attention_layers(self) -> dict[str, PagedAttention]:
+        """Layer name -> attention module (the forward context)."""
+        return {layer.self_attn.attn.layer_name: layer.self_attn.attn for layer in self.model.layers}
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, logits_indices: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits `[len(logits_indices), vocab]` (float32) for the given rows of the batch."""
+        x = self.model.embed_tokens(input_ids)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, meta)
+        hidden = self.model.norm(x.index_select(0, logits_indices))
+        head = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        return (hidden @ head.t()).float()

@@ -1,0 +1,135 @@
+"""Loading a real model's weights into `llama.CausalLM`: safetensors files
+(memory-mapped with `safetensors.safe_open`) by their Hugging Face names, or
+a GGUF file's tensors (dequantized with the `gguf` package), renamed to the
+Hugging Face names with llama.cpp's Q/K row permutation undone for the
+`llama` architecture. Every tensor is cast to the model dtype and moved to
+the device as it is read."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from vllm_rs.engine.checkpoint import CheckpointError
+from vllm_rs.engine.gguf_file import read_header
+from vllm_rs.engine.llama import CausalLM
+from vllm_rs.engine.models import ModelSpec
+
+#: GGUF tensor names -> Hugging Face names (`{i}`: the layer).
+GGUF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+#: llama.cpp's per-layer RoPE frequency factors (Llama 3.1's scaling).
+GGUF_ROPE_FREQS = "rope_freqs.weight"
+_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> CausalLM:
+    """The model of `spec` with its weights in `dtype` on `device`; raises
+    CheckpointError naming the file when a tensor is missing, unexpected,
+    misshapen or unreadable."""
+    model = CausalLM.build(spec.transformer)
+    rope_factors = None
+    if spec.is_gguf:
+        tensors = _gguf_tensors(spec)
+        where = spec.weights_path
+    else:
+        tensors = _safetensors_tensors(spec.weight_files)
+        where = ", ".join(spec.weight_files)
+    expected = dict(model.state_dict(keep_vars=True))
+    state: dict[str, torch.Tensor] = {}
+    for name, source, array in tensors:
+        if name == GGUF_ROPE_FREQS:
+            rope_factors = array.float()
+            continue
+        if name not in expected:
+            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and spec.transformer.tie_word_embeddings):
+                continue
+            raise CheckpointError(f"{source}: unexpected tensor {name}")
+        if tuple(array.shape) != tuple(expected[name].shape):
+            raise CheckpointError(
+                f"{source}: tensor {name} has shape {tuple(array.shape)}, the config needs {tuple(expected[name].shape)}"
+            )
+        state[name] = array.to(device=device, dtype=dtype)
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise CheckpointError(f"{where}: missing tensors {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    model.load_state_dict(state, assign=True)
+    model.init_rope(device, rope_factors)
+    return model.eval()
+
+
+def _safetensors_tensors(files: list[str]) -> Iterator[tuple[str, str, torch.Tensor]]:
+    from safetensors import SafetensorError, safe_open
+
+    for path in files:
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    yield name, path, f.get_tensor(name)
+        except SafetensorError as e:
+            raise CheckpointError(f"{path}: cannot read safetensors file: {e}") from None
+
+
+def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undoes llama.cpp's conversion permutation of Q/K rows (it interleaves
+    the two rotary halves of each head for its RoPE kernel)."""
+    rows = weight.shape[0]
+    return weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _gguf_tensors(spec: ModelSpec) -> Iterator[tuple[str, str, torch.Tensor]]:
+    import gguf
+
+    path = spec.weights_path
+    config = spec.transformer
+    permute = config.model_type in ("llama", "mistral")
+    header = read_header(path)
+    # A plain ndarray over the map: numpy.memmap slices cost a Python call each.
+    data = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
+    for tensor in header.tensors.values():
+        raw = data[tensor.offset : tensor.offset + tensor.num_bytes]
+        if tensor.type_name == "F32":
+            array = raw.view(np.float32)
+        elif tensor.type_name == "F16":
+            array = raw.view(np.float16)
+        else:
+            rows = tensor.num_elements // tensor.shape[-1]
+            array = gguf.quants.dequantize(raw.reshape(rows, -1), gguf.GGMLQuantizationType(tensor.type))
+        array = array.reshape(tensor.shape)
+        name = GGUF_NAMES.get(tensor.name)
+        if name is None and (match := _LAYER.fullmatch(tensor.name)):
+            suffix = GGUF_LAYER_NAMES.get(match.group(2))
+            name = suffix and f"model.layers.{match.group(1)}.{suffix}"
+            if permute and match.group(2) == "attn_q.weight":
+                array = unpermute_qk(array, config.num_heads)
+            elif permute and match.group(2) == "attn_k.weight":
+                array = unpermute_qk(array, config.num_kv_heads)
+        if tensor.name == GGUF_ROPE_FREQS:
+            name = GGUF_ROPE_FREQS
+        if name is None:
+            raise CheckpointError(f"{path}: unexpected tensor {tensor.name}")
+        # A copy: the memory map is read-only, and the model owns its weights.
+        yield name, path, torch.from_numpy(np.array(array))

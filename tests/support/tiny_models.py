@@ -1,0 +1,155 @@
+"""Tiny random-init Llama, Qwen2 and Qwen3 checkpoints written with
+`transformers` (the numeric reference), saved as safetensors and as GGUF
+(written with `gguf`'s GGUFWriter the way llama.cpp's converter writes them:
+its tensor names, its Q/K row permutation for the llama architecture, its
+`rope_freqs` for Llama 3 RoPE scaling)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+#: Small enough to build and run in a second, big enough for GQA and chunks.
+COMMON = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+)
+CONFIGS = {
+    "llama": dict(
+        architectures=["LlamaForCausalLM"],
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
+    "qwen2": dict(architectures=["Qwen2ForCausalLM"], rope_theta=1000000.0, tie_word_embeddings=True),
+    "qwen3": dict(architectures=["Qwen3ForCausalLM"], rope_theta=1000000.0, tie_word_embeddings=False, head_dim=32),
+}
+#: Hugging Face names -> llama.cpp's (per layer after `model.layers.N.`).
+GGUF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def make_hf_model(arch: str, seed: int = 0):
+    """A transformers model of `arch` with random weights that give peaked
+    logits (so greedy decoding has no near-ties), every weight exactly
+    representable in float16 (so an F16 GGUF holds the same model)."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(arch, **COMMON, **CONFIGS[arch])
+    config.dtype = "float32"
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                value = 1.0 + 0.2 * torch.randn_like(param)
+            else:
+                value = torch.randn_like(param) * (0.5 if "embed" in name or "lm_head" in name else 0.15)
+            param.copy_(value.half().float())
+    return model
+
+
+def save_safetensors(model, path: str, max_shard_size: str | None = None) -> str:
+    """Writes the Hugging Face directory (config.json, *.safetensors,
+    sharded with an index when `max_shard_size` is small); returns `path`."""
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, safe_serialization=True, **kwargs)
+    return path
+
+
+def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter permutation (LlamaModel.permute)."""
+    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+
+
+def save_gguf(model, path: str, f16: bool = False) -> str:
+    """Writes `model` as one GGUF file (2-D weights F16 when `f16`, norms
+    and biases F32, as llama.cpp's converter does); returns `path`."""
+    import gguf
+
+    config = model.config
+    arch = config.model_type
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    rope = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta, **(config.rope_scaling or {})}
+    writer.add_rope_freq_base(rope["rope_theta"])
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(config.vocab_size)])
+    tensors: dict[str, np.ndarray] = {}
+    for name, param in model.state_dict().items():
+        array = param.float().numpy()
+        if name == "model.embed_tokens.weight":
+            gguf_name = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gguf_name = "output_norm.weight"
+        elif name == "lm_head.weight":
+            if config.tie_word_embeddings:
+                continue
+            gguf_name = "output.weight"
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            gguf_name = f"blk.{layer}.{GGUF_LAYER_NAMES[rest]}"
+            if arch == "llama" and rest == "self_attn.q_proj.weight":
+                array = _permute(array, config.num_attention_heads)
+            elif arch == "llama" and rest == "self_attn.k_proj.weight":
+                array = _permute(array, config.num_key_value_heads)
+        tensors[gguf_name] = array
+    if rope.get("rope_type") == "llama3":
+        # llama.cpp stores Llama 3 scaling as per-frequency divisors.
+        base = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        tensors["rope_freqs.weight"] = (base / model.model.rotary_emb.inv_freq.float()).numpy()
+    for name, array in tensors.items():
+        if f16 and array.ndim == 2:
+            writer.add_tensor(name, array.astype(np.float16))
+        else:
+            writer.add_tensor(name, array.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def checkpoint_dir(root: str, name: str) -> str:
+    """A fresh directory under `root`."""
+    path = os.path.join(root, name)
+    os.makedirs(path, exist_ok=True)
+    return path

