@@ -1,6 +1,6 @@
 """A GGUF model's tokenizer and chat template as Hugging Face files, built from
-the GGUF's metadata alone (the `gguf` reader and the `tokenizers` library; no
-`transformers`): `tokenizer.json`, `tokenizer_config.json` and
+the GGUF's metadata alone (read with `struct`: `engine.gguf_file`; written
+with the `tokenizers` library; no `transformers`): `tokenizer.json`, `tokenizer_config.json` and
 `generation_config.json` in a private cache folder (mode 0700) keyed by the
 GGUF file, which the Rust frontend and the engine then read as they read any
 model's tokenizer folder.
@@ -77,50 +77,31 @@ class GGUFVocab:
     chat_template: str | None
 
 
-def _field(reader: Any, key: str) -> Any:
-    """The value of metadata `key` (None when absent): a str, a number, a bool
-    or a list of them."""
-    from gguf import GGUFValueType
-
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-
-    def scalar(kind: Any, part: Any) -> Any:
-        if kind == GGUFValueType.STRING:
-            return bytes(part).decode("utf-8")
-        value = part.tolist()[0]
-        return bool(value) if kind == GGUFValueType.BOOL else value
-
-    if field.types[0] == GGUFValueType.ARRAY:
-        return [scalar(field.types[-1], field.parts[i]) for i in field.data]
-    return scalar(field.types[0], field.parts[field.data[0]])
-
-
 def read_vocab(path: str) -> GGUFVocab:
     """The tokenizer metadata of the GGUF file at `path`; GGUFTokenizerError
     when it cannot be read or has no vocabulary."""
-    from gguf import GGUFReader
+    from vllm_rs.engine.gguf_file import GgufFormatError, read_header
 
     try:
-        reader = GGUFReader(path)
-    except (OSError, ValueError, KeyError) as e:
+        meta = read_header(path, read_arrays=True).metadata
+    except GgufFormatError as e:
         raise GGUFTokenizerError(f"{path}: not a readable GGUF file: {e}") from None
-    tokens = _field(reader, "tokenizer.ggml.tokens")
+    except OSError as e:
+        raise GGUFTokenizerError(f"{path}: cannot read: {e.strerror or e}") from None
+    tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
         raise GGUFTokenizerError(f"{path}: the GGUF has no tokenizer (no tokenizer.ggml.tokens)")
     return GGUFVocab(
-        model=_field(reader, "tokenizer.ggml.model") or "",
-        pre=_field(reader, "tokenizer.ggml.pre") or "default",
+        model=meta.get("tokenizer.ggml.model", ""),
+        pre=meta.get("tokenizer.ggml.pre", "default"),
         tokens=tokens,
-        token_types=_field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens),
-        merges=_field(reader, "tokenizer.ggml.merges") or [],
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-        eot_token_id=_field(reader, "tokenizer.ggml.eot_token_id"),
-        # llama.cpp's default: add BOS unless the metadata says otherwise (the Llama 3 family's is true).
-        add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token") or False),
-        chat_template=_field(reader, "tokenizer.chat_template"),
+        token_types=meta.get("tokenizer.ggml.token_type") or [1] * len(tokens),
+        merges=meta.get("tokenizer.ggml.merges") or [],
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        eot_token_id=meta.get("tokenizer.ggml.eot_token_id"),
+        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        chat_template=meta.get("tokenizer.chat_template"),
     )
 
 
