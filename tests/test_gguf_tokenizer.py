@@ -23,7 +23,7 @@ import stat
 import struct
 
 import pytest
-from vllm_rs.gguf_tokenizer import GGUFTokenizerError, SUPPORTED_PRE, tokenizer_dir
+from vllm_rs.gguf_tokenizer import SUPPORTED_PRE, GGUFTokenizerError, tokenizer_dir
 from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 
 try:
