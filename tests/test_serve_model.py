@@ -73,7 +73,7 @@ def _binary_in(folder) -> str:
     from vllm_rs.frontend import frontend_binary
 
     folder.mkdir(exist_ok=True)
-    return shutil.copy(frontend_binary(), folder / "vllm-rs")
+    return str(shutil.copy(frontend_binary(), folder / "vllm-rs"))
 
 
 @needs_binary
@@ -95,7 +95,7 @@ def test_vllm_rs_serve_runs_the_stack_with_the_python_next_to_it(tmp_path):
         lines = []
         for line in proc.stdout:
             lines.append(line)
-            if "serving the OpenAI API on" in line:
+            if line.startswith("vllm-rs: serving the OpenAI API on"):  # serve's ready line
                 break
         assert any("(model echo, rust frontend" in line for line in lines), "".join(lines)
         # `serve` replaced the binary's process, and its frontend is that very binary.
