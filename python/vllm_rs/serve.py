@@ -46,15 +46,15 @@ from vllm_rs.api_server.generation_config import GenerationConfig, GenerationCon
 from vllm_rs.cli_args import make_arg_parser
 from vllm_rs.coordinator import CoordinatorListeners, CoordinatorProcManager
 from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigError, make_engine_config
-from vllm_rs.engine.models import MODEL_TYPES, ModelPathError
+from vllm_rs.engine.models import ModelPathError
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 from vllm_rs.logger import init_logger
-from vllm_rs.model_files import ModelNotFoundError, locate_model
 from vllm_rs.multinode import Topology, TopologyError, host_heartbeat_timeout_s, plan_topology, tcp_endpoint
 from vllm_rs.network_utils import PrivateSocketDir, ZmqListener, is_valid_ipv6_address, make_zmq_listener
 from vllm_rs.process import remove_on_exit
 from vllm_rs.process import wait as wait_fds
 from vllm_rs.process_managers import API_KEY_ENV
+from vllm_rs.serve_model import ModelArgumentError, ServedModel, model_argument, resolve_served_model
 
 logger = init_logger("vllm_rs.serve")
 
@@ -217,6 +217,8 @@ class StackPlan:
     node_listener: socket.socket | None = None
     #: The data-parallel coordinator's sockets (DP > 1).
     coordinator_listeners: CoordinatorListeners | None = None
+    #: The frontend's `model`: the folder of the model's generation config.
+    frontend_model: str | None = None
 
     def all_listeners(self) -> list[ZmqListener]:
         """The frontends' engine listeners and the coordinator's."""
@@ -292,24 +294,31 @@ def _validate_parsers(args: argparse.Namespace) -> None:
             raise ServeUsageError(f"{option} {name!r}: not a parser here; choose one of {', '.join(names)}")
 
 
-def _locate_model_files(args: argparse.Namespace) -> tuple[str, str | None]:
-    """`--model` as a directory (a hub id becomes its cached snapshot;
-    built-in names stay), and what is wrong with the generation config, if
-    anything (the API server loads it again; errors are caught here, before
-    anything starts)."""
-    model = args.model
-    if model not in MODEL_TYPES:
-        try:
-            model = locate_model(model, args.revision, args.download_dir)
-        except ModelNotFoundError as e:
-            return model, f"--model: {e}"
+def _locate_model_files(args: argparse.Namespace) -> ServedModel:
+    """The model of `args` located (`serve_model`), its generation config
+    checked (the frontend loads it again; errors are caught here, before
+    anything starts); ServeUsageError naming what is wrong."""
+    try:
+        served = resolve_served_model(args)
+        # One model argument from here on (headless nodes compare it with the head's).
+        args.model = model_argument(args)
+    except ModelArgumentError as e:
+        raise ServeUsageError(str(e)) from None
     try:
         GenerationConfig.load(
-            args.generation_config, args.override_generation_config or {}, None if model in MODEL_TYPES else model
+            args.generation_config, args.override_generation_config or {}, _generation_config_dir(served)
         )
     except GenerationConfigError as e:
-        return model, str(e)
-    return model, None
+        raise ServeUsageError(str(e)) from None
+    return served
+
+
+def _generation_config_dir(served: ServedModel) -> str | None:
+    """Where the model's `generation_config.json` is: a GGUF's is written
+    next to its rebuilt tokenizer; a directory holds its own."""
+    if served.engine_model.endswith(".gguf") and os.path.isfile(served.engine_model):
+        return served.tokenizer_dir
+    return served.engine_model if os.path.isdir(served.engine_model) else None
 
 
 def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
@@ -326,12 +335,11 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
         raise ServeUsageError("--grpc-port: only the Rust frontend serves gRPC (use --frontend rust)")
     if args.api_key is not None and not args.api_key:
         raise ServeUsageError("--api-key: empty; give the key, or leave the option out to serve without one")
-    model_dir, generation_error = _locate_model_files(args)
-    if generation_error is not None:
-        raise ServeUsageError(generation_error)
+    served = _locate_model_files(args)
+    args._served = served
     try:
         config = make_engine_config(
-            model_dir,
+            served.engine_model,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
@@ -347,6 +355,8 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
         )
     except (ModelPathError, EngineConfigError) as e:
         raise ServeUsageError(str(e)) from None
+    if served.tokenizer_dir is not None:
+        config.model_config.spec.tokenizer_dir = served.tokenizer_dir
     if args.device == "cuda" and config.model_config.spec.model_type != "echo" and not _cuda_available():
         raise ServeUsageError("--device cuda: CUDA is not available on this machine")
     config.heartbeat_ttl_s = heartbeat_timeout_s
@@ -365,11 +375,17 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
     """Validates `args` and binds every socket; raises ServeUsageError with
     nothing left open."""
     config, binary = _validate(args)
-    spec = config.model_config.spec
-    if spec.is_directory:
+    spec, served = config.model_config.spec, args._served
+    args.served_model_name = args.served_model_name or [served.name]
+    frontend_model = _generation_config_dir(served) or served.engine_model
+    if served.tokenizer_dir is not None:
+        args.tokenizer = served.tokenizer_dir
+        args.model_tag = served.name
+    elif spec.is_directory:
         # The frontends' built-in byte-level tokenizer is chosen by model type.
         args.model_tag = spec.model_type
-        args.served_model_name = args.served_model_name or [args.model]
+    else:
+        args.model_tag = served.name
     topology: Topology = args._topology
     http = create_http_endpoint(args)
     if args.grpc_port is not None:
@@ -406,8 +422,9 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
         raise ServeUsageError(f"cannot create the engine listeners on {where}: {e.strerror or e}") from None
     outputs = [o.address for _, o in listeners]
     plan = StackPlan(
-        args, config, http, socket_dir, listeners, binary, outputs, topology, coordinator_listeners=coordinator
-    )
+        args, config, http, socket_dir, listeners, binary, outputs, topology, coordinator_listeners=coordinator,
+        frontend_model=frontend_model,
+    )  # fmt: skip
     if tcp_address:
         logger.warning(
             "engine sockets on %s: TCP without authentication, reachable from the network of %s: "
@@ -558,7 +575,10 @@ class _StopRequested:
 def _start_frontend(plan: StackPlan) -> Any:
     from vllm_rs.utils import APIServerProcessManager, RustFrontendProcessManager
 
-    args, dp = plan.args, plan.args.data_parallel_size
+    # The frontend reads the generation config from `model` (a GGUF's is
+    # next to its rebuilt tokenizer); the model's name reaches it as `model_tag`.
+    args = argparse.Namespace(**{**vars(plan.args), "model": plan.frontend_model})
+    dp = args.data_parallel_size
     coordinator = plan.engine_config.coordinator
     stats_update_address = coordinator.front_publish if coordinator is not None else None
     if args.frontend == "rust":
@@ -665,7 +685,7 @@ def _announce_ready(plan: StackPlan, started: float) -> None:
     args = plan.args
     engines = f"{args.data_parallel_size} engine{'s' if args.data_parallel_size > 1 else ''}"
     print(
-        f"vllm-rs: serving the OpenAI API on {plan.http.url} (model {args.model}, {args.frontend} frontend, "
+        f"vllm-rs: serving the OpenAI API on {plan.http.url} (model {args.served_model_name[0]}, {args.frontend} frontend, "
         f"{engines}; ready in {time.monotonic() - started:.1f}s)",
         flush=True,
     )

@@ -1,5 +1,7 @@
 //! Hugging Face tokenizers: `tokenizer.json` through the `tokenizers` crate,
-//! special tokens and the chat template from `tokenizer_config.json`.
+//! special tokens from `tokenizer_config.json`, and the chat template as
+//! transformers finds it: `chat_template.jinja` when the model has one, else
+//! `tokenizer_config.json`'s `chat_template`, else `chat_template.json`'s.
 
 use super::chat_template::{special_token, template_source, ChatTemplate};
 use super::incremental::{AddedTokens, IncrementalDecoder};
@@ -30,6 +32,23 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
     }
 }
 
+/// The chat template of the model in `dir` whose `tokenizer_config.json` is
+/// `config`, in transformers' order: a `chat_template.jinja` file (which
+/// transformers lets win over the config's), the config's `chat_template`,
+/// then a processor's `chat_template.json` (`{"chat_template": ...}`).
+fn find_template(dir: &Path, config: &Value) -> Result<Option<String>> {
+    let jinja = dir.join("chat_template.jinja");
+    match std::fs::read_to_string(&jinja) {
+        Ok(text) => return Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", jinja.display())),
+    }
+    if let Some(text) = template_source(config) {
+        return Ok(Some(text));
+    }
+    Ok(read_json(&dir.join("chat_template.json"))?.as_ref().and_then(template_source))
+}
+
 impl HfTokenizer {
     /// Loads from `location`: a directory holding `tokenizer.json` (and
     /// optionally `tokenizer_config.json`), or a
@@ -49,7 +68,7 @@ impl HfTokenizer {
         let eos_token_id = token_id(special_token(&config, "eos_token"));
         let bos_token = special_token(&config, "bos_token").unwrap_or_default();
         let eos_token = special_token(&config, "eos_token").unwrap_or_default();
-        let template_text = template_source(&config);
+        let template_text = find_template(&dir, &config)?;
         let chat_template = match &template_text {
             Some(source) => Some(
                 ChatTemplate::new(source.clone(), bos_token.clone(), eos_token.clone())
@@ -220,6 +239,50 @@ mod tests {
         let t = fixture();
         let pieces = stream(&t, &[], &[104, 105, 0xe2, 0x82], DecodeOptions::default());
         assert_eq!(pieces.concat(), "hi");
+    }
+
+    /// A folder removed when dropped.
+    struct Dir(PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// The byte-bpe fixture's `tokenizer.json`, its `tokenizer_config.json`
+    /// (whose template is `[role] content<|eot|>`) when `config` is set, and
+    /// `extra` files, in a fresh folder.
+    fn model_with(tag: &str, config: bool, extra: &[(&str, &str)]) -> (Dir, HfTokenizer) {
+        let dir = Dir(std::env::temp_dir().join(format!("vllm-rs-hf-{tag}-{}", std::process::id())));
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/byte-bpe");
+        let names: &[&str] = if config { &["tokenizer.json", "tokenizer_config.json"] } else { &["tokenizer.json"] };
+        for name in names {
+            std::fs::copy(src.join(name), dir.0.join(name)).unwrap();
+        }
+        for (name, text) in extra {
+            std::fs::write(dir.0.join(name), text).unwrap();
+        }
+        let t = HfTokenizer::load(&dir.0).unwrap();
+        (dir, t)
+    }
+
+    const JINJA: &str = "{{ bos_token }}{% for m in messages %}{{ m.role }}={{ m.content }};{% endfor %}";
+    const JSON: &str = r#"{"chat_template": "json:{{ messages[0].content }}"}"#;
+
+    #[test]
+    fn chat_template_jinja_wins_then_the_config_then_chat_template_json() {
+        let messages = vec![ChatMessage { role: "user".into(), content: "yo".into(), extra: None }];
+        let render = |t: &HfTokenizer| t.apply_chat_template(&messages, true).unwrap();
+        let (_d, t) = model_with("jinja", true, &[("chat_template.jinja", JINJA), ("chat_template.json", JSON)]);
+        assert_eq!(render(&t), "<|bos|>user=yo;");
+        assert_eq!(t.chat_template_source(), Some(JINJA));
+        let (_d, t) = model_with("config", true, &[("chat_template.json", JSON)]);
+        assert_eq!(render(&t), "<|bos|>[user] yo<|eot|>\n[assistant] ");
+        let (_d, t) = model_with("json", false, &[("chat_template.json", JSON)]);
+        assert_eq!(render(&t), "json:yo");
+        let (_d, t) = model_with("none", false, &[]);
+        assert!(matches!(t.apply_chat_template(&messages, true), Err(ChatTemplateError::Missing(_))));
     }
 
     #[test]

@@ -22,7 +22,7 @@ from vllm_rs.engine.protocol import (
 from vllm_rs.engine.request import InvalidRequestError, Request, SamplingParams
 from vllm_rs.engine.scheduler import Scheduler
 from vllm_rs.engine.stats import PrefillStats, SchedulerIterationDetails, SchedulerStats
-from vllm_rs.engine.structured_output import GrammarMatcher, compile_grammar
+from vllm_rs.engine.structured_output import GrammarMatcher, compile_grammar, grammar_vocabulary
 from vllm_rs.logger import init_logger
 
 logger = init_logger(__name__)
@@ -173,7 +173,9 @@ class EngineCore:
                     raise InvalidRequestError(
                         f"the {self.config.model_config.spec.model_type} model cannot follow structured outputs"
                     )
-                request.grammar = GrammarMatcher(compile_grammar(sampling.structured_outputs))
+                spec = self.config.model_config.spec
+                vocabulary = grammar_vocabulary(spec.tokenizer_dir, spec.vocab_size)
+                request.grammar = GrammarMatcher(compile_grammar(sampling.structured_outputs, vocabulary), vocabulary)
             self.scheduler.add(request)
         except InvalidRequestError as e:
             logger.warning("rejecting request %s: %s", wire.request_id, e)

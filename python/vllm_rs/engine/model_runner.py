@@ -65,8 +65,10 @@ class ModelRunner:
         if self.device.type == "cpu":
             limit_cpu_threads(config)
         # Structured outputs mask the logits before sampling; their grammars
-        # are compiled for the byte vocabulary, so only the toy model follows them.
-        self.follows_grammars = not config.model_config.spec.is_real
+        # are compiled for the model's tokenizer (a real model needs one) or
+        # the toy model's byte vocabulary.
+        spec = config.model_config.spec
+        self.follows_grammars = not spec.is_real or spec.tokenizer_dir is not None
         self.dtype = getattr(torch, config.model_config.dtype)
         self.model = self._load_model(config).to(self.device).eval()
         self.block_size = config.cache_config.block_size

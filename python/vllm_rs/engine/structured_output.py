@@ -2,13 +2,16 @@
 `structured_outputs` map (vLLM 0.33's `StructuredOutputsParams`: one of
 `json`, `regex`, `choice`, `grammar`, `json_object`, `structural_tag`) is
 compiled with llguidance, as vLLM's `guidance` backend compiles it, against
-the byte-level vocabulary; each step the grammar's token mask is applied to
-the request's logits and the sampled token is fed back. Once the grammar is
-complete only end-of-sequence is allowed."""
+the model's vocabulary (its `tokenizer.json` when it has one, else the
+byte-level vocabulary of `toy`); each step the grammar's token mask is
+applied to the request's logits and the sampled token is fed back. Once the
+grammar is complete only end-of-sequence is allowed."""
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -34,15 +37,70 @@ class _ByteVocabulary:
         return list(text if isinstance(text, bytes) else text.encode())
 
 
+@dataclass(frozen=True)
+class GrammarVocabulary:
+    """A model's vocabulary as grammars see it: llguidance's tokenizer over
+    the logits' `vocab_size` ids, and the ids that end a sequence."""
+
+    tokenizer: Any
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+
 @cache
-def _tokenizer() -> Any:
+def byte_vocabulary() -> GrammarVocabulary:
+    """The byte-level vocabulary of the built-in models."""
     import llguidance
 
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary()))
+    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary()))
+    return GrammarVocabulary(tokenizer, BYTE_VOCAB_SIZE, (BYTE_EOS_TOKEN_ID,))
 
 
-def compile_grammar(params: dict[str, Any]) -> str:
-    """The llguidance grammar for a `structured_outputs` map; raises
+def _eos_ids(tokenizer_dir: str, token_to_id: Any) -> list[int]:
+    """The end-of-sequence ids: `generation_config.json`'s `eos_token_id`
+    (one or a list), plus `tokenizer_config.json`'s `eos_token`."""
+    ids: list[int] = []
+    for name in ("generation_config.json", "tokenizer_config.json"):
+        try:
+            with open(os.path.join(tokenizer_dir, name), encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(config, dict):
+            continue
+        eos = config.get("eos_token_id") if name == "generation_config.json" else config.get("eos_token")
+        if isinstance(eos, dict):
+            eos = eos.get("content")
+        for value in eos if isinstance(eos, list) else [eos]:
+            token = token_to_id(value) if isinstance(value, str) else value
+            if isinstance(token, int) and not isinstance(token, bool):
+                ids.append(token)
+    return list(dict.fromkeys(ids))
+
+
+@cache
+def tokenizer_vocabulary(tokenizer_dir: str, vocab_size: int) -> GrammarVocabulary:
+    """The vocabulary of the `tokenizer.json` in `tokenizer_dir`, over
+    `vocab_size` logits (a model may have more logits than tokens); built
+    once per engine (about a second for a 150k vocabulary)."""
+    import llguidance
+    from tokenizers import Tokenizer
+
+    with open(os.path.join(tokenizer_dir, "tokenizer.json"), encoding="utf-8") as f:
+        text = f.read()
+    eos = _eos_ids(tokenizer_dir, Tokenizer.from_str(text).token_to_id)
+    tokenizer = llguidance.LLTokenizer(text, n_vocab=vocab_size, eos_token=eos or None)
+    return GrammarVocabulary(tokenizer, vocab_size, tuple(eos or tokenizer.eos_tokens))
+
+
+def grammar_vocabulary(tokenizer_dir: str | None, vocab_size: int) -> GrammarVocabulary:
+    """The model's tokenizer's vocabulary when it has one, else the byte-level one."""
+    return tokenizer_vocabulary(tokenizer_dir, vocab_size) if tokenizer_dir else byte_vocabulary()
+
+
+def compile_grammar(params: dict[str, Any], vocabulary: GrammarVocabulary | None = None) -> str:
+    """The llguidance grammar for a `structured_outputs` map, checked against
+    `vocabulary` (default: the byte-level one); raises
     InvalidRequestError with vLLM's messages ("Invalid grammar
     specification: ...", "Grammar error: ...") when it cannot be used."""
     import llguidance
@@ -77,7 +135,7 @@ def compile_grammar(params: dict[str, Any]) -> str:
             grammar = llguidance.grammar_from(kind, spec)
     except (ValueError, KeyError, TypeError) as e:
         raise InvalidRequestError(f"Invalid grammar specification: {e}") from e
-    error = llguidance.LLMatcher.validate_grammar(grammar, _tokenizer())
+    error = llguidance.LLMatcher.validate_grammar(grammar, (vocabulary or byte_vocabulary()).tokenizer)
     if error:
         raise InvalidRequestError(f"Grammar error: {error}")
     return grammar
@@ -86,20 +144,20 @@ def compile_grammar(params: dict[str, Any]) -> str:
 class GrammarMatcher:
     """One request's position in its grammar."""
 
-    def __init__(self, grammar: str):
+    def __init__(self, grammar: str, vocabulary: GrammarVocabulary | None = None):
         import llguidance
 
-        self._matcher = llguidance.LLMatcher(_tokenizer(), grammar)
+        self._vocabulary = vocabulary or byte_vocabulary()
+        self._matcher = llguidance.LLMatcher(self._vocabulary.tokenizer, grammar)
 
     def allowed(self, vocab_size: int) -> np.ndarray:
         """Which token ids may come next (a bool array of `vocab_size`)."""
+        mask = np.zeros(vocab_size, dtype=bool)
         if self._matcher.is_stopped():
-            mask = np.zeros(vocab_size, dtype=bool)
-            mask[BYTE_EOS_TOKEN_ID] = True
+            mask[[i for i in self._vocabulary.eos_token_ids if i < vocab_size]] = True
             return mask
         bits = np.unpackbits(np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
-        mask = np.zeros(vocab_size, dtype=bool)
-        n = min(vocab_size, BYTE_VOCAB_SIZE, bits.shape[0])
+        n = min(vocab_size, self._vocabulary.vocab_size, bits.shape[0])
         mask[:n] = bits[:n].astype(bool)
         return mask
 

@@ -1,0 +1,199 @@
+"""The real model end to end: `python -m vllm_rs serve` with its defaults
+(the packaged SmolLM2-135M-Instruct GGUF, its tokenizer and chat template
+rebuilt from the GGUF's metadata) behind the Rust frontend, driven with the
+`openai` client; transformers, loading the same GGUF, is the reference.
+
+One server for the whole module. Skipped, saying why, when the packaged
+model is not installed (`scripts/setup.sh` installs it)."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import jsonschema
+import pytest
+from vllm_rs.model_files import PACKAGED_MODEL_NAME, ModelNotFoundError, packaged_model_path
+
+from tests.test_serve import Serve, rust_frontend_available
+
+try:
+    GGUF = packaged_model_path()
+except ModelNotFoundError as e:
+    pytest.skip(f"the packaged SmolLM2 GGUF is not installed: {e}", allow_module_level=True)
+if not rust_frontend_available():
+    pytest.skip("the vllm-rs binary is not built", allow_module_level=True)
+
+MODEL = PACKAGED_MODEL_NAME
+PROMPTS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about the sea.",
+    "What is 12 times 12?",
+    "Translate 'good morning' into Spanish.",
+    "Who wrote Romeo and Juliet?",
+    "List two uses of a paperclip.",
+    "What does a CPU do?",
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    serve = Serve("--port", "0", "--host", "127.0.0.1", "--max-model-len", "2048")
+    try:
+        serve.wait_ready(timeout_s=600)
+        yield serve
+    finally:
+        serve.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """transformers' tokenizer and model (float32) from the same GGUF."""
+    import os
+
+    transformers = pytest.importorskip("transformers")
+    folder, name = os.path.dirname(GGUF), os.path.basename(GGUF)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32").eval()
+    return tokenizer, model
+
+
+def chat(client, content: str, **kwargs):
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": content}], temperature=0, **kwargs
+    )
+
+
+def test_the_default_model_is_the_packaged_smollm2(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert f"(model {MODEL}," in server.output
+
+
+def test_greedy_chat_answer_names_paris(client):
+    answer = chat(client, "What is the capital of France?", max_tokens=32).choices[0]
+    assert "Paris" in answer.message.content, answer.message.content
+
+
+def test_the_chat_prompt_is_transformers_template_and_tokens(server, reference):
+    tokenizer, _ = reference
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Héllo, 2+2? 😀"}]
+    status, body = server.http(
+        "POST", "/tokenize", {"model": MODEL, "messages": messages, "add_generation_prompt": True}
+    )
+    assert status == 200, body
+    # As vLLM does: the template rendered to text, then tokenized without adding special tokens.
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert json.loads(body)["tokens"] == tokenizer.encode(text, add_special_tokens=False)
+
+
+def stream_text(client, prompt: str, max_tokens: int) -> str:
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": prompt}],
+        temperature=0,
+        max_tokens=max_tokens,
+        stream=True,
+    )
+    return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+
+def test_concurrent_streams_equal_their_solo_greedy_output(client):
+    solo = [chat(client, p, max_tokens=24).choices[0].message.content for p in PROMPTS]
+    assert len(set(solo)) == len(PROMPTS), solo
+    results: dict[int, str | BaseException] = {}
+    start = threading.Barrier(len(PROMPTS))
+
+    def run(i: int) -> None:
+        try:
+            start.wait(30)
+            results[i] = stream_text(client, PROMPTS[i], 24)
+        except BaseException as e:  # reported below, in the test's thread
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert [results.get(i) for i in range(len(PROMPTS))] == solo
+
+
+def test_a_json_schema_answer_validates(client):
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 40},
+            "country": {"type": "string", "maxLength": 40},
+            "population_millions": {"type": "number", "minimum": 0},
+        },
+        "required": ["city", "country", "population_millions"],
+        "additionalProperties": False,
+    }
+    answer = chat(
+        client,
+        "Describe the capital of France as JSON.",
+        max_tokens=96,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+    ).choices[0]
+    assert answer.finish_reason == "stop", answer
+    jsonschema.validate(json.loads(answer.message.content), schema)
+
+
+def test_stop_strings_end_the_answer_before_them(client):
+    full = client.completions.create(model=MODEL, prompt="The days of the week are", max_tokens=24, temperature=0)
+    text = full.choices[0].text
+    words = text.split()
+    assert len(words) >= 4, text
+    stop = words[2]
+    cut = client.completions.create(
+        model=MODEL, prompt="The days of the week are", max_tokens=24, temperature=0, stop=[stop]
+    ).choices[0]
+    assert (cut.text, cut.finish_reason) == (text[: text.index(stop)], "stop")
+
+
+def test_logprobs_equal_a_recomputation_from_the_logits(server, client, reference):
+    import torch
+
+    _, model = reference
+    prompt = "The capital of France is"
+    status, body = server.http("POST", "/tokenize", {"model": MODEL, "prompt": prompt})
+    assert status == 200, body
+    prompt_ids = json.loads(body)["tokens"]
+    choice = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=6,
+        temperature=0,
+        logprobs=5,
+        extra_body={"return_tokens_as_token_ids": True},
+    ).choices[0]
+    chosen = [int(t.removeprefix("token_id:")) for t in choice.logprobs.tokens]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + chosen])).logits[0, len(prompt_ids) - 1 : -1]
+    expected = torch.log_softmax(logits.double(), dim=-1)
+    for step, (token, logprob, top) in enumerate(
+        zip(chosen, choice.logprobs.token_logprobs, choice.logprobs.top_logprobs, strict=True)
+    ):
+        assert token == int(expected[step].argmax()), f"step {step}: greedy picks the most likely token"
+        assert math.isclose(logprob, float(expected[step, token]), abs_tol=2e-3), (step, logprob)
+        for name, value in top.items():
+            assert math.isclose(value, float(expected[step, int(name.removeprefix("token_id:"))]), abs_tol=2e-3)
+
+
+def test_seeded_n2_sampling_is_reproducible(client):
+    def sample():
+        response = client.completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=1.0, n=2, seed=1234
+        )
+        return sorted(c.text for c in response.choices)
+
+    first = sample()
+    assert len(first) == 2 and all(first), first
+    assert sample() == first
