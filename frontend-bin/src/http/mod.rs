@@ -5,6 +5,7 @@ pub mod auth;
 pub mod body_deadline;
 pub mod chat;
 pub mod completions;
+pub mod connections;
 pub mod cors;
 pub mod error;
 pub mod misc;
