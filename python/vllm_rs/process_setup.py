@@ -50,7 +50,9 @@ def run_api_server_worker_proc(
     env = frontend_environment(getattr(args, "api_key", None), getattr(args, "hf_token", None)) or dict(os.environ)
     for fd in fds:
         os.set_inheritable(fd, True)
-    init_logger(__name__).info("API server %s on %s: the Rust frontend", client_config.get("client_index", 0), listen_address)
+    init_logger(__name__).info(
+        "API server %s on %s: the Rust frontend", client_config.get("client_index", 0), listen_address
+    )
     os.execve(cmd[0], cmd, env)
 
 

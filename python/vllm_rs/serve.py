@@ -381,8 +381,12 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
     try:
         listeners.append(
             (
-                make_zmq_listener(tcp_endpoint(tcp_address, 0) if tcp_address else socket_dir.endpoint("input-0"), zmq.ROUTER),
-                make_zmq_listener(tcp_endpoint(tcp_address, 0) if tcp_address else socket_dir.endpoint("output-0"), zmq.PULL),
+                make_zmq_listener(
+                    tcp_endpoint(tcp_address, 0) if tcp_address else socket_dir.endpoint("input-0"), zmq.ROUTER
+                ),
+                make_zmq_listener(
+                    tcp_endpoint(tcp_address, 0) if tcp_address else socket_dir.endpoint("output-0"), zmq.PULL
+                ),
             )
         )
         # Engines on other hosts reach the coordinator over TCP like the

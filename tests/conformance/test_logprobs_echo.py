@@ -2,57 +2,39 @@
 with the echo model, asked through the real `openai` client, answers
 asserted against the echo model's known distribution (at a position whose
 token is t, token t + i has logprob -(i + 1) ln 2, the scored token t has
--ln 2 and rank 1) in vLLM 0.33's layouts, on both frontends, which must
-write the same bytes (`n` > 1: test_n_choices.py)."""
+-ln 2 and rank 1) in vLLM 0.33's layouts; and the same bytes as vLLM 0.33's
+own bundled frontend writes for the same model and tokenizer, where vLLM is
+installed (`n` > 1: test_n_choices.py)."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import shutil
+from pathlib import Path
 
 import pytest
+from vllm_rs.engine.models import write_model_dir
+from vllm_rs.frontend import FRONTEND_PATH_ENV
 
-from tests.test_serve import API_KEY, FRONTENDS, Serve, rust_frontend_available
+from tests.support.vllm_frontend import bundled_frontend_or_skip
+from tests.test_serve import API_KEY, Serve
 
 LN2 = math.log(2)
+BYTE_BPE = Path(__file__).parents[2] / "frontend-bin/tests/fixtures/byte-bpe"
 
 
 @pytest.fixture(scope="module")
-def stack():
-    """echo on one engine behind the Python API server, `--max-logprobs 5`."""
+def lp_stack():
+    """echo on one engine, `--max-logprobs 5`."""
     serve = Serve("--model", "echo", "--port", "0", "--max-model-len", "512", "--max-logprobs", "5",
-                  "--frontend", "python", env={"VLLM_API_KEY": API_KEY})  # fmt: skip
+                  env={"VLLM_API_KEY": API_KEY})  # fmt: skip
     try:
         serve.wait_ready()
         yield serve
     finally:
         serve.kill()
-
-
-@pytest.fixture(scope="module")
-def stacks():
-    """echo on one engine behind each frontend, `--max-logprobs 5`, started on first use."""
-    started: dict[str, Serve] = {}
-
-    def get(frontend: str) -> Serve:
-        if frontend not in started:
-            started[frontend] = Serve("--model", "echo", "--port", "0", "--max-model-len", "512", "--max-logprobs", "5",
-                                      "--frontend", frontend, env={"VLLM_API_KEY": API_KEY})  # fmt: skip
-            started[frontend].wait_ready()
-        return started[frontend]
-
-    try:
-        yield get
-    finally:
-        for serve in started.values():
-            serve.kill()
-
-
-@pytest.fixture(params=FRONTENDS)
-def lp_stack(request, stacks):
-    """The echo stack behind each frontend in turn."""
-    return stacks(request.param)
 
 
 def char(token_id: int) -> str:
@@ -212,7 +194,7 @@ def test_return_tokens_as_token_ids(lp_stack):
     assert token.token == "token_id:117" and token.bytes == [ord("u")]
 
 
-#: Bodies whose non-streamed answers both frontends must write byte for byte alike.
+#: Bodies whose non-streamed answers our frontend and vLLM's must write byte for byte alike.
 SAME_BYTES = [
     ("/v1/completions", {"prompt": "hello", "max_tokens": 4, "logprobs": 2}),
     ("/v1/completions", {"prompt": "abc", "max_tokens": 2, "echo": True, "logprobs": 5}),
@@ -228,13 +210,33 @@ SAME_BYTES = [
 ]  # fmt: skip
 
 
-@pytest.mark.skipif(not rust_frontend_available(), reason="vllm-rs binary not built")
+@pytest.fixture(scope="module")
+def beside_vllm(tmp_path_factory):
+    """The echo model with the byte-level BPE tokenizer (`--max-logprobs 5`)
+    served twice: behind our frontend and behind vLLM 0.33's bundled one
+    (skipped, saying why, where vLLM is not installed)."""
+    binary = bundled_frontend_or_skip()
+    model = Path(write_model_dir(str(tmp_path_factory.mktemp("echo-bpe")), "echo"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(BYTE_BPE / name, model / name)
+    args = ("--model", str(model), "--served-model-name", "echo", "--port", "0", "--max-model-len", "512",
+            "--max-logprobs", "5")  # fmt: skip
+    stacks = [Serve(*args, env={"VLLM_API_KEY": API_KEY, "HF_HUB_OFFLINE": "1"}),
+              Serve(*args, env={"VLLM_API_KEY": API_KEY, "HF_HUB_OFFLINE": "1", FRONTEND_PATH_ENV: str(binary)})]  # fmt: skip
+    try:
+        for serve in stacks:
+            serve.wait_ready()
+        yield stacks
+    finally:
+        for serve in stacks:
+            serve.kill()
+
+
 @pytest.mark.parametrize(("path", "body"), SAME_BYTES)
-def test_both_frontends_write_the_same_bytes(stacks, path, body):
+def test_the_frontend_writes_the_bytes_vllms_bundled_frontend_writes(beside_vllm, path, body):
     answers = []
-    for frontend in ("rust", "python"):
-        status, raw = stacks(frontend).http("POST", path, {"model": "echo", **body},
-                                            {"authorization": f"Bearer {API_KEY}"})  # fmt: skip
+    for serve in beside_vllm:
+        status, raw = serve.http("POST", path, {"model": "echo", **body}, {"authorization": f"Bearer {API_KEY}"})
         assert status == 200, raw
         # Only the id and the creation time may differ.
         answers.append(re.sub(rb'"(id":"[a-z]+-|created":)[0-9a-f]+', rb"\\1X", raw))
@@ -281,9 +283,8 @@ def test_logprobs_validation(lp_stack, path, body, param, message):
     assert answer["error"]["param"] == param and answer["error"]["message"] == message
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_server_option_return_tokens_as_token_ids(frontend):
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend, "--return-tokens-as-token-ids",
+def test_server_option_return_tokens_as_token_ids():
+    serve = Serve("--model", "echo", "--port", "0", "--return-tokens-as-token-ids",
                   env={"VLLM_API_KEY": API_KEY})  # fmt: skip
     try:
         client = serve.client()
