@@ -13,11 +13,11 @@ import re
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.wait import wait_until
 from tests.test_serve import Serve, rust_frontend_available
 
 grpc = pytest.importorskip("grpc")
@@ -199,10 +199,11 @@ def test_bad_requests_are_invalid_argument(client):
 
 
 def wait_until_idle(pb2, stub) -> None:
-    deadline = time.monotonic() + 30
-    while stub.GetServerInfo(pb2.GetServerInfoRequest(), timeout=10).active_requests != 0:
-        assert time.monotonic() < deadline, "the cancelled request is still running"
-        time.sleep(0.05)
+    wait_until(
+        lambda: stub.GetServerInfo(pb2.GetServerInfoRequest(), timeout=10).active_requests == 0,
+        "the cancelled request to end",
+        30,
+    )
 
 
 def test_abort_ends_the_stream_with_abort(client):

@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from tests.support import netns
+from tests.support.wait import wait_until
 from tests.test_serve import READY_LINE, assert_all_gone, needs_frontend
 
 UNAVAILABLE = netns.unavailable_reason()
@@ -81,10 +82,11 @@ class HostProcess:
         return self.url
 
     def wait_for_line(self, pattern: str, timeout_s: float = READY_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not any(re.search(pattern, line) for line in self.lines):
-            assert time.monotonic() < deadline and self.proc.poll() is None, f"no {pattern!r} in:\n{self.output}"
-            time.sleep(0.05)
+        def seen() -> bool:
+            assert self.proc.poll() is None, f"no {pattern!r} in:\n{self.output}"
+            return any(re.search(pattern, line) for line in self.lines)
+
+        wait_until(seen, f"a line matching {pattern!r}", timeout_s)
 
     def processes(self) -> list[psutil.Process]:
         try:
