@@ -45,7 +45,8 @@ pub fn routes(state: SharedState) -> Router {
         .route("/load", get(misc::load))
         .route("/version", get(misc::version))
         .route("/v1/models", get(misc::list_models))
-        .route("/v1/models/{id}", get(misc::retrieve_model))
+        // A model id may hold slashes (`Org/Name`): the rest of the path is the id.
+        .route("/v1/models/{*id}", get(misc::retrieve_model))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/v1/responses", post(responses::create_response))
