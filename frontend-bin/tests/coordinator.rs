@@ -63,7 +63,8 @@ async fn counts_steer_routing_and_the_wave_reaches_the_engines() {
     publisher.send(published(&[(0, 0), (0, 0), (40, 10), (0, 0)], 5, true), 0).unwrap();
     let url = fe.url("/v1/completions");
     // The update reaches the frontend asynchronously: send until a request carries wave 5.
-    wait_until_async("a request carrying the published wave", Duration::from_secs(10), || async {
+    let (url, engines) = (&url, &engines);
+    wait_until_async("a request carrying the published wave", Duration::from_secs(10), || async move {
         let (status, body) = post_json(&url, &json!({"prompt": "ab", "max_tokens": 1})).await;
         assert_eq!(status, 200, "{body}");
         engines.iter().any(|e| waves(&e.events()).contains(&Some(5)))
@@ -82,7 +83,7 @@ async fn counts_steer_routing_and_the_wave_reaches_the_engines() {
     // A wave-only message moves the wave and keeps the counts; now engine 3 is the loaded one.
     publisher.send(encode(Value::Array(vec![Value::Nil, 6.into(), false.into()])), 0).unwrap();
     publisher.send(published(&[(0, 0), (0, 0), (0, 0), (40, 10)], 6, false), 0).unwrap();
-    wait_until_async("requests following the new counts and wave", Duration::from_secs(10), || async {
+    wait_until_async("requests following the new counts and wave", Duration::from_secs(10), || async move {
         let (status, _) = post_json(&url, &json!({"prompt": "ab", "max_tokens": 1})).await;
         assert_eq!(status, 200);
         waves(&engines[0].events()).last() == Some(&Some(6))

@@ -114,7 +114,8 @@ async fn silent_connections_past_the_connection_limit_make_room_for_new_clients(
     let env = [("VLLM_RS_HTTP_MAX_CONNECTIONS", "16"), ("VLLM_RS_HTTP_HEADER_TIMEOUT_S", "120")];
     let (fe, _engines) = start(json!({"model_tag": "toy", "http_timeout_keep_alive": 120}), &env).await;
     let address = fe.base_url.trim_start_matches("http://").to_string();
-    let health = || async { reqwest::get(fe.url("/health")).await.map(|r| r.status().as_u16()).unwrap_or(0) };
+    let url = &fe.url("/health");
+    let health = || async move { reqwest::get(url).await.map(|r| r.status().as_u16()).unwrap_or(0) };
     assert_eq!(health().await, 200);
     let baseline = open_fds(&fe);
     // 300 clients that connect and never send a request head (120 s allowed for it).

@@ -132,8 +132,9 @@ async fn https_health(port: u16, dir: &Path, client_cert: bool) -> std::io::Resu
 
 async fn wait_https_ready(frontend: &mut Frontend, dir: &Path, client_cert: bool) -> String {
     let port: u16 = frontend.base_url.rsplit(':').next().unwrap().parse().unwrap();
-    let ready = vllm_rs_test_support::poll_until_async(Duration::from_secs(30), || async {
-        if frontend.has_exited() {
+    let fe = &*frontend;
+    let ready = vllm_rs_test_support::poll_until_async(Duration::from_secs(30), || async move {
+        if fe.has_exited() {
             return Some(None);
         }
         let answer = https_health(port, dir, client_cert).await.ok();

@@ -112,7 +112,8 @@ fn spawn_connection<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let app = tower::ServiceExt::map_response(tower::ServiceExt::map_request(app, admitted.track()), admitted.untrack());
+    let app = tower::ServiceExt::map_request(app, admitted.track::<hyper::body::Incoming>());
+    let app = tower::ServiceExt::map_response(app, admitted.untrack());
     let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
     let connection = watcher.watch(connection);
     tokio::spawn(async move {

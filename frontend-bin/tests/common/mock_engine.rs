@@ -99,7 +99,10 @@ impl MockEngine {
 
     /// Waits up to `timeout` for `check` to hold on the events.
     pub async fn wait_for(&self, timeout: Duration, check: impl Fn(&[EngineEvent]) -> bool) -> bool {
-        vllm_rs_test_support::poll_until_async(timeout, || async { check(&self.events.lock().unwrap()) }).await.is_some()
+        let check = &check;
+        vllm_rs_test_support::poll_until_async(timeout, || async move { check(&self.events.lock().unwrap()) })
+            .await
+            .is_some()
     }
 }
 

@@ -241,15 +241,16 @@ impl Frontend {
 
     /// Waits until /health answers 200 (panics with the log if the process exits).
     pub async fn wait_ready(&mut self, timeout: Duration) {
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
-        let ready = poll_until_async(timeout, || async {
-            if self.has_exited() {
+        let client = &reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+        let this = &*self;
+        let ready = poll_until_async(timeout, || async move {
+            if this.has_exited() {
                 return true; // told below
             }
-            if self.unix_path.is_some() {
-                matches!(self.unix_request("GET", "/health", None).await, Ok((200, _)))
+            if this.unix_path.is_some() {
+                matches!(this.unix_request("GET", "/health", None).await, Ok((200, _)))
             } else {
-                client.get(self.url("/health")).send().await.is_ok_and(|r| r.status() == 200)
+                client.get(this.url("/health")).send().await.is_ok_and(|r| r.status() == 200)
             }
         })
         .await;
@@ -279,7 +280,7 @@ impl Frontend {
 
     /// Waits up to `timeout` until the log holds `needle` at least `count` times.
     pub async fn wait_for_log(&self, needle: &str, count: usize, timeout: Duration) -> bool {
-        poll_until_async(timeout, || async { self.stderr().matches(needle).count() >= count }).await.is_some()
+        poll_until_async(timeout, || async move { self.stderr().matches(needle).count() >= count }).await.is_some()
     }
 
     pub fn signal(&self, signal: libc::c_int) {
