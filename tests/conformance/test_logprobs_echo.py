@@ -219,8 +219,8 @@ def beside_vllm(tmp_path_factory):
     model = Path(write_model_dir(str(tmp_path_factory.mktemp("echo-bpe")), "echo"))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(BYTE_BPE / name, model / name)
-    args = ("--model", str(model), "--served-model-name", "echo", "--port", "0", "--max-model-len", "512",
-            "--max-logprobs", "5")  # fmt: skip
+    args = ("--model", str(model), "--tokenizer", str(model), "--served-model-name", "echo", "--port", "0",
+            "--max-model-len", "512", "--max-logprobs", "5")  # fmt: skip
     stacks = [Serve(*args, env={"VLLM_API_KEY": API_KEY, "HF_HUB_OFFLINE": "1"}),
               Serve(*args, env={"VLLM_API_KEY": API_KEY, "HF_HUB_OFFLINE": "1", FRONTEND_PATH_ENV: str(binary)})]  # fmt: skip
     try:
