@@ -297,11 +297,15 @@ def test_toy_abort_frees_the_blocks(toy_config):
 
 def read_message(frames: list[bytes]) -> SimpleNamespace:
     """What the fake frontend reads of one output-socket message: the stats,
-    each output's request id and finish reason, and a utility reply."""
+    each output's request id, new token ids and finish reason, and a utility reply."""
     items = unpack(frames[0])
     utility = items[4] if len(items) > 4 else None
     outputs = [
-        SimpleNamespace(request_id=o[0], finish_reason=None if len(o) < 6 or o[5] is None else FinishReason(o[5]))
+        SimpleNamespace(
+            request_id=o[0],
+            new_token_ids=o[1] or [],
+            finish_reason=None if len(o) < 6 or o[5] is None else FinishReason(o[5]),
+        )
         for o in items[1] or []
     ]
     reply = None if utility is None else UtilityOutput(utility[0], utility[1], utility[2] and utility[2][1])
