@@ -190,7 +190,7 @@ def test_wait_raises_when_an_api_server_fails(tmp_path, caplog):
     finally:
         manager.shutdown()
         sock.close()
-    assert not list(tmp_path.iterdir())  # ipc socket files removed
+    assert [path.name for path in tmp_path.iterdir()] == ["go"]  # ipc socket files removed
 
 
 def test_wait_returns_when_all_api_servers_exit_cleanly(tmp_path):
