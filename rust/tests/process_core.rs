@@ -115,7 +115,8 @@ fn detached(pids: &[i32]) -> usize {
     let field = |fields: &[String], i: usize| fields.get(i).and_then(|f| f.parse::<i32>().ok());
     pids.iter()
         .filter(|&&pid| {
-            stat_fields(pid).is_some_and(|f| field(&f, 3) == Some(pid) && field(&f, 1).is_some_and(|p| !pids.contains(&p)))
+            stat_fields(pid)
+                .is_some_and(|f| field(&f, 3) == Some(pid) && field(&f, 1).is_some_and(|p| !pids.contains(&p)))
         })
         .count()
 }

@@ -79,7 +79,10 @@ impl ConnectionTable {
                 .map(|(_, id)| id);
             match oldest.and_then(|id| table.open.remove(&id)) {
                 Some(evicted) => {
-                    tracing::debug!("connection limit ({}) reached: closing the connection idle the longest", table.max);
+                    tracing::debug!(
+                        "connection limit ({}) reached: closing the connection idle the longest",
+                        table.max
+                    );
                     evicted.close.notify_one();
                 }
                 None => {
