@@ -1,6 +1,5 @@
-"""What the detokenization tests share: a frontend (the real `vllm-rs`
-binary, or the real Python API server) serving a Hugging Face tokenizer from
-a model directory, an engine the test plays over real ZeroMQ sockets that
+"""What the detokenization tests share: the frontend (the real `vllm-rs`
+binary) serving a Hugging Face tokenizer from a model directory, an engine the test plays over real ZeroMQ sockets that
 emits chosen token ids one per step, and the `openai` client asking for the
 same completion streamed and not. No tests live here."""
 
@@ -9,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import socket
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +18,11 @@ import zmq
 from vllm_rs.network_utils import make_zmq_listener
 from vllm_rs.utils import RustFrontendProcessManager
 
-from tests.api_server_harness import DEADLINE_S, ScriptedEngine, api_server, in_background
+from tests.support.engine_peer import ScriptedEngine
+from tests.support.http import in_background
+from tests.support.wait import DEADLINE_S, wait_until
 
 FINISH_STOP, FINISH_LENGTH = 0, 1
-FRONTENDS = ("rust", "python")
 
 
 @dataclass
@@ -40,19 +39,21 @@ class Served:
 
     def wait_ready(self, alive: Any) -> None:
         """Returns once `/v1/models` answers; `alive()` says the process still runs."""
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
+
+        def serving() -> bool:
             try:
                 self.client().models.list()
-                return
+                return True
             except openai.APIConnectionError:
                 assert alive(), "the frontend exited during start-up"
-                assert time.monotonic() < deadline, "the frontend never started serving"
-                time.sleep(0.05)
+                return False
+
+        wait_until(serving, "the frontend to serve")
 
 
 @contextlib.contextmanager
-def _rust_frontend(model_dir: Path) -> Iterator[Served]:
+def serve(model_dir: Path) -> Iterator[Served]:
+    """The frontend serving the tokenizer in `model_dir`, engine 0 played by the test."""
     http = socket.socket()
     http.bind(("127.0.0.1", 0))
     http.listen(128)
@@ -71,23 +72,6 @@ def _rust_frontend(model_dir: Path) -> Iterator[Served]:
         if served.engine is not None:
             served.engine.close()
         frontend.shutdown()
-
-
-@contextlib.contextmanager
-def _python_server(model_dir: Path) -> Iterator[Served]:
-    with api_server(tokenizer=str(model_dir)) as server:
-        served = Served(server.port, server.input_address, server.output_address)
-        served.engine = ScriptedEngine(server)
-        try:
-            served.wait_ready(server.manager.processes[0].is_alive)
-            yield served
-        finally:
-            served.engine.close()
-
-
-def serve(frontend: str, model_dir: Path) -> contextlib.AbstractContextManager[Served]:
-    """The `frontend` ("rust" or "python") serving the tokenizer in `model_dir`."""
-    return _rust_frontend(model_dir) if frontend == "rust" else _python_server(model_dir)
 
 
 @dataclass

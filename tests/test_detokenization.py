@@ -1,5 +1,5 @@
-"""Incremental detokenization in both frontends (the real `vllm-rs` binary and
-the real Python API server) with Hugging Face tokenizers made here: text is
+"""Incremental detokenization in the frontend (the real `vllm-rs` binary) with
+Hugging Face tokenizers made here: text is
 decoded in the prompt's context as vLLM 0.33's `FastIncrementalDetokenizer`
 does (a `tokenizers` DecodeStream primed with the prompt), so the first
 token's SentencePiece `▁` is a space, characters split across tokens come out
@@ -8,11 +8,16 @@ decode computed here with `tokenizers`."""
 
 from __future__ import annotations
 
-import pytest
-from tokenizers.decoders import DecodeStream
+import argparse
+import socket
 
-from tests.api_server_harness import DEADLINE_S, api_server
-from tests.detokenization_harness import FINISH_STOP, FRONTENDS, complete, serve
+import pytest
+import zmq
+from tokenizers.decoders import DecodeStream
+from vllm_rs.network_utils import make_zmq_listener
+from vllm_rs.utils import RustFrontendProcessManager
+
+from tests.detokenization_harness import FINISH_STOP, complete, serve
 from tests.support.hf_tokenizers import (
     byte_ids,
     byte_level_tokenizer,
@@ -20,17 +25,18 @@ from tests.support.hf_tokenizers import (
     piece_ids,
     write_model_dir,
 )
+from tests.support.wait import DEADLINE_S
 
 TOKENIZERS = {"metaspace": metaspace_tokenizer, "byte_level": byte_level_tokenizer}
 
 
-@pytest.fixture(scope="module", params=[(f, t) for f in FRONTENDS for t in TOKENIZERS], ids=lambda p: "-".join(p))
+@pytest.fixture(scope="module", params=list(TOKENIZERS))
 def served(request, tmp_path_factory):
-    """(frontend, tokenizer): a frontend serving a tokenizer made here."""
-    frontend, kind = request.param
+    """The frontend serving a tokenizer made here."""
+    kind = request.param
     tokenizer = TOKENIZERS[kind]()
     model_dir = write_model_dir(tokenizer, tmp_path_factory.mktemp(kind))
-    with serve(frontend, model_dir) as server:
+    with serve(model_dir) as server:
         yield server, tokenizer, kind
 
 
@@ -146,14 +152,24 @@ def test_the_prompt_context_is_what_gives_the_leading_space(served):
 
 
 @pytest.mark.parametrize("broken", ["missing", "not_json"])
-def test_python_server_exits_naming_a_tokenizer_it_cannot_load(tmp_path, capfd, broken):
+def test_the_frontend_exits_naming_a_tokenizer_it_cannot_load(tmp_path, capfd, broken):
     location = tmp_path / "model"
     if broken == "not_json":
         location.mkdir()
         (location / "tokenizer.json").write_text("{not json")
-    with api_server(tokenizer=str(location)) as server:
-        process = server.manager.processes[0]
+    http = socket.socket()
+    http.bind(("127.0.0.1", 0))
+    http.listen(1)
+    inputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
+    outputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    namespace = argparse.Namespace(model="toy", tokenizer=str(location))
+    frontend = RustFrontendProcessManager(None, http, namespace, inputs, outputs, 0, 1, 1)
+    http.close()
+    try:
+        process = frontend.processes[0]
         process.join(DEADLINE_S)
-        assert process.exitcode == 1
+        assert process.exitcode not in (None, 0)
+    finally:
+        frontend.shutdown()
     captured = capfd.readouterr()
     assert str(location) in captured.out + captured.err

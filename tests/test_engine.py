@@ -11,10 +11,10 @@ import os
 import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import zmq
-from vllm_rs.api_server.engine_outputs import EngineOutputError, decode_engine_message
 from vllm_rs.engine import make_engine_config, run_engine_core
 from vllm_rs.engine.config import ClientAddresses
 from vllm_rs.engine.core import FAIL_AT_STEP_ENV, EngineCore
@@ -296,6 +296,23 @@ def test_toy_abort_frees_the_blocks(toy_config):
 # ---- the engine process over ZeroMQ ----
 
 
+def read_message(frames: list[bytes]) -> SimpleNamespace:
+    """What the fake frontend reads of one output-socket message: the stats,
+    each output's request id, new token ids and finish reason, and a utility reply."""
+    items = unpack(frames[0])
+    utility = items[4] if len(items) > 4 else None
+    outputs = [
+        SimpleNamespace(
+            request_id=o[0],
+            new_token_ids=o[1] or [],
+            finish_reason=None if len(o) < 6 or o[5] is None else FinishReason(o[5]),
+        )
+        for o in items[1] or []
+    ]
+    reply = None if utility is None else UtilityOutput(utility[0], utility[1], utility[2] and utility[2][1])
+    return SimpleNamespace(scheduler_stats=items[2], outputs=outputs, utility_output=reply)
+
+
 class FakeFrontend:
     """One client: a ROUTER and a PULL adopted from listeners, like a frontend."""
 
@@ -324,7 +341,7 @@ class FakeFrontend:
         """Outputs of one request until it finishes, and every stats map seen."""
         outputs, stats = [], []
         while True:
-            message = decode_engine_message(self.receive(timeout_s))
+            message = read_message(self.receive(timeout_s))
             stats.append(message.scheduler_stats)
             outputs += [o for o in message.outputs if o.request_id == request_id]
             if outputs and outputs[-1].finish_reason is not None:
@@ -333,7 +350,7 @@ class FakeFrontend:
     def call(self, call_id: int, method: str, *args):
         """The reply to a utility call (request outputs meanwhile are skipped)."""
         self.send(REQUEST_UTILITY, encode_utility(self.index, call_id, method, list(args)))
-        while (message := decode_engine_message(self.receive())).utility_output is None:
+        while (message := read_message(self.receive())).utility_output is None:
             self.skipped.append(message)
         reply = message.utility_output
         assert reply.call_id == call_id
@@ -343,7 +360,7 @@ class FakeFrontend:
         """The first stats-only message saying nothing runs."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            message = self.skipped.pop(0) if self.skipped else decode_engine_message(self.receive(timeout_s))
+            message = self.skipped.pop(0) if self.skipped else read_message(self.receive(timeout_s))
             stats = message.scheduler_stats
             if not message.outputs and stats is not None and stats["num_running_reqs"] == 0:
                 return stats
@@ -410,12 +427,12 @@ def test_sleep_wait_is_answered_once_the_running_requests_finished(frontends):
         first = frontends[0]
         first.registration()
         first.send(REQUEST_ADD, encode_add(request("drains", b"abc", max_tokens=40)))
-        decode_engine_message(first.receive())  # it runs
+        read_message(first.receive())  # it runs
         first.send(REQUEST_UTILITY, encode_utility(0, 21, "sleep", [0, "wait"]))
         first.send(REQUEST_ADD, encode_add(request("queued", b"q", max_tokens=1)))
         seen, reply = [], None
         while reply is None:
-            message = decode_engine_message(first.receive())
+            message = read_message(first.receive())
             if message.utility_output is not None:
                 reply = message.utility_output
             seen += [(o.request_id, o.finish_reason) for o in message.outputs]
@@ -601,46 +618,43 @@ def test_every_request_encoded_by_vllm_is_honoured(name):
         assert len(produced) == min(expect["max_tokens"] or room, room)
 
 
+#: What each utility call of vLLM's fixtures answers on a fresh engine, and
+#: whether the engine is asleep (paused) afterwards.
+UTILITY_EFFECTS = {
+    "utility_get_supported_tasks": (["generate"], False),
+    "utility_is_sleeping": (False, False),
+    "utility_reset_prefix_cache": (True, False),
+    "utility_sleep": (None, True),
+    "utility_sleep_level0_keep": (None, True),
+    "utility_wake_up": (True, False),
+    "utility_wake_up_tags": (True, False),
+}
+
+
 @pytest.mark.parametrize("name", fixtures_of_kind("utility_call"))
 def test_every_utility_call_encoded_by_vllm_is_answered(name):
     call = UtilityCall.from_wire(fixture(name))
     core = EngineCore(make_engine_config("echo"))
+    if call.method == "wake_up":
+        core.sleep(1, "abort")  # something to wake up from
     result = core.call_utility(call.method, call.args)
-    unpack(pack([None, result]))  # the result travels as msgpack
+    assert (result, core.is_sleeping()) == UTILITY_EFFECTS[name]
+    assert unpack(pack([None, result])) == [None, result]  # the result travels as msgpack
 
 
-def test_outputs_decode_back_and_carry_events_and_errors_on_the_wire():
+def test_outputs_carry_events_and_errors_on_the_wire():
     core = EngineCore(make_engine_config("echo", max_model_len=8))
     core.add_request(request("a", b"xy", max_tokens=1))
     error = core.add_request(request("bad", b"x" * 8))
     frame = encode_outputs(EngineCoreOutputs(0, [o for _, o in core.step()] + [error]))
-    message = decode_engine_message([frame])
-    assert [o.request_id for o in message.outputs] == ["a", "bad"]
-    assert message.outputs[1].finish_reason == FinishReason.ERROR
-    # Events (slot 7) and the error (slot 18) are for vLLM's frontend; the API
-    # server does not read them, so they are checked on the wire.
     first, rejected = unpack(frame)[1]
+    assert (first[0], rejected[0]) == ("a", "bad")
+    # Events (slot 7) and the error (slot 18) are what vLLM's frontend reads.
     assert [e["type"] for e in first[7]] == [EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED]
     assert rejected[18]["code"] == "validation_error" and rejected[5] == FinishReason.ERROR
-    with pytest.raises(EngineOutputError, match="finish_reason"):
-        decode_engine_message([pack([0, [["r", [1], None, None, None, 99]]])])
 
 
-@pytest.mark.parametrize("name", fixtures_of_kind("outputs"))
-def test_the_api_servers_decoder_reads_every_message_vllms_engine_sends(name):
-    message = decode_engine_message([(FIXTURES / f"{name}.msgpack").read_bytes()])
-    raw = fixture(name)
-    assert message.engine_index == raw[0] and message.timestamp == raw[3]
-    assert [o.request_id for o in message.outputs] == [o[0] for o in raw[1]]
-    assert [o.new_token_ids for o in message.outputs] == [o[1] for o in raw[1]]
-    assert [o.finish_reason for o in message.outputs] == [None if o[5] is None else FinishReason(o[5]) for o in raw[1]]
-    assert (message.utility_output is None) == (raw[4] is None)
-    assert (message.wave_complete, message.finished_requests) == (raw[6], raw[5])
-    if name == "outputs_first_token_events":
-        assert message.scheduler_stats["num_running_reqs"] == 2
-
-
-def test_the_api_servers_registration_reads_vllms_ready_response():
+def test_the_registration_reader_reads_vllms_ready_response():
     registration = decode_registration((FIXTURES / "ready_response.msgpack").read_bytes())
     assert (registration.max_model_len, registration.num_gpu_blocks, registration.dp_stats_address) == (2048, 512, None)
 

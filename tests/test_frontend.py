@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import socket
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from vllm_rs.engine.config import ClientAddresses
 from vllm_rs.engine.core import FAIL_AT_STEP_ENV
 from vllm_rs.network_utils import make_zmq_listener
 from vllm_rs.utils import CoreEngineProcManager, RustFrontendProcessManager, wait_for_completion_or_failure
+
+from tests.support.wait import WaitTimeout, wait_until
 
 READY_TIMEOUT_S = 60
 
@@ -67,18 +68,20 @@ class Stack:
         return (self.log_dir / "frontend.log").read_text(errors="replace")
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
         proc = self.frontend.processes[0]
-        while time.monotonic() < deadline:
+
+        def healthy() -> bool:
             if not proc.is_alive():
                 raise AssertionError(f"frontend exited with {proc.exitcode}:\n{self.frontend_log()}")
             try:
-                if self.get("/health") == 200:
-                    return
+                return self.get("/health") == 200
             except OSError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"frontend not ready after {READY_TIMEOUT_S}s:\n{self.frontend_log()}")
+                return False
+
+        try:
+            wait_until(healthy, "the frontend to become healthy", READY_TIMEOUT_S)
+        except WaitTimeout:
+            raise AssertionError(f"frontend not ready after {READY_TIMEOUT_S}s:\n{self.frontend_log()}") from None
 
 
 @contextlib.contextmanager

@@ -11,7 +11,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import httpx2
 import openai
 import pytest
 
+from tests.support.wait import WaitTimeout, wait_until
 from tests.test_frontend import serving
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
@@ -59,16 +59,19 @@ def https_client(port: int, pki: dict[str, Path], cert: bool = False) -> openai.
 
 def wait_https_ready(stack, context: ssl.SSLContext) -> None:
     """Waits for /health over TLS (the plain-HTTP readiness check cannot work on a TLS port)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def healthy() -> bool:
         assert stack.frontend.processes[0].is_alive(), stack.frontend_log()
         try:
             with urllib.request.urlopen(f"https://127.0.0.1:{stack.port}/health", context=context, timeout=5) as r:
-                if r.status == 200:
-                    return
+                return r.status == 200
         except OSError:
-            time.sleep(0.05)
-    raise AssertionError(stack.frontend_log())
+            return False
+
+    try:
+        wait_until(healthy, "/health over TLS", 60)
+    except WaitTimeout:
+        raise AssertionError(stack.frontend_log()) from None
 
 
 def test_tls_serves_a_verifying_openai_client_and_refuses_plain_http(tmp_path):

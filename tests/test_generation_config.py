@@ -1,10 +1,9 @@
-"""The model's generation config and its files as vLLM 0.33 finds and applies
-them, in the Python API server (and in `serve` with either frontend): the
-sampling params sent match what vLLM's own OpenAI server builds
-(tests/fixtures/vllm-0.33/genconfig_*, written by scripts/make_vllm_fixtures.py),
-an extra EOS id of the generation config finishes a request in the real echo
-engine, and a hub model id is served from a Hugging Face cache laid out on
-disk (no network)."""
+"""The model's generation config and its files as vLLM 0.33 finds them, in
+`serve` (which refuses a bad one before anything starts; the frontend's own
+tests, frontend-bin/tests/generation_config.rs, check the sampling params
+against vLLM's): an extra EOS id of the generation config finishes a request
+in the real echo engine, and a hub model id is served from a Hugging Face
+cache laid out on disk (no network)."""
 
 from __future__ import annotations
 
@@ -12,16 +11,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import pytest
-from vllm_rs.api_server.generation_config import GenerationConfig, GenerationConfigError
 from vllm_rs.engine.models import write_model_dir
+from vllm_rs.generation_config import GenerationConfig, GenerationConfigError
 from vllm_rs.model_files import ModelNotFoundError, hub_cache_roots, locate_model
 
-from tests.api_server_harness import ScriptedEngine, api_server, in_background, request
-from tests.test_serve import FRONTENDS, Serve
+from tests.test_serve import Serve, needs_frontend
 
-FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.33"
 #: The built-in byte-level tokenizer's EOS, and the newline the tests use as an end-of-turn id.
 EOS, NEWLINE = 256, 10
 
@@ -34,74 +30,23 @@ def echo_model(path: Path, generation: dict[str, Any] | None) -> str:
     return str(path)
 
 
-def normalized(sampling: dict[str, Any]) -> dict[str, Any]:
-    """The fields vLLM's engine acts on, vLLM's default for a field left out
-    (its encoder omits defaults), stop-id lists as sorted sets (how the engine uses them)."""
-    top_k = sampling.get("top_k", 0)
-    return {
-        "max_tokens": sampling.get("max_tokens", 16),
-        "temperature": float(sampling.get("temperature", 1.0)),
-        "top_p": float(sampling.get("top_p", 1.0)),
-        "top_k": 0 if top_k == -1 else top_k,
-        "min_p": float(sampling.get("min_p", 0.0)),
-        "repetition_penalty": float(sampling.get("repetition_penalty", 1.0)),
-        "presence_penalty": float(sampling.get("presence_penalty", 0.0)),
-        "frequency_penalty": float(sampling.get("frequency_penalty", 0.0)),
-        "eos_token_id": sampling.get("_eos_token_id"),
-        "stop_token_ids": sorted(set(sampling.get("stop_token_ids", []))),
-        "all_stop_token_ids": sorted(set(sampling.get("_all_stop_token_ids", []))),
-        "ignore_eos": sampling.get("ignore_eos", False),
-    }
-
-
-def _cases() -> list[tuple[str, dict[str, Any]]]:
-    files = json.loads((FIXTURES / "manifest.json").read_text())["files"]
-    return sorted(
-        (name, case)
-        for name, case in files.items()
-        if case["kind"] == "generation_config_request" and name.endswith(f"_eos{EOS}.msgpack")
-    )
-
-
-@pytest.mark.parametrize(("name", "case"), _cases(), ids=[c["case"] for _, c in _cases()])
-def test_sampling_params_match_what_vllm_builds(tmp_path, name, case):
-    model = echo_model(tmp_path / "model", case["model_generation_config"])
-    mode = case["generation_config"]
-    if mode == "folder":
-        folder = tmp_path / "folder"
-        folder.mkdir()
-        (folder / "generation_config.json").write_text(json.dumps(case["folder_generation_config"]))
-        mode = str(folder)
-    args = {"model": model, "generation_config": mode, "override_generation_config": case["override_generation_config"]}
-    with api_server(serve_args=args) as server:
-        engine = ScriptedEngine(server, max_model_len=case["max_model_len"])
-        try:
-            server.wait_until_serving()
-            path = "/v1/chat/completions" if case["endpoint"] == "chat" else "/v1/completions"
-            in_background(request, "POST", server.port, path, case["body"])
-            _, _, sampling = engine.next_add()
-        finally:
-            engine.close()
-    vllm = normalized(msgpack.unpackb((FIXTURES / name).read_bytes(), strict_map_key=False)[3])
-    assert vllm == case["expect"], "the fixture decodes to what the manifest says"
-    assert normalized(sampling) == vllm
-
-
+@needs_frontend
 def test_an_extra_eos_id_of_the_generation_config_finishes_the_request(tmp_path):
     body = {"prompt": "ab\ncd", "max_tokens": 12}
-    with_eot = echo_model(tmp_path / "with", {"eos_token_id": [EOS, NEWLINE]})
-    with api_server(echo_engines=1, serve_args={"model": with_eot}) as server:
-        server.wait_until_serving()
-        status, reply = request("POST", server.port, "/v1/completions", body)
-    assert status == 200, reply
-    choice = reply["choices"][0]
+    answers = []
+    for name, generation in (("with", {"eos_token_id": [EOS, NEWLINE]}), ("without", None)):
+        model = echo_model(tmp_path / name, generation)
+        serve = Serve("--model", model, "--served-model-name", "echo", "--port", "0")
+        try:
+            status, raw = serve.http("POST", "/v1/completions", {"model": "echo", **body})
+            assert status == 200, raw
+            answers.append(json.loads(raw)["choices"][0])
+        finally:
+            serve.kill()
+    with_eot, without = answers
     # The echo engine stops as vLLM's does (stop_token_ids, EOS), so the request carried 10.
-    assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == ("ab", "stop", NEWLINE)
-    without = echo_model(tmp_path / "without", None)
-    with api_server(echo_engines=1, serve_args={"model": without}) as server:
-        server.wait_until_serving()
-        _, reply = request("POST", server.port, "/v1/completions", body)
-    assert reply["choices"][0]["finish_reason"] == "length", reply
+    assert (with_eot["text"], with_eot["finish_reason"], with_eot["stop_reason"]) == ("ab", "stop", NEWLINE)
+    assert without["finish_reason"] == "length", without
 
 
 def test_generation_config_reading_and_errors(tmp_path):
@@ -114,8 +59,6 @@ def test_generation_config_reading_and_errors(tmp_path):
     )
     assert GenerationConfig.load("vllm", {}, model).defaults == {}
     assert GenerationConfig.load("vllm", {}, model).eos_token_ids == [EOS, NEWLINE]
-    fields = config.stop_token_fields([7], True, EOS)
-    assert fields == {"stop_token_ids": [7], "_all_stop_token_ids": [7, EOS, NEWLINE]}
     (tmp_path / "fallback").mkdir()
     (tmp_path / "fallback" / "config.json").write_text(
         json.dumps({"model_type": "x", "presence_penalty": 0.3, "text_config": {"temperature": 0.4, "eos_token_id": 5}})
@@ -160,13 +103,11 @@ def test_locate_model_follows_refs_commits_and_the_cache_variables(tmp_path):
             locate_model(name, revision, env=env)
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_serve_finds_a_hub_model_in_the_cache_at_its_revision(tmp_path, frontend):
+@needs_frontend
+def test_serve_finds_a_hub_model_in_the_cache_at_its_revision(tmp_path):
     hub = fake_hub_cache(tmp_path)
     for revision, stop in [([], "\n"), (["--revision", "v2"], "\x0b")]:
-        serve = Serve(
-            "--model", "Org/Name", *revision, "--port", "0", "--frontend", frontend, env={"HF_HUB_CACHE": str(hub)}
-        )
+        serve = Serve("--model", "Org/Name", *revision, "--port", "0", env={"HF_HUB_CACHE": str(hub)})
         try:
             client = serve.client()
             assert [m.id for m in client.models.list().data] == ["Org/Name"]
@@ -178,11 +119,11 @@ def test_serve_finds_a_hub_model_in_the_cache_at_its_revision(tmp_path, frontend
             serve.kill()
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_serve_refuses_a_model_that_is_nowhere(tmp_path, frontend):
+@needs_frontend
+def test_serve_refuses_a_model_that_is_nowhere(tmp_path):
     hub = fake_hub_cache(tmp_path)
     env = {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
-    serve = Serve("--model", "Org/Missing", "--port", "0", "--frontend", frontend, env=env)
+    serve = Serve("--model", "Org/Missing", "--port", "0", env=env)
     try:
         assert serve.wait(60) == 2, serve.output
         assert "Org/Missing" in serve.output and str(hub / "models--Org--Missing") in serve.output, serve.output

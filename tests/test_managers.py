@@ -30,6 +30,8 @@ from vllm_rs.utils import (
 )
 
 from tests.support.trees import descendants, is_running, read_pids
+from tests.support.wait import DEADLINE_S, wait_until
+from tests.test_serve import needs_frontend
 
 SUPPORT = Path(__file__).parent / "support"
 
@@ -44,12 +46,28 @@ def engine_records_kwargs(vllm_config, **kwargs):
     time.sleep(1000)
 
 
-def engine_exits_with(vllm_config, dp_rank, **kwargs):
-    code = vllm_config.get(dp_rank)
+def exit_plan(tmp_path: Path, codes: dict[int, int]) -> dict:
+    """`codes` (rank or index to exit code) for the targets below, which exit
+    once the test gives the go (`go(plan)`: after the manager started them
+    all); a child without a code runs until stopped."""
+    return {**codes, "go": str(tmp_path / "go")}
+
+
+def go(plan: dict) -> None:
+    """Lets the children of `plan` exit."""
+    Path(plan["go"]).touch()
+
+
+def _exit_on_go(plan: dict, key: int) -> None:
+    code = plan.get(key)
     if code is None:
-        time.sleep(1000)
-    time.sleep(0.2)
+        time.sleep(1000)  # runs until the test stops it
+    wait_until(lambda: os.path.exists(plan["go"]), "the test's go")
     sys.exit(code)
+
+
+def engine_exits_with(vllm_config, dp_rank, **kwargs):
+    _exit_on_go(vllm_config, dp_rank)
 
 
 def api_server_echo(listen_address, sock, args, client_config):
@@ -73,8 +91,7 @@ def api_server_echo(listen_address, sock, args, client_config):
 
 
 def api_server_exits_with(listen_address, sock, args, client_config):
-    time.sleep(0.2)
-    sys.exit(args.codes[client_config["client_index"]])
+    _exit_on_go(args.plan, client_config["client_index"])
 
 
 # ---- CoreEngineProcManager ----
@@ -86,9 +103,7 @@ def test_engines_get_names_and_kwargs(tmp_path):
     )
     try:
         assert [p.name for p in manager.processes] == ["EngineCore_4", "EngineCore_5"]
-        deadline = time.monotonic() + 60
-        while len(list(tmp_path.glob("engine*.json"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: len(list(tmp_path.glob("engine*.json"))) == 2, "both engines to record their kwargs")
         rec = json.loads((tmp_path / "engine5.json").read_text())
         assert rec["dp_rank"] == 5 and rec["local_dp_rank"] == 1
         assert rec["on_head_node"] is True and rec["log_stats"] is True
@@ -105,7 +120,9 @@ def test_engines_get_names_and_kwargs(tmp_path):
 def test_engine_failure_is_named_and_close_removes_the_ipc_file(tmp_path):
     ipc_file = tmp_path / "engine.sock"
     ipc_file.touch()
-    manager = CoreEngineProcManager(engine_exits_with, 2, 0, 0, {1: 3}, True, f"ipc://{ipc_file}", None, False)
+    plan = exit_plan(tmp_path, {1: 3})
+    manager = CoreEngineProcManager(engine_exits_with, 2, 0, 0, plan, True, f"ipc://{ipc_file}", None, False)
+    go(plan)
     manager.monitor_engine_liveness()
     assert manager.failed_proc_name == "EngineCore_1"
     assert manager.finished_procs() == {"EngineCore_1": 3}
@@ -119,14 +136,18 @@ def test_close_leaves_files_alone_for_an_abstract_input_address(tmp_path, monkey
     directory is someone else's."""
     monkeypatch.chdir(tmp_path)
     Path("@engine-input").write_text("not a socket of ours")
-    manager = CoreEngineProcManager(engine_exits_with, 1, 0, 0, {0: 0}, True, "ipc://@engine-input", None, False)
+    plan = exit_plan(tmp_path, {0: 0})
+    manager = CoreEngineProcManager(engine_exits_with, 1, 0, 0, plan, True, "ipc://@engine-input", None, False)
+    go(plan)
     manager.join_first()
     manager.close()
     assert Path("@engine-input").read_text() == "not a socket of ours"
 
 
-def test_join_first_returns_when_an_engine_exits():
-    manager = CoreEngineProcManager(engine_exits_with, 2, 0, 0, {0: 0}, True, "tcp://127.0.0.1:1", None, False)
+def test_join_first_returns_when_an_engine_exits(tmp_path):
+    plan = exit_plan(tmp_path, {0: 0})
+    manager = CoreEngineProcManager(engine_exits_with, 2, 0, 0, plan, True, "tcp://127.0.0.1:1", None, False)
+    go(plan)
     manager.join_first()
     assert manager.finished_procs() == {"EngineCore_0": 0}
     assert manager.failed_proc_name is None
@@ -149,10 +170,12 @@ def _api_servers(codes, tmp_path):
     sock.listen()
     inputs = [make_zmq_listener(f"ipc://{tmp_path}/in{i}", zmq.ROUTER) for i in range(len(codes))]
     outputs = [make_zmq_listener(f"ipc://{tmp_path}/out{i}", zmq.PULL) for i in range(len(codes))]
-    args = argparse.Namespace(codes=codes)
-    return APIServerProcessManager(
+    args = argparse.Namespace(plan=exit_plan(tmp_path, dict(enumerate(codes))))
+    manager = APIServerProcessManager(
         "addr", sock, args, len(codes), inputs, outputs, target_server_fn=api_server_exits_with
-    ), sock
+    )
+    go(args.plan)
+    return manager, sock
 
 
 def test_wait_raises_when_an_api_server_fails(tmp_path, caplog):
@@ -167,7 +190,7 @@ def test_wait_raises_when_an_api_server_fails(tmp_path, caplog):
     finally:
         manager.shutdown()
         sock.close()
-    assert not list(tmp_path.iterdir())  # ipc socket files removed
+    assert [path.name for path in tmp_path.iterdir()] == ["go"]  # ipc socket files removed
 
 
 def test_wait_returns_when_all_api_servers_exit_cleanly(tmp_path):
@@ -184,7 +207,9 @@ def test_wait_returns_when_all_api_servers_exit_cleanly(tmp_path):
 
 def test_wait_raises_as_soon_as_an_engine_dies(tmp_path):
     api_manager, sock = _long_api_server(tmp_path)
-    engines = CoreEngineProcManager(engine_exits_with, 2, 0, 0, {1: 9}, True, "tcp://127.0.0.1:1", None, False)
+    plan = exit_plan(tmp_path, {1: 9})
+    engines = CoreEngineProcManager(engine_exits_with, 2, 0, 0, plan, True, "tcp://127.0.0.1:1", None, False)
+    go(plan)
     try:
         started = time.monotonic()
         with pytest.raises(RuntimeError, match=r"^Engine core process EngineCore_1 died unexpectedly\.$"):
@@ -214,14 +239,28 @@ def _long_api_server(tmp_path):
 
 def test_keyboard_interrupt_while_waiting_is_logged_and_returns(tmp_path, caplog):
     manager, sock = _long_api_server(tmp_path)
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    waiting = threading.Event()
+
+    class OnWaiting(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() == "Waiting for API servers to complete ...":
+                waiting.set()
+
+    def interrupt_once_waiting() -> None:
+        if waiting.wait(DEADLINE_S):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    handler = OnWaiting()
+    logging.getLogger("vllm_rs").addHandler(handler)
+    interrupter = threading.Thread(target=interrupt_once_waiting, daemon=True)
     try:
-        timer.start()
+        interrupter.start()
         with caplog.at_level(logging.INFO, logger="vllm_rs"):
             wait_for_completion_or_failure(manager)
         assert "Received KeyboardInterrupt, shutting down API servers..." in caplog.text
     finally:
-        timer.cancel()
+        logging.getLogger("vllm_rs").removeHandler(handler)  # nothing else sets `waiting`
+        interrupter.join(DEADLINE_S)
         manager.shutdown()
         sock.close()
 
@@ -268,6 +307,74 @@ def test_api_servers_adopt_their_listeners_over_real_zeromq(tmp_path, caplog):
         ctx.term()
         http.close()
     assert not list(tmp_path.iterdir())
+
+
+def _echo_behind_api_servers(num_servers: int):
+    """The echo engine and `num_servers` API servers with the default target
+    (`run_api_server_worker_proc`, the Rust frontend), on loopback TCP."""
+    import socket
+
+    from vllm_rs.engine import make_engine_config, run_engine_core
+    from vllm_rs.engine.config import ClientAddresses
+
+    http = socket.socket()
+    http.bind(("127.0.0.1", 0))
+    http.listen()
+    inputs = [make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER) for _ in range(num_servers)]
+    outputs = [make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL) for _ in range(num_servers)]
+    config = make_engine_config(
+        "echo", clients=[ClientAddresses(i.address, o.address) for i, o in zip(inputs, outputs)]
+    )
+    engines = CoreEngineProcManager(run_engine_core, 1, 0, 0, config, True, inputs[0].address, None, True)
+    args = argparse.Namespace(model="echo", data_parallel_size=1)
+    port = http.getsockname()[1]
+    try:
+        manager = APIServerProcessManager(f"http://127.0.0.1:{port}", http, args, num_servers, inputs, outputs)
+    except BaseException:
+        engines.shutdown()
+        raise
+    finally:
+        http.close()
+    return manager, engines, port
+
+
+@needs_frontend
+def test_the_default_api_server_is_the_rust_frontend_serving_the_engines():
+    import psutil
+
+    from tests.support.http import request
+
+    manager, engines, port = _echo_behind_api_servers(1)
+    try:
+        (proc,) = manager.processes
+        assert proc.name == "ApiServer_0"
+
+        def healthy() -> bool:
+            assert proc.is_alive(), "the API server exited"
+            try:
+                return request("GET", port, "/health", timeout_s=5)[0] == 200
+            except OSError:
+                return False
+
+        wait_until(healthy, "the API server to serve")
+        assert psutil.Process(proc.pid).name() == "vllm-rs"  # the child became the frontend (exec)
+        status, body = request("POST", port, "/v1/completions", {"model": "echo", "prompt": "hi", "max_tokens": 3})
+        assert (status, body["choices"][0]["text"]) == (200, "hih"), body
+    finally:
+        manager.shutdown()
+        engines.shutdown()
+
+
+@needs_frontend
+def test_more_than_one_default_api_server_fails_naming_the_one_frontend(capfd):
+    manager, engines, _port = _echo_behind_api_servers(2)
+    try:
+        with pytest.raises(RuntimeError, match=r"Process ApiServer_\d \(PID: \d+\) died with exit code 1"):
+            wait_for_completion_or_failure(manager)
+    finally:
+        manager.shutdown()
+        engines.shutdown()
+    assert "client_count 2: one Rust frontend serves every engine" in capfd.readouterr().err
 
 
 def test_api_server_start_failure_cleans_up_listeners(tmp_path):
@@ -318,9 +425,7 @@ def test_rust_frontend_manager_command_line_fds_and_redaction(tmp_path, caplog, 
         manager = RustFrontendProcessManager(str(binary), http, args, inp, outp, 0, 2, 2)
     try:
         assert [p.name for p in manager.processes] == ["RustFrontend"]
-        deadline = time.monotonic() + 30
-        while not out.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(out.exists, "the frontend stand-in to record its launch", 30)
         launch = json.loads(out.read_text())
         argv = launch["argv"]
         assert argv[1:15] == [
@@ -475,10 +580,8 @@ def test_sigkill_of_the_supervisor_takes_every_descendant_along(tmp_path):
     pidfile = tmp_path / "pids"
     supervisor = subprocess.Popen([sys.executable, str(SUPPORT / "supervisor.py"), str(pidfile)])
     try:
-        deadline = time.monotonic() + 60
         # 2 engines x (engine, child, daemon) + the guardian
-        while len(read_pids(pidfile)) < 7 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: len(read_pids(pidfile)) >= 7, "every process of the supervisor to start")
         pids = read_pids(pidfile)
         assert len(pids) == 7, pids
         assert all(is_running(pid) for pid in pids)

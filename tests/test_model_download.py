@@ -2,10 +2,10 @@
 them, with `huggingface_hub`, against a local stand-in for the Hugging Face
 Hub (`tests/fake_hub.py`, pointed to by `HF_ENDPOINT`), never the internet:
 `serve --model Org/Name` with an empty `HF_HOME` downloads the config and
-tokenizer files into the cache layout and serves with them (either
-frontend); `HF_HUB_OFFLINE` and a repo the hub lacks exit 2 naming the model
-and where it looked. The built-in models (`toy`, `echo`) never reach the hub:
-`serve` opens no connection to `HF_ENDPOINT` and logs no hub access for them."""
+tokenizer files into the cache layout and serves with them;
+`HF_HUB_OFFLINE` and a repo the hub lacks exit 2 naming the model and where
+it looked. The built-in models (`toy`, `echo`) never reach the hub: `serve`
+opens no connection to `HF_ENDPOINT` and logs no hub access for them."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from vllm_rs.engine.models import write_model_dir
 from vllm_rs.model_files import ModelNotFoundError, locate_model
 
 from tests.fake_hub import COMMIT, FakeHub
-from tests.test_serve import FRONTENDS, Serve, rust_frontend_available
+from tests.test_serve import Serve, needs_frontend
 
 
 def hub_files(root: Path) -> Path:
@@ -62,10 +62,10 @@ def test_locate_model_downloads_what_the_cache_lacks_into_the_cache_layout(tmp_p
         locate_model("Org/Name", env={**env, "HF_HOME": str(tmp_path / "other"), "HF_ENDPOINT": "http://127.0.0.1:1"})
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_serve_downloads_a_hub_model_and_serves_it(tmp_path, frontend):
+@needs_frontend
+def test_serve_downloads_a_hub_model_and_serves_it(tmp_path):
     with FakeHub(hub_files(tmp_path / "files")) as hub:
-        serve = Serve("--model", "Org/Name", "--port", "0", "--frontend", frontend, env=hub_env(tmp_path / "home", hub))
+        serve = Serve("--model", "Org/Name", "--port", "0", env=hub_env(tmp_path / "home", hub))
         try:
             client = serve.client()
             choice = client.completions.create(model="Org/Name", prompt="ab\ncd", max_tokens=12).choices[0]
@@ -77,15 +77,15 @@ def test_serve_downloads_a_hub_model_and_serves_it(tmp_path, frontend):
         assert (tmp_path / "home" / "hub" / "models--Org--Name" / "snapshots" / COMMIT / "config.json").is_file()
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_serve_exits_2_offline_or_for_a_repo_the_hub_lacks(tmp_path, frontend):
+@needs_frontend
+def test_serve_exits_2_offline_or_for_a_repo_the_hub_lacks(tmp_path):
     with FakeHub(hub_files(tmp_path / "files")) as hub:
         for model, extra, needle in [
             ("Org/Name", {"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE"),
             ("Org/Missing", {}, "has no such model"),
         ]:
             home = tmp_path / f"home-{model.replace('/', '-')}"
-            serve = Serve("--model", model, "--port", "0", "--frontend", frontend, env=hub_env(home, hub, **extra))
+            serve = Serve("--model", model, "--port", "0", env=hub_env(home, hub, **extra))
             try:
                 assert serve.wait(60) == 2, serve.output
                 assert model in serve.output and needle in serve.output, serve.output
@@ -124,7 +124,7 @@ def test_locate_model_refuses_built_in_names_without_asking_anyone(tmp_path, mon
     assert locate_model("toy", env=env) == "toy"
 
 
-@pytest.mark.skipif(not rust_frontend_available(), reason="vllm-rs binary not built")
+@needs_frontend
 @pytest.mark.parametrize("model", ["echo", "toy"])
 def test_built_in_models_never_reach_the_hub(tmp_path, model):
     with socket.socket() as hub:

@@ -23,7 +23,8 @@ import psutil
 import pytest
 
 from tests.support import netns
-from tests.test_serve import FRONTENDS, READY_LINE, assert_all_gone
+from tests.support.wait import wait_until
+from tests.test_serve import READY_LINE, assert_all_gone, needs_frontend
 
 UNAVAILABLE = netns.unavailable_reason()
 needs_hosts = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"no network namespaces: {UNAVAILABLE}")
@@ -81,10 +82,11 @@ class HostProcess:
         return self.url
 
     def wait_for_line(self, pattern: str, timeout_s: float = READY_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not any(re.search(pattern, line) for line in self.lines):
-            assert time.monotonic() < deadline and self.proc.poll() is None, f"no {pattern!r} in:\n{self.output}"
-            time.sleep(0.05)
+        def seen() -> bool:
+            assert self.proc.poll() is None, f"no {pattern!r} in:\n{self.output}"
+            return any(re.search(pattern, line) for line in self.lines)
+
+        wait_until(seen, f"a line matching {pattern!r}", timeout_s)
 
     def processes(self) -> list[psutil.Process]:
         try:
@@ -180,15 +182,15 @@ def stop_all(*procs: HostProcess) -> None:
 
 @needs_hosts
 @pytest.mark.parametrize("hosts", [3], indirect=True)
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_head_and_two_headless_nodes_serve_together(hosts, frontend):
+@needs_frontend
+def test_head_and_two_headless_nodes_serve_together(hosts):
     """dp 4: ranks 0-1 on the head, 2 on node 1, 3 on node 2. Completions and
     streams succeed; `X-data-parallel-rank` reaches each remote engine (its
     own log counts the requests it finished); the DP coordinator on the
     head has every engine's subscription, the remote ones over TCP; a third
     node claiming a taken rank is refused (exit 2); Ctrl-C at the head stops
     every host (exit 0)."""
-    head = HostProcess(hosts, 0, *head_args(hosts, 4, 2, "--frontend", frontend))
+    head = HostProcess(hosts, 0, *head_args(hosts, 4, 2))
     nodes = [HostProcess(hosts, 1, *node_args(hosts, 4, 1, 2)), HostProcess(hosts, 2, *node_args(hosts, 4, 1, 3))]
     try:
         url = head.wait_ready()
@@ -252,15 +254,15 @@ def drain_expecting_failure(stream) -> str:
 
 @needs_hosts
 @pytest.mark.parametrize("how", ["sigkill", "link_down"])
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_losing_an_engine_host(hosts, how, frontend):
+@needs_frontend
+def test_losing_an_engine_host(hosts, how):
     """A stream runs on the remote rank 1 when its host goes: every process
     there SIGKILLed, or its link taken down. The stream fails with an error,
     `/health` answers 503, the head exits 1 naming the host and rank 1, the
     headless node (when alive) exits on its own, and nothing is left running
     on either side."""
     toy = ("--model", "toy", "--max-model-len", "2048")
-    head = HostProcess(hosts, 0, *head_args(hosts, 2, 1, "--frontend", frontend), *toy)
+    head = HostProcess(hosts, 0, *head_args(hosts, 2, 1), *toy)
     node = HostProcess(hosts, 1, *node_args(hosts, 2, 1, 1), *toy)
     try:
         url = head.wait_ready()
@@ -301,7 +303,7 @@ def test_the_rust_frontend_loses_a_silent_engine_within_its_heartbeat_ttl(hosts)
     announce (`VLLM_RS_HOST_HEARTBEAT_TIMEOUT_S`): the stream on it fails,
     `/health` answers 503, and the head stops, exit 1, naming the silence."""
     toy = ("--model", "toy", "--max-model-len", "2048")
-    head = HostProcess(hosts, 0, *head_args(hosts, 2, 1, "--frontend", "rust"), *toy)
+    head = HostProcess(hosts, 0, *head_args(hosts, 2, 1), *toy)
     node = HostProcess(hosts, 1, *node_args(hosts, 2, 1, 1), *toy)
     engine = None
     try:

@@ -7,7 +7,6 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -28,6 +27,8 @@ from vllm_rs.network_utils import (
     split_zmq_path,
 )
 from vllm_rs.utils import get_engine_client_zmq_addr
+
+from tests.support.wait import WaitTimeout, wait_until
 
 
 def test_tcp_uri_and_engine_client_addresses(monkeypatch, tmp_path):
@@ -58,10 +59,11 @@ if sys.argv[1] == "abrupt":
 
 def wait_until_empty(directory, within_s: float) -> list:
     """The entries of `directory`, polled until none is left or the deadline."""
-    deadline = time.monotonic() + within_s
-    while (left := list(directory.iterdir())) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return left
+    try:
+        wait_until(lambda: not list(directory.iterdir()), f"{directory} to empty", within_s)
+    except WaitTimeout:
+        pass
+    return list(directory.iterdir())
 
 
 @pytest.fixture

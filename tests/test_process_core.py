@@ -18,6 +18,7 @@ from vllm_rs import _core
 from vllm_rs.process import kill_process_tree, spawn_executable, start_target, wait
 
 from tests.support.trees import TREE_SCRIPT, descendants, is_running, read_pids, survivors, wait_built
+from tests.support.wait import wait_until
 
 
 def _read_all(fd: int) -> bytes:
@@ -316,10 +317,7 @@ def test_kill_process_tree_leaves_no_survivor(tmp_path, kind):
     members = wait_built(pidfile, kind)
     if kind == "forking":
         # Kill it while it forks: once it has recorded members beyond the first ones.
-        deadline = time.monotonic() + 20
-        while len(read_pids(pidfile)) < 2 * len(members):
-            assert time.monotonic() < deadline, "the forking tree stopped growing"
-            time.sleep(0.01)
+        wait_until(lambda: len(read_pids(pidfile)) >= 2 * len(members), "the forking tree to grow", 20)
     assert all(is_running(pid) for pid in members)
     kill_process_tree(root.pid)
     root.join(10)

@@ -1,6 +1,7 @@
 """`python -m vllm_rs serve` as a process, and `Serve`, the handle on one
 that the other `serve` suites (tests/conformance/ included) start stacks
-with: a model directory served by either frontend, and usage reporting.
+with: a model directory served, the Python-only options refused, and usage
+reporting.
 What the HTTP surface does is asserted in tests/conformance/."""
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import psutil
 import pytest
 from vllm_rs.engine.models import write_model_dir
 
+from tests.support.wait import WaitTimeout, wait_until
+
 READY_TIMEOUT_S = 120
 API_KEY = "sk-test-key"
 READY_LINE = re.compile(r"serving the OpenAI API on (http://\S+|unix:\S+) ")
@@ -37,10 +40,8 @@ def rust_frontend_available() -> bool:
         return False
 
 
-FRONTENDS = [
-    pytest.param("rust", marks=pytest.mark.skipif(not rust_frontend_available(), reason="vllm-rs binary not built")),
-    "python",
-]
+#: Marks a test that starts the frontend: skipped, saying why, where the binary is not built.
+needs_frontend = pytest.mark.skipif(not rust_frontend_available(), reason="vllm-rs binary not built")
 
 
 class Serve:
@@ -152,26 +153,29 @@ class Serve:
             self.proc.stdout.close()
 
 
+def _running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for p in processes:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
 def assert_all_gone(processes: list[psutil.Process], within_s: float) -> None:
-    deadline = time.monotonic() + within_s
-    while True:
-        alive = []
-        for p in processes:
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive:
-            return
-        assert time.monotonic() < deadline, f"still running: {[(p.pid, p.name()) for p in alive]}"
-        time.sleep(0.05)
+    """Every one of `processes` exits within `within_s`."""
+    try:
+        wait_until(lambda: not _running(processes), "every process to exit", within_s)
+    except WaitTimeout:
+        raise AssertionError(f"still running: {[(p.pid, p.name()) for p in _running(processes)]}") from None
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_model_directory(tmp_path, frontend):
+@needs_frontend
+def test_model_directory(tmp_path):
     model_dir = write_model_dir(str(tmp_path / "my-echo"), "echo")
-    serve = Serve("--model", model_dir, "--port", "0", "--frontend", frontend)
+    serve = Serve("--model", model_dir, "--port", "0")
     try:
         client = serve.client()
         assert [m.id for m in client.models.list().data] == [model_dir]
@@ -182,8 +186,9 @@ def test_model_directory(tmp_path, frontend):
         serve.kill()
 
 
+@needs_frontend
 def test_usage_is_reported_once(tmp_path):
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", "python",
+    serve = Serve("--model", "echo", "--port", "0",
                   env={"VLLM_NO_USAGE_STATS": "", "VLLM_DO_NOT_TRACK": "", "DO_NOT_TRACK": "", "VLLM_CONFIG_ROOT": str(tmp_path)})  # fmt: skip
     try:
         serve.wait_ready()

@@ -1,4 +1,4 @@
-"""`serve --data-parallel-size 2` end to end, with each frontend: the
+"""`serve --data-parallel-size 2` end to end: the
 coordinator process, its sockets in the private directory, the counts it
 publishes (read here by our own XSUB subscriber on its front socket, as a
 frontend reads them), requests spread over both engines, and request waves
@@ -16,10 +16,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import msgpack
-import pytest
 import zmq
 
-from tests.test_serve import API_KEY, FRONTENDS, Serve, assert_all_gone
+from tests.test_serve import API_KEY, Serve, assert_all_gone, needs_frontend
 
 ENGINE_TOTALS = re.compile(r"EngineCore_(\d) stopped: (\d+) requests finished")
 ENGINE_WAVES = re.compile(r"EngineCore_(\d) took part in (\d+) data-parallel wave\(s\); highest request wave (\d+)")
@@ -74,10 +73,10 @@ class CoordinatorWatch:
         self.ctx.term()
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_data_parallel_stack_with_the_coordinator(frontend):
+@needs_frontend
+def test_data_parallel_stack_with_the_coordinator():
     serve = Serve("--model", "echo", "--port", "0", "--data-parallel-size", "2", "--max-model-len", "512",
-                  "--frontend", frontend, env={"VLLM_API_KEY": API_KEY, "VLLM_LOG_STATS_INTERVAL": "0.5"})  # fmt: skip
+                  env={"VLLM_API_KEY": API_KEY, "VLLM_LOG_STATS_INTERVAL": "0.5"})  # fmt: skip
     watch = None
     try:
         client = serve.client()

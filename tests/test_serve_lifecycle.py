@@ -1,6 +1,6 @@
 """`serve` keeping the stack healthy and stopping it: Ctrl-C, SIGTERM, an
 engine killed mid-stream, the frontend killed mid-stream, SIGKILL of serve,
-and the usage errors that start nothing. Both frontends where it matters."""
+and the usage errors that start nothing."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,20 +22,20 @@ import pytest
 import zmq
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 
-from tests.test_serve import FRONTENDS, Serve, assert_all_gone
+from tests.support.wait import WaitTimeout, wait_until
+from tests.test_serve import Serve, assert_all_gone, needs_frontend
 from tests.thread_signals import signal_another_thread
 
 ENGINE_PID = re.compile(r"EngineCore_(\d+) ready \(pid (\d+)\)")
-API_SERVER_PID = re.compile(r"\(APIServer_0 pid=(\d+)\)")
 ENGINE_TOTALS = re.compile(r"EngineCore_(\d+) stopped: (\d+) requests finished")
 
 
 def wait_gone(path: str, within_s: float) -> bool:
     """Whether `path` is gone, polled until the deadline."""
-    deadline = time.monotonic() + within_s
-    while os.path.lexists(path) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return not os.path.lexists(path)
+    try:
+        return wait_until(lambda: not os.path.lexists(path), f"{path} to go", within_s)
+    except WaitTimeout:
+        return False
 
 
 def abstract_unix_sockets(processes) -> list[str]:
@@ -64,9 +63,7 @@ def engine_pids(serve: Serve) -> dict[int, int]:
     return {int(rank): int(pid) for rank, pid in ENGINE_PID.findall(serve.output)}
 
 
-def frontend_pid(serve: Serve, frontend: str) -> int:
-    if frontend == "python":
-        return int(API_SERVER_PID.search(serve.output).group(1))
+def frontend_pid(serve: Serve) -> int:
     (binary,) = [p for p in serve.descendants() if p.name() == "vllm-rs"]
     return binary.pid
 
@@ -92,9 +89,9 @@ def drain_until_error(stream) -> tuple[int, BaseException | None]:
     return count, None
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_ctrl_c_drains_exits_0_and_both_engines_served(frontend):
-    serve = Serve("--model", "echo", "--port", "0", "--data-parallel-size", "2", "--frontend", frontend)
+@needs_frontend
+def test_ctrl_c_drains_exits_0_and_both_engines_served():
+    serve = Serve("--model", "echo", "--port", "0", "--data-parallel-size", "2")
     try:
         client = serve.client()
         with ThreadPoolExecutor(16) as pool:
@@ -118,10 +115,10 @@ def test_ctrl_c_drains_exits_0_and_both_engines_served(frontend):
         serve.kill()
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_sigterm_exits_0_and_removes_the_unix_socket(tmp_path, frontend):
+@needs_frontend
+def test_sigterm_exits_0_and_removes_the_unix_socket(tmp_path):
     path = str(tmp_path / "api.sock")
-    serve = Serve("--model", "echo", "--uds", path, "--frontend", frontend)
+    serve = Serve("--model", "echo", "--uds", path)
     try:
         assert serve.wait_ready().startswith("unix:")
         conn = http.client.HTTPConnection("localhost")
@@ -145,11 +142,11 @@ def test_sigterm_exits_0_and_removes_the_unix_socket(tmp_path, frontend):
         serve.kill()
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_sigterm_given_to_a_helper_thread_stops_the_stack(frontend):
+@needs_frontend
+def test_sigterm_given_to_a_helper_thread_stops_the_stack():
     """The kernel may hand serve's SIGTERM to one of its helper threads (the
     health probe); the main thread, waiting on the stack, still stops it."""
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend)
+    serve = Serve("--model", "echo", "--port", "0")
     try:
         serve.wait_ready()
         processes = serve.descendants()
@@ -160,12 +157,12 @@ def test_sigterm_given_to_a_helper_thread_stops_the_stack(frontend):
         serve.kill()
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_engine_sockets_are_private_and_removed_with_the_stack(frontend):
+@needs_frontend
+def test_engine_sockets_are_private_and_removed_with_the_stack():
     """The engine sockets are files of mode 0600 in a directory of mode 0700
     (abstract sockets would have no permission check at all); SIGTERM
     removes them and the directory."""
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend)
+    serve = Serve("--model", "echo", "--port", "0")
     try:
         serve.wait_ready()
         directory = serve.socket_dir
@@ -196,12 +193,12 @@ def test_sigkill_of_serve_removes_the_socket_directory():
         serve.kill()
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_an_engine_lost_by_the_frontend_stops_the_stack(frontend):
+@needs_frontend
+def test_an_engine_lost_by_the_frontend_stops_the_stack():
     """The frontend's /health turns 503 while every engine process lives (here
     ENGINE_CORE_DEAD arrives on its output socket; a hung engine or a lost
     connection does the same): serve stops everything and exits 1 saying so."""
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend)
+    serve = Serve("--model", "echo", "--port", "0")
     try:
         serve.wait_ready()
         processes = serve.descendants()
@@ -223,16 +220,16 @@ def test_an_engine_lost_by_the_frontend_stops_the_stack(frontend):
 
 
 @pytest.mark.parametrize("victim", ["engine", "frontend"])
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_process_killed_mid_stream(frontend, victim):
+@needs_frontend
+def test_process_killed_mid_stream(victim):
     """The stream ends with an error, serve exits 1 naming the process (no
     timing asserted: the bound is the wait's generous deadline), and nothing
     is left running."""
-    serve = Serve("--model", "toy", "--port", "0", "--max-model-len", "2048", "--frontend", frontend)
+    serve = Serve("--model", "toy", "--port", "0", "--max-model-len", "2048")
     try:
         stream = start_long_stream(serve)
         processes = serve.descendants()
-        pid = engine_pids(serve)[0] if victim == "engine" else frontend_pid(serve, frontend)
+        pid = engine_pids(serve)[0] if victim == "engine" else frontend_pid(serve)
         os.kill(pid, signal.SIGKILL)
         received, error = drain_until_error(stream)
         assert error is not None, f"the stream ended cleanly after {received} more chunks"
@@ -251,9 +248,9 @@ def test_process_killed_mid_stream(frontend, victim):
         serve.kill()
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_sigkill_of_serve_leaves_nothing_running(frontend):
-    serve = Serve("--model", "echo", "--port", "0", "--data-parallel-size", "2", "--frontend", frontend)
+@needs_frontend
+def test_sigkill_of_serve_leaves_nothing_running():
+    serve = Serve("--model", "echo", "--port", "0", "--data-parallel-size", "2")
     try:
         serve.wait_ready()
         processes = serve.descendants()
@@ -272,10 +269,7 @@ def test_sigkill_of_serve_on_a_unix_socket_leaves_no_socket_file(tmp_path):
         processes = serve.descendants()
         serve.proc.kill()
         assert_all_gone(processes, within_s=1)
-        deadline = time.monotonic() + 1
-        while path.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not path.exists()
+        assert wait_gone(str(path), within_s=1)
     finally:
         serve.kill()
 
@@ -313,8 +307,11 @@ def test_port_in_use_bad_model_and_bad_option_start_nothing(tmp_path):
     assert "no-such-model" in line
     (line,) = run_serve_expecting_usage_error("--no-such-option")
     assert "unrecognized arguments: --no-such-option" in line
-    (line,) = run_serve_expecting_usage_error("--frontend", "rust", "--api-server-count", "2")
-    assert "--api-server-count" in line
+    for count in ("2", "0"):
+        (line,) = run_serve_expecting_usage_error("--model", "echo", "--api-server-count", count)
+        assert f"--api-server-count {count}: one Rust frontend serves every engine" in line, line
+    (line,) = run_serve_expecting_usage_error("--model", "echo", "--frontend", "python")
+    assert "--frontend: invalid choice: 'python'" in line, line
 
 
 BAD_NUMBERS = [
@@ -326,7 +323,6 @@ BAD_NUMBERS = [
     ("--engine-ready-timeout", str(10**12)),
     ("--port", "65536"),
     ("--data-parallel-size", "0"),
-    ("--api-server-count", "0"),
     ("--max-model-len", "0"),
     ("--max-model-len", str(2**64)),
     ("--max-num-seqs", "0"),
@@ -343,7 +339,7 @@ def test_every_numeric_option_is_checked_before_anything_starts(tmp_path, option
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
     (line,) = run_serve_expecting_usage_error(
-        "--model", "echo", "--port", "0", "--frontend", "python", option, value, env={"XDG_RUNTIME_DIR": str(runtime)}
+        "--model", "echo", "--port", "0", option, value, env={"XDG_RUNTIME_DIR": str(runtime)}
     )
     assert f"{option} " in line and "must be a number from" in line, line
     assert not list(runtime.iterdir())  # no socket directory was made
@@ -362,10 +358,10 @@ def test_engine_listener_failure_is_a_usage_error_leaving_no_directory(tmp_path)
     assert not list(runtime.iterdir())
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_api_key_option_warns_and_stays_off_the_frontends_command_lines(frontend):
+@needs_frontend
+def test_api_key_option_warns_and_stays_off_the_frontends_command_lines():
     key = "sk-from-the-command-line"
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend, "--api-key", key)
+    serve = Serve("--model", "echo", "--port", "0", "--api-key", key)
     try:
         serve.wait_ready()
         assert "--api-key is visible to every local user" in serve.output
@@ -388,9 +384,9 @@ def test_device_cuda_without_cuda_is_a_usage_error_starting_nothing():
 ENGINE_ABORTS = re.compile(r"EngineCore_0 stopped: \d+ requests finished, (\d+) aborted")
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_client_gone_mid_stream_aborts_the_request_in_the_engine(frontend):
-    serve = Serve("--model", "toy", "--port", "0", "--max-model-len", "2048", "--frontend", frontend)
+@needs_frontend
+def test_client_gone_mid_stream_aborts_the_request_in_the_engine():
+    serve = Serve("--model", "toy", "--port", "0", "--max-model-len", "2048")
     try:
         stream = start_long_stream(serve)
         next(iter(stream))

@@ -6,10 +6,11 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.support.wait import wait_until
 
 #: tgkill(2)'s number, which Python's os module does not wrap.
 SYS_TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
@@ -42,10 +43,12 @@ def signal_another_thread(pid: int, signum: int) -> None:
 def wait_for_thread(pid: int, name_prefix: str, timeout_s: float = 30.0) -> None:
     """Returns once `pid` runs a thread whose name starts with `name_prefix`
     (e.g. libzmq's `ZMQbg/` threads, which exist once a socket does)."""
-    deadline = time.monotonic() + timeout_s
-    while not any(
-        Path(f"/proc/{pid}/task/{tid}/comm").read_text().startswith(name_prefix)
-        for tid in os.listdir(f"/proc/{pid}/task")
-    ):
-        assert time.monotonic() < deadline, f"pid {pid} started no {name_prefix!r} thread within {timeout_s} s"
-        time.sleep(0.01)  # /proc offers no notification of a new thread
+    # /proc offers no notification of a new thread: it is polled.
+    wait_until(
+        lambda: any(
+            Path(f"/proc/{pid}/task/{tid}/comm").read_text().startswith(name_prefix)
+            for tid in os.listdir(f"/proc/{pid}/task")
+        ),
+        f"pid {pid} to start a {name_prefix!r} thread",
+        timeout_s,
+    )

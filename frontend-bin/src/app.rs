@@ -222,6 +222,7 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         header_timeout: config.http_header_timeout,
         max_header_bytes: config.http_max_header_bytes,
         max_header_count: config.http_max_header_count,
+        max_connections: config.http_max_connections,
         drain_timeout: config.shutdown_timeout,
     };
     let state = Arc::new(AppState {

@@ -33,6 +33,8 @@ pub const HTTP_BODY_TIMEOUT_ENV: &str = "VLLM_RS_HTTP_BODY_TIMEOUT_S";
 pub const HTTP_HEADER_TIMEOUT_ENV: &str = "VLLM_RS_HTTP_HEADER_TIMEOUT_S";
 /// Largest request head (bytes).
 pub const HTTP_MAX_HEADER_BYTES_ENV: &str = "VLLM_RS_HTTP_MAX_HEADER_BYTES";
+/// Most HTTP connections open at once; more wait in the listen backlog.
+pub const HTTP_MAX_CONNECTIONS_ENV: &str = "VLLM_RS_HTTP_MAX_CONNECTIONS";
 
 /// Smallest header limit: the HTTP library refuses (panics on) anything below.
 const MIN_HEADER_BYTES: u64 = 8192;
@@ -44,6 +46,10 @@ const MAX_HEADER_COUNT: u64 = 65_536;
 const MIN_ENGINE_MESSAGE_BYTES: u64 = 1024;
 /// Largest engine message cap accepted (64 GiB).
 const MAX_ENGINE_MESSAGE_BYTES: u64 = 64 * 1024 * 1024 * 1024;
+/// Default connection limit, lowered to half the open-file limit.
+const DEFAULT_HTTP_MAX_CONNECTIONS: u64 = 4096;
+/// Largest connection limit accepted (more than any open-file limit allows).
+const MAX_HTTP_MAX_CONNECTIONS: u64 = 1 << 24;
 
 pub use crate::serve_args::{REFUSED_KEYS, REFUSED_VALUES};
 
@@ -84,6 +90,8 @@ pub struct ServerConfig {
     pub http_max_header_bytes: usize,
     /// Most header lines in a request head (`h11_max_header_count`).
     pub http_max_header_count: Option<usize>,
+    /// Most HTTP connections served at once (`VLLM_RS_HTTP_MAX_CONNECTIONS`).
+    pub http_max_connections: usize,
     /// What the HTTP layer adds on top of the routes: TLS, CORS, root path, request ids.
     pub http_layers: HttpLayers,
     /// How chat messages become a prompt.
@@ -119,6 +127,7 @@ impl fmt::Debug for ServerConfig {
             .field("http_header_timeout", &self.http_header_timeout)
             .field("http_max_header_bytes", &self.http_max_header_bytes)
             .field("http_max_header_count", &self.http_max_header_count)
+            .field("http_max_connections", &self.http_max_connections)
             .field("http_layers", &self.http_layers)
             .field("chat", &self.chat)
             .field("enable_force_include_usage", &self.enable_force_include_usage)
@@ -206,6 +215,9 @@ impl ServerConfig {
                     .map_or(64 * 1024, |n| n as usize),
             },
             http_max_header_count: keys.positive_int("h11_max_header_count")?.map(|n| n.min(MAX_HEADER_COUNT) as usize),
+            http_max_connections: env
+                .integer(HTTP_MAX_CONNECTIONS_ENV, 1, MAX_HTTP_MAX_CONNECTIONS)?
+                .unwrap_or_else(default_max_connections) as usize,
             http_layers: HttpLayers::load(&keys)?,
             chat: ChatOptions::load(&keys)?,
             enable_force_include_usage: keys.bool("enable_force_include_usage")?.unwrap_or(false),
@@ -225,6 +237,17 @@ impl ServerConfig {
     pub fn primary_model_name(&self) -> &str {
         &self.served_model_names[0]
     }
+}
+
+/// `DEFAULT_HTTP_MAX_CONNECTIONS`, lowered to half the open-file limit (at
+/// least 16): the other half keeps fds for engines, logs and libraries.
+fn default_max_connections() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit only writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 || limit.rlim_cur == libc::RLIM_INFINITY {
+        return DEFAULT_HTTP_MAX_CONNECTIONS;
+    }
+    (limit.rlim_cur / 2).clamp(16, DEFAULT_HTTP_MAX_CONNECTIONS)
 }
 
 /// The accepted bearer keys: `api_key` from `--args-json` when given (as vLLM,
@@ -479,6 +502,9 @@ mod tests {
             (MAX_ENGINE_MESSAGE_BYTES_ENV, "1.5"),
             (LOG_STATS_INTERVAL_ENV, "0"),
             (LOG_STATS_INTERVAL_ENV, "often"),
+            (HTTP_MAX_CONNECTIONS_ENV, "0"),
+            (HTTP_MAX_CONNECTIONS_ENV, "-4"),
+            (HTTP_MAX_CONNECTIONS_ENV, "many"),
         ] {
             match with_env(toy, &[(name, bad)]) {
                 Err(ExitError::Usage(m)) => assert!(m.contains(name), "{name}={bad}: {m}"),
@@ -504,6 +530,7 @@ mod tests {
                 (HTTP_MAX_HEADER_BYTES_ENV, "8192"),
                 (ENGINE_STALL_TIMEOUT_ENV, ""),
                 (LOG_STATS_INTERVAL_ENV, "2.5"),
+                (HTTP_MAX_CONNECTIONS_ENV, "16"),
             ],
         )
         .unwrap();
@@ -511,6 +538,7 @@ mod tests {
             (c.engine_ready_timeout, c.http_body_timeout, c.http_max_header_bytes, c.log_stats_interval),
             (Duration::from_secs(7), Duration::from_millis(500), 8192, Duration::from_millis(2500))
         );
+        assert_eq!(c.http_max_connections, 16);
         assert_eq!(c.engine_stall_timeout, Duration::from_secs(60), "an empty variable counts as unset");
         let c = with_env(r#"{"model_tag": "toy", "engine_ready_timeout_secs": 3}"#, &[(ENGINE_READY_TIMEOUT_ENV, "7")])
             .unwrap();

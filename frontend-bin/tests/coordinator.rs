@@ -9,6 +9,7 @@ use common::{post_json, temp_dir, Frontend, Options};
 use rmpv::Value;
 use serde_json::json;
 use std::time::Duration;
+use vllm_rs_test_support::wait_until_async;
 
 fn encode(value: Value) -> Vec<u8> {
     let mut out = Vec::new();
@@ -62,17 +63,13 @@ async fn counts_steer_routing_and_the_wave_reaches_the_engines() {
     publisher.send(published(&[(0, 0), (0, 0), (40, 10), (0, 0)], 5, true), 0).unwrap();
     let url = fe.url("/v1/completions");
     // The update reaches the frontend asynchronously: send until a request carries wave 5.
-    let mut arrived = false;
-    for _ in 0..200 {
+    let (url, engines) = (&url, &engines);
+    wait_until_async("a request carrying the published wave", Duration::from_secs(10), || async move {
         let (status, body) = post_json(&url, &json!({"prompt": "ab", "max_tokens": 1})).await;
         assert_eq!(status, 200, "{body}");
-        if engines.iter().any(|e| waves(&e.events()).contains(&Some(5))) {
-            arrived = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(arrived, "no request carried the published wave");
+        engines.iter().any(|e| waves(&e.events()).contains(&Some(5)))
+    })
+    .await;
     let before: Vec<usize> = engines.iter().map(|e| e.added().len()).collect();
     for _ in 0..6 {
         let (status, body) = post_json(&url, &json!({"prompt": "ab", "max_tokens": 1})).await;
@@ -86,16 +83,11 @@ async fn counts_steer_routing_and_the_wave_reaches_the_engines() {
     // A wave-only message moves the wave and keeps the counts; now engine 3 is the loaded one.
     publisher.send(encode(Value::Array(vec![Value::Nil, 6.into(), false.into()])), 0).unwrap();
     publisher.send(published(&[(0, 0), (0, 0), (0, 0), (40, 10)], 6, false), 0).unwrap();
-    let mut moved = false;
-    for _ in 0..200 {
+    wait_until_async("requests following the new counts and wave", Duration::from_secs(10), || async move {
         let (status, _) = post_json(&url, &json!({"prompt": "ab", "max_tokens": 1})).await;
         assert_eq!(status, 200);
-        if waves(&engines[0].events()).last() == Some(&Some(6)) {
-            moved = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(moved, "requests did not follow the new counts and wave");
+        waves(&engines[0].events()).last() == Some(&Some(6))
+    })
+    .await;
     drop(fe);
 }

@@ -455,3 +455,16 @@ async fn every_bad_request_gets_a_4xx_in_the_openai_shape() {
     assert_eq!(status, 200);
     assert_eq!(reqwest::get(fe.url("/health")).await.unwrap().status(), 200);
 }
+
+#[tokio::test]
+async fn a_model_id_with_slashes_is_retrieved_whole() {
+    let (fe, _engines) = start(json!({"model_tag": "toy", "served_model_name": ["Org/Name"]})).await;
+    let card = reqwest::get(fe.url("/v1/models/Org/Name")).await.unwrap();
+    assert_eq!(card.status(), 200);
+    let card: Value = card.json().await.unwrap();
+    assert_eq!((card["id"].as_str(), card["object"].as_str()), (Some("Org/Name"), Some("model")), "{card}");
+    let other = reqwest::get(fe.url("/v1/models/Org/Other")).await.unwrap();
+    assert_eq!(other.status(), 404);
+    let error: Value = other.json().await.unwrap();
+    assert_eq!(error["error"]["param"], "model", "{error}");
+}

@@ -1,9 +1,11 @@
 //! Slow and oversized clients against the real binary over raw TCP: a body
 //! that trickles gets 408, a head that trickles closes the connection, a head
-//! over the limit gets 431; each bound set by its environment variable.
+//! over the limit gets 431, connections past the limit close the one idle the
+//! longest; each bound set by its environment variable.
 
 mod common;
 
+use common::mock_engine::EngineEvent;
 use common::{Frontend, Options};
 use serde_json::{json, Value};
 use std::io::{ErrorKind, Read, Write};
@@ -101,4 +103,71 @@ async fn a_head_over_the_limit_gets_431_and_one_under_it_is_served() {
     .unwrap();
     assert!(served.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&served));
     assert!(refused.starts_with(b"HTTP/1.1 431"), "{}", String::from_utf8_lossy(&refused));
+}
+
+fn open_fds(fe: &Frontend) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", fe.child.id())).unwrap().count()
+}
+
+#[tokio::test]
+async fn silent_connections_past_the_connection_limit_make_room_for_new_clients() {
+    let env = [("VLLM_RS_HTTP_MAX_CONNECTIONS", "16"), ("VLLM_RS_HTTP_HEADER_TIMEOUT_S", "120")];
+    let (fe, _engines) = start(json!({"model_tag": "toy", "http_timeout_keep_alive": 120}), &env).await;
+    let address = fe.base_url.trim_start_matches("http://").to_string();
+    let url = &fe.url("/health");
+    let health = || async move { reqwest::get(url).await.map(|r| r.status().as_u16()).unwrap_or(0) };
+    assert_eq!(health().await, 200);
+    let baseline = open_fds(&fe);
+    // 300 clients that connect and never send a request head (120 s allowed for it).
+    let silent: Vec<TcpStream> = (0..300).map(|_| TcpStream::connect(&address).unwrap()).collect();
+    // Accepted in order: once this is answered, every silent one was accepted.
+    assert_eq!(health().await, 200, "a new client is served past 300 silent connections");
+    let fds = open_fds(&fe);
+    assert!(fds <= baseline + 16 + 4, "{} more fds with 300 silent connections and a limit of 16", fds - baseline);
+    for _ in 0..50 {
+        assert_eq!(health().await, 200);
+    }
+    // The ones closed to make room were told so: the server ended them.
+    let ended = |conn: &TcpStream| {
+        conn.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+        let mut conn = conn;
+        match conn.read(&mut [0u8; 1]) {
+            Ok(0) => true,
+            Err(e) => e.kind() == ErrorKind::ConnectionReset,
+            Ok(_) => false,
+        }
+    };
+    assert!(silent.iter().filter(|conn| ended(conn)).count() >= 300 - 16);
+    assert!(fe.stderr().lines().all(|line| !line.contains("refusing a connection")), "{}", fe.stderr());
+}
+
+#[tokio::test]
+async fn at_the_limit_with_every_connection_busy_a_new_one_is_closed_and_served_later() {
+    let env = [("VLLM_RS_HTTP_MAX_CONNECTIONS", "1")];
+    let (fe, engines) = Frontend::start_with_engines(
+        Options {
+            args: json!({"model_tag": "toy"}),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ..Default::default()
+        },
+        |spec| spec.step = Duration::from_millis(200),
+    )
+    .await;
+    // One request busy on the only connection: a slow completion.
+    let url = fe.url("/v1/completions");
+    let busy = tokio::spawn(async move { common::post_json(&url, &json!({"prompt": "ab", "max_tokens": 10})).await });
+    let added = |events: &[EngineEvent]| events.iter().any(|e| matches!(e, EngineEvent::Added { .. }));
+    assert!(engines[0].wait_for(READ_DEADLINE, added).await, "the request reached the engine");
+    let refused = tokio::task::spawn_blocking({
+        let conn = connect(&fe);
+        move || read_until_closed(conn)
+    })
+    .await
+    .unwrap();
+    assert!(refused.is_empty(), "closed unanswered: {}", String::from_utf8_lossy(&refused));
+    assert!(fe.wait_for_log("refusing a connection: all 1 connections are busy", 1, READ_DEADLINE).await);
+    let (status, body) = busy.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = common::post_json(&fe.url("/v1/completions"), &json!({"prompt": "ok", "max_tokens": 1})).await;
+    assert_eq!(status, 200, "served once the busy connection is idle again");
 }

@@ -9,7 +9,7 @@ use serde_json::json;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn assert_refused(code: Option<i32>, text: &str, name: &str) {
     assert_eq!(code, Some(2), "{name}: {text}");
@@ -91,10 +91,7 @@ fn one_descriptor_for_two_flags_exits_2() {
         });
     }
     let mut child = command.spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    vllm_rs_test_support::poll_until(Duration::from_secs(30), || child.try_wait().unwrap());
     let _ = child.kill();
     let output = child.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&output.stderr);

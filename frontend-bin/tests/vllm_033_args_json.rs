@@ -14,7 +14,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -132,17 +132,19 @@ async fn https_health(port: u16, dir: &Path, client_cert: bool) -> std::io::Resu
 
 async fn wait_https_ready(frontend: &mut Frontend, dir: &Path, client_cert: bool) -> String {
     let port: u16 = frontend.base_url.rsplit(':').next().unwrap().parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = frontend.child.try_wait().unwrap() {
-            panic!("frontend exited early ({status}):\n{}", frontend.stderr());
+    let fe = &*frontend;
+    let ready = vllm_rs_test_support::poll_until_async(Duration::from_secs(30), || async move {
+        if fe.has_exited() {
+            return Some(None);
         }
-        match https_health(port, dir, client_cert).await {
-            Ok(answer) if answer.starts_with("HTTP/1.1 200") => return answer,
-            _ if Instant::now() > deadline => panic!("not ready over TLS:\n{}", frontend.stderr()),
-            _ => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
+        let answer = https_health(port, dir, client_cert).await.ok();
+        answer.filter(|answer| answer.starts_with("HTTP/1.1 200")).map(Some)
+    })
+    .await;
+    if let Some(status) = frontend.child.try_wait().unwrap() {
+        panic!("frontend exited early ({status}):\n{}", frontend.stderr());
     }
+    ready.flatten().unwrap_or_else(|| panic!("not ready over TLS:\n{}", frontend.stderr()))
 }
 
 #[tokio::test]

@@ -86,8 +86,12 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         "--data-parallel-backend", "-dpb", choices=("mp", "ray"), default="mp",
         help="mp: engine processes here and on --headless nodes; ray: engine actors placed by Ray",
     )  # fmt: skip
-    parser.add_argument("--frontend", choices=("rust", "python"), default="rust")
-    parser.add_argument("--api-server-count", type=int, default=1, help="Python API servers (python frontend)")
+    parser.add_argument(
+        "--frontend", choices=("rust",), default="rust", help="the OpenAI server: the Rust frontend, the only one"
+    )
+    parser.add_argument(
+        "--api-server-count", type=int, default=1, help="vLLM's option; only 1: one Rust frontend serves every engine"
+    )
     parser.add_argument(
         "--api-key",
         default=None,

@@ -35,9 +35,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from vllm_rs.api_server.engine_outputs import decode_engine_message
 from vllm_rs.engine.config import CoordinatorAddresses
-from vllm_rs.engine.protocol import REQUEST_START_DP_WAVE, ProtocolError, pack
+from vllm_rs.engine.protocol import ENGINE_CORE_DEAD, REQUEST_START_DP_WAVE, ProtocolError, pack
 from vllm_rs.logger import init_logger
 from vllm_rs.multinode import tcp_endpoint
 from vllm_rs.network_utils import PrivateSocketDir, ZmqListener, make_zmq_listener, make_zmq_socket
@@ -112,6 +111,66 @@ class EngineCounts:
         return [self.waiting, self.running, self.kv_cache_usage]
 
 
+@dataclass
+class EngineNotice:
+    """What an engine tells the coordinator (one `EngineCoreOutputs`)."""
+
+    engine_index: int
+    #: `num_waiting_reqs`, `num_running_reqs`, `kv_cache_usage`, when sent.
+    stats: dict[str, Any] | None
+    wave_complete: int | None
+    start_wave: int | None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _slot(items: list, index: int) -> Any:
+    return items[index] if index < len(items) else None
+
+
+def _decode_stats(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProtocolError("scheduler_stats is not a map")
+    for key in ("num_waiting_reqs", "num_running_reqs"):
+        count = value.get(key) or 0
+        if not _is_int(count) or not 0 <= count <= 2**31:
+            raise ProtocolError(f"scheduler_stats.{key} is not a count")
+    usage = value.get("kv_cache_usage") or 0.0
+    if isinstance(usage, bool) or not isinstance(usage, (int, float)) or not 0.0 <= usage <= 1.0:
+        raise ProtocolError("scheduler_stats.kv_cache_usage is not a fraction")
+    return value
+
+
+def decode_engine_notice(frames: list[bytes]) -> EngineNotice:
+    """One message from an engine's output socket, which must carry only
+    counts (`scheduler_stats`) or a wave field (`wave_complete`,
+    `start_wave`); raises ProtocolError naming what is wrong otherwise."""
+    if not frames or frames[0] == ENGINE_CORE_DEAD:
+        raise ProtocolError("only scheduler stats and wave messages are sent to the coordinator")
+    try:
+        items = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise ProtocolError(f"undecodable MessagePack ({type(e).__name__})") from None
+    if not isinstance(items, list) or not items:
+        raise ProtocolError("EngineCoreOutputs must be a non-empty array")
+    if _slot(items, 1) or _slot(items, 4) is not None or _slot(items, 5):  # outputs, utility reply, finished
+        raise ProtocolError("only scheduler stats and wave messages are sent to the coordinator")
+    engine_index, stats = items[0], _decode_stats(_slot(items, 2))
+    if not _is_int(engine_index):
+        raise ProtocolError("engine_index is not an engine index")
+    wave_complete, start_wave = _slot(items, 6), _slot(items, 7)
+    for name, wave in (("wave_complete", wave_complete), ("start_wave", start_wave)):
+        if wave is not None and not _is_int(wave):
+            raise ProtocolError(f"{name} is not an integer")
+    if stats is None and wave_complete is None and start_wave is None:
+        raise ProtocolError(f"empty outputs message from engine {engine_index}")
+    return EngineNotice(engine_index, stats, wave_complete, start_wave)
+
+
 class Coordinator:
     """The coordinator's state and its reactions to messages; the sockets
     are `run_coordinator`'s. Pure, so its rules are testable alone."""
@@ -130,20 +189,18 @@ class Coordinator:
     def on_engine_message(self, frames: list[bytes]) -> tuple[bool, tuple[int, int] | None]:
         """Applies one engine message; returns (the wave state changed, the
         `(wave, exclude_engine_index)` START_DP_WAVE to broadcast, if any).
-        Raises ValueError (ProtocolError included) for a message that is not
+        Raises ProtocolError (a ValueError) for a message that is not
         an engine's counts or wave notice."""
-        message = decode_engine_message(frames)
-        if message is None or message.outputs or message.utility_output is not None:
-            raise ProtocolError("only scheduler stats and wave messages are sent to the coordinator")
+        message = decode_engine_notice(frames)
         index = message.engine_index
         if not 0 <= index < len(self.engines):
             raise ProtocolError(f"engine index {index} is outside 0..{len(self.engines) - 1}")
-        stats = message.scheduler_stats
+        stats = message.stats
         if stats is not None:
             counts = self.engines[index]
-            counts.waiting = int(stats.get("num_waiting_reqs", 0))
-            counts.running = int(stats.get("num_running_reqs", 0))
-            counts.kv_cache_usage = float(stats.get("kv_cache_usage", 0.0))
+            counts.waiting = int(stats.get("num_waiting_reqs") or 0)
+            counts.running = int(stats.get("num_running_reqs") or 0)
+            counts.kv_cache_usage = float(stats.get("kv_cache_usage") or 0.0)
             self.stats_changed = True
         if message.wave_complete is not None:
             wave = int(message.wave_complete)

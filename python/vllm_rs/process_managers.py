@@ -1,5 +1,5 @@
-"""Process managers of `vllm_rs.utils`: engine cores, Python API servers and
-the Rust frontend, with vLLM's shutdown and failure-watching semantics.
+"""Process managers of `vllm_rs.utils`: engine cores, API server processes
+(vLLM's manager, each child by default the Rust frontend) and the Rust frontend, with vLLM's shutdown and failure-watching semantics.
 
 All children are started by the Rust core (see `vllm_rs.process`), so they
 die with this process and take their descendants along, their sentinels are
@@ -197,7 +197,7 @@ class CoreEngineProcManager:
 
 
 class APIServerProcessManager:
-    """Starts `num_servers` Python API server processes named `ApiServer_{i}`
+    """Starts `num_servers` API server processes named `ApiServer_{i}`
     running `(target_server_fn or run_api_server_worker_proc)(listen_address,
     sock, args, client_config)`; closes the parent's copies of the listeners
     once they start, and stops everything on `shutdown()` or collection."""
@@ -304,6 +304,30 @@ def rust_frontend_command(
     return cmd, inherited_fds
 
 
+def rust_frontend_args(args: argparse.Namespace) -> dict[str, Any]:
+    """What `--args-json` holds: the arguments of `args` that differ from
+    their defaults, less secrets and what only concerns the Python side,
+    plus `model_tag`, `engine_ready_timeout_secs` and `http_timeout_keep_alive`."""
+    args_dict = jsonify_non_default_args(
+        args,
+        exclude={
+            "api_key",
+            "hf_token",
+            "api_server_count",
+            "grpc_port",
+            "data_parallel_rank",
+            "data_parallel_external_lb",
+            "data_parallel_hybrid_lb",
+        },
+    )
+    model_tag = getattr(args, "model_tag", None) or getattr(args, "model", None)
+    if model_tag is not None:
+        args_dict["model_tag"] = model_tag
+    args_dict["engine_ready_timeout_secs"] = envs.engine_ready_timeout_s()
+    args_dict["http_timeout_keep_alive"] = envs.http_timeout_keep_alive()
+    return args_dict
+
+
 class RustFrontendProcessManager:
     """Runs the Rust frontend (`binary_path frontend ...`, the bundled
     `vllm-rs` when None) with exactly the HTTP socket and the two listener fds
@@ -342,24 +366,8 @@ class RustFrontendProcessManager:
                 stats_update_address,
                 grpc_sock,
             )
-            args_dict = jsonify_non_default_args(
-                args,
-                exclude={
-                    "api_key",
-                    "hf_token",
-                    "api_server_count",
-                    "grpc_port",
-                    "data_parallel_rank",
-                    "data_parallel_external_lb",
-                    "data_parallel_hybrid_lb",
-                },
-            )
-            env = _frontend_environment(getattr(args, "api_key", None), getattr(args, "hf_token", None))
-            model_tag = getattr(args, "model_tag", None) or getattr(args, "model", None)
-            if model_tag is not None:
-                args_dict["model_tag"] = model_tag
-            args_dict["engine_ready_timeout_secs"] = envs.engine_ready_timeout_s()
-            args_dict["http_timeout_keep_alive"] = envs.http_timeout_keep_alive()
+            args_dict = rust_frontend_args(args)
+            env = frontend_environment(getattr(args, "api_key", None), getattr(args, "hf_token", None))
             cmd.extend(["--args-json", json.dumps(args_dict, sort_keys=True)])
             redacted = json.dumps(redact_sensitive_args(args_dict), sort_keys=True)
             logger.info("Launching Rust frontend: %s", " ".join(cmd[:-1] + [redacted]))
@@ -382,7 +390,7 @@ class RustFrontendProcessManager:
             _shutdown_and_cleanup_listeners(self.processes, self._listeners, timeout, _shutdown_subprocesses)
 
 
-def _frontend_environment(api_key: Any, hf_token: Any) -> dict[str, str] | None:
+def frontend_environment(api_key: Any, hf_token: Any) -> dict[str, str] | None:
     """This process's environment plus the secrets given (`VLLM_API_KEY`,
     `HF_TOKEN`), or None (inherit it as is) when there are none."""
     secrets: dict[str, str] = {}

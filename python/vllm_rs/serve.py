@@ -3,8 +3,8 @@
 It validates everything first (a bad option, a bad model path or a port in
 use is a one-line error and exit 2, with nothing started), creates the HTTP
 socket and the ZeroMQ listeners, starts the engine cores
-(`CoreEngineProcManager`) and the frontend (`RustFrontendProcessManager`, or
-`APIServerProcessManager` for `--frontend python`), reports usage once,
+(`CoreEngineProcManager`) and the Rust frontend (`RustFrontendProcessManager`,
+one process that serves every engine), reports usage once,
 prints one line once the frontend answers, and watches everything with
 `wait_for_completion_or_failure` plus the frontend's `/health`.
 
@@ -42,12 +42,12 @@ from typing import Any
 
 import zmq
 
-from vllm_rs.api_server.generation_config import GenerationConfig, GenerationConfigError
 from vllm_rs.cli_args import make_arg_parser
 from vllm_rs.coordinator import CoordinatorListeners, CoordinatorProcManager
 from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigError, make_engine_config
 from vllm_rs.engine.models import ModelPathError
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
+from vllm_rs.generation_config import GenerationConfig, GenerationConfigError
 from vllm_rs.logger import init_logger
 from vllm_rs.multinode import Topology, TopologyError, host_heartbeat_timeout_s, plan_topology, tcp_endpoint
 from vllm_rs.network_utils import PrivateSocketDir, ZmqListener, is_valid_ipv6_address, make_zmq_listener
@@ -84,7 +84,6 @@ NUMERIC_OPTION_RANGES: dict[str, tuple[float, float]] = {
     "data_parallel_size_local": (0, 1024),
     "data_parallel_start_rank": (0, 1023),
     "data_parallel_rpc_port": (1, 65535),
-    "api_server_count": (1, 1024),
     "max_model_len": (1, 2**31 - 1),
     "engine_ready_timeout": (1, 7 * 24 * 3600),
     "shutdown_timeout": (0, 24 * 3600),
@@ -280,7 +279,7 @@ def _validate_numbers(args: argparse.Namespace) -> None:
 
 
 def _validate_parsers(args: argparse.Namespace) -> None:
-    """The output parser flags name parsers both frontends have, and auto
+    """The output parser flags name parsers the frontend has, and auto
     tool choice comes with its parser (as vLLM requires)."""
     from vllm_rs._core import REASONING_PARSER_NAMES, TOOL_PARSER_NAMES
 
@@ -328,11 +327,11 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
         heartbeat_timeout_s = host_heartbeat_timeout_s() if args._topology.spans_hosts else None
     except TopologyError as e:
         raise ServeUsageError(str(e)) from None
-    if args.frontend == "rust" and args.api_server_count != 1:
-        raise ServeUsageError("--api-server-count applies to --frontend python (the Rust frontend is one process)")
+    if args.api_server_count != 1:
+        raise ServeUsageError(
+            f"--api-server-count {args.api_server_count}: one Rust frontend serves every engine; leave it at 1"
+        )
     _validate_parsers(args)
-    if args.grpc_port is not None and args.frontend != "rust":
-        raise ServeUsageError("--grpc-port: only the Rust frontend serves gRPC (use --frontend rust)")
     if args.api_key is not None and not args.api_key:
         raise ServeUsageError("--api-key: empty; give the key, or leave the option out to serve without one")
     served = _locate_model_files(args)
@@ -361,13 +360,13 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
         raise ServeUsageError("--device cuda: CUDA is not available on this machine")
     config.heartbeat_ttl_s = heartbeat_timeout_s
     binary = None
-    if args.frontend == "rust" and not args.headless:
+    if not args.headless:
         from vllm_rs.frontend import frontend_binary
 
         try:
             binary = frontend_binary()
         except FileNotFoundError as e:
-            raise ServeUsageError(f"--frontend rust: {e}") from None
+            raise ServeUsageError(f"the Rust frontend: {e}") from None
     return config, binary
 
 
@@ -396,20 +395,19 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
         http.close()
         raise ServeUsageError(f"cannot create the engine socket directory: {e}") from None
     listeners: list[tuple[ZmqListener, ZmqListener]] = []
-    # Engines on other hosts reach the frontends over TCP on the trusted address only.
+    # Engines on other hosts reach the frontend over TCP on the trusted address only.
     tcp_address = topology.address if topology.spans_hosts else None
     try:
-        for i in range(args.api_server_count):
-            listeners.append(
-                (
-                    make_zmq_listener(
-                        tcp_endpoint(tcp_address, 0) if tcp_address else socket_dir.endpoint(f"input-{i}"), zmq.ROUTER
-                    ),
-                    make_zmq_listener(
-                        tcp_endpoint(tcp_address, 0) if tcp_address else socket_dir.endpoint(f"output-{i}"), zmq.PULL
-                    ),
-                )
+        listeners.append(
+            (
+                make_zmq_listener(
+                    tcp_endpoint(tcp_address, 0) if tcp_address else socket_dir.endpoint("input-0"), zmq.ROUTER
+                ),
+                make_zmq_listener(
+                    tcp_endpoint(tcp_address, 0) if tcp_address else socket_dir.endpoint("output-0"), zmq.PULL
+                ),
             )
+        )
         # Engines on other hosts reach the coordinator over TCP like the
         # frontends; the frontends' side stays in the private directory.
         coordinator = (
@@ -573,7 +571,7 @@ class _StopRequested:
 
 
 def _start_frontend(plan: StackPlan) -> Any:
-    from vllm_rs.utils import APIServerProcessManager, RustFrontendProcessManager
+    from vllm_rs.utils import RustFrontendProcessManager
 
     # The frontend reads the generation config from `model` (a GGUF's is
     # next to its rebuilt tokenizer); the model's name reaches it as `model_tag`.
@@ -581,16 +579,11 @@ def _start_frontend(plan: StackPlan) -> Any:
     dp = args.data_parallel_size
     coordinator = plan.engine_config.coordinator
     stats_update_address = coordinator.front_publish if coordinator is not None else None
-    if args.frontend == "rust":
-        ((input_listener, output_listener),) = plan.listeners
-        return RustFrontendProcessManager(
-            plan.frontend_binary, plan.http.sock, args, input_listener, output_listener, 0, dp, dp,
-            stats_update_address=stats_update_address,
-            grpc_sock=plan.http.grpc_sock,
-        )  # fmt: skip
-    return APIServerProcessManager(
-        plan.http.listen_address, plan.http.sock, args, args.api_server_count,
-        [i for i, _ in plan.listeners], [o for _, o in plan.listeners], stats_update_address=stats_update_address,
+    ((input_listener, output_listener),) = plan.listeners
+    return RustFrontendProcessManager(
+        plan.frontend_binary, plan.http.sock, args, input_listener, output_listener, 0, dp, dp,
+        stats_update_address=stats_update_address,
+        grpc_sock=plan.http.grpc_sock,
     )  # fmt: skip
 
 
@@ -685,7 +678,7 @@ def _announce_ready(plan: StackPlan, started: float) -> None:
     args = plan.args
     engines = f"{args.data_parallel_size} engine{'s' if args.data_parallel_size > 1 else ''}"
     print(
-        f"vllm-rs: serving the OpenAI API on {plan.http.url} (model {args.served_model_name[0]}, {args.frontend} frontend, "
+        f"vllm-rs: serving the OpenAI API on {plan.http.url} (model {args.served_model_name[0]}, "
         f"{engines}; ready in {time.monotonic() - started:.1f}s)",
         flush=True,
     )

@@ -6,7 +6,9 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Once;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use vllm_rs_test_support::wait_until;
 
 use _core::{kill_process_tree, spawn, ExitStatus, RegisterError, SpawnError, SpawnSpec};
 
@@ -96,11 +98,27 @@ fn tree_script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/support/tree.sh")
 }
 
+/// The fields of `/proc/PID/stat` after the command name (state, ppid, pgrp,
+/// session, ...); `None` once the process is gone.
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat.rsplit(')').next()?.split_whitespace().map(str::to_owned).collect())
+}
+
 fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()) != Some("Z"),
-        Err(_) => false,
-    }
+    stat_fields(pid).is_some_and(|fields| fields.first().map(String::as_str) != Some("Z"))
+}
+
+/// How many of `pids` lead their own session and no longer have a parent
+/// among `pids`: daemons whose double fork has finished.
+fn detached(pids: &[i32]) -> usize {
+    let field = |fields: &[String], i: usize| fields.get(i).and_then(|f| f.parse::<i32>().ok());
+    pids.iter()
+        .filter(|&&pid| {
+            stat_fields(pid)
+                .is_some_and(|f| field(&f, 3) == Some(pid) && field(&f, 1).is_some_and(|p| !pids.contains(&p)))
+        })
+        .count()
 }
 
 fn recorded(pidfile: &std::path::Path) -> Vec<i32> {
@@ -110,18 +128,19 @@ fn recorded(pidfile: &std::path::Path) -> Vec<i32> {
 #[test]
 fn kill_process_tree_leaves_no_survivor_in_forking_and_daemon_trees() {
     setup();
-    for (kind, size) in [("forking", 10), ("daemons", 13)] {
+    // (tree, processes it starts, how many of them detach as daemons)
+    for (kind, size, daemons) in [("forking", 10, 0), ("daemons", 13, 6)] {
         let dir = std::env::temp_dir().join(format!("vllm-rs-tree-{}-{kind}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let pidfile = dir.join("pids");
         let _ = std::fs::remove_file(&pidfile);
         let root = spawn(&spec(&["sh", tree_script().to_str().unwrap(), kind, pidfile.to_str().unwrap()])).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while recorded(&pidfile).len() < size && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(recorded(&pidfile).len() >= size, "{kind} tree did not build");
-        std::thread::sleep(Duration::from_millis(200));
+        wait_until(&format!("the {kind} tree to build"), Duration::from_secs(20), || recorded(&pidfile).len() >= size);
+        // The daemons must have left their parents before the kill, so that it
+        // is their detachment that is tested (the forking tree keeps forking).
+        wait_until(&format!("{daemons} daemons to detach"), Duration::from_secs(20), || {
+            detached(&recorded(&pidfile)) >= daemons
+        });
         kill_process_tree(root.pid()).unwrap();
         let survivors: Vec<i32> = recorded(&pidfile).into_iter().filter(|&p| alive(p)).collect();
         assert!(survivors.is_empty(), "{kind}: survivors {survivors:?}");

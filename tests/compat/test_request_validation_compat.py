@@ -1,4 +1,4 @@
-"""Both frontends against vLLM 0.33's engine-side decoding: every request a
+"""The frontend against vLLM 0.33's engine-side decoding: every request a
 frontend accepts (the accepted cases of request_validation.json, and the
 extremes of every range) arrives as an ADD that vLLM's
 `MsgpackDecoder(EngineCoreRequest)` decodes, which builds vLLM's
@@ -18,8 +18,9 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.serial_utils import MsgpackDecoder  # noqa: E402
 
-from tests.api_server_harness import DEADLINE_S, in_background  # noqa: E402
 from tests.conformance.test_request_validation import CASES, FINISH_LENGTH, NOW_SERVED, post, served  # noqa: E402, F401
+from tests.support.http import in_background  # noqa: E402
+from tests.support.wait import DEADLINE_S  # noqa: E402
 
 DECODE_REQUEST = MsgpackDecoder(EngineCoreRequest)
 

@@ -3,7 +3,7 @@ accepts (`response_format`, `structured_outputs`, on chat and completions)
 reaches the engine as the `structured_outputs` map vLLM's own msgpack encoder
 writes for the same `StructuredOutputsParams` (backend resolved to
 `guidance`), and vLLM's `MsgpackDecoder(EngineCoreRequest)` reads it back to
-that dataclass; the JSON schemas both frontends build for `tool_choice`
+that dataclass; the JSON schemas the frontend builds for `tool_choice`
 `required` and named are the ones vLLM builds."""
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # noqa: E402
 from vllm_rs._core import required_tools_schema  # noqa: E402
 
-from tests.api_server_harness import DEADLINE_S, in_background  # noqa: E402
 from tests.conformance.test_request_validation import FINISH_LENGTH, post, served  # noqa: E402, F401
+from tests.support.http import in_background  # noqa: E402
+from tests.support.wait import DEADLINE_S  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 CASES = [

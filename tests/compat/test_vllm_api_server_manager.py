@@ -9,7 +9,8 @@ same name. Differences:
   spawned child never sees (it re-imports the module); here the run time
   travels to the worker as its `args`.
 - vLLM marks two cases `@pytest.mark.timeout(30)` (pytest-timeout); here
-  every wait has its own bound instead.
+  every wait has its own bound instead, and waits on an event (the workers
+  printing that they run) where vLLM's sleeps a fixed time.
 - vLLM checks that the Rust frontend's launch log shows `"hf_token": "***"`;
   `vllm_rs` leaves secrets out of `--args-json` altogether and passes them
   in the child's environment, so this checks that instead (neither secret
@@ -34,6 +35,8 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed: tests/compat r
 import zmq  # noqa: E402
 from vllm_rs.network_utils import make_zmq_listener, make_zmq_socket  # noqa: E402
 from vllm_rs.utils import APIServerProcessManager, wait_for_completion_or_failure  # noqa: E402
+
+from tests.support.wait import wait_until  # noqa: E402
 
 
 def sleeping_worker(listen_address, sock, args, client_config=None):
@@ -78,13 +81,6 @@ def manager_kwargs(runtime_s: float, with_stats_update: bool = True) -> dict:
     return kwargs
 
 
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting until {what}"
-        time.sleep(0.05)
-
-
 def watch_in_thread(manager, **kwargs) -> tuple[threading.Thread, dict]:
     """Runs `wait_for_completion_or_failure(manager, **kwargs)` in a thread
     that shuts the manager down when it returns; the exception lands in the
@@ -107,14 +103,11 @@ def watch_in_thread(manager, **kwargs) -> tuple[threading.Thread, dict]:
 def wait_until_watching(caplog) -> None:
     """Returns once the watcher thread has started waiting (it logs that first),
     so that what the test does next happens while it waits."""
-    deadline = time.monotonic() + 30
-    while "Waiting for API servers to complete" not in caplog.text:
-        assert time.monotonic() < deadline, "wait_for_completion_or_failure never started waiting"
-        time.sleep(0.01)
+    wait_until(lambda: "Waiting for API servers to complete" in caplog.text, "the watcher to start waiting", 30)
 
 
 @pytest.mark.parametrize("with_stats_update", [True, False])
-def test_api_server_process_manager_init(with_stats_update):
+def test_api_server_process_manager_init(with_stats_update, capfd):
     kwargs = manager_kwargs(1.0, with_stats_update)
     manager = APIServerProcessManager(**kwargs)
     try:
@@ -124,7 +117,16 @@ def test_api_server_process_manager_init(with_stats_update):
             listener.socket.fileno() == -1 for listener in (*kwargs["input_listeners"], *kwargs["output_listeners"])
         )
         assert all(proc.is_alive() for proc in manager.processes)
-        time.sleep(0.25)
+        # Each child runs its target (and so has adopted what it was given).
+        printed: list[str] = []
+        wait_until(
+            lambda: (
+                printed.append(capfd.readouterr().out)
+                or all(f"worker {i} sleeps" in "".join(printed) for i in range(3))
+            ),
+            "every worker to run",
+            30,
+        )
         assert all(proc.is_alive() for proc in manager.processes)
     finally:
         manager.shutdown()
@@ -189,7 +191,7 @@ def test_normal_completion():
     kwargs = manager_kwargs(0.1)
     manager = APIServerProcessManager(**kwargs)
     try:
-        wait_until(lambda: not any(proc.is_alive() for proc in manager.processes), 30, "every worker has finished")
+        wait_until(lambda: not any(proc.is_alive() for proc in manager.processes), "every worker to finish", 30)
         assert all(proc.exitcode == 0 for proc in manager.processes)
         started = time.monotonic()
         wait_for_completion_or_failure(api_server_manager=manager)  # all done: returns at once, no error

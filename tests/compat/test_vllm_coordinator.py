@@ -10,32 +10,31 @@ from __future__ import annotations
 import contextlib
 import http.client
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed: tests/compat runs with a vLLM 0.33 venv (README.md)")
 
+from tests.support.wait import wait_until  # noqa: E402
 from tests.test_serve_dp import CoordinatorWatch  # noqa: E402
 
 HEALTH_TIMEOUT_S = 60
 
 
 def wait_healthy(port: int, frontend) -> None:
-    deadline = time.monotonic() + HEALTH_TIMEOUT_S
-    while True:  # /health answers once both engines registered
+    def healthy() -> bool:  # /health answers once both engines registered
+        assert frontend.processes[0].is_alive(), "the frontend exited"
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         try:
             conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return
+            return conn.getresponse().status == 200
         except OSError:
-            pass
+            return False
         finally:
             conn.close()
-        assert time.monotonic() < deadline and frontend.processes[0].is_alive(), "the frontend never became healthy"
-        time.sleep(0.1)
+
+    wait_until(healthy, "the frontend to become healthy", HEALTH_TIMEOUT_S)
 
 
 def post(port: int, path: str) -> int:

@@ -1,4 +1,4 @@
-"""Both frontends' streamed and non-streamed text against vLLM 0.33's own
+"""The frontend's streamed and non-streamed text against vLLM 0.33's own
 incremental detokenizer (`IncrementalDetokenizer.from_new_request`, the
 `FastIncrementalDetokenizer` for these tokenizers) on the same prompt and
 output ids: SentencePiece-style and byte-level tokenizers made here, the
@@ -15,7 +15,7 @@ from vllm.tokenizers import get_tokenizer  # noqa: E402
 from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer, IncrementalDetokenizer  # noqa: E402
 
-from tests.detokenization_harness import FINISH_LENGTH, FINISH_STOP, FRONTENDS, complete, serve  # noqa: E402
+from tests.detokenization_harness import FINISH_LENGTH, FINISH_STOP, complete, serve  # noqa: E402
 from tests.support.hf_tokenizers import (  # noqa: E402
     byte_ids,
     byte_level_tokenizer,
@@ -27,13 +27,13 @@ from tests.support.hf_tokenizers import (  # noqa: E402
 TOKENIZERS = {"metaspace": metaspace_tokenizer, "byte_level": byte_level_tokenizer}
 
 
-@pytest.fixture(scope="module", params=[(f, t) for f in FRONTENDS for t in TOKENIZERS], ids=lambda p: "-".join(p))
+@pytest.fixture(scope="module", params=list(TOKENIZERS))
 def served(request, tmp_path_factory):
-    """(frontend, our tokenizer, vLLM's tokenizer) for one model directory."""
-    frontend, kind = request.param
+    """(the frontend, our tokenizer, vLLM's tokenizer) for one model directory."""
+    kind = request.param
     tokenizer = TOKENIZERS[kind]()
     model_dir = write_model_dir(tokenizer, tmp_path_factory.mktemp(kind))
-    with serve(frontend, model_dir) as server:
+    with serve(model_dir) as server:
         yield server, tokenizer, get_tokenizer(str(model_dir))
 
 

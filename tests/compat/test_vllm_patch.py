@@ -8,7 +8,6 @@ import contextlib
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from vllm_rs import vllm_patch  # noqa: E402
 
 from tests.compat.vllm_supervisor import sleeping_api_server  # noqa: E402
 from tests.support.trees import TREE_SCRIPT, is_running, read_pids, survivors, wait_built  # noqa: E402
+from tests.support.wait import wait_until  # noqa: E402
 
 HERE = Path(__file__).parent
 
@@ -93,10 +93,8 @@ def test_sigkill_of_a_vllm_supervisor_leaves_nothing(tmp_path):
         # Log lines come first; vLLM takes a while to import. EOF: it died.
         lines = iter(supervisor.stdout.readline, "")
         assert any(line.startswith("ready") for line in lines), "the supervisor exited before it was ready"
-        deadline = time.monotonic() + 60
         # 2 engines x (engine, child, daemon) + the guardian
-        while len(read_pids(pidfile)) < 7 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: len(read_pids(pidfile)) >= 7, "every process of the supervisor to start")
         pids = read_pids(pidfile)
         assert len(pids) == 7, pids
         assert all(is_running(pid) for pid in pids) and handshake.exists()
@@ -105,11 +103,10 @@ def test_sigkill_of_a_vllm_supervisor_leaves_nothing(tmp_path):
         supervisor.wait()
         supervisor.stdout.close()
     # The guardian kills the tree and removes the socket once the supervisor is gone.
-    deadline = time.monotonic() + 60
-    while ([pid for pid in pids if is_running(pid)] or handshake.exists()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert [pid for pid in pids if is_running(pid)] == []
-    assert not handshake.exists()
+    wait_until(
+        lambda: not [pid for pid in pids if is_running(pid)] and not handshake.exists(),
+        "the guardian to kill the tree and remove the socket",
+    )
 
 
 @contextlib.contextmanager
@@ -148,19 +145,19 @@ def vllms_rust_frontend_serving_echo(tmp_path, argv=()):
     frontend = None
     try:
         frontend = RustFrontendProcessManager(binary, sock, args, inp, out, 0, 1, 1)
-        deadline = time.monotonic() + 60
-        while True:  # /health answers once the engine has registered
+
+        def healthy() -> bool:  # /health answers once the engine has registered
+            assert frontend.processes[0].is_alive(), "the frontend exited"
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             try:
                 conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
-                    break
+                return conn.getresponse().status == 200
             except OSError:
-                pass
+                return False
             finally:
                 conn.close()
-            assert time.monotonic() < deadline and frontend.processes[0].is_alive(), "the frontend never became healthy"
-            time.sleep(0.1)
+
+        wait_until(healthy, "the frontend to become healthy")
         yield frontend, port
     finally:
         if frontend is not None:

@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.api_server_harness import assert_error_shape
-from tests.api_server_harness import request as send
+from tests.support.http import assert_error_shape
+from tests.support.http import request as send
 from tests.test_serve import API_KEY, Serve, assert_all_gone
 
 __all__ = ["API_KEY", "AUTH", "assert_error_shape", "known_difference", "port_of", "raw_exchange", "send", "serving"]
@@ -21,13 +21,12 @@ AUTH = {"authorization": f"Bearer {API_KEY}"}
 
 
 @contextlib.contextmanager
-def serving(frontend: str, *args: str, env: dict[str, str] | None = None) -> Iterator[Serve]:
-    """`serve --model echo --port 0 --frontend FRONTEND ARGS`, ready; on
-    exit it is interrupted and must exit 0 leaving nothing running."""
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend, *args, env=env)
+def serving(*args: str, env: dict[str, str] | None = None) -> Iterator[Serve]:
+    """`serve --model echo --port 0 ARGS`, ready; on exit it is interrupted
+    and must exit 0 leaving nothing running."""
+    serve = Serve("--model", "echo", "--port", "0", *args, env=env)
     try:
         serve.wait_ready()
-        serve.frontend = frontend
         yield serve
         processes = serve.descendants()
         serve.interrupt()
@@ -37,13 +36,11 @@ def serving(frontend: str, *args: str, env: dict[str, str] | None = None) -> Ite
         serve.kill()
 
 
-def known_difference(request: pytest.FixtureRequest, serve: Serve, frontend: str, reason: str) -> None:
-    """Marks the running test xfail(strict) when `serve` runs `frontend`: a
-    known way that frontend differs from the other (and from vLLM), with
-    `reason` saying how. Strict, so that a fix makes the test fail until
-    the mark goes."""
-    if serve.frontend == frontend:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+def known_difference(request: pytest.FixtureRequest, reason: str) -> None:
+    """Marks the running test xfail(strict): a known way the frontend differs
+    from vLLM, with `reason` saying how. Strict, so that a fix makes the test
+    fail until the mark goes."""
+    request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 def port_of(serve: Serve) -> int:

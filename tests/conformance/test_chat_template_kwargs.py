@@ -1,6 +1,6 @@
 """`chat_template_kwargs`, `--default-chat-template-kwargs`,
 `reasoning_effort` and `--reasoning-effort-map` through `python -m vllm_rs
-serve`, both frontends, on chat completions and the responses API, with the
+serve`, on chat completions and the responses API, with the
 real `openai` client. The model is `echo` with a Hugging Face tokenizer whose
 template prints the `reasoning_effort` and `style` kwargs and ends
 thinking-off prompts with a marker, so the echoed prompt shows what the
@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.conformance.support import assert_error_shape, port_of, send
-from tests.test_serve import FRONTENDS, Serve
+from tests.test_serve import Serve
 
 TEMPLATE = (
     "{% if reasoning_effort is defined %}effort={{ reasoning_effort }};{% endif %}"
@@ -45,10 +45,10 @@ def model_dir(tmp_path_factory) -> Path:
     return directory
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def stack(request, model_dir):
+@pytest.fixture(scope="module")
+def stack(model_dir):
     """The echo model with the qwen3 reasoning parser, a server default `style` and `EFFORT_MAP`."""
-    serve = Serve("--model", "echo", "--tokenizer", str(model_dir), "--port", "0", "--frontend", request.param,
+    serve = Serve("--model", "echo", "--tokenizer", str(model_dir), "--port", "0",
                   "--reasoning-parser", "qwen3", "--default-chat-template-kwargs", '{"style": "server"}',
                   "--reasoning-effort-map", json.dumps(EFFORT_MAP),
                   "--served-model-name", MODEL, env={"HF_HUB_OFFLINE": "1"})  # fmt: skip

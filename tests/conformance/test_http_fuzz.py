@@ -1,5 +1,5 @@
 """Property tests (hypothesis, bounded to run in seconds) of the HTTP surface
-of both frontends: any JSON body sent to the completion routes is answered
+of the frontend: any JSON body sent to the completion routes is answered
 200 or with a 4xx in the OpenAI error shape, never a 5xx; any bytes on the
 HTTP socket get no 5xx and leave the server serving."""
 
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conformance.support import assert_error_shape, port_of, send, serving
-from tests.test_serve import FRONTENDS, Serve
+from tests.test_serve import Serve
 
 # ---- request parsing over HTTP ----
 
@@ -43,10 +43,10 @@ bodies = st.one_of(
 )
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def echo_server(request) -> Iterator[Serve]:
+@pytest.fixture(scope="module")
+def echo_server() -> Iterator[Serve]:
     """echo on 1 engine with `--max-model-len 32` (so that lengths are refused too)."""
-    with serving(request.param, "--max-model-len", "32") as serve:
+    with serving("--max-model-len", "32") as serve:
         yield serve
 
 

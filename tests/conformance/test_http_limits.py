@@ -1,4 +1,4 @@
-"""HTTP below the OpenAI API, as both frontends serve it over raw sockets:
+"""HTTP below the OpenAI API, as the frontend serves it over raw sockets:
 clients that are silent, slow or send oversized headers, bodies that do not
 arrive in time, bytes that are not HTTP, unknown routes and methods, and
 request bodies, query strings and headers with bad values. Each refusal is
@@ -73,7 +73,7 @@ def test_oversized_or_unreadable_heads_are_refused_and_a_large_allowed_one_is_se
 
 
 def test_refused_heads_are_answered_in_the_error_shape(request, open_stack):
-    known_difference(request, open_stack, "rust", "hyper answers a head it cannot read itself, with an empty body")
+    known_difference(request, "hyper answers a head it cannot read itself, with an empty body")
     for head, status in UNREADABLE_HEADS.values():
         assert_error_shape(*parse_response(raw_exchange(open_stack, head)), status)
 
@@ -154,7 +154,7 @@ NUMBERS_BEYOND_F64 = {2, 9, 10, 11, 17, 23}
 def test_bad_request_bodies_are_4xx_naming_the_parameter(request, open_stack, case):
     path, body, param = BAD_BODIES[case]
     if case in NUMBERS_BEYOND_F64:
-        known_difference(request, open_stack, "rust", "serde_json refuses a number beyond f64 as invalid JSON")
+        known_difference(request, "serde_json refuses a number beyond f64 as invalid JSON")
     status, answer = send("POST", port_of(open_stack), path, body, timeout_s=30)
     assert_error_shape(status, answer, 400, param)
 

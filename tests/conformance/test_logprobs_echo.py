@@ -2,57 +2,37 @@
 with the echo model, asked through the real `openai` client, answers
 asserted against the echo model's known distribution (at a position whose
 token is t, token t + i has logprob -(i + 1) ln 2, the scored token t has
--ln 2 and rank 1) in vLLM 0.33's layouts, on both frontends, which must
-write the same bytes (`n` > 1: test_n_choices.py)."""
+-ln 2 and rank 1) in vLLM 0.33's layouts; and the same answers as vLLM
+0.33's own bundled frontend gives in front of the same engine with the same
+tokenizer, where vLLM is installed (`n` > 1: test_n_choices.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import re
 
 import pytest
+from vllm_rs.frontend import frontend_binary
 
-from tests.test_serve import API_KEY, FRONTENDS, Serve, rust_frontend_available
+from tests.support.hf_tokenizers import bytes_only_tokenizer, write_model_dir
+from tests.support.http import request as send
+from tests.support.vllm_frontend import bundled_frontend_or_skip, frontend_before_echo
+from tests.test_serve import API_KEY, Serve
 
 LN2 = math.log(2)
 
 
 @pytest.fixture(scope="module")
-def stack():
-    """echo on one engine behind the Python API server, `--max-logprobs 5`."""
+def lp_stack():
+    """echo on one engine, `--max-logprobs 5`."""
     serve = Serve("--model", "echo", "--port", "0", "--max-model-len", "512", "--max-logprobs", "5",
-                  "--frontend", "python", env={"VLLM_API_KEY": API_KEY})  # fmt: skip
+                  env={"VLLM_API_KEY": API_KEY})  # fmt: skip
     try:
         serve.wait_ready()
         yield serve
     finally:
         serve.kill()
-
-
-@pytest.fixture(scope="module")
-def stacks():
-    """echo on one engine behind each frontend, `--max-logprobs 5`, started on first use."""
-    started: dict[str, Serve] = {}
-
-    def get(frontend: str) -> Serve:
-        if frontend not in started:
-            started[frontend] = Serve("--model", "echo", "--port", "0", "--max-model-len", "512", "--max-logprobs", "5",
-                                      "--frontend", frontend, env={"VLLM_API_KEY": API_KEY})  # fmt: skip
-            started[frontend].wait_ready()
-        return started[frontend]
-
-    try:
-        yield get
-    finally:
-        for serve in started.values():
-            serve.kill()
-
-
-@pytest.fixture(params=FRONTENDS)
-def lp_stack(request, stacks):
-    """The echo stack behind each frontend in turn."""
-    return stacks(request.param)
 
 
 def char(token_id: int) -> str:
@@ -212,8 +192,8 @@ def test_return_tokens_as_token_ids(lp_stack):
     assert token.token == "token_id:117" and token.bytes == [ord("u")]
 
 
-#: Bodies whose non-streamed answers both frontends must write byte for byte alike.
-SAME_BYTES = [
+#: Bodies whose non-streamed answers our frontend and vLLM's must agree on.
+ANSWERED_AS_VLLM = [
     ("/v1/completions", {"prompt": "hello", "max_tokens": 4, "logprobs": 2}),
     ("/v1/completions", {"prompt": "abc", "max_tokens": 2, "echo": True, "logprobs": 5}),
     ("/v1/completions", {"prompt": "ab", "max_tokens": 1, "prompt_logprobs": 1}),
@@ -221,24 +201,56 @@ SAME_BYTES = [
     ("/v1/completions", {"prompt": "hi", "max_tokens": 3, "echo": True}),
     ("/v1/completions", {"prompt": "abc", "max_tokens": 0, "echo": True, "logprobs": 2}),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 0, "echo": True}),
-    ("/v1/completions", {"prompt": "\u00e9\u4e2d", "max_tokens": 5, "logprobs": 3}),
+    pytest.param("/v1/completions", {"prompt": "\u00e9\u4e2d", "max_tokens": 5, "logprobs": 3},
+                 marks=pytest.mark.xfail(strict=True, reason="vLLM's bundled frontend advances text_offset past a "
+                                         "token that ends inside a character; ours does not")),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": True,
                               "top_logprobs": 2, "prompt_logprobs": 0}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "logprobs": True}),
 ]  # fmt: skip
 
 
-@pytest.mark.skipif(not rust_frontend_available(), reason="vllm-rs binary not built")
-@pytest.mark.parametrize(("path", "body"), SAME_BYTES)
-def test_both_frontends_write_the_same_bytes(stacks, path, body):
+@pytest.fixture(scope="module")
+def beside_vllm(tmp_path_factory):
+    """The ports of our frontend and of vLLM 0.33's bundled one, each in front
+    of an echo engine, with the same byte tokenizer (ids are bytes, as the
+    echo model's), `--max-logprobs 5` (skipped, saying why, where vLLM is not
+    installed)."""
+    vllms = bundled_frontend_or_skip()
+    model = write_model_dir(bytes_only_tokenizer(), tmp_path_factory.mktemp("echo-bytes"))
+    (model / "config.json").write_text(json.dumps({"model_type": "echo", "vocab_size": 257}))
+    args = {"served_model_name": ["echo"], "max_logprobs": 5, "max_model_len": 512}
+    with contextlib.ExitStack() as stack:
+        yield [
+            stack.enter_context(frontend_before_echo(binary, model, **args)) for binary in (frontend_binary(), vllms)
+        ]
+
+
+def same_where_both_answer(ours, theirs, path: str = "$") -> None:
+    """`ours` equals `theirs` in every field both hold (numbers to float32
+    precision: vLLM's frontend writes logprobs as float32, ours as Python
+    writes the engine's float32 values), ids and creation times aside."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        for key in ours.keys() & theirs.keys() - {"id", "created"}:
+            same_where_both_answer(ours[key], theirs[key], f"{path}.{key}")
+    elif isinstance(ours, list) and isinstance(theirs, list):
+        assert len(ours) == len(theirs), (path, ours, theirs)
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            same_where_both_answer(a, b, f"{path}[{i}]")
+    elif isinstance(ours, float) or isinstance(theirs, float):
+        assert ours == pytest.approx(theirs, rel=1e-6), (path, ours, theirs)
+    else:
+        assert ours == theirs, (path, ours, theirs)
+
+
+@pytest.mark.parametrize(("path", "body"), ANSWERED_AS_VLLM)
+def test_the_frontend_answers_as_vllms_bundled_frontend(beside_vllm, path, body):
     answers = []
-    for frontend in ("rust", "python"):
-        status, raw = stacks(frontend).http("POST", path, {"model": "echo", **body},
-                                            {"authorization": f"Bearer {API_KEY}"})  # fmt: skip
-        assert status == 200, raw
-        # Only the id and the creation time may differ.
-        answers.append(re.sub(rb'"(id":"[a-z]+-|created":)[0-9a-f]+', rb"\\1X", raw))
-    assert answers[0] == answers[1]
+    for port in beside_vllm:
+        status, answer = send("POST", port, path, {"model": "echo", **body})
+        assert status == 200, answer
+        answers.append(answer)
+    same_where_both_answer(*answers)
 
 
 def _post(stack, path: str, body: dict) -> tuple[int, dict]:
@@ -281,9 +293,8 @@ def test_logprobs_validation(lp_stack, path, body, param, message):
     assert answer["error"]["param"] == param and answer["error"]["message"] == message
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_server_option_return_tokens_as_token_ids(frontend):
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend, "--return-tokens-as-token-ids",
+def test_server_option_return_tokens_as_token_ids():
+    serve = Serve("--model", "echo", "--port", "0", "--return-tokens-as-token-ids",
                   env={"VLLM_API_KEY": API_KEY})  # fmt: skip
     try:
         client = serve.client()

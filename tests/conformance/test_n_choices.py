@@ -1,4 +1,4 @@
-"""`n` > 1 end to end through `python -m vllm_rs serve`, both frontends,
+"""`n` > 1 end to end through `python -m vllm_rs serve`,
 with the real `openai` client: n child requests as vLLM's `ParentRequest`
 makes them, choices by `index` (whole, or interleaved when streamed, each
 with its own finish), usage counting the prompt once, vLLM's validation,
@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from vllm_rs.api_server.submit import child_requests
-from vllm_rs.engine.protocol import EngineCoreRequest
 
 from tests.conformance.support import API_KEY, AUTH
 from tests.conformance.test_tools_reasoning import CALL_TEXT, WEATHER, _serve, echo_tools  # noqa: F401
-from tests.test_serve import FRONTENDS, Serve
+from tests.test_serve import Serve
 
 
 def _user(text: str) -> list[dict]:
@@ -123,21 +121,10 @@ def test_n_validation(stack):
     assert status == 400 and answer["error"]["param"] == "best_of", answer
 
 
-def test_children_are_formed_as_vllms():
-    parent = EngineCoreRequest("cmpl-x-1234", [1, 2], {"seed": 10, "max_tokens": 3}, external_req_id="cmpl-x")
-    children = child_requests(parent, 3)
-    assert [c.request_id for c in children] == ["0_cmpl-x-1234", "1_cmpl-x-1234", "2_cmpl-x-1234"]
-    assert [c.sampling_params["seed"] for c in children] == [10, 11, 12]
-    assert {c.external_req_id for c in children} == {"cmpl-x"} and parent.sampling_params["seed"] == 10
-    unseeded = child_requests(EngineCoreRequest("r", [1], {}), 2)
-    assert [c.sampling_params.get("seed") for c in unseeded] == [None, None]
-    assert child_requests(parent, 1) == [parent]
-
-
-@pytest.fixture(scope="module", params=FRONTENDS)
-def toy(request):
+@pytest.fixture(scope="module")
+def toy():
     """toy (random weights, sampled)."""
-    yield from _serve(request.param, "toy")
+    yield from _serve("toy")
 
 
 def test_seeded_choices_are_reproducible_yet_distinct(toy):
@@ -175,9 +162,8 @@ def test_chat_n_choices_parse_tools_and_reasoning_per_choice(echo_tools):  # noq
         assert [d.finish_reason for d in deltas if d.finish_reason] == ["tool_calls"]
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_disconnect_mid_stream_aborts_every_choice(frontend):
-    serve = Serve("--model", "echo", "--port", "0", "--frontend", frontend, "--enable-log-requests",
+def test_disconnect_mid_stream_aborts_every_choice():
+    serve = Serve("--model", "echo", "--port", "0", "--enable-log-requests",
                   "--max-model-len", "1048576", env={"VLLM_API_KEY": API_KEY})  # fmt: skip
     try:
         client = serve.client()

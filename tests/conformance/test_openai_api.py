@@ -1,4 +1,4 @@
-"""The OpenAI API as both frontends serve it, with the `openai` client:
+"""The OpenAI API as the frontend serves it, with the `openai` client:
 completions and chat, streamed and not, stop strings and stop token ids,
 errors in the OpenAI shape, the API key, the small routes, and requests
 pinned to an engine."""

@@ -1,5 +1,4 @@
-"""Both frontends (the Rust `vllm-rs frontend` and the Python API server)
-against vLLM 0.33's request rules and its engine error outputs, over real HTTP
+"""The frontend (`vllm-rs frontend`) against vLLM 0.33's request rules and its engine error outputs, over real HTTP
 with the engine played by the test on real ZeroMQ sockets:
 
 - every case of tests/fixtures/vllm-0.33/request_validation.json (written by
@@ -18,7 +17,6 @@ import contextlib
 import json
 import os
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,14 +28,9 @@ import zmq
 from vllm_rs.network_utils import make_zmq_listener
 from vllm_rs.utils import RustFrontendProcessManager
 
-from tests.api_server_harness import (
-    DEADLINE_S,
-    ScriptedEngine,
-    api_server,
-    assert_error_shape,
-    in_background,
-    request,
-)
+from tests.support.engine_peer import ScriptedEngine
+from tests.support.http import assert_error_shape, in_background, request
+from tests.support.wait import DEADLINE_S, wait_until
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "vllm-0.33"
 CASES = json.loads((FIXTURES / "request_validation.json").read_text())
@@ -45,10 +38,8 @@ FINISH_LENGTH, FINISH_ERROR = 1, 3
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 PREFIXES = {"completions": "cmpl", "chat": "chatcmpl"}
 #: Cases the project once refused (marked `project_limit` in the fixture)
-#: that both frontends now serve as vLLM does.
-NOW_SERVED = {"n_2", "completion_logprobs", "chat_logprobs", "echo"}
-#: Such cases only the Rust frontend serves (the Python API server is going away).
-RUST_SERVED = {"truncate_prompt_tokens"}
+#: that the frontend now serves as vLLM does.
+NOW_SERVED = {"n_2", "completion_logprobs", "chat_logprobs", "echo", "truncate_prompt_tokens"}
 
 
 @contextlib.contextmanager
@@ -77,32 +68,22 @@ def rust_frontend(log_path: Path) -> Iterator[SimpleNamespace]:
         frontend.shutdown()
 
 
-def wait_until_healthy(port: int) -> None:
-    """Returns once `/health` answers 200 (the engine registered)."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        try:
-            if request("GET", port, "/health", timeout_s=5)[0] == 200:
-                return
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, "the frontend never became healthy"
-        time.sleep(0.05)
+def healthy(port: int) -> bool:
+    """Whether `/health` answers 200 (the engine registered)."""
+    try:
+        return request("GET", port, "/health", timeout_s=5)[0] == 200
+    except OSError:
+        return False
 
 
-@pytest.fixture(scope="module", params=["rust", "python"])
-def served(request, tmp_path_factory) -> Iterator[SimpleNamespace]:
-    """One frontend (the Rust binary, or the Python API server) with a
-    scripted engine that registered: `port`, `engine` and `kind`."""
-    if request.param == "rust":
-        manager = rust_frontend(tmp_path_factory.mktemp("rust") / "frontend.log")
-    else:
-        manager = api_server()
-    with manager as server:
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[SimpleNamespace]:
+    """The frontend with a scripted engine that registered: `port` and `engine`."""
+    with rust_frontend(tmp_path_factory.mktemp("rust") / "frontend.log") as server:
         engine = ScriptedEngine(server, max_model_len=CASES["max_model_len"])
         try:
-            wait_until_healthy(server.port)
-            yield SimpleNamespace(port=server.port, engine=engine, kind=request.param)
+            wait_until(lambda: healthy(server.port), "the frontend to become healthy")
+            yield SimpleNamespace(port=server.port, engine=engine)
         finally:
             engine.close()
 
@@ -123,9 +104,8 @@ def answer_next_add(served: SimpleNamespace, expected_id: str) -> tuple[str, dic
 @pytest.mark.parametrize("case", CASES["cases"], ids=[c["name"] for c in CASES["cases"]])
 def test_requests_are_checked_as_vllm_checks_them(served, case):
     endpoint, verdict = case["endpoint"], case["vllm"]
-    client_id = f"case-{case['name']}-{served.kind}"
-    served_here = case["name"] in NOW_SERVED or (served.kind == "rust" and case["name"] in RUST_SERVED)
-    limited = case["project_limit"] and not served_here
+    client_id = f"case-{case['name']}"
+    limited = case["project_limit"] and case["name"] not in NOW_SERVED
     if verdict["accepted"] and not limited:
         answered = in_background(post, served, endpoint, case["body"], client_id)
         n = case["body"].get("n", 1)
@@ -172,7 +152,7 @@ def fixture_error(name: str) -> dict[str, Any]:
 )
 @pytest.mark.parametrize("stream", [False, True])
 def test_engine_request_errors_map_as_vllm_maps_them(served, fixture, status, error_type, stream):
-    client_id = f"{fixture}-{stream}-{served.kind}"
+    client_id = f"{fixture}-{stream}"
     body = {"prompt": "hi", "max_tokens": 3, "stream": stream}
     answered = in_background(post, served, "completions", body, client_id)
     request_id, _prompt, _sampling = served.engine.next_add()
@@ -191,7 +171,7 @@ def test_engine_request_errors_map_as_vllm_maps_them(served, fixture, status, er
 
 
 def test_an_error_the_engine_does_not_call_retryable_or_validation_is_a_500_with_its_message(served):
-    client_id = f"internal-{served.kind}"
+    client_id = "internal"
     answered = in_background(post, served, "chat", {"messages": [{"role": "user", "content": "x"}]}, client_id)
     request_id, _prompt, _sampling = served.engine.next_add()
     error = {"code": "kv_load_failed", "message": "KV transfer failed", "retryable": False}

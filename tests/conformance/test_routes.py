@@ -12,17 +12,17 @@ import json
 import openai
 import pytest
 
-from tests.test_serve import API_KEY, FRONTENDS, Serve
+from tests.test_serve import API_KEY, Serve
 
 AUTH = {"authorization": f"Bearer {API_KEY}"}
 MAX_MODEL_LEN = 512
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def stack(request):
+@pytest.fixture(scope="module")
+def stack():
     """echo on one engine behind an API key."""
     serve = Serve("--model", "echo", "--port", "0", "--max-model-len", str(MAX_MODEL_LEN),
-                  "--frontend", request.param, env={"VLLM_API_KEY": API_KEY})  # fmt: skip
+                  env={"VLLM_API_KEY": API_KEY})  # fmt: skip
     try:
         serve.wait_ready()
         yield serve

@@ -1,4 +1,4 @@
-"""Structured outputs through `python -m vllm_rs serve`, both frontends, with
+"""Structured outputs through `python -m vllm_rs serve`, with
 the real `openai` client: the toy model (random weights) answers a
 `json_schema` response format with JSON that validates against the schema,
 `structured_outputs` constraints (choice, regex) hold on chat and
@@ -12,7 +12,7 @@ import re
 import openai
 import pytest
 
-from tests.test_serve import FRONTENDS, Serve
+from tests.test_serve import Serve
 
 SCHEMA = {
     "type": "object",
@@ -22,9 +22,9 @@ SCHEMA = {
 }
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def toy(request):
-    serve = Serve("--model", "toy", "--port", "0", "--frontend", request.param, "--max-model-len", "1024")
+@pytest.fixture(scope="module")
+def toy():
+    serve = Serve("--model", "toy", "--port", "0", "--max-model-len", "1024")
     try:
         serve.wait_ready()
         yield serve

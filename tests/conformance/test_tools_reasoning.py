@@ -1,5 +1,5 @@
-"""Tools, tool_choice and reasoning through `python -m vllm_rs serve`, both
-frontends, with the real `openai` client. The echo model repeats its prompt
+"""Tools, tool_choice and reasoning through `python -m vllm_rs serve`, with
+the real `openai` client. The echo model repeats its prompt
 (`role: content` lines), so a user message holding hermes `<tool_call>` or
 `</think>` text makes it "emit" that text and drives the parsers
 deterministically; the stop string `\\nassistant` ends the echo where the
@@ -8,12 +8,11 @@ prompt's generation turn begins."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import openai
 import pytest
 
-from tests.test_serve import FRONTENDS, Serve
+from tests.test_serve import Serve
 
 WEATHER = {
     "type": "function",
@@ -32,8 +31,8 @@ CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}<
 STOP = ["\nassistant"]
 
 
-def _serve(frontend: str, model: str, *flags: str):
-    serve = Serve("--model", model, "--port", "0", "--frontend", frontend, "--max-model-len", "2048", *flags)
+def _serve(model: str, *flags: str):
+    serve = Serve("--model", model, "--port", "0", "--max-model-len", "2048", *flags)
     try:
         serve.wait_ready()
         yield serve
@@ -41,23 +40,23 @@ def _serve(frontend: str, model: str, *flags: str):
         serve.kill()
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def echo_tools(request):
+@pytest.fixture(scope="module")
+def echo_tools():
     """echo with hermes auto tool choice and the deepseek_r1 reasoning parser."""
-    yield from _serve(request.param, "echo", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    yield from _serve("echo", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                       "--reasoning-parser", "deepseek_r1")  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def echo_plain(request):
+@pytest.fixture(scope="module")
+def echo_plain():
     """echo without any parser flags."""
-    yield from _serve(request.param, "echo")
+    yield from _serve("echo")
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def toy_tools(request):
+@pytest.fixture(scope="module")
+def toy_tools():
     """toy (random weights) with a tool parser, for the constrained choices."""
-    yield from _serve(request.param, "toy", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    yield from _serve("toy", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 
 
 def _user(text: str) -> list[dict]:
@@ -212,33 +211,3 @@ def test_required_and_named_tool_choice_give_valid_arguments(toy_tools, stream):
         assert found and all(c["name"] == "get_weather" for c in found), (tool_choice, found)
         for call in found:
             jsonschema.validate(json.loads(call["arguments"]), schema)
-
-
-def test_python_templates_get_tools_and_tool_messages_as_vllm_passes_them(tmp_path):
-    """The Python API server's Hugging Face template gets `tools` and the
-    messages' `tool_calls` (arguments read into objects) and `tool_call_id`."""
-    import shutil
-
-    from vllm_rs.api_server.chat_tools import template_messages_extra
-    from vllm_rs.api_server.hf_tokenizer import load_hf_tokenizer
-    from vllm_rs.api_server.openai_routes import MessageInput
-    from vllm_rs.api_server.tokenizer import ChatMessage
-
-    fixture = Path(__file__).parents[2] / "frontend-bin/tests/fixtures/byte-bpe"
-    shutil.copy(fixture / "tokenizer.json", tmp_path)
-    config = json.loads((fixture / "tokenizer_config.json").read_text())
-    config["chat_template"] = (
-        "{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% for m in messages %}{{ m.role }}:"
-        "{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments.city }}{% endif %}"
-        "{{ m.tool_call_id or '' }}{{ m.content }};{% endfor %}"
-    )
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    tokenizer = load_hf_tokenizer(str(tmp_path))
-    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    messages = [
-        MessageInput.model_validate({"role": "assistant", "content": None, "tool_calls": [call]}),
-        MessageInput.model_validate({"role": "tool", "tool_call_id": "c1", "content": "sunny"}),
-    ]
-    chat = [ChatMessage(m.role, m.content or "", template_messages_extra(m) or None) for m in messages]
-    prompt = tokenizer.apply_chat_template(chat, False, [WEATHER])
-    assert prompt == "[get_weather]assistant:Paris;tool:c1sunny;"

@@ -67,6 +67,19 @@ def byte_level_tokenizer() -> Tokenizer:
     return tokenizer
 
 
+def bytes_only_tokenizer() -> Tokenizer:
+    """Every byte its own token, id = the byte (the echo model's built-in
+    vocabulary), EOS `</s>` 256, no merges: a Hugging Face tokenizer any
+    frontend can load in front of the echo engine."""
+    vocab = {char: byte for byte, char in _byte_level_chars().items()}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(EOS, special=True)])
+    assert tokenizer.token_to_id(EOS) == 256
+    return tokenizer
+
+
 def _add_bos(tokenizer: Tokenizer) -> None:
     bos_id = tokenizer.token_to_id(BOS)
     tokenizer.post_processor = TemplateProcessing(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
+
+from tests.support.wait import wait_until
 
 TREE_SCRIPT = Path(__file__).with_name("tree.sh")
 
@@ -23,13 +24,16 @@ def read_pids(pidfile: Path) -> list[int]:
 
 def wait_built(pidfile: Path, kind: str, timeout: float = 20.0) -> list[int]:
     """Waits until the tree has recorded all its members; returns their pids."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def built() -> list[int] | None:
         pids = read_pids(pidfile)
-        if len(pids) >= TREE_SIZES[kind]:
-            return pids
-        time.sleep(0.01)
-    raise TimeoutError(f"{kind} tree recorded only {len(read_pids(pidfile))} of {TREE_SIZES[kind]} members")
+        return pids if len(pids) >= TREE_SIZES[kind] else None
+
+    return wait_until(
+        built,
+        f"the {kind} tree to record its {TREE_SIZES[kind]} members",
+        timeout,
+    )
 
 
 def is_running(pid: int) -> bool:

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod body_deadline;
 pub mod chat;
 pub mod completions;
+pub mod connections;
 pub mod cors;
 pub mod error;
 pub mod message;
@@ -45,7 +46,8 @@ pub fn routes(state: SharedState) -> Router {
         .route("/load", get(misc::load))
         .route("/version", get(misc::version))
         .route("/v1/models", get(misc::list_models))
-        .route("/v1/models/{id}", get(misc::retrieve_model))
+        // A model id may hold slashes (`Org/Name`): the rest of the path is the id.
+        .route("/v1/models/{*id}", get(misc::retrieve_model))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/v1/responses", post(responses::create_response))

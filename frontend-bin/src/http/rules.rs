@@ -1,6 +1,6 @@
-//! The request rules both frontends share: `python/vllm_rs/api_server/request_rules.json`
-//! (vLLM 0.33's checks with vLLM's messages, plus this project's limits),
-//! embedded at build time so the binary and the Python API server cannot drift.
+//! The request rules: `request_rules.json` beside this file (vLLM 0.33's
+//! checks with vLLM's messages, plus this project's limits), embedded at build
+//! time; one table, so a rule and its message are changed in one place.
 
 use super::error::ApiError;
 use serde::Deserialize;
@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 
 /// The rule table, parsed once.
 pub static RULES: LazyLock<Rules> = LazyLock::new(|| {
-    serde_json::from_str(include_str!("../../../python/vllm_rs/api_server/request_rules.json"))
+    serde_json::from_str(include_str!("request_rules.json"))
         .expect("request_rules.json is valid (checked by the unit tests)")
 });
 

@@ -1,7 +1,9 @@
 //! Serving HTTP/1.1 on the inherited listener, plain or in TLS: bounded
-//! request heads (time and size), keep-alive timeout, graceful shutdown (stop
-//! accepting, let requests in flight finish, bounded drain).
+//! request heads (time and size), a bounded number of open connections
+//! (`connections`), keep-alive timeout, graceful shutdown (stop accepting, let
+//! requests in flight finish, bounded drain).
 
+use super::connections::{Admitted, ConnectionTable};
 use crate::listener::StreamListener;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -26,6 +28,8 @@ pub struct ServeOptions {
     pub max_header_bytes: usize,
     /// Most header lines in a request head (hyper's default when not given).
     pub max_header_count: Option<usize>,
+    /// Most connections open at once (`connections` says what happens at the cap).
+    pub max_connections: usize,
     /// How long requests in flight may run after shutdown starts.
     pub drain_timeout: Duration,
 }
@@ -55,31 +59,40 @@ pub async fn serve(
     if let Some(count) = options.max_header_count {
         builder.max_headers(count);
     }
+    let table = ConnectionTable::new(options.max_connections);
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => accepted,
         };
-        match accepted {
-            Ok(stream) => match &tls {
-                None => spawn_connection(&builder, graceful.watcher(), stream, app.clone()),
-                Some(acceptor) => {
-                    let (acceptor, builder, watcher, app) =
-                        (acceptor.clone(), builder.clone(), graceful.watcher(), app.clone());
-                    let handshake_timeout = options.header_timeout;
-                    tokio::spawn(async move {
-                        match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                            Ok(Ok(stream)) => spawn_connection(&builder, watcher, stream, app),
-                            Ok(Err(e)) => tracing::debug!("TLS handshake failed: {e}"),
-                            Err(_) => tracing::debug!("TLS handshake timed out after {handshake_timeout:?}"),
-                        }
-                    });
-                }
-            },
+        let stream = match accepted {
+            Ok(stream) => stream,
             Err(e) => {
                 tracing::warn!("accepting an HTTP connection failed: {e}");
                 tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Some(admitted) = table.admit() else { continue }; // dropping the stream closes it
+        match &tls {
+            None => spawn_connection(&builder, graceful.watcher(), stream, app.clone(), admitted),
+            Some(acceptor) => {
+                let (acceptor, builder, watcher, app) =
+                    (acceptor.clone(), builder.clone(), graceful.watcher(), app.clone());
+                let handshake_timeout = options.header_timeout;
+                tokio::spawn(async move {
+                    let handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(stream));
+                    let handshake = tokio::select! {
+                        () = admitted.closed.notified() => return, // evicted mid-handshake
+                        handshake = handshake => handshake,
+                    };
+                    match handshake {
+                        Ok(Ok(stream)) => spawn_connection(&builder, watcher, stream, app, admitted),
+                        Ok(Err(e)) => tracing::debug!("TLS handshake failed: {e}"),
+                        Err(_) => tracing::debug!("TLS handshake timed out after {handshake_timeout:?}"),
+                    }
+                });
             }
         }
     }
@@ -88,15 +101,27 @@ pub async fn serve(
     tokio::time::timeout(options.drain_timeout, graceful.shutdown()).await.is_ok()
 }
 
-fn spawn_connection<I>(builder: &hyper::server::conn::http1::Builder, watcher: Watcher, io: I, app: Router)
-where
+/// Serves one connection in its own task, until it ends or the connection
+/// table closes it to make room for another.
+fn spawn_connection<I>(
+    builder: &hyper::server::conn::http1::Builder,
+    watcher: Watcher,
+    io: I,
+    app: Router,
+    admitted: Admitted,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let app = tower::ServiceExt::map_request(app, admitted.track::<hyper::body::Incoming>());
+    let app = tower::ServiceExt::map_response(app, admitted.untrack());
     let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
     let connection = watcher.watch(connection);
     tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!("HTTP connection ended: {e}");
+        tokio::select! {
+            ended = connection => if let Err(e) = ended {
+                tracing::debug!("HTTP connection ended: {e}");
+            },
+            () = admitted.closed.notified() => {} // dropping the connection closes it
         }
     });
 }

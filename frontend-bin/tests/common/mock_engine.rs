@@ -99,14 +99,10 @@ impl MockEngine {
 
     /// Waits up to `timeout` for `check` to hold on the events.
     pub async fn wait_for(&self, timeout: Duration, check: impl Fn(&[EngineEvent]) -> bool) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if check(&self.events.lock().unwrap()) {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        false
+        let check = &check;
+        vllm_rs_test_support::poll_until_async(timeout, || async move { check(&self.events.lock().unwrap()) })
+            .await
+            .is_some()
     }
 }
 

@@ -11,7 +11,8 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use vllm_rs_test_support::{poll_until, poll_until_async};
 
 pub const BINARY: &str = env!("CARGO_BIN_EXE_vllm-rs");
 
@@ -240,24 +241,33 @@ impl Frontend {
 
     /// Waits until /health answers 200 (panics with the log if the process exits).
     pub async fn wait_ready(&mut self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("frontend exited early ({status}):\n{}", self.stderr());
+        let client = &reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+        let this = &*self;
+        let ready = poll_until_async(timeout, || async move {
+            if this.has_exited() {
+                return true; // told below
             }
-            if self.unix_path.is_some() {
-                if let Ok((200, _)) = self.unix_request("GET", "/health", None).await {
-                    return;
-                }
-            } else if let Ok(r) = client.get(self.url("/health")).send().await {
-                if r.status() == 200 {
-                    return;
-                }
+            if this.unix_path.is_some() {
+                matches!(this.unix_request("GET", "/health", None).await, Ok((200, _)))
+            } else {
+                client.get(this.url("/health")).send().await.is_ok_and(|r| r.status() == 200)
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        })
+        .await;
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("frontend exited early ({status}):\n{}", self.stderr());
         }
-        panic!("frontend not ready after {timeout:?}:\n{}", self.stderr());
+        assert!(ready.is_some(), "frontend not ready after {timeout:?}:\n{}", self.stderr());
+    }
+
+    /// Whether the process has exited (it stays unreaped: `child` still gets its status).
+    pub fn has_exited(&self) -> bool {
+        // SAFETY: waitid only writes the struct it is given; WNOWAIT leaves the child unreaped.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+        let found = unsafe { libc::waitid(libc::P_PID, self.child.id(), &mut info, flags) };
+        // SAFETY: si_pid is set (non-zero) only when a state change was found.
+        found == 0 && unsafe { info.si_pid() } != 0
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -270,14 +280,7 @@ impl Frontend {
 
     /// Waits up to `timeout` until the log holds `needle` at least `count` times.
     pub async fn wait_for_log(&self, needle: &str, count: usize, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.stderr().matches(needle).count() >= count {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        false
+        poll_until_async(timeout, || async move { self.stderr().matches(needle).count() >= count }).await.is_some()
     }
 
     pub fn signal(&self, signal: libc::c_int) {
@@ -286,14 +289,7 @@ impl Frontend {
 
     /// Waits for the process to exit, up to `timeout`.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        poll_until(timeout, || self.child.try_wait().unwrap())
     }
 
     /// A raw HTTP/1.1 request over the Unix socket: `(status, body)`.
@@ -331,19 +327,13 @@ pub fn run_to_exit_with_env(args: &[&str], env: &[(&str, &str)], timeout: Durati
     let mut command = Command::new(BINARY);
     command.args(args).envs(env.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = command.spawn().unwrap();
-    let deadline = Instant::now() + timeout;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            let output = child.wait_with_output().unwrap();
-            let text = String::from_utf8_lossy(&output.stderr).to_string() + &String::from_utf8_lossy(&output.stdout);
-            return (output.status, text);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{args:?} did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if poll_until(timeout, || child.try_wait().unwrap()).is_none() {
+        let _ = child.kill();
+        panic!("{args:?} did not exit within {timeout:?}");
     }
+    let output = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&output.stderr).to_string() + &String::from_utf8_lossy(&output.stdout);
+    (output.status, text)
 }
 
 /// Runs the frontend with one engine at unused addresses, `extra` flags,

@@ -4,9 +4,9 @@ reasons, and the MessagePack codecs both sides need.
 The engine side decodes requests and encodes outputs exactly as vLLM 0.33's
 engine core does (full arrays, every field of the ready response and of
 the stats; tests/fixtures/vllm-0.33 holds vLLM's own bytes to compare
-with); the frontend side (the Python API server) encodes requests and decodes
-outputs. Arrays may be received short (trailing defaults omitted) and are
-read leniently.
+with); the frontend side (requests encoded, registrations decoded) serves
+the tests and tools that play a frontend. Arrays may be received short
+(trailing defaults omitted) and are read leniently.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ a server-wide `max_tokens` cap, and the extra EOS ids that become stop tokens
 generation keys of its `config.json`), `vllm` (no sampling defaults, but the
 model's EOS ids still count, as in vLLM) or a folder to read instead;
 `override_generation_config` is merged over the sampling defaults (a `None`
-removes one). The Rust frontend's `generation_config.rs` does the same."""
+removes one). The Rust frontend's `generation_config.rs` applies it to
+requests; `serve` loads it here only to refuse a bad one before anything
+starts."""
 
 from __future__ import annotations
 
@@ -158,47 +160,3 @@ class GenerationConfig:
         else:
             cap = defaults.get("max_tokens")
         return cls(defaults, None if cap is None else int(cap), eos_ids)
-
-    def fill_sampling_defaults(self, sampling: dict[str, Any]) -> None:
-        """Sets the defaults the request (`sampling`, engine field names) left unset."""
-        for key, value in self.defaults.items():
-            if key != "max_tokens" and sampling.get(key) is None:
-                sampling[key] = value
-
-    def cap_max_tokens(self, max_tokens: int) -> int:
-        """`max_tokens` after the server-wide cap."""
-        return max_tokens if self.max_tokens_cap is None else min(max_tokens, self.max_tokens_cap)
-
-    def stop_token_fields(self, stop_token_ids: list[int], ignore_eos: bool, eos: int | None) -> dict[str, Any]:
-        """`stop_token_ids`, `_all_stop_token_ids` and `_eos_token_id` as
-        vLLM's `update_from_generation_config` sets them (`eos`: the
-        tokenizer's): every stop id holds EOS and the generation config's EOS
-        ids even with `ignore_eos` (for `min_tokens`); unless `ignore_eos`,
-        `_eos_token_id` is EOS and the other EOS ids join `stop_token_ids`."""
-        stops = list(stop_token_ids)
-        all_stops = list(dict.fromkeys(stop_token_ids))
-        if eos is not None and eos not in all_stops:
-            all_stops.append(eos)
-        for token in self.eos_token_ids:
-            if token == eos:
-                continue
-            if token not in all_stops:
-                all_stops.append(token)
-            if not ignore_eos and token not in stops:
-                stops.append(token)
-        fields: dict[str, Any] = {"stop_token_ids": stops, "_all_stop_token_ids": all_stops}
-        if not ignore_eos:
-            fields["_eos_token_id"] = eos
-        return fields
-
-
-def load_for_model(
-    model: str, mode: str, overrides: Mapping[str, Any], revision: str | None, download_dir: str | None
-) -> GenerationConfig:
-    """The generation config for `model` (a directory, a cached hub model or
-    a built-in name, which has none)."""
-    try:
-        model_dir: str | None = locate_model(model, revision, download_dir)
-    except ModelNotFoundError:
-        model_dir = None
-    return GenerationConfig.load(mode, overrides, model_dir)

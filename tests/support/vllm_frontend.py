@@ -1,0 +1,83 @@
+"""vLLM 0.33's own Rust frontend, the `vllm-rs` binary its wheel bundles
+(`site-packages/vllm/vllm-rs` in the vLLM venv of tests/compat/README.md), as
+the baseline that tests comparing frontends compare ours with, both launched
+as vLLM launches its frontend (`RustFrontendProcessManager`: inherited
+listener fds and `--args-json`) in front of the echo engine. No tests live
+here."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+from vllm_rs.engine import make_engine_config, run_engine_core
+from vllm_rs.engine.config import ClientAddresses
+from vllm_rs.network_utils import make_zmq_listener
+from vllm_rs.utils import CoreEngineProcManager, RustFrontendProcessManager
+
+from tests.support.http import request
+from tests.support.wait import wait_until
+
+#: Where the vLLM 0.33 venv is (default `~/.cache/vllm033`).
+VLLM_VENV_ENV = "VLLM_RS_VLLM033_VENV"
+
+
+def bundled_frontend() -> Path | None:
+    """The bundled binary of the vLLM venv, or None when there is none."""
+    venv = Path(os.environ.get(VLLM_VENV_ENV) or "~/.cache/vllm033").expanduser()
+    for binary in sorted(venv.glob("lib/python3*/site-packages/vllm/vllm-rs")):
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return binary
+    return None
+
+
+def bundled_frontend_or_skip() -> Path:
+    """The bundled binary; skips the calling test, saying why, without one."""
+    binary = bundled_frontend()
+    if binary is None:
+        pytest.skip(
+            f"vLLM 0.33's bundled frontend is not installed (no vllm/vllm-rs under ${VLLM_VENV_ENV} or ~/.cache/vllm033)"
+        )
+    return binary
+
+
+@contextlib.contextmanager
+def frontend_before_echo(binary: str | Path, model_dir: Path, **args: object) -> Iterator[int]:
+    """`binary` (a `vllm-rs` frontend) serving the echo engine, the model
+    directory `model_dir` (a `config.json` and a Hugging Face tokenizer) as
+    its model and tokenizer, `args` added to its `--args-json`; yields the
+    HTTP port once `/health` answers 200."""
+    http = socket.socket()
+    http.bind(("127.0.0.1", 0))
+    http.listen(128)
+    port = http.getsockname()[1]
+    inputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
+    outputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    config = make_engine_config("echo", clients=[ClientAddresses(inputs.address, outputs.address)])
+    engines = CoreEngineProcManager(run_engine_core, 1, 0, 0, config, True, inputs.address, None, False)
+    frontend = None
+    try:
+        namespace = argparse.Namespace(model=str(model_dir), model_tag=str(model_dir), tokenizer=str(model_dir), **args)
+        frontend = RustFrontendProcessManager(str(binary), http, namespace, inputs, outputs, 0, 1, 1)
+        http.close()
+
+        def healthy() -> bool:
+            assert frontend.processes[0].is_alive(), f"{binary} exited"
+            try:
+                return request("GET", port, "/health", timeout_s=5)[0] == 200
+            except OSError:
+                return False
+
+        wait_until(healthy, f"{binary} to serve")
+        yield port
+    finally:
+        http.close()
+        if frontend is not None:
+            frontend.shutdown()
+        engines.shutdown()
