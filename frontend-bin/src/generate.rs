@@ -3,7 +3,7 @@
 
 use crate::engine::inbox::OutputLogprobs;
 use crate::engine::protocol::{FinishReason, RequestError, StopReason};
-use crate::engine::{RequestEvent, RequestStream};
+use crate::engine::{RequestEvent, RequestStream, Take};
 use crate::logprobs::{Position, PositionReader};
 use crate::metrics::{Metrics, TokenClock};
 use crate::stop::StopStrings;
@@ -29,6 +29,22 @@ pub struct Delta {
     pub finish: Option<Finish>,
     /// The tokens of the delta and their logprobs, when the request asked for logprobs.
     pub scored: Option<Box<Scored>>,
+}
+
+impl Delta {
+    /// This delta followed by `later`, as one.
+    fn followed_by(mut self, later: Delta) -> Delta {
+        self.text.push_str(&later.text);
+        self.finish = later.finish;
+        self.scored = match (self.scored, later.scored) {
+            (Some(mut whole), Some(part)) => {
+                Scoring::merge(&mut whole, *part);
+                Some(whole)
+            }
+            (whole, part) => whole.or(part),
+        };
+        self
+    }
 }
 
 /// The tokens that arrived with a delta and their logprobs.
@@ -129,9 +145,17 @@ pub struct Generation {
     stops: StopStrings,
     prompt_tokens: usize,
     clock: TokenClock,
-    /// Set when the request asked for logprobs: then every output with
-    /// tokens makes a delta, text or not (logprobs belong to tokens, as in vLLM).
+    /// Set when the request asked for logprobs.
     scoring: Option<Box<Scoring>>,
+    /// vLLM's `stream_interval`: a delta goes out once this many tokens are
+    /// unsent (and always with the first tokens and the finish).
+    stream_interval: usize,
+    /// Tokens received and not yet in a delta.
+    unsent_tokens: usize,
+    /// Whether a delta with tokens went out yet.
+    sent_tokens: bool,
+    /// What is held back until `stream_interval` tokens are unsent.
+    held: Option<Delta>,
 }
 
 impl Generation {
@@ -145,7 +169,26 @@ impl Generation {
         started: Instant,
     ) -> Self {
         let clock = TokenClock::start(metrics, stream.engine(), prompt_tokens, started);
-        Generation { stream, decoder, stops: StopStrings::new(stop_strings), prompt_tokens, clock, scoring: None }
+        Generation {
+            stream,
+            decoder,
+            stops: StopStrings::new(stop_strings),
+            prompt_tokens,
+            clock,
+            scoring: None,
+            stream_interval: 1,
+            unsent_tokens: 0,
+            sent_tokens: false,
+            held: None,
+        }
+    }
+
+    /// This generation streamed as vLLM's `--stream-interval N` streams: one
+    /// delta per `interval` tokens (the first tokens and the finish at once),
+    /// instead of one per engine output.
+    pub fn with_stream_interval(mut self, interval: usize) -> Self {
+        self.stream_interval = interval.max(1);
+        self
     }
 
     /// This generation with its tokens' logprobs read into positions
@@ -172,11 +215,17 @@ impl Generation {
         self.stream.engine()
     }
 
-    /// The next non-empty delta (or the final one); `None` once finished.
-    /// Outputs that queued up while the caller was busy come as one delta.
+    /// The next delta (the final one carries the finish); `None` once
+    /// finished. One delta per engine output that brought tokens or text (as
+    /// vLLM streams: a token whose text is not complete yet makes a delta with
+    /// empty text), or per `stream_interval` tokens.
     pub async fn next_delta(&mut self) -> Option<Result<Delta, GenerationError>> {
+        self.next_delta_taking(Take::One).await
+    }
+
+    async fn next_delta_taking(&mut self, take: Take) -> Option<Result<Delta, GenerationError>> {
         while !self.clock.is_finished() {
-            let (token_ids, finish_reason, stop_reason, logprobs) = match self.stream.recv().await {
+            let (token_ids, finish_reason, stop_reason, logprobs) = match self.stream.recv(take).await {
                 None => return Some(self.fail(GenerationError::Unavailable("the engine client stopped".into()))),
                 Some(RequestEvent::Failed(reason)) => return Some(self.fail(GenerationError::Unavailable(reason))),
                 Some(RequestEvent::Rejected(error)) => return Some(self.fail(GenerationError::Rejected(error))),
@@ -215,9 +264,23 @@ impl Generation {
                 }
                 _ => None,
             };
-            if !emit.is_empty() || finish.is_some() || scored.as_ref().is_some_and(|s| !s.token_ids.is_empty()) {
-                return Some(Ok(Delta { text: emit, finish, scored }));
+            if token_ids.is_empty() && emit.is_empty() && finish.is_none() && scored.is_none() {
+                continue;
             }
+            self.unsent_tokens += token_ids.len();
+            let delta = Delta { text: emit, finish, scored };
+            let delta = match self.held.take() {
+                Some(held) => held.followed_by(delta),
+                None => delta,
+            };
+            // vLLM's rule (OutputProcessor): send the first tokens, the finish,
+            // and otherwise once `stream_interval` tokens are unsent.
+            if delta.finish.is_some() || !self.sent_tokens || self.unsent_tokens >= self.stream_interval {
+                self.sent_tokens |= self.unsent_tokens > 0;
+                self.unsent_tokens = 0;
+                return Some(Ok(delta));
+            }
+            self.held = Some(delta);
         }
         None
     }
@@ -231,7 +294,8 @@ impl Generation {
     pub async fn collect_whole(&mut self) -> Result<Whole, GenerationError> {
         let mut text = String::new();
         let mut scored: Option<Box<Scored>> = None;
-        while let Some(delta) = self.next_delta().await {
+        // Nobody sees the deltas one by one: take whatever arrived at once.
+        while let Some(delta) = self.next_delta_taking(Take::All).await {
             let delta = delta?;
             text.push_str(&delta.text);
             if let Some(part) = delta.scored {

@@ -93,6 +93,7 @@ NUMERIC_OPTION_RANGES: dict[str, tuple[float, float]] = {
     "block_size": (1, 4096),
     "num_gpu_blocks": (1, 2**31 - 1),
     "seed": (0, 2**63 - 1),
+    "stream_interval": (1, 2**31 - 1),
 }
 
 

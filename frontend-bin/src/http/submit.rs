@@ -165,6 +165,8 @@ pub fn submit(
         external_request_id: id.clone(),
     };
     let scored = request.sampling.logprobs.is_some() || request.sampling.prompt_logprobs.is_some();
+    // As vLLM: a request may raise the server's stream interval, never lower it.
+    let stream_interval = common.stream_interval.unwrap_or(1).max(state.config.stream_interval);
     let start = |request: EngineRequest, stop: Vec<String>| -> Result<Generation, ApiError> {
         if state.config.enable_log_requests {
             tracing::info!(
@@ -181,7 +183,8 @@ pub fn submit(
             SubmitError::RankOutOfRange { .. } => ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, e.to_string()),
             SubmitError::Unavailable(why) => ApiError::unavailable(why),
         })?;
-        let generation = Generation::new(stream, decoder, stop, prompt_len as usize, state.metrics.clone(), started);
+        let generation = Generation::new(stream, decoder, stop, prompt_len as usize, state.metrics.clone(), started)
+            .with_stream_interval(stream_interval);
         Ok(if scored { generation.with_logprobs(state.tokenizer.clone()) } else { generation })
     };
     if common.n <= 1 {
