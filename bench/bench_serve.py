@@ -65,10 +65,10 @@ ROWS = [
     ("start-up to /health 200", "startup_ms", " ms", 0.5, False),
 ]
 
-WRK_SCRIPT = """wrk.method = "POST"
-wrk.body = '{"model": "toy", "prompt": "%s", "max_tokens": 1}'
+WRK_SCRIPT = f"""wrk.method = "POST"
+wrk.body = '{{"model": "toy", "prompt": "{PROMPT}", "max_tokens": 1}}'
 wrk.headers["Content-Type"] = "application/json"
-""" % PROMPT
+"""
 WRK_LATENCY = re.compile(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", re.M)
 
 
@@ -146,10 +146,13 @@ def summarize(rounds: list[dict]) -> dict:
 def print_table(ours: dict, theirs: dict | None, rounds: int, quick: bool) -> list[dict]:
     """The issue's table (markdown): median (min-max) for each frontend, the
     ratio and whether its target is met; returns the rows."""
-    print(f"\n| measure | ours | vLLM 0.33 bundled | ratio | target |\n| --- | --- | --- | --- | --- |")
+    print("\n| measure | ours | vLLM 0.33 bundled | ratio | target |\n| --- | --- | --- | --- | --- |")
     table = []
     for name, key, unit, target, higher in ROWS:
-        cell = lambda s: f"{s[key]['median']:,.2f}{unit} ({s[key]['min']:,.2f}-{s[key]['max']:,.2f})"  # noqa: E731
+
+        def cell(s: dict, key: str = key, unit: str = unit) -> str:
+            return f"{s[key]['median']:,.2f}{unit} ({s[key]['min']:,.2f}-{s[key]['max']:,.2f})"
+
         if theirs is None:
             print(f"| {name} | {cell(ours)} | skipped | | |")
             continue

@@ -40,7 +40,10 @@ def vllm033_frontend() -> tuple[Path | None, str]:
     """vLLM 0.33's bundled frontend binary, or None and why it is not there."""
     found = sorted(glob.glob(str(VLLM033_VENV / "lib" / "python3*" / "site-packages" / "vllm" / "vllm-rs")))
     if not found:
-        return None, f"vLLM 0.33 is not installed in {VLLM033_VENV} (no site-packages/vllm/vllm-rs; see tests/compat/README.md)"
+        return (
+            None,
+            f"vLLM 0.33 is not installed in {VLLM033_VENV} (no site-packages/vllm/vllm-rs; see tests/compat/README.md)",
+        )
     return Path(found[0]), ""
 
 

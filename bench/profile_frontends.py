@@ -74,7 +74,10 @@ def profile(name: str, binary: Path, opts: argparse.Namespace, tmp: Path, out_di
     script = tmp / "max_tokens_1.lua"
     script.write_text(WRK_SCRIPT)
     data = tmp / f"{name}.perf"
-    with echo_engines(model_dir, 2) as engines, frontend_stack(binary, model_dir, engines, tmp / f"{name}.log") as stack:
+    with (
+        echo_engines(model_dir, 2) as engines,
+        frontend_stack(binary, model_dir, engines, tmp / f"{name}.log") as stack,
+    ):
         run(frontend_requests(stack.port, 64, 256))  # warm-up
         recorder = subprocess.Popen(
             ["perf", "record", "-e", "cpu-clock", "-F", "1999", "-p", str(stack.pid), "-o", str(data)],
