@@ -275,9 +275,9 @@ def build_stream_load() -> Path:
     return build_example("stream_load")
 
 
-def frontend_streaming(stream_load: Path, port: int, streams: int, tokens: int, logprobs: int | None = None) -> float:
+def stream_round(stream_load: Path, port: int, streams: int, tokens: int, logprobs: int | None = None) -> dict:
     """One round of `streams` concurrent streams through the frontend (asking
-    for `logprobs` when given); tokens/s."""
+    for `logprobs` when given): `tokens`, SSE `events` (all streams) and `seconds`."""
     command = [
         str(stream_load),
         "--port",
@@ -295,6 +295,13 @@ def frontend_streaming(stream_load: Path, port: int, streams: int, tokens: int, 
         raise RuntimeError(f"stream_load failed: {ran.stderr.strip()}")
     result = json.loads(ran.stdout)
     assert result["tokens"] == streams * tokens, result
+    return result
+
+
+def frontend_streaming(stream_load: Path, port: int, streams: int, tokens: int, logprobs: int | None = None) -> float:
+    """One round of `streams` concurrent streams through the frontend (asking
+    for `logprobs` when given); tokens/s."""
+    result = stream_round(stream_load, port, streams, tokens, logprobs)
     return result["tokens"] / result["seconds"]
 
 

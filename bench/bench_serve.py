@@ -1,27 +1,26 @@
-"""`serve` benchmark: the Rust frontend against the Python API server, in one
-run, on the `echo` engine with 2 engines (`python -m vllm_rs serve --model
-echo --data-parallel-size 2`):
+"""Whole-stack benchmark: this project's Rust frontend against the one vLLM
+0.33 bundles in its wheel (what `VLLM_USE_RUST_FRONTEND=1` runs), in one run,
+on the same 2 reference engines (`echo`), both launched as vLLM launches its
+frontend (bench/frontends.py). The two alternate within every round (which
+goes first alternates too), on fresh engines each time; each row reports the
+median round and the ratio ours / vLLM's:
 
-  * /v1/completions with max_tokens=1 from 64 concurrent keep-alive clients:
-    requests/s and p50/p99 latency;
-  * 64 streams of 256 tokens: streamed tokens/s (SSE, counted from
-    `stream_options.include_usage`);
-  * the same streams with `logprobs=5` against without, in one run, on the
-    Rust frontend and on one Python API server (a ratio each);
-    `--only-logprobs` runs just these rows;
+  * /v1/completions with max_tokens=1 from 64 keep-alive connections (wrk
+    when installed, `apt-get install wrk`, else bench_frontend.py's asyncio
+    client): requests/s, p50 and p99 latency, and the CPU seconds the
+    frontend process spends per 1000 requests (on a small machine the
+    frontend's CPU is taken from the engines');
+  * 64 streams of 256 tokens (the native client, frontend-bin/examples/
+    stream_load.rs): streamed tokens/s and SSE events per stream, both
+    frontends at their default granularity (one event per engine output);
+  * resident memory after that load, and start-up: spawn to the first 200 on
+    /health, the engines already waiting on the listeners.
 
-for `--frontend rust`, `--frontend python --api-server-count 1` and `2`.
-Goal: the Rust frontend serves at least 5x the requests/s of one Python API
-server at an equal or lower p99. Also, for the record, the `toy` model's
-streamed tokens/s on this machine's CPU (one engine, 16 streams).
-
-Each measurement is repeated (`--rounds`) and the best round is reported;
-every stack is started and stopped by `serve` itself. max_tokens=1 load comes
-from wrk when it is installed (`apt-get install wrk`; on 2 shared cores a
-Python client caps a fast server), else from bench_frontend.py's asyncio
-client (`--client python`). Streams are read by bench_frontend.py's native
-streaming client (frontend-bin/examples/stream_load.rs, built with cargo).
-Results also go to bench/results/serve.json.
+Without vLLM 0.33 (a throwaway venv, ~/.cache/vllm033 or VLLM033_VENV; see
+tests/compat/README.md) only this project's frontend is measured and the
+baseline is reported as skipped, with the reason. Targets (issue 21): req/s
+>= 1.5x, p99 <= 0.7x, streamed tokens/s >= 1.3x, CPU per request <= 0.6x,
+RSS and start-up <= 0.5x. Results also go to bench/results/serve.json.
 
 Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_serve.py [--quick]
 """
@@ -30,67 +29,47 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# The client and measurements of bench_frontend.py; they ask for the model `toy`,
-# so the echo stacks are served under that name too.
-from bench.bench_frontend import build_stream_load, frontend_requests, frontend_streaming  # noqa: E402
+from bench.bench_frontend import PROMPT, build_stream_load, frontend_requests, stream_round  # noqa: E402
+from bench.frontends import (  # noqa: E402
+    cpu_seconds,
+    echo_engines,
+    frontend_stack,
+    our_frontend,
+    rss_mib,
+    vllm033_frontend,
+    write_model_dir,
+)
 
-READY_LINE = re.compile(rb"serving the OpenAI API on http://[^:]+:(\d+) ")
+#: (row, key, unit, target ratio ours / vLLM's, True when higher is better)
+ROWS = [
+    ("req/s, max_tokens=1", "requests_per_s", "", 1.5, True),
+    ("p50 latency", "p50_ms", " ms", None, False),
+    ("p99 latency", "p99_ms", " ms", 0.7, False),
+    ("CPU s / 1000 requests", "cpu_s_per_1000", "", 0.6, False),
+    ("streamed tokens/s", "stream_tokens_per_s", "", 1.3, True),
+    ("SSE events per stream", "events_per_stream", "", None, None),
+    ("RSS after load", "rss_mib", " MiB", 0.5, False),
+    ("start-up to /health 200", "startup_ms", " ms", 0.5, False),
+]
 
-
-def served_port(output, log) -> int | None:
-    """The HTTP port `serve` announces in `output` (its stdout, bytes), copying
-    each line read to `log`; None when it ends without announcing one."""
-    for line in output:
-        log.write(line)
-        if match := READY_LINE.search(line):
-            return int(match.group(1))
-    return None
-
-
-REQUESTS_GOAL = 5.0
-STACKS = {
-    "rust": ["--frontend", "rust"],
-    "python x1": ["--frontend", "python", "--api-server-count", "1"],
-    "python x2": ["--frontend", "python", "--api-server-count", "2"],
-}
-#: Where streamed logprobs are measured: both frontends.
-LOGPROBS_STACKS = ("rust", "python x1")
-
-
-@contextlib.contextmanager
-def serve(*args: str, log_path: Path):
-    """A `serve` process; yields its port once it is ready, Ctrl-C at the end."""
-    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm_rs", "serve", "--port", "0", "--disable-log-stats", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
-        try:
-            port = served_port(proc.stdout, log)
-            if port is None:
-                raise RuntimeError(f"serve {' '.join(args)} did not start; see {log_path}")
-            yield port
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)
-            log.write(proc.stdout.read())
-            if proc.wait(60) != 0:
-                print(f"  serve exited with {proc.returncode}; see {log_path}", file=sys.stderr)
+WRK_SCRIPT = f"""wrk.method = "POST"
+wrk.body = '{{"model": "toy", "prompt": "{PROMPT}", "max_tokens": 1}}'
+wrk.headers["Content-Type"] = "application/json"
+"""
+WRK_LATENCY = re.compile(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", re.M)
 
 
 def run(coroutine):
@@ -103,19 +82,10 @@ def run(coroutine):
         return asyncio.run(coroutine)
 
 
-WRK_SCRIPT = """wrk.method = "POST"
-wrk.body = '{"model": "toy", "prompt": "The quick brown fox jumps over the lazy dog. ", "max_tokens": 1}'
-wrk.headers["Content-Type"] = "application/json"
-"""
-WRK_LATENCY = re.compile(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", re.M)
-
-
-def wrk_requests(port: int, concurrency: int, seconds: int, log_dir: Path) -> tuple[float, float, float]:
-    """requests/s, p50 and p99 (ms) of max_tokens=1 requests sent by wrk (a C
-    load generator, one thread): on 2 shared cores a Python client would be
-    the bottleneck of a fast server, so wrk measures the server instead."""
-    script = log_dir / "max_tokens_1.lua"
-    script.write_text(WRK_SCRIPT)
+def wrk_requests(port: int, concurrency: int, seconds: int, script: Path) -> tuple[float, float, float, int]:
+    """requests/s, p50 and p99 (ms) and the number of requests of a wrk run
+    (a C load generator, one thread: on 2 shared cores a Python client would
+    be the bottleneck of a fast server)."""
     out = subprocess.run(
         ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "--latency", "-s", str(script),
          f"http://127.0.0.1:{port}/v1/completions"],
@@ -126,63 +96,84 @@ def wrk_requests(port: int, concurrency: int, seconds: int, log_dir: Path) -> tu
     scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}
     latency = {q: float(v) * scale[unit] for q, v, unit in WRK_LATENCY.findall(out)}
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    return rps, latency["50"], latency["99"]
+    count = int(re.search(r"(\d+) requests in", out).group(1))
+    return rps, latency["50"], latency["99"], count
 
 
-def bench_echo_stack(name: str, args: list[str], opts: argparse.Namespace, stream_load: Path, log_dir: Path) -> dict:
-    """Best rounds of both measurements on one stack."""
-    log_path = log_dir / f"serve-{name.replace(' ', '')}.log"
-    with serve(
-        "--model", "echo", "--served-model-name", "toy", "--data-parallel-size", "2", *args, log_path=log_path
-    ) as port:
-        run(frontend_requests(port, opts.concurrency, opts.concurrency * 4))  # warm-up
-        best = (0.0, 0.0, 0.0)
-        best_stream = 0.0
-        for _ in range(opts.rounds):
-            if opts.client == "wrk":
-                measured = wrk_requests(port, opts.concurrency, opts.seconds, log_dir)
-            else:
-                rps, latencies = run(frontend_requests(port, opts.concurrency, opts.requests))
-                measured = (rps, statistics.median(latencies) * 1000, statistics.quantiles(latencies, n=100)[98] * 1000)
-            best = max(best, measured)
-            best_stream = max(best_stream, frontend_streaming(stream_load, port, opts.streams, opts.tokens))
-    return {"requests_per_s": best[0], "p50_ms": best[1], "p99_ms": best[2], "stream_tokens_per_s": best_stream}
+def max_tokens_1(port: int, opts: argparse.Namespace, script: Path) -> tuple[float, float, float, int]:
+    """The max_tokens=1 row: requests/s, p50, p99 (ms), requests sent."""
+    if opts.client == "wrk":
+        return wrk_requests(port, opts.concurrency, opts.seconds, script)
+    rps, latencies = run(frontend_requests(port, opts.concurrency, opts.requests))
+    p50 = statistics.median(latencies) * 1000
+    return rps, p50, statistics.quantiles(latencies, n=100)[98] * 1000, opts.requests
 
 
-def bench_toy(opts: argparse.Namespace, stream_load: Path, log_dir: Path) -> float:
-    """Streamed tokens/s of the toy model on this machine (one engine)."""
-    with serve("--model", "toy", "--device", "cpu", log_path=log_dir / "serve-toy.log") as port:
-        frontend_streaming(stream_load, port, 2, 8)  # warm-up
-        return max(frontend_streaming(stream_load, port, opts.toy_streams, opts.toy_tokens) for _ in range(opts.rounds))
+def measure(binary: Path, model_dir: Path, opts: argparse.Namespace, stream_load: Path, log_dir: Path) -> dict:
+    """One round on one frontend, fresh engines and frontend: every row."""
+    script = log_dir / "max_tokens_1.lua"
+    script.write_text(WRK_SCRIPT)
+    with (
+        echo_engines(model_dir, opts.engines) as engines,
+        frontend_stack(binary, model_dir, engines, log_dir / f"{binary.parent.name}.log") as stack,
+    ):
+        run(frontend_requests(stack.port, opts.concurrency, opts.concurrency * 4))  # warm-up
+        before = cpu_seconds(stack.pid)
+        rps, p50, p99, sent = max_tokens_1(stack.port, opts, script)
+        cpu = cpu_seconds(stack.pid) - before
+        streamed = stream_round(stream_load, stack.port, opts.streams, opts.tokens)
+        return {
+            "requests_per_s": rps,
+            "p50_ms": p50,
+            "p99_ms": p99,
+            "cpu_s_per_1000": cpu / sent * 1000,
+            "stream_tokens_per_s": streamed["tokens"] / streamed["seconds"],
+            "events_per_stream": streamed["events"] / opts.streams,
+            "rss_mib": rss_mib(stack.pid),
+            "startup_ms": stack.startup_s * 1000,
+        }
 
 
-def bench_logprobs(opts: argparse.Namespace, stream_load: Path, log_dir: Path, name: str) -> dict:
-    """Streamed tokens/s with `logprobs=5` and without, on the stack `name`."""
-    args = STACKS[name]
-    with serve(
-        "--model", "echo", "--served-model-name", "toy", "--data-parallel-size", "2", *args,
-        log_path=log_dir / f"serve-logprobs-{name.replace(' ', '')}.log",
-    ) as port:  # fmt: skip
-        frontend_streaming(stream_load, port, 2, 8, logprobs=5)  # warm-up
-        plain = with_logprobs = 0.0
-        for _ in range(opts.rounds):
-            plain = max(plain, frontend_streaming(stream_load, port, opts.streams, opts.tokens))
-            with_logprobs = max(with_logprobs, frontend_streaming(stream_load, port, opts.streams, opts.tokens, 5))
-    return {"stack": name, "stream_tokens_per_s": plain, "logprobs5_stream_tokens_per_s": with_logprobs,
-            "ratio": with_logprobs / plain}  # fmt: skip
+def summarize(rounds: list[dict]) -> dict:
+    """Median, min and max of every row over the rounds."""
+    return {
+        key: {"median": statistics.median(r[key] for r in rounds), "min": min(r[key] for r in rounds),
+              "max": max(r[key] for r in rounds)}
+        for _, key, _, _, _ in ROWS
+    }  # fmt: skip
 
 
-def print_logprobs(r: dict) -> None:
-    """The logprobs row."""
-    print(f"  logprobs=5 ({r['stack']}): {r['logprobs5_stream_tokens_per_s']:.0f} vs {r['stream_tokens_per_s']:.0f} "
-          f"streamed tokens/s without: {r['ratio']:.2f}x", flush=True)  # fmt: skip
+def print_table(ours: dict, theirs: dict | None, rounds: int, quick: bool) -> list[dict]:
+    """The issue's table (markdown): median (min-max) for each frontend, the
+    ratio and whether its target is met; returns the rows."""
+    print("\n| measure | ours | vLLM 0.33 bundled | ratio | target |\n| --- | --- | --- | --- | --- |")
+    table = []
+    for name, key, unit, target, higher in ROWS:
+
+        def cell(s: dict, key: str = key, unit: str = unit) -> str:
+            return f"{s[key]['median']:,.2f}{unit} ({s[key]['min']:,.2f}-{s[key]['max']:,.2f})"
+
+        if theirs is None:
+            print(f"| {name} | {cell(ours)} | skipped | | |")
+            continue
+        ratio = ours[key]["median"] / theirs[key]["median"]
+        verdict = ""
+        if target is not None:
+            met = ratio >= target if higher else ratio <= target
+            goal = f"{'>=' if higher else '<='} {target}x"
+            verdict = f"{goal}: {'smoke run' if quick else ('met' if met else 'NOT met')}"
+        table.append({"measure": name, "key": key, "ratio": ratio, "target": target, "verdict": verdict})
+        print(f"| {name} | {cell(ours)} | {cell(theirs)} | {ratio:.2f}x | {verdict} |")
+    print(f"\n(median of {rounds} rounds, min-max in brackets, alternated in each round)")
+    return table
 
 
 def main() -> int:
-    """Runs every measurement; prints the table and writes serve.json."""
+    """Runs the rounds; prints the table and writes serve.json."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (a smoke run)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="one short round (a smoke run)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--requests", type=int, default=6000, help="max_tokens=1 requests per round (python client)")
     parser.add_argument("--seconds", type=int, default=8, help="length of a wrk round")
@@ -194,43 +185,35 @@ def main() -> int:
     )
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--toy-streams", type=int, default=16)
-    parser.add_argument("--toy-tokens", type=int, default=128)
-    parser.add_argument("--only-logprobs", action="store_true", help="run only the logprobs=5 streaming row")
     opts = parser.parse_args()
     if opts.quick:
-        opts.rounds, opts.requests, opts.seconds, opts.toy_tokens = 1, 1000, 3, 32
+        opts.rounds, opts.requests, opts.seconds = 1, 1000, 3
     results_dir = ROOT / "bench" / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     stream_load = build_stream_load()
-    if opts.only_logprobs:
-        for name in LOGPROBS_STACKS:
-            print_logprobs(bench_logprobs(opts, stream_load, results_dir, name))
-        return 0
-    print(f"serve on echo, 2 engines; {opts.concurrency} clients x max_tokens=1 ({opts.client} client), "
-          f"{opts.streams} streams x {opts.tokens} tokens; best of {opts.rounds}; {os.cpu_count()} CPUs")  # fmt: skip
-    results: dict = {"cpus": os.cpu_count(), "options": vars(opts), "stacks": {}}
-    for name, args in STACKS.items():
-        r = bench_echo_stack(name, args, opts, stream_load, results_dir)
-        results["stacks"][name] = r
-        print(f"  {name:10s} {r['requests_per_s']:9.0f} req/s  p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
-              f"{r['stream_tokens_per_s']:9.0f} streamed tokens/s", flush=True)  # fmt: skip
-    rust, python1 = results["stacks"]["rust"], results["stacks"]["python x1"]
-    ratio = rust["requests_per_s"] / python1["requests_per_s"]
-    met = ratio >= REQUESTS_GOAL and rust["p99_ms"] <= python1["p99_ms"]
-    results["rust_vs_python1_requests_ratio"] = ratio
-    results["goal_met"] = met
-    verdict = "a smoke run, too short to judge" if opts.quick else ("met" if met else "NOT met")
-    print(f"  Rust / one Python API server: {ratio:.1f}x requests/s, p99 {rust['p99_ms']:.2f} vs {python1['p99_ms']:.2f} ms "
-          f"(goal: >= {REQUESTS_GOAL:.0f}x at equal or lower p99: {verdict})")  # fmt: skip
-    results["logprobs"] = [bench_logprobs(opts, stream_load, results_dir, name) for name in LOGPROBS_STACKS]
-    for row in results["logprobs"]:
-        print_logprobs(row)
-    toy = bench_toy(opts, stream_load, results_dir)
-    results["toy_cpu_stream_tokens_per_s"] = toy
-    print(
-        f"  toy model on the CPU (1 engine, rust frontend): {toy:.0f} tokens/s over {opts.toy_streams} streams of {opts.toy_tokens}"
-    )
+    frontends = {"ours": our_frontend()}
+    vllm_binary, why_not = vllm033_frontend()
+    if vllm_binary is None:
+        print(f"vLLM 0.33 baseline skipped: {why_not}")
+    else:
+        frontends["vllm033"] = vllm_binary
+    print(f"{opts.engines} echo engines; {opts.concurrency} connections x max_tokens=1 ({opts.client}), "
+          f"{opts.streams} streams x {opts.tokens} tokens; {opts.rounds} rounds; {os.cpu_count()} CPUs")  # fmt: skip
+    measured: dict[str, list[dict]] = {name: [] for name in frontends}
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        model_dir = write_model_dir(Path(tmp) / "model")
+        for round_index in range(opts.rounds):
+            order = list(frontends) if round_index % 2 == 0 else list(reversed(frontends))
+            for name in order:
+                result = measure(frontends[name], model_dir, opts, stream_load, Path(tmp))
+                measured[name].append(result)
+                print(f"  round {round_index + 1} {name:8s} {result['requests_per_s']:8.0f} req/s  "
+                      f"p99 {result['p99_ms']:6.2f} ms  {result['stream_tokens_per_s']:8.0f} tokens/s  "
+                      f"{result['events_per_stream']:.0f} events/stream", flush=True)  # fmt: skip
+    summary = {name: summarize(rounds) for name, rounds in measured.items()}
+    table = print_table(summary["ours"], summary.get("vllm033"), opts.rounds, opts.quick)
+    results = {"cpus": os.cpu_count(), "options": vars(opts), "rounds": measured, "summary": summary,
+               "ratios": table, "baseline_skipped": why_not or None}  # fmt: skip
     (results_dir / "serve.json").write_text(json.dumps(results, indent=2))
     return 0
 

@@ -5,9 +5,10 @@
 //! The connections are warmed up with `GET /health` first, so that accepting
 //! them is not part of the measurement. One thread, one read per readable socket into a 64 KiB buffer: the client
 //! costs little CPU, so that on a small machine the numbers are about the
-//! frontend. Prints one JSON line: `{"tokens": N, "seconds": S}`, where N is the
-//! sum of the `completion_tokens` of the final usage chunks and S runs from
-//! the first byte sent to the last byte received. Exits non-zero on any
+//! frontend. Prints one JSON line: `{"tokens": N, "events": E, "seconds": S}`,
+//! where N is the sum of the `completion_tokens` of the final usage chunks, E
+//! the number of SSE events received (`data:` lines, `[DONE]` included) and S
+//! runs from the first byte sent to the last byte received. Exits non-zero on any
 //! non-200 answer or a stream that ends early.
 //!
 //! Build: `cargo build --release -p vllm-rs --example stream_load`.
@@ -93,6 +94,12 @@ async fn warm_up(connection: &mut TcpStream) -> Result<(), String> {
     }
 }
 
+/// The SSE events of a raw answer: every `data:` line (a JSON string never
+/// holds a raw newline, so each one starts an event).
+fn count_events(raw: &[u8]) -> u64 {
+    raw.windows(7).filter(|w| w == b"\ndata: ").count() as u64
+}
+
 /// The status code and the `completion_tokens` of the last usage chunk of a raw answer.
 fn check_answer(raw: &[u8]) -> Result<u64, String> {
     let text = String::from_utf8_lossy(raw);
@@ -106,7 +113,7 @@ fn check_answer(raw: &[u8]) -> Result<u64, String> {
     digits.parse().map_err(|e| format!("completion_tokens: {e}"))
 }
 
-async fn run(options: Options) -> Result<(u64, f64), String> {
+async fn run(options: Options) -> Result<(u64, u64, f64), String> {
     let mut body = serde_json::json!({
         "model": "toy",
         "prompt": options.prompt,
@@ -140,11 +147,13 @@ async fn run(options: Options) -> Result<(u64, f64), String> {
     }
     let answers = futures_util::future::join_all(connections.iter_mut().map(read_answer)).await;
     let seconds = start.elapsed().as_secs_f64();
-    let mut tokens = 0;
+    let (mut tokens, mut events) = (0, 0);
     for answer in answers {
-        tokens += check_answer(&answer?)?;
+        let answer = answer?;
+        tokens += check_answer(&answer)?;
+        events += count_events(&answer);
     }
-    Ok((tokens, seconds))
+    Ok((tokens, events, seconds))
 }
 
 fn main() {
@@ -153,7 +162,9 @@ fn main() {
         runtime.block_on(run(options))
     });
     match outcome {
-        Ok((tokens, seconds)) => println!("{}", serde_json::json!({"tokens": tokens, "seconds": seconds})),
+        Ok((tokens, events, seconds)) => {
+            println!("{}", serde_json::json!({"tokens": tokens, "events": events, "seconds": seconds}))
+        }
         Err(e) => {
             eprintln!("stream_load: {e}");
             std::process::exit(1);

@@ -102,6 +102,8 @@ pub struct ServerConfig {
     pub max_logprobs: i64,
     /// Tokens in logprobs as `token_id:N` unless a request says otherwise.
     pub return_tokens_as_token_ids: bool,
+    /// vLLM's `--stream-interval`: tokens per streamed delta (1: one delta per engine output).
+    pub stream_interval: usize,
     /// Where the model's files are found: `revision`, `tokenizer_revision`,
     /// `download_dir`, `generation_config`, `override_generation_config`.
     pub model_files: ModelFilesConfig,
@@ -133,6 +135,7 @@ impl fmt::Debug for ServerConfig {
             .field("enable_force_include_usage", &self.enable_force_include_usage)
             .field("max_logprobs", &self.max_logprobs)
             .field("return_tokens_as_token_ids", &self.return_tokens_as_token_ids)
+            .field("stream_interval", &self.stream_interval)
             .field("model_files", &self.model_files)
             .finish()
     }
@@ -228,6 +231,8 @@ impl ServerConfig {
                 })?,
             },
             return_tokens_as_token_ids: keys.bool("return_tokens_as_token_ids")?.unwrap_or(false),
+            // Capped where it could not matter: no request streams more tokens.
+            stream_interval: keys.positive_int("stream_interval")?.map_or(1, |n| n.min(u32::MAX as u64) as usize),
             model_files: ModelFilesConfig::load(&keys)?,
             model_tag,
         })

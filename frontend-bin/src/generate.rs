@@ -3,7 +3,7 @@
 
 use crate::engine::inbox::OutputLogprobs;
 use crate::engine::protocol::{FinishReason, RequestError, StopReason};
-use crate::engine::{RequestEvent, RequestStream};
+use crate::engine::{RequestEvent, RequestStream, Take};
 use crate::logprobs::{Position, PositionReader};
 use crate::metrics::{Metrics, TokenClock};
 use crate::stop::StopStrings;
@@ -31,6 +31,29 @@ pub struct Delta {
     pub scored: Option<Box<Scored>>,
     /// The tokens of the delta, when the request asked for them (`return_token_ids`).
     pub token_ids: Option<Vec<u32>>,
+}
+
+impl Delta {
+    /// This delta followed by `later`, as one.
+    fn followed_by(mut self, later: Delta) -> Delta {
+        self.text.push_str(&later.text);
+        self.finish = later.finish;
+        self.token_ids = match (self.token_ids, later.token_ids) {
+            (Some(mut ids), Some(more)) => {
+                ids.extend(more);
+                Some(ids)
+            }
+            (ids, more) => ids.or(more),
+        };
+        self.scored = match (self.scored, later.scored) {
+            (Some(mut whole), Some(part)) => {
+                Scoring::merge(&mut whole, *part);
+                Some(whole)
+            }
+            (whole, part) => whole.or(part),
+        };
+        self
+    }
 }
 
 /// The tokens that arrived with a delta and their logprobs.
@@ -133,8 +156,7 @@ pub struct Generation {
     stops: StopStrings,
     prompt_tokens: usize,
     clock: TokenClock,
-    /// Set when the request asked for logprobs: then every output with
-    /// tokens makes a delta, text or not (logprobs belong to tokens, as in vLLM).
+    /// Set when the request asked for logprobs.
     scoring: Option<Box<Scoring>>,
     /// Set when the request asked for its token ids: every output with
     /// tokens makes a delta carrying them, as in vLLM.
@@ -142,6 +164,15 @@ pub struct Generation {
     /// The text of the token that stopped generation in the engine is kept
     /// (`include_stop_str_in_output`).
     keep_stop: bool,
+    /// vLLM's `stream_interval`: a delta goes out once this many tokens are
+    /// unsent (and always with the first tokens and the finish).
+    stream_interval: usize,
+    /// Tokens received and not yet in a delta.
+    unsent_tokens: usize,
+    /// Whether a delta with tokens went out yet.
+    sent_tokens: bool,
+    /// What is held back until `stream_interval` tokens are unsent.
+    held: Option<Delta>,
 }
 
 impl Generation {
@@ -165,6 +196,10 @@ impl Generation {
             scoring: None,
             return_token_ids: false,
             keep_stop: false,
+            stream_interval: 1,
+            unsent_tokens: 0,
+            sent_tokens: false,
+            held: None,
         }
     }
 
@@ -177,6 +212,14 @@ impl Generation {
             self.keep_stop = true;
         }
         self.return_token_ids = return_token_ids;
+        self
+    }
+
+    /// This generation streamed as vLLM's `--stream-interval N` streams: one
+    /// delta per `interval` tokens (the first tokens and the finish at once),
+    /// instead of one per engine output.
+    pub fn with_stream_interval(mut self, interval: usize) -> Self {
+        self.stream_interval = interval.max(1);
         self
     }
 
@@ -210,11 +253,17 @@ impl Generation {
         self.stream.engine()
     }
 
-    /// The next non-empty delta (or the final one); `None` once finished.
-    /// Outputs that queued up while the caller was busy come as one delta.
+    /// The next delta (the final one carries the finish); `None` once
+    /// finished. One delta per engine output that brought tokens or text (as
+    /// vLLM streams: a token whose text is not complete yet makes a delta with
+    /// empty text), or per `stream_interval` tokens.
     pub async fn next_delta(&mut self) -> Option<Result<Delta, GenerationError>> {
+        self.next_delta_taking(Take::One).await
+    }
+
+    async fn next_delta_taking(&mut self, take: Take) -> Option<Result<Delta, GenerationError>> {
         while !self.clock.is_finished() {
-            let (token_ids, finish_reason, stop_reason, logprobs) = match self.stream.recv().await {
+            let (token_ids, finish_reason, stop_reason, logprobs) = match self.stream.recv(take).await {
                 None => return Some(self.fail(GenerationError::Unavailable("the engine client stopped".into()))),
                 Some(RequestEvent::Failed(reason)) => return Some(self.fail(GenerationError::Unavailable(reason))),
                 Some(RequestEvent::Rejected(error)) => return Some(self.fail(GenerationError::Rejected(error))),
@@ -253,11 +302,24 @@ impl Generation {
                 }
                 _ => None,
             };
-            let has_tokens = (self.return_token_ids || scored.is_some()) && !token_ids.is_empty();
-            if !emit.is_empty() || finish.is_some() || has_tokens {
-                let token_ids = self.return_token_ids.then_some(token_ids);
-                return Some(Ok(Delta { text: emit, finish, scored, token_ids }));
+            if token_ids.is_empty() && emit.is_empty() && finish.is_none() && scored.is_none() {
+                continue;
             }
+            self.unsent_tokens += token_ids.len();
+            let token_ids = self.return_token_ids.then_some(token_ids);
+            let delta = Delta { text: emit, finish, scored, token_ids };
+            let delta = match self.held.take() {
+                Some(held) => held.followed_by(delta),
+                None => delta,
+            };
+            // vLLM's rule (OutputProcessor): send the first tokens, the finish,
+            // and otherwise once `stream_interval` tokens are unsent.
+            if delta.finish.is_some() || !self.sent_tokens || self.unsent_tokens >= self.stream_interval {
+                self.sent_tokens |= self.unsent_tokens > 0;
+                self.unsent_tokens = 0;
+                return Some(Ok(delta));
+            }
+            self.held = Some(delta);
         }
         None
     }
@@ -272,7 +334,8 @@ impl Generation {
         let mut text = String::new();
         let mut scored: Option<Box<Scored>> = None;
         let mut token_ids: Option<Vec<u32>> = None;
-        while let Some(delta) = self.next_delta().await {
+        // Nobody sees the deltas one by one: take whatever arrived at once.
+        while let Some(delta) = self.next_delta_taking(Take::All).await {
             let delta = delta?;
             text.push_str(&delta.text);
             if let Some(ids) = delta.token_ids {

@@ -170,6 +170,13 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     parser.add_argument(
         "--return-tokens-as-token-ids", action="store_true", help="show tokens in logprobs as `token_id:N`"
     )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="tokens per streamed chunk, as vLLM's: 1 sends every engine output as it comes; "
+        "N > 1 sends the first tokens at once, then a chunk per N tokens (fewer events, burstier streams)",
+    )
     parser.add_argument("--enable-log-requests", action="store_true")
     parser.add_argument("--disable-log-stats", action="store_true")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error", "critical"))

@@ -93,6 +93,7 @@ NUMERIC_OPTION_RANGES: dict[str, tuple[float, float]] = {
     "num_gpu_blocks": (1, 2**31 - 1),
     "kv_cache_memory_bytes": (1, 2**62),
     "seed": (0, 2**63 - 1),
+    "stream_interval": (1, 2**31 - 1),
 }
 
 

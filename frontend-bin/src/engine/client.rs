@@ -15,7 +15,7 @@
 
 use super::balancer::Balancer;
 use super::codec::{decode_outputs, encode_abort, encode_add, encode_utility, DecodeError};
-use super::inbox::{Inbox, RequestEvent};
+use super::inbox::{Inbox, RequestEvent, Take};
 use super::input_socket::EngineInputSocket;
 use super::protocol::{
     engine_identity, EngineOutput, EngineRequest, FinishReason, OutputsMessage, SchedulerStats, UtilityReply,
@@ -643,13 +643,14 @@ impl RequestStream {
         self.times.clone()
     }
 
-    /// Everything that arrived since the previous call, as one event (waits
-    /// while nothing did); `None` after the last one.
-    pub async fn recv(&mut self) -> Option<RequestEvent> {
+    /// The next engine output (`Take::One`) or everything that arrived since
+    /// the previous call (`Take::All`), as one event (waits while nothing
+    /// did); `None` after the last one.
+    pub async fn recv(&mut self, take: Take) -> Option<RequestEvent> {
         if self.done {
             return None;
         }
-        let event = std::future::poll_fn(|cx| self.inbox.poll_event(cx)).await;
+        let event = std::future::poll_fn(|cx| self.inbox.poll_event(cx, take)).await;
         self.note(event)
     }
 

@@ -13,6 +13,6 @@ pub mod registration;
 pub mod sockets;
 
 pub use client::{EngineClient, RequestStream, SubmitError};
-pub use inbox::RequestEvent;
+pub use inbox::{RequestEvent, Take};
 /// ZMTP, spoken in the runtime (the `vllm-rs-zmtp` crate).
 pub use vllm_rs_zmtp as zmtp;

@@ -4,7 +4,7 @@
 
 use super::logprobs::{extend, ChoiceLogprobs};
 use crate::engine::protocol::{FinishReason, RequestError, StopReason};
-use crate::engine::{RequestEvent, RequestStream};
+use crate::engine::{RequestEvent, RequestStream, Take};
 use crate::metrics::TokenClock;
 use crate::stop::StopStrings;
 use crate::tokenizer::TextDecoder;
@@ -112,7 +112,7 @@ impl Choice {
         }
         while !self.clock.is_finished() {
             let event = tokio::select! {
-                event = self.stream.recv() => event,
+                event = self.stream.recv(Take::All) => event,
                 _ = self.call.aborted.wait_for(|aborted| *aborted) => {
                     self.stream.abort();
                     Some(RequestEvent::Output { token_ids: vec![], finish_reason: Some(FinishReason::Abort), stop_reason: None, logprobs: None })

@@ -152,7 +152,7 @@ pub struct SamplingInput {
     pub return_token_ids: Option<bool>,
     /// The id the response carries (`X-Request-Id` wins over it, as in vLLM).
     pub request_id: Option<String>,
-    /// Tokens per streamed chunk (a hint; ignored).
+    /// Tokens per streamed chunk: raises the server's `stream_interval` for this request.
     pub stream_interval: Option<i64>,
 }
 
@@ -193,6 +193,8 @@ pub struct CommonParams {
     pub stop_token_ids: Vec<i64>,
     /// Tokens in logprobs as `token_id:N`; `None`: as the server is configured.
     pub return_tokens_as_token_ids: Option<bool>,
+    /// The request's `stream_interval` (at least 1), when given.
+    pub stream_interval: Option<usize>,
 }
 
 /// `truncate_prompt_tokens` and `truncation_side`, as vLLM's `TokenizeParams` reads them.
@@ -356,6 +358,7 @@ impl SamplingInput {
         if let Some(interval) = self.stream_interval {
             RULES.check_int("stream_interval", interval)?;
         }
+        let stream_interval = self.stream_interval.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
         let stop_token_ids = self.stop_token_ids.unwrap_or_default();
         bounded("stop_token_ids", stop_token_ids.len())?;
         let stop = match self.stop {
@@ -429,6 +432,7 @@ impl SamplingInput {
             logit_bias_ids,
             allowed_token_ids: self.allowed_token_ids,
             stop_token_ids,
+            stream_interval,
         })
     }
 }

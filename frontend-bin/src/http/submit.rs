@@ -170,6 +170,8 @@ pub fn submit(
         external_request_id: id.clone(),
     };
     let scored = request.sampling.logprobs.is_some() || request.sampling.prompt_logprobs.is_some();
+    // As vLLM: a request may raise the server's stream interval, never lower it.
+    let stream_interval = common.stream_interval.unwrap_or(1).max(state.config.stream_interval);
     let start = |request: EngineRequest, stop: Vec<String>| -> Result<Generation, ApiError> {
         if state.config.enable_log_requests {
             tracing::info!(
@@ -187,7 +189,8 @@ pub fn submit(
             SubmitError::Unavailable(why) => ApiError::unavailable(why),
         })?;
         let generation = Generation::new(stream, decoder, stop, prompt_len as usize, state.metrics.clone(), common.n, started)
-            .with_output_options(common.include_stop_str_in_output, common.return_token_ids);
+            .with_output_options(common.include_stop_str_in_output, common.return_token_ids)
+            .with_stream_interval(stream_interval);
         Ok(if scored { generation.with_logprobs(state.tokenizer.clone()) } else { generation })
     };
     let prompt_token_ids = common.return_token_ids.then(|| request.prompt_token_ids.clone());

@@ -58,6 +58,7 @@ pub const HONOURED_KEYS: &[&str] = &[
     "download_dir",
     "max_logprobs",
     "return_tokens_as_token_ids",
+    "stream_interval",
 ];
 
 /// Server keys (vLLM's `FrontendArgs` and the `serve` command's own) that are

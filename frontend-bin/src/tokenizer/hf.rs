@@ -14,6 +14,8 @@ use std::sync::Arc;
 /// A model's Hugging Face tokenizer.
 pub struct HfTokenizer {
     inner: Arc<tokenizers::Tokenizer>,
+    /// Tokens in the vocabulary, added tokens included.
+    vocab_size: usize,
     added_tokens: AddedTokens,
     eos_token_id: Option<u32>,
     chat_template: Option<ChatTemplate>,
@@ -79,7 +81,10 @@ impl HfTokenizer {
         let added_tokens =
             Arc::new(inner.get_added_tokens_decoder().into_iter().map(|(id, token)| (id, token.content)).collect());
         let template_parts = (template_text, bos_token, eos_token);
+        // Counted once: the library builds the whole vocabulary map to count it.
+        let vocab_size = inner.get_vocab_size(true);
         Ok(HfTokenizer {
+            vocab_size,
             inner: Arc::new(inner),
             added_tokens,
             eos_token_id,
@@ -114,7 +119,7 @@ impl Tokenizer for HfTokenizer {
     }
 
     fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     fn apply_chat_template(

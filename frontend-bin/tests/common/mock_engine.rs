@@ -6,8 +6,9 @@
 //! prompts holding `REJECT` or `PAUSED` finish with ERROR and vLLM's `RequestError`
 //! (code `validation_error`, or `engine_paused` and retryable),
 //! `DIE...` sends ENGINE_CORE_DEAD, `FLOOD...` ignores `max_tokens` (four
-//! times as many tokens per step, never finished). Otherwise token i of the
-//! answer is prompt token i (cycled).
+//! times as many tokens per step, never finished), a prompt holding `BURST` gets its whole
+//! answer at once, each output (`tokens_per_step` tokens) in a message of its
+//! own, back to back. Otherwise token i of the answer is prompt token i (cycled).
 
 use rmpv::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -133,6 +134,7 @@ enum Mode {
     /// ERROR with a RequestError: its code and whether it is retryable.
     Rejected(&'static str, bool),
     Flood,
+    Burst,
 }
 
 fn encode(v: &Value) -> Vec<u8> {
@@ -236,6 +238,8 @@ fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicB
                             Mode::Rejected("engine_paused", true)
                         } else if text.starts_with("FLOOD") {
                             Mode::Flood
+                        } else if text.contains("BURST") {
+                            Mode::Burst
                         } else {
                             Mode::Echo
                         };
@@ -312,6 +316,31 @@ fn run(spec: EngineSpec, events: Arc<Mutex<Vec<EngineEvent>>>, stop: Arc<AtomicB
             if a.mode == Mode::Flood {
                 let tokens = (0..4 * a.max_tokens).map(|i| Value::from(a.prompt[i % a.prompt.len()])).collect();
                 outputs.push(Value::Array(vec![a.id.as_str().into(), Value::Array(tokens)]));
+                continue;
+            }
+            if a.mode == Mode::Burst {
+                while a.generated < a.max_tokens {
+                    let count = spec.tokens_per_step.min(a.max_tokens - a.generated);
+                    let tokens =
+                        (a.generated..a.generated + count).map(|i| Value::from(a.prompt[i % a.prompt.len()])).collect();
+                    a.generated += count;
+                    let finish = if a.generated == a.max_tokens { Value::from(1) } else { Value::Nil };
+                    let output = Value::Array(vec![
+                        a.id.as_str().into(),
+                        Value::Array(tokens),
+                        Value::Nil,
+                        Value::Nil,
+                        Value::Nil,
+                        finish,
+                    ]);
+                    let message = Value::Array(vec![
+                        Value::from(spec.index),
+                        Value::Array(vec![output]),
+                        Value::Nil,
+                        Value::F64(now()),
+                    ]);
+                    push.send(encode(&message), 0).unwrap();
+                }
                 continue;
             }
             let mut tokens = Vec::new();

@@ -1,0 +1,129 @@
+"""Where each frontend's CPU goes on the max_tokens=1 row of bench_serve.py:
+`perf record` (cpu-clock samples, the frontend process only) while wrk sends
+max_tokens=1 completions from 64 connections to this project's frontend and to
+vLLM 0.33's bundled one (bench/frontends.py), each on fresh `echo` engines.
+Prints the top symbols by self time of each (flat profile: the share of the
+frontend's samples spent in the function itself), grouped into the costs
+docs/frontend-performance.md names, and writes the reports to
+bench/results/profile-*.txt.
+
+Both binaries keep their symbol tables; neither needs frame pointers for a
+flat profile. `perf` is Debian's `linux-perf` (`apt-get install linux-perf`);
+wrk is required (`apt-get install wrk`).
+
+Run: ~/.cache/vllm-rs/venv/bin/python bench/profile_frontends.py [--seconds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_frontend import frontend_requests  # noqa: E402
+from bench.bench_serve import WRK_SCRIPT, run, wrk_requests  # noqa: E402
+from bench.frontends import echo_engines, frontend_stack, our_frontend, vllm033_frontend, write_model_dir  # noqa: E402
+
+#: Cost groups: a symbol belongs to the first group whose pattern it matches.
+GROUPS = [
+    ("kernel: sockets, syscalls, scheduling", r"^\[k\]"),
+    ("allocation (malloc/free)", r"malloc|free|realloc|calloc|_int_|mi_|je_|tcache|arena|alloc::"),
+    ("JSON parse/render", r"serde_json|serde::|sonic|simd_json|itoa|ryu"),
+    ("HTTP (hyper/axum/h1)", r"hyper|axum|http::|httparse|h2::"),
+    ("tokio runtime (tasks, wakers, I/O driver)", r"tokio|mio|futures|parking_lot|std::sync"),
+    ("tokenizer / detokenizer", r"tokenizers|tokenizer|decode|onig|regex|fancy_regex|aho_corasick"),
+    ("engine protocol (msgpack, ZMTP)", r"rmp|msgpack|zmq|zmtp|codec"),
+    ("metrics / logging", r"prometheus|metrics|tracing"),
+    ("memory copies / string ops", r"memcpy|memmove|memset|memcmp|strlen|__mem"),
+]
+
+
+def perf_report(data: Path) -> list[tuple[float, str]]:
+    """(percent of samples, symbol) by self time, from `perf report`."""
+    out = subprocess.run(
+        ["perf", "report", "-i", str(data), "--no-children", "--sort", "symbol", "--stdio", "--percent-limit", "0.2"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    rows = []
+    for line in out.splitlines():
+        match = re.match(r"^\s+([\d.]+)%\s+(.*)$", line)
+        if match:
+            rows.append((float(match.group(1)), match.group(2).strip()))
+    return rows
+
+
+def grouped(rows: list[tuple[float, str]]) -> dict[str, float]:
+    """Percent of samples per cost group (`other` for the rest)."""
+    totals: dict[str, float] = {}
+    for percent, symbol in rows:
+        name = next((g for g, pattern in GROUPS if re.search(pattern, symbol)), "other")
+        totals[name] = totals.get(name, 0.0) + percent
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def profile(name: str, binary: Path, opts: argparse.Namespace, tmp: Path, out_dir: Path) -> None:
+    """One frontend under wrk, recorded by perf; prints and writes its report."""
+    model_dir = write_model_dir(tmp / "model")
+    script = tmp / "max_tokens_1.lua"
+    script.write_text(WRK_SCRIPT)
+    data = tmp / f"{name}.perf"
+    with (
+        echo_engines(model_dir, 2) as engines,
+        frontend_stack(binary, model_dir, engines, tmp / f"{name}.log") as stack,
+    ):
+        run(frontend_requests(stack.port, 64, 256))  # warm-up
+        recorder = subprocess.Popen(
+            ["perf", "record", "-e", "cpu-clock", "-F", "1999", "-p", str(stack.pid), "-o", str(data)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            rps, _, p99, sent = wrk_requests(stack.port, 64, opts.seconds, script)
+        finally:
+            recorder.send_signal(2)
+            recorder.wait(60)
+    rows = perf_report(data)
+    data.unlink()
+    lines = [f"{name}: {binary}", f"{rps:.0f} req/s, p99 {p99:.2f} ms, {sent} requests while recorded", ""]
+    lines.append("cost groups (% of the frontend's samples):")
+    lines += [f"  {percent:5.1f}%  {group}" for group, percent in grouped(rows).items()]
+    lines.append("")
+    lines.append(f"top {opts.top} symbols by self time:")
+    lines += [f"  {percent:5.2f}%  {symbol[:150]}" for percent, symbol in rows[: opts.top]]
+    text = "\n".join(lines)
+    print(text + "\n", flush=True)
+    (out_dir / f"profile-{name}.txt").write_text(text + "\n")
+
+
+def main() -> int:
+    """Profiles both frontends (ours only without vLLM 0.33)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=8, help="length of the recorded wrk run")
+    parser.add_argument("--top", type=int, default=30, help="symbols listed per frontend")
+    opts = parser.parse_args()
+    for tool in ("perf", "wrk"):
+        if shutil.which(tool) is None:
+            print(f"{tool} is not installed (apt-get install {'linux-perf' if tool == 'perf' else tool})")
+            return 2
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frontends = {"ours": our_frontend()}
+    vllm_binary, why_not = vllm033_frontend()
+    if vllm_binary is None:
+        print(f"vLLM 0.33 baseline skipped: {why_not}")
+    else:
+        frontends["vllm033"] = vllm_binary
+    with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
+        for name, binary in frontends.items():
+            profile(name, binary, opts, Path(tmp), out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
