@@ -97,7 +97,7 @@ def test_vllm_rs_serve_runs_the_stack_with_the_python_next_to_it(tmp_path):
             lines.append(line)
             if line.startswith("vllm-rs: serving the OpenAI API on"):  # serve's ready line
                 break
-        assert any("(model echo, rust frontend" in line for line in lines), "".join(lines)
+        assert any("(model echo, 1 engine" in line for line in lines), "".join(lines)
         # `serve` replaced the binary's process, and its frontend is that very binary.
         import psutil
 
