@@ -109,15 +109,12 @@ fn alive(pid: i32) -> bool {
     stat_fields(pid).is_some_and(|fields| fields.first().map(String::as_str) != Some("Z"))
 }
 
-/// How many of `pids` lead their own session and no longer have a parent
-/// among `pids`: daemons whose double fork has finished.
+/// How many of `pids` lead a session of their own: daemons whose `setsid`
+/// has run. (Their parent need not be gone from the tree: under the process
+/// core's subreapers an orphan is adopted inside it, not by init.)
 fn detached(pids: &[i32]) -> usize {
-    let field = |fields: &[String], i: usize| fields.get(i).and_then(|f| f.parse::<i32>().ok());
     pids.iter()
-        .filter(|&&pid| {
-            stat_fields(pid)
-                .is_some_and(|f| field(&f, 3) == Some(pid) && field(&f, 1).is_some_and(|p| !pids.contains(&p)))
-        })
+        .filter(|&&pid| stat_fields(pid).is_some_and(|f| f.get(3).and_then(|s| s.parse::<i32>().ok()) == Some(pid)))
         .count()
 }
 

@@ -188,9 +188,10 @@ pub fn submit(
             SubmitError::RankOutOfRange { .. } => ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, e.to_string()),
             SubmitError::Unavailable(why) => ApiError::unavailable(why),
         })?;
-        let generation = Generation::new(stream, decoder, stop, prompt_len as usize, state.metrics.clone(), common.n, started)
-            .with_output_options(common.include_stop_str_in_output, common.return_token_ids)
-            .with_stream_interval(stream_interval);
+        let generation =
+            Generation::new(stream, decoder, stop, prompt_len as usize, state.metrics.clone(), common.n, started)
+                .with_output_options(common.include_stop_str_in_output, common.return_token_ids)
+                .with_stream_interval(stream_interval);
         Ok(if scored { generation.with_logprobs(state.tokenizer.clone()) } else { generation })
     };
     let prompt_token_ids = common.return_token_ids.then(|| request.prompt_token_ids.clone());
