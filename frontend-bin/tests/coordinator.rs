@@ -65,14 +65,14 @@ async fn counts_steer_routing_and_the_wave_reaches_the_engines() {
     // The update reaches the frontend asynchronously: send until a request carries wave 5.
     let (url, engines) = (&url, &engines);
     wait_until_async("a request carrying the published wave", Duration::from_secs(10), || async move {
-        let (status, body) = post_json(&url, &json!({"prompt": "ab", "max_tokens": 1})).await;
+        let (status, body) = post_json(url, &json!({"prompt": "ab", "max_tokens": 1})).await;
         assert_eq!(status, 200, "{body}");
         engines.iter().any(|e| waves(&e.events()).contains(&Some(5)))
     })
     .await;
     let before: Vec<usize> = engines.iter().map(|e| e.added().len()).collect();
     for _ in 0..6 {
-        let (status, body) = post_json(&url, &json!({"prompt": "ab", "max_tokens": 1})).await;
+        let (status, body) = post_json(url, &json!({"prompt": "ab", "max_tokens": 1})).await;
         assert_eq!(status, 200, "{body}");
     }
     let after: Vec<usize> = engines.iter().map(|e| e.added().len()).collect();
@@ -84,7 +84,7 @@ async fn counts_steer_routing_and_the_wave_reaches_the_engines() {
     publisher.send(encode(Value::Array(vec![Value::Nil, 6.into(), false.into()])), 0).unwrap();
     publisher.send(published(&[(0, 0), (0, 0), (0, 0), (40, 10)], 6, false), 0).unwrap();
     wait_until_async("requests following the new counts and wave", Duration::from_secs(10), || async move {
-        let (status, _) = post_json(&url, &json!({"prompt": "ab", "max_tokens": 1})).await;
+        let (status, _) = post_json(url, &json!({"prompt": "ab", "max_tokens": 1})).await;
         assert_eq!(status, 200);
         waves(&engines[0].events()).last() == Some(&Some(6))
     })
