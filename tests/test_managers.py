@@ -443,7 +443,9 @@ def test_rust_frontend_manager_command_line_fds_and_redaction(tmp_path, caplog, 
             "engine_ready_timeout_secs": 42,
             "http_timeout_keep_alive": 5,
             "max_model_len": 64,
-            "model_tag": "toy",  # `model` itself is at its default
+            # `--model` has no default now (serve picks the packaged model), so it differs.
+            "model": "toy",
+            "model_tag": "toy",
         }
         assert argv[15] == json.dumps(payload, sort_keys=True)
         assert launch["fds"] == sorted({0, 1, 2, *fds})  # exactly stdio and the three

@@ -25,7 +25,7 @@ async fn completion_echoes_prompt_tokens_with_usage() {
     assert_eq!(
         body["usage"],
         json!({"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
-               "prompt_tokens_details": null, "completion_tokens_details": null})
+               "prompt_tokens_details": null, "completion_tokens_details": {"reasoning_tokens": 0}})
     );
     let added = engines[0].added();
     let common::mock_engine::EngineEvent::Added { id, external_id, prompt, sampling, .. } = &added[0] else {

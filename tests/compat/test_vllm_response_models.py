@@ -69,7 +69,7 @@ COMPLETION_BODIES = [
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Serve]:
-    with serving("rust", "--max-model-len", "64", env={"VLLM_API_KEY": API_KEY}) as serve:
+    with serving("--max-model-len", "64", env={"VLLM_API_KEY": API_KEY}) as serve:
         yield serve
 
 

@@ -60,8 +60,10 @@ pub struct PromptTokensDetails {
 
 /// vLLM's `UsageInfo` as a whole answer shows it: the details are always
 /// there, null when not reported (`prompt_tokens_details` needs the
-/// server's `enable_prompt_tokens_details`, `completion_tokens_details` a
-/// reasoning parser).
+/// server's `enable_prompt_tokens_details`; `completion_tokens_details` is
+/// `{"reasoning_tokens": 0}`, as vLLM's frontend sends it, where the server
+/// has no reasoning parser, and null where it has one: reasoning tokens are
+/// not counted yet).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct UsageInfo {
     /// Tokens in the prompt.
@@ -197,7 +199,14 @@ where
         prompt_logprobs: response_prompt_logprobs,
         prompt_token_ids: submitted.prompt_token_ids.take(),
     });
-    Ok(Json(whole_answer(&submitted, format.object, &model, choices, usage, chat)).into_response())
+    let reasoning_tokens = known_reasoning_tokens(state);
+    Ok(Json(whole_answer(&submitted, format.object, &model, choices, usage, chat, reasoning_tokens)).into_response())
+}
+
+/// Reasoning tokens of an answer where they are known: none without a
+/// reasoning parser (everything is content); not counted with one.
+pub fn known_reasoning_tokens(state: &AppState) -> Option<usize> {
+    state.config.chat.reasoning_parser.is_none().then_some(0)
 }
 
 /// The body of a whole answer holding `choices`; `chat` (chat only) puts
@@ -209,6 +218,7 @@ pub fn whole_answer<'a>(
     choices: Vec<Fields>,
     usage: Usage,
     chat: Option<ChatExtras>,
+    reasoning_tokens: Option<usize>,
 ) -> WholeAnswer<'a> {
     WholeAnswer {
         id: &submitted.id,
@@ -217,7 +227,11 @@ pub fn whole_answer<'a>(
         model,
         choices,
         system_fingerprint: None,
-        usage: usage.into(),
+        usage: UsageInfo {
+            completion_tokens_details: reasoning_tokens
+                .map(|reasoning_tokens| CompletionTokensDetails { reasoning_tokens }),
+            ..usage.into()
+        },
         chat,
     }
 }

@@ -1,7 +1,8 @@
 //! `POST /v1/chat/completions`.
 
 use super::answer::{
-    answer, stream_choices, stream_usage, whole_answer, whole_choices, AnswerFormat, ChatExtras, ChoiceBody, Fields,
+    answer, known_reasoning_tokens, stream_choices, stream_usage, whole_answer, whole_choices, AnswerFormat,
+    ChatExtras, ChoiceBody, Fields,
 };
 use super::error::ApiError;
 use super::message::ResponseMessage;
@@ -291,7 +292,8 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
             prompt_logprobs: response_prompt_logprobs,
             prompt_token_ids: submitted.prompt_token_ids.take(),
         };
-        let body = whole_answer(&submitted, "chat.completion", &model, choices, usage, Some(extras));
+        let reasoning_tokens = known_reasoning_tokens(&state);
+        let body = whole_answer(&submitted, "chat.completion", &model, choices, usage, Some(extras), reasoning_tokens);
         return Ok(axum::Json(body).into_response());
     }
     let format = AnswerFormat {
