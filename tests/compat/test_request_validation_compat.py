@@ -53,7 +53,7 @@ def vocabulary() -> SimpleNamespace:
 
 @pytest.mark.parametrize("name, endpoint, body", ACCEPTED, ids=[a[0] for a in ACCEPTED])
 def test_every_accepted_request_decodes_as_vllms_engine_decodes_it(served, name, endpoint, body):  # noqa: F811
-    answered = in_background(post, served, endpoint, body, f"compat-{name}-{served.kind}")
+    answered = in_background(post, served, endpoint, body, f"compat-{name}")
     engine = served.engine
     for _choice in range(body.get("n", 1)):  # n > 1: one child request per choice
         request = DECODE_REQUEST.decode(engine.next_add_payload())  # builds SamplingParams: runs _verify_args

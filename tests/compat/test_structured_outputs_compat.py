@@ -53,7 +53,7 @@ def vllm_wire(fields: dict) -> dict:
 @pytest.mark.parametrize(("name", "endpoint", "extra", "fields"), CASES, ids=[c[0] for c in CASES])
 def test_constraints_reach_the_engine_as_vllm_encodes_them(served, name, endpoint, extra, fields):  # noqa: F811
     body = {"messages": [{"role": "user", "content": "x"}]} if endpoint == "chat" else {"prompt": "x"}
-    answered = in_background(post, served, endpoint, {**body, **extra, "max_tokens": 4}, f"so-{name}-{served.kind}")
+    answered = in_background(post, served, endpoint, {**body, **extra, "max_tokens": 4}, f"so-{name}")
     engine = served.engine
     payload = engine.next_add_payload()
     sent = msgspec.msgpack.decode(payload)[3]["structured_outputs"]
