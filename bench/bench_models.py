@@ -116,7 +116,8 @@ def in_process(kind: str, spec: dict) -> LevelResult:
                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(spec["threads"])})  # fmt: skip
     if ran.returncode != 0:
         raise RuntimeError(f"{kind} run failed:\n{ran.stderr[-3000:]}")
-    return LevelResult(**json.loads(ran.stdout))
+    # The result is the child's last line: the engine may log to stdout before it.
+    return LevelResult(**json.loads(ran.stdout.strip().splitlines()[-1]))
 
 
 def ratio_rows(results: dict, gguf_size: int) -> list[dict]:

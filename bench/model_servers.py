@@ -1,12 +1,13 @@
 """The servers bench_models.py measures, each a context manager yielding a
 `Served` once it answers: this project's whole stack (`python -m vllm_rs
-serve`, through bench_serve.py's launcher) and llama.cpp's own
+serve`) and llama.cpp's own
 `llama-server`; plus the resident memory of a server's processes."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -70,15 +71,43 @@ def engine_process(port: int) -> int:
     return max(candidates, key=lambda p: p.memory_info().rss).pid
 
 
+#: serve's ready line, naming its HTTP port.
+READY_LINE = re.compile(rb"serving the OpenAI API on http://[^:]+:(\d+) ")
+
+
+@contextlib.contextmanager
+def serve_stack(*args: str, log_path: Path):
+    """A `python -m vllm_rs serve ARGS` process; yields its port once it is
+    ready, Ctrl-C at the end. Its output goes to `log_path`."""
+    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm_rs", "serve", "--port", "0", "--disable-log-stats", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+        try:
+            port = None
+            for line in proc.stdout:
+                log.write(line)
+                if match := READY_LINE.search(line):
+                    port = int(match.group(1))
+                    break
+            if port is None:
+                raise RuntimeError(f"serve {' '.join(args)} did not start; see {log_path}")
+            yield port
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+            log.write(proc.stdout.read())
+            if proc.wait(60) != 0:
+                print(f"  serve exited with {proc.returncode}; see {log_path}", file=sys.stderr)
+
+
 @contextlib.contextmanager
 def vllm_rs_stack(gguf: Path, threads: int, dtype: str | None, kv_cache_bytes: int, log_dir: Path):
     """`python -m vllm_rs serve GGUF` with its engine on `threads` intra-op
     threads (OMP_NUM_THREADS) and a KV cache of `kv_cache_bytes`, one
     engine, the served model named `smollm2`."""
-    # bench_serve's launcher imports the project (and its extension): only
-    # when this stack runs, so that a llama-server-only run needs neither.
-    from bench.bench_serve import serve
-
     previous = {k: os.environ.get(k) for k in (*STACK_ENV, "OMP_NUM_THREADS")}
     os.environ.update(STACK_ENV, OMP_NUM_THREADS=str(threads))
     args = ["--model", str(gguf), "--served-model-name", "smollm2", "--device", "cpu",
@@ -86,7 +115,7 @@ def vllm_rs_stack(gguf: Path, threads: int, dtype: str | None, kv_cache_bytes: i
     if dtype is not None:
         args += ["--dtype", dtype]
     try:
-        with serve(*args, log_path=log_dir / "models-serve.log") as port:
+        with serve_stack(*args, log_path=log_dir / "models-serve.log") as port:
             yield Served(f"http://127.0.0.1:{port}/v1", "smollm2", engine_process(port))
     finally:
         for key, value in previous.items():
