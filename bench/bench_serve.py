@@ -47,9 +47,8 @@ from bench.frontends import (  # noqa: E402
     cpu_seconds,
     echo_engines,
     frontend_stack,
-    our_frontend,
+    frontends_to_compare,
     rss_mib,
-    vllm033_frontend,
     write_model_dir,
 )
 
@@ -191,12 +190,7 @@ def main() -> int:
     results_dir = ROOT / "bench" / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     stream_load = build_stream_load()
-    frontends = {"ours": our_frontend()}
-    vllm_binary, why_not = vllm033_frontend()
-    if vllm_binary is None:
-        print(f"vLLM 0.33 baseline skipped: {why_not}")
-    else:
-        frontends["vllm033"] = vllm_binary
+    frontends, why_not = frontends_to_compare()
     print(f"{opts.engines} echo engines; {opts.concurrency} connections x max_tokens=1 ({opts.client}), "
           f"{opts.streams} streams x {opts.tokens} tokens; {opts.rounds} rounds; {os.cpu_count()} CPUs")  # fmt: skip
     measured: dict[str, list[dict]] = {name: [] for name in frontends}

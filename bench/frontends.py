@@ -200,3 +200,16 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def frontends_to_compare() -> tuple[dict[str, Path], str]:
+    """Ours, and vLLM 0.33's bundled frontend where it is installed (printing
+    why not where it is not, and returning that reason, else ""): the
+    frontends a benchmark puts side by side."""
+    frontends = {"ours": our_frontend()}
+    vllm_binary, why_not = vllm033_frontend()
+    if vllm_binary is None:
+        print(f"vLLM 0.33 baseline skipped: {why_not}")
+    else:
+        frontends["vllm033"] = vllm_binary
+    return frontends, why_not

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_frontend import frontend_requests  # noqa: E402
 from bench.bench_serve import WRK_SCRIPT, run, wrk_requests  # noqa: E402
-from bench.frontends import echo_engines, frontend_stack, our_frontend, vllm033_frontend, write_model_dir  # noqa: E402
+from bench.frontends import echo_engines, frontend_stack, frontends_to_compare, write_model_dir  # noqa: E402
 
 #: Cost groups: a symbol belongs to the first group whose pattern it matches.
 GROUPS = [
@@ -113,12 +113,7 @@ def main() -> int:
             return 2
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    frontends = {"ours": our_frontend()}
-    vllm_binary, why_not = vllm033_frontend()
-    if vllm_binary is None:
-        print(f"vLLM 0.33 baseline skipped: {why_not}")
-    else:
-        frontends["vllm033"] = vllm_binary
+    frontends, _ = frontends_to_compare()
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
         for name, binary in frontends.items():
             profile(name, binary, opts, Path(tmp), out_dir)
