@@ -1,0 +1,67 @@
+"""Real models on `--device cuda`: the same runner with the weights and the
+KV cache on the GPU gives the CPU's greedy output (float32) and logits close
+to transformers' on the GPU. Skipped, with the reason, where torch sees no
+CUDA device (bench/gpu_check.py runs the same checks plus speed on a GPU
+machine)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch sees no CUDA device)")
+
+transformers = pytest.importorskip("transformers")
+
+from vllm_rs.engine import make_engine_config  # noqa: E402
+from vllm_rs.engine.core import EngineCore  # noqa: E402
+from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
+
+from tests.support.tiny_models import make_hf_model, save_safetensors  # noqa: E402
+
+MAX_TOKENS = 8
+#: Token ids below every tiny model's vocabulary; lengths that take one, two and three prefill chunks.
+PROMPTS = ([5, 17, 90, 3], [42] * 19, list(range(1, 34)))
+
+
+def greedy(path: str, device: str, dtype: str = "float32") -> tuple[dict[str, list[int]], EngineCore]:
+    """Greedy tokens per prompt through the engine core on `device`, prompts
+    chunked (16 tokens a step) and batched together."""
+    config = make_engine_config(
+        path, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=16, block_size=8, dtype=dtype,
+        kv_cache_memory_bytes=1 << 24, device=device,
+    )  # fmt: skip
+    core = EngineCore(config)
+    for i, prompt in enumerate(PROMPTS):
+        core.add_request(EngineCoreRequest(f"r{i}", prompt, {"temperature": 0.0, "max_tokens": MAX_TOKENS}))
+    outputs: dict[str, list[int]] = {}
+    while core.has_work():
+        for _, output in core.step():
+            outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
+    return outputs, core
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_cuda_greedy_equals_cpu_and_transformers(tmp_path, arch):
+    model = make_hf_model(arch, seed=7)
+    path = save_safetensors(model, str(tmp_path / arch), None)
+    on_gpu, core = greedy(path, "cuda")
+    assert core.runner.kv_caches[0].device.type == "cuda", "the KV cache should live on the GPU"
+    assert next(core.runner.model.parameters()).device.type == "cuda"
+    on_cpu, _ = greedy(path, "cpu")
+    assert on_gpu == on_cpu
+    model = model.to("cuda").eval()
+    for i, prompt in enumerate(PROMPTS):
+        with torch.no_grad():
+            expected = model.generate(
+                torch.tensor([prompt], device="cuda"), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+                do_sample=False, pad_token_id=0,
+            )[0, len(prompt) :].tolist()  # fmt: skip
+        assert on_gpu[f"r{i}"] == expected, f"r{i}"
+
+
+def test_cuda_auto_dtype_is_the_checkpoints_half_dtype(tmp_path):
+    path = save_safetensors(make_hf_model("llama", seed=3), str(tmp_path / "llama"), None)
+    outputs, core = greedy(path, "cuda", dtype="auto")
+    assert next(core.runner.model.parameters()).dtype in (torch.float16, torch.bfloat16)
+    assert all(len(tokens) == MAX_TOKENS for tokens in outputs.values())
