@@ -36,34 +36,8 @@ import zmq  # noqa: E402
 from vllm_rs.network_utils import make_zmq_listener, make_zmq_socket  # noqa: E402
 from vllm_rs.utils import APIServerProcessManager, wait_for_completion_or_failure  # noqa: E402
 
+from tests.support.api_server_workers import adopting_worker, sleeping_worker  # noqa: E402
 from tests.support.wait import wait_until  # noqa: E402
-
-
-def sleeping_worker(listen_address, sock, args, client_config=None):
-    """Stands in for `run_api_server_worker_proc`: sleeps `args` seconds."""
-    print(f"worker {client_config and client_config.get('client_index')} sleeps {args} s", flush=True)
-    time.sleep(float(args))
-
-
-def adopting_worker(listen_address, sock, args, client_config):
-    """Adopts the inherited input (ROUTER) and output (PULL) listeners, takes
-    one message on each, answers on the first and exits."""
-    ctx = zmq.Context()
-    router = make_zmq_socket(
-        ctx, client_config["input_address"], zmq.ROUTER, bind=True, listener=client_config["input_listener"]
-    )
-    pull = make_zmq_socket(
-        ctx, client_config["output_address"], zmq.PULL, bind=True, listener=client_config["output_listener"]
-    )
-    try:
-        identity, payload = router.recv_multipart()
-        assert payload == b"input"
-        assert pull.recv() == b"output"
-        router.send_multipart([identity, b"ok"])
-    finally:
-        router.close(linger=0)
-        pull.close(linger=0)
-        ctx.term()
 
 
 def manager_kwargs(runtime_s: float, with_stats_update: bool = True) -> dict:
