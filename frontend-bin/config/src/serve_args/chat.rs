@@ -4,8 +4,8 @@
 //! `reasoning_parser`, `exclude_tools_when_tool_choice_none`, `trust_request_chat_template`,
 //! `default_chat_template_kwargs` and `reasoning_effort_map`.
 
+use super::keys::Keys;
 use crate::error::ExitError;
-use crate::Keys;
 use std::collections::HashMap;
 
 /// vLLM 0.33's reasoning efforts (its `ReasoningEffort`), in its order.

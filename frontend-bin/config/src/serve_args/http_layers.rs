@@ -1,8 +1,8 @@
 //! The `--args-json` keys of what wraps the routes: TLS, CORS, the root path
 //! and request id headers, read and checked the way vLLM 0.33 reads them.
 
+use super::keys::Keys;
 use crate::error::ExitError;
-use crate::Keys;
 use std::path::PathBuf;
 
 /// What the HTTP layer adds on top of the routes.

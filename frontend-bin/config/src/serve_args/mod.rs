@@ -7,6 +7,7 @@
 
 pub mod chat;
 pub mod http_layers;
+pub(crate) mod keys;
 pub mod model_files;
 
 use crate::error::ExitError;

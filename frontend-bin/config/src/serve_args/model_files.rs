@@ -3,8 +3,8 @@
 //! `download_dir`, `generation_config`, `override_generation_config`
 //! (used by `model_files.rs` and `generation_config.rs`).
 
+use super::keys::Keys;
 use crate::error::ExitError;
-use crate::Keys;
 use serde_json::{Map, Value};
 
 /// The `--args-json` keys that say where the model's files are and which
