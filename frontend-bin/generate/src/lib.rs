@@ -4,7 +4,7 @@
 pub mod logprobs;
 pub mod stop;
 
-use crate::logprobs::{Position, PositionReader};
+use crate::logprobs::{PositionReader, Scored};
 use crate::stop::StopStrings;
 use std::sync::Arc;
 use std::time::Instant;
@@ -57,17 +57,6 @@ impl Delta {
         };
         self
     }
-}
-
-/// The tokens that arrived with a delta and their logprobs.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Scored {
-    /// Every token of the delta (the one that stopped generation too).
-    pub token_ids: Vec<u32>,
-    /// Their positions, when the engine sent logprobs.
-    pub logprobs: Option<Vec<Position>>,
-    /// The prompt's positions (the first token's is `None`), with the first delta, when asked for.
-    pub prompt_logprobs: Option<Vec<Option<Position>>>,
 }
 
 /// Reads a generation's logprobs: sampled and prompt positions, each

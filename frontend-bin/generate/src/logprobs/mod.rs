@@ -7,5 +7,5 @@ pub mod positions;
 pub mod py_float;
 pub mod render;
 
-pub use positions::{Entry, Position, PositionReader};
+pub use positions::{Entry, Position, PositionReader, Scored};
 pub use render::{Echo, Rendering, TokenStrings};

@@ -25,6 +25,17 @@ pub fn entry(position: &Position, token_id: u32) -> Option<&Entry> {
     position.iter().find(|e| e.token_id == token_id)
 }
 
+/// The tokens that arrived with a delta and their logprobs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Scored {
+    /// Every token of the delta (the one that stopped generation too).
+    pub token_ids: Vec<u32>,
+    /// Their positions, when the engine sent logprobs.
+    pub logprobs: Option<Vec<Position>>,
+    /// The prompt's positions (the first token's is `None`), with the first delta, when asked for.
+    pub prompt_logprobs: Option<Vec<Option<Position>>>,
+}
+
 /// Turns rows into positions as vLLM's `LogprobsProcessor` does: ranks are
 /// the scored token's, then 1..k; a token listed twice (the scored token
 /// among the top k) keeps its first place with its last values; each token

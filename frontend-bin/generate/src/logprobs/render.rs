@@ -2,9 +2,8 @@
 //! them, written as JSON text with Python's number format (the Python API
 //! server writes the same bytes).
 
-use super::positions::{entry, Position};
+use super::positions::{entry, Position, Scored};
 use super::py_float::write_py_float;
-use crate::Scored;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::cell::Cell;
