@@ -3,30 +3,30 @@
 //! engines, serve HTTP, and drain on SIGTERM/SIGINT.
 
 use crate::cli::FrontendArgs;
-use crate::config::{process_env, ServerConfig};
-use crate::engine::client::EngineSettings;
-use crate::engine::coordination::follow_coordinator;
-use crate::engine::input_socket::EngineInputSocket;
-use crate::engine::registration::wait_for_engines;
-use crate::engine::sockets::{open_engine_listener, SocketSource};
-use crate::engine::zmtp::FrameLimits;
-use crate::engine::EngineClient;
-use crate::error::ExitError;
-use crate::fds::{adopt_listening_socket, ListeningSocket};
-use crate::generation_config::GenerationConfig;
-use crate::http::server::{serve, ServeOptions};
-use crate::http::state::{unix_now, AppState};
-use crate::listener::StreamListener;
-use crate::metrics::Metrics;
-use crate::model_files::HubCache;
 use crate::stats_log::log_stats_forever;
-use crate::tokenizer::{load_tokenizer, Tokenizer};
 use anyhow::Context;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
+use vllm_rs_chat::{load_tokenizer, Tokenizer};
+use vllm_rs_config::error::ExitError;
+use vllm_rs_config::{process_env, ServerConfig};
 use vllm_rs_coordinator::CoordinatorAddress;
+use vllm_rs_engine::client::EngineSettings;
+use vllm_rs_engine::coordination::follow_coordinator;
+use vllm_rs_engine::fds::{adopt_listening_socket, ListeningSocket};
+use vllm_rs_engine::input_socket::EngineInputSocket;
+use vllm_rs_engine::listener::StreamListener;
+use vllm_rs_engine::registration::wait_for_engines;
+use vllm_rs_engine::sockets::{open_engine_listener, SocketSource};
+use vllm_rs_engine::zmtp::FrameLimits;
+use vllm_rs_engine::EngineClient;
+use vllm_rs_metrics::Metrics;
+use vllm_rs_model_files::generation_config::GenerationConfig;
+use vllm_rs_model_files::HubCache;
+use vllm_rs_server::http::server::{serve, ServeOptions};
+use vllm_rs_server::http::state::{unix_now, AppState};
 
 /// Everything the frontend needs, validated.
 struct Startup {
@@ -130,10 +130,10 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     tracing::debug!(?config, "configuration");
     let hub = HubCache::from_env(&process_env, config.model_files.download_dir.as_deref());
     let tokenizer = load_tokenizer(&config, &hub)?;
-    let tls = config.http_layers.tls.as_ref().map(crate::tls::acceptor).transpose()?;
+    let tls = config.http_layers.tls.as_ref().map(vllm_rs_server::tls::acceptor).transpose()?;
     let generation_config = Arc::new(GenerationConfig::for_server(&config, &hub)?);
     let http = adopt_listening_socket(args.listen_fd, "listen-fd")?;
-    let grpc = args.grpc_listen_fd.map(crate::grpc::server::adopt).transpose()?;
+    let grpc = args.grpc_listen_fd.map(vllm_rs_server::grpc::server::adopt).transpose()?;
     let source = |fd: Option<i32>, address: Option<String>, flag: &str| -> Result<SocketSource, ExitError> {
         match (fd, address) {
             (Some(fd), _) => adopt_listening_socket(fd, flag).map(SocketSource::Listener),
@@ -248,16 +248,16 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         let stopping = async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
         };
-        tokio::spawn(crate::grpc::server::serve(socket, state.clone(), stopping))
+        tokio::spawn(vllm_rs_server::grpc::server::serve(socket, state.clone(), stopping))
     });
     let stopping = async move {
         let _ = stop.wait_for(|stopped| *stopped).await;
         engines.stop_accepting();
     };
     let drain_timeout = options.drain_timeout;
-    let mut drained = serve(listener, crate::http::routes(state.clone()), options, tls, stopping).await;
+    let mut drained = serve(listener, vllm_rs_server::http::routes(state.clone()), options, tls, stopping).await;
     if let Some(grpc) = grpc {
-        drained &= crate::grpc::server::drained(grpc, drain_timeout).await;
+        drained &= vllm_rs_server::grpc::server::drained(grpc, drain_timeout).await;
     }
     if !drained {
         tracing::warn!("requests still in flight after the drain timeout: aborting them");

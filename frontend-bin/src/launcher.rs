@@ -5,10 +5,10 @@
 //! next to it: pip and `scripts/setup.sh` put both in the same `bin/`), so
 //! signals, the exit status and the process tree are exactly `serve`'s.
 
-use crate::error::ExitError;
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use vllm_rs_config::error::ExitError;
 
 /// Overrides which Python runs the stack (an environment whose `vllm_rs` matches this binary).
 pub const PYTHON_ENV: &str = "VLLM_RS_PYTHON";

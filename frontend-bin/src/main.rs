@@ -2,8 +2,8 @@
 
 use clap::Parser;
 use std::process::ExitCode;
+use vllm_rs_config::error::ExitError;
 use vllm_rs_frontend::cli::{Cli, Command};
-use vllm_rs_frontend::error::ExitError;
 
 /// Logs go to stderr; the level comes from `VLLM_LOGGING_LEVEL` (vLLM's variable), default INFO.
 fn init_logging() {

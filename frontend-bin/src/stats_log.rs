@@ -1,9 +1,9 @@
 //! Periodic throughput lines in the log (off with `disable_log_stats`).
 
-use crate::engine::EngineClient;
-use crate::metrics::Metrics;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use vllm_rs_engine::EngineClient;
+use vllm_rs_metrics::Metrics;
 
 /// Logs prompt and generation throughput every `interval` while there is traffic.
 pub async fn log_stats_forever(metrics: Arc<Metrics>, engines: EngineClient, interval: Duration) {

@@ -12,10 +12,10 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Value};
 use std::time::Duration;
-use vllm_rs_frontend::http::chat::parse_chat_request;
-use vllm_rs_frontend::http::completions::parse_completion_request;
-use vllm_rs_frontend::http::error::ApiError;
-use vllm_rs_frontend::http::params::parse_json_object;
+use vllm_rs_server::http::chat::parse_chat_request;
+use vllm_rs_server::http::completions::parse_completion_request;
+use vllm_rs_server::http::error::ApiError;
+use vllm_rs_server::http::params::parse_json_object;
 
 /// Parameter names the parsers read, so random objects hit them often.
 const FIELDS: &[&str] = &[

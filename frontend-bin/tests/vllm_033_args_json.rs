@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
-use vllm_rs_frontend::serve_args::{HONOURED_KEYS, IGNORED_KEYS, REFUSED_KEYS, REFUSED_VALUES};
+use vllm_rs_config::serve_args::{HONOURED_KEYS, IGNORED_KEYS, REFUSED_KEYS, REFUSED_VALUES};
 
 fn fixture(name: &str) -> Map<String, Value> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/vllm-0.33").join(name);

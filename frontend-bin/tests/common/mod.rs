@@ -21,7 +21,7 @@ pub fn temp_dir(tag: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!(
         "vllm-rs-test-{tag}-{}-{}",
         std::process::id(),
-        vllm_rs_frontend::ids::random_hex(6)
+        vllm_rs_engine::ids::random_hex(6)
     ));
     std::fs::create_dir_all(&dir).unwrap();
     TempDir(dir)

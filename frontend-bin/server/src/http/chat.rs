@@ -1,0 +1,506 @@
+//! `POST /v1/chat/completions`.
+
+use super::answer::{
+    answer, known_reasoning_tokens, stream_choices, stream_usage, whole_answer, whole_choices, AnswerFormat,
+    ChatExtras, ChoiceBody, Fields,
+};
+use super::error::ApiError;
+use super::message::ResponseMessage;
+use super::params::{parse_body, parse_json_object, CommonParams, JsonBody, SamplingInput};
+use super::rules::RULES;
+use super::sse::{ChunkHeader, ChunkWriter};
+use super::state::{AppState, SharedState};
+use super::structured::{read_structured_outputs, wire_params};
+use super::submit::{check_model, stop_reason_json, submit, Endpoint};
+use super::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs, thinking_enabled};
+use super::tools::{finish_reason, output_parser, read_chat_tools, template_extra, whole_message, ParsedChatChunks};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use vllm_rs_chat::chat_template::ChatTemplate;
+use vllm_rs_chat::{ChatMessage, ChatTemplateError};
+use vllm_rs_generate::logprobs::{Rendering, TokenStrings};
+use vllm_rs_generate::{Delta, Usage};
+
+/// Handles a chat completion request, streamed or not.
+pub async fn create_chat_completion(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody,
+) -> Response {
+    match chat_completion(state, headers, &body).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+/// A chat request whose parameters are all read and checked.
+#[derive(Debug)]
+pub struct ChatRequest {
+    /// The parameters shared with completions.
+    pub common: CommonParams,
+    /// The conversation, each content flattened to text.
+    pub messages: Vec<ChatMessage>,
+    /// End the prompt with the assistant's turn (false by default with
+    /// `continue_final_message`, as vLLM's frontend reads an omitted value).
+    pub add_generation_prompt: bool,
+    /// Leave the final message open for the model to continue.
+    pub continue_final_message: bool,
+    /// Put the last message before the answer when it has the answer's role.
+    pub echo: bool,
+    /// The request's own chat template (`chat_template`), served only when the server trusts it.
+    pub chat_template: Option<String>,
+    /// The requested reasoning effort (`reasoning_effort`), before the server's map.
+    pub reasoning_effort: Option<String>,
+}
+
+/// One message as sent.
+#[derive(Debug, Deserialize)]
+pub(crate) struct MessageInput {
+    role: String,
+    #[serde(default)]
+    content: Option<ContentInput>,
+}
+
+/// A message's content: text, or a list of parts.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ContentInput {
+    Text(String),
+    Parts(Vec<PartInput>),
+}
+
+/// One content part; only text parts are supported.
+#[derive(Debug, Deserialize)]
+struct PartInput {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+/// The fields only chat has, as sent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ChatInput {
+    messages: Option<Vec<MessageInput>>,
+    max_completion_tokens: Option<i64>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
+    response_format: Option<Map<String, Value>>,
+    structured_outputs: Option<Map<String, Value>>,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+    reasoning_effort: Option<Value>,
+    echo: Option<bool>,
+    chat_template: Option<String>,
+    /// Refused: there is no multimodal processor here.
+    mm_processor_kwargs: Option<IgnoredAny>,
+}
+
+/// The message of a refused untrusted `chat_template`: vLLM's words.
+const UNTRUSTED_TEMPLATE: &str = "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template.";
+
+/// Reads every parameter of a chat body, or a 4xx naming the first bad one.
+/// Needs neither the model nor the tokenizer, so it never fails otherwise.
+pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    let input: ChatInput = parse_body(body)?;
+    let sampling: SamplingInput = parse_body(body)?;
+    if let Some(top) = input.top_logprobs {
+        RULES.check_int("top_logprobs", top)?;
+        if (top == -1 || top > 0) && input.logprobs != Some(true) {
+            return Err(RULES.refuse("top_logprobs", "top_logprobs_without_logprobs", &[]));
+        }
+    }
+    let continue_final_message = input.continue_final_message == Some(true);
+    if continue_final_message && input.add_generation_prompt == Some(true) {
+        return Err(RULES.refuse("continue_final_message", "continue_with_generation_prompt", &[]));
+    }
+    if input.mm_processor_kwargs.is_some() {
+        return Err(ApiError::invalid_param(
+            "mm_processor_kwargs",
+            "mm_processor_kwargs is not supported: this server has no multimodal processor",
+        ));
+    }
+    // vLLM reads max_completion_tokens when given, else max_tokens.
+    let max_tokens = match (input.max_completion_tokens, sampling.max_tokens) {
+        (Some(n), _) => Some(("max_completion_tokens", n)),
+        (None, n) => n.map(|n| ("max_tokens", n)),
+    };
+    let mut common = sampling.check(max_tokens)?;
+    if input.logprobs == Some(true) {
+        common.sampling.logprobs = Some(input.top_logprobs.unwrap_or(0));
+    }
+    let object = parse_json_object(body)?;
+    common.sampling.structured_outputs = read_structured_outputs(&object)?.map(|fields| wire_params(&fields));
+    let messages = messages(input.messages, object.get("messages"))?;
+    let reasoning_effort = read_reasoning_effort(input.reasoning_effort.as_ref(), "reasoning_effort")?;
+    Ok(ChatRequest {
+        common,
+        messages,
+        add_generation_prompt: input.add_generation_prompt.unwrap_or(!continue_final_message),
+        continue_final_message,
+        echo: input.echo == Some(true),
+        chat_template: input.chat_template,
+        reasoning_effort,
+    })
+}
+
+/// The prompt text of `request` with its checked `tools` and template kwargs:
+/// the request's own template when the server trusts it (400 otherwise),
+/// the final message left open with `continue_final_message`.
+fn render_prompt(
+    state: &AppState,
+    request: &ChatRequest,
+    tools: Option<&Value>,
+    kwargs: &Map<String, Value>,
+) -> Result<String, ApiError> {
+    let template_error = |e: ChatTemplateError| {
+        let param = if request.chat_template.is_some() { "chat_template" } else { "messages" };
+        ApiError::invalid_param(param, format!("cannot apply the chat template: {e}"))
+    };
+    let (messages, add_generation_prompt) = (&request.messages, request.add_generation_prompt);
+    let prompt = match &request.chat_template {
+        Some(_) if !state.config.chat.trust_request_chat_template => {
+            return Err(ApiError::invalid_param("chat_template", UNTRUSTED_TEMPLATE))
+        }
+        Some(source) => {
+            let (bos, eos) = state.tokenizer.template_tokens();
+            ChatTemplate::new(source.clone(), bos, eos)
+                .map_err(|e| {
+                    ApiError::invalid_param("chat_template", format!("the chat template does not compile: {e}"))
+                })?
+                .render_with_tools(messages, add_generation_prompt, tools, kwargs)
+                .map_err(template_error)?
+        }
+        None => state
+            .tokenizer
+            .apply_chat_template_with_tools(messages, add_generation_prompt, tools, kwargs)
+            .map_err(template_error)?,
+    };
+    if !request.continue_final_message {
+        return Ok(prompt);
+    }
+    let last = messages.last().map(|m| m.content.as_str()).unwrap_or_default();
+    continue_final_message(&prompt, last).ok_or_else(|| {
+        ApiError::invalid_param(
+            "continue_final_message",
+            "continue_final_message is set but the final message does not appear in the chat after applying the chat template! This can happen if the chat template deletes portions of the final message. Please verify the chat template and final message in your chat to ensure they are compatible.",
+        )
+    })
+}
+
+/// `rendered` cut right after the final message's text, as transformers'
+/// `apply_chat_template(continue_final_message=True)` cuts it (which vLLM
+/// calls): at its last occurrence, keeping its leading spacing, and its
+/// trailing spacing when the template kept it. `None` when the template
+/// dropped part of the message.
+pub fn continue_final_message(rendered: &str, final_message: &str) -> Option<String> {
+    let stripped = final_message.trim();
+    let at = rendered.rfind(stripped)?;
+    let left_stripped = final_message.trim_start();
+    let end = if rendered[at..].starts_with(left_stripped) { at + left_stripped.len() } else { at + stripped.len() };
+    Some(rendered[..end].to_owned())
+}
+
+async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+    let mut request = parse_chat_request(body)?;
+    let object = parse_json_object(body)?;
+    let tools = read_chat_tools(&object, &state.config.chat)?;
+    let chat = &state.config.chat;
+    let mut template_kwargs = read_template_kwargs(&object, &chat.default_template_kwargs)?;
+    apply_reasoning_effort(
+        &mut template_kwargs,
+        &object,
+        request.reasoning_effort.as_deref(),
+        &chat.reasoning_effort_map,
+    );
+    if let Some(constraint) = &tools.constraint {
+        // A forced tool choice replaces the request's own constraint, as in vLLM.
+        request.common.sampling.structured_outputs = Some(wire_params(constraint));
+    }
+    check_model(&state, request.common.model.as_deref())?;
+    let prompt = render_prompt(&state, &request, tools.tools.as_ref(), &template_kwargs)?;
+    let prompt_token_ids = state
+        .tokenizer
+        .encode(&prompt, false)
+        .map_err(|e| ApiError::invalid_param("messages", format!("cannot tokenize the messages: {e}")))?;
+    let ChatRequest { common, messages, add_generation_prompt, echo, .. } = request;
+    let (stream, usage) = (common.stream, stream_usage(&state, &common));
+    let role = response_role(&state.config.chat.response_role, &messages, add_generation_prompt);
+    // vLLM's echo: the last message's content, when its role is the answer's.
+    let echo = echo.then(|| messages.last().filter(|m| m.role == role).map(|m| m.content.clone())).flatten();
+    let rendering = (common.sampling.logprobs.is_some() || common.sampling.prompt_logprobs.is_some()).then(|| {
+        Arc::new(Rendering {
+            strings: TokenStrings {
+                tokenizer: state.tokenizer.clone(),
+                as_ids: common.return_tokens_as_token_ids.unwrap_or(state.config.return_tokens_as_token_ids),
+            },
+            logprobs: common.sampling.logprobs,
+            echo: None,
+            prompt_logprobs: common.sampling.prompt_logprobs.is_some(),
+        })
+    });
+    let mut submitted = submit(&state, &headers, Endpoint::Chat, prompt_token_ids, common)?;
+    let opening = Arc::new(ChatOpening {
+        role: role.clone(),
+        echo: echo.clone().filter(|e| !e.is_empty()),
+        prompt_token_ids: submitted.prompt_token_ids.as_deref().map(Arc::from),
+    });
+    if let Some(parser) = output_parser(&tools, &state.config.chat, thinking_enabled(&template_kwargs)) {
+        let model = state.config.primary_model_name().to_string();
+        if stream {
+            let header =
+                ChunkHeader { id: submitted.id, object: "chat.completion.chunk", created: submitted.created, model };
+            let writer = |header, index| ParsedChatChunks {
+                header,
+                opening: opening.clone(),
+                stream: parser.stream().into(),
+                mode: tools.mode,
+                index,
+                rendering: rendering.clone(),
+            };
+            return Ok(stream_choices(submitted.generation, submitted.more_choices, header, usage, writer).await);
+        }
+        let mut response_prompt_logprobs = None;
+        let (choices, usage) = whole_choices(&mut submitted, |index, whole| {
+            let (message, called) = whole_message(&parser, &role, &whole.text);
+            let (logprobs, prompt_logprobs) = whole_logprobs(rendering.as_deref(), &whole);
+            if response_prompt_logprobs.is_none() {
+                response_prompt_logprobs = prompt_logprobs;
+            }
+            let mut choice = Fields::default();
+            choice.put("index", &index);
+            choice.put("message", &message.echoed(echo.as_deref()));
+            choice.put_raw("logprobs", logprobs);
+            choice.put("finish_reason", &finish_reason(whole.finish.reason.as_str(), tools.mode, called));
+            choice.put("stop_reason", &stop_reason_json(&whole.finish.stop_reason));
+            choice.put("token_ids", &whole.token_ids);
+            choice
+        })
+        .await?;
+        let extras = ChatExtras {
+            prompt_logprobs: response_prompt_logprobs,
+            prompt_token_ids: submitted.prompt_token_ids.take(),
+        };
+        let reasoning_tokens = known_reasoning_tokens(&state);
+        let body = whole_answer(&submitted, "chat.completion", &model, choices, usage, Some(extras), reasoning_tokens);
+        return Ok(axum::Json(body).into_response());
+    }
+    let format = AnswerFormat {
+        object: "chat.completion",
+        chunk_object: "chat.completion.chunk",
+        writer: |header, index| ChatChunks { header, opening: opening.clone(), index, rendering: rendering.clone() },
+        content: |whole: vllm_rs_generate::Whole| {
+            let (logprobs, response_prompt_logprobs) = whole_logprobs(rendering.as_deref(), &whole);
+            let mut fields = Fields::default();
+            fields.put("message", &ResponseMessage::new(&role, Some(whole.text)).echoed(echo.as_deref()));
+            fields.put_raw("logprobs", logprobs);
+            ChoiceBody { fields, tail: Fields::default(), response_prompt_logprobs }
+        },
+        chat: true,
+    };
+    answer(&state, submitted, stream, usage, format).await
+}
+
+/// A whole chat answer's `logprobs` (choice) and `prompt_logprobs`
+/// (response), each `None` when not asked for.
+fn whole_logprobs(
+    rendering: Option<&Rendering>,
+    whole: &vllm_rs_generate::Whole,
+) -> (Option<Box<RawValue>>, Option<Box<RawValue>>) {
+    let Some(rendering) = rendering else { return (None, None) };
+    let scored = whole.scored.as_deref();
+    let prompt = rendering
+        .prompt_logprobs
+        .then(|| rendering.prompt_logprobs_json(scored.and_then(|s| s.prompt_logprobs.as_deref())));
+    (rendering.chat_logprobs(scored), prompt)
+}
+
+/// The role of the answer, as vLLM picks it: `response_role` when the prompt
+/// ends with the generation prompt, else the last message's role (the model
+/// continues that message).
+fn response_role(configured: &str, messages: &[ChatMessage], add_generation_prompt: bool) -> String {
+    match messages.last() {
+        Some(last) if !add_generation_prompt => last.role.clone(),
+        _ => configured.to_owned(),
+    }
+}
+
+/// The conversation, each content flattened to text; `raw` (the messages as
+/// sent) gives what templates get beyond role and content.
+pub(crate) fn messages(items: Option<Vec<MessageInput>>, raw: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let items = items.ok_or_else(|| RULES.refuse("messages", "messages_missing", &[]))?;
+    if items.is_empty() {
+        return Err(RULES.refuse("messages", "messages_empty", &[]));
+    }
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let content = match item.content {
+                None => String::new(),
+                Some(ContentInput::Text(text)) => text,
+                Some(ContentInput::Parts(parts)) => parts
+                    .into_iter()
+                    .map(|part| match (part.kind.as_str(), part.text) {
+                        ("text", Some(text)) => Ok(text),
+                        _ => Err(RULES.refuse("messages", "text_parts_only", &[("index", &i.to_string())])),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .concat(),
+            };
+            let extra = raw.and_then(|r| r.get(i)).and_then(Value::as_object).and_then(template_extra);
+            Ok(ChatMessage { role: item.role, content, extra })
+        })
+        .collect()
+}
+
+/// vLLM's `ChatCompletionResponseStreamChoice` as it streams it.
+#[derive(Serialize)]
+struct ChunkChoice<'a> {
+    index: u32,
+    delta: ChunkDelta<'a>,
+    logprobs: Option<Box<RawValue>>,
+    finish_reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_reason: Option<Value>,
+    /// Set on every chunk after the opening ones, null unless asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_ids: Option<Option<&'a [u32]>>,
+}
+
+#[derive(Serialize)]
+struct ChunkDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'a str>,
+    /// Left out of a chunk that only carries logprobs (vLLM's empty `DeltaMessage`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+}
+
+/// The first chunks of every choice of a streamed chat answer, as vLLM sends
+/// them: the role (with the prompt's token ids when asked for), then the
+/// echoed last message (`echo`).
+pub struct ChatOpening {
+    /// The role of the answer.
+    pub role: String,
+    /// The echoed text, when there is some.
+    pub echo: Option<String>,
+    /// The prompt's token ids (`return_token_ids`).
+    pub prompt_token_ids: Option<Arc<[u32]>>,
+}
+
+impl ChatOpening {
+    /// The opening chunks of choice `index`; `usage` (prompt only) when
+    /// every chunk carries usage.
+    pub fn chunks(&self, header: &ChunkHeader, index: u32, usage: Option<Usage>) -> Bytes {
+        let opening = |delta| ChunkChoice {
+            index,
+            delta,
+            logprobs: None,
+            finish_reason: None,
+            stop_reason: None,
+            token_ids: None,
+        };
+        let role = opening(ChunkDelta { role: Some(&self.role), content: Some("") });
+        let first = header.event_with_prompt(vec![role], usage, self.prompt_token_ids.as_deref());
+        let Some(echo) = &self.echo else { return first };
+        let mut both = first.to_vec();
+        both.extend_from_slice(&header.event(vec![opening(ChunkDelta { role: None, content: Some(echo) })], usage));
+        Bytes::from(both)
+    }
+}
+
+/// The chunks of one choice of a streamed chat answer.
+struct ChatChunks {
+    header: ChunkHeader,
+    /// The first chunks.
+    opening: Arc<ChatOpening>,
+    /// The choice's index (streams of n > 1 choices interleave them).
+    index: u32,
+    /// How logprobs are shown, when the request asked for them.
+    rendering: Option<Arc<Rendering>>,
+}
+
+impl ChunkWriter for ChatChunks {
+    fn opening(&self, usage: Option<Usage>) -> Option<Bytes> {
+        Some(self.opening.chunks(&self.header, self.index, usage))
+    }
+
+    fn delta(&self, delta: &Delta, usage: Option<Usage>) -> Bytes {
+        let choice = ChunkChoice {
+            index: self.index,
+            delta: ChunkDelta {
+                role: None,
+                content: (!delta.text.is_empty() || delta.finish.is_some()).then_some(delta.text.as_str()),
+            },
+            logprobs: self.rendering.as_ref().and_then(|r| r.chat_logprobs(delta.scored.as_deref())),
+            finish_reason: delta.finish.as_ref().map(|f| f.reason.as_str()),
+            stop_reason: delta.finish.as_ref().map(|f| stop_reason_json(&f.stop_reason)),
+            token_ids: Some(delta.token_ids.as_deref()),
+        };
+        self.header.event(vec![choice], usage)
+    }
+
+    fn usage(&self, usage: Usage) -> Bytes {
+        self.header.event::<ChunkChoice>(Vec::new(), Some(usage))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continue_final_message_cuts_where_transformers_cuts() {
+        let rendered = "<|user|>hi<|end|><|assistant|>Once upon<|end|>";
+        assert_eq!(
+            continue_final_message(rendered, "Once upon").as_deref(),
+            Some("<|user|>hi<|end|><|assistant|>Once upon")
+        );
+        // Trailing spacing the template kept stays; spacing it trimmed is not restored.
+        assert_eq!(continue_final_message("<a>Once upon <e>", "Once upon ").as_deref(), Some("<a>Once upon "));
+        assert_eq!(continue_final_message("<a>Once upon<e>", "Once upon ").as_deref(), Some("<a>Once upon"));
+        // The last occurrence counts.
+        assert_eq!(continue_final_message("x<e>x<e>", "x").as_deref(), Some("x<e>x"));
+        assert_eq!(continue_final_message("<a>changed<e>", "Once upon"), None);
+    }
+
+    #[test]
+    fn parses_the_options_vllm_honours() {
+        let body = br#"{"messages": [{"role": "user", "content": "hi"}], "echo": true, "chat_template": "{{ x }}",
+            "continue_final_message": true, "request_id": "mine", "return_token_ids": true,
+            "include_stop_str_in_output": true, "truncate_prompt_tokens": 3}"#;
+        let request = parse_chat_request(body).unwrap();
+        assert!(request.echo && request.continue_final_message && !request.add_generation_prompt);
+        assert_eq!(request.chat_template.as_deref(), Some("{{ x }}"));
+        assert_eq!(request.common.request_id.as_deref(), Some("mine"));
+        assert!(request.common.return_token_ids && request.common.include_stop_str_in_output);
+        assert_eq!(request.common.truncation.map(|t| t.keep), Some(Some(3)));
+        let explicit = br#"{"messages": [{"role": "user", "content": "hi"}], "continue_final_message": true,
+            "add_generation_prompt": false}"#;
+        assert!(!parse_chat_request(explicit).unwrap().add_generation_prompt);
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_serve_naming_it() {
+        for (extra, param) in [
+            (r#""mm_processor_kwargs": {"a": 1}"#, "mm_processor_kwargs"),
+            (r#""continue_final_message": true, "add_generation_prompt": true"#, "continue_final_message"),
+        ] {
+            let body = format!(r#"{{"messages": [{{"role": "user", "content": "hi"}}], {extra}}}"#);
+            let err = parse_chat_request(body.as_bytes()).unwrap_err();
+            assert_eq!(err.param.as_deref(), Some(param), "{extra}");
+        }
+    }
+}

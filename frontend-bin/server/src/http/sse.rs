@@ -1,0 +1,269 @@
+//! Streaming answers as server-sent events: `data: {json}` per chunk, an
+//! error chunk if the generation fails, then `data: [DONE]`. Dropping the
+//! body (client gone) drops the generation, which aborts the request.
+
+use super::answer::generation_error;
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
+use serde::Serialize;
+use std::convert::Infallible;
+use vllm_rs_generate::{Delta, Generation, GenerationError, Usage};
+
+/// Formats the chunks of one kind of streamed answer. `usage`, when given,
+/// is the choice's usage so far, for `stream_options.continuous_usage_stats`.
+pub trait ChunkWriter: Send + 'static {
+    /// The chunk sent before any text, if any (chat: the assistant role).
+    fn opening(&self, usage: Option<Usage>) -> Option<Bytes>;
+    /// The chunk for one delta.
+    fn delta(&self, delta: &Delta, usage: Option<Usage>) -> Bytes;
+    /// The final usage chunk.
+    fn usage(&self, usage: Usage) -> Bytes;
+}
+
+/// One `data:` event holding `value` as JSON.
+pub fn event<T: Serialize>(value: &T) -> Bytes {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"data: ");
+    serde_json::to_writer(&mut out, value).expect("serializing a chunk");
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// What every chunk of one streamed answer repeats: id, object, created, model.
+#[derive(Clone)]
+pub struct ChunkHeader {
+    /// The id the client sees.
+    pub id: String,
+    /// `text_completion` or `chat.completion.chunk`.
+    pub object: &'static str,
+    /// Creation time (unix seconds).
+    pub created: u64,
+    /// The model name reported.
+    pub model: String,
+}
+
+#[derive(Serialize)]
+struct Chunk<'a, C> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: Vec<C>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+    /// The prompt's token ids, on a chat stream's first chunk when asked for (`return_token_ids`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_token_ids: Option<&'a [u32]>,
+}
+
+impl ChunkHeader {
+    /// The event for a chunk with these `choices` and, when given, `usage`.
+    pub fn event<C: Serialize>(&self, choices: Vec<C>, usage: Option<Usage>) -> Bytes {
+        self.event_with_prompt(choices, usage, None)
+    }
+
+    /// `event`, with the prompt's token ids on the chunk itself (chat's first chunk).
+    pub fn event_with_prompt<C: Serialize>(
+        &self,
+        choices: Vec<C>,
+        usage: Option<Usage>,
+        prompt_token_ids: Option<&[u32]>,
+    ) -> Bytes {
+        event(&Chunk {
+            id: &self.id,
+            object: self.object,
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage,
+            prompt_token_ids,
+        })
+    }
+}
+
+/// When a stream carries usage: a last chunk of its own, and on every chunk too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamUsage {
+    /// A usage chunk ends the stream (`include_usage`, or the server forces it).
+    pub last: bool,
+    /// Every chunk carries the usage so far (`continuous_usage_stats`).
+    pub continuous: bool,
+}
+
+const DONE: &[u8] = b"data: [DONE]\n\n";
+
+enum Phase {
+    Opening,
+    Deltas,
+    Finished,
+    End,
+}
+
+struct StreamState<W> {
+    generation: Generation,
+    writer: W,
+    usage: StreamUsage,
+    phase: Phase,
+    /// The first delta, awaited before the response started.
+    first: Option<Option<Result<Delta, GenerationError>>>,
+}
+
+/// The error chunk for a generation that failed mid-stream: the error answer
+/// the request would have had unstreamed.
+pub fn error_event(error: &GenerationError) -> Bytes {
+    event(&generation_error(error).body())
+}
+
+/// A `text/event-stream` response that streams `generation` through `writer`.
+///
+/// Resolves once the first delta (or failure) is there, so that the response
+/// head, the opening chunk and the first delta leave in one write instead of
+/// three: with many streams, writes to the clients are most of the work.
+pub async fn sse_response<W: ChunkWriter>(mut generation: Generation, writer: W, usage: StreamUsage) -> Response {
+    let first = Some(generation.next_delta().await);
+    let state = StreamState { generation, writer, usage, phase: Phase::Opening, first };
+    let body = stream::unfold(state, |mut s| async move {
+        loop {
+            match s.phase {
+                Phase::Opening => {
+                    s.phase = Phase::Deltas;
+                    let running = s.usage.continuous.then(|| s.generation.usage_before_output());
+                    if let Some(chunk) = s.writer.opening(running) {
+                        return Some((Ok::<Bytes, Infallible>(chunk), s));
+                    }
+                }
+                Phase::Deltas => match match s.first.take() {
+                    Some(first) => first,
+                    None => s.generation.next_delta().await,
+                } {
+                    Some(Ok(delta)) => {
+                        let chunk = s.writer.delta(&delta, s.usage.continuous.then(|| s.generation.usage()));
+                        if delta.finish.is_none() {
+                            // The usual case: the chunk goes out as it is, no copy.
+                            return Some((Ok(chunk), s));
+                        }
+                        let mut last = chunk.to_vec();
+                        if s.usage.last {
+                            last.extend_from_slice(&s.writer.usage(s.generation.usage()));
+                        }
+                        last.extend_from_slice(DONE);
+                        s.phase = Phase::End;
+                        return Some((Ok(Bytes::from(last)), s));
+                    }
+                    Some(Err(error)) => {
+                        s.phase = Phase::Finished;
+                        return Some((Ok(error_event(&error)), s));
+                    }
+                    None => s.phase = Phase::Finished,
+                },
+                Phase::Finished => {
+                    s.phase = Phase::End;
+                    return Some((Ok(Bytes::from_static(DONE)), s));
+                }
+                Phase::End => return None,
+            }
+        }
+    });
+    event_stream_response(Body::from_stream(body))
+}
+
+fn event_stream_response(body: Body) -> Response {
+    let mut response = Response::new(body);
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// One output of one choice of an answer with n > 1: the choice's index,
+/// its delta or failure, and its token counts so far.
+type ChoiceOutput = (usize, Result<Delta, GenerationError>, Usage);
+
+/// The outputs of one choice, up to and including its last delta or failure.
+fn choice_outputs(index: usize, generation: Generation) -> BoxStream<'static, ChoiceOutput> {
+    stream::unfold(Some(generation), move |generation| async move {
+        let mut generation = generation?;
+        let output = generation.next_delta().await?;
+        let running = matches!(&output, Ok(delta) if delta.finish.is_none());
+        let usage = generation.usage();
+        // A finished (or failed) choice's generation goes; the others run on.
+        Some(((index, output, usage), running.then_some(generation)))
+    })
+    .boxed()
+}
+
+struct ChoicesState<W> {
+    /// Every running choice's outputs, merged as they come.
+    outputs: SelectAll<BoxStream<'static, ChoiceOutput>>,
+    /// One writer per choice, by index.
+    writers: Vec<W>,
+    stream_usage: StreamUsage,
+    /// The usage of the choices that finished.
+    usage: Usage,
+    /// The openings of every choice, sent first.
+    opening: Option<Vec<u8>>,
+    ended: bool,
+}
+
+/// A `text/event-stream` response for an answer with n > 1 choices: every
+/// choice's opening, then each choice's chunks as they come (each choice
+/// ends with its own finish chunk), then the usage of all of them. A
+/// failure of one choice ends the stream with its error; dropping the body
+/// (client gone) drops every generation, which aborts each one.
+pub fn choices_sse_response<W: ChunkWriter>(
+    generations: Vec<Generation>,
+    writers: Vec<W>,
+    stream_usage: StreamUsage,
+) -> Response {
+    let opening = writers.iter().zip(&generations).fold(Vec::new(), |mut all, (writer, generation)| {
+        let running = stream_usage.continuous.then(|| generation.usage_before_output());
+        all.extend_from_slice(&writer.opening(running).unwrap_or_default());
+        all
+    });
+    let outputs = stream::select_all(
+        generations.into_iter().enumerate().map(|(index, generation)| choice_outputs(index, generation)),
+    );
+    let state =
+        ChoicesState { outputs, writers, stream_usage, usage: Usage::default(), opening: Some(opening), ended: false };
+    let body = stream::unfold(state, |mut s| async move {
+        if let Some(opening) = s.opening.take().filter(|o| !o.is_empty()) {
+            return Some((Ok::<Bytes, Infallible>(Bytes::from(opening)), s));
+        }
+        if s.ended {
+            return None;
+        }
+        loop {
+            let Some((index, output, usage)) = s.outputs.next().await else {
+                let mut last = Vec::new();
+                if s.stream_usage.last {
+                    last.extend_from_slice(&s.writers[0].usage(s.usage));
+                }
+                last.extend_from_slice(DONE);
+                s.ended = true;
+                return Some((Ok(Bytes::from(last)), s));
+            };
+            match output {
+                Ok(delta) => {
+                    if delta.finish.is_some() {
+                        s.usage.add_choice(usage);
+                    }
+                    let chunk = s.writers[index].delta(&delta, s.stream_usage.continuous.then_some(usage));
+                    if !chunk.is_empty() {
+                        return Some((Ok(chunk), s));
+                    }
+                }
+                Err(error) => {
+                    let mut last = error_event(&error).to_vec();
+                    last.extend_from_slice(DONE);
+                    s.outputs = SelectAll::new(); // aborts the other choices now
+                    s.ended = true;
+                    return Some((Ok(Bytes::from(last)), s));
+                }
+            }
+        }
+    });
+    event_stream_response(Body::from_stream(body))
+}
