@@ -4,6 +4,7 @@
 use super::error::ApiError;
 use super::state::SharedState;
 use super::submit::check_model;
+use crate::metrics::sleep::SleepOperation;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
@@ -104,12 +105,16 @@ pub fn sleep_level(query: Result<Query<SleepQuery>, QueryRejection>) -> Result<u
 /// `POST /sleep?level=N` (level 1 by default).
 pub async fn sleep(State(state): State<SharedState>, query: Result<Query<SleepQuery>, QueryRejection>) -> Response {
     match sleep_level(query) {
-        Ok(level) => call_all_engines(&state, "sleep", vec![rmpv::Value::from(level)]).await,
+        Ok(level) => {
+            let _timer = state.metrics.sleep_mode().record(SleepOperation::Sleep);
+            call_all_engines(&state, "sleep", vec![rmpv::Value::from(level)]).await
+        }
         Err(error) => error.into_response(),
     }
 }
 
 /// `POST /wake_up`.
 pub async fn wake_up(State(state): State<SharedState>) -> Response {
+    let _timer = state.metrics.sleep_mode().record(SleepOperation::Wake);
     call_all_engines(&state, "wake_up", vec![rmpv::Value::Nil]).await
 }

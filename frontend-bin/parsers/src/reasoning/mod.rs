@@ -11,9 +11,15 @@
 //!
 //! Streamed, text that may still become a marker is held back; the deltas
 //! concatenated give the same split as the whole parse.
+//!
+//! [`ReasoningParser::count_reasoning_tokens`] counts the generated tokens
+//! whose text the parser classifies as reasoning (vLLM's
+//! `count_reasoning_tokens`, which counts the tokens between the
+//! `<think>`/`</think>` token ids: the markers themselves are not reasoning).
 
 use crate::stream::partial_overlap_any;
 use crate::types::{DeltaMessage, Reasoning, UnknownParser};
+use std::ops::Range;
 
 /// The names [`ReasoningParser::new`] accepts, as vLLM 0.33 registers them.
 pub const REASONING_PARSER_NAMES: &[&str] = &["deepseek_r1", "qwen3"];
@@ -95,6 +101,68 @@ impl ReasoningParser {
                     reasoning: Some(split.reasoning).filter(|r| !r.is_empty()),
                     content: Some(split.content).filter(|c| !c.is_empty()),
                 }
+            }
+        }
+    }
+
+    /// How many of the tokens of `text` are reasoning: token `i`'s text ends
+    /// at byte `token_ends[i]` of `text` (ends never decrease; a token whose
+    /// text is not complete yet ends where the previous one did, and belongs
+    /// to the text that follows). A token is reasoning when some of its text
+    /// is reasoning text; a token with no text of its own, when the text
+    /// right after it is. Text that may still become a marker counts only
+    /// once `finished` (or once it did not).
+    pub fn count_reasoning_tokens(&self, text: &str, token_ends: &[usize], finished: bool) -> usize {
+        let ranges = self.reasoning_ranges(text, finished);
+        if ranges.is_empty() {
+            return 0;
+        }
+        let mut start = 0;
+        token_ends
+            .iter()
+            .filter(|&&end| {
+                let span = if end > start { start..end } else { start..start + 1 };
+                start = start.max(end);
+                ranges.iter().any(|r| r.start < span.end && span.start < r.end)
+            })
+            .count()
+    }
+
+    /// The byte ranges of `text` that are reasoning text, as [`Self::parse`]
+    /// (`finished`) or the stream so far (not `finished`: a possible partial
+    /// marker at the end held back) splits it.
+    fn reasoning_ranges(&self, text: &str, finished: bool) -> Vec<Range<usize>> {
+        let hold = |s: &str, tags: &[&str]| if finished { 0 } else { partial_overlap_any(s, tags) };
+        match self.kind {
+            Kind::Qwen3 if !self.thinking => Vec::new(),
+            Kind::DeepSeekR1 if finished => {
+                // As `parse`: after the first `<think>`, up to the `</think>` after it.
+                let start = text.find(THINK_START).map_or(0, |at| at + THINK_START.len());
+                let end = text[start..].find(THINK_END).map_or(text.len(), |at| start + at);
+                vec![start..end]
+            }
+            Kind::DeepSeekR1 => {
+                let end = match text.find(THINK_END) {
+                    Some(at) => at,
+                    None => text.len() - hold(text, &[THINK_START, THINK_END]),
+                };
+                let start = text[..end].find(THINK_START).map_or(0, |at| at + THINK_START.len());
+                vec![start..end]
+            }
+            Kind::Qwen3 => {
+                let end = [THINK_END, TOOL_CALL_START].iter().filter_map(|m| text.find(m)).min().unwrap_or_else(|| {
+                    text.len() - hold(text, &[THINK_START, THINK_END, TOOL_CALL_START])
+                });
+                // `<think>` inside the block is dropped from the reasoning.
+                let mut ranges = Vec::new();
+                let mut from = 0;
+                for (at, _) in text[..end].match_indices(THINK_START) {
+                    ranges.push(from..at);
+                    from = at + THINK_START.len();
+                }
+                ranges.push(from..end);
+                ranges.retain(|r| !r.is_empty());
+                ranges
             }
         }
     }
