@@ -37,9 +37,9 @@ pub struct Delta {
 impl Delta {
     /// A final delta as vLLM's frontend streams it: its text, tokens and
     /// logprobs first, when it has any, then the finish in a chunk of its
-    /// own (empty text, and no token ids when they were asked for). `None`
-    /// first for a delta with nothing but the finish; `self` unchanged
-    /// (and no finish delta) when it is not the final one.
+    /// own (empty text, and empty token ids when they were asked for).
+    /// `None` first for a delta with nothing but the finish; `self`
+    /// unchanged (and no finish delta) when it is not the final one.
     pub fn split_finish(mut self) -> (Option<Delta>, Option<Delta>) {
         let Some(finish) = self.finish.take() else { return (Some(self), None) };
         let finish_only = Delta {
@@ -48,7 +48,9 @@ impl Delta {
             scored: None,
             token_ids: self.token_ids.as_ref().map(|_| Vec::new()),
         };
-        let has_logprobs = self.scored.as_ref().is_some_and(|s| s.logprobs.as_ref().is_some_and(|l| !l.is_empty()));
+        let has_logprobs = self.scored.as_ref().is_some_and(|s| {
+            s.prompt_logprobs.is_some() || s.logprobs.as_ref().is_some_and(|l| !l.is_empty())
+        });
         let has_tokens = self.token_ids.as_ref().is_some_and(|ids| !ids.is_empty());
         let content = (!self.text.is_empty() || has_logprobs || has_tokens).then_some(self);
         (content, finish_only.into())

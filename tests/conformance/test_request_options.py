@@ -311,6 +311,8 @@ def test_the_streamed_finish_reason_comes_in_a_chunk_of_its_own(served):
     assert [c["choices"][0]["delta"].get("content") for c in streamed[1:-1]] == ["u", "s", "e"]
     completion = chunks(served, "/v1/completions", {"prompt": "abc", "max_tokens": 3, "stop": ["c"]})
     assert [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in completion] == [
-        ("a", None), ("b", None), ("", "stop")
+        ("a", None),
+        ("b", None),
+        ("", "stop"),
     ]
     assert completion[-1]["choices"][0]["stop_reason"] == "c"

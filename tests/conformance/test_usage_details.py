@@ -118,7 +118,6 @@ def test_reasoning_tokens_are_the_tokens_parsed_as_reasoning(reasoning):
     )  # fmt: skip
     counts = [c.usage.completion_tokens_details.reasoning_tokens for c in streamed]
     assert counts == sorted(counts) and counts[0] == 0 and counts[-1] == 7, counts
-    assert "".join(c.choices[0].delta.model_extra.get("reasoning") or "" for c in streamed if c.choices) == thought
 
 
 def test_deepseek_r1_counts_only_inside_think_pairs(reasoning):
@@ -199,7 +198,9 @@ STREAMS = [
 def test_streams_have_the_chunks_of_vllms_bundled_frontend(tmp_path):
     with both_frontends(tmp_path, "echo") as ports:
         for path, body in STREAMS:
-            ours, theirs = (without_role_content(shape(events(port, path, {"model": "echo", **body}))) for port in ports)
+            ours, theirs = (
+                without_role_content(shape(events(port, path, {"model": "echo", **body}))) for port in ports
+            )
             assert ours == theirs, (path, body)
             # The finish comes alone: no text, after the last text.
             finish = next(c for c in ours if c["choices"] and "finish_reason" in c["choices"][0])
