@@ -48,9 +48,10 @@ impl Delta {
             scored: None,
             token_ids: self.token_ids.as_ref().map(|_| Vec::new()),
         };
-        let has_logprobs = self.scored.as_ref().is_some_and(|s| {
-            s.prompt_logprobs.is_some() || s.logprobs.as_ref().is_some_and(|l| !l.is_empty())
-        });
+        let has_logprobs = self
+            .scored
+            .as_ref()
+            .is_some_and(|s| s.prompt_logprobs.is_some() || s.logprobs.as_ref().is_some_and(|l| !l.is_empty()));
         let has_tokens = self.token_ids.as_ref().is_some_and(|ids| !ids.is_empty());
         let content = (!self.text.is_empty() || has_logprobs || has_tokens).then_some(self);
         (content, finish_only.into())

@@ -12,9 +12,9 @@ pub mod sleep;
 use crate::engine::protocol::SchedulerStats;
 use families::{EngineSeries, Families};
 use http::HttpMetrics;
-use sleep::SleepModeMetrics;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
+use sleep::SleepModeMetrics;
 use std::ops::Range;
 
 pub use request::{EngineTimes, SharedTimes, TokenClock};

@@ -160,9 +160,11 @@ impl ReasoningParser {
                 ranges
             }
             Kind::Qwen3 => {
-                let end = [THINK_END, TOOL_CALL_START].iter().filter_map(|m| text.find(m)).min().unwrap_or_else(|| {
-                    text.len() - hold(text, &[THINK_START, THINK_END, TOOL_CALL_START])
-                });
+                let end = [THINK_END, TOOL_CALL_START]
+                    .iter()
+                    .filter_map(|m| text.find(m))
+                    .min()
+                    .unwrap_or_else(|| text.len() - hold(text, &[THINK_START, THINK_END, TOOL_CALL_START]));
                 // `<think>` inside the block is dropped from the reasoning.
                 let mut ranges = Vec::new();
                 let mut from = 0;
