@@ -122,7 +122,8 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="vllm-rs-metrics-"))
     model_dir = Path(write_model_dir(str(scratch / "model"), "toy"))
     wrapper = frontend_wrapper(scratch, args.frontend, byte_tokenizer_dir(scratch / "tokenizer"))
-    env = {**os.environ, "VLLM_RS_FRONTEND_PATH": str(wrapper), "VLLM_NO_USAGE_STATS": "1"}
+    # Dev mode: vLLM's frontend serves /sleep and /wake_up (the traffic's last calls) only then.
+    env = {**os.environ, "VLLM_RS_FRONTEND_PATH": str(wrapper), "VLLM_NO_USAGE_STATS": "1", "VLLM_SERVER_DEV_MODE": "1"}
     command = [sys.executable, "-m", "vllm_rs", "serve", "--model", str(model_dir), "--served-model-name", traffic.MODEL, "--host", "127.0.0.1", "--port", str(port), "--frontend", "rust",
                *traffic.CACHE_ARGS]  # fmt: skip
     proc = subprocess.Popen(command, env=env, start_new_session=True)

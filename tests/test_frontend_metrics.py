@@ -8,7 +8,8 @@ features this stack does not have (`NOT_SERVED`), every series vLLM's
 Grafana dashboard plots is there (tests/fixtures/vllm-grafana-series.json),
 and the values say what happened: prompt tokens counted by source, the
 prefix-cache hits of a repeated prompt, the preemption a full cache forces,
-each request's phases and parameters, the HTTP requests by route and status."""
+each request's phases and parameters, the HTTP requests by route and status,
+the sleep and wake-up operations."""
 
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ NOT_SERVED = {
     "vllm:estimated_": "no model FLOPs estimates",
     "vllm:kv_block_": "no sampling of KV block residency (--kv-cache-metrics-sample)",
     "vllm:rl_weight_update_": "no RL weight updates",
-    "vllm:sleep_mode_": "not yet: /sleep and /wake_up are not timed",
 }
 
 
@@ -80,7 +80,7 @@ def test_every_family_of_vllms_frontend_is_served_with_its_type_labels_and_bucke
     serve, _ = served
     ours = scrape(serve).families
     expected = {n: f for n, f in vllm_families().items() if not n.startswith(tuple(NOT_SERVED))}
-    assert len(expected) == 33, sorted(expected)
+    assert len(expected) == 35, sorted(expected)
     missing = sorted(set(expected) - set(ours))
     assert not missing, f"families vLLM 0.33 serves and we do not: {missing}"
     for name, theirs in expected.items():
@@ -161,3 +161,12 @@ def test_http_requests_by_route_and_status(served):
     assert m.values("http_requests_total", handler="/metrics") == []
     assert m.total("http_request_duration_highr_seconds_count") == seen["http"] + 1
     assert m.total("http_request_duration_seconds_count", handler="/v1/completions") == 4
+
+
+def test_sleep_and_wake_up_are_timed(served):
+    serve, _ = served
+    m = settled(serve)
+    for operation in ("sleep", "wake"):
+        assert m.total("vllm:sleep_mode_operation_duration_seconds_count", operation=operation) == 1
+        assert m.total("vllm:sleep_mode_operations_in_flight", operation=operation) == 0
+    assert m.total("http_requests_total", handler="/sleep", status="2xx") == 1

@@ -171,6 +171,11 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         "--return-tokens-as-token-ids", action="store_true", help="show tokens in logprobs as `token_id:N`"
     )
     parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report the prompt tokens found in the prefix cache (`usage.prompt_tokens_details.cached_tokens`)",
+    )
+    parser.add_argument(
         "--stream-interval",
         type=int,
         default=1,

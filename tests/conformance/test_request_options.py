@@ -300,10 +300,19 @@ def test_a_whole_completion_has_every_key_vllm_sends(served):
     assert "prompt_logprobs" not in body, "completions put prompt logprobs on the choice"
 
 
-def test_the_streamed_finish_reason_comes_with_the_last_tokens(served):
+def test_the_streamed_finish_reason_comes_in_a_chunk_of_its_own(served):
+    # As vLLM 0.33's bundled frontend streams it: the last tokens, then the
+    # finish with an empty delta (test_usage_details.py compares the two).
     streamed = chunks(served, "/v1/chat/completions", {"messages": USER_HI, "max_tokens": 3})
     assert [c["choices"][0]["finish_reason"] for c in streamed][-1] == "length"
     assert all(c["choices"][0]["finish_reason"] is None for c in streamed[:-1])
     last = streamed[-1]["choices"][0]
-    assert last["stop_reason"] is None and "token_ids" in last
-    assert "".join(c["choices"][0]["delta"].get("content", "") for c in streamed) == "use"
+    assert last["delta"] == {} and last["stop_reason"] is None and "token_ids" in last
+    assert [c["choices"][0]["delta"].get("content") for c in streamed[1:-1]] == ["u", "s", "e"]
+    completion = chunks(served, "/v1/completions", {"prompt": "abc", "max_tokens": 3, "stop": ["c"]})
+    assert [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in completion] == [
+        ("a", None),
+        ("b", None),
+        ("", "stop"),
+    ]
+    assert completion[-1]["choices"][0]["stop_reason"] == "c"

@@ -2,7 +2,9 @@
 and to vLLM's: the toy model with a KV cache of 8 blocks of 16 tokens
 (`CACHE_ARGS`), a prompt repeated (prefix-cache hits), two requests of 120
 tokens at once (the one admitted second is preempted), a chat request with
-`n` choices, and a request for a route that does not exist."""
+`n` choices, a request for a route that does not exist, then the engines put
+to sleep and woken up (vLLM's frontend serves `/sleep` and `/wake_up` only
+with `VLLM_SERVER_DEV_MODE=1`)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def drive(base_url: str, n: int = 2, api_key: str = "none") -> dict[str, int]:
     `n` choices (vLLM 0.33's frontend refuses more than 1); returns what the
     client saw: `prompt` and `completion` tokens (each engine request's
     prompt counted once per request), engine `requests` finished, and
-    `http` POST calls answered."""
+    `http` POST calls answered (`/sleep` and `/wake_up` among them)."""
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=120)
     seen = {"prompt": 0, "completion": 0, "requests": 0, "http": 0}
 
@@ -62,6 +64,13 @@ def drive(base_url: str, n: int = 2, api_key: str = "none") -> dict[str, int]:
         assert e.code == 404
     else:
         raise AssertionError("/nope answered")
+    for path in ("/sleep?level=1", "/wake_up"):
+        request = urllib.request.Request(
+            f"{base_url}{path}", method="POST", headers={"authorization": f"Bearer {api_key}"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200, path
+        seen["http"] += 1
     return seen
 
 

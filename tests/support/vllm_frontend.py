@@ -2,8 +2,8 @@
 (`site-packages/vllm/vllm-rs` in the vLLM venv of tests/compat/README.md), as
 the baseline that tests comparing frontends compare ours with, both launched
 as vLLM launches its frontend (`RustFrontendProcessManager`: inherited
-listener fds and `--args-json`) in front of the echo engine. No tests live
-here."""
+listener fds and `--args-json`) in front of the echo engine (or the toy
+model's, for what needs a KV cache). No tests live here."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -48,18 +49,27 @@ def bundled_frontend_or_skip() -> Path:
 
 
 @contextlib.contextmanager
-def frontend_before_echo(binary: str | Path, model_dir: Path, **args: object) -> Iterator[int]:
-    """`binary` (a `vllm-rs` frontend) serving the echo engine, the model
-    directory `model_dir` (a `config.json` and a Hugging Face tokenizer) as
-    its model and tokenizer, `args` added to its `--args-json`; yields the
-    HTTP port once `/health` answers 200."""
+def frontend_before_echo(
+    binary: str | Path,
+    model_dir: Path,
+    *,
+    engine_model: str = "echo",
+    engine_options: dict[str, Any] | None = None,
+    **args: object,
+) -> Iterator[int]:
+    """`binary` (a `vllm-rs` frontend) serving one engine of `engine_model`
+    (`make_engine_config` with `engine_options`), the model directory
+    `model_dir` (a `config.json` and a Hugging Face tokenizer) as its model
+    and tokenizer, `args` added to its `--args-json`; yields the HTTP port
+    once `/health` answers 200."""
     http = socket.socket()
     http.bind(("127.0.0.1", 0))
     http.listen(128)
     port = http.getsockname()[1]
     inputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
     outputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
-    config = make_engine_config("echo", clients=[ClientAddresses(inputs.address, outputs.address)])
+    clients = [ClientAddresses(inputs.address, outputs.address)]
+    config = make_engine_config(engine_model, clients=clients, **(engine_options or {}))
     engines = CoreEngineProcManager(run_engine_core, 1, 0, 0, config, True, inputs.address, None, False)
     frontend = None
     try:

@@ -104,6 +104,9 @@ pub struct ServerConfig {
     pub chat: ChatOptions,
     /// Include usage in every stream, whatever `stream_options` says.
     pub enable_force_include_usage: bool,
+    /// Report the prompt tokens found in the prefix cache
+    /// (`usage.prompt_tokens_details.cached_tokens`), vLLM's `--enable-prompt-tokens-details`.
+    pub enable_prompt_tokens_details: bool,
     /// Most logprobs a request may ask for (-1: the whole vocabulary), vLLM's `--max-logprobs`.
     pub max_logprobs: i64,
     /// Tokens in logprobs as `token_id:N` unless a request says otherwise.
@@ -139,6 +142,7 @@ impl fmt::Debug for ServerConfig {
             .field("http_layers", &self.http_layers)
             .field("chat", &self.chat)
             .field("enable_force_include_usage", &self.enable_force_include_usage)
+            .field("enable_prompt_tokens_details", &self.enable_prompt_tokens_details)
             .field("max_logprobs", &self.max_logprobs)
             .field("return_tokens_as_token_ids", &self.return_tokens_as_token_ids)
             .field("stream_interval", &self.stream_interval)
@@ -230,6 +234,7 @@ impl ServerConfig {
             http_layers: HttpLayers::load(&keys)?,
             chat: ChatOptions::load(&keys)?,
             enable_force_include_usage: keys.bool("enable_force_include_usage")?.unwrap_or(false),
+            enable_prompt_tokens_details: keys.bool("enable_prompt_tokens_details")?.unwrap_or(false),
             max_logprobs: match keys.get("max_logprobs") {
                 None => DEFAULT_MAX_LOGPROBS,
                 Some(v) => v.as_i64().filter(|&n| n >= -1).ok_or_else(|| {

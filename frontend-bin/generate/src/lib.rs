@@ -12,6 +12,7 @@ use vllm_rs_chat::{TextDecoder, Tokenizer};
 use vllm_rs_engine::inbox::OutputLogprobs;
 use vllm_rs_engine::{RequestEvent, RequestStream, Take};
 use vllm_rs_metrics::{Metrics, TokenClock};
+use vllm_rs_parsers::ReasoningParser;
 use vllm_rs_wire::protocol::{FinishReason, RequestError, StopReason};
 
 /// How a generation ended.
@@ -37,6 +38,28 @@ pub struct Delta {
 }
 
 impl Delta {
+    /// A final delta as vLLM's frontend streams it: its text, tokens and
+    /// logprobs first, when it has any, then the finish in a chunk of its
+    /// own (empty text, and empty token ids when they were asked for).
+    /// `None` first for a delta with nothing but the finish; `self`
+    /// unchanged (and no finish delta) when it is not the final one.
+    pub fn split_finish(mut self) -> (Option<Delta>, Option<Delta>) {
+        let Some(finish) = self.finish.take() else { return (Some(self), None) };
+        let finish_only = Delta {
+            text: String::new(),
+            finish: Some(finish),
+            scored: None,
+            token_ids: self.token_ids.as_ref().map(|_| Vec::new()),
+        };
+        let has_logprobs = self
+            .scored
+            .as_ref()
+            .is_some_and(|s| s.prompt_logprobs.is_some() || s.logprobs.as_ref().is_some_and(|l| !l.is_empty()));
+        let has_tokens = self.token_ids.as_ref().is_some_and(|ids| !ids.is_empty());
+        let content = (!self.text.is_empty() || has_logprobs || has_tokens).then_some(self);
+        (content, finish_only.into())
+    }
+
     /// This delta followed by `later`, as one.
     fn followed_by(mut self, later: Delta) -> Delta {
         self.text.push_str(&later.text);
@@ -121,7 +144,7 @@ pub enum GenerationError {
 }
 
 /// Token counts of a generation so far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     /// Tokens in the prompt.
     pub prompt_tokens: usize,
@@ -129,15 +152,44 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Their sum.
     pub total_tokens: usize,
+    /// Prompt tokens the engine found in its prefix cache (its prefill
+    /// stats' `num_cached_tokens`; 0 until it reported them).
+    pub cached_tokens: usize,
+    /// Generated tokens the request's reasoning parser classifies as
+    /// reasoning (0 without one).
+    pub reasoning_tokens: usize,
 }
 
 impl Usage {
     /// Adds `choice`, another choice of the same prompt: the prompt counts
-    /// once, the completions add up (as vLLM counts n > 1).
+    /// once, the completions and their reasoning add up (as vLLM counts
+    /// n > 1); the cached prompt tokens are the first choice's added.
     pub fn add_choice(&mut self, choice: Usage) {
+        if self.prompt_tokens == 0 {
+            self.cached_tokens = choice.cached_tokens;
+        }
         self.prompt_tokens = choice.prompt_tokens;
         self.completion_tokens += choice.completion_tokens;
+        self.reasoning_tokens += choice.reasoning_tokens;
         self.total_tokens = self.prompt_tokens + self.completion_tokens;
+    }
+}
+
+/// Counts a generation's reasoning tokens: its text as streamed so far and
+/// where each generated token's text ends in it.
+struct ReasoningCount {
+    parser: ReasoningParser,
+    /// The text sent so far (after stop strings).
+    text: String,
+    /// The decoded text's length after each generated token.
+    token_ends: Vec<usize>,
+    /// Length of all the text decoded so far.
+    decoded: usize,
+}
+
+impl ReasoningCount {
+    fn count(&self, finished: bool) -> usize {
+        self.parser.count_reasoning_tokens(&self.text, &self.token_ends, finished)
     }
 }
 
@@ -165,6 +217,8 @@ pub struct Generation {
     sent_tokens: bool,
     /// What is held back until `stream_interval` tokens are unsent.
     held: Option<Delta>,
+    /// Set when the request's output goes through a reasoning parser.
+    reasoning: Option<Box<ReasoningCount>>,
 }
 
 impl Generation {
@@ -192,7 +246,15 @@ impl Generation {
             unsent_tokens: 0,
             sent_tokens: false,
             held: None,
+            reasoning: None,
         }
+    }
+
+    /// Counts this generation's reasoning tokens, from now on, as `parser`
+    /// classifies its text (`completion_tokens_details.reasoning_tokens`).
+    pub fn count_reasoning(&mut self, parser: ReasoningParser) {
+        self.reasoning =
+            Some(Box::new(ReasoningCount { parser, text: String::new(), token_ends: Vec::new(), decoded: 0 }));
     }
 
     /// This generation as the request's output options ask: stop strings and
@@ -227,17 +289,20 @@ impl Generation {
 
     /// The token counts so far.
     pub fn usage(&self) -> Usage {
+        let finished = self.clock.is_finished();
         Usage {
             prompt_tokens: self.prompt_tokens,
             completion_tokens: self.clock.generated(),
             total_tokens: self.prompt_tokens + self.clock.generated(),
+            cached_tokens: self.clock.cached_tokens(),
+            reasoning_tokens: self.reasoning.as_ref().map_or(0, |r| r.count(finished)),
         }
     }
 
     /// The token counts before any output: the prompt alone (what vLLM's
     /// continuous usage shows on a stream's opening chunk).
     pub fn usage_before_output(&self) -> Usage {
-        Usage { prompt_tokens: self.prompt_tokens, completion_tokens: 0, total_tokens: self.prompt_tokens }
+        Usage { prompt_tokens: self.prompt_tokens, total_tokens: self.prompt_tokens, ..Usage::default() }
     }
 
     /// The engine serving this generation.
@@ -274,9 +339,25 @@ impl Generation {
                 Some(FinishReason::Stop) if !self.keep_stop => &token_ids[..token_ids.len().saturating_sub(1)],
                 _ => &token_ids[..],
             };
-            let mut text = self.decoder.push(decoded);
+            let mut text = match &mut self.reasoning {
+                None => self.decoder.push(decoded),
+                Some(count) => {
+                    // One token at a time, to know where each one's text ends.
+                    let mut text = String::new();
+                    for token in decoded {
+                        text.push_str(&self.decoder.push(std::slice::from_ref(token)));
+                        count.token_ends.push(count.decoded + text.len());
+                    }
+                    text
+                }
+            };
             if finish.is_some() {
                 text.push_str(&self.decoder.flush());
+            }
+            if let Some(count) = &mut self.reasoning {
+                // The stop token, not decoded, ends where the text does.
+                count.decoded += text.len();
+                count.token_ends.resize(count.token_ends.len().max(self.clock.generated()), count.decoded);
             }
             let (mut emit, matched) = self.stops.push(&text);
             if let Some(stop) = matched {
@@ -284,6 +365,9 @@ impl Generation {
                 finish = Some(Finish { reason: FinishReason::Stop, stop_reason: Some(StopReason::Text(stop)) });
             } else if finish.is_some() {
                 emit.push_str(&self.stops.flush());
+            }
+            if let Some(count) = &mut self.reasoning {
+                count.text.push_str(&emit);
             }
             if let Some(f) = &finish {
                 self.clock.finish(f.reason);

@@ -1,17 +1,19 @@
 //! Prometheus metrics in vLLM 0.33's names, help texts, label sets and
 //! buckets, kept and rendered for `GET /metrics` by the `prometheus-client`
 //! crate (OpenMetrics text): the `vllm:` families (`families.rs`), fed by
-//! the engines' scheduler stats and request outputs (`request.rs`), and the
-//! HTTP request families (`http.rs`).
+//! the engines' scheduler stats and request outputs (`request.rs`), the
+//! HTTP request families (`http.rs`) and the sleep-mode ones (`sleep.rs`).
 
 pub mod families;
 pub mod http;
 pub mod request;
+pub mod sleep;
 
 use families::{EngineSeries, Families};
 use http::HttpMetrics;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
+use sleep::SleepModeMetrics;
 use std::ops::Range;
 use vllm_rs_wire::protocol::SchedulerStats;
 
@@ -29,6 +31,7 @@ pub struct Metrics {
     first: u32,
     series: Vec<EngineSeries>,
     http: HttpMetrics,
+    sleep_mode: SleepModeMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -46,8 +49,9 @@ impl Metrics {
         let mut registry = Registry::default();
         let families = Families::register(&mut registry, max_model_len);
         let http = HttpMetrics::register(&mut registry);
+        let sleep_mode = SleepModeMetrics::register(&mut registry);
         let series = engines.clone().map(|engine| families.series(&escaped, engine)).collect();
-        Metrics { registry, first: engines.start, series, http }
+        Metrics { registry, first: engines.start, series, http, sleep_mode }
     }
 
     /// The series of `engine` (the first engine's for an index it does not serve).
@@ -59,6 +63,11 @@ impl Metrics {
     /// The HTTP request families.
     pub fn http(&self) -> &HttpMetrics {
         &self.http
+    }
+
+    /// The sleep-mode operation families.
+    pub fn sleep_mode(&self) -> &SleepModeMetrics {
+        &self.sleep_mode
     }
 
     /// `engine` sent its scheduler stats: the gauges take its counts and KV

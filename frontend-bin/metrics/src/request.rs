@@ -181,6 +181,12 @@ impl TokenClock {
         self.generated
     }
 
+    /// Prompt tokens the engine found in its prefix cache, as its prefill
+    /// stats said (0 until they came, and from engines that send none).
+    pub fn cached_tokens(&self) -> usize {
+        self.times.lock().unwrap().cached_tokens as usize
+    }
+
     /// True once [`TokenClock::finish`] was called.
     pub fn is_finished(&self) -> bool {
         self.finished

@@ -11,9 +11,17 @@
 //!
 //! Streamed, text that may still become a marker is held back; the deltas
 //! concatenated give the same split as the whole parse.
+//!
+//! [`ReasoningParser::count_reasoning_tokens`] counts reasoning tokens as
+//! vLLM 0.33's parsers count them: `qwen3`, the tokens whose text the parser
+//! classifies as reasoning; `deepseek_r1`, the tokens inside
+//! `<think>`...`</think>` pairs (vLLM counts between the marker token ids,
+//! so an answer whose `<think>` was in the prompt counts none). The markers
+//! themselves are never reasoning.
 
 use crate::stream::partial_overlap_any;
 use crate::types::{DeltaMessage, Reasoning, UnknownParser};
+use std::ops::Range;
 
 /// The names [`ReasoningParser::new`] accepts, as vLLM 0.33 registers them.
 pub const REASONING_PARSER_NAMES: &[&str] = &["deepseek_r1", "qwen3"];
@@ -95,6 +103,78 @@ impl ReasoningParser {
                     reasoning: Some(split.reasoning).filter(|r| !r.is_empty()),
                     content: Some(split.content).filter(|c| !c.is_empty()),
                 }
+            }
+        }
+    }
+
+    /// How many of the tokens of `text` are reasoning (see the module's
+    /// words): token `i`'s text ends at byte `token_ends[i]` of `text` (ends
+    /// never decrease; a token whose text is not complete yet ends where the
+    /// previous one did, and belongs to the text that follows). A token is
+    /// reasoning when some of its text is reasoning text; a token with no
+    /// text of its own, when the text right after it is. Text that may still
+    /// become a marker counts only once `finished` (or once it did not).
+    pub fn count_reasoning_tokens(&self, text: &str, token_ends: &[usize], finished: bool) -> usize {
+        let ranges = self.reasoning_ranges(text, finished);
+        if ranges.is_empty() {
+            return 0;
+        }
+        let mut start = 0;
+        token_ends
+            .iter()
+            .filter(|&&end| {
+                let span = if end > start { start..end } else { start..start + 1 };
+                start = start.max(end);
+                ranges.iter().any(|r| r.start < span.end && span.start < r.end)
+            })
+            .count()
+    }
+
+    /// The byte ranges of `text` whose tokens count as reasoning: `qwen3`'s
+    /// reasoning as [`Self::parse`] (`finished`) or the stream so far (not
+    /// `finished`: a possible partial marker at the end held back) splits
+    /// it; `deepseek_r1`'s inside `<think>`...`</think>` pairs.
+    fn reasoning_ranges(&self, text: &str, finished: bool) -> Vec<Range<usize>> {
+        let hold = |s: &str, tags: &[&str]| if finished { 0 } else { partial_overlap_any(s, tags) };
+        match self.kind {
+            Kind::Qwen3 if !self.thinking => Vec::new(),
+            Kind::DeepSeekR1 => {
+                // vLLM's `BaseThinkingReasoningParser.count_reasoning_tokens`:
+                // what lies inside `<think>`...`</think>` pairs, nested ones
+                // counted in depth, a stray `</think>` ignored.
+                let text = &text[..text.len() - hold(text, &[THINK_START, THINK_END])];
+                let (mut ranges, mut depth, mut at) = (Vec::new(), 0usize, 0);
+                while let Some((pos, marker)) =
+                    [THINK_START, THINK_END].iter().filter_map(|m| text[at..].find(m).map(|i| (at + i, *m))).min()
+                {
+                    if depth > 0 {
+                        ranges.push(at..pos);
+                    }
+                    depth = if marker == THINK_START { depth + 1 } else { depth.saturating_sub(1) };
+                    at = pos + marker.len();
+                }
+                if depth > 0 {
+                    ranges.push(at..text.len());
+                }
+                ranges.retain(|r| !r.is_empty());
+                ranges
+            }
+            Kind::Qwen3 => {
+                let end = [THINK_END, TOOL_CALL_START]
+                    .iter()
+                    .filter_map(|m| text.find(m))
+                    .min()
+                    .unwrap_or_else(|| text.len() - hold(text, &[THINK_START, THINK_END, TOOL_CALL_START]));
+                // `<think>` inside the block is dropped from the reasoning.
+                let mut ranges = Vec::new();
+                let mut from = 0;
+                for (at, _) in text[..end].match_indices(THINK_START) {
+                    ranges.push(from..at);
+                    from = at + THINK_START.len();
+                }
+                ranges.push(from..end);
+                ranges.retain(|r| !r.is_empty());
+                ranges
             }
         }
     }

@@ -58,12 +58,13 @@ pub struct PromptTokensDetails {
     pub cached_tokens: Option<usize>,
 }
 
-/// vLLM's `UsageInfo` as a whole answer shows it: the details are always
-/// there, null when not reported (`prompt_tokens_details` needs the
-/// server's `enable_prompt_tokens_details`; `completion_tokens_details` is
-/// `{"reasoning_tokens": 0}`, as vLLM's frontend sends it, where the server
-/// has no reasoning parser, and null where it has one: reasoning tokens are
-/// not counted yet).
+/// vLLM's `UsageInfo` as its frontend sends it: the details are always
+/// there. `prompt_tokens_details` is `{"cached_tokens": N}` on a whole
+/// answer and on a stream's last usage chunk when the server has
+/// `enable_prompt_tokens_details`, null otherwise (and on the running usage
+/// of every chunk); `completion_tokens_details` is `{"reasoning_tokens": N}`,
+/// N the tokens the reasoning parser classified as reasoning (0 without
+/// one).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct UsageInfo {
     /// Tokens in the prompt.
@@ -85,14 +86,18 @@ pub struct CompletionTokensDetails {
     pub reasoning_tokens: usize,
 }
 
-impl From<Usage> for UsageInfo {
-    fn from(usage: Usage) -> Self {
+impl UsageInfo {
+    /// `usage` as vLLM's frontend shows it, with `prompt_tokens_details`
+    /// when `prompt_details` (the server reports them, and this is a whole
+    /// answer or a stream's last usage chunk).
+    pub fn of(usage: Usage, prompt_details: bool) -> Self {
         UsageInfo {
             prompt_tokens: usage.prompt_tokens,
             total_tokens: usage.total_tokens,
             completion_tokens: usage.completion_tokens,
-            prompt_tokens_details: None,
-            completion_tokens_details: None,
+            prompt_tokens_details: prompt_details
+                .then_some(PromptTokensDetails { cached_tokens: Some(usage.cached_tokens) }),
+            completion_tokens_details: Some(CompletionTokensDetails { reasoning_tokens: usage.reasoning_tokens }),
         }
     }
 }
@@ -152,10 +157,14 @@ pub fn generation_error(error: &GenerationError) -> ApiError {
 
 /// Where a stream of `common` carries usage, as vLLM's `should_include_usage`
 /// decides: as the request asks, or everywhere when the server forces it
-/// (`enable_force_include_usage`).
+/// (`enable_force_include_usage`); with prompt details as the server says.
 pub fn stream_usage(state: &AppState, common: &CommonParams) -> StreamUsage {
     let forced = state.config.enable_force_include_usage;
-    StreamUsage { last: forced || common.include_usage, continuous: forced || common.continuous_usage }
+    StreamUsage {
+        last: forced || common.include_usage,
+        continuous: forced || common.continuous_usage,
+        prompt_details: state.config.enable_prompt_tokens_details,
+    }
 }
 
 /// Streams `submitted` or waits for it and answers in one body; a stream
@@ -199,14 +208,8 @@ where
         prompt_logprobs: response_prompt_logprobs,
         prompt_token_ids: submitted.prompt_token_ids.take(),
     });
-    let reasoning_tokens = known_reasoning_tokens(state);
-    Ok(Json(whole_answer(&submitted, format.object, &model, choices, usage, chat, reasoning_tokens)).into_response())
-}
-
-/// Reasoning tokens of an answer where they are known: none without a
-/// reasoning parser (everything is content); not counted with one.
-pub fn known_reasoning_tokens(state: &AppState) -> Option<usize> {
-    state.config.chat.reasoning_parser.is_none().then_some(0)
+    let usage = UsageInfo::of(usage, state.config.enable_prompt_tokens_details);
+    Ok(Json(whole_answer(&submitted, format.object, &model, choices, usage, chat)).into_response())
 }
 
 /// The body of a whole answer holding `choices`; `chat` (chat only) puts
@@ -216,9 +219,8 @@ pub fn whole_answer<'a>(
     object: &'static str,
     model: &'a str,
     choices: Vec<Fields>,
-    usage: Usage,
+    usage: UsageInfo,
     chat: Option<ChatExtras>,
-    reasoning_tokens: Option<usize>,
 ) -> WholeAnswer<'a> {
     WholeAnswer {
         id: &submitted.id,
@@ -227,11 +229,7 @@ pub fn whole_answer<'a>(
         model,
         choices,
         system_fingerprint: None,
-        usage: UsageInfo {
-            completion_tokens_details: reasoning_tokens
-                .map(|reasoning_tokens| CompletionTokensDetails { reasoning_tokens }),
-            ..usage.into()
-        },
+        usage,
         chat,
     }
 }

@@ -1,8 +1,8 @@
 //! `POST /v1/chat/completions`.
 
 use super::answer::{
-    answer, known_reasoning_tokens, stream_choices, stream_usage, whole_answer, whole_choices, AnswerFormat,
-    ChatExtras, ChoiceBody, Fields,
+    answer, stream_choices, stream_usage, whole_answer, whole_choices, AnswerFormat, ChatExtras, ChoiceBody, Fields,
+    UsageInfo,
 };
 use super::error::ApiError;
 use super::message::ResponseMessage;
@@ -13,7 +13,9 @@ use super::state::{AppState, SharedState};
 use super::structured::{read_structured_outputs, wire_params};
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
 use super::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs, thinking_enabled};
-use super::tools::{finish_reason, output_parser, read_chat_tools, template_extra, whole_message, ParsedChatChunks};
+use super::tools::{
+    finish_reason, output_parser, read_chat_tools, reasoning_parser, template_extra, whole_message, ParsedChatChunks,
+};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -26,7 +28,7 @@ use std::sync::Arc;
 use vllm_rs_chat::chat_template::ChatTemplate;
 use vllm_rs_chat::{ChatMessage, ChatTemplateError};
 use vllm_rs_generate::logprobs::{Rendering, TokenStrings};
-use vllm_rs_generate::{Delta, Usage};
+use vllm_rs_generate::Delta;
 
 /// Handles a chat completion request, streamed or not.
 pub async fn create_chat_completion(
@@ -251,6 +253,11 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
         })
     });
     let mut submitted = submit(&state, &headers, Endpoint::Chat, prompt_token_ids, common)?;
+    if let Some(parser) = reasoning_parser(&state.config.chat, thinking_enabled(&template_kwargs)) {
+        for generation in std::iter::once(&mut submitted.generation).chain(&mut submitted.more_choices) {
+            generation.count_reasoning(parser.clone());
+        }
+    }
     let opening = Arc::new(ChatOpening {
         role: role.clone(),
         echo: echo.clone().filter(|e| !e.is_empty()),
@@ -292,8 +299,8 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) ->
             prompt_logprobs: response_prompt_logprobs,
             prompt_token_ids: submitted.prompt_token_ids.take(),
         };
-        let reasoning_tokens = known_reasoning_tokens(&state);
-        let body = whole_answer(&submitted, "chat.completion", &model, choices, usage, Some(extras), reasoning_tokens);
+        let usage = UsageInfo::of(usage, state.config.enable_prompt_tokens_details);
+        let body = whole_answer(&submitted, "chat.completion", &model, choices, usage, Some(extras));
         return Ok(axum::Json(body).into_response());
     }
     let format = AnswerFormat {
@@ -403,7 +410,7 @@ pub struct ChatOpening {
 impl ChatOpening {
     /// The opening chunks of choice `index`; `usage` (prompt only) when
     /// every chunk carries usage.
-    pub fn chunks(&self, header: &ChunkHeader, index: u32, usage: Option<Usage>) -> Bytes {
+    pub fn chunks(&self, header: &ChunkHeader, index: u32, usage: Option<UsageInfo>) -> Bytes {
         let opening = |delta| ChunkChoice {
             index,
             delta,
@@ -433,17 +440,15 @@ struct ChatChunks {
 }
 
 impl ChunkWriter for ChatChunks {
-    fn opening(&self, usage: Option<Usage>) -> Option<Bytes> {
+    fn opening(&self, usage: Option<UsageInfo>) -> Option<Bytes> {
         Some(self.opening.chunks(&self.header, self.index, usage))
     }
 
-    fn delta(&self, delta: &Delta, usage: Option<Usage>) -> Bytes {
+    fn delta(&self, delta: &Delta, usage: Option<UsageInfo>) -> Bytes {
         let choice = ChunkChoice {
             index: self.index,
-            delta: ChunkDelta {
-                role: None,
-                content: (!delta.text.is_empty() || delta.finish.is_some()).then_some(delta.text.as_str()),
-            },
+            // The finish comes alone, with an empty delta (as vLLM's frontend sends it).
+            delta: ChunkDelta { role: None, content: (!delta.text.is_empty()).then_some(delta.text.as_str()) },
             logprobs: self.rendering.as_ref().and_then(|r| r.chat_logprobs(delta.scored.as_deref())),
             finish_reason: delta.finish.as_ref().map(|f| f.reason.as_str()),
             stop_reason: delta.finish.as_ref().map(|f| stop_reason_json(&f.stop_reason)),
@@ -452,7 +457,7 @@ impl ChunkWriter for ChatChunks {
         self.header.event(vec![choice], usage)
     }
 
-    fn usage(&self, usage: Usage) -> Bytes {
+    fn usage(&self, usage: UsageInfo) -> Bytes {
         self.header.event::<ChunkChoice>(Vec::new(), Some(usage))
     }
 }

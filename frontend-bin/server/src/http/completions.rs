@@ -1,6 +1,6 @@
 //! `POST /v1/completions`.
 
-use super::answer::{answer, stream_usage, AnswerFormat, ChoiceBody, Fields};
+use super::answer::{answer, stream_usage, AnswerFormat, ChoiceBody, Fields, UsageInfo};
 use super::error::ApiError;
 use super::params::{parse_body, parse_json_object, CommonParams, JsonBody, SamplingInput};
 use super::rules::RULES;
@@ -19,7 +19,7 @@ use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 use vllm_rs_generate::logprobs::render::CompletionPieces;
 use vllm_rs_generate::logprobs::{Echo, Rendering, TokenStrings};
-use vllm_rs_generate::{Delta, Usage, Whole};
+use vllm_rs_generate::{Delta, Whole};
 
 /// Handles a completion request, streamed or not.
 pub async fn create_completion(
@@ -233,11 +233,11 @@ struct CompletionChunks {
 }
 
 impl ChunkWriter for CompletionChunks {
-    fn opening(&self, _usage: Option<Usage>) -> Option<Bytes> {
+    fn opening(&self, _usage: Option<UsageInfo>) -> Option<Bytes> {
         None
     }
 
-    fn delta(&self, delta: &Delta, usage: Option<Usage>) -> Bytes {
+    fn delta(&self, delta: &Delta, usage: Option<UsageInfo>) -> Bytes {
         let (text, logprobs) = match &self.pieces {
             Some(pieces) => pieces.piece(&delta.text, delta.scored.as_deref()),
             None => (Cow::Borrowed(delta.text.as_str()), None),
@@ -255,7 +255,7 @@ impl ChunkWriter for CompletionChunks {
         self.header.event(vec![choice], usage)
     }
 
-    fn usage(&self, usage: Usage) -> Bytes {
+    fn usage(&self, usage: UsageInfo) -> Bytes {
         self.header.event::<ChunkChoice>(Vec::new(), Some(usage))
     }
 }

@@ -12,6 +12,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::Duration;
+use vllm_rs_metrics::sleep::SleepOperation;
 
 /// How long a utility call may take per engine.
 const UTILITY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -104,12 +105,16 @@ pub fn sleep_level(query: Result<Query<SleepQuery>, QueryRejection>) -> Result<u
 /// `POST /sleep?level=N` (level 1 by default).
 pub async fn sleep(State(state): State<SharedState>, query: Result<Query<SleepQuery>, QueryRejection>) -> Response {
     match sleep_level(query) {
-        Ok(level) => call_all_engines(&state, "sleep", vec![rmpv::Value::from(level)]).await,
+        Ok(level) => {
+            let _timer = state.metrics.sleep_mode().record(SleepOperation::Sleep);
+            call_all_engines(&state, "sleep", vec![rmpv::Value::from(level)]).await
+        }
         Err(error) => error.into_response(),
     }
 }
 
 /// `POST /wake_up`.
 pub async fn wake_up(State(state): State<SharedState>) -> Response {
+    let _timer = state.metrics.sleep_mode().record(SleepOperation::Wake);
     call_all_engines(&state, "wake_up", vec![rmpv::Value::Nil]).await
 }

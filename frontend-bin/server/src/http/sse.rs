@@ -2,7 +2,7 @@
 //! error chunk if the generation fails, then `data: [DONE]`. Dropping the
 //! body (client gone) drops the generation, which aborts the request.
 
-use super::answer::generation_error;
+use super::answer::{generation_error, UsageInfo};
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
@@ -13,13 +13,29 @@ use vllm_rs_generate::{Delta, Generation, GenerationError, Usage};
 
 /// Formats the chunks of one kind of streamed answer. `usage`, when given,
 /// is the choice's usage so far, for `stream_options.continuous_usage_stats`.
+/// A final delta comes as vLLM's frontend streams it: its text (if any) in
+/// one delta, then a delta with the finish alone ([`Delta::split_finish`]).
 pub trait ChunkWriter: Send + 'static {
     /// The chunk sent before any text, if any (chat: the assistant role).
-    fn opening(&self, usage: Option<Usage>) -> Option<Bytes>;
+    fn opening(&self, usage: Option<UsageInfo>) -> Option<Bytes>;
     /// The chunk for one delta.
-    fn delta(&self, delta: &Delta, usage: Option<Usage>) -> Bytes;
+    fn delta(&self, delta: &Delta, usage: Option<UsageInfo>) -> Bytes;
     /// The final usage chunk.
-    fn usage(&self, usage: Usage) -> Bytes;
+    fn usage(&self, usage: UsageInfo) -> Bytes;
+}
+
+/// The chunks of one delta through `writer`, each with `usage`: a final
+/// delta's text and its finish in chunks of their own.
+fn delta_chunks<W: ChunkWriter>(writer: &W, delta: Delta, usage: Option<UsageInfo>) -> Bytes {
+    match delta.split_finish() {
+        (Some(delta), None) => writer.delta(&delta, usage),
+        (content, Some(finish)) => {
+            let mut both = content.map(|c| writer.delta(&c, usage).to_vec()).unwrap_or_default();
+            both.extend_from_slice(&writer.delta(&finish, usage));
+            Bytes::from(both)
+        }
+        (None, None) => Bytes::new(),
+    }
 }
 
 /// One `data:` event holding `value` as JSON.
@@ -52,7 +68,7 @@ struct Chunk<'a, C> {
     model: &'a str,
     choices: Vec<C>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<Usage>,
+    usage: Option<UsageInfo>,
     /// The prompt's token ids, on a chat stream's first chunk when asked for (`return_token_ids`).
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt_token_ids: Option<&'a [u32]>,
@@ -60,7 +76,7 @@ struct Chunk<'a, C> {
 
 impl ChunkHeader {
     /// The event for a chunk with these `choices` and, when given, `usage`.
-    pub fn event<C: Serialize>(&self, choices: Vec<C>, usage: Option<Usage>) -> Bytes {
+    pub fn event<C: Serialize>(&self, choices: Vec<C>, usage: Option<UsageInfo>) -> Bytes {
         self.event_with_prompt(choices, usage, None)
     }
 
@@ -68,7 +84,7 @@ impl ChunkHeader {
     pub fn event_with_prompt<C: Serialize>(
         &self,
         choices: Vec<C>,
-        usage: Option<Usage>,
+        usage: Option<UsageInfo>,
         prompt_token_ids: Option<&[u32]>,
     ) -> Bytes {
         event(&Chunk {
@@ -90,6 +106,22 @@ pub struct StreamUsage {
     pub last: bool,
     /// Every chunk carries the usage so far (`continuous_usage_stats`).
     pub continuous: bool,
+    /// The last usage chunk has `prompt_tokens_details` (`enable_prompt_tokens_details`).
+    pub prompt_details: bool,
+}
+
+impl StreamUsage {
+    /// The usage on a chunk of a stream with continuous usage stats, when
+    /// it has them: no prompt details (vLLM's frontend sends them on the
+    /// last usage chunk only).
+    fn running(&self, usage: impl FnOnce() -> Usage) -> Option<UsageInfo> {
+        self.continuous.then(|| UsageInfo::of(usage(), false))
+    }
+
+    /// The last usage chunk's usage.
+    fn last(&self, usage: Usage) -> UsageInfo {
+        UsageInfo::of(usage, self.prompt_details)
+    }
 }
 
 const DONE: &[u8] = b"data: [DONE]\n\n";
@@ -129,7 +161,7 @@ pub async fn sse_response<W: ChunkWriter>(mut generation: Generation, writer: W,
             match s.phase {
                 Phase::Opening => {
                     s.phase = Phase::Deltas;
-                    let running = s.usage.continuous.then(|| s.generation.usage_before_output());
+                    let running = s.usage.running(|| s.generation.usage_before_output());
                     if let Some(chunk) = s.writer.opening(running) {
                         return Some((Ok::<Bytes, Infallible>(chunk), s));
                     }
@@ -139,14 +171,14 @@ pub async fn sse_response<W: ChunkWriter>(mut generation: Generation, writer: W,
                     None => s.generation.next_delta().await,
                 } {
                     Some(Ok(delta)) => {
-                        let chunk = s.writer.delta(&delta, s.usage.continuous.then(|| s.generation.usage()));
+                        let running = s.usage.running(|| s.generation.usage());
                         if delta.finish.is_none() {
                             // The usual case: the chunk goes out as it is, no copy.
-                            return Some((Ok(chunk), s));
+                            return Some((Ok(s.writer.delta(&delta, running)), s));
                         }
-                        let mut last = chunk.to_vec();
+                        let mut last = delta_chunks(&s.writer, delta, running).to_vec();
                         if s.usage.last {
-                            last.extend_from_slice(&s.writer.usage(s.generation.usage()));
+                            last.extend_from_slice(&s.writer.usage(s.usage.last(s.generation.usage())));
                         }
                         last.extend_from_slice(DONE);
                         s.phase = Phase::End;
@@ -219,7 +251,7 @@ pub fn choices_sse_response<W: ChunkWriter>(
     stream_usage: StreamUsage,
 ) -> Response {
     let opening = writers.iter().zip(&generations).fold(Vec::new(), |mut all, (writer, generation)| {
-        let running = stream_usage.continuous.then(|| generation.usage_before_output());
+        let running = stream_usage.running(|| generation.usage_before_output());
         all.extend_from_slice(&writer.opening(running).unwrap_or_default());
         all
     });
@@ -239,7 +271,7 @@ pub fn choices_sse_response<W: ChunkWriter>(
             let Some((index, output, usage)) = s.outputs.next().await else {
                 let mut last = Vec::new();
                 if s.stream_usage.last {
-                    last.extend_from_slice(&s.writers[0].usage(s.usage));
+                    last.extend_from_slice(&s.writers[0].usage(s.stream_usage.last(s.usage)));
                 }
                 last.extend_from_slice(DONE);
                 s.ended = true;
@@ -250,7 +282,7 @@ pub fn choices_sse_response<W: ChunkWriter>(
                     if delta.finish.is_some() {
                         s.usage.add_choice(usage);
                     }
-                    let chunk = s.writers[index].delta(&delta, s.stream_usage.continuous.then_some(usage));
+                    let chunk = delta_chunks(&s.writers[index], delta, s.stream_usage.running(|| usage));
                     if !chunk.is_empty() {
                         return Some((Ok(chunk), s));
                     }

@@ -7,7 +7,7 @@
 //! `mistral`, which reads them as `auto`); the output read by
 //! [`ChatOutputParser`], whole and streamed.
 
-use super::answer::Fields;
+use super::answer::{Fields, UsageInfo};
 use super::chat::ChatOpening;
 use super::error::ApiError;
 use super::message::ResponseMessage;
@@ -18,7 +18,7 @@ use axum::body::Bytes;
 use serde_json::{json, Map, Value};
 use std::sync::{Arc, Mutex};
 use vllm_rs_config::ChatOptions;
-use vllm_rs_generate::{Delta, Usage};
+use vllm_rs_generate::Delta;
 use vllm_rs_parsers::{
     named_tool_schema, required_tools_schema, ChatOutputParser, ChatOutputStream, DeltaMessage, ReasoningParser, Tool,
     ToolMode, ToolParser,
@@ -158,12 +158,15 @@ pub fn output_parser(tools: &ChatTools, options: &ChatOptions, thinking: bool) -
         "required" => ToolMode::Required,
         _ => ToolMode::None,
     };
-    let reasoning = options
-        .reasoning_parser
-        .as_deref()
-        .and_then(|name| ReasoningParser::new(name).ok())
-        .map(|p| p.with_thinking(thinking));
-    Some(ChatOutputParser::new(reasoning, mode, tools.parallel_tool_calls))
+    Some(ChatOutputParser::new(reasoning_parser(options, thinking), mode, tools.parallel_tool_calls))
+}
+
+/// The server's reasoning parser (`reasoning_parser`), with the request's
+/// `enable_thinking`; `None` without one.
+pub fn reasoning_parser(options: &ChatOptions, thinking: bool) -> Option<ReasoningParser> {
+    // The name was checked at start-up.
+    let parser = ReasoningParser::new(options.reasoning_parser.as_deref()?).ok()?;
+    Some(parser.with_thinking(thinking))
 }
 
 /// vLLM's `resolve_finish_reason`: `tool_calls` when calls were made and
@@ -242,11 +245,11 @@ pub struct ParsedChatChunks {
 }
 
 impl ChunkWriter for ParsedChatChunks {
-    fn opening(&self, usage: Option<Usage>) -> Option<Bytes> {
+    fn opening(&self, usage: Option<UsageInfo>) -> Option<Bytes> {
         Some(self.opening.chunks(&self.header, self.index, usage))
     }
 
-    fn delta(&self, delta: &Delta, usage: Option<Usage>) -> Bytes {
+    fn delta(&self, delta: &Delta, usage: Option<UsageInfo>) -> Bytes {
         let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
         let mut parts: Vec<DeltaMessage> = Vec::new();
         if !delta.text.is_empty() {
@@ -290,7 +293,7 @@ impl ChunkWriter for ParsedChatChunks {
         self.header.event(vec![choice], usage)
     }
 
-    fn usage(&self, usage: Usage) -> Bytes {
+    fn usage(&self, usage: UsageInfo) -> Bytes {
         self.header.event::<Value>(Vec::new(), Some(usage))
     }
 }
