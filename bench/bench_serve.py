@@ -167,10 +167,8 @@ def print_table(ours: dict, theirs: dict | None, rounds: int, quick: bool) -> li
     return table
 
 
-def main() -> int:
-    """Runs the rounds; prints the table and writes serve.json."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="one short round (a smoke run)")
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The comparison's options (bench_frontend.py takes them too)."""
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=64)
@@ -184,15 +182,16 @@ def main() -> int:
     )
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=256)
-    opts = parser.parse_args()
-    if opts.quick:
-        opts.rounds, opts.requests, opts.seconds = 1, 1000, 3
-    results_dir = ROOT / "bench" / "results"
-    results_dir.mkdir(parents=True, exist_ok=True)
-    stream_load = build_stream_load()
+
+
+def compare(opts: argparse.Namespace, stream_load: Path) -> dict:
+    """Ours and vLLM 0.33's bundled frontend (where installed), alternated
+    over `opts.rounds` rounds on fresh echo engines; prints the table and
+    returns the rounds, medians and ratios."""
     frontends, why_not = frontends_to_compare()
     print(f"{opts.engines} echo engines; {opts.concurrency} connections x max_tokens=1 ({opts.client}), "
-          f"{opts.streams} streams x {opts.tokens} tokens; {opts.rounds} rounds; {os.cpu_count()} CPUs")  # fmt: skip
+          f"{opts.streams} streams x {opts.tokens} tokens; {opts.rounds} rounds; {os.cpu_count()} CPUs; "
+          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     measured: dict[str, list[dict]] = {name: [] for name in frontends}
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         model_dir = write_model_dir(Path(tmp) / "model")
@@ -206,8 +205,22 @@ def main() -> int:
                       f"{result['events_per_stream']:.0f} events/stream", flush=True)  # fmt: skip
     summary = {name: summarize(rounds) for name, rounds in measured.items()}
     table = print_table(summary["ours"], summary.get("vllm033"), opts.rounds, opts.quick)
-    results = {"cpus": os.cpu_count(), "options": vars(opts), "rounds": measured, "summary": summary,
-               "ratios": table, "baseline_skipped": why_not or None}  # fmt: skip
+    print(f"load average after the run: {os.getloadavg()[0]:.2f}")
+    return {"cpus": os.cpu_count(), "options": vars(opts), "rounds": measured, "summary": summary,
+            "ratios": table, "baseline_skipped": why_not or None}  # fmt: skip
+
+
+def main() -> int:
+    """Runs the rounds; prints the table and writes serve.json."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one short round (a smoke run)")
+    add_options(parser)
+    opts = parser.parse_args()
+    if opts.quick:
+        opts.rounds, opts.requests, opts.seconds = 1, 1000, 3
+    results_dir = ROOT / "bench" / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    results = compare(opts, build_stream_load())
     (results_dir / "serve.json").write_text(json.dumps(results, indent=2))
     return 0
 
