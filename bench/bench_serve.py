@@ -11,8 +11,9 @@ median round and the ratio ours / vLLM's:
     frontend process spends per 1000 requests (on a small machine the
     frontend's CPU is taken from the engines');
   * 64 streams of 256 tokens (the native client, frontend-bin/examples/
-    stream_load.rs): streamed tokens/s and SSE events per stream, both
-    frontends at their default granularity (one event per engine output);
+    stream_load.rs): streamed tokens/s, the frontend's CPU milliseconds per
+    1000 streamed tokens and SSE events per stream, both frontends at their
+    default granularity (one event per engine output);
   * resident memory after that load, and start-up: spawn to the first 200 on
     /health, the engines already waiting on the listeners.
 
@@ -59,6 +60,7 @@ ROWS = [
     ("p99 latency", "p99_ms", " ms", 0.7, False),
     ("CPU s / 1000 requests", "cpu_s_per_1000", "", 0.6, False),
     ("streamed tokens/s", "stream_tokens_per_s", "", 1.3, True),
+    ("CPU ms / 1000 streamed tokens", "stream_cpu_ms_per_1000", " ms", None, False),
     ("SSE events per stream", "events_per_stream", "", None, None),
     ("RSS after load", "rss_mib", " MiB", 0.5, False),
     ("start-up to /health 200", "startup_ms", " ms", 0.5, False),
@@ -120,13 +122,16 @@ def measure(binary: Path, model_dir: Path, opts: argparse.Namespace, stream_load
         before = cpu_seconds(stack.pid)
         rps, p50, p99, sent = max_tokens_1(stack.port, opts, script)
         cpu = cpu_seconds(stack.pid) - before
+        before_stream = cpu_seconds(stack.pid)
         streamed = stream_round(stream_load, stack.port, opts.streams, opts.tokens)
+        stream_cpu = cpu_seconds(stack.pid) - before_stream
         return {
             "requests_per_s": rps,
             "p50_ms": p50,
             "p99_ms": p99,
             "cpu_s_per_1000": cpu / sent * 1000,
             "stream_tokens_per_s": streamed["tokens"] / streamed["seconds"],
+            "stream_cpu_ms_per_1000": stream_cpu * 1e6 / streamed["tokens"],
             "events_per_stream": streamed["events"] / opts.streams,
             "rss_mib": rss_mib(stack.pid),
             "startup_ms": stack.startup_s * 1000,
