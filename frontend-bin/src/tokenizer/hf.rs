@@ -201,11 +201,12 @@ mod tests {
     ];
 
     #[test]
-    fn fastokens_encodes_every_fixture_as_the_tokenizers_crate_does() {
+    fn prompts_are_encoded_as_the_tokenizers_crate_does_with_or_without_fastokens() {
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-        for name in ["byte-bpe", "metaspace"] {
+        // fastokens refuses the Metaspace fixture: there `tokenizers` encodes.
+        for (name, fast) in [("byte-bpe", true), ("metaspace", false)] {
             let t = HfTokenizer::load(&fixtures.join(name)).unwrap();
-            assert!(t.fast.is_some(), "{name}: fastokens does not load it");
+            assert_eq!(t.fast.is_some(), fast, "{name}: loaded by fastokens");
             for text in ENCODE_SAMPLES {
                 for special in [false, true] {
                     let reference = t.inner.encode_fast(*text, special).unwrap().get_ids().to_vec();
