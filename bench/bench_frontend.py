@@ -27,7 +27,17 @@ paths in each, and reported as the median round:
     mostly that the frontend's CPU is taken from the engine's (printed for
     the record).
 
-Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_frontend.py [--quick]
+Then, in the same run, this frontend beside vLLM 0.33's bundled one
+(`site-packages/vllm/vllm-rs`) on the same 2 reference `echo` engines, both
+launched as vLLM launches its frontend (listener fds inherited,
+bench/frontends.py), alternated over `--baseline-rounds` rounds: req/s and
+p50/p99 at max_tokens=1 from 64 connections (wrk), streamed tokens/s of 64 x
+256 tokens at the same granularity (one SSE event per engine output), RSS,
+start-up and the frontend's CPU seconds per 1000 requests, as medians with
+min-max and the ratio to vLLM's (bench_serve.py's table). Where vLLM 0.33 is
+not installed that part prints why it is skipped and measures ours alone.
+
+Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_frontend.py [--quick] [--baseline-rounds N]
 """
 
 from __future__ import annotations
@@ -437,13 +447,41 @@ def print_streaming(title: str, result: dict[str, float], goal: bool) -> None:
     )
 
 
+def vllm033_baseline(args: argparse.Namespace, stream_load: Path) -> dict:
+    """This frontend beside vLLM 0.33's bundled one (bench_serve.py's
+    alternated rounds and table) with this run's streams, tokens and
+    connections; ours alone, with the reason printed, where vLLM 0.33 is not
+    installed."""
+    # Imported here: bench_serve imports this module's clients.
+    from bench.bench_serve import add_options, compare
+
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    opts = parser.parse_args([])
+    opts.quick, opts.rounds = args.quick, args.baseline_rounds
+    opts.streams, opts.tokens, opts.concurrency = args.streams, args.tokens, args.concurrency
+    if args.quick:
+        opts.requests, opts.seconds = 1000, 3
+    print(f"\nbeside vLLM 0.33's bundled frontend, {opts.rounds} alternated rounds:")
+    return compare(opts, stream_load)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds")
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--baseline-rounds",
+        type=int,
+        help="rounds beside vLLM 0.33's bundled frontend (default 5, 1 with --quick; 0 skips the comparison)",
+    )
     args = parser.parse_args()
+    if args.baseline_rounds is None:
+        args.baseline_rounds = 1 if args.quick else 5
+    if args.baseline_rounds < 0:
+        parser.error("--baseline-rounds must be 0 or more")
     rounds = 5 if args.quick else 30
     total = 2000 if args.quick else 10000
     cpus = os.cpu_count() or 1
@@ -502,6 +540,8 @@ def main() -> int:
     print(
         f"  direct   : {direct_rps:9.0f} req/s  p50 {results['direct_p50_ms']:6.2f} ms  p99 {results['direct_p99_ms']:6.2f} ms"
     )
+    if args.baseline_rounds > 0:
+        results["vllm033_baseline"] = vllm033_baseline(args, stream_load)
     out = Path(__file__).resolve().parent / "results"
     out.mkdir(exist_ok=True)
     (out / "frontend.json").write_text(json.dumps(results, indent=2))

@@ -11,8 +11,9 @@ median round and the ratio ours / vLLM's:
     frontend process spends per 1000 requests (on a small machine the
     frontend's CPU is taken from the engines');
   * 64 streams of 256 tokens (the native client, frontend-bin/examples/
-    stream_load.rs): streamed tokens/s and SSE events per stream, both
-    frontends at their default granularity (one event per engine output);
+    stream_load.rs): streamed tokens/s, the frontend's CPU milliseconds per
+    1000 streamed tokens and SSE events per stream, both frontends at their
+    default granularity (one event per engine output);
   * resident memory after that load, and start-up: spawn to the first 200 on
     /health, the engines already waiting on the listeners.
 
@@ -59,6 +60,7 @@ ROWS = [
     ("p99 latency", "p99_ms", " ms", 0.7, False),
     ("CPU s / 1000 requests", "cpu_s_per_1000", "", 0.6, False),
     ("streamed tokens/s", "stream_tokens_per_s", "", 1.3, True),
+    ("CPU ms / 1000 streamed tokens", "stream_cpu_ms_per_1000", " ms", None, False),
     ("SSE events per stream", "events_per_stream", "", None, None),
     ("RSS after load", "rss_mib", " MiB", 0.5, False),
     ("start-up to /health 200", "startup_ms", " ms", 0.5, False),
@@ -120,13 +122,16 @@ def measure(binary: Path, model_dir: Path, opts: argparse.Namespace, stream_load
         before = cpu_seconds(stack.pid)
         rps, p50, p99, sent = max_tokens_1(stack.port, opts, script)
         cpu = cpu_seconds(stack.pid) - before
+        before_stream = cpu_seconds(stack.pid)
         streamed = stream_round(stream_load, stack.port, opts.streams, opts.tokens)
+        stream_cpu = cpu_seconds(stack.pid) - before_stream
         return {
             "requests_per_s": rps,
             "p50_ms": p50,
             "p99_ms": p99,
             "cpu_s_per_1000": cpu / sent * 1000,
             "stream_tokens_per_s": streamed["tokens"] / streamed["seconds"],
+            "stream_cpu_ms_per_1000": stream_cpu * 1e6 / streamed["tokens"],
             "events_per_stream": streamed["events"] / opts.streams,
             "rss_mib": rss_mib(stack.pid),
             "startup_ms": stack.startup_s * 1000,
@@ -167,10 +172,8 @@ def print_table(ours: dict, theirs: dict | None, rounds: int, quick: bool) -> li
     return table
 
 
-def main() -> int:
-    """Runs the rounds; prints the table and writes serve.json."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="one short round (a smoke run)")
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The comparison's options (bench_frontend.py takes them too)."""
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=64)
@@ -184,15 +187,16 @@ def main() -> int:
     )
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=256)
-    opts = parser.parse_args()
-    if opts.quick:
-        opts.rounds, opts.requests, opts.seconds = 1, 1000, 3
-    results_dir = ROOT / "bench" / "results"
-    results_dir.mkdir(parents=True, exist_ok=True)
-    stream_load = build_stream_load()
+
+
+def compare(opts: argparse.Namespace, stream_load: Path) -> dict:
+    """Ours and vLLM 0.33's bundled frontend (where installed), alternated
+    over `opts.rounds` rounds on fresh echo engines; prints the table and
+    returns the rounds, medians and ratios."""
     frontends, why_not = frontends_to_compare()
     print(f"{opts.engines} echo engines; {opts.concurrency} connections x max_tokens=1 ({opts.client}), "
-          f"{opts.streams} streams x {opts.tokens} tokens; {opts.rounds} rounds; {os.cpu_count()} CPUs")  # fmt: skip
+          f"{opts.streams} streams x {opts.tokens} tokens; {opts.rounds} rounds; {os.cpu_count()} CPUs; "
+          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     measured: dict[str, list[dict]] = {name: [] for name in frontends}
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         model_dir = write_model_dir(Path(tmp) / "model")
@@ -206,8 +210,22 @@ def main() -> int:
                       f"{result['events_per_stream']:.0f} events/stream", flush=True)  # fmt: skip
     summary = {name: summarize(rounds) for name, rounds in measured.items()}
     table = print_table(summary["ours"], summary.get("vllm033"), opts.rounds, opts.quick)
-    results = {"cpus": os.cpu_count(), "options": vars(opts), "rounds": measured, "summary": summary,
-               "ratios": table, "baseline_skipped": why_not or None}  # fmt: skip
+    print(f"load average after the run: {os.getloadavg()[0]:.2f}")
+    return {"cpus": os.cpu_count(), "options": vars(opts), "rounds": measured, "summary": summary,
+            "ratios": table, "baseline_skipped": why_not or None}  # fmt: skip
+
+
+def main() -> int:
+    """Runs the rounds; prints the table and writes serve.json."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one short round (a smoke run)")
+    add_options(parser)
+    opts = parser.parse_args()
+    if opts.quick:
+        opts.rounds, opts.requests, opts.seconds = 1, 1000, 3
+    results_dir = ROOT / "bench" / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    results = compare(opts, build_stream_load())
     (results_dir / "serve.json").write_text(json.dumps(results, indent=2))
     return 0
 

@@ -8,7 +8,11 @@ docs/frontend-performance.md names, and writes the reports to
 bench/results/profile-*.txt.
 
 Both binaries keep their symbol tables; neither needs frame pointers for a
-flat profile. `perf` is Debian's `linux-perf` (`apt-get install linux-perf`);
+flat profile. `--inclusive` records call graphs too (`--call-graph dwarf`,
+unwound from the stack copies perf takes, so no frame pointers either) and
+lists the symbols by inclusive time (the share of samples in a function or
+what it called): that is what tells which request step the allocations and
+copies belong to (prompt encoding, detokenizer set-up, the HTTP write). `perf` is Debian's `linux-perf` (`apt-get install linux-perf`);
 wrk is required (`apt-get install wrk`).
 
 Run: ~/.cache/vllm-rs/venv/bin/python bench/profile_frontends.py [--seconds 8]
@@ -45,15 +49,18 @@ GROUPS = [
 ]
 
 
-def perf_report(data: Path) -> list[tuple[float, str]]:
-    """(percent of samples, symbol) by self time, from `perf report`."""
+def perf_report(data: Path, inclusive: bool = False) -> list[tuple[float, str]]:
+    """(percent of samples, symbol) by self time, or by inclusive time
+    (children counted) when `inclusive`, from `perf report`."""
+    children = ["--children", "-g", "none"] if inclusive else ["--no-children"]
     out = subprocess.run(
-        ["perf", "report", "-i", str(data), "--no-children", "--sort", "symbol", "--stdio", "--percent-limit", "0.2"],
+        ["perf", "report", "-i", str(data), *children, "--sort", "symbol", "--stdio", "--percent-limit", "0.2"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     rows = []
     for line in out.splitlines():
-        match = re.match(r"^\s+([\d.]+)%\s+(.*)$", line)
+        # Self time is the only column without children; with them it is the second.
+        match = re.match(r"^\s+([\d.]+)%\s+(?:[\d.]+%\s+)?(.*)$", line)
         if match:
             rows.append((float(match.group(1)), match.group(2).strip()))
     return rows
@@ -79,8 +86,9 @@ def profile(name: str, binary: Path, opts: argparse.Namespace, tmp: Path, out_di
         frontend_stack(binary, model_dir, engines, tmp / f"{name}.log") as stack,
     ):
         run(frontend_requests(stack.port, 64, 256))  # warm-up
+        graph = ["--call-graph", "dwarf,16384", "-F", "499"] if opts.inclusive else ["-F", "1999"]
         recorder = subprocess.Popen(
-            ["perf", "record", "-e", "cpu-clock", "-F", "1999", "-p", str(stack.pid), "-o", str(data)],
+            ["perf", "record", "-e", "cpu-clock", *graph, "-p", str(stack.pid), "-o", str(data)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
@@ -89,6 +97,7 @@ def profile(name: str, binary: Path, opts: argparse.Namespace, tmp: Path, out_di
             recorder.send_signal(2)
             recorder.wait(60)
     rows = perf_report(data)
+    inclusive = perf_report(data, inclusive=True) if opts.inclusive else []
     data.unlink()
     lines = [f"{name}: {binary}", f"{rps:.0f} req/s, p99 {p99:.2f} ms, {sent} requests while recorded", ""]
     lines.append("cost groups (% of the frontend's samples):")
@@ -96,6 +105,9 @@ def profile(name: str, binary: Path, opts: argparse.Namespace, tmp: Path, out_di
     lines.append("")
     lines.append(f"top {opts.top} symbols by self time:")
     lines += [f"  {percent:5.2f}%  {symbol[:150]}" for percent, symbol in rows[: opts.top]]
+    if inclusive:
+        lines += ["", f"top {opts.top} symbols by inclusive time:"]
+        lines += [f"  {percent:5.2f}%  {symbol[:150]}" for percent, symbol in inclusive[: opts.top]]
     text = "\n".join(lines)
     print(text + "\n", flush=True)
     (out_dir / f"profile-{name}.txt").write_text(text + "\n")
@@ -106,6 +118,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=8, help="length of the recorded wrk run")
     parser.add_argument("--top", type=int, default=30, help="symbols listed per frontend")
+    parser.add_argument(
+        "--inclusive", action="store_true", help="record call graphs too and list symbols by inclusive time"
+    )
     opts = parser.parse_args()
     for tool in ("perf", "wrk"):
         if shutil.which(tool) is None:

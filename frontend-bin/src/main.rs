@@ -5,6 +5,11 @@ use std::process::ExitCode;
 use vllm_rs_config::error::ExitError;
 use vllm_rs_frontend::cli::{Cli, Command};
 
+/// mimalloc instead of glibc's malloc: a request allocates and frees many small
+/// buffers across threads, which glibc served with costly consolidation.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Logs go to stderr; the level comes from `VLLM_LOGGING_LEVEL` (vLLM's variable), default INFO.
 fn init_logging() {
     let level = std::env::var("VLLM_LOGGING_LEVEL")

@@ -14,6 +14,10 @@ use std::sync::Arc;
 /// A model's Hugging Face tokenizer.
 pub struct HfTokenizer {
     inner: Arc<tokenizers::Tokenizer>,
+    /// The same `tokenizer.json` in `fastokens`, which encodes prompts (as vLLM
+    /// 0.33's frontend does); `None` where it does not support the file, and
+    /// `inner` encodes.
+    fast: Option<fastokens::Tokenizer>,
     /// Tokens in the vocabulary, added tokens included.
     vocab_size: usize,
     added_tokens: AddedTokens,
@@ -65,6 +69,9 @@ impl HfTokenizer {
             return Err(anyhow!("{} does not exist", file.display()));
         }
         let inner = tokenizers::Tokenizer::from_file(&file).map_err(|e| anyhow!("loading {}: {e}", file.display()))?;
+        let fast = fastokens::Tokenizer::from_file(&file)
+            .inspect_err(|e| tracing::debug!("{}: prompts are encoded without fastokens: {e}", file.display()))
+            .ok();
         let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
         let token_id = |name: Option<String>| name.and_then(|t| inner.token_to_id(&t));
         let eos_token_id = token_id(special_token(&config, "eos_token"));
@@ -86,6 +93,7 @@ impl HfTokenizer {
         Ok(HfTokenizer {
             vocab_size,
             inner: Arc::new(inner),
+            fast,
             added_tokens,
             eos_token_id,
             chat_template,
@@ -97,6 +105,9 @@ impl HfTokenizer {
 
 impl Tokenizer for HfTokenizer {
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        if let Some(fast) = &self.fast {
+            return fast.encode_with_special_tokens(text, add_special_tokens).map_err(|e| anyhow!("{e}"));
+        }
         let encoding = self.inner.encode_fast(text, add_special_tokens).map_err(|e| anyhow!("{e}"))?;
         Ok(encoding.get_ids().to_vec())
     }
@@ -175,6 +186,36 @@ mod tests {
         assert_eq!(t.apply_chat_template(&messages, true).unwrap(), "<|bos|>[user] yo<|eot|>\n[assistant] ");
     }
 
+    /// Texts that exercise pre-tokenization: words, spaces, digits, punctuation,
+    /// several scripts, emoji, added tokens inside text, and long runs.
+    const ENCODE_SAMPLES: &[&str] = &[
+        "hello world",
+        "The quick brown fox jumps over the lazy dog. ",
+        "  leading and trailing spaces  ",
+        "numbers 12345 and 3.14159, 1e-9!",
+        "tabs\tand\nnewlines\r\n\n  indented",
+        "wörld café naïve €100 😀👍🏽 日本語のテキスト",
+        "<|bos|>hi<|eot|> between <|eot|>tokens",
+        "it's we're they'll I'd don't",
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    ];
+
+    #[test]
+    fn prompts_are_encoded_as_the_tokenizers_crate_does_with_or_without_fastokens() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        // fastokens refuses the Metaspace fixture: there `tokenizers` encodes.
+        for (name, fast) in [("byte-bpe", true), ("metaspace", false)] {
+            let t = HfTokenizer::load(&fixtures.join(name)).unwrap();
+            assert_eq!(t.fast.is_some(), fast, "{name}: loaded by fastokens");
+            for text in ENCODE_SAMPLES {
+                for special in [false, true] {
+                    let reference = t.inner.encode_fast(*text, special).unwrap().get_ids().to_vec();
+                    assert_eq!(t.encode(text, special).unwrap(), reference, "{name} {text:?} special={special}");
+                }
+            }
+        }
+    }
+
     fn metaspace() -> HfTokenizer {
         HfTokenizer::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/metaspace")).unwrap()
     }
@@ -208,6 +249,20 @@ mod tests {
         assert_eq!(stream(&t, &prompt, &[PARIS], DecodeOptions::default()).concat(), " Paris");
         // Without context, SentencePiece drops the first word's space.
         assert_eq!(stream(&t, &[], &[PARIS], DecodeOptions::default()).concat(), "Paris");
+    }
+
+    #[test]
+    fn a_long_prompt_streams_what_decoding_it_whole_adds() {
+        for t in [fixture(), metaspace()] {
+            let prompt = t.encode("The capital is a city whose name everyone knows: wörld 😀 café", true).unwrap();
+            let outputs = t.encode(" Paris, naïve 😀 €!", false).unwrap();
+            assert!(prompt.len() > 2 * super::super::incremental::PROMPT_CONTEXT, "{prompt:?}");
+            let whole = |ids: &[u32]| t.decode(ids).unwrap();
+            let expected = whole(&[prompt.clone(), outputs.clone()].concat())[whole(&prompt).len()..].to_string();
+            let pieces = stream(&t, &prompt, &outputs, DecodeOptions::default());
+            assert_eq!(pieces.concat(), expected);
+            assert!(pieces.iter().all(|p| !p.contains('\u{fffd}')), "{pieces:?}");
+        }
     }
 
     #[test]

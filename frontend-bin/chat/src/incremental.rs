@@ -12,6 +12,9 @@ use std::sync::Arc;
 /// `spaces_between_special_tokens: false`.
 pub type AddedTokens = Arc<HashMap<u32, String>>;
 
+/// Prompt tokens a decoder keeps as the context of the first generated token.
+pub(super) const PROMPT_CONTEXT: usize = 8;
+
 /// Decodes one request's generated ids, releasing text as it becomes final.
 pub struct IncrementalDecoder {
     tokenizer: Arc<tokenizers::Tokenizer>,
@@ -51,17 +54,23 @@ impl IncrementalDecoder {
         decoder
     }
 
-    /// Primes the stream with the prompt, as `DecodeStream(ids=prompt)` does.
-    /// One deliberate difference: when the prompt's text ends in an incomplete
-    /// character, vLLM's stream has no prefix and its first output repeats the
-    /// whole prompt; here the context stops before that character, so only
-    /// the character itself comes out once the output completes it.
+    /// Primes the stream with the prompt's last [`PROMPT_CONTEXT`] tokens,
+    /// where vLLM's `DecodeStream(ids=prompt)` takes the whole prompt: the
+    /// text a new token adds is the same with that much context (decoders
+    /// join a token only with its neighbours: a leading space, a character
+    /// split over at most 4 byte tokens), and the whole prompt was decoded
+    /// twice per request. One deliberate difference: when the prompt's text
+    /// ends in an incomplete character, vLLM's stream has no prefix and its
+    /// first output repeats the whole prompt; here the context stops before
+    /// that character, so only the character itself comes out once the output
+    /// completes it.
     fn prefill(&mut self, prompt: &[u32]) {
+        let context = &prompt[prompt.len().saturating_sub(PROMPT_CONTEXT)..];
         // A UTF-8 character spans at most 4 tokens (one byte each).
-        for end in (prompt.len().saturating_sub(4)..=prompt.len()).rev() {
-            let text = self.decode(&prompt[..end]);
+        for end in (context.len().saturating_sub(4)..=context.len()).rev() {
+            let text = self.decode(&context[..end]);
             if !text.ends_with(char::REPLACEMENT_CHARACTER) {
-                self.ids = prompt.to_vec();
+                self.ids = context.to_vec();
                 self.prefix = text;
                 self.prefix_index = end;
                 return;
