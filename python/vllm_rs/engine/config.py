@@ -28,8 +28,10 @@ CPU_AUTO_DTYPE = "float32"
 #: float32 activations only), `none` dequantizes them to `--dtype`. Unset:
 #: `gguf` for a block-quantized GGUF on the CPU in float32, else `none`.
 QUANTIZATIONS = ("gguf", "none")
-#: Bytes per weight of a packed (`gguf`) model's linear layers.
-PACKED_WEIGHT_BYTES = 2
+#: Bytes per weight of a packed (`gguf`) model's linear layers, at most:
+#: fp16, but fbgemm pads the input features to a multiple of 512, up to 2x
+#: for the widths of real models (SmolLM2's 576: 1.78x).
+PACKED_WEIGHT_BYTES = 4
 #: vLLM's KV-cache budget on the CPU, in GiB.
 CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 #: A real model's KV cache on the CPU when no budget is given: at most this
