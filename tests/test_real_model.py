@@ -26,6 +26,11 @@ if not rust_frontend_available():
     pytest.skip("the vllm-rs binary is not built", allow_module_level=True)
 
 MODEL = PACKAGED_MODEL_NAME
+#: The server holds the weights in fp16 packs (`--quantization gguf`, the
+#: default), transformers dequantizes to float32: their log-probabilities
+#: differ by up to 0.025 (docs/real-model-speed.md); a wrong position or a
+#: sampling setting applied to them moves a log-probability by far more.
+LOGPROB_TOLERANCE = 0.05
 PROMPTS = [
     "What is the capital of France?",
     "Name three primary colors.",
@@ -182,9 +187,10 @@ def test_logprobs_equal_a_recomputation_from_the_logits(server, client, referenc
         zip(chosen, choice.logprobs.token_logprobs, choice.logprobs.top_logprobs, strict=True)
     ):
         assert token == int(expected[step].argmax()), f"step {step}: greedy picks the most likely token"
-        assert math.isclose(logprob, float(expected[step, token]), abs_tol=2e-3), (step, logprob)
+        assert math.isclose(logprob, float(expected[step, token]), abs_tol=LOGPROB_TOLERANCE), (step, logprob)
         for name, value in top.items():
-            assert math.isclose(value, float(expected[step, int(name.removeprefix("token_id:"))]), abs_tol=2e-3)
+            expected_value = float(expected[step, int(name.removeprefix("token_id:"))])
+            assert math.isclose(value, expected_value, abs_tol=LOGPROB_TOLERANCE)
 
 
 def test_seeded_n2_sampling_is_reproducible(client):

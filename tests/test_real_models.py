@@ -82,7 +82,7 @@ def run_engine(
     the last prompt joins once the others finished (its prefix is cached)."""
     config = make_engine_config(
         path, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=CHUNK, block_size=8, dtype="float32",
-        kv_cache_memory_bytes=None, device="cpu",
+        kv_cache_memory_bytes=None, device="cpu", quantization="none",  # dequantized, exact to transformers
     )  # fmt: skip
     core = EngineCore(config)
     logits: dict[str, list[torch.Tensor]] = {}
@@ -220,7 +220,10 @@ def test_smollm2_gguf_matches_transformers(smollm2):
     # "The capital of France is" in SmolLM2's tokenizer (building that from
     # the GGUF with transformers would double this test's time).
     prompt = [504, 3575, 282, 4649, 314]
-    config = make_engine_config(smollm2, max_model_len=64, device="cpu", dtype="float32", kv_cache_memory_bytes=1 << 26)
+    # The dequantized path (transformers dequantizes too); the default fp16
+    # packs are checked against it in test_packed_weights.py.
+    config = make_engine_config(smollm2, max_model_len=64, device="cpu", dtype="float32", kv_cache_memory_bytes=1 << 26,
+                                quantization="none")  # fmt: skip
     core = EngineCore(config)
     rows: list[torch.Tensor] = []
     sample = core.runner.sampler.sample

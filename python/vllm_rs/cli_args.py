@@ -127,6 +127,14 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         help="weights and KV cache dtype of a real model (auto: float32 on the CPU, the checkpoint's half dtype on CUDA)",
     )
     parser.add_argument(
+        "--quantization",
+        "-q",
+        choices=("gguf", "none"),
+        default=None,
+        help="how a GGUF's weights are held (gguf: linear layers packed in fp16, embeddings read from the file; "
+        "none: dequantized to --dtype; default: gguf for a Q8_0, Q4_1, ... GGUF on the CPU in float32, else none)",
+    )
+    parser.add_argument(
         "--kv-cache-memory-bytes",
         type=int,
         default=None,

@@ -352,6 +352,7 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
             log_stats=not args.disable_log_stats,
             dtype=args.dtype,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+            quantization=args.quantization,
         )
     except (ModelPathError, EngineConfigError) as e:
         raise ServeUsageError(str(e)) from None

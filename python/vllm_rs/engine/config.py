@@ -23,6 +23,15 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: What `--dtype auto` means for a real model on the CPU: the faster of
 #: float32 and bfloat16 there (measured, docs/real-models.md).
 CPU_AUTO_DTYPE = "float32"
+#: `--quantization` choices: `gguf` keeps a GGUF's weights compact (linear
+#: layers packed in fp16 for fbgemm, embeddings read from the file; CPU and
+#: float32 activations only), `none` dequantizes them to `--dtype`. Unset:
+#: `gguf` for a block-quantized GGUF on the CPU in float32, else `none`.
+QUANTIZATIONS = ("gguf", "none")
+#: Bytes per weight of a packed (`gguf`) model's linear layers, at most:
+#: fp16, but fbgemm pads the input features to a multiple of 512, up to 2x
+#: for the widths of real models (SmolLM2's 576: 1.78x).
+PACKED_WEIGHT_BYTES = 4
 #: vLLM's KV-cache budget on the CPU, in GiB.
 CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 #: A real model's KV cache on the CPU when no budget is given: at most this
@@ -45,6 +54,9 @@ class ModelConfig:
     max_model_len: int
     dtype: str = "float32"
     seed: int = 0
+    #: How the weights are held: "gguf" (packed, see QUANTIZATIONS) or None
+    #: (dequantized to `dtype`); vLLM's `quantization` field.
+    quantization: str | None = None
 
     @property
     def architectures(self) -> list[str]:
@@ -155,6 +167,7 @@ def make_engine_config(
     dtype: str = "auto",
     kv_cache_memory_bytes: int | None = None,
     tokenizer_dir: str | None = None,
+    quantization: str | None = None,
 ) -> EngineConfig:
     """An EngineConfig with the model type's defaults filled in and the KV
     cache sized (`num_gpu_blocks`; for a real model from
@@ -181,6 +194,7 @@ def make_engine_config(
         ("--data-parallel-size", data_parallel_size, 1 <= data_parallel_size <= 65536),
         ("--device", device, device in ("auto", "cpu", "cuda")),
         ("--dtype", dtype, dtype in DTYPES),
+        ("--quantization", quantization, quantization is None or quantization in QUANTIZATIONS),
         (
             "--kv-cache-memory-bytes",
             kv_cache_memory_bytes,
@@ -194,6 +208,7 @@ def make_engine_config(
     if spec.is_real and device == "auto":
         device = "cuda" if _cuda_available() else "cpu"
     resolved_dtype = resolve_dtype(dtype, spec, device)
+    resolved_quantization = resolve_quantization(quantization, spec, device, resolved_dtype)
     scheduler = SchedulerConfig(max_num_seqs or default_seqs, max_num_batched_tokens or default_tokens)
     cache = CacheConfig(
         block_size=block_size,
@@ -203,10 +218,17 @@ def make_engine_config(
     )
     if spec.model_type != "echo":
         cache.num_gpu_blocks = size_kv_cache(
-            spec, cache, scheduler, max_len, resolved_dtype, device, data_parallel_size
+            spec, cache, scheduler, max_len, resolved_dtype, device, data_parallel_size, resolved_quantization
         )
     return EngineConfig(
-        model_config=ModelConfig(model=model, spec=spec, max_model_len=max_len, dtype=resolved_dtype, seed=seed),
+        model_config=ModelConfig(
+            model=model,
+            spec=spec,
+            max_model_len=max_len,
+            dtype=resolved_dtype,
+            seed=seed,
+            quantization=resolved_quantization,
+        ),
         cache_config=cache,
         scheduler_config=scheduler,
         parallel_config=ParallelConfig(data_parallel_size=data_parallel_size),
@@ -234,6 +256,31 @@ def resolve_dtype(dtype: str, spec: ModelSpec, device: str) -> str:
         saved = spec.transformer.checkpoint_dtype
         return saved if saved in ("bfloat16", "float16") else "bfloat16"
     return CPU_AUTO_DTYPE
+
+
+def resolve_quantization(quantization: str | None, spec: ModelSpec, device: str, dtype: str) -> str | None:
+    """`--quantization` made concrete: "gguf" or None (dequantized). Unset:
+    "gguf" for a block-quantized GGUF (Q8_0, Q4_1, ...) on the CPU in
+    float32; an F32/F16 GGUF stays exact. Raises EngineConfigError when
+    "gguf" is asked for where it cannot run (not a GGUF, not the CPU, not
+    float32)."""
+    if quantization is None:
+        return "gguf" if spec.gguf_quantized and device == "cpu" and dtype == "float32" else None
+    if quantization == "none":
+        return None
+    if not spec.is_gguf:
+        raise EngineConfigError("--quantization gguf: the model is not a .gguf file (use --quantization none)")
+    if device != "cpu":
+        raise EngineConfigError(f"--quantization gguf: runs on the CPU only, not --device {device}")
+    if dtype != "float32":
+        raise EngineConfigError(f"--quantization gguf: needs --dtype float32 activations, not --dtype {dtype}")
+    return quantization
+
+
+def weight_bytes(spec: ModelSpec, dtype: str, quantization: str | None) -> int:
+    """Bytes a real model's weights take in memory (the memory check)."""
+    per_weight = PACKED_WEIGHT_BYTES if quantization == "gguf" else DTYPE_BYTES[dtype]
+    return spec.transformer.num_parameters() * per_weight
 
 
 def kv_bytes_per_token(spec: ModelSpec, dtype: str) -> int:
@@ -267,6 +314,7 @@ def size_kv_cache(
     dtype: str,
     device: str,
     engines: int,
+    quantization: str | None = None,
 ) -> int | None:
     """KV blocks per engine: `--num-gpu-blocks` when given, else what the
     budget holds (`--kv-cache-memory-bytes`, else `VLLM_CPU_KVCACHE_SPACE`
@@ -298,13 +346,13 @@ def size_kv_cache(
     elif not spec.is_real:
         blocks = wanted
     elif device == "cpu":
-        weights = spec.transformer.num_parameters() * DTYPE_BYTES[dtype]
+        weights = weight_bytes(spec, dtype, quantization)
         spare = max(0, available_memory_bytes() // engines - weights) // 2
         blocks = max(min_blocks, min(wanted, min(DEFAULT_CPU_KV_BYTES, spare) // block_bytes))
     else:
         return None
     if spec.is_real and device == "cpu":
-        weights = spec.transformer.num_parameters() * DTYPE_BYTES[dtype]
+        weights = weight_bytes(spec, dtype, quantization)
         needed = engines * (weights + blocks * block_bytes)
         available = available_memory_bytes()
         if needed > available:

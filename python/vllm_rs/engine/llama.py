@@ -173,5 +173,7 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x, cos, sin, meta)
         hidden = self.model.norm(x.index_select(0, logits_indices))
-        head = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        return (hidden @ head.t()).float()
+        # A packed model has its own lm_head even when the embeddings are tied.
+        head = getattr(self, "lm_head", None)
+        logits = hidden @ self.model.embed_tokens.weight.t() if head is None else head(hidden)
+        return logits.float()

@@ -92,8 +92,10 @@ class ModelRunner:
         self._block_offsets = np.arange(self.block_size, dtype=np.int64)
         self.sampler = Sampler(self.device)
         logger.info(
-            "%s (%s) on %s (%d threads): %d KV blocks of %d tokens",
-            config.model_config.architecture, config.model_config.dtype, self.device, torch.get_num_threads(),
+            "%s (%s%s) on %s (%d threads): %d KV blocks of %d tokens",
+            config.model_config.architecture, config.model_config.dtype,
+            ", weights packed fp16" if config.model_config.quantization == "gguf" else "", self.device,
+            torch.get_num_threads(),
             self.num_gpu_blocks, self.block_size,
         )  # fmt: skip
 
@@ -102,7 +104,7 @@ class ModelRunner:
         if spec.is_real:
             from vllm_rs.engine.weights import load_model
 
-            return load_model(spec, self.dtype, self.device)
+            return load_model(spec, self.dtype, self.device, config.model_config.quantization)
         model = ToyDecoder(ToyConfig.from_hparams(spec.hparams))
         if spec.weights_path:
             model.load_state_dict(torch.load(spec.weights_path, map_location="cpu", weights_only=True))

@@ -3,10 +3,13 @@
 a GGUF file's tensors (dequantized with the `gguf` package), renamed to the
 Hugging Face names with llama.cpp's Q/K row permutation undone for the
 `llama` architecture. Every tensor is cast to the model dtype and moved to
-the device as it is read."""
+the device as it is read; with `--quantization gguf` the linear layers'
+weights are packed instead (`packed_weights`) and the embeddings stay in
+the file."""
 
 from __future__ import annotations
 
+import ctypes
 import re
 from collections.abc import Iterator
 
@@ -17,6 +20,7 @@ from vllm_rs.engine.checkpoint import CheckpointError
 from vllm_rs.engine.gguf_file import read_header
 from vllm_rs.engine.llama import CausalLM
 from vllm_rs.engine.models import ModelSpec
+from vllm_rs.engine.packed_weights import PackedLinear, pack_linears
 
 #: GGUF tensor names -> Hugging Face names (`{i}`: the layer).
 GGUF_NAMES = {
@@ -46,20 +50,29 @@ GGUF_ROPE_FREQS = "rope_freqs.weight"
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> CausalLM:
-    """The model of `spec` with its weights in `dtype` on `device`; raises
-    CheckpointError naming the file when a tensor is missing, unexpected,
-    misshapen or unreadable."""
+def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device, quantization: str | None = None) -> CausalLM:
+    """The model of `spec` with its weights in `dtype` on `device` (with
+    `quantization` "gguf": a GGUF's linear weights packed in fp16, its
+    embeddings read from the file); raises CheckpointError naming the file
+    when a tensor is missing, unexpected, misshapen or unreadable."""
     model = CausalLM.build(spec.transformer)
     rope_factors = None
+    packed: dict[str, PackedLinear] = {}
     if spec.is_gguf:
         tensors = _gguf_tensors(spec)
         where = spec.weights_path
+        if quantization == "gguf":
+            embeddings = read_header(where).tensors["token_embd.weight"]
+            packed = pack_linears(model, where, embeddings)
     else:
         tensors = _safetensors_tensors(spec.weight_files)
         where = ", ".join(spec.weight_files)
-    expected = dict(model.state_dict(keep_vars=True))
+    expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
+    expected.update((name, layer.weight_shape) for name, layer in packed.items())
+    if packed:
+        expected.setdefault("model.embed_tokens.weight", (spec.transformer.vocab_size, spec.transformer.hidden_size))
     state: dict[str, torch.Tensor] = {}
+    loaded: set[str] = set()
     for name, source, array in tensors:
         if name == GGUF_ROPE_FREQS:
             rope_factors = array.float()
@@ -70,17 +83,35 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> Cau
             ):
                 continue
             raise CheckpointError(f"{source}: unexpected tensor {name}")
-        if tuple(array.shape) != tuple(expected[name].shape):
+        if tuple(array.shape) != expected[name]:
             raise CheckpointError(
-                f"{source}: tensor {name} has shape {tuple(array.shape)}, the config needs {tuple(expected[name].shape)}"
+                f"{source}: tensor {name} has shape {tuple(array.shape)}, the config needs {expected[name]}"
             )
-        state[name] = array.to(device=device, dtype=dtype)
-    missing = sorted(set(expected) - set(state))
+        if name in packed:
+            packed[name].load_weight(array)
+            loaded.add(name)
+        elif packed and name == "model.embed_tokens.weight":
+            loaded.add(name)  # untied: looked up in the file by GgufEmbedding
+        else:
+            state[name] = array.to(device=device, dtype=dtype)
+    missing = sorted(set(expected) - set(state) - loaded)
     if missing:
         raise CheckpointError(f"{where}: missing tensors {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
     model.load_state_dict(state, assign=True)
     model.init_rope(device, rope_factors)
+    release_freed_memory()
     return model.eval()
+
+
+def release_freed_memory() -> None:
+    """Hands the heap memory freed during the load (the dequantized
+    temporaries of every tensor) back to the system: glibc keeps freed
+    chunks of that size in its heap otherwise, which stays resident.
+    A no-op where the C library has no `malloc_trim`."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _safetensors_tensors(files: list[str]) -> Iterator[tuple[str, str, torch.Tensor]]:

@@ -1,0 +1,149 @@
+"""`--quantization gguf`: a GGUF's linear weights packed in fp16 for
+fbgemm, its embeddings read from the file. On the packaged SmolLM2 GGUF
+(Q4_1 layers, Q8_0 embeddings) it is the default on the CPU, generates the
+same greedy tokens as the dequantized float32 path with logprobs close to
+it, keeps no float32 copy of a weight, and looks embeddings up exactly;
+where it cannot run, `serve` exits 2 naming the option."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from vllm_rs.engine import make_engine_config
+from vllm_rs.engine.config import EngineConfigError
+from vllm_rs.engine.core import EngineCore
+from vllm_rs.engine.packed_weights import GgufEmbedding, PackedLinear
+from vllm_rs.engine.protocol import EngineCoreRequest
+from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
+
+#: SmolLM2 token ids: a chat-formatted question, then plain-text prompts.
+PROMPTS = [
+    [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182, 2, 198,
+     1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198],
+    [504, 3575, 282, 4649, 314],
+    [504, 2512, 282, 260, 1851, 359],
+    list(range(1000, 1040)),
+]  # fmt: skip
+MAX_TOKENS = 32
+#: Largest difference allowed between the two paths' log-probabilities of a
+#: sampled position: the fp16 rounding of the weights, far below the gaps
+#: between a greedy token and the next candidate that would flip the text.
+LOGPROB_TOLERANCE = 0.05
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> str:
+    try:
+        return packaged_model_path()
+    except ModelNotFoundError as e:
+        pytest.skip(f"the packaged SmolLM2 GGUF is not installed: {e}")
+
+
+def engine(path: str, quantization: str | None) -> EngineCore:
+    config = make_engine_config(path, max_model_len=256, device="cpu", dtype="float32",
+                                kv_cache_memory_bytes=64 << 20, quantization=quantization)  # fmt: skip
+    return EngineCore(config)
+
+
+def generate(core: EngineCore) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]]]:
+    """Greedy tokens and the log-probabilities of every sampled row, per
+    request, all prompts in flight together."""
+    rows: dict[str, list[torch.Tensor]] = {}
+    sample = core.runner.sampler.sample
+
+    def recording_sample(logits, requests):
+        for row, request in zip(logits, requests, strict=True):
+            rows.setdefault(request.request_id, []).append(torch.log_softmax(row.double(), -1))
+        return sample(logits, requests)
+
+    core.runner.sampler.sample = recording_sample
+    for i, prompt in enumerate(PROMPTS):
+        core.add_request(EngineCoreRequest(f"r{i}", prompt, {"temperature": 0.0, "max_tokens": MAX_TOKENS,
+                                                             "ignore_eos": True}))  # fmt: skip
+    tokens: dict[str, list[int]] = {}
+    while core.has_work():
+        for _, output in core.step():
+            tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
+    return tokens, rows
+
+
+@pytest.fixture(scope="module")
+def both(smollm2):
+    """(packed core, its outputs), (dequantized core, its outputs)."""
+    torch.set_num_threads(1)
+    packed = engine(smollm2, None)
+    packed_out = generate(packed)
+    dequantized = engine(smollm2, "none")
+    return (packed, packed_out), (dequantized, generate(dequantized))
+
+
+def test_packed_is_the_default_for_a_quantized_gguf_on_the_cpu(smollm2):
+    def quantization(**options) -> str | None:
+        config = make_engine_config(smollm2, max_model_len=256, kv_cache_memory_bytes=1 << 26, **options)
+        return config.model_config.quantization
+
+    assert quantization(device="cpu") == "gguf"
+    assert quantization(device="cpu", quantization="none") is None
+    assert quantization(device="cpu", dtype="bfloat16") is None
+
+
+def test_greedy_text_equals_the_dequantized_path(both):
+    (_, (packed_tokens, packed_rows)), (_, (tokens, rows)) = both
+    assert packed_tokens == tokens
+    for request_id, expected in rows.items():
+        for step, (ours, reference) in enumerate(zip(packed_rows[request_id], expected, strict=True)):
+            token = tokens[request_id][step]
+            # The sampled token's log-probability and the top of the distribution.
+            assert abs(float(ours[token] - reference[token])) < LOGPROB_TOLERANCE, (request_id, step)
+            top = reference.topk(5).indices
+            assert (ours[top] - reference[top]).abs().max() < LOGPROB_TOLERANCE, (request_id, step)
+
+
+def test_no_float32_copy_of_a_weight_is_kept(both):
+    (packed, _), (dequantized, _) = both
+    model = packed.runner.model
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    packed_layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    # 7 per layer, and the output head (tied to the embeddings).
+    assert len(packed_layers) == 7 * model.config.num_layers + 1
+    dense = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    # Only the RMSNorm weights remain: 2 per layer and the final norm.
+    assert dense == (2 * model.config.num_layers + 1) * model.config.hidden_size * 4
+    assert isinstance(model.model.embed_tokens, GgufEmbedding)
+
+
+def test_embeddings_from_the_file_equal_the_dequantized_ones(both):
+    (packed, _), (dequantized, _) = both
+    ids = torch.tensor([0, 1, 504, 49151, 504, 12345])
+    with torch.inference_mode():
+        ours = packed.runner.model.model.embed_tokens(ids)
+    assert torch.equal(ours, dequantized.runner.model.model.embed_tokens.weight[ids])
+
+
+def test_where_gguf_packing_cannot_run_it_is_refused(smollm2):
+    with pytest.raises(EngineConfigError, match="--quantization gguf: needs --dtype float32"):
+        make_engine_config(smollm2, device="cpu", dtype="bfloat16", quantization="gguf", max_model_len=256)
+    with pytest.raises(EngineConfigError, match="--quantization gguf: the model is not a .gguf file"):
+        make_engine_config("toy", quantization="gguf")
+    with pytest.raises(EngineConfigError, match="--quantization: invalid value 'awq'"):
+        make_engine_config(smollm2, device="cpu", quantization="awq", max_model_len=256)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--quantization", "awq"], "--quantization"),
+        (["--quantization", "gguf"], "--quantization gguf: the model is not a .gguf file"),
+    ],
+)
+def test_serve_exits_2_naming_the_option(args, expected):
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_rs", "serve", "--model", "toy", *args, "--port", "0"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr and "Traceback" not in result.stderr
