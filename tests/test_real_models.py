@@ -76,13 +76,15 @@ def _prompts(vocab: int, seed: int) -> list[list[int]]:
 
 
 def run_engine(
-    path: str, prompts: list[list[int]]
+    path: str, prompts: list[list[int]], device: str = "cpu", dtype: str = "float32"
 ) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], EngineCore]:
-    """Greedy outputs and the logits of every sampled position, per request;
-    the last prompt joins once the others finished (its prefix is cached)."""
+    """Greedy outputs and the logits of every sampled position, per request
+    (`r0`, `r1`, ..., then `cached`); the last prompt joins once the others
+    finished (its prefix is cached)."""
     config = make_engine_config(
-        path, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=CHUNK, block_size=8, dtype="float32",
-        kv_cache_memory_bytes=None, device="cpu", quantization="none",  # dequantized, exact to transformers
+        path, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=CHUNK, block_size=8, dtype=dtype,
+        kv_cache_memory_bytes=None if device == "cpu" else 1 << 24, device=device,
+        quantization="none",  # dequantized, exact to transformers
     )  # fmt: skip
     core = EngineCore(config)
     logits: dict[str, list[torch.Tensor]] = {}

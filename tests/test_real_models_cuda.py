@@ -13,31 +13,19 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 transformers = pytest.importorskip("transformers")
 
-from vllm_rs.engine import make_engine_config  # noqa: E402
 from vllm_rs.engine.core import EngineCore  # noqa: E402
-from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
 
 from tests.support.tiny_models import make_hf_model, save_safetensors  # noqa: E402
+from tests.test_real_models import MAX_TOKENS, run_engine  # noqa: E402
 
-MAX_TOKENS = 8
 #: Token ids below every tiny model's vocabulary; lengths that take one, two and three prefill chunks.
 PROMPTS = ([5, 17, 90, 3], [42] * 19, list(range(1, 34)))
 
 
 def greedy(path: str, device: str, dtype: str = "float32") -> tuple[dict[str, list[int]], EngineCore]:
-    """Greedy tokens per prompt through the engine core on `device`, prompts
-    chunked (16 tokens a step) and batched together."""
-    config = make_engine_config(
-        path, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=16, block_size=8, dtype=dtype,
-        kv_cache_memory_bytes=1 << 24, device=device,
-    )  # fmt: skip
-    core = EngineCore(config)
-    for i, prompt in enumerate(PROMPTS):
-        core.add_request(EngineCoreRequest(f"r{i}", prompt, {"temperature": 0.0, "max_tokens": MAX_TOKENS}))
-    outputs: dict[str, list[int]] = {}
-    while core.has_work():
-        for _, output in core.step():
-            outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
+    """Greedy tokens per prompt on `device`: the CPU tests' engine run, in
+    16-token prefill chunks, the last prompt after the others."""
+    outputs, _logits, core = run_engine(path, list(PROMPTS), device, dtype)
     return outputs, core
 
 
@@ -51,13 +39,13 @@ def test_cuda_greedy_equals_cpu_and_transformers(tmp_path, arch):
     on_cpu, _ = greedy(path, "cpu")
     assert on_gpu == on_cpu
     model = model.to("cuda").eval()
-    for i, prompt in enumerate(PROMPTS):
+    for request_id, prompt in zip(["r0", "r1", "cached"], PROMPTS, strict=True):
         with torch.no_grad():
             expected = model.generate(
                 torch.tensor([prompt], device="cuda"), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
                 do_sample=False, pad_token_id=0,
             )[0, len(prompt) :].tolist()  # fmt: skip
-        assert on_gpu[f"r{i}"] == expected, f"r{i}"
+        assert on_gpu[request_id] == expected, request_id
 
 
 def test_cuda_auto_dtype_is_the_checkpoints_half_dtype(tmp_path):
