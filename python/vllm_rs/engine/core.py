@@ -247,17 +247,15 @@ class EngineCore:
                 events=request.take_events(),
                 new_logprobs=model_output.logprobs.get(request.request_id),
                 new_prompt_logprobs=request.take_prompt_logprobs(),
-                prefill_stats=self._take_prefill_stats(request),
+                prefill_stats=None if request.sent_prefill_stats else self._take_prefill_stats(request),
             )
             outputs.append((request.client_index, output))
         return outputs
 
-    def _take_prefill_stats(self, request: Request) -> PrefillStats | None:
-        """The request's `PrefillStats` with its first output, None after (as
+    def _take_prefill_stats(self, request: Request) -> PrefillStats:
+        """The request's `PrefillStats`, sent with its first output only (as
         vLLM sends them: whatever preemptions came between, they describe its
         first prefill)."""
-        if request.sent_prefill_stats:
-            return None
         request.sent_prefill_stats = True
         in_cache = len(request.block_hashes) * self.config.cache_config.block_size
         return PrefillStats.of(request.num_prompt_tokens, request.num_cached_tokens, in_cache)

@@ -163,11 +163,13 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         cached_ids: list[str] = []
         context_ids: set[str] = set()
-        index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
+        # Preemption pops victims off the end of `running`: the iteration stops before them.
+        for request in self.running:
+            if budget == 0:
+                break
             n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._make_room(request, request.num_computed_tokens + n):
+            # (A model without a KV cache, `echo`, takes no blocks: its step stays bookkeeping only.)
+            if self.block_pool is not None and not self._make_room(request, request.num_computed_tokens + n):
                 break  # it was preempted itself, and every request after it
             plan.num_scheduled_tokens[request.request_id] = n
             plan.requests.append(request)
@@ -175,7 +177,6 @@ class Scheduler:
             if not request.output_token_ids:
                 context_ids.add(request.request_id)
             budget -= n
-            index += 1
         while admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if not self._allocate(request):
@@ -257,6 +258,8 @@ class Scheduler:
         """Gives running `request` blocks for `num_tokens` tokens, preempting
         the most recently admitted running requests while blocks are short;
         False when `request` itself had to be preempted."""
+        if num_tokens <= len(request.block_ids) * self.block_size:
+            return True  # a decode inside its last block: most steps
         while not self._grow(request, num_tokens):
             victim = self.running.pop()
             self._preempt(victim)
