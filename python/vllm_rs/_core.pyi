@@ -1,4 +1,4 @@
-"""Typed stubs of the native module `vllm_rs._core` (see rust/src/python.rs)."""
+"""Typed stubs of the native module `vllm_rs._core` (rust/python/, the binding of the process core in rust/core/)."""
 
 from collections.abc import Sequence
 
@@ -100,7 +100,7 @@ def guardian_pid() -> int | None:
 def guardian_main(ctrl_fd: int, supervisor_pid: int) -> None:
     """Runs the guardian loop in this interpreter; never returns."""
 
-# Tool-call and reasoning parsers (rust/src/python_parsers.rs over the
+# Tool-call and reasoning parsers (rust/python/src/parsers.rs over the
 # vllm-rs-parsers crate, the same code the `vllm-rs` binary uses).
 
 #: vLLM's `--tool-call-parser` names that `ToolParser` accepts.

@@ -1,6 +1,6 @@
 """Starting and watching processes through the Rust core.
 
-Every child is started by this process's guardian (see `rust/src/guardian.rs`):
+Every child is started by this process's guardian (see `rust/core/src/guardian.rs`):
 it inherits exactly the fds it is given, dies when this process dies (SIGKILL
 included) and takes its descendants with it. Handles are `vllm_rs._core.Process`
 objects with the `multiprocessing.BaseProcess` surface.

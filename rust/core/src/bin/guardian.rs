@@ -3,7 +3,7 @@
 //! from the extension module).
 #[cfg(target_os = "linux")]
 fn main() {
-    _core::guardian::main_from_args(std::env::args_os().skip(1))
+    vllm_rs_core::guardian::main_from_args(std::env::args_os().skip(1))
 }
 
 #[cfg(not(target_os = "linux"))]

@@ -1,6 +1,6 @@
 //! `vllm_rs._core`'s tool-call and reasoning parsers: a thin typed layer over
-//! the `vllm-rs-parsers` crate, so the Python API server parses model output
-//! with the same code as the `vllm-rs` binary.
+//! the `vllm-rs-parsers` crate, so Python parses model output with the same
+//! code as the `vllm-rs` binary.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -1,6 +1,6 @@
-//! The PyO3 module `vllm_rs._core`: a thin, typed layer over the process
-//! core. Blocking calls release the GIL and let Python signal handlers (a
-//! Ctrl-C) interrupt them.
+//! The process functions and classes of `vllm_rs._core`: argument conversion
+//! over the process core (`vllm-rs-core`). Blocking calls release the GIL and
+//! let Python signal handlers (a Ctrl-C) interrupt them.
 
 use std::ffi::OsString;
 use std::io;
@@ -12,13 +12,18 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 #[cfg(target_os = "linux")]
+pub use linux::register;
+#[cfg(not(target_os = "linux"))]
+pub use other::register;
+
+#[cfg(target_os = "linux")]
 mod linux {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use crate::error::ProcessError;
-    use crate::python_errors::{os_error, IntoPyErr};
-    use crate::{guardian, killtree, supervisor, sys, ChildProcess, ExitStatus};
+    use crate::errors::{os_error, IntoPyErr};
+    use vllm_rs_core::error::ProcessError;
+    use vllm_rs_core::{guardian, killtree, supervisor, sys, ChildProcess, ExitStatus};
 
     fn to_duration(timeout: Option<f64>) -> PyResult<Option<Duration>> {
         match timeout {
@@ -405,14 +410,4 @@ mod other {
         m.add("SUPPORTED", false)?;
         Ok(())
     }
-}
-
-#[pymodule]
-fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    #[cfg(target_os = "linux")]
-    linux::register(m)?;
-    #[cfg(not(target_os = "linux"))]
-    other::register(m)?;
-    crate::python_parsers::register(m)?;
-    Ok(())
 }

@@ -1,10 +1,10 @@
 //! vllm-rs process core: spawning with an exact set of inherited fds, pid-fd
 //! handles, children that die with their parent (descendants included), and
-//! a kill-tree that leaves no survivor. Linux only: elsewhere only the Python
-//! module builds, and its functions raise `NotImplementedError`.
+//! a kill-tree that leaves no survivor. Linux only: elsewhere the crate is
+//! empty, and the Python module's functions raise `NotImplementedError`.
 //!
-//! The Python module `vllm_rs._core` (feature `python`) is a thin layer over
-//! these modules.
+//! No Python here: the PyO3 module `vllm_rs._core` (`rust/python/`, crate
+//! `vllm-rs-python`) is a thin layer over these modules.
 
 #[cfg(target_os = "linux")]
 pub mod error;
@@ -22,13 +22,6 @@ pub mod supervisor;
 pub mod sys;
 #[cfg(target_os = "linux")]
 pub mod wire;
-
-#[cfg(feature = "python")]
-mod python;
-#[cfg(all(feature = "python", target_os = "linux"))]
-mod python_errors;
-#[cfg(feature = "python")]
-mod python_parsers;
 
 #[cfg(target_os = "linux")]
 pub use {

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use _core::sys::{self, PollOutcome};
-use _core::wire::{self, Reply, Request};
+use vllm_rs_core::sys::{self, PollOutcome};
+use vllm_rs_core::wire::{self, Reply, Request};
 
 /// Starts a guardian for this process on one end of a socket pair; returns
 /// it and our end once it has said it is ready.

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use vllm_rs_test_support::wait_until;
 
-use _core::{kill_process_tree, spawn, ExitStatus, RegisterError, SpawnError, SpawnSpec};
+use vllm_rs_core::{kill_process_tree, spawn, ExitStatus, RegisterError, SpawnError, SpawnSpec};
 
 fn setup() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        _core::supervisor::set_guardian_command(vec![env!("CARGO_BIN_EXE_vllm-rs-guardian").into()]);
+        vllm_rs_core::supervisor::set_guardian_command(vec![env!("CARGO_BIN_EXE_vllm-rs-guardian").into()]);
     });
 }
 
@@ -43,9 +43,9 @@ fn exit_codes_and_signals_are_reported() {
 #[test]
 fn passed_fds_arrive_at_the_same_number() {
     setup();
-    let (r, w) = _core::sys::pipe().unwrap();
+    let (r, w) = vllm_rs_core::sys::pipe().unwrap();
     // Move the write end to a high number the child must find it at.
-    let high = _core::sys::dup_at_least(w.as_raw_fd(), 40).unwrap();
+    let high = vllm_rs_core::sys::dup_at_least(w.as_raw_fd(), 40).unwrap();
     drop(w);
     let fd = high.as_raw_fd();
     let mut s = spec(&["bash", "-c", &format!("echo -n hi >&{fd}")]);
@@ -75,7 +75,7 @@ fn exec_and_fd_failures_are_errors_that_say_what() {
         }
         other => panic!("expected a missing cwd, got {other:?}"),
     }
-    match _core::supervisor::remove_on_exit(std::path::Path::new("/definitely/not/here")) {
+    match vllm_rs_core::supervisor::remove_on_exit(std::path::Path::new("/definitely/not/here")) {
         Err(RegisterError::Path { path, source }) => {
             assert_eq!((path.to_str(), source.raw_os_error()), (Some("/definitely/not/here"), Some(libc::ENOENT)))
         }
@@ -95,7 +95,7 @@ fn exec_and_fd_failures_are_errors_that_say_what() {
 }
 
 fn tree_script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/support/tree.sh")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/support/tree.sh")
 }
 
 /// The fields of `/proc/PID/stat` after the command name (state, ppid, pgrp,

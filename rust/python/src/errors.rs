@@ -12,8 +12,8 @@ use std::io;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::{PyErr, Python};
 
-use crate::error::{GuardianError, ProcessError, RegisterError, SpawnError};
-use crate::wire::FailStage;
+use vllm_rs_core::error::{GuardianError, ProcessError, RegisterError, SpawnError};
+use vllm_rs_core::wire::FailStage;
 
 /// Conversion of a process-core error into the Python exception it raises.
 pub trait IntoPyErr {

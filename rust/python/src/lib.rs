@@ -1,0 +1,18 @@
+//! The PyO3 extension module `vllm_rs._core` (built by maturin): argument
+//! conversion and error mapping only. Processes are the process core's
+//! (`vllm-rs-core`), parsers are `vllm-rs-parsers`'; nothing here decides
+//! anything on its own. `python/vllm_rs/_core.pyi` types what it exports.
+
+#[cfg(target_os = "linux")]
+mod errors;
+mod parsers;
+mod process;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    process::register(m)?;
+    parsers::register(m)?;
+    Ok(())
+}
