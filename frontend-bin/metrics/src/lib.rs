@@ -135,7 +135,10 @@ mod tests {
             prefix_cache_stats: PrefixCacheStats { queries: 32, hits: 16 },
         };
         m.record_scheduler_stats(1, &stats);
-        m.record_scheduler_stats(1, &SchedulerStats { prefix_cache_stats: PrefixCacheStats { queries: 8, hits: 16 }, ..stats });
+        m.record_scheduler_stats(
+            1,
+            &SchedulerStats { prefix_cache_stats: PrefixCacheStats { queries: 8, hits: 16 }, ..stats },
+        );
         let text = m.render();
         for line in [
             r#"vllm:num_requests_running{model_name="toy",engine="1"} 3"#,

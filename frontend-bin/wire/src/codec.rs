@@ -175,7 +175,7 @@ mod tests {
     use super::*;
     use crate::protocol::{
         EngineEventKind, FinishReason, Logprobs, PrefillStats, PrefixCacheStats, SamplingParams, SchedulerStats,
-        StopReason, UtilityOutput, UtilityResult, Unused,
+        StopReason, Unused, UtilityOutput, UtilityResult,
     };
 
     /// `b"ab"` as a msgpack fixstr.
@@ -427,7 +427,10 @@ mod tests {
         };
         let bytes = message(Value::Array(good()));
         let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes, &[]).unwrap() else { panic!() };
-        assert_eq!(outputs[0].new_logprobs.as_ref().and_then(Logprobs::rows).unwrap().row(0), (&[5u32, 6][..], &[-1f32, -2.0][..], 1));
+        assert_eq!(
+            outputs[0].new_logprobs.as_ref().and_then(Logprobs::rows).unwrap().row(0),
+            (&[5u32, 6][..], &[-1f32, -2.0][..], 1)
+        );
         let mut wrong_dtype = good();
         wrong_dtype[1] = array("<f8", &[1, 2], vec![0; 16]);
         let mut short_data = good();

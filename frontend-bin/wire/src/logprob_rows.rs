@@ -285,7 +285,12 @@ fn f16_to_f32(half: u16) -> f32 {
 impl<'a> WireArray<'a> {
     /// Checks the dtype (one `dtype_of` accepts), the data (inline, or an
     /// existing aux frame) and that the data fits the shape.
-    fn check<'b>(&self, aux: &'b [Bytes], dtype_of: fn(&str) -> Option<Dtype>, what: &str) -> Result<Array<'b>, RowsError>
+    fn check<'b>(
+        &self,
+        aux: &'b [Bytes],
+        dtype_of: fn(&str) -> Option<Dtype>,
+        what: &str,
+    ) -> Result<Array<'b>, RowsError>
     where
         'a: 'b,
     {

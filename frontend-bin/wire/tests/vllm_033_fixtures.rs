@@ -5,9 +5,9 @@
 //! payloads byte for byte).
 
 use bytes::Bytes;
+use serde::Serialize;
 use std::fs;
 use std::path::PathBuf;
-use serde::Serialize;
 use vllm_rs_wire::codec::{decode_outputs, decode_registration, encode_abort, encode_utility};
 use vllm_rs_wire::protocol::{EngineCoreRequest, FinishReason, Logprobs, OutputsMessage, StopReason};
 
@@ -131,8 +131,15 @@ fn value(bytes: &[u8]) -> rmpv::Value {
 
 /// Sampling keys vLLM writes that this frontend does not model: it never
 /// sends them, and vLLM's defaults for them are what the frontend means.
-const UNMODELLED_SAMPLING_KEYS: [&str; 7] =
-    ["stop", "bad_words", "skip_reading_prefix_cache", "logit_bias", "output_text_buffer_length", "output_kind", "skip_clone"];
+const UNMODELLED_SAMPLING_KEYS: [&str; 7] = [
+    "stop",
+    "bad_words",
+    "skip_reading_prefix_cache",
+    "logit_bias",
+    "output_text_buffer_length",
+    "output_kind",
+    "skip_clone",
+];
 
 #[test]
 fn vllms_requests_read_as_engine_core_request_and_encode_back_to_the_same_slots() {
@@ -193,12 +200,8 @@ fn abort_and_utility_payloads_are_vllms_bytes() {
         let bytes = read(name);
         let rmpv::Value::Array(call) = value(&bytes) else { panic!("{name}: not an array") };
         let [client, call_id, method, rmpv::Value::Array(args)] = &call[..] else { panic!("{name}: {call:?}") };
-        let encoded = encode_utility(
-            client.as_u64().unwrap() as u32,
-            call_id.as_i64().unwrap(),
-            method.as_str().unwrap(),
-            args,
-        );
+        let encoded =
+            encode_utility(client.as_u64().unwrap() as u32, call_id.as_i64().unwrap(), method.as_str().unwrap(), args);
         assert_eq!(encoded, bytes, "{name}");
     }
 }
