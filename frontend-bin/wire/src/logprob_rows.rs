@@ -204,15 +204,15 @@ impl<'de: 'a, 'a> Deserialize<'de> for WireLogprobs<'a> {
 /// `decode_outputs` resolved them, as rows.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Logprobs<'a> {
-    /// The arrays as sent.
-    Wire(WireLogprobs<'a>),
+    /// The arrays as sent (boxed: an output without logprobs stays small).
+    Wire(Box<WireLogprobs<'a>>),
     /// The checked rows.
     Rows(Box<LogprobRows>),
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Logprobs<'a> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        WireLogprobs::deserialize(deserializer).map(Logprobs::Wire)
+        WireLogprobs::deserialize(deserializer).map(|wire| Logprobs::Wire(Box::new(wire)))
     }
 }
 
