@@ -29,8 +29,8 @@ use vllm_rs_config::DEFAULT_STALL_TIMEOUT;
 use vllm_rs_metrics::{EngineTimes, Metrics, SharedTimes};
 use vllm_rs_wire::codec::{decode_outputs, encode_abort, encode_add, encode_utility, DecodeError};
 use vllm_rs_wire::protocol::{
-    engine_identity, EngineOutput, EngineRequest, FinishReason, OutputsMessage, SchedulerStats, UtilityReply,
-    REQUEST_ABORT, REQUEST_ADD, REQUEST_UTILITY,
+    engine_identity, EngineCoreOutput, EngineRequest, FinishReason, Logprobs, OutputsMessage, SchedulerStats,
+    UtilityOutput, REQUEST_ABORT, REQUEST_ADD, REQUEST_UTILITY,
 };
 
 /// Engine messages a connection's task handles before it lets the handlers it
@@ -462,7 +462,7 @@ impl Shared {
         &self,
         engine_index: u32,
         timestamp: f64,
-        outputs: Vec<EngineOutput<'_>>,
+        outputs: Vec<EngineCoreOutput<'_>>,
         finished_requests: Vec<&str>,
     ) {
         let series = self.metrics.of(engine_index);
@@ -484,7 +484,7 @@ impl Shared {
             };
             let (mut tokens, mut finish_reason, mut stop_reason) =
                 (output.new_token_ids.as_slice(), output.finish_reason, output.stop_reason);
-            let mut logprobs = output.logprobs;
+            let mut logprobs = output.new_logprobs.and_then(Logprobs::into_rows);
             if let Some(left) = &mut entry.tokens_left {
                 if tokens.len() as u64 >= *left {
                     if tokens.len() as u64 > *left || finish_reason.is_none() {
@@ -508,7 +508,8 @@ impl Shared {
             computed +=
                 times.observe_output(series, timestamp, tokens.len(), &output.events, output.prefill_stats.as_ref());
             drop(times);
-            entry.inbox.push_scored_output(tokens, logprobs, output.prompt_logprobs, finish_reason, stop_reason);
+            let prompt_logprobs = output.new_prompt_logprobs_tensors.and_then(Logprobs::into_rows);
+            entry.inbox.push_scored_output(tokens, logprobs, prompt_logprobs, finish_reason, stop_reason);
             if finish_reason.is_some() {
                 if let Some(entry) = requests.remove(output.request_id) {
                     self.balancer.engine(entry.slot).finished();
@@ -529,14 +530,14 @@ impl Shared {
         }
     }
 
-    fn dispatch_utility(&self, engine_index: u32, reply: UtilityReply) {
+    fn dispatch_utility(&self, engine_index: u32, reply: UtilityOutput) {
         let Some(call) = self.utility_calls.lock().unwrap().remove(&reply.call_id) else {
             tracing::debug!(engine_index, call_id = reply.call_id, "dropping a utility reply nobody waits for");
             return;
         };
         let _ = call.send(match reply.failure_message {
             Some(message) => Err(UtilityError::Failed(message)),
-            None => Ok(reply.result),
+            None => Ok(reply.result.and_then(|result| result.value)),
         });
     }
 }

@@ -82,10 +82,10 @@ impl Metrics {
         capacity.set(stats.num_waiting_reqs);
         deferred.set(stats.num_skipped_waiting_reqs);
         series.kv_cache_usage.set(stats.kv_cache_usage);
-        series.prefix_cache_queries.inc_by(stats.prefix_cache_queries);
-        series.prefix_cache_hits.inc_by(stats.prefix_cache_hits);
+        series.prefix_cache_queries.inc_by(stats.prefix_cache_stats.queries);
+        series.prefix_cache_hits.inc_by(stats.prefix_cache_stats.hits);
         // Hits of the engine's own prefix cache are on the device.
-        series.prompt_tokens_cached_by_source[0].inc_by(stats.prefix_cache_hits);
+        series.prompt_tokens_cached_by_source[0].inc_by(stats.prefix_cache_stats.hits);
     }
 
     /// One nonempty output batch of `engine` computed `tokens` (prompt and generated).
@@ -114,7 +114,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::time::Instant;
-    use vllm_rs_wire::protocol::{EngineEvent, EngineEventKind, FinishReason, PrefillStats};
+    use vllm_rs_wire::protocol::{EngineEvent, EngineEventKind, FinishReason, PrefillStats, PrefixCacheStats};
 
     fn event(kind: EngineEventKind, timestamp: f64) -> EngineEvent {
         EngineEvent { kind, timestamp }
@@ -132,11 +132,13 @@ mod tests {
             num_waiting_reqs: 4,
             num_skipped_waiting_reqs: 1,
             kv_cache_usage: 0.25,
-            prefix_cache_queries: 32,
-            prefix_cache_hits: 16,
+            prefix_cache_stats: PrefixCacheStats { queries: 32, hits: 16 },
         };
         m.record_scheduler_stats(1, &stats);
-        m.record_scheduler_stats(1, &SchedulerStats { prefix_cache_queries: 8, ..stats });
+        m.record_scheduler_stats(
+            1,
+            &SchedulerStats { prefix_cache_stats: PrefixCacheStats { queries: 8, hits: 16 }, ..stats },
+        );
         let text = m.render();
         for line in [
             r#"vllm:num_requests_running{model_name="toy",engine="1"} 3"#,

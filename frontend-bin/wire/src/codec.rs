@@ -1,17 +1,14 @@
-//! MessagePack encoding of frontend-to-engine payloads and lenient decoding of
-//! engine-to-frontend messages (short arrays take their trailing defaults).
+//! The payloads' MessagePack encoding and decoding, through the serde derives
+//! of their types (`protocol`): frontend-to-engine payloads are encoded,
+//! output-socket messages and registrations decoded and checked.
 
-use super::logprob_rows::{read_rows, LogprobRows};
-use super::msgpack::{Cursor, ReadError};
 use super::protocol::{
-    EngineEvent, EngineEventKind, EngineOutput, EngineRequest, FinishReason, OutputsMessage, PrefillStats,
-    Registration, RequestError, SamplingParams, SchedulerStats, StopReason, TokenIds, UtilityReply, ENGINE_CORE_DEAD,
+    EngineCoreOutputs, EngineCoreRequest, EngineRequest, OutputsMessage, Registration, UtilityCall, ENGINE_CORE_DEAD,
 };
 use bytes::Bytes;
-use rmp::encode;
 use rmpv::Value;
-use serde::{Serialize, Serializer};
-use smallvec::SmallVec;
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
 
 /// Why an outputs message could not be used.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -28,250 +25,88 @@ fn malformed(what: impl Into<String>) -> DecodeError {
     DecodeError::Malformed(what.into())
 }
 
-// Writes into a Vec never fail; these helpers drop the impossible error.
-fn put_array_len(buf: &mut Vec<u8>, len: u32) {
-    encode::write_array_len(buf, len).expect("write to Vec");
-}
-fn put_str(buf: &mut Vec<u8>, s: &str) {
-    encode::write_str(buf, s).expect("write to Vec");
-}
-fn put_uint(buf: &mut Vec<u8>, n: u64) {
-    encode::write_uint(buf, n).expect("write to Vec");
-}
-fn put_int(buf: &mut Vec<u8>, n: i64) {
-    encode::write_sint(buf, n).expect("write to Vec");
-}
-
-/// EngineCoreRequest as vLLM 0.33 decodes it: a msgpack array whose slots are
-/// these fields in this order (through `external_req_id`, slot 16); `()` is a
-/// slot this frontend always leaves nil.
-#[derive(Serialize)]
-struct EngineCoreRequestWire<'a> {
-    request_id: &'a str,
-    prompt_token_ids: &'a [u32],
-    mm_features: (),
-    sampling_params: SamplingParamsMap<'a>,
-    pooling_params: (),
-    arrival_time: f64,
-    lora_request: (),
-    cache_salt: (),
-    data_parallel_rank: Option<u32>,
-    prompt_embeds: (),
-    prompt_is_token_ids: (),
-    client_index: u32,
-    current_wave: u64,
-    priority: u32,
-    trace_headers: (),
-    resumable: bool,
-    external_req_id: &'a str,
-}
-
-/// Encodes an ADD payload (EngineCoreRequest as an array) for request wave
-/// `current_wave` (the coordinator's; 0 without one).
-pub fn encode_add(req: &EngineRequest, current_wave: u64) -> Vec<u8> {
-    let wire = EngineCoreRequestWire {
-        request_id: &req.request_id,
-        prompt_token_ids: &req.prompt_token_ids,
-        mm_features: (),
-        sampling_params: SamplingParamsMap(&req.sampling),
-        pooling_params: (),
-        arrival_time: req.arrival_time,
-        lora_request: (),
-        cache_salt: (),
-        data_parallel_rank: req.data_parallel_rank,
-        prompt_embeds: (),
-        prompt_is_token_ids: (),
-        client_index: req.client_index,
-        current_wave,
-        priority: 0,
-        trace_headers: (),
-        resumable: false,
-        external_req_id: &req.external_request_id,
-    };
-    let mut buf = Vec::with_capacity(128 + 2 * req.prompt_token_ids.len());
-    // Structs are arrays in rmp-serde's default (compact) form.
-    wire.serialize(&mut rmp_serde::Serializer::new(&mut buf)).expect("write to Vec");
+/// `value` as msgpack: vLLM's array_like structs as arrays (their
+/// `Serialize_tuple` derive), every other struct as a map keyed by field name.
+fn encode<T: Serialize>(value: &T, capacity: usize) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(capacity);
+    // Writing into a Vec cannot fail, and every payload type serializes.
+    value.serialize(&mut rmp_serde::Serializer::new(&mut buf).with_struct_map()).expect("encode into a Vec");
     buf
 }
 
-/// A value of the sampling-params map, written as the bare msgpack value.
-#[derive(Serialize)]
-#[serde(untagged)]
-enum SamplingValue<'a> {
-    Float(f64),
-    Int(i64),
-    Count(u64),
-    Flag(bool),
-    Ids(&'a [u32]),
-    Json(&'a serde_json::Value),
-}
-
-/// The sampling-params map: string keys, unset values left out.
-struct SamplingParamsMap<'a>(&'a SamplingParams);
-
-impl Serialize for SamplingParamsMap<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use SamplingValue as V;
-        let p = self.0;
-        let mut entries: Vec<(&str, V)> = Vec::with_capacity(14);
-        let floats = [
-            ("temperature", p.temperature),
-            ("top_p", p.top_p),
-            ("min_p", p.min_p),
-            ("frequency_penalty", p.frequency_penalty),
-            ("presence_penalty", p.presence_penalty),
-            ("repetition_penalty", p.repetition_penalty),
-        ];
-        entries.extend(floats.into_iter().filter_map(|(k, v)| v.map(|v| (k, V::Float(v)))));
-        if let Some(v) = p.top_k {
-            entries.push(("top_k", V::Int(v)));
-        }
-        if let Some(v) = p.max_tokens {
-            entries.push(("max_tokens", V::Count(v)));
-        }
-        if let Some(v) = p.min_tokens {
-            entries.push(("min_tokens", V::Count(v)));
-        }
-        entries.push(("stop_token_ids", V::Ids(&p.stop_token_ids)));
-        entries.push(("_all_stop_token_ids", V::Ids(&p.all_stop_token_ids)));
-        if let Some(v) = p.seed {
-            entries.push(("seed", V::Int(v)));
-        }
-        if let Some(v) = p.eos_token_id {
-            entries.push(("_eos_token_id", V::Count(v.into())));
-        }
-        if p.ignore_eos {
-            entries.push(("ignore_eos", V::Flag(true)));
-        }
-        if let Some(v) = &p.structured_outputs {
-            entries.push(("structured_outputs", V::Json(v)));
-        }
-        if let Some(v) = p.logprobs {
-            entries.push(("logprobs", V::Int(v)));
-        }
-        if let Some(v) = p.prompt_logprobs {
-            entries.push(("prompt_logprobs", V::Int(v)));
-        }
-        serializer.collect_map(entries)
-    }
+/// Encodes an ADD payload (an `EngineCoreRequest`) for request wave
+/// `current_wave` (the coordinator's; 0 without one).
+pub fn encode_add(req: &EngineRequest, current_wave: u64) -> Vec<u8> {
+    encode(&EngineCoreRequest::new(req, current_wave), 160 + 2 * req.prompt_token_ids.len())
 }
 
 /// Encodes an ABORT payload: the array of request ids.
 pub fn encode_abort<S: AsRef<str>>(request_ids: &[S]) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(16 + 24 * request_ids.len());
-    put_array_len(&mut buf, request_ids.len() as u32);
-    for id in request_ids {
-        put_str(&mut buf, id.as_ref());
-    }
-    buf
+    let ids: Vec<&str> = request_ids.iter().map(AsRef::as_ref).collect();
+    encode(&ids, 16 + 24 * ids.len())
 }
 
 /// Encodes a UTILITY payload: `[client_index, call_id, method_name, args]`.
 pub fn encode_utility(client_index: u32, call_id: i64, method: &str, args: &[Value]) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(32 + method.len());
-    put_array_len(&mut buf, 4);
-    put_uint(&mut buf, client_index.into());
-    put_int(&mut buf, call_id);
-    put_str(&mut buf, method);
-    rmpv::encode::write_value(&mut buf, &Value::Array(args.to_vec())).expect("write to Vec");
-    buf
+    encode(&UtilityCall { client_index, call_id, method, args }, 32 + method.len())
 }
 
-/// Decodes one complete msgpack value, rejecting trailing bytes.
-fn read_value(bytes: &[u8]) -> Result<Value, DecodeError> {
-    let mut rest = bytes;
-    let value = rmpv::decode::read_value(&mut rest).map_err(|e| malformed(format!("not msgpack: {e}")))?;
-    if !rest.is_empty() {
-        return Err(malformed(format!("{} trailing bytes", rest.len())));
-    }
-    Ok(value)
-}
-
-/// Attaches what was being read to a reader error.
-fn at(what: &'static str) -> impl Fn(ReadError) -> DecodeError {
-    move |e| malformed(format!("{what}: {}", e.0))
-}
-
-/// Reads a short-able array: slots past its end, and nil slots, are `None`.
-struct Slots<'c, 'a> {
-    cursor: &'c mut Cursor<'a>,
-    len: usize,
-    next: usize,
-}
-
-impl<'c, 'a> Slots<'c, 'a> {
-    fn new(cursor: &'c mut Cursor<'a>, what: &'static str) -> Result<Self, DecodeError> {
-        let len = cursor.read_array_len().map_err(at(what))?;
-        Ok(Slots { cursor, len, next: 0 })
-    }
-
-    /// The cursor at the next slot if it is present and not nil (the caller reads it).
-    fn present(&mut self) -> Result<Option<&mut Cursor<'a>>, DecodeError> {
-        if self.next >= self.len {
-            return Ok(None);
+/// Decodes the one msgpack value `frame` holds as a `T` (strings borrowed
+/// from it), refusing trailing bytes.
+fn from_frame<'a, T: Deserialize<'a>>(frame: &'a [u8], what: &str) -> Result<T, DecodeError> {
+    let mut de = rmp_serde::Deserializer::from_read_ref(frame);
+    let value = T::deserialize(&mut de).map_err(|e| malformed(format!("{what}: {e}")))?;
+    // The frame is used up exactly when reading one more marker finds its end.
+    match IgnoredAny::deserialize(&mut de) {
+        Err(rmp_serde::decode::Error::InvalidMarkerRead(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Ok(value)
         }
-        self.next += 1;
-        if self.cursor.read_nil().map_err(at("slot"))? {
-            return Ok(None);
-        }
-        Ok(Some(&mut *self.cursor))
-    }
-
-    /// Skips the slots not read.
-    fn finish(self) -> Result<(), DecodeError> {
-        for _ in self.next..self.len {
-            self.cursor.skip().map_err(at("trailing slot"))?;
-        }
-        Ok(())
+        _ => Err(malformed(format!("{what}: trailing bytes after the message"))),
     }
 }
 
 /// Decodes one message from the output socket: its frames are
 /// `[EngineCoreOutputs, aux frames...]` or the single frame `ENGINE_CORE_DEAD`.
 /// Strings in the result borrow from `frame` (the first frame); `aux` are
-/// the frames after it, which hold large logprobs arrays.
+/// the frames after it, which hold large logprobs arrays (resolved here).
 pub fn decode_outputs<'a>(frame: &'a [u8], aux: &'a [Bytes]) -> Result<OutputsMessage<'a>, DecodeError> {
     if frame == ENGINE_CORE_DEAD {
         return Ok(OutputsMessage::EngineDead);
     }
-    let mut cursor = Cursor::new(frame);
-    let mut slots = Slots::new(&mut cursor, "EngineCoreOutputs")?;
-    let engine_index = match slots.present()? {
-        Some(c) => c.read_u32().map_err(at("engine_index"))?,
-        None => 0,
-    };
-    let mut outputs = Vec::new();
-    if let Some(c) = slots.present()? {
-        let count = c.read_array_len().map_err(at("outputs"))?;
-        outputs.reserve(count.min(4096));
-        for _ in 0..count {
-            outputs.push(decode_output(c, aux)?);
+    let mut message: EngineCoreOutputs<'a> = from_frame(frame, "EngineCoreOutputs")?;
+    for output in &mut message.outputs {
+        for (logprobs, what) in [
+            (&mut output.new_logprobs, "new_logprobs"),
+            (&mut output.new_prompt_logprobs_tensors, "new_prompt_logprobs_tensors"),
+        ] {
+            if let Some(logprobs) = logprobs {
+                logprobs.resolve(aux, what).map_err(|e| malformed(e.to_string()))?;
+            }
         }
     }
-    let stats = slots.present()?.map(decode_stats).transpose()?;
-    let timestamp = match slots.present()? {
-        Some(c) => c.read_f64().map_err(at("timestamp"))?,
-        None => 0.0,
-    };
-    let utility = slots.present()?.map(decode_utility).transpose()?;
-    let mut finished_requests = Vec::new();
-    if let Some(c) = slots.present()? {
-        let count = c.read_array_len().map_err(at("finished_requests"))?;
-        for _ in 0..count {
-            finished_requests.push(c.read_str().map_err(at("finished_requests"))?);
-        }
-    }
-    let wave_complete = slots.present()?.map(|c| c.read_i64().map_err(at("wave_complete"))).transpose()?;
-    let start_wave = slots.present()?.map(|c| c.read_i64().map_err(at("start_wave"))).transpose()?;
-    slots.finish()?;
-    if cursor.remaining() > 0 {
-        return Err(malformed(format!("{} trailing bytes", cursor.remaining())));
-    }
+    classify(message)
+}
 
-    let is_batch = !outputs.is_empty() || stats.is_some() || !finished_requests.is_empty();
+/// The kind of a decoded message: exactly one of a batch, a utility reply or a wave message.
+fn classify(message: EngineCoreOutputs<'_>) -> Result<OutputsMessage<'_>, DecodeError> {
+    let EngineCoreOutputs {
+        engine_index,
+        outputs,
+        scheduler_stats,
+        timestamp,
+        utility_output,
+        finished_requests,
+        wave_complete,
+        start_wave,
+        ..
+    } = message;
+    let finished_requests = finished_requests.unwrap_or_default();
+    let is_batch = !outputs.is_empty() || scheduler_stats.is_some() || !finished_requests.is_empty();
     let is_wave = wave_complete.is_some() || start_wave.is_some();
-    match (is_batch, utility, is_wave) {
-        (true, None, false) => Ok(OutputsMessage::Batch { engine_index, outputs, timestamp, stats, finished_requests }),
+    match (is_batch, utility_output, is_wave) {
+        (true, None, false) => {
+            Ok(OutputsMessage::Batch { engine_index, outputs, timestamp, stats: scheduler_stats, finished_requests })
+        }
         (false, Some(reply), false) => Ok(OutputsMessage::Utility { engine_index, reply }),
         (false, None, true) => Ok(OutputsMessage::Wave { engine_index, wave_complete, start_wave }),
         (false, None, false) => Err(DecodeError::Protocol(format!("empty outputs message from engine {engine_index}"))),
@@ -281,262 +116,9 @@ pub fn decode_outputs<'a>(frame: &'a [u8], aux: &'a [Bytes]) -> Result<OutputsMe
     }
 }
 
-/// Slot of `finish_reason` in an EngineCoreOutput.
-const FINISH_REASON_SLOT: usize = 5;
-
-/// Reads a logprobs slot (present and not nil) as rows.
-fn logprob_slot<'a>(
-    slots: &mut Slots<'_, 'a>,
-    aux: &'a [Bytes],
-    what: &str,
-) -> Result<Option<Box<LogprobRows>>, DecodeError> {
-    match slots.present()? {
-        Some(c) => Ok(Some(Box::new(read_rows(c, aux, what).map_err(|e| malformed(e.to_string()))?))),
-        None => Ok(None),
-    }
-}
-
-fn decode_output<'a>(cursor: &mut Cursor<'a>, aux: &'a [Bytes]) -> Result<EngineOutput<'a>, DecodeError> {
-    let mut slots = Slots::new(cursor, "EngineCoreOutput")?;
-    if slots.len < 2 {
-        return Err(malformed(format!("EngineCoreOutput has {} slots, needs at least 2", slots.len)));
-    }
-    let request_id = match slots.present()? {
-        Some(c) => c.read_str().map_err(at("request_id"))?,
-        None => return Err(malformed("request_id is nil")),
-    };
-    let mut new_token_ids = TokenIds::default();
-    if let Some(c) = slots.present()? {
-        let count = c.read_array_len().map_err(at("new_token_ids"))?;
-        new_token_ids = TokenIds::with_capacity(count.min(65536));
-        for _ in 0..count {
-            new_token_ids.push(c.read_u32().map_err(at("new_token_ids"))?);
-        }
-    }
-    let logprobs = logprob_slot(&mut slots, aux, "new_logprobs")?;
-    let prompt_logprobs = logprob_slot(&mut slots, aux, "new_prompt_logprobs_tensors")?;
-    while slots.next < FINISH_REASON_SLOT.min(slots.len) {
-        if let Some(c) = slots.present()? {
-            c.skip().map_err(at("EngineCoreOutput"))?;
-        }
-    }
-    let finish_reason = match slots.present()? {
-        Some(c) => {
-            let code = c.read_i64().map_err(at("finish_reason"))?;
-            Some(FinishReason::from_code(code).ok_or_else(|| malformed(format!("unknown finish_reason {code}")))?)
-        }
-        None => None,
-    };
-    let stop_reason = match slots.present()? {
-        None => None,
-        Some(c) if c.next_is_str() => Some(StopReason::Text(c.read_str().map_err(at("stop_reason"))?.to_owned())),
-        Some(c) => Some(StopReason::Token(c.read_i64().map_err(at("stop_reason"))?)),
-    };
-    let events = match slots.present()? {
-        Some(c) => decode_events(c)?,
-        None => SmallVec::new(),
-    };
-    skip_slots_until(&mut slots, PREFILL_STATS_SLOT)?;
-    let prefill_stats = slots.present()?.map(decode_prefill_stats).transpose()?;
-    skip_slots_until(&mut slots, NUM_NANS_SLOT)?;
-    let num_nans_in_logits = match slots.present()? {
-        Some(c) => c.read_u32().map_err(at("num_nans_in_logits"))?,
-        None => 0,
-    };
-    skip_slots_until(&mut slots, ERROR_SLOT)?;
-    let error = slots.present()?.map(decode_request_error).transpose()?;
-    slots.finish()?;
-    Ok(EngineOutput {
-        request_id,
-        new_token_ids,
-        logprobs,
-        prompt_logprobs,
-        finish_reason,
-        stop_reason,
-        error,
-        events,
-        prefill_stats,
-        num_nans_in_logits,
-    })
-}
-
-/// Skips the slots before `slot` (those present and not read).
-fn skip_slots_until(slots: &mut Slots<'_, '_>, slot: usize) -> Result<(), DecodeError> {
-    while slots.next < slot.min(slots.len) {
-        if let Some(c) = slots.present()? {
-            c.skip().map_err(at("EngineCoreOutput"))?;
-        }
-    }
-    Ok(())
-}
-
-/// Slot of `prefill_stats` in an EngineCoreOutput.
-const PREFILL_STATS_SLOT: usize = 11;
-/// Slot of `num_nans_in_logits` in an EngineCoreOutput.
-const NUM_NANS_SLOT: usize = 13;
-
-/// Reads the fields of a struct msgspec wrote as a map (by name) or as an
-/// array (by position in `fields`), handing each to `field` by index.
-fn read_struct(
-    cursor: &mut Cursor<'_>,
-    what: &'static str,
-    fields: &[&str],
-    mut field: impl FnMut(usize, &mut Cursor<'_>) -> Result<(), DecodeError>,
-) -> Result<(), DecodeError> {
-    if let Ok(len) = cursor.clone().read_array_len() {
-        cursor.read_array_len().map_err(at(what))?;
-        for i in 0..len {
-            if i < fields.len() && !cursor.clone().read_nil().map_err(at(what))? {
-                field(i, cursor)?;
-            } else {
-                cursor.skip().map_err(at(what))?;
-            }
-        }
-        return Ok(());
-    }
-    let entries = cursor.read_map_len().map_err(at(what))?;
-    for _ in 0..entries {
-        let key = if cursor.next_is_str() { Some(cursor.read_str().map_err(at(what))?) } else { None };
-        match key.and_then(|key| fields.iter().position(|f| *f == key)) {
-            Some(i) if !cursor.clone().read_nil().map_err(at(what))? => field(i, cursor)?,
-            Some(_) => cursor.skip().map_err(at(what))?,
-            None => {
-                if key.is_none() {
-                    cursor.skip().map_err(at(what))?;
-                }
-                cursor.skip().map_err(at(what))?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// vLLM's `events`: `EngineCoreEvent`s (`type`, `timestamp`); kinds this
-/// frontend does not know are skipped.
-fn decode_events(cursor: &mut Cursor<'_>) -> Result<SmallVec<[EngineEvent; 2]>, DecodeError> {
-    let count = cursor.read_array_len().map_err(at("events"))?;
-    let mut events = SmallVec::new();
-    for _ in 0..count {
-        let (mut code, mut timestamp) = (0, 0.0);
-        read_struct(cursor, "events", &["type", "timestamp"], |i, c| {
-            match i {
-                0 => code = c.read_i64().map_err(at("events.type"))?,
-                _ => timestamp = c.read_f64().map_err(at("events.timestamp"))?,
-            }
-            Ok(())
-        })?;
-        if let Some(kind) = EngineEventKind::from_code(code) {
-            events.push(EngineEvent { kind, timestamp });
-        }
-    }
-    Ok(events)
-}
-
-/// vLLM's `PrefillStats`.
-fn decode_prefill_stats(cursor: &mut Cursor<'_>) -> Result<PrefillStats, DecodeError> {
-    const FIELDS: [&str; 5] = [
-        "num_prompt_tokens",
-        "num_computed_tokens",
-        "num_cached_tokens",
-        "num_local_cached_tokens",
-        "num_external_cached_tokens",
-    ];
-    let mut values = [0u64; 5];
-    read_struct(cursor, "prefill_stats", &FIELDS, |i, c| {
-        values[i] = c.read_u64().map_err(at("prefill_stats"))?;
-        Ok(())
-    })?;
-    let [num_prompt_tokens, num_computed_tokens, num_cached_tokens, num_local_cached_tokens, num_external_cached_tokens] =
-        values;
-    Ok(PrefillStats {
-        num_prompt_tokens,
-        num_computed_tokens,
-        num_cached_tokens,
-        num_local_cached_tokens,
-        num_external_cached_tokens,
-    })
-}
-
-/// Slot of `error` (a `RequestError`) in an EngineCoreOutput.
-const ERROR_SLOT: usize = 18;
-
-/// vLLM's `RequestError`, a dataclass msgspec writes as a map.
-fn decode_request_error(cursor: &mut Cursor<'_>) -> Result<RequestError, DecodeError> {
-    let entries = cursor.read_map_len().map_err(at("error"))?;
-    let mut error = RequestError { code: String::new(), message: String::new(), retryable: false };
-    for _ in 0..entries {
-        let key = if cursor.next_is_str() { Some(cursor.read_str().map_err(at("error"))?) } else { None };
-        match key {
-            Some("code") => error.code = cursor.read_str().map_err(at("error.code"))?.to_owned(),
-            Some("message") => error.message = cursor.read_str().map_err(at("error.message"))?.to_owned(),
-            Some("retryable") => error.retryable = cursor.read_bool().map_err(at("error.retryable"))?,
-            Some(_) => cursor.skip().map_err(at("error"))?,
-            None => {
-                cursor.skip().map_err(at("error"))?;
-                cursor.skip().map_err(at("error"))?;
-            }
-        }
-    }
-    Ok(error)
-}
-
-fn decode_stats(cursor: &mut Cursor<'_>) -> Result<SchedulerStats, DecodeError> {
-    let entries = cursor.read_map_len().map_err(at("scheduler_stats"))?;
-    let mut stats = SchedulerStats::default();
-    for _ in 0..entries {
-        let key = if cursor.next_is_str() {
-            Some(cursor.read_str().map_err(at("scheduler_stats"))?)
-        } else {
-            cursor.skip().map_err(at("scheduler_stats"))?;
-            None
-        };
-        match key {
-            Some("num_running_reqs") => stats.num_running_reqs = cursor.read_u64().map_err(at("num_running_reqs"))?,
-            Some("num_waiting_reqs") => stats.num_waiting_reqs = cursor.read_u64().map_err(at("num_waiting_reqs"))?,
-            Some("num_skipped_waiting_reqs") => {
-                stats.num_skipped_waiting_reqs = cursor.read_u64().map_err(at("num_skipped_waiting_reqs"))?
-            }
-            Some("kv_cache_usage") => stats.kv_cache_usage = cursor.read_f64().map_err(at("kv_cache_usage"))?,
-            Some("prefix_cache_stats") if !cursor.clone().read_nil().map_err(at("prefix_cache_stats"))? => {
-                read_struct(cursor, "prefix_cache_stats", &["queries", "hits"], |i, c| {
-                    let value = c.read_u64().map_err(at("prefix_cache_stats"))?;
-                    match i {
-                        0 => stats.prefix_cache_queries = value,
-                        _ => stats.prefix_cache_hits = value,
-                    }
-                    Ok(())
-                })?
-            }
-            _ => cursor.skip().map_err(at("scheduler_stats"))?,
-        }
-    }
-    Ok(stats)
-}
-
-fn decode_utility(cursor: &mut Cursor<'_>) -> Result<UtilityReply, DecodeError> {
-    let mut slots = Slots::new(cursor, "UtilityOutput")?;
-    let call_id = match slots.present()? {
-        Some(c) => c.read_i64().map_err(at("call_id"))?,
-        None => return Err(malformed("UtilityOutput without call_id")),
-    };
-    let failure_message = match slots.present()? {
-        Some(c) => Some(c.read_str().map_err(at("failure_message"))?.to_owned()),
-        None => None,
-    };
-    let result = match slots.present()? {
-        Some(c) => {
-            // [type_info | nil, result]: the result is decoded as a generic value.
-            let raw = c.read_raw().map_err(at("UtilityResult"))?;
-            match read_value(raw)? {
-                Value::Array(mut items) if items.len() >= 2 => Some(items.swap_remove(1)),
-                Value::Array(_) => None,
-                other => return Err(malformed(format!("UtilityResult: expected an array, got {other}"))),
-            }
-        }
-        None => None,
-    };
-    slots.finish()?;
-    Ok(UtilityReply { call_id, failure_message, result })
+/// Decodes one complete msgpack value, rejecting trailing bytes.
+fn read_value(bytes: &[u8]) -> Result<Value, DecodeError> {
+    from_frame(bytes, "registration")
 }
 
 /// Why a registration payload was refused.
@@ -591,6 +173,10 @@ pub fn decode_registration(payload: &[u8]) -> Result<Registration, RegistrationE
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::{
+        EngineEventKind, FinishReason, Logprobs, PrefillStats, PrefixCacheStats, SamplingParams, SchedulerStats,
+        StopReason, Unused, UtilityOutput, UtilityResult,
+    };
 
     /// `b"ab"` as a msgpack fixstr.
     fn fixstr(s: &str) -> Vec<u8> {
@@ -615,17 +201,17 @@ mod tests {
             external_request_id: "x".into(),
         };
         let expected = cat(&[
-            &[0xdc, 0x00, 0x11], // array16 of 17
+            &[0xdc, 0x00, 0x16], // array16 of 22
             &fixstr("r-1"),
             &[0x92, 0x01, 0xcd, 0x01, 0x2c], // [1, 300]
             &[0xc0],                         // mm_features
-            &[0x84],                         // map of 4
+            &[0x84],                         // map of 4, in vLLM's field order
             &fixstr("temperature"),
             &[0xcb, 0x3f, 0xe0, 0, 0, 0, 0, 0, 0], // 0.5
-            &fixstr("max_tokens"),
-            &[0x05],
             &fixstr("stop_token_ids"),
             &[0x90],
+            &fixstr("max_tokens"),
+            &[0x05],
             &fixstr("_all_stop_token_ids"),
             &[0x90],
             &[0xc0],                               // pooling_params
@@ -636,13 +222,13 @@ mod tests {
             &[0x00, 0x00, 0x00],                   // client_index, current_wave, priority
             &[0xc0, 0xc2],                         // trace_headers, resumable
             &fixstr("x"),
+            &[0xc0, 0xc0, 0xc2, 0xc0, 0xc0], // reasoning_ended .. kv_hints
         ]);
         assert_eq!(encode_add(&req, 0), expected);
     }
 
     #[test]
     fn sampling_params_include_seed_eos_and_ignore_eos_when_set() {
-        let mut buf = Vec::new();
         let p = SamplingParams {
             seed: Some(-1),
             eos_token_id: Some(256),
@@ -651,21 +237,20 @@ mod tests {
             all_stop_token_ids: vec![7, 256],
             ..Default::default()
         };
-        SamplingParamsMap(&p).serialize(&mut rmp_serde::Serializer::new(&mut buf)).unwrap();
         let expected = cat(&[
             &[0x85],
-            &fixstr("stop_token_ids"),
-            &[0x91, 0x07],
-            &fixstr("_all_stop_token_ids"),
-            &[0x92, 0x07, 0xcd, 0x01, 0x00],
             &fixstr("seed"),
             &[0xff],
-            &fixstr("_eos_token_id"),
-            &[0xcd, 0x01, 0x00],
+            &fixstr("stop_token_ids"),
+            &[0x91, 0x07],
             &fixstr("ignore_eos"),
             &[0xc3],
+            &fixstr("_eos_token_id"),
+            &[0xcd, 0x01, 0x00],
+            &fixstr("_all_stop_token_ids"),
+            &[0x92, 0x07, 0xcd, 0x01, 0x00],
         ]);
-        assert_eq!(buf, expected);
+        assert_eq!(encode(&p, 0), expected);
     }
 
     #[test]
@@ -681,26 +266,17 @@ mod tests {
     fn short_outputs_take_defaults() {
         // [0, [["r1", [65, 66]]]]
         let bytes = cat(&[&[0x92, 0x00, 0x91, 0x92], &fixstr("r1"), &[0x92, 0x41, 0x42]]);
-        let msg = decode_outputs(&bytes, &[]).unwrap();
-        let expected = OutputsMessage::Batch {
-            engine_index: 0,
-            outputs: vec![EngineOutput {
-                request_id: "r1",
-                new_token_ids: vec![65, 66].into(),
-                logprobs: None,
-                prompt_logprobs: None,
-                finish_reason: None,
-                stop_reason: None,
-                error: None,
-                events: SmallVec::new(),
-                prefill_stats: None,
-                num_nans_in_logits: 0,
-            }],
-            timestamp: 0.0,
-            stats: None,
-            finished_requests: vec![],
+        let OutputsMessage::Batch { engine_index, outputs, timestamp, stats, finished_requests } =
+            decode_outputs(&bytes, &[]).unwrap()
+        else {
+            panic!("expected a batch")
         };
-        assert_eq!(msg, expected);
+        assert_eq!((engine_index, timestamp, stats, finished_requests), (0, 0.0, None, vec![]));
+        let output = &outputs[0];
+        assert_eq!((output.request_id, output.new_token_ids.as_slice()), ("r1", &[65, 66][..]));
+        assert_eq!((output.new_logprobs.is_none(), output.new_prompt_logprobs_tensors.is_none()), (true, true));
+        assert_eq!((output.finish_reason, &output.stop_reason, &output.error), (None, &None, &None));
+        assert_eq!((output.events.is_empty(), output.prefill_stats, output.num_nans_in_logits), (true, None, 0));
     }
 
     #[test]
@@ -785,8 +361,7 @@ mod tests {
             num_waiting_reqs: 3,
             num_skipped_waiting_reqs: 1,
             kv_cache_usage: 0.5,
-            prefix_cache_queries: 48,
-            prefix_cache_hits: 32,
+            prefix_cache_stats: PrefixCacheStats { queries: 48, hits: 32 },
         };
         assert_eq!(stats, Some(expected));
     }
@@ -807,7 +382,8 @@ mod tests {
             &fixstr("ok"),
         ]);
         let msg = decode_outputs(&bytes, &[]).unwrap();
-        let reply = UtilityReply { call_id: 5, failure_message: None, result: Some(Value::from("ok")) };
+        let result = UtilityResult { type_info: Unused, value: Some(Value::from("ok")) };
+        let reply = UtilityOutput { call_id: 5, failure_message: None, result: Some(result) };
         assert_eq!(msg, OutputsMessage::Utility { engine_index: 0, reply });
         // failure: [0, nil, nil, nil, [6, "boom"]]
         let bytes = cat(&[&[0x95, 0x00, 0xc0, 0xc0, 0xc0, 0x92, 0x06], &fixstr("boom")]);
@@ -851,7 +427,10 @@ mod tests {
         };
         let bytes = message(Value::Array(good()));
         let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes, &[]).unwrap() else { panic!() };
-        assert_eq!(outputs[0].logprobs.as_deref().unwrap().row(0), (&[5u32, 6][..], &[-1f32, -2.0][..], 1));
+        assert_eq!(
+            outputs[0].new_logprobs.as_ref().and_then(Logprobs::rows).unwrap().row(0),
+            (&[5u32, 6][..], &[-1f32, -2.0][..], 1)
+        );
         let mut wrong_dtype = good();
         wrong_dtype[1] = array("<f8", &[1, 2], vec![0; 16]);
         let mut short_data = good();

@@ -1,10 +1,17 @@
 //! Logprobs as engines send them (docs: engine-protocol.md, "Logprobs"):
-//! vLLM's `LogprobsLists` (`new_logprobs`) and `LogprobsTensors`
-//! (`new_prompt_logprobs_tensors`), three arrays `[dtype, shape, data]` each,
-//! the data inline (msgpack extension 3) or the index of an aux frame.
+//! vLLM 0.33's `vllm/v1/outputs.py::LogprobsLists` (`new_logprobs`) and
+//! `LogprobsTensors` (`new_prompt_logprobs_tensors`), three arrays
+//! `[dtype, shape, data]` first, the data inline (msgpack extension 3) or the
+//! index of an aux frame. Decoding borrows the arrays from the frame
+//! ([`Logprobs::Wire`]); resolving them against the aux frames checks them and
+//! makes the rows ([`Logprobs::Rows`]).
 
-use super::msgpack::Cursor;
 use bytes::Bytes;
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_tuple::Deserialize_tuple;
+use smallvec::SmallVec;
+use std::fmt;
 
 /// vLLM's msgpack extension code for an inline raw array buffer.
 const RAW_VIEW_EXT: i8 = 3;
@@ -101,7 +108,142 @@ fn float_dtype(name: &str) -> Option<Dtype> {
     }
 }
 
-/// One array: its dtype, shape and raw little-endian bytes.
+/// The data of one array: its bytes inline (extension 3), or the index of
+/// the message frame that holds them (frame 0 is the message itself).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ArrayData<'a> {
+    /// The raw bytes, borrowed from the frame.
+    Inline(&'a [u8]),
+    /// The frame index.
+    Frame(u64),
+}
+
+/// Reads either form. rmp-serde hands an extension to `deserialize_any` as a
+/// newtype struct whose content is the sequence `(type code, bytes)`.
+impl<'de: 'a, 'a> Deserialize<'de> for ArrayData<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct DataVisitor;
+        impl<'de> Visitor<'de> for DataVisitor {
+            type Value = ArrayData<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("raw array data (extension 3) or an aux frame index")
+            }
+            fn visit_u64<E: de::Error>(self, index: u64) -> Result<ArrayData<'de>, E> {
+                Ok(ArrayData::Frame(index))
+            }
+            fn visit_newtype_struct<D: Deserializer<'de>>(self, ext: D) -> Result<ArrayData<'de>, D::Error> {
+                ext.deserialize_any(ExtVisitor)
+            }
+        }
+        struct ExtVisitor;
+        impl<'de> Visitor<'de> for ExtVisitor {
+            type Value = ArrayData<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a msgpack extension")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ArrayData<'de>, A::Error> {
+                let kind: i8 = seq.next_element()?.ok_or_else(|| de::Error::custom("extension without a type"))?;
+                let data: &'de [u8] = seq.next_element()?.ok_or_else(|| de::Error::custom("extension without data"))?;
+                if kind != RAW_VIEW_EXT {
+                    return Err(de::Error::custom(format!("array data is extension {kind}, not {RAW_VIEW_EXT}")));
+                }
+                Ok(ArrayData::Inline(data))
+            }
+        }
+        deserializer.deserialize_any(DataVisitor)
+    }
+}
+
+/// One array as sent: vLLM's `[dtype, shape, data]` (its encoder's form of
+/// a numpy array or a torch tensor), borrowed from the frame.
+#[derive(Clone, Debug, PartialEq, Deserialize_tuple)]
+pub struct WireArray<'a> {
+    /// numpy's or torch's name of the element type.
+    pub dtype: &'a str,
+    /// Its dimensions.
+    pub shape: SmallVec<[u64; 2]>,
+    /// Its bytes, little-endian.
+    #[serde(borrow)]
+    pub data: ArrayData<'a>,
+}
+
+/// The first three arrays of a `LogprobsLists` / `LogprobsTensors` (token
+/// ids, logprobs, ranks); the fields after them are skipped.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WireLogprobs<'a> {
+    /// Token ids, `[rows, width]`.
+    pub token_ids: WireArray<'a>,
+    /// Their logprobs, `[rows, width]`.
+    pub logprobs: WireArray<'a>,
+    /// The scored token's rank, `[rows]`.
+    pub ranks: WireArray<'a>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for WireLogprobs<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct FieldsVisitor;
+        impl<'de> Visitor<'de> for FieldsVisitor {
+            type Value = WireLogprobs<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("(token_ids, logprobs, ranks, ...)")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<WireLogprobs<'de>, A::Error> {
+                let mut next = || -> Result<WireArray<'de>, A::Error> {
+                    seq.next_element()?.ok_or_else(|| de::Error::custom("is not (token_ids, logprobs, ranks, ...)"))
+                };
+                let (token_ids, logprobs, ranks) = (next()?, next()?, next()?);
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(WireLogprobs { token_ids, logprobs, ranks })
+            }
+        }
+        deserializer.deserialize_seq(FieldsVisitor)
+    }
+}
+
+/// The logprobs of one output: as decoded (borrowed arrays), or once
+/// `decode_outputs` resolved them, as rows.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Logprobs<'a> {
+    /// The arrays as sent (boxed: an output without logprobs stays small).
+    Wire(Box<WireLogprobs<'a>>),
+    /// The checked rows.
+    Rows(Box<LogprobRows>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Logprobs<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        WireLogprobs::deserialize(deserializer).map(|wire| Logprobs::Wire(Box::new(wire)))
+    }
+}
+
+impl Logprobs<'_> {
+    /// Checks the arrays and makes them rows (`aux` the message's frames
+    /// after the first); an error names `what` and the flaw.
+    pub fn resolve(&mut self, aux: &[Bytes], what: &str) -> Result<(), RowsError> {
+        if let Logprobs::Wire(wire) = self {
+            *self = Logprobs::Rows(Box::new(wire.rows(aux, what)?));
+        }
+        Ok(())
+    }
+
+    /// The rows, once resolved.
+    pub fn rows(&self) -> Option<&LogprobRows> {
+        match self {
+            Logprobs::Rows(rows) => Some(rows),
+            Logprobs::Wire(_) => None,
+        }
+    }
+
+    /// The rows, once resolved.
+    pub fn into_rows(self) -> Option<Box<LogprobRows>> {
+        match self {
+            Logprobs::Rows(rows) => Some(rows),
+            Logprobs::Wire(_) => None,
+        }
+    }
+}
+
+/// One array checked: its dtype, shape and raw little-endian bytes.
 struct Array<'a> {
     dtype: Dtype,
     shape: Vec<usize>,
@@ -140,69 +282,60 @@ fn f16_to_f32(half: u16) -> f32 {
     }
 }
 
-fn read_array<'a>(
-    cursor: &mut Cursor<'a>,
-    aux: &'a [Bytes],
-    dtype_of: fn(&str) -> Option<Dtype>,
-    what: &str,
-) -> Result<Array<'a>, RowsError> {
-    let bad = |e: super::msgpack::ReadError| RowsError { what: what.to_owned(), why: e.0 };
-    if cursor.read_array_len().map_err(bad)? != 3 {
-        return fail(what, "is not (dtype, shape, data)");
-    }
-    let name = cursor.read_str().map_err(bad)?;
-    let Some(dtype) = dtype_of(name) else {
-        return fail(
-            what,
-            format!("has dtype {:?}, not one vLLM writes there", name.chars().take(40).collect::<String>()),
-        );
-    };
-    let dims = cursor.read_array_len().map_err(bad)?;
-    if dims > 8 {
-        return fail(what, "has no valid shape");
-    }
-    let shape = (0..dims).map(|_| cursor.read_u64().map(|d| d as usize)).collect::<Result<Vec<_>, _>>().map_err(bad)?;
-    let data: &'a [u8] = if cursor.next_is_ext() {
-        match cursor.read_ext().map_err(bad)? {
-            (RAW_VIEW_EXT, data) => data,
-            (kind, _) => return fail(what, format!("data is extension {kind}, not 3")),
+impl<'a> WireArray<'a> {
+    /// Checks the dtype (one `dtype_of` accepts), the data (inline, or an
+    /// existing aux frame) and that the data fits the shape.
+    fn check<'b>(
+        &self,
+        aux: &'b [Bytes],
+        dtype_of: fn(&str) -> Option<Dtype>,
+        what: &str,
+    ) -> Result<Array<'b>, RowsError>
+    where
+        'a: 'b,
+    {
+        let Some(dtype) = dtype_of(self.dtype) else {
+            return fail(
+                what,
+                format!("has dtype {:?}, not one vLLM writes there", self.dtype.chars().take(40).collect::<String>()),
+            );
+        };
+        if self.shape.len() > 8 {
+            return fail(what, "has no valid shape");
         }
-    } else {
-        // Frame 0 is the message itself; aux frame i is frame i + 1.
-        match cursor.read_u64().ok().and_then(|i| usize::try_from(i).ok()).and_then(|i| aux.get(i.checked_sub(1)?)) {
-            Some(frame) => frame,
-            None => return fail(what, "data is neither inline (extension 3) nor an aux frame index"),
+        let shape: Vec<usize> = self.shape.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
+        let data: &'b [u8] = match self.data {
+            ArrayData::Inline(data) => data,
+            // Frame 0 is the message itself; aux frame i is frame i + 1.
+            ArrayData::Frame(i) => match usize::try_from(i).ok().and_then(|i| aux.get(i.checked_sub(1)?)) {
+                Some(frame) => frame,
+                None => return fail(what, "data is neither inline (extension 3) nor an aux frame index"),
+            },
+        };
+        let elements = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+        if elements.and_then(|n| n.checked_mul(dtype.size())) != Some(data.len()) {
+            return fail(what, "data does not fit its shape");
         }
-    };
-    let elements = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
-    if elements.and_then(|n| n.checked_mul(dtype.size())) != Some(data.len()) {
-        return fail(what, "data does not fit its shape");
+        Ok(Array { dtype, shape, data })
     }
-    Ok(Array { dtype, shape, data })
 }
 
-/// Reads one `LogprobsLists` or `LogprobsTensors` at `cursor` (`aux` the
-/// message's frames after the first); an error names `what` and the flaw.
-pub fn read_rows<'a>(cursor: &mut Cursor<'a>, aux: &'a [Bytes], what: &str) -> Result<LogprobRows, RowsError> {
-    let bad = |e: super::msgpack::ReadError| RowsError { what: what.to_owned(), why: e.0 };
-    let fields = cursor.read_array_len().map_err(bad)?;
-    if fields < 3 {
-        return fail(what, "is not (token_ids, logprobs, ranks, ...)");
+impl WireLogprobs<'_> {
+    /// The rows these arrays hold (`aux` the message's frames after the
+    /// first); an error names `what` and the flaw.
+    pub fn rows(&self, aux: &[Bytes], what: &str) -> Result<LogprobRows, RowsError> {
+        let ids = self.token_ids.check(aux, integer_dtype, &format!("{what}[0]"))?;
+        let logprobs = self.logprobs.check(aux, float_dtype, &format!("{what}[1]"))?;
+        let ranks = self.ranks.check(aux, integer_dtype, &format!("{what}[2]"))?;
+        let [rows, width] = ids.shape[..] else { return fail(what, "arrays have mismatched shapes") };
+        if logprobs.shape != ids.shape || ranks.shape != [rows] {
+            return fail(what, "arrays have mismatched shapes");
+        }
+        let token_ids = ids
+            .ints()
+            .map(|t| u32::try_from(t).ok())
+            .collect::<Option<Vec<u32>>>()
+            .map_or_else(|| fail(what, "holds a token id out of range"), Ok)?;
+        Ok(LogprobRows { width, token_ids, logprobs: logprobs.floats().collect(), ranks: ranks.ints().collect() })
     }
-    let ids = read_array(cursor, aux, integer_dtype, &format!("{what}[0]"))?;
-    let logprobs = read_array(cursor, aux, float_dtype, &format!("{what}[1]"))?;
-    let ranks = read_array(cursor, aux, integer_dtype, &format!("{what}[2]"))?;
-    for _ in 3..fields {
-        cursor.skip().map_err(bad)?;
-    }
-    let [rows, width] = ids.shape[..] else { return fail(what, "arrays have mismatched shapes") };
-    if logprobs.shape != ids.shape || ranks.shape != [rows] {
-        return fail(what, "arrays have mismatched shapes");
-    }
-    let token_ids = ids
-        .ints()
-        .map(|t| u32::try_from(t).ok())
-        .collect::<Option<Vec<u32>>>()
-        .map_or_else(|| fail(what, "holds a token id out of range"), Ok)?;
-    Ok(LogprobRows { width, token_ids, logprobs: logprobs.floats().collect(), ranks: ranks.ints().collect() })
 }

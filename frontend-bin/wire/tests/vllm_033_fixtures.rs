@@ -1,12 +1,15 @@
-//! The frontend's decoder against messages encoded by vLLM 0.33.0's own engine
-//! classes (tests/fixtures/vllm-0.33, written by scripts/make_vllm_fixtures.py):
-//! a real vLLM engine core behind this frontend is understood.
+//! The wire types against messages encoded by vLLM 0.33.0's own classes
+//! (tests/fixtures/vllm-0.33, written by scripts/make_vllm_fixtures.py): a
+//! real vLLM engine core behind this frontend is understood, and what the
+//! frontend sends has vLLM's layout (requests slot by slot, abort and utility
+//! payloads byte for byte).
 
 use bytes::Bytes;
+use serde::Serialize;
 use std::fs;
 use std::path::PathBuf;
-use vllm_rs_wire::codec::{decode_outputs, decode_registration};
-use vllm_rs_wire::protocol::{FinishReason, OutputsMessage, StopReason};
+use vllm_rs_wire::codec::{decode_outputs, decode_registration, encode_abort, encode_utility};
+use vllm_rs_wire::protocol::{EngineCoreRequest, FinishReason, Logprobs, OutputsMessage, StopReason};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/vllm-0.33")
@@ -78,6 +81,10 @@ fn finish_reasons_stop_tokens_stats_and_finished_ids_are_read() {
     let bytes = read("outputs_utility_failure");
     let OutputsMessage::Utility { reply, .. } = decode_outputs(&bytes, &[]).unwrap() else { panic!("not a reply") };
     assert!(reply.failure_message.unwrap().starts_with("Call to nope method failed"));
+
+    let bytes = read("outputs_utility_result");
+    let OutputsMessage::Utility { reply, .. } = decode_outputs(&bytes, &[]).unwrap() else { panic!("not a reply") };
+    assert_eq!((reply.call_id, reply.result.and_then(|r| r.value)), (5, Some(rmpv::Value::Boolean(true))));
 }
 
 #[test]
@@ -99,12 +106,12 @@ fn vllm_logprobs_frames() -> (Vec<u8>, Vec<Bytes>) {
 fn logprobs_from_vllm_inline_and_in_aux_frames() {
     let (first, aux) = vllm_logprobs_frames();
     let OutputsMessage::Batch { outputs, .. } = decode_outputs(&first, &aux).unwrap() else { panic!() };
-    let small = outputs[0].logprobs.as_deref().unwrap();
+    let small = outputs[0].new_logprobs.as_ref().and_then(Logprobs::rows).unwrap();
     assert_eq!((small.len(), small.width), (2, 3));
     assert_eq!(small.row(0), (&[104u32, 104, 105][..], &[-0.5f32, -0.5, -1.5][..], 1));
     assert_eq!(small.row(1), (&[101u32, 101, 102][..], &[-0.25f32, -0.25, -2.0][..], 1));
-    assert!(outputs[0].prompt_logprobs.is_none());
-    let big = outputs[1].prompt_logprobs.as_deref().unwrap();
+    assert!(outputs[0].new_prompt_logprobs_tensors.is_none());
+    let big = outputs[1].new_prompt_logprobs_tensors.as_ref().and_then(Logprobs::rows).unwrap();
     assert_eq!((big.len(), big.width), (3, 40));
     assert_eq!(big.token_ids, (0..120).collect::<Vec<u32>>());
     assert_eq!(big.logprobs[9], -9.0 / 8.0);
@@ -112,4 +119,89 @@ fn logprobs_from_vllm_inline_and_in_aux_frames() {
     // Without its aux frames the message names what is missing.
     let error = decode_outputs(&first, &aux[..1]).unwrap_err().to_string();
     assert!(error.contains("new_prompt_logprobs_tensors") && error.contains("aux frame"), "{error}");
+}
+
+/// The msgpack value of `bytes` (one value, nothing after it).
+fn value(bytes: &[u8]) -> rmpv::Value {
+    let mut rest = bytes;
+    let value = rmpv::decode::read_value(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    value
+}
+
+/// Sampling keys vLLM writes that this frontend does not model: it never
+/// sends them, and vLLM's defaults for them are what the frontend means.
+const UNMODELLED_SAMPLING_KEYS: [&str; 7] = [
+    "stop",
+    "bad_words",
+    "skip_reading_prefix_cache",
+    "logit_bias",
+    "output_text_buffer_length",
+    "output_kind",
+    "skip_clone",
+];
+
+#[test]
+fn vllms_requests_read_as_engine_core_request_and_encode_back_to_the_same_slots() {
+    let mut names: Vec<String> = fs::read_dir(fixtures())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| (name.starts_with("request_") || name.starts_with("genconfig_")) && name.ends_with(".msgpack"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 20, "{names:?}");
+    for name in names {
+        let bytes = fs::read(fixtures().join(&name)).unwrap();
+        let request: EngineCoreRequest = rmp_serde::from_slice(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut ours = Vec::new();
+        request.serialize(&mut rmp_serde::Serializer::new(&mut ours).with_struct_map()).unwrap();
+        let (rmpv::Value::Array(theirs), rmpv::Value::Array(ours)) = (value(&bytes), value(&ours)) else {
+            panic!("{name}: not arrays")
+        };
+        assert_eq!(ours.len(), theirs.len(), "{name}: every slot of vLLM 0.33's EngineCoreRequest");
+        for (slot, (ours, theirs)) in ours.iter().zip(&theirs).enumerate() {
+            if slot != 3 {
+                assert_eq!(ours, theirs, "{name}: slot {slot}");
+                continue;
+            }
+            // sampling_params: each key we send has vLLM's value; the keys
+            // vLLM sent that we do not are unmodelled, or nil (an explicit
+            // `max_tokens: None`, which this frontend never sends).
+            let (ours, theirs) = (ours.as_map().unwrap(), theirs.as_map().unwrap());
+            let get = |map: &[(rmpv::Value, rmpv::Value)], key: &str| {
+                map.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v.clone())
+            };
+            for (key, value) in ours {
+                assert_eq!(Some(value.clone()), get(theirs, key.as_str().unwrap()), "{name}: {key}");
+            }
+            for (key, value) in theirs {
+                let key = key.as_str().unwrap();
+                assert!(
+                    get(ours, key).is_some() || UNMODELLED_SAMPLING_KEYS.contains(&key) || value.is_nil(),
+                    "{name}: vLLM's sampling key {key} = {value} is lost"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn abort_and_utility_payloads_are_vllms_bytes() {
+    assert_eq!(encode_abort(&["r1", "r2"]), read("abort"));
+    for name in [
+        "utility_get_supported_tasks",
+        "utility_is_sleeping",
+        "utility_reset_prefix_cache",
+        "utility_sleep",
+        "utility_sleep_level0_keep",
+        "utility_wake_up",
+        "utility_wake_up_tags",
+    ] {
+        let bytes = read(name);
+        let rmpv::Value::Array(call) = value(&bytes) else { panic!("{name}: not an array") };
+        let [client, call_id, method, rmpv::Value::Array(args)] = &call[..] else { panic!("{name}: {call:?}") };
+        let encoded =
+            encode_utility(client.as_u64().unwrap() as u32, call_id.as_i64().unwrap(), method.as_str().unwrap(), args);
+        assert_eq!(encoded, bytes, "{name}");
+    }
 }
