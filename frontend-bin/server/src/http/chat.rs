@@ -6,7 +6,7 @@ use super::answer::{
 };
 use super::error::ApiError;
 use super::message::ResponseMessage;
-use super::params::{parse_body, parse_json_object, CommonParams, JsonBody, SamplingInput};
+use super::params::{parse_body, sampling_request, CommonParams, JsonRequest};
 use super::rules::RULES;
 use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::{AppState, SharedState};
@@ -15,6 +15,7 @@ use super::submit::{check_model, stop_reason_json, submit, Endpoint};
 use super::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs, thinking_enabled};
 use super::tools::{
     finish_reason, output_parser, read_chat_tools, reasoning_parser, template_extra, whole_message, ParsedChatChunks,
+    ToolsInput,
 };
 use axum::body::Bytes;
 use axum::extract::State;
@@ -34,9 +35,9 @@ use vllm_rs_generate::Delta;
 pub async fn create_chat_completion(
     State(state): State<SharedState>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody,
+    JsonRequest(body): JsonRequest<ChatBody>,
 ) -> Response {
-    match chat_completion(state, headers, &body).await {
+    match chat_completion(state, headers, body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
     }
@@ -60,14 +61,21 @@ pub struct ChatRequest {
     pub chat_template: Option<String>,
     /// The requested reasoning effort (`reasoning_effort`), before the server's map.
     pub reasoning_effort: Option<String>,
+    /// The tool fields, read with the server's options by [`read_chat_tools`].
+    pub tools: ToolsInput,
+    /// The request's `chat_template_kwargs`, merged over the server's by [`read_template_kwargs`].
+    pub chat_template_kwargs: Option<Map<String, Value>>,
 }
 
 /// One message as sent.
 #[derive(Debug, Deserialize)]
-pub(crate) struct MessageInput {
+pub struct MessageInput {
     role: String,
     #[serde(default)]
     content: Option<ContentInput>,
+    /// The other fields: what templates get beyond role and content (see [`template_extra`]).
+    #[serde(flatten)]
+    extra: Map<String, Value>,
 }
 
 /// A message's content: text, or a list of parts.
@@ -87,26 +95,42 @@ struct PartInput {
     text: Option<String>,
 }
 
-/// The fields only chat has, as sent.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct ChatInput {
-    messages: Option<Vec<MessageInput>>,
-    max_completion_tokens: Option<i64>,
-    logprobs: Option<bool>,
-    top_logprobs: Option<i64>,
-    tools: Option<Vec<Value>>,
-    tool_choice: Option<Value>,
-    parallel_tool_calls: Option<bool>,
-    response_format: Option<Map<String, Value>>,
-    structured_outputs: Option<Map<String, Value>>,
-    add_generation_prompt: Option<bool>,
-    continue_final_message: Option<bool>,
-    reasoning_effort: Option<Value>,
-    echo: Option<bool>,
-    chat_template: Option<String>,
-    /// Refused: there is no multimodal processor here.
-    mm_processor_kwargs: Option<IgnoredAny>,
+sampling_request! {
+    /// A `/v1/chat/completions` body as sent.
+    pub struct ChatBody {
+        /// The conversation.
+        messages: Option<Vec<MessageInput>>,
+        /// The token limit; wins over `max_tokens`.
+        max_completion_tokens: Option<i64>,
+        /// Return logprobs of the generated tokens.
+        logprobs: Option<bool>,
+        /// Top logprobs per generated token (with `logprobs`).
+        top_logprobs: Option<i64>,
+        /// Functions the model may call.
+        tools: Option<Vec<Value>>,
+        /// `none`, `auto`, `required` or a named function.
+        tool_choice: Option<Value>,
+        /// Let the model call several functions at once (default true).
+        parallel_tool_calls: Option<bool>,
+        /// `json_object` / `json_schema`: a structured-outputs constraint.
+        response_format: Option<Map<String, Value>>,
+        /// vLLM's structured-outputs constraint.
+        structured_outputs: Option<Map<String, Value>>,
+        /// End the prompt with the assistant's turn.
+        add_generation_prompt: Option<bool>,
+        /// Leave the final message open for the model to continue.
+        continue_final_message: Option<bool>,
+        /// The reasoning effort the template gets.
+        reasoning_effort: Option<Value>,
+        /// Put the last message before the answer.
+        echo: Option<bool>,
+        /// The request's own chat template.
+        chat_template: Option<String>,
+        /// Variables for the chat template.
+        chat_template_kwargs: Option<Map<String, Value>>,
+        /// Refused: there is no multimodal processor here.
+        mm_processor_kwargs: Option<IgnoredAny>,
+    }
 }
 
 /// The message of a refused untrusted `chat_template`: vLLM's words.
@@ -115,46 +139,72 @@ const UNTRUSTED_TEMPLATE: &str = "Chat template is passed with request, but --tr
 /// Reads every parameter of a chat body, or a 4xx naming the first bad one.
 /// Needs neither the model nor the tokenizer, so it never fails otherwise.
 pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
-    let input: ChatInput = parse_body(body)?;
-    let sampling: SamplingInput = parse_body(body)?;
-    if let Some(top) = input.top_logprobs {
-        RULES.check_int("top_logprobs", top)?;
-        if (top == -1 || top > 0) && input.logprobs != Some(true) {
-            return Err(RULES.refuse("top_logprobs", "top_logprobs_without_logprobs", &[]));
+    parse_body::<ChatBody>(body)?.validate()
+}
+
+impl ChatBody {
+    /// Checks every parameter by the rule table, or a 4xx naming the first
+    /// bad one; tools and template kwargs are left for the server's options.
+    pub fn validate(mut self) -> Result<ChatRequest, ApiError> {
+        let sampling = self.take_sampling();
+        if let Some(top) = self.top_logprobs {
+            RULES.check_int("top_logprobs", top)?;
+            if (top == -1 || top > 0) && self.logprobs != Some(true) {
+                return Err(RULES.refuse("top_logprobs", "top_logprobs_without_logprobs", &[]));
+            }
+        }
+        let continue_final_message = self.continue_final_message == Some(true);
+        if continue_final_message && self.add_generation_prompt == Some(true) {
+            return Err(RULES.refuse("continue_final_message", "continue_with_generation_prompt", &[]));
+        }
+        if self.mm_processor_kwargs.is_some() {
+            return Err(ApiError::invalid_param(
+                "mm_processor_kwargs",
+                "mm_processor_kwargs is not supported: this server has no multimodal processor",
+            ));
+        }
+        // vLLM reads max_completion_tokens when given, else max_tokens.
+        let max_tokens = match (self.max_completion_tokens, sampling.max_tokens) {
+            (Some(n), _) => Some(("max_completion_tokens", n)),
+            (None, n) => n.map(|n| ("max_tokens", n)),
+        };
+        let mut common = sampling.check(max_tokens)?;
+        if self.logprobs == Some(true) {
+            common.sampling.logprobs = Some(self.top_logprobs.unwrap_or(0));
+        }
+        common.sampling.structured_outputs =
+            read_structured_outputs(self.structured_outputs.as_ref(), self.response_format.as_ref())?
+                .map(|fields| wire_params(&fields));
+        let tools = self.take_tools();
+        let messages = messages(self.messages)?;
+        let reasoning_effort = read_reasoning_effort(self.reasoning_effort.as_ref(), "reasoning_effort")?;
+        Ok(ChatRequest {
+            common,
+            messages,
+            add_generation_prompt: self.add_generation_prompt.unwrap_or(!continue_final_message),
+            continue_final_message,
+            echo: self.echo == Some(true),
+            chat_template: self.chat_template,
+            reasoning_effort,
+            tools,
+            chat_template_kwargs: self.chat_template_kwargs,
+        })
+    }
+
+    /// The tool fields, moved out for [`read_chat_tools`].
+    pub fn take_tools(&mut self) -> ToolsInput {
+        // vLLM refuses its own json/regex/choice constraints next to a named choice.
+        let constrained = self
+            .structured_outputs
+            .as_ref()
+            .is_some_and(|c| ["json", "regex", "choice"].iter().any(|k| c.get(*k).is_some_and(|v| !v.is_null())));
+        ToolsInput {
+            tools: self.tools.take(),
+            tool_choice: self.tool_choice.take(),
+            parallel_tool_calls: self.parallel_tool_calls,
+            constrained,
         }
     }
-    let continue_final_message = input.continue_final_message == Some(true);
-    if continue_final_message && input.add_generation_prompt == Some(true) {
-        return Err(RULES.refuse("continue_final_message", "continue_with_generation_prompt", &[]));
-    }
-    if input.mm_processor_kwargs.is_some() {
-        return Err(ApiError::invalid_param(
-            "mm_processor_kwargs",
-            "mm_processor_kwargs is not supported: this server has no multimodal processor",
-        ));
-    }
-    // vLLM reads max_completion_tokens when given, else max_tokens.
-    let max_tokens = match (input.max_completion_tokens, sampling.max_tokens) {
-        (Some(n), _) => Some(("max_completion_tokens", n)),
-        (None, n) => n.map(|n| ("max_tokens", n)),
-    };
-    let mut common = sampling.check(max_tokens)?;
-    if input.logprobs == Some(true) {
-        common.sampling.logprobs = Some(input.top_logprobs.unwrap_or(0));
-    }
-    let object = parse_json_object(body)?;
-    common.sampling.structured_outputs = read_structured_outputs(&object)?.map(|fields| wire_params(&fields));
-    let messages = messages(input.messages, object.get("messages"))?;
-    let reasoning_effort = read_reasoning_effort(input.reasoning_effort.as_ref(), "reasoning_effort")?;
-    Ok(ChatRequest {
-        common,
-        messages,
-        add_generation_prompt: input.add_generation_prompt.unwrap_or(!continue_final_message),
-        continue_final_message,
-        echo: input.echo == Some(true),
-        chat_template: input.chat_template,
-        reasoning_effort,
-    })
 }
 
 /// The prompt text of `request` with its checked `tools` and template kwargs:
@@ -214,15 +264,15 @@ pub fn continue_final_message(rendered: &str, final_message: &str) -> Option<Str
     Some(rendered[..end].to_owned())
 }
 
-async fn chat_completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
-    let mut request = parse_chat_request(body)?;
-    let object = parse_json_object(body)?;
-    let tools = read_chat_tools(&object, &state.config.chat)?;
+async fn chat_completion(state: SharedState, headers: HeaderMap, body: ChatBody) -> Result<Response, ApiError> {
+    let mut request = body.validate()?;
+    let tools = read_chat_tools(&request.tools, &state.config.chat)?;
     let chat = &state.config.chat;
-    let mut template_kwargs = read_template_kwargs(&object, &chat.default_template_kwargs)?;
+    let given_kwargs = request.chat_template_kwargs.as_ref();
+    let mut template_kwargs = read_template_kwargs(given_kwargs, &chat.default_template_kwargs)?;
     apply_reasoning_effort(
         &mut template_kwargs,
-        &object,
+        given_kwargs,
         request.reasoning_effort.as_deref(),
         &chat.reasoning_effort_map,
     );
@@ -343,9 +393,9 @@ fn response_role(configured: &str, messages: &[ChatMessage], add_generation_prom
     }
 }
 
-/// The conversation, each content flattened to text; `raw` (the messages as
-/// sent) gives what templates get beyond role and content.
-pub(crate) fn messages(items: Option<Vec<MessageInput>>, raw: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+/// The conversation, each content flattened to text, with what templates
+/// get beyond role and content.
+pub(crate) fn messages(items: Option<Vec<MessageInput>>) -> Result<Vec<ChatMessage>, ApiError> {
     let items = items.ok_or_else(|| RULES.refuse("messages", "messages_missing", &[]))?;
     if items.is_empty() {
         return Err(RULES.refuse("messages", "messages_empty", &[]));
@@ -366,8 +416,7 @@ pub(crate) fn messages(items: Option<Vec<MessageInput>>, raw: Option<&Value>) ->
                     .collect::<Result<Vec<_>, _>>()?
                     .concat(),
             };
-            let extra = raw.and_then(|r| r.get(i)).and_then(Value::as_object).and_then(template_extra);
-            Ok(ChatMessage { role: item.role, content, extra })
+            Ok(ChatMessage { role: item.role, content, extra: template_extra(&item.extra) })
         })
         .collect()
 }
@@ -465,6 +514,8 @@ impl ChunkWriter for ChatChunks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
+    use serde_json::json;
 
     #[test]
     fn continue_final_message_cuts_where_transformers_cuts() {
@@ -507,5 +558,65 @@ mod tests {
             let err = parse_chat_request(body.as_bytes()).unwrap_err();
             assert_eq!(err.param.as_deref(), Some(param), "{extra}");
         }
+    }
+
+    fn refusal(body: Value) -> ApiError {
+        parse_chat_request(&serde_json::to_vec(&body).unwrap()).expect_err(&body.to_string())
+    }
+
+    #[test]
+    fn serde_errors_of_the_typed_body_are_the_rule_tables_messages() {
+        let hi = json!([{"role": "user", "content": "hi"}]);
+        for (body, param) in [
+            // Wrong types, top-level and deep inside a field.
+            (json!({"messages": hi, "max_tokens": "5"}), "max_tokens"),
+            (json!({"messages": hi, "logprobs": 1}), "logprobs"),
+            (json!({"messages": hi, "chat_template_kwargs": [1]}), "chat_template_kwargs"),
+            (json!({"messages": hi, "chat_template_kwargs": "x"}), "chat_template_kwargs"),
+            (json!({"messages": hi, "tools": {"type": "function"}}), "tools"),
+            (json!({"messages": hi, "response_format": "json"}), "response_format"),
+            (json!({"messages": [{"role": 1, "content": "hi"}]}), "messages"),
+            // A missing required field of a message.
+            (json!({"messages": [{"content": "hi"}]}), "messages"),
+            // Bad enum values.
+            (json!({"messages": hi, "reasoning_effort": "extreme"}), "reasoning_effort"),
+            (json!({"messages": hi, "truncation_side": "middle"}), "truncation_side"),
+            // Bounds.
+            (json!({"messages": hi, "top_logprobs": -2, "logprobs": true}), "top_logprobs"),
+            (json!({"messages": hi, "max_completion_tokens": 0}), "max_completion_tokens"),
+        ] {
+            let err = refusal(body.clone());
+            assert_eq!((err.status, err.param.as_deref()), (StatusCode::BAD_REQUEST, Some(param)), "{body}");
+            for leak in ["invalid type", "expected", "i64", "Map", "Vec<", "MessageInput", "line "] {
+                assert!(!err.message.contains(leak), "{body}: {}", err.message);
+            }
+        }
+        let err = refusal(json!({"messages": hi, "max_tokens": "5"}));
+        assert_eq!(err.message, RULES.wrong_type("max_tokens").message);
+        let err = refusal(json!({"max_tokens": 5}));
+        assert_eq!(err.message, RULES.message("messages_missing", &[]));
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_message_fields_reach_the_template() {
+        let body = json!({"messages": [{"role": "tool", "content": "sunny", "tool_call_id": "c1", "x": 1}],
+            "no_such_field": {"deep": [1]}, "max_tokens": 3});
+        let request = parse_chat_request(&serde_json::to_vec(&body).unwrap()).unwrap();
+        assert_eq!(request.common.sampling.max_tokens, Some(3));
+        let extra = request.messages[0].extra.clone().unwrap();
+        assert_eq!(Value::Object(extra), json!({"tool_call_id": "c1"}));
+    }
+
+    #[test]
+    fn tools_and_template_kwargs_are_kept_for_the_servers_options() {
+        let body = json!({"messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
+            "parallel_tool_calls": false, "structured_outputs": {"regex": "a"},
+            "chat_template_kwargs": {"enable_thinking": false}});
+        let request = parse_chat_request(&serde_json::to_vec(&body).unwrap()).unwrap();
+        assert_eq!(request.tools.tools.as_ref().map(Vec::len), Some(1));
+        assert_eq!(request.tools.tool_choice, Some(json!("auto")));
+        assert!(request.tools.parallel_tool_calls == Some(false) && request.tools.constrained);
+        assert_eq!(request.chat_template_kwargs.unwrap()["enable_thinking"], json!(false));
     }
 }

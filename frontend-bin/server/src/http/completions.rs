@@ -2,7 +2,7 @@
 
 use super::answer::{answer, stream_usage, AnswerFormat, ChoiceBody, Fields, UsageInfo};
 use super::error::ApiError;
-use super::params::{parse_body, parse_json_object, CommonParams, JsonBody, SamplingInput};
+use super::params::{parse_body, sampling_request, CommonParams, JsonRequest};
 use super::rules::RULES;
 use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::SharedState;
@@ -12,9 +12,10 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 use vllm_rs_generate::logprobs::render::CompletionPieces;
@@ -25,9 +26,9 @@ use vllm_rs_generate::{Delta, Whole};
 pub async fn create_completion(
     State(state): State<SharedState>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody,
+    JsonRequest(body): JsonRequest<CompletionBody>,
 ) -> Response {
-    match completion(state, headers, &body).await {
+    match completion(state, headers, body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
     }
@@ -45,23 +46,35 @@ pub enum Prompt {
 /// `prompt` as sent: text, token ids, or a list of either.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
-enum PromptInput {
+pub enum PromptInput {
+    /// One text prompt.
     Text(String),
+    /// One prompt of token ids.
     TokenIds(Vec<u32>),
+    /// Text prompts (one is served).
     Texts(Vec<String>),
+    /// Token id prompts (one is served).
     TokenIdLists(Vec<Vec<u32>>),
 }
 
-/// The fields only completions have, as sent.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct CompletionInput {
-    prompt: Option<PromptInput>,
-    echo: Option<bool>,
-    suffix: Option<String>,
-    logprobs: Option<i64>,
-    /// Refused: this frontend serves no prompt embeddings (vLLM without `--enable-prompt-embeds`).
-    prompt_embeds: Option<serde::de::IgnoredAny>,
+sampling_request! {
+    /// A `/v1/completions` body as sent.
+    pub struct CompletionBody {
+        /// The prompt.
+        prompt: Option<PromptInput>,
+        /// Show the prompt before the completion.
+        echo: Option<bool>,
+        /// Refused: vLLM has no suffix support either.
+        suffix: Option<String>,
+        /// Top logprobs per generated token (-1: the whole vocabulary).
+        logprobs: Option<i64>,
+        /// Refused: this frontend serves no prompt embeddings (vLLM without `--enable-prompt-embeds`).
+        prompt_embeds: Option<IgnoredAny>,
+        /// `json_object` / `json_schema`: a structured-outputs constraint.
+        response_format: Option<Map<String, Value>>,
+        /// vLLM's structured-outputs constraint.
+        structured_outputs: Option<Map<String, Value>>,
+    }
 }
 
 /// A completion request whose parameters are all read and checked.
@@ -81,52 +94,62 @@ pub struct CompletionRequest {
 /// Reads every parameter of a completion body, or a 4xx naming the first bad
 /// one. Needs neither the model nor the tokenizer, so it never fails otherwise.
 pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, ApiError> {
-    let input: CompletionInput = parse_body(body)?;
-    let mut sampling: SamplingInput = parse_body(body)?;
-    if let Some(logprobs) = input.logprobs {
-        RULES.check_int("logprobs", logprobs)?;
-    }
-    let echo = input.echo == Some(true);
-    // vLLM's `echo_without_generation`: the engine is asked for one token;
-    // without echo, 0 stays a 400 (max_tokens must be at least 1).
-    let prompt_only = echo && sampling.max_tokens == Some(0);
-    if prompt_only {
-        sampling.max_tokens = Some(1);
-    }
-    let max_tokens = sampling.max_tokens.map(|n| ("max_tokens", n));
-    let mut common = sampling.check(max_tokens)?;
-    common.sampling.logprobs = input.logprobs;
-    if echo && common.sampling.prompt_logprobs.is_none() {
-        // vLLM scores an echoed prompt as it scores the completion.
-        common.sampling.prompt_logprobs = input.logprobs;
-    }
-    common.sampling.structured_outputs =
-        read_structured_outputs(&parse_json_object(body)?)?.map(|fields| wire_params(&fields));
-    if input.suffix.is_some() {
-        return Err(RULES.refuse("suffix", "suffix_unsupported", &[]));
-    }
-    if input.prompt_embeds.is_some() {
-        return Err(ApiError::invalid_param(
-            "prompt_embeds",
-            "prompt_embeds is not supported: this server takes text or token id prompts only",
-        ));
-    }
-    let prompt = match input.prompt {
-        None => return Err(RULES.refuse("prompt", "prompt_missing", &[])),
-        Some(PromptInput::Text(text)) if text.is_empty() => return Err(RULES.refuse("prompt", "prompt_missing", &[])),
-        Some(PromptInput::Text(text)) => Prompt::Text(text),
-        Some(PromptInput::TokenIds(ids)) => Prompt::TokenIds(ids),
-        Some(PromptInput::Texts(mut texts)) if texts.len() == 1 => Prompt::Text(texts.remove(0)),
-        Some(PromptInput::TokenIdLists(mut lists)) if lists.len() == 1 => Prompt::TokenIds(lists.remove(0)),
-        Some(PromptInput::Texts(_) | PromptInput::TokenIdLists(_)) => {
-            return Err(RULES.refuse("prompt", "one_prompt_only", &[]))
-        }
-    };
-    Ok(CompletionRequest { common, prompt, echo, prompt_only })
+    parse_body::<CompletionBody>(body)?.validate()
 }
 
-async fn completion(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
-    let CompletionRequest { common, prompt, echo, prompt_only } = parse_completion_request(body)?;
+impl CompletionBody {
+    /// Checks every parameter by the rule table, or a 4xx naming the first bad one.
+    pub fn validate(mut self) -> Result<CompletionRequest, ApiError> {
+        let mut sampling = self.take_sampling();
+        let input = self;
+        if let Some(logprobs) = input.logprobs {
+            RULES.check_int("logprobs", logprobs)?;
+        }
+        let echo = input.echo == Some(true);
+        // vLLM's `echo_without_generation`: the engine is asked for one token;
+        // without echo, 0 stays a 400 (max_tokens must be at least 1).
+        let prompt_only = echo && sampling.max_tokens == Some(0);
+        if prompt_only {
+            sampling.max_tokens = Some(1);
+        }
+        let max_tokens = sampling.max_tokens.map(|n| ("max_tokens", n));
+        let mut common = sampling.check(max_tokens)?;
+        common.sampling.logprobs = input.logprobs;
+        if echo && common.sampling.prompt_logprobs.is_none() {
+            // vLLM scores an echoed prompt as it scores the completion.
+            common.sampling.prompt_logprobs = input.logprobs;
+        }
+        common.sampling.structured_outputs =
+            read_structured_outputs(input.structured_outputs.as_ref(), input.response_format.as_ref())?
+                .map(|fields| wire_params(&fields));
+        if input.suffix.is_some() {
+            return Err(RULES.refuse("suffix", "suffix_unsupported", &[]));
+        }
+        if input.prompt_embeds.is_some() {
+            return Err(ApiError::invalid_param(
+                "prompt_embeds",
+                "prompt_embeds is not supported: this server takes text or token id prompts only",
+            ));
+        }
+        let prompt = match input.prompt {
+            None => return Err(RULES.refuse("prompt", "prompt_missing", &[])),
+            Some(PromptInput::Text(text)) if text.is_empty() => {
+                return Err(RULES.refuse("prompt", "prompt_missing", &[]))
+            }
+            Some(PromptInput::Text(text)) => Prompt::Text(text),
+            Some(PromptInput::TokenIds(ids)) => Prompt::TokenIds(ids),
+            Some(PromptInput::Texts(mut texts)) if texts.len() == 1 => Prompt::Text(texts.remove(0)),
+            Some(PromptInput::TokenIdLists(mut lists)) if lists.len() == 1 => Prompt::TokenIds(lists.remove(0)),
+            Some(PromptInput::Texts(_) | PromptInput::TokenIdLists(_)) => {
+                return Err(RULES.refuse("prompt", "one_prompt_only", &[]))
+            }
+        };
+        Ok(CompletionRequest { common, prompt, echo, prompt_only })
+    }
+}
+
+async fn completion(state: SharedState, headers: HeaderMap, body: CompletionBody) -> Result<Response, ApiError> {
+    let CompletionRequest { common, prompt, echo, prompt_only } = body.validate()?;
     check_model(&state, common.model.as_deref())?;
     let (prompt_text, prompt_token_ids) = match prompt {
         Prompt::Text(text) => {

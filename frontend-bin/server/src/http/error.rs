@@ -3,7 +3,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde::Serialize;
 
 /// An HTTP error answered in the OpenAI shape.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,14 +57,37 @@ impl ApiError {
     }
 
     /// The JSON body.
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.error_type(),
-            "param": self.param,
-            "code": self.status.as_u16(),
-        }})
+    pub fn body(&self) -> ErrorBody<'_> {
+        ErrorBody {
+            error: ErrorDetail {
+                message: &self.message,
+                kind: self.error_type(),
+                param: self.param.as_deref(),
+                code: self.status.as_u16(),
+            },
+        }
     }
+}
+
+/// The OpenAI error body: `{"error": {...}}`.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody<'a> {
+    /// What went wrong.
+    pub error: ErrorDetail<'a>,
+}
+
+/// The fields of an OpenAI error, in vLLM's order.
+#[derive(Debug, Serialize)]
+pub struct ErrorDetail<'a> {
+    /// What went wrong.
+    pub message: &'a str,
+    /// The OpenAI error type.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The request parameter at fault, if one is.
+    pub param: Option<&'a str>,
+    /// The HTTP status.
+    pub code: u16,
 }
 
 impl IntoResponse for ApiError {

@@ -9,8 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use vllm_rs_metrics::sleep::SleepOperation;
 
@@ -28,8 +27,8 @@ pub async fn health(State(state): State<SharedState>) -> Response {
 
 /// `GET /v1/models`: every served name.
 pub async fn list_models(State(state): State<SharedState>) -> Response {
-    let data: Vec<_> = state.config.served_model_names.iter().map(|name| model_card(&state, name)).collect();
-    Json(json!({"object": "list", "data": data})).into_response()
+    let data = state.config.served_model_names.iter().map(|name| model_card(&state, name)).collect();
+    Json(ModelList { object: "list", data }).into_response()
 }
 
 /// `GET /v1/models/{id}`: the card of one served name; 404 naming `model`
@@ -41,26 +40,57 @@ pub async fn retrieve_model(State(state): State<SharedState>, Path(id): Path<Str
     }
 }
 
-fn model_card(state: &SharedState, name: &str) -> Value {
-    json!({
-        "id": name,
-        "object": "model",
-        "created": state.created,
-        "owned_by": "vllm-rs",
-        "root": state.config.model_tag,
-        "parent": null,
-        "max_model_len": state.max_model_len,
-    })
+/// `GET /v1/models`'s answer.
+#[derive(Serialize)]
+struct ModelList<'a> {
+    object: &'static str,
+    data: Vec<ModelCard<'a>>,
+}
+
+/// One served model, as vLLM's `ModelCard` writes it (the fields it sets).
+#[derive(Serialize)]
+struct ModelCard<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+    root: &'a str,
+    parent: Option<&'a str>,
+    max_model_len: Option<u64>,
+}
+
+fn model_card<'a>(state: &'a SharedState, name: &'a str) -> ModelCard<'a> {
+    ModelCard {
+        id: name,
+        object: "model",
+        created: state.created,
+        owned_by: "vllm-rs",
+        root: &state.config.model_tag,
+        parent: None,
+        max_model_len: state.max_model_len,
+    }
+}
+
+/// `GET /load`'s answer.
+#[derive(Serialize)]
+struct Load {
+    server_load: u64,
+}
+
+/// `GET /version`'s answer.
+#[derive(Serialize)]
+struct Version {
+    version: &'static str,
 }
 
 /// `GET /load`: requests in flight.
 pub async fn load(State(state): State<SharedState>) -> Response {
-    Json(json!({"server_load": state.engines.inflight()})).into_response()
+    Json(Load { server_load: state.engines.inflight() }).into_response()
 }
 
 /// `GET /version`.
 pub async fn version() -> Response {
-    Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+    Json(Version { version: env!("CARGO_PKG_VERSION") }).into_response()
 }
 
 /// `GET /metrics`: OpenMetrics text.

@@ -32,6 +32,19 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
     }
 }
 
+/// A request body deserialized as the route's typed request `T` in one pass
+/// (the body read as [`JsonBody`] reads it), or the 400 [`parse_body`] gives.
+pub struct JsonRequest<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonRequest<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let JsonBody(bytes) = JsonBody::from_request(req, state).await?;
+        parse_body(&bytes).map(JsonRequest)
+    }
+}
+
 /// Why a body could not be read: too slow (408), too large (413), or broken (400).
 fn body_error(error: &axum::Error) -> ApiError {
     let too_large = std::iter::successors(Some(error as &(dyn std::error::Error + 'static)), |e| e.source())
@@ -73,11 +86,6 @@ fn field_error(error: serde_path_to_error::Error<serde_json::Error>) -> ApiError
     }
 }
 
-/// The body as a JSON object, or a 400 saying why not.
-pub fn parse_json_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    parse_body(bytes)
-}
-
 /// `stop`: one string or a list of them.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -88,72 +96,112 @@ pub enum StopInput {
     Many(Vec<String>),
 }
 
-/// The fields completions and chat share, as sent.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-pub struct SamplingInput {
+/// Declares a request body: the route's own fields and the fields every
+/// sampling route shares (listed once, here), all optional (`serde(default)`:
+/// absent or null is `None`; unknown fields are ignored, as vLLM ignores
+/// them), with `take_sampling` moving the shared ones out as a
+/// [`SamplingInput`]. One struct per route, so a body is parsed once.
+macro_rules! sampling_request {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($(#[$fmeta:meta])* $field:ident : $ty:ty),* $(,)? }) => {
+        $crate::http::params::sampling_request!(@fields take [$(#[$meta])* $vis struct $name { $($(#[$fmeta])* $field : $ty),* }]);
+    };
+    (@shared $(#[$meta:meta])* $vis:vis struct $name:ident) => {
+        $crate::http::params::sampling_request!(@fields shared [$(#[$meta])* $vis struct $name {}]);
+    };
+    (@fields $kind:ident [$($declared:tt)*]) => {
+        $crate::http::params::sampling_request!(@struct $kind [$($declared)*]
+
     /// The model asked for.
-    pub model: Option<String>,
+    model: Option<String>,
     /// Stream the answer.
-    pub stream: Option<bool>,
+    stream: Option<bool>,
     /// Streaming options (`include_usage`).
-    pub stream_options: Option<Map<String, Value>>,
+    stream_options: Option<Map<String, Value>>,
     /// Number of choices.
-    pub n: Option<i64>,
+    n: Option<i64>,
     /// Candidates per choice (only 1).
-    pub best_of: Option<i64>,
+    best_of: Option<i64>,
     /// Token limit.
-    pub max_tokens: Option<i64>,
+    max_tokens: Option<i64>,
     /// Tokens to generate before stop tokens count.
-    pub min_tokens: Option<i64>,
+    min_tokens: Option<i64>,
     /// Sampling temperature.
-    pub temperature: Option<f64>,
+    temperature: Option<f64>,
     /// Nucleus mass.
-    pub top_p: Option<f64>,
+    top_p: Option<f64>,
     /// Top-k cut-off.
-    pub top_k: Option<i64>,
+    top_k: Option<i64>,
     /// Min-p cut-off.
-    pub min_p: Option<f64>,
+    min_p: Option<f64>,
     /// Frequency penalty.
-    pub frequency_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
     /// Presence penalty.
-    pub presence_penalty: Option<f64>,
+    presence_penalty: Option<f64>,
     /// Repetition penalty.
-    pub repetition_penalty: Option<f64>,
+    repetition_penalty: Option<f64>,
     /// Sampling seed.
-    pub seed: Option<i64>,
+    seed: Option<i64>,
     /// Stop strings.
-    pub stop: Option<StopInput>,
+    stop: Option<$crate::http::params::StopInput>,
     /// Stop token ids.
-    pub stop_token_ids: Option<Vec<i64>>,
+    stop_token_ids: Option<Vec<i64>>,
     /// Keep generating past EOS.
-    pub ignore_eos: Option<bool>,
+    ignore_eos: Option<bool>,
     /// Leave special tokens out of the text (default true).
-    pub skip_special_tokens: Option<bool>,
+    skip_special_tokens: Option<bool>,
     /// Put spaces between special tokens in the text (default true).
-    pub spaces_between_special_tokens: Option<bool>,
+    spaces_between_special_tokens: Option<bool>,
     /// Token id (as a string) to bias.
-    pub logit_bias: Option<BTreeMap<String, f64>>,
+    logit_bias: Option<::std::collections::BTreeMap<String, f64>>,
     /// Words never to generate.
-    pub bad_words: Option<Vec<String>>,
+    bad_words: Option<Vec<String>>,
     /// The only tokens that may be generated.
-    pub allowed_token_ids: Option<Vec<i64>>,
+    allowed_token_ids: Option<Vec<i64>>,
     /// Top logprobs per prompt token (-1: the whole vocabulary).
-    pub prompt_logprobs: Option<i64>,
+    prompt_logprobs: Option<i64>,
     /// Tokens in logprobs as `token_id:N`; `None`: as the server is configured.
-    pub return_tokens_as_token_ids: Option<bool>,
+    return_tokens_as_token_ids: Option<bool>,
     /// Keep only this many prompt tokens (-1: as many as the model length allows).
-    pub truncate_prompt_tokens: Option<i64>,
+    truncate_prompt_tokens: Option<i64>,
     /// Which end `truncate_prompt_tokens` cuts (`left`, the default, keeps the last tokens).
-    pub truncation_side: Option<String>,
+    truncation_side: Option<String>,
     /// Keep a matched stop string (and the stop token's text) in the output.
-    pub include_stop_str_in_output: Option<bool>,
+    include_stop_str_in_output: Option<bool>,
     /// Return the generated token ids (and the prompt's).
-    pub return_token_ids: Option<bool>,
+    return_token_ids: Option<bool>,
     /// The id the response carries (`X-Request-Id` wins over it, as in vLLM).
-    pub request_id: Option<String>,
+    request_id: Option<String>,
     /// Tokens per streamed chunk: raises the server's `stream_interval` for this request.
-    pub stream_interval: Option<i64>,
+    stream_interval: Option<i64>,
+        );
+    };
+    (@struct $kind:ident [$(#[$meta:meta])* $vis:vis struct $name:ident { $($(#[$fmeta:meta])* $field:ident : $ty:ty),* }]
+        $($(#[$smeta:meta])* $sfield:ident : $sty:ty,)*) => {
+        $(#[$meta])*
+        #[derive(Debug, Default, ::serde::Deserialize)]
+        #[serde(default)]
+        $vis struct $name {
+            $($(#[$fmeta])* pub $field: $ty,)*
+            $($(#[$smeta])* pub $sfield: $sty,)*
+        }
+        $crate::http::params::sampling_request!(@take $kind $name [$($sfield)*]);
+    };
+    (@take shared $name:ident [$($sfield:ident)*]) => {};
+    (@take take $name:ident [$($sfield:ident)*]) => {
+        impl $name {
+            /// The fields every sampling route shares, moved out to be checked.
+            pub fn take_sampling(&mut self) -> $crate::http::params::SamplingInput {
+                $crate::http::params::SamplingInput { $($sfield: ::std::mem::take(&mut self.$sfield),)* }
+            }
+        }
+    };
+}
+pub(crate) use sampling_request;
+
+sampling_request! {
+    @shared
+    /// The fields completions, chat and responses share, as sent.
+    pub struct SamplingInput
 }
 
 /// The parameters completions and chat share, checked.
@@ -680,11 +728,11 @@ mod tests {
             "\u{feff}{}",
             "{} x",
         ] {
-            let err = parse_json_object(body.as_bytes()).unwrap_err();
+            let err = parse_body::<Map<String, Value>>(body.as_bytes()).unwrap_err();
             assert_eq!(err.status, StatusCode::BAD_REQUEST, "{body:.40}");
         }
-        assert!(parse_json_object(&[b'{', 0xff, b'}']).is_err());
-        assert_eq!(parse_json_object(b"{\"a\": [1]}").unwrap()["a"], json!([1]));
+        assert!(parse_body::<Map<String, Value>>(&[b'{', 0xff, b'}']).is_err());
+        assert_eq!(parse_body::<Map<String, Value>>(b"{\"a\": [1]}").unwrap()["a"], json!([1]));
         let err = parse_body::<SamplingInput>(b"[1]").unwrap_err();
         assert_eq!(err.message, "the request body must be a JSON object");
     }

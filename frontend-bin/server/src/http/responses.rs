@@ -8,7 +8,7 @@
 
 use super::answer::generation_error;
 use super::error::ApiError;
-use super::params::{parse_body, parse_json_object, JsonBody, SamplingInput};
+use super::params::{sampling_request, JsonRequest, SamplingInput};
 use super::rules::RULES;
 use super::state::{AppState, SharedState};
 use super::submit::{check_model, submit, Endpoint, Submitted};
@@ -20,8 +20,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream;
 use serde::de::IgnoredAny;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 use vllm_rs_chat::ChatMessage;
@@ -34,56 +34,84 @@ use vllm_rs_wire::protocol::FinishReason;
 pub async fn create_response(
     State(state): State<SharedState>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody,
+    JsonRequest(body): JsonRequest<ResponsesBody>,
 ) -> Response {
-    match response(state, headers, &body).await {
+    match response(state, headers, body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
     }
 }
 
-/// The fields only the responses API has, as sent.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct ResponsesInput {
-    input: Option<Value>,
-    instructions: Option<String>,
-    max_output_tokens: Option<i64>,
-    tools: Option<Vec<IgnoredAny>>,
-    tool_choice: Option<Value>,
-    background: Option<bool>,
-    store: Option<bool>,
-    previous_response_id: Option<String>,
-    include: Option<Vec<String>>,
-    text: Option<TextConfig>,
-    truncation: Option<String>,
-    metadata: Option<BTreeMap<String, String>>,
-    user: Option<String>,
-    parallel_tool_calls: Option<bool>,
-    max_tool_calls: Option<i64>,
-    service_tier: Option<String>,
-    prompt_cache_key: Option<String>,
-    safety_identifier: Option<String>,
-    include_stop_str_in_output: Option<bool>,
-    enable_response_messages: Option<bool>,
-    reasoning: Option<Value>,
-    // Present and non-null: refused (see `unsupported`).
-    prompt: Option<IgnoredAny>,
-    previous_input_messages: Option<IgnoredAny>,
-    structured_outputs: Option<IgnoredAny>,
-    kv_transfer_params: Option<IgnoredAny>,
-    vllm_xargs: Option<IgnoredAny>,
-    mm_processor_kwargs: Option<IgnoredAny>,
-    media_io_kwargs: Option<IgnoredAny>,
+sampling_request! {
+    /// A `/v1/responses` body as sent.
+    pub struct ResponsesBody {
+        /// Text, or a list of input items.
+        input: Option<Value>,
+        /// The system message.
+        instructions: Option<String>,
+        /// The token limit.
+        max_output_tokens: Option<i64>,
+        /// Refused when not empty.
+        tools: Option<Vec<IgnoredAny>>,
+        /// Only `auto` or `none` (there are no tools).
+        tool_choice: Option<Value>,
+        /// Refused: there is no response store.
+        background: Option<bool>,
+        /// Read with `background`.
+        store: Option<bool>,
+        /// Not found: there is no response store.
+        previous_response_id: Option<String>,
+        /// Refused when it names anything.
+        include: Option<Vec<String>>,
+        /// Only the `text` format.
+        text: Option<TextConfig>,
+        /// `disabled`, or refused `auto`.
+        truncation: Option<String>,
+        /// Repeated in the response object.
+        metadata: Option<BTreeMap<String, String>>,
+        /// Repeated in the response object.
+        user: Option<String>,
+        /// Repeated in the response object.
+        parallel_tool_calls: Option<bool>,
+        /// Repeated in the response object.
+        max_tool_calls: Option<i64>,
+        /// Repeated in the response object.
+        service_tier: Option<String>,
+        /// Repeated in the response object.
+        prompt_cache_key: Option<String>,
+        /// Repeated in the response object.
+        safety_identifier: Option<String>,
+        /// Refused when true.
+        enable_response_messages: Option<bool>,
+        /// Checked and repeated; its `effort` reaches the template.
+        reasoning: Option<Value>,
+        /// Variables for the chat template.
+        chat_template_kwargs: Option<Map<String, Value>>,
+        /// Refused when present and non-null (see `unsupported`).
+        prompt: Option<IgnoredAny>,
+        /// Refused when present and non-null.
+        previous_input_messages: Option<IgnoredAny>,
+        /// Refused when present and non-null.
+        structured_outputs: Option<IgnoredAny>,
+        /// Refused when present and non-null.
+        kv_transfer_params: Option<IgnoredAny>,
+        /// Refused when present and non-null.
+        vllm_xargs: Option<IgnoredAny>,
+        /// Refused when present and non-null.
+        mm_processor_kwargs: Option<IgnoredAny>,
+        /// Refused when present and non-null.
+        media_io_kwargs: Option<IgnoredAny>,
+    }
 }
 
 /// `text`: only its format matters.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct TextConfig {
+pub struct TextConfig {
     format: Option<TextFormat>,
 }
 
+/// `text.format`: only its type matters.
 #[derive(Debug, Deserialize)]
 struct TextFormat {
     #[serde(rename = "type")]
@@ -93,61 +121,65 @@ struct TextFormat {
 /// A responses request whose parameters are all read and checked.
 struct ResponsesRequest {
     sampling: SamplingInput,
-    input: ResponsesInput,
+    input: ResponsesBody,
     messages: Vec<ChatMessage>,
     /// `reasoning` as the response object repeats it (null when not given).
-    reasoning: Value,
+    reasoning: Option<ReasoningEcho>,
     /// The requested `reasoning.effort`, before the server's map.
     reasoning_effort: Option<String>,
     /// The template kwargs: the server's defaults, the request's own, its effort.
-    template_kwargs: serde_json::Map<String, Value>,
+    template_kwargs: Map<String, Value>,
 }
 
-/// The fields of `reasoning`, in the order vLLM writes them, each with the
-/// values it may take (`None`: any string).
-const REASONING_FIELDS: [(&str, Option<&[&str]>); 5] = [
-    ("context", Some(&["auto", "current_turn", "all_turns"])),
-    ("effort", Some(&REASONING_EFFORTS)),
-    ("generate_summary", Some(&["auto", "concise", "detailed"])),
-    ("mode", None),
-    ("summary", Some(&["auto", "concise", "detailed"])),
-];
+/// The values `reasoning.summary` and `reasoning.generate_summary` may take.
+const SUMMARIES: [&str; 3] = ["auto", "concise", "detailed"];
+
+/// `reasoning` as vLLM's response object repeats it: every field of
+/// OpenAI's `Reasoning`, null when not given, in vLLM's order.
+#[derive(Debug, Default, PartialEq, Serialize)]
+struct ReasoningEcho {
+    context: Option<String>,
+    effort: Option<String>,
+    generate_summary: Option<String>,
+    mode: Option<String>,
+    summary: Option<String>,
+}
 
 /// `reasoning` checked as OpenAI's `Reasoning` model reads it, and written
-/// back as vLLM's response object repeats it (every field, null when not
-/// given); a 400 naming the first bad field. vLLM acts on `effort` only.
-fn read_reasoning(value: Option<&Value>) -> Result<(Value, Option<String>), ApiError> {
+/// back as vLLM's response object repeats it; a 400 naming the first bad
+/// field. vLLM acts on `effort` only.
+fn read_reasoning(value: Option<&Value>) -> Result<(Option<ReasoningEcho>, Option<String>), ApiError> {
     let fields = match value {
-        None | Some(Value::Null) => return Ok((Value::Null, None)),
+        None | Some(Value::Null) => return Ok((None, None)),
         Some(Value::Object(fields)) => fields,
         Some(_) => return Err(RULES.wrong_type("reasoning")),
     };
-    let mut echoed = serde_json::Map::new();
-    for (name, allowed) in REASONING_FIELDS {
-        let value = fields.get(name).unwrap_or(&Value::Null);
-        let valid = match (value, allowed) {
-            (Value::Null, _) => true,
-            (Value::String(text), Some(allowed)) => allowed.contains(&text.as_str()),
-            (Value::String(_), None) => true,
-            _ => false,
-        };
-        if !valid {
-            return Err(RULES.wrong_type(&format!("reasoning.{name}")));
+    // The values a field may take (`None`: any string).
+    let field = |name: &str, allowed: Option<&[&str]>| match fields.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) if allowed.is_none_or(|allowed| allowed.contains(&text.as_str())) => {
+            Ok(Some(text.clone()))
         }
-        echoed.insert(name.into(), value.clone());
-    }
+        Some(_) => Err(RULES.wrong_type(&format!("reasoning.{name}"))),
+    };
+    let echoed = ReasoningEcho {
+        context: field("context", Some(&["auto", "current_turn", "all_turns"]))?,
+        effort: field("effort", Some(&REASONING_EFFORTS))?,
+        generate_summary: field("generate_summary", Some(&SUMMARIES))?,
+        mode: field("mode", None)?,
+        summary: field("summary", Some(&SUMMARIES))?,
+    };
     let effort = read_reasoning_effort(fields.get("effort"), "reasoning.effort")?;
-    Ok((Value::Object(echoed), effort))
+    Ok((Some(echoed), effort))
 }
 
 /// Reads and checks every parameter, or a 4xx naming the first bad one;
 /// `default_kwargs` are the server's `default_chat_template_kwargs`.
 fn parse_responses_request(
-    body: &[u8],
-    default_kwargs: &serde_json::Map<String, Value>,
+    mut input: ResponsesBody,
+    default_kwargs: &Map<String, Value>,
 ) -> Result<ResponsesRequest, ApiError> {
-    let input: ResponsesInput = parse_body(body)?;
-    let sampling: SamplingInput = parse_body(body)?;
+    let sampling = input.take_sampling();
     if input.prompt.is_some() {
         return Err(RULES.refuse("prompt", "prompt_template_unsupported", &[]));
     }
@@ -171,7 +203,7 @@ fn parse_responses_request(
         ("vllm_xargs", input.vllm_xargs.is_some()),
         ("mm_processor_kwargs", input.mm_processor_kwargs.is_some()),
         ("media_io_kwargs", input.media_io_kwargs.is_some()),
-        ("include_stop_str_in_output", input.include_stop_str_in_output == Some(true)),
+        ("include_stop_str_in_output", sampling.include_stop_str_in_output == Some(true)),
         ("return_token_ids", sampling.return_token_ids == Some(true)),
         ("enable_response_messages", input.enable_response_messages == Some(true)),
     ];
@@ -199,7 +231,7 @@ fn parse_responses_request(
     }
     let messages = input_messages(input.instructions.as_deref(), input.input.as_ref())?;
     let (reasoning, reasoning_effort) = read_reasoning(input.reasoning.as_ref())?;
-    let template_kwargs = read_template_kwargs(&parse_json_object(body)?, default_kwargs)?;
+    let template_kwargs = read_template_kwargs(input.chat_template_kwargs.as_ref(), default_kwargs)?;
     Ok(ResponsesRequest { sampling, input, messages, reasoning, reasoning_effort, template_kwargs })
 }
 
@@ -254,13 +286,13 @@ fn input_message(item: &Value) -> Option<ChatMessage> {
     Some(ChatMessage { role: role.into(), content, extra: None })
 }
 
-async fn response(state: SharedState, headers: HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+async fn response(state: SharedState, headers: HeaderMap, body: ResponsesBody) -> Result<Response, ApiError> {
     let chat = &state.config.chat;
     let ResponsesRequest { sampling, input, messages, reasoning, reasoning_effort, mut template_kwargs } =
         parse_responses_request(body, &chat.default_template_kwargs)?;
     apply_reasoning_effort(
         &mut template_kwargs,
-        &parse_json_object(body)?,
+        input.chat_template_kwargs.as_ref(),
         reasoning_effort.as_deref(),
         &chat.reasoning_effort_map,
     );
@@ -306,7 +338,7 @@ fn model(state: &AppState) -> String {
 /// The request fields a response object repeats, with vLLM's defaults.
 struct Echo {
     instructions: Option<String>,
-    metadata: Value,
+    metadata: Option<BTreeMap<String, String>>,
     temperature: f64,
     top_p: f64,
     presence_penalty: f64,
@@ -318,16 +350,17 @@ struct Echo {
     user: Option<String>,
     prompt_cache_key: Option<String>,
     safety_identifier: Option<String>,
-    text: Value,
-    reasoning: Value,
+    /// `text`, repeated as `{"format": {"type": "text"}}` when it had a format.
+    text: Option<TextEcho>,
+    reasoning: Option<ReasoningEcho>,
 }
 
 impl Echo {
-    fn new(sampling: &SamplingInput, input: &ResponsesInput, reasoning: Value) -> Self {
+    fn new(sampling: &SamplingInput, input: &ResponsesBody, reasoning: Option<ReasoningEcho>) -> Self {
         Echo {
             reasoning,
             instructions: input.instructions.clone(),
-            metadata: json!(input.metadata),
+            metadata: input.metadata.clone(),
             temperature: sampling.temperature.unwrap_or(1.0),
             top_p: sampling.top_p.unwrap_or(1.0),
             presence_penalty: sampling.presence_penalty.unwrap_or(0.0),
@@ -340,11 +373,24 @@ impl Echo {
             prompt_cache_key: input.prompt_cache_key.clone(),
             safety_identifier: input.safety_identifier.clone(),
             text: match &input.text {
-                Some(TextConfig { format: Some(_) }) => json!({"format": {"type": "text"}}),
-                _ => Value::Null,
+                Some(TextConfig { format: Some(_) }) => Some(TextEcho { format: OutputType { kind: "text" } }),
+                _ => None,
             },
         }
     }
+}
+
+/// `text` as a response object repeats it.
+#[derive(Serialize)]
+struct TextEcho {
+    format: OutputType,
+}
+
+/// An object that is only its `type`.
+#[derive(Serialize)]
+struct OutputType {
+    #[serde(rename = "type")]
+    kind: &'static str,
 }
 
 /// What every response object of one request shares.
@@ -356,51 +402,102 @@ struct Answer {
     model: String,
 }
 
+/// vLLM's `ResponsesResponse` as it writes it: the fields it sets, in its
+/// order; `()` is a field vLLM always writes as null here.
+#[derive(Serialize)]
+struct ResponseObject<'a> {
+    id: &'a str,
+    created_at: u64,
+    incomplete_details: Option<IncompleteDetails>,
+    instructions: Option<&'a str>,
+    metadata: Option<&'a BTreeMap<String, String>>,
+    model: &'a str,
+    object: &'static str,
+    output: Vec<MessageItem>,
+    parallel_tool_calls: bool,
+    temperature: f64,
+    tool_choice: &'static str,
+    tools: [(); 0],
+    top_p: f64,
+    background: bool,
+    max_output_tokens: Option<u64>,
+    max_tool_calls: Option<i64>,
+    previous_response_id: (),
+    prompt: (),
+    prompt_cache_options: (),
+    prompt_cache_key: Option<&'a str>,
+    prompt_cache_retention: (),
+    reasoning: Option<&'a ReasoningEcho>,
+    safety_identifier: Option<&'a str>,
+    service_tier: &'a str,
+    status: &'static str,
+    text: Option<&'a TextEcho>,
+    top_logprobs: (),
+    truncation: &'a str,
+    usage: Option<ResponseUsage>,
+    user: Option<&'a str>,
+    presence_penalty: f64,
+    frequency_penalty: f64,
+    kv_transfer_params: (),
+    ec_transfer_params: (),
+    input_messages: (),
+    output_messages: (),
+}
+
+/// Why a response is incomplete (only its token limit here).
+#[derive(Serialize)]
+struct IncompleteDetails {
+    reason: &'static str,
+}
+
 impl Answer {
     /// The response object with `status`, `output` and `usage`, as vLLM's
     /// `ResponsesResponse.from_request` fills it.
-    fn object(&self, status: &str, output: Vec<Value>, usage: Option<Value>) -> Value {
+    fn object(
+        &self,
+        status: &'static str,
+        output: Vec<MessageItem>,
+        usage: Option<ResponseUsage>,
+    ) -> ResponseObject<'_> {
         let e = &self.echo;
-        let incomplete_details =
-            if status == "incomplete" { json!({"reason": "max_output_tokens"}) } else { Value::Null };
-        json!({
-            "id": self.id,
-            "created_at": self.created_at,
-            "incomplete_details": incomplete_details,
-            "instructions": e.instructions,
-            "metadata": e.metadata,
-            "model": self.model,
-            "object": "response",
-            "output": output,
-            "parallel_tool_calls": e.parallel_tool_calls,
-            "temperature": e.temperature,
-            "tool_choice": "none",
-            "tools": [],
-            "top_p": e.top_p,
-            "background": false,
-            "max_output_tokens": self.max_tokens,
-            "max_tool_calls": e.max_tool_calls,
-            "previous_response_id": null,
-            "prompt": null,
-            "prompt_cache_options": null,
-            "prompt_cache_key": e.prompt_cache_key,
-            "prompt_cache_retention": null,
-            "reasoning": e.reasoning,
-            "safety_identifier": e.safety_identifier,
-            "service_tier": e.service_tier,
-            "status": status,
-            "text": e.text,
-            "top_logprobs": null,
-            "truncation": e.truncation,
-            "usage": usage,
-            "user": e.user,
-            "presence_penalty": e.presence_penalty,
-            "frequency_penalty": e.frequency_penalty,
-            "kv_transfer_params": null,
-            "ec_transfer_params": null,
-            "input_messages": null,
-            "output_messages": null,
-        })
+        ResponseObject {
+            id: &self.id,
+            created_at: self.created_at,
+            incomplete_details: (status == "incomplete").then_some(IncompleteDetails { reason: "max_output_tokens" }),
+            instructions: e.instructions.as_deref(),
+            metadata: e.metadata.as_ref(),
+            model: &self.model,
+            object: "response",
+            output,
+            parallel_tool_calls: e.parallel_tool_calls,
+            temperature: e.temperature,
+            tool_choice: "none",
+            tools: [],
+            top_p: e.top_p,
+            background: false,
+            max_output_tokens: self.max_tokens,
+            max_tool_calls: e.max_tool_calls,
+            previous_response_id: (),
+            prompt: (),
+            prompt_cache_options: (),
+            prompt_cache_key: e.prompt_cache_key.as_deref(),
+            prompt_cache_retention: (),
+            reasoning: e.reasoning.as_ref(),
+            safety_identifier: e.safety_identifier.as_deref(),
+            service_tier: &e.service_tier,
+            status,
+            text: e.text.as_ref(),
+            top_logprobs: (),
+            truncation: &e.truncation,
+            usage,
+            user: e.user.as_deref(),
+            presence_penalty: e.presence_penalty,
+            frequency_penalty: e.frequency_penalty,
+            kv_transfer_params: (),
+            ec_transfer_params: (),
+            input_messages: (),
+            output_messages: (),
+        }
     }
 }
 
@@ -423,70 +520,185 @@ fn random_item_id() -> String {
 }
 
 /// An `output_text` content part.
-fn text_part(text: &str, logprobs: Value) -> Value {
-    json!({"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs})
+#[derive(Clone, Serialize)]
+struct TextPart {
+    annotations: [(); 0],
+    text: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    /// `[]` while streaming, null in the finished part.
+    logprobs: Option<[(); 0]>,
+}
+
+impl TextPart {
+    fn new(text: &str, logprobs: Option<[(); 0]>) -> Self {
+        TextPart { annotations: [], text: text.to_owned(), kind: "output_text", logprobs }
+    }
+}
+
+/// The assistant message item.
+#[derive(Clone, Serialize)]
+struct MessageItem {
+    id: String,
+    content: Vec<TextPart>,
+    role: &'static str,
+    status: &'static str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    phase: (),
 }
 
 /// The assistant message item holding `text` (no content part when empty, as vLLM).
-fn message_item(id: &str, text: &str, status: &str) -> Value {
-    let content = if text.is_empty() { Vec::new() } else { vec![text_part(text, Value::Null)] };
-    json!({"id": id, "content": content, "role": "assistant", "status": status, "type": "message", "phase": null})
+fn message_item(id: &str, text: &str, status: &'static str) -> MessageItem {
+    let content = if text.is_empty() { Vec::new() } else { vec![TextPart::new(text, None)] };
+    MessageItem { id: id.to_owned(), content, role: "assistant", status, kind: "message", phase: () }
 }
 
 /// The usage object: one turn, nothing cached, no reasoning or tool tokens.
-fn usage(usage: Usage) -> Value {
-    json!({
-        "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {
-            "cached_tokens": 0,
-            "cache_write_tokens": 0,
-            "input_tokens_per_turn": [usage.prompt_tokens],
-            "cached_tokens_per_turn": [0],
-        },
-        "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {
-            "reasoning_tokens": 0,
-            "tool_output_tokens": 0,
-            "output_tokens_per_turn": [usage.completion_tokens],
-            "tool_output_tokens_per_turn": [0],
-        },
-        "total_tokens": usage.total_tokens,
-    })
+#[derive(Serialize)]
+struct ResponseUsage {
+    input_tokens: usize,
+    input_tokens_details: InputTokensDetails,
+    output_tokens: usize,
+    output_tokens_details: OutputTokensDetails,
+    total_tokens: usize,
 }
 
-/// The streamed events of one response, numbered as they go out.
+#[derive(Serialize)]
+struct InputTokensDetails {
+    cached_tokens: usize,
+    cache_write_tokens: usize,
+    input_tokens_per_turn: [usize; 1],
+    cached_tokens_per_turn: [usize; 1],
+}
+
+#[derive(Serialize)]
+struct OutputTokensDetails {
+    reasoning_tokens: usize,
+    tool_output_tokens: usize,
+    output_tokens_per_turn: [usize; 1],
+    tool_output_tokens_per_turn: [usize; 1],
+}
+
+fn usage(usage: Usage) -> ResponseUsage {
+    ResponseUsage {
+        input_tokens: usage.prompt_tokens,
+        input_tokens_details: InputTokensDetails {
+            cached_tokens: 0,
+            cache_write_tokens: 0,
+            input_tokens_per_turn: [usage.prompt_tokens],
+            cached_tokens_per_turn: [0],
+        },
+        output_tokens: usage.completion_tokens,
+        output_tokens_details: OutputTokensDetails {
+            reasoning_tokens: 0,
+            tool_output_tokens: 0,
+            output_tokens_per_turn: [usage.completion_tokens],
+            tool_output_tokens_per_turn: [0],
+        },
+        total_tokens: usage.total_tokens,
+    }
+}
+
+/// One streamed event: its fields, then `type` and `sequence_number` (the
+/// order vLLM writes them in).
+#[derive(Serialize)]
+struct Event<'a, B> {
+    #[serde(flatten)]
+    body: B,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    sequence_number: u64,
+}
+
+/// `response.output_item.added` / `.done`.
+#[derive(Serialize)]
+struct ItemEvent<'a> {
+    item: &'a MessageItem,
+    output_index: u32,
+}
+
+/// `response.content_part.added` / `.done`.
+#[derive(Serialize)]
+struct PartEvent<'a> {
+    content_index: u32,
+    item_id: &'a str,
+    output_index: u32,
+    part: TextPart,
+}
+
+/// `response.output_text.delta`.
+#[derive(Serialize)]
+struct TextDeltaEvent<'a> {
+    content_index: u32,
+    delta: &'a str,
+    item_id: &'a str,
+    logprobs: [(); 0],
+    output_index: u32,
+}
+
+/// `response.output_text.done`.
+#[derive(Serialize)]
+struct TextDoneEvent<'a> {
+    content_index: u32,
+    item_id: &'a str,
+    logprobs: [(); 0],
+    output_index: u32,
+    text: &'a str,
+}
+
+/// `response.created`, `.in_progress`, `.completed`, `.incomplete`.
+#[derive(Serialize)]
+struct ResponseEvent<'a> {
+    response: &'a ResponseObject<'a>,
+}
+
+/// `error`: a generation that failed mid-stream.
+#[derive(Serialize)]
+struct ErrorEvent<'a> {
+    code: String,
+    message: &'a str,
+    param: Option<&'a str>,
+}
+
+/// Events made but not yet sent, numbered as they are made.
+#[derive(Default)]
+struct EventQueue {
+    queue: VecDeque<Bytes>,
+    sequence_number: u64,
+}
+
+impl EventQueue {
+    /// Queues `body` as `event: KIND` / `data: JSON`, numbered.
+    fn push<B: Serialize>(&mut self, kind: &str, body: B) {
+        let event = Event { body, kind, sequence_number: self.sequence_number };
+        self.sequence_number += 1;
+        let mut out = format!("event: {kind}\ndata: ").into_bytes();
+        serde_json::to_writer(&mut out, &event).expect("serializing an event");
+        out.extend_from_slice(b"\n\n");
+        self.queue.push_back(Bytes::from(out));
+    }
+}
+
+/// The streamed events of one response.
 struct EventStream {
     generation: Generation,
     answer: Answer,
-    /// Events made but not yet sent.
-    queue: VecDeque<Bytes>,
-    sequence_number: u64,
+    events: EventQueue,
     /// The message item, once its first text arrived: id and text so far.
     item: Option<(String, String)>,
     done: bool,
 }
 
 impl EventStream {
-    /// Queues `event` (without its sequence number) as `event: TYPE` / `data: JSON`.
-    fn push(&mut self, mut event: Value) {
-        event["sequence_number"] = json!(self.sequence_number);
-        self.sequence_number += 1;
-        let kind = event["type"].as_str().unwrap_or("error").to_string();
-        let mut out = format!("event: {kind}\ndata: ").into_bytes();
-        serde_json::to_writer(&mut out, &event).expect("serializing an event");
-        out.extend_from_slice(b"\n\n");
-        self.queue.push_back(Bytes::from(out));
-    }
-
     /// The item's opening events, the first time text arrives.
     fn open_item(&mut self) {
         let id = random_item_id();
-        let item = json!({"id": id, "content": [], "role": "assistant", "status": "in_progress", "type": "message", "phase": null});
-        self.push(json!({"item": item, "output_index": 0, "type": "response.output_item.added"}));
-        self.push(json!({
-            "content_index": 0, "item_id": id, "output_index": 0,
-            "part": text_part("", json!([])), "type": "response.content_part.added",
-        }));
+        let item = message_item(&id, "", "in_progress");
+        self.events.push("response.output_item.added", ItemEvent { item: &item, output_index: 0 });
+        let part = TextPart::new("", Some([]));
+        self.events
+            .push("response.content_part.added", PartEvent { content_index: 0, item_id: &id, output_index: 0, part });
         self.item = Some((id, String::new()));
     }
 
@@ -496,38 +708,34 @@ impl EventStream {
         }
         let (id, text) = self.item.as_mut().expect("opened above");
         text.push_str(delta);
-        let id = id.clone();
-        self.push(json!({
-            "content_index": 0, "delta": delta, "item_id": id, "logprobs": [],
-            "output_index": 0, "type": "response.output_text.delta",
-        }));
+        let event = TextDeltaEvent { content_index: 0, delta, item_id: id, logprobs: [], output_index: 0 };
+        self.events.push("response.output_text.delta", event);
     }
 
     /// The item's closing events and the terminal event.
     fn finish(&mut self, finish: &Finish) {
         let mut output = Vec::new();
         if let Some((id, text)) = self.item.take() {
-            self.push(json!({
-                "content_index": 0, "item_id": id, "logprobs": [], "output_index": 0,
-                "text": text, "type": "response.output_text.done",
-            }));
-            self.push(json!({
-                "content_index": 0, "item_id": id, "output_index": 0,
-                "part": text_part(&text, Value::Null), "type": "response.content_part.done",
-            }));
+            let done = TextDoneEvent { content_index: 0, item_id: &id, logprobs: [], output_index: 0, text: &text };
+            self.events.push("response.output_text.done", done);
+            let part = TextPart::new(&text, None);
+            self.events.push(
+                "response.content_part.done",
+                PartEvent { content_index: 0, item_id: &id, output_index: 0, part },
+            );
             let item = message_item(&id, &text, item_status(finish));
-            self.push(json!({"item": item, "output_index": 0, "type": "response.output_item.done"}));
+            self.events.push("response.output_item.done", ItemEvent { item: &item, output_index: 0 });
             output.push(item);
         }
         let status = response_status(finish);
         let response = self.answer.object(status, output, Some(usage(self.generation.usage())));
         let kind = if status == "incomplete" { "response.incomplete" } else { "response.completed" };
-        self.push(json!({"response": response, "type": kind}));
+        self.events.push(kind, ResponseEvent { response: &response });
     }
 
     /// Advances the generation until there is an event to send; false at the end.
     async fn fill(&mut self) -> bool {
-        while self.queue.is_empty() && !self.done {
+        while self.events.queue.is_empty() && !self.done {
             match self.generation.next_delta().await {
                 Some(Ok(delta)) => {
                     if !delta.text.is_empty() {
@@ -540,36 +748,32 @@ impl EventStream {
                 }
                 Some(Err(error)) => {
                     let error = generation_error(&error);
-                    self.push(json!({
-                        "code": error.status.as_u16().to_string(), "message": error.message,
-                        "param": error.param, "type": "error",
-                    }));
+                    let event = ErrorEvent {
+                        code: error.status.as_u16().to_string(),
+                        message: &error.message,
+                        param: error.param.as_deref(),
+                    };
+                    self.events.push("error", event);
                     self.done = true;
                 }
                 None => self.done = true,
             }
         }
-        !self.queue.is_empty()
+        !self.events.queue.is_empty()
     }
 }
 
 /// The `text/event-stream` answer. Dropping the body (client gone) drops
 /// the generation, which aborts the request.
 fn stream_events(submitted: Submitted, answer: Answer) -> Response {
-    let mut events = EventStream {
-        generation: submitted.generation,
-        answer,
-        queue: VecDeque::new(),
-        sequence_number: 0,
-        item: None,
-        done: false,
-    };
-    let opening = events.answer.object("in_progress", Vec::new(), None);
-    events.push(json!({"response": opening, "type": "response.created"}));
-    events.push(json!({"response": opening, "type": "response.in_progress"}));
+    let mut events = EventQueue::default();
+    let opening = answer.object("in_progress", Vec::new(), None);
+    events.push("response.created", ResponseEvent { response: &opening });
+    events.push("response.in_progress", ResponseEvent { response: &opening });
+    let events = EventStream { generation: submitted.generation, answer, events, item: None, done: false };
     let body = stream::unfold(events, |mut events| async move {
         if events.fill().await {
-            let event = events.queue.pop_front().expect("fill left an event");
+            let event = events.events.queue.pop_front().expect("fill left an event");
             Some((Ok::<Bytes, Infallible>(event), events))
         } else {
             None
@@ -584,10 +788,12 @@ fn stream_events(submitted: Submitted, answer: Answer) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use super::super::params::parse_body;
     use super::*;
+    use serde_json::json;
 
     fn parse(body: &Value) -> Result<ResponsesRequest, ApiError> {
-        parse_responses_request(body.to_string().as_bytes(), &serde_json::Map::new())
+        parse_responses_request(parse_body(body.to_string().as_bytes())?, &Map::new())
     }
 
     fn refusal(body: Value) -> (Option<String>, String) {
@@ -619,10 +825,10 @@ mod tests {
         let request = parse(&json!({"input": "x", "reasoning": {"effort": "low", "summary": "auto", "x": 1}})).unwrap();
         let expected =
             json!({"context": null, "effort": "low", "generate_summary": null, "mode": null, "summary": "auto"});
-        assert_eq!(request.reasoning, expected);
+        assert_eq!(serde_json::to_value(&request.reasoning).unwrap(), expected);
         assert_eq!(request.reasoning_effort.as_deref(), Some("low"));
         let request = parse(&json!({"input": "x", "reasoning": null})).unwrap();
-        assert_eq!((request.reasoning, request.reasoning_effort), (Value::Null, None));
+        assert_eq!((request.reasoning, request.reasoning_effort), (None, None));
         let request = parse(&json!({"input": "x", "reasoning": {}})).unwrap();
         assert_eq!(request.reasoning_effort, None);
     }
@@ -631,7 +837,7 @@ mod tests {
     fn template_kwargs_merge_over_the_server_defaults() {
         let defaults = json!({"style": "server", "enable_thinking": false}).as_object().cloned().unwrap();
         let body = json!({"input": "x", "chat_template_kwargs": {"enable_thinking": true, "style": null}});
-        let request = parse_responses_request(body.to_string().as_bytes(), &defaults).unwrap();
+        let request = parse_responses_request(parse_body(body.to_string().as_bytes()).unwrap(), &defaults).unwrap();
         assert_eq!(Value::Object(request.template_kwargs), json!({"style": "server", "enable_thinking": true}));
     }
 
@@ -661,5 +867,25 @@ mod tests {
         }
         let (_, message) = refusal(json!({"input": [{"role": "user", "content": "a"}, {"type": "function_call"}]}));
         assert!(message.starts_with("input[1]"), "{message}");
+    }
+
+    #[test]
+    fn events_and_objects_keep_vllms_key_order() {
+        let mut events = EventQueue::default();
+        let item = message_item("msg_1", "hi", "completed");
+        events.push("response.output_item.done", ItemEvent { item: &item, output_index: 0 });
+        let part = TextPart::new("", Some([]));
+        events.push("response.content_part.added", PartEvent { content_index: 0, item_id: "msg_1", output_index: 0, part });
+        let sent: Vec<String> = events.queue.iter().map(|b| String::from_utf8(b.to_vec()).unwrap()).collect();
+        assert_eq!(
+            sent[0],
+            "event: response.output_item.done\ndata: {\"item\":{\"id\":\"msg_1\",\"content\":[{\"annotations\":[],\"text\":\"hi\",\"type\":\"output_text\",\"logprobs\":null}],\"role\":\"assistant\",\"status\":\"completed\",\"type\":\"message\",\"phase\":null},\"output_index\":0,\"type\":\"response.output_item.done\",\"sequence_number\":0}\n\n"
+        );
+        assert!(sent[1].contains("\"part\":{\"annotations\":[],\"text\":\"\",\"type\":\"output_text\",\"logprobs\":[]},\"type\":\"response.content_part.added\",\"sequence_number\":1}"), "{}", sent[1]);
+        let usage = serde_json::to_string(&usage(Usage { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5, ..Usage::default() })).unwrap();
+        assert_eq!(
+            usage,
+            r#"{"input_tokens":3,"input_tokens_details":{"cached_tokens":0,"cache_write_tokens":0,"input_tokens_per_turn":[3],"cached_tokens_per_turn":[0]},"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0,"tool_output_tokens":0,"output_tokens_per_turn":[2],"tool_output_tokens_per_turn":[0]},"total_tokens":5}"#
+        );
     }
 }

@@ -31,8 +31,7 @@ pub fn wire_params(fields: &Map<String, Value>) -> Value {
     Value::Object(out)
 }
 
-fn response_format_override(format: &Value) -> Result<Option<(&'static str, Value)>, ApiError> {
-    let Some(format) = format.as_object() else { return Err(RULES.wrong_type("response_format")) };
+fn response_format_override(format: &Map<String, Value>) -> Result<Option<(&'static str, Value)>, ApiError> {
     match format.get("type").and_then(Value::as_str) {
         Some("text") => Ok(None),
         Some("json_object") => Ok(Some(("json_object", json!(true)))),
@@ -56,8 +55,7 @@ fn response_format_override(format: &Value) -> Result<Option<(&'static str, Valu
     }
 }
 
-fn structured_outputs_fields(value: &Value) -> Result<Map<String, Value>, ApiError> {
-    let Some(given) = value.as_object() else { return Err(RULES.wrong_type("structured_outputs")) };
+fn structured_outputs_fields(given: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
     let mut fields: Map<String, Value> = given
         .iter()
         .filter(|(k, v)| CONSTRAINT_KINDS.contains(&k.as_str()) && !v.is_null())
@@ -142,13 +140,16 @@ fn check(param: &str, field: &str, kind: &str, spec: &Value) -> Result<(), ApiEr
 
 /// The request's constraint fields (`structured_outputs` with the
 /// `response_format` override applied), checked; `None` when it has none.
-pub fn read_structured_outputs(body: &Map<String, Value>) -> Result<Option<Map<String, Value>>, ApiError> {
+pub fn read_structured_outputs(
+    structured_outputs: Option<&Map<String, Value>>,
+    response_format: Option<&Map<String, Value>>,
+) -> Result<Option<Map<String, Value>>, ApiError> {
     let mut fields: Option<Map<String, Value>> = None;
     let mut param = "structured_outputs";
-    if let Some(value) = body.get("structured_outputs").filter(|v| !v.is_null()) {
-        fields = Some(structured_outputs_fields(value)?);
+    if let Some(given) = structured_outputs {
+        fields = Some(structured_outputs_fields(given)?);
     }
-    if let Some(format) = body.get("response_format").filter(|v| !v.is_null()) {
+    if let Some(format) = response_format {
         if let Some((kind, value)) = response_format_override(format)? {
             fields.get_or_insert_with(Map::new).insert(kind.into(), value);
             param = "response_format";
@@ -178,7 +179,8 @@ mod tests {
     use super::*;
 
     fn read(body: Value) -> Result<Option<Map<String, Value>>, ApiError> {
-        read_structured_outputs(body.as_object().unwrap())
+        let field = |name: &str| body.get(name).and_then(Value::as_object);
+        read_structured_outputs(field("structured_outputs"), field("response_format"))
     }
 
     #[test]

@@ -18,19 +18,16 @@ const UNEXPECTED: [&str; 2] = ["chat_template", "tokenize"];
 /// server: given again they fail there ("multiple values for keyword argument").
 const RESERVED: [&str; 3] = ["conversation", "messages", "tools"];
 
-/// The effective kwargs of a request body: its `chat_template_kwargs`
-/// (absent or null: none) merged over `defaults`; request values that are
+/// The effective kwargs of a request: its `chat_template_kwargs` (`given`;
+/// absent or null: none) merged over `defaults`; request values that are
 /// null or `"auto"` leave the default in place, as vLLM's `merge_kwargs` does.
-/// A non-object, or a refused key, is a 400 naming `chat_template_kwargs`.
+/// A refused key is a 400 naming `chat_template_kwargs` (a non-object is
+/// refused by the typed request already).
 pub fn read_template_kwargs(
-    body: &Map<String, Value>,
+    given: Option<&Map<String, Value>>,
     defaults: &Map<String, Value>,
 ) -> Result<Map<String, Value>, ApiError> {
-    let given = match body.get("chat_template_kwargs") {
-        None | Some(Value::Null) => return Ok(defaults.clone()),
-        Some(Value::Object(map)) => map,
-        Some(_) => return Err(RULES.wrong_type("chat_template_kwargs")),
-    };
+    let Some(given) = given else { return Ok(defaults.clone()) };
     let unexpected: Vec<String> =
         UNEXPECTED.iter().filter(|k| given.contains_key(**k)).map(|k| format!("'{k}'")).collect();
     if !unexpected.is_empty() {
@@ -64,12 +61,12 @@ pub fn read_reasoning_effort(value: Option<&Value>, param: &str) -> Result<Optio
 /// `build_chat_params` does: the effort, rewritten by the server's
 /// `effort_map` (`--reasoning-effort-map`), becomes `reasoning_effort`, and
 /// `enable_thinking` becomes whether it is not `"none"` unless the request's
-/// own `chat_template_kwargs` (in `body`) name `enable_thinking`. Both win
+/// own `chat_template_kwargs` (`given`) name `enable_thinking`. Both win
 /// over the request's and the server's kwargs; an effort mapped to `"auto"`
 /// leaves `reasoning_effort` as it was, as vLLM's merge does.
 pub fn apply_reasoning_effort(
     kwargs: &mut Map<String, Value>,
-    body: &Map<String, Value>,
+    given: Option<&Map<String, Value>>,
     effort: Option<&str>,
     effort_map: &HashMap<String, String>,
 ) {
@@ -77,8 +74,7 @@ pub fn apply_reasoning_effort(
     if effort != "auto" {
         kwargs.insert("reasoning_effort".into(), Value::String(effort.into()));
     }
-    let thinking_given =
-        body.get("chat_template_kwargs").and_then(Value::as_object).is_some_and(|k| k.contains_key("enable_thinking"));
+    let thinking_given = given.is_some_and(|k| k.contains_key("enable_thinking"));
     if !thinking_given {
         kwargs.insert("enable_thinking".into(), Value::Bool(effort != "none"));
     }
@@ -107,22 +103,23 @@ mod tests {
         value.as_object().cloned().unwrap()
     }
 
+    /// The body's `chat_template_kwargs`, as the typed request holds them.
+    fn given(body: &Value) -> Option<&Map<String, Value>> {
+        body.get("chat_template_kwargs").and_then(Value::as_object)
+    }
+
     #[test]
     fn request_kwargs_merge_over_defaults_except_null_and_auto() {
         let defaults = object(json!({"enable_thinking": false, "style": "terse", "effort": "high"}));
-        let body =
-            object(json!({"chat_template_kwargs": {"enable_thinking": true, "style": null, "effort": "auto", "x": 1}}));
-        let merged = read_template_kwargs(&body, &defaults).unwrap();
+        let body = json!({"chat_template_kwargs": {"enable_thinking": true, "style": null, "effort": "auto", "x": 1}});
+        let merged = read_template_kwargs(given(&body), &defaults).unwrap();
         assert_eq!(Value::Object(merged), json!({"enable_thinking": true, "style": "terse", "effort": "high", "x": 1}));
-        assert_eq!(read_template_kwargs(&object(json!({"chat_template_kwargs": null})), &defaults).unwrap(), defaults);
-        assert_eq!(read_template_kwargs(&Map::new(), &defaults).unwrap(), defaults);
+        assert_eq!(read_template_kwargs(None, &defaults).unwrap(), defaults);
     }
 
     #[test]
     fn refused_kwargs_name_the_parameter() {
         let cases = [
-            (json!({"chat_template_kwargs": [1]}), "must be an object"),
-            (json!({"chat_template_kwargs": "x"}), "must be an object"),
             (
                 json!({"chat_template_kwargs": {"tokenize": true, "chat_template": "x"}}),
                 "Found unexpected chat template kwargs from request: {'chat_template', 'tokenize'}",
@@ -131,7 +128,7 @@ mod tests {
             (json!({"chat_template_kwargs": {"messages": []}}), "cannot set `messages`"),
         ];
         for (body, expected) in cases {
-            let error = read_template_kwargs(&object(body.clone()), &Map::new()).unwrap_err();
+            let error = read_template_kwargs(given(&body), &Map::new()).unwrap_err();
             let text = format!("{error:?}");
             assert!(text.contains(expected) && text.contains("chat_template_kwargs"), "{body}: {text}");
         }
@@ -141,10 +138,9 @@ mod tests {
     fn an_effort_sets_the_template_effort_and_thinking_over_both_kwargs() {
         let defaults = object(json!({"enable_thinking": false, "reasoning_effort": "low"}));
         let effective = |body: Value, effort: Option<&str>, map: &[(&str, &str)]| {
-            let body = object(body);
-            let mut kwargs = read_template_kwargs(&body, &defaults).unwrap();
+            let mut kwargs = read_template_kwargs(given(&body), &defaults).unwrap();
             let map = map.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-            apply_reasoning_effort(&mut kwargs, &body, effort, &map);
+            apply_reasoning_effort(&mut kwargs, given(&body), effort, &map);
             Value::Object(kwargs)
         };
         assert_eq!(effective(json!({}), None, &[]), json!({"enable_thinking": false, "reasoning_effort": "low"}));

@@ -4,7 +4,7 @@
 
 use super::chat::{messages, MessageInput};
 use super::error::ApiError;
-use super::params::{parse_body, parse_json_object, JsonBody};
+use super::params::JsonRequest;
 use super::rules::RULES;
 use super::state::SharedState;
 use super::submit::check_model;
@@ -13,13 +13,13 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::de::IgnoredAny;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 /// A `/tokenize` body: vLLM's completion form (`prompt`) or chat form (`messages`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct TokenizeInput {
+pub struct TokenizeInput {
     model: Option<String>,
     prompt: Option<String>,
     messages: Option<Vec<MessageInput>>,
@@ -27,6 +27,7 @@ struct TokenizeInput {
     add_generation_prompt: Option<bool>,
     continue_final_message: Option<bool>,
     return_token_strs: Option<bool>,
+    chat_template_kwargs: Option<Map<String, Value>>,
     tools: Option<Vec<IgnoredAny>>,
     chat_template: Option<IgnoredAny>,
     media_io_kwargs: Option<IgnoredAny>,
@@ -34,15 +35,14 @@ struct TokenizeInput {
 }
 
 /// Handles `POST /tokenize`.
-pub async fn tokenize(State(state): State<SharedState>, JsonBody(body): JsonBody) -> Response {
-    match tokenize_body(&state, &body) {
+pub async fn tokenize(State(state): State<SharedState>, JsonRequest(body): JsonRequest<TokenizeInput>) -> Response {
+    match tokenize_body(&state, body) {
         Ok(answer) => Json(answer).into_response(),
         Err(error) => error.into_response(),
     }
 }
 
-fn tokenize_body(state: &SharedState, body: &[u8]) -> Result<Value, ApiError> {
-    let input: TokenizeInput = parse_body(body)?;
+fn tokenize_body(state: &SharedState, input: TokenizeInput) -> Result<Tokenized, ApiError> {
     check_model(state, input.model.as_deref())?;
     let unsupported = [
         ("chat_template", input.chat_template.is_some()),
@@ -69,8 +69,9 @@ fn tokenize_body(state: &SharedState, body: &[u8]) -> Result<Value, ApiError> {
                 };
                 return Err(RULES.refuse("continue_final_message", key, &[]));
             }
-            let messages = messages(Some(items), None)?;
-            let kwargs = read_template_kwargs(&parse_json_object(body)?, &state.config.chat.default_template_kwargs)?;
+            let messages = messages(Some(items))?;
+            let kwargs =
+                read_template_kwargs(input.chat_template_kwargs.as_ref(), &state.config.chat.default_template_kwargs)?;
             let text = state
                 .tokenizer
                 .apply_chat_template_with_tools(&messages, add_generation_prompt, None, &kwargs)
@@ -83,17 +84,27 @@ fn tokenize_body(state: &SharedState, body: &[u8]) -> Result<Value, ApiError> {
         (None, None) => return Err(RULES.refuse("prompt", "tokenize_input_missing", &[])),
     };
     let token_strs = input.return_token_strs.unwrap_or(false).then(|| state.tokenizer.token_strings(&tokens));
-    Ok(json!({
-        "count": tokens.len(),
-        "max_model_len": state.max_model_len,
-        "tokens": tokens,
-        "token_strs": token_strs,
-    }))
+    Ok(Tokenized { count: tokens.len(), max_model_len: state.max_model_len, tokens, token_strs })
+}
+
+/// `/tokenize`'s answer, as vLLM's `TokenizeResponse` writes it.
+#[derive(Debug, Serialize)]
+struct Tokenized {
+    count: usize,
+    max_model_len: Option<u64>,
+    tokens: Vec<u32>,
+    token_strs: Option<Vec<String>>,
+}
+
+/// `/detokenize`'s answer.
+#[derive(Debug, Serialize)]
+struct Detokenized {
+    prompt: String,
 }
 
 /// A `/detokenize` body.
 #[derive(Debug, Deserialize)]
-struct DetokenizeInput {
+pub struct DetokenizeInput {
     #[serde(default)]
     model: Option<String>,
     #[serde(default)]
@@ -101,15 +112,14 @@ struct DetokenizeInput {
 }
 
 /// Handles `POST /detokenize`: the text of `tokens`, special tokens kept.
-pub async fn detokenize(State(state): State<SharedState>, JsonBody(body): JsonBody) -> Response {
-    match detokenize_body(&state, &body) {
+pub async fn detokenize(State(state): State<SharedState>, JsonRequest(body): JsonRequest<DetokenizeInput>) -> Response {
+    match detokenize_body(&state, body) {
         Ok(answer) => Json(answer).into_response(),
         Err(error) => error.into_response(),
     }
 }
 
-fn detokenize_body(state: &SharedState, body: &[u8]) -> Result<Value, ApiError> {
-    let input: DetokenizeInput = parse_body(body)?;
+fn detokenize_body(state: &SharedState, input: DetokenizeInput) -> Result<Detokenized, ApiError> {
     check_model(state, input.model.as_deref())?;
     let tokens = input.tokens.ok_or_else(|| RULES.wrong_type("tokens"))?;
     let vocab_size = state.tokenizer.vocab_size() as i64;
@@ -119,5 +129,5 @@ fn detokenize_body(state: &SharedState, body: &[u8]) -> Result<Value, ApiError> 
     // In the vocabulary, so each fits a u32.
     let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
     let prompt = state.tokenizer.decode(&ids).map_err(|e| ApiError::invalid_param("tokens", format!("{e}")))?;
-    Ok(json!({"prompt": prompt}))
+    Ok(Detokenized { prompt })
 }

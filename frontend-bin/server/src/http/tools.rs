@@ -53,24 +53,31 @@ fn function(tool: &Value) -> Result<&Map<String, Value>, ApiError> {
     }
 }
 
+/// A chat request's tool fields as sent (typed by the request body).
+#[derive(Debug, Default)]
+pub struct ToolsInput {
+    /// `tools`.
+    pub tools: Option<Vec<Value>>,
+    /// `tool_choice`.
+    pub tool_choice: Option<Value>,
+    /// `parallel_tool_calls`.
+    pub parallel_tool_calls: Option<bool>,
+    /// Whether `structured_outputs` sets a json, regex or choice constraint.
+    pub constrained: bool,
+}
+
 /// The request's tools and `tool_choice`, checked as vLLM checks them.
-pub fn read_chat_tools(body: &Map<String, Value>, options: &ChatOptions) -> Result<ChatTools, ApiError> {
-    let tools = body.get("tools").filter(|v| !v.is_null());
-    let list = match tools {
-        None => None,
-        Some(Value::Array(list)) if list.is_empty() => return Err(RULES.refuse("tools", "tools_empty", &[])),
-        Some(Value::Array(list)) => Some(list),
-        Some(_) => return Err(RULES.wrong_type("tools")),
+pub fn read_chat_tools(input: &ToolsInput, options: &ChatOptions) -> Result<ChatTools, ApiError> {
+    let list = match &input.tools {
+        Some(list) if list.is_empty() => return Err(RULES.refuse("tools", "tools_empty", &[])),
+        list => list.as_deref(),
     };
     let functions = list.map(|l| l.iter().map(function).collect::<Result<Vec<_>, _>>()).transpose()?;
-    let parallel_tool_calls = match body.get("parallel_tool_calls") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(RULES.wrong_type("parallel_tool_calls")),
-    };
-    let mut out = ChatTools { tools: tools.cloned(), mode: "none", parallel_tool_calls, ..Default::default() };
-    let choice = match body.get("tool_choice").filter(|v| !v.is_null()) {
-        None if tools.is_some() => Value::from("auto"),
+    let parallel_tool_calls = input.parallel_tool_calls.unwrap_or(true);
+    let tools = list.map(|l| Value::Array(l.to_vec()));
+    let mut out = ChatTools { tools, mode: "none", parallel_tool_calls, ..Default::default() };
+    let choice = match input.tool_choice.as_ref().filter(|v| !v.is_null()) {
+        None if list.is_some() => Value::from("auto"),
         None => return Ok(out),
         Some(choice) => choice.clone(),
     };
@@ -91,11 +98,8 @@ pub fn read_chat_tools(body: &Map<String, Value>, options: &ChatOptions) -> Resu
             let Some(f) = functions.iter().find(|f| f["name"] == name) else {
                 return Err(RULES.refuse("tool_choice", "tool_choice_unknown_tool", &[]));
             };
-            let constraint = body.get("structured_outputs").and_then(Value::as_object);
             // vLLM refuses its own json/regex/choice constraints next to a named choice.
-            if constraint
-                .is_some_and(|c| ["json", "regex", "choice"].iter().any(|k| c.get(*k).is_some_and(|v| !v.is_null())))
-            {
+            if input.constrained {
                 return Err(RULES.refuse("structured_outputs", "structured_outputs_with_tools", &[]));
             }
             Some((name.to_owned(), f.get("parameters").cloned()))
@@ -327,6 +331,7 @@ pub fn template_extra(message: &Map<String, Value>) -> Option<Map<String, Value>
 
 #[cfg(test)]
 mod tests {
+    use super::super::chat::ChatBody;
     use super::*;
     use vllm_rs_chat::chat_template::ChatTemplate;
     use vllm_rs_chat::ChatMessage;
@@ -342,7 +347,10 @@ mod tests {
     #[test]
     fn tool_choice_modes_and_refusals_follow_vllm() {
         let tool = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}});
-        let read = |b: Value, parser: Option<&str>| read_chat_tools(&body(b), &options(parser));
+        let read = |b: Value, parser: Option<&str>| {
+            let mut body: ChatBody = serde_json::from_value(b).unwrap();
+            read_chat_tools(&body.take_tools(), &options(parser))
+        };
         assert_eq!(read(json!({"tools": [tool]}), Some("hermes")).unwrap().mode, "auto");
         let e = read(json!({"tools": [tool]}), None).unwrap_err();
         assert_eq!(e.message, RULES.message("auto_tool_choice_disabled", &[]));
