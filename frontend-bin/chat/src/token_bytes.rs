@@ -126,7 +126,6 @@ impl TokenBytesDecoder {
         }
         self.table.get(id)
     }
-
 }
 
 /// Releases the `pending` bytes into `out` unless their text still ends in
@@ -195,7 +194,10 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&s| s));
-        assert_eq!((byte_of('Ġ'), byte_of('Ċ'), byte_of('a'), byte_of('é')), (Some(b' '), Some(b'\n'), Some(b'a'), Some(0xe9)));
+        assert_eq!(
+            (byte_of('Ġ'), byte_of('Ċ'), byte_of('a'), byte_of('é')),
+            (Some(b' '), Some(b'\n'), Some(b'a'), Some(0xe9))
+        );
     }
 
     #[test]
