@@ -5,19 +5,23 @@
 
 use super::chat_template::{special_token, template_source, ChatTemplate};
 use super::incremental::{AddedTokens, IncrementalDecoder};
+use super::token_bytes::{TokenBytes, TokenBytesDecoder};
 use super::{ChatMessage, ChatTemplateError, DecodeOptions, TextDecoder, Tokenizer};
 use anyhow::{anyhow, Context, Result};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// A model's Hugging Face tokenizer.
 pub struct HfTokenizer {
     inner: Arc<tokenizers::Tokenizer>,
     /// The same `tokenizer.json` in `fastokens`, which encodes prompts (as vLLM
     /// 0.33's frontend does); `None` where it does not support the file, and
-    /// `inner` encodes.
-    fast: Option<fastokens::Tokenizer>,
+    /// `inner` encodes (as it does while the table is still loading).
+    fast: Arc<OnceLock<Option<fastokens::Tokenizer>>>,
+    /// Every token's bytes, for a byte-level BPE vocabulary (`None` for other
+    /// decoders, which the `tokenizers` decode stream handles).
+    token_bytes: Arc<OnceLock<Option<Arc<TokenBytes>>>>,
     /// Tokens in the vocabulary, added tokens included.
     vocab_size: usize,
     added_tokens: AddedTokens,
@@ -55,6 +59,13 @@ fn find_template(dir: &Path, config: &Value) -> Result<Option<String>> {
     Ok(read_json(&dir.join("chat_template.json"))?.as_ref().and_then(template_source))
 }
 
+/// `file` in `fastokens`; `None` where it does not support the file.
+fn load_fastokens(file: &Path) -> Option<fastokens::Tokenizer> {
+    fastokens::Tokenizer::from_file(file)
+        .inspect_err(|e| tracing::debug!("{}: prompts are encoded without fastokens: {e}", file.display()))
+        .ok()
+}
+
 impl HfTokenizer {
     /// Loads from `location`: a directory holding `tokenizer.json` (and
     /// optionally `tokenizer_config.json`), or a
@@ -69,9 +80,6 @@ impl HfTokenizer {
             return Err(anyhow!("{} does not exist", file.display()));
         }
         let inner = tokenizers::Tokenizer::from_file(&file).map_err(|e| anyhow!("loading {}: {e}", file.display()))?;
-        let fast = fastokens::Tokenizer::from_file(&file)
-            .inspect_err(|e| tracing::debug!("{}: prompts are encoded without fastokens: {e}", file.display()))
-            .ok();
         let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
         let token_id = |name: Option<String>| name.and_then(|t| inner.token_to_id(&t));
         let eos_token_id = token_id(special_token(&config, "eos_token"));
@@ -90,22 +98,47 @@ impl HfTokenizer {
         let template_parts = (template_text, bos_token, eos_token);
         // Counted once: the library builds the whole vocabulary map to count it.
         let vocab_size = inner.get_vocab_size(true);
-        Ok(HfTokenizer {
+        let tokenizer = HfTokenizer {
             vocab_size,
             inner: Arc::new(inner),
-            fast,
+            fast: Arc::default(),
+            token_bytes: Arc::default(),
             added_tokens,
             eos_token_id,
             chat_template,
             template_parts,
             source: file,
-        })
+        };
+        tokenizer.load_tables_in_background();
+        Ok(tokenizer)
+    }
+
+    /// Builds the `fastokens` encoder and the token bytes on a thread of
+    /// their own: they take tens of milliseconds and tens of MiB for a real
+    /// vocabulary, which would otherwise delay the frontend's start-up. Until
+    /// they are there, prompts are encoded by `tokenizers` (same ids) and the
+    /// first decoder waits for the token bytes.
+    fn load_tables_in_background(&self) {
+        let (fast, token_bytes, inner, file) =
+            (self.fast.clone(), self.token_bytes.clone(), self.inner.clone(), self.source.clone());
+        let load = move || {
+            token_bytes.get_or_init(|| TokenBytes::of(&inner).map(Arc::new));
+            fast.get_or_init(|| load_fastokens(&file));
+        };
+        if let Err(e) = std::thread::Builder::new().name("tokenizer-tables".into()).spawn(load) {
+            tracing::debug!("tokenizer tables are built on first use: {e}");
+        }
+    }
+
+    /// The token bytes table (built here if the background thread has not yet).
+    fn token_bytes(&self) -> Option<&Arc<TokenBytes>> {
+        self.token_bytes.get_or_init(|| TokenBytes::of(&self.inner).map(Arc::new)).as_ref()
     }
 }
 
 impl Tokenizer for HfTokenizer {
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        if let Some(fast) = &self.fast {
+        if let Some(Some(fast)) = self.fast.get() {
             return fast.encode_with_special_tokens(text, add_special_tokens).map_err(|e| anyhow!("{e}"));
         }
         let encoding = self.inner.encode_fast(text, add_special_tokens).map_err(|e| anyhow!("{e}"))?;
@@ -113,7 +146,10 @@ impl Tokenizer for HfTokenizer {
     }
 
     fn decoder(&self, prompt: &[u32], options: DecodeOptions) -> Box<dyn TextDecoder> {
-        Box::new(IncrementalDecoder::new(self.inner.clone(), &self.added_tokens, prompt, options))
+        match self.token_bytes() {
+            Some(table) => Box::new(TokenBytesDecoder::new(table.clone(), &self.added_tokens, prompt, options)),
+            None => Box::new(IncrementalDecoder::new(self.inner.clone(), &self.added_tokens, prompt, options)),
+        }
     }
 
     fn decode(&self, ids: &[u32]) -> Result<String> {
@@ -206,7 +242,8 @@ mod tests {
         // fastokens refuses the Metaspace fixture: there `tokenizers` encodes.
         for (name, fast) in [("byte-bpe", true), ("metaspace", false)] {
             let t = HfTokenizer::load(&fixtures.join(name)).unwrap();
-            assert_eq!(t.fast.is_some(), fast, "{name}: loaded by fastokens");
+            // Waits for the background thread (or loads it here if it has not started).
+            assert_eq!(t.fast.get_or_init(|| load_fastokens(&t.source)).is_some(), fast, "{name}: loaded by fastokens");
             for text in ENCODE_SAMPLES {
                 for special in [false, true] {
                     let reference = t.inner.encode_fast(*text, special).unwrap().get_ids().to_vec();

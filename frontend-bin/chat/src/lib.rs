@@ -6,6 +6,7 @@ pub mod chat_template;
 pub mod hf;
 pub mod incremental;
 pub mod templated;
+pub mod token_bytes;
 
 use anyhow::Result;
 

@@ -6,13 +6,14 @@ pub mod stop;
 
 use crate::logprobs::{PositionReader, Scored};
 use crate::stop::StopStrings;
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Instant;
 use vllm_rs_chat::{TextDecoder, Tokenizer};
 use vllm_rs_engine::inbox::OutputLogprobs;
 use vllm_rs_engine::{RequestEvent, RequestStream, Take};
 use vllm_rs_metrics::{Metrics, TokenClock};
-use vllm_rs_parsers::ReasoningParser;
+use vllm_rs_parsers::{ReasoningParser, ReasoningTokenTally};
 use vllm_rs_wire::protocol::{FinishReason, RequestError, StopReason};
 
 /// How a generation ended.
@@ -185,11 +186,21 @@ struct ReasoningCount {
     token_ends: Vec<usize>,
     /// Length of all the text decoded so far.
     decoded: usize,
+    /// The tokens counted for good by earlier counts (a stream with
+    /// continuous usage counts after every delta).
+    tally: Cell<ReasoningTokenTally>,
 }
 
 impl ReasoningCount {
+    fn new(parser: ReasoningParser) -> Self {
+        ReasoningCount { parser, text: String::new(), token_ends: Vec::new(), decoded: 0, tally: Cell::default() }
+    }
+
     fn count(&self, finished: bool) -> usize {
-        self.parser.count_reasoning_tokens(&self.text, &self.token_ends, finished)
+        let mut tally = self.tally.get();
+        let count = self.parser.count_reasoning_tokens_since(&self.text, &self.token_ends, finished, &mut tally);
+        self.tally.set(tally);
+        count
     }
 }
 
@@ -253,8 +264,7 @@ impl Generation {
     /// Counts this generation's reasoning tokens, from now on, as `parser`
     /// classifies its text (`completion_tokens_details.reasoning_tokens`).
     pub fn count_reasoning(&mut self, parser: ReasoningParser) {
-        self.reasoning =
-            Some(Box::new(ReasoningCount { parser, text: String::new(), token_ends: Vec::new(), decoded: 0 }));
+        self.reasoning = Some(Box::new(ReasoningCount::new(parser)));
     }
 
     /// This generation as the request's output options ask: stop strings and

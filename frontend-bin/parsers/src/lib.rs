@@ -26,6 +26,6 @@ mod types;
 pub use chat::{
     named_tool_schema, required_tools_schema, ChatOutput, ChatOutputParser, ChatOutputStream, ToolMode, ToolSchemaError,
 };
-pub use reasoning::{ReasoningParser, ReasoningStream, REASONING_PARSER_NAMES};
+pub use reasoning::{ReasoningParser, ReasoningStream, ReasoningTokenTally, REASONING_PARSER_NAMES};
 pub use tool::{ToolParser, ToolParserStream, TOOL_PARSER_NAMES};
 pub use types::{DeltaMessage, DeltaToolCall, ExtractedToolCalls, Reasoning, Tool, ToolCall, UnknownParser};

@@ -4,7 +4,7 @@
 //! `<think>`...`</think>` pairs. Markers are never reasoning.
 
 use proptest::prelude::*;
-use vllm_rs_parsers::{ReasoningParser, REASONING_PARSER_NAMES};
+use vllm_rs_parsers::{ReasoningParser, ReasoningTokenTally, REASONING_PARSER_NAMES};
 
 /// Token ends of `text` cut into one token per character.
 fn char_tokens(text: &str) -> Vec<usize> {
@@ -109,5 +109,42 @@ proptest! {
         let prefix = &text[..at];
         let so_far = parser.count_reasoning_tokens(prefix, &char_tokens(prefix), false);
         prop_assert!(so_far <= whole, "{} > {} for {:?}", so_far, whole, prefix);
+    }
+}
+
+proptest! {
+    /// A running count kept with one tally while the text grows (pieces of
+    /// any size, markers split anywhere, byte tokens without text of their
+    /// own) is, at every step and at the finish, the count from scratch.
+    #[test]
+    fn the_running_count_is_the_count_from_scratch(
+        parts in prop::collection::vec(prop_oneof![
+            Just("<think>".to_string()), Just("</think>".to_string()), Just("<tool_call>".to_string()),
+            "[a-z é<>/]{0,6}",
+        ], 0..10),
+        name in prop::sample::select(REASONING_PARSER_NAMES),
+        thinking: bool,
+        steps in prop::collection::vec(1usize..12, 1..40),
+    ) {
+        let text = parts.concat();
+        let parser = ReasoningParser::new(name).unwrap().with_thinking(thinking);
+        // One token per byte; a byte that ends no character has no text yet.
+        let ends: Vec<usize> = (1..=text.len())
+            .map(|i| (0..=i).rev().find(|&j| text.is_char_boundary(j)).unwrap())
+            .collect();
+        let mut tally = ReasoningTokenTally::default();
+        let mut at = 0;
+        for step in steps.iter().cycle().take(text.len() + 1) {
+            at = (at + step).min(text.len());
+            let prefix_tokens = &ends[..at];
+            let shown = prefix_tokens.last().copied().unwrap_or(0);
+            let running = parser.count_reasoning_tokens_since(&text[..shown], prefix_tokens, false, &mut tally);
+            prop_assert_eq!(running, parser.count_reasoning_tokens(&text[..shown], prefix_tokens, false), "at {}", at);
+            if at == text.len() {
+                break;
+            }
+        }
+        let finished = parser.count_reasoning_tokens_since(&text, &ends, true, &mut tally);
+        prop_assert_eq!(finished, parser.count_reasoning_tokens(&text, &ends, true));
     }
 }

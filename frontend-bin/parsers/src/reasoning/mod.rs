@@ -29,6 +29,19 @@ pub const REASONING_PARSER_NAMES: &[&str] = &["deepseek_r1", "qwen3"];
 const THINK_START: &str = "<think>";
 const THINK_END: &str = "</think>";
 const TOOL_CALL_START: &str = "<tool_call>";
+/// The longest marker any parser looks for, in bytes.
+const LONGEST_MARKER: usize = TOOL_CALL_START.len();
+
+/// The reasoning tokens of the first `tokens` tokens of an output, whose
+/// class no more text can change (see
+/// [`ReasoningParser::count_reasoning_tokens_since`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReasoningTokenTally {
+    tokens: usize,
+    reasoning: usize,
+    /// Where the next token's text starts.
+    next_start: usize,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -115,19 +128,40 @@ impl ReasoningParser {
     /// text of its own, when the text right after it is. Text that may still
     /// become a marker counts only once `finished` (or once it did not).
     pub fn count_reasoning_tokens(&self, text: &str, token_ends: &[usize], finished: bool) -> usize {
+        self.count_reasoning_tokens_since(text, token_ends, finished, &mut ReasoningTokenTally::default())
+    }
+
+    /// [`Self::count_reasoning_tokens`] of a growing output, counted again
+    /// only from the first token whose class may still change: `tally`
+    /// remembers the tokens before it (pass the same one with every call for
+    /// one output; its text and tokens only grow). A running count of a
+    /// stream's usage then costs a scan of the text, not of every token.
+    pub fn count_reasoning_tokens_since(
+        &self,
+        text: &str,
+        token_ends: &[usize],
+        finished: bool,
+        tally: &mut ReasoningTokenTally,
+    ) -> usize {
         let ranges = self.reasoning_ranges(text, finished);
-        if ranges.is_empty() {
-            return 0;
+        // A marker that more text completes starts after this: text before it
+        // is classed for good (the scan reads markers from the left).
+        let settled = if finished { usize::MAX } else { text.len().saturating_sub(LONGEST_MARKER - 1) };
+        let (mut start, mut count) = (tally.next_start, tally.reasoning);
+        for (i, &end) in token_ends.iter().enumerate().skip(tally.tokens) {
+            let span = if end > start { start..end } else { start..start + 1 };
+            start = start.max(end);
+            let reasoning = ranges.iter().any(|r| r.start < span.end && span.start < r.end);
+            count += usize::from(reasoning);
+            if i == tally.tokens && span.end <= settled {
+                *tally = ReasoningTokenTally {
+                    tokens: i + 1,
+                    reasoning: tally.reasoning + usize::from(reasoning),
+                    next_start: start,
+                };
+            }
         }
-        let mut start = 0;
-        token_ends
-            .iter()
-            .filter(|&&end| {
-                let span = if end > start { start..end } else { start..start + 1 };
-                start = start.max(end);
-                ranges.iter().any(|r| r.start < span.end && span.start < r.end)
-            })
-            .count()
+        count
     }
 
     /// The byte ranges of `text` whose tokens count as reasoning: `qwen3`'s
