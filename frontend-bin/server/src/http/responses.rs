@@ -875,14 +875,23 @@ mod tests {
         let item = message_item("msg_1", "hi", "completed");
         events.push("response.output_item.done", ItemEvent { item: &item, output_index: 0 });
         let part = TextPart::new("", Some([]));
-        events.push("response.content_part.added", PartEvent { content_index: 0, item_id: "msg_1", output_index: 0, part });
+        events.push(
+            "response.content_part.added",
+            PartEvent { content_index: 0, item_id: "msg_1", output_index: 0, part },
+        );
         let sent: Vec<String> = events.queue.iter().map(|b| String::from_utf8(b.to_vec()).unwrap()).collect();
         assert_eq!(
             sent[0],
             "event: response.output_item.done\ndata: {\"item\":{\"id\":\"msg_1\",\"content\":[{\"annotations\":[],\"text\":\"hi\",\"type\":\"output_text\",\"logprobs\":null}],\"role\":\"assistant\",\"status\":\"completed\",\"type\":\"message\",\"phase\":null},\"output_index\":0,\"type\":\"response.output_item.done\",\"sequence_number\":0}\n\n"
         );
         assert!(sent[1].contains("\"part\":{\"annotations\":[],\"text\":\"\",\"type\":\"output_text\",\"logprobs\":[]},\"type\":\"response.content_part.added\",\"sequence_number\":1}"), "{}", sent[1]);
-        let usage = serde_json::to_string(&usage(Usage { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5, ..Usage::default() })).unwrap();
+        let usage = serde_json::to_string(&usage(Usage {
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            total_tokens: 5,
+            ..Usage::default()
+        }))
+        .unwrap();
         assert_eq!(
             usage,
             r#"{"input_tokens":3,"input_tokens_details":{"cached_tokens":0,"cache_write_tokens":0,"input_tokens_per_turn":[3],"cached_tokens_per_turn":[0]},"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0,"tool_output_tokens":0,"output_tokens_per_turn":[2],"tool_output_tokens_per_turn":[0]},"total_tokens":5}"#
