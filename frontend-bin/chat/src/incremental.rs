@@ -12,6 +12,13 @@ use std::sync::Arc;
 /// `spaces_between_special_tokens: false`.
 pub type AddedTokens = Arc<HashMap<u32, String>>;
 
+/// The added-token table a decoder joins adjacent added tokens with, when
+/// `options` keep special tokens without the decoder's spaces between them.
+pub(super) fn joined_added_tokens(options: DecodeOptions, added_tokens: &AddedTokens) -> Option<AddedTokens> {
+    let joined = !options.skip_special_tokens && !options.spaces_between_special_tokens;
+    (joined && !added_tokens.is_empty()).then(|| added_tokens.clone())
+}
+
 /// Prompt tokens a decoder keeps as the context of the first generated token.
 pub(super) const PROMPT_CONTEXT: usize = 8;
 
@@ -40,11 +47,10 @@ impl IncrementalDecoder {
         prompt: &[u32],
         options: DecodeOptions,
     ) -> Self {
-        let joined = !options.skip_special_tokens && !options.spaces_between_special_tokens;
         let mut decoder = IncrementalDecoder {
             tokenizer,
             skip_special_tokens: options.skip_special_tokens,
-            joined_added_tokens: (joined && !added_tokens.is_empty()).then(|| added_tokens.clone()),
+            joined_added_tokens: joined_added_tokens(options, added_tokens),
             last_was_added: false,
             ids: Vec::new(),
             prefix: String::new(),

@@ -8,7 +8,7 @@
 //! token and the decoder chain each time), which was a tenth of the frontend's
 //! CPU at `max_tokens=1` (docs/frontend-performance.md).
 
-use super::incremental::{AddedTokens, PROMPT_CONTEXT};
+use super::incremental::{joined_added_tokens, AddedTokens, PROMPT_CONTEXT};
 use super::{DecodeOptions, TextDecoder};
 use std::sync::Arc;
 
@@ -94,11 +94,10 @@ impl TokenBytesDecoder {
     /// incomplete: as with the decode stream, that character comes out once
     /// the output completes it.
     pub fn new(table: Arc<TokenBytes>, added_tokens: &AddedTokens, prompt: &[u32], options: DecodeOptions) -> Self {
-        let joined = !options.skip_special_tokens && !options.spaces_between_special_tokens;
         let mut decoder = TokenBytesDecoder {
             table,
             skip_special_tokens: options.skip_special_tokens,
-            joined_added_tokens: (joined && !added_tokens.is_empty()).then(|| added_tokens.clone()),
+            joined_added_tokens: joined_added_tokens(options, added_tokens),
             last_was_added: false,
             pending: Vec::new(),
         };

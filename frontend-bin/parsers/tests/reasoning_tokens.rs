@@ -79,6 +79,20 @@ fn inside_pairs(parts: &[String]) -> Option<usize> {
     Some(count)
 }
 
+/// Up to `most` - 1 pieces of text: markers whole, and short runs of letters,
+/// spaces, `é` and marker characters (which may make markers across pieces).
+fn marked_text(most: usize) -> impl Strategy<Value = Vec<String>> {
+    prop::collection::vec(
+        prop_oneof![
+            Just("<think>".to_string()),
+            Just("</think>".to_string()),
+            Just("<tool_call>".to_string()),
+            "[a-z é<>/]{0,6}",
+        ],
+        0..most,
+    )
+}
+
 proptest! {
     /// With one token per character, qwen3's whole count is the number of
     /// characters of its whole parse's reasoning, and a count of a prefix
@@ -86,10 +100,7 @@ proptest! {
     /// inside the pairs.
     #[test]
     fn the_count_agrees_with_the_parse(
-        parts in prop::collection::vec(prop_oneof![
-            Just("<think>".to_string()), Just("</think>".to_string()), Just("<tool_call>".to_string()),
-            "[a-z é<>/]{0,6}",
-        ], 0..8),
+        parts in marked_text(8),
         name in prop::sample::select(REASONING_PARSER_NAMES),
         cut in 0usize..64,
     ) {
@@ -118,10 +129,7 @@ proptest! {
     /// own) is, at every step and at the finish, the count from scratch.
     #[test]
     fn the_running_count_is_the_count_from_scratch(
-        parts in prop::collection::vec(prop_oneof![
-            Just("<think>".to_string()), Just("</think>".to_string()), Just("<tool_call>".to_string()),
-            "[a-z é<>/]{0,6}",
-        ], 0..10),
+        parts in marked_text(10),
         name in prop::sample::select(REASONING_PARSER_NAMES),
         thinking: bool,
         steps in prop::collection::vec(1usize..12, 1..40),
