@@ -308,6 +308,29 @@ mod tests {
     }
 
     #[test]
+    fn a_request_error_after_nil_slots_is_decoded() {
+        // As the mock engine and older engines send it: every slot up to the
+        // RequestError nil, the NaN count included; finish reason ERROR.
+        let mut output: Vec<Value> = vec![Value::from("r"), Value::Array(vec![])];
+        output.extend([Value::Nil, Value::Nil, Value::Nil, Value::from(3)]);
+        output.extend(std::iter::repeat_n(Value::Nil, 12));
+        output.push(Value::Map(vec![
+            (Value::from("code"), Value::from("validation_error")),
+            (Value::from("message"), Value::from("bad")),
+            (Value::from("retryable"), Value::from(false)),
+        ]));
+        let message = Value::Array(vec![Value::from(0), Value::Array(vec![Value::Array(output)])]);
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, &message).unwrap();
+        let OutputsMessage::Batch { outputs, .. } = decode_outputs(&bytes, &[]).unwrap() else {
+            panic!("expected a batch")
+        };
+        assert_eq!((outputs[0].finish_reason, outputs[0].num_nans_in_logits), (Some(FinishReason::Error), 0));
+        let error = outputs[0].error.as_ref().expect("the request error");
+        assert_eq!((error.code.as_str(), error.message.as_str(), error.retryable), ("validation_error", "bad", false));
+    }
+
+    #[test]
     fn events_prefill_stats_and_scheduler_stats_are_decoded() {
         let event = |kind: i64, at: f64| {
             Value::Map(vec![(Value::from("type"), Value::from(kind)), (Value::from("timestamp"), Value::F64(at))])

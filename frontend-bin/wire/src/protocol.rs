@@ -48,6 +48,12 @@ impl<'de> Deserialize<'de> for Unused {
     }
 }
 
+/// A count an engine may leave nil (this project's mock and older engines
+/// do): nil reads as 0, as the hand codec read it.
+fn nil_as_zero<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    Option::<u32>::deserialize(deserializer).map(Option::unwrap_or_default)
+}
+
 fn is_false(flag: &bool) -> bool {
     !flag
 }
@@ -370,7 +376,7 @@ pub struct EngineCoreOutput<'a> {
     #[serde(default)]
     pub routed_experts: Unused,
     /// NaNs the engine found in its logits (more than 0: corrupted).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nil_as_zero")]
     pub num_nans_in_logits: u32,
     /// Multimodal cache misses: not used.
     #[serde(default)]
