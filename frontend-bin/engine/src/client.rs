@@ -136,6 +136,12 @@ struct Shared {
     next_call_id: AtomicI64,
     /// The request wave the coordinator last published (0 without one).
     current_wave: AtomicU64,
+    /// Set once a coordinator published engine counts: from then on they
+    /// steer balancing (as vLLM's DP client balances on the coordinator's
+    /// counts alone), and the engines' own stats only feed the metrics; an
+    /// engine's stats sent before the coordinator saw its new load would
+    /// otherwise undo the coordinator's view.
+    coordinator_counts: AtomicBool,
     input_socket: Arc<EngineInputSocket>,
     failure: OnceLock<String>,
     /// Woken once `failure` is set.
@@ -178,6 +184,7 @@ impl EngineClient {
             utility_calls: Mutex::new(HashMap::new()),
             next_call_id: AtomicI64::new(1),
             current_wave: AtomicU64::new(0),
+            coordinator_counts: AtomicBool::new(false),
             input_socket,
             failure: OnceLock::new(),
             failed: tokio::sync::Notify::new(),
@@ -285,6 +292,7 @@ impl EngineClient {
     pub fn apply_coordinator_update(&self, update: &vllm_rs_coordinator::Published) {
         let shared = &self.shared;
         if let Some(counts) = &update.counts {
+            shared.coordinator_counts.store(true, Ordering::Relaxed);
             let ours = counts.iter().skip(shared.start_index as usize);
             for (load, counts) in shared.balancer.engines().iter().zip(ours) {
                 load.record_stats(SchedulerStats {
@@ -442,6 +450,7 @@ impl Shared {
                     if let Some(load) = engine_index
                         .checked_sub(self.start_index)
                         .and_then(|slot| self.balancer.engines().get(slot as usize))
+                        .filter(|_| !self.coordinator_counts.load(Ordering::Relaxed))
                     {
                         load.record_stats(stats);
                     }
