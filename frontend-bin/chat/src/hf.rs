@@ -119,10 +119,10 @@ impl HfTokenizer {
     /// they are there, prompts are encoded by `tokenizers` (same ids) and the
     /// first decoder waits for the token bytes.
     fn load_tables_in_background(&self) {
-        let (fast, token_bytes, inner, file) =
-            (self.fast.clone(), self.token_bytes.clone(), self.inner.clone(), self.source.clone());
+        let (fast, token_bytes, inner, file, vocab_size) =
+            (self.fast.clone(), self.token_bytes.clone(), self.inner.clone(), self.source.clone(), self.vocab_size);
         let load = move || {
-            token_bytes.get_or_init(|| TokenBytes::of(&inner).map(Arc::new));
+            token_bytes.get_or_init(|| TokenBytes::of(&inner, vocab_size).map(Arc::new));
             fast.get_or_init(|| load_fastokens(&file));
         };
         if let Err(e) = std::thread::Builder::new().name("tokenizer-tables".into()).spawn(load) {
@@ -132,7 +132,7 @@ impl HfTokenizer {
 
     /// The token bytes table (built here if the background thread has not yet).
     fn token_bytes(&self) -> Option<&Arc<TokenBytes>> {
-        self.token_bytes.get_or_init(|| TokenBytes::of(&self.inner).map(Arc::new)).as_ref()
+        self.token_bytes.get_or_init(|| TokenBytes::of(&self.inner, self.vocab_size).map(Arc::new)).as_ref()
     }
 }
 

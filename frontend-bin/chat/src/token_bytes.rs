@@ -22,27 +22,45 @@ pub struct TokenBytes {
     special: Vec<bool>,
 }
 
+/// Whether byte `b` stands for itself in GPT-2's byte-to-unicode alphabet.
+const fn is_printable(b: u32) -> bool {
+    (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff)
+}
+
+/// The 68 bytes the alphabet does not print as themselves, in byte order:
+/// it numbers their characters from U+0100 up.
+const UNPRINTABLE: [u8; 68] = {
+    let mut bytes = [0u8; 68];
+    let (mut b, mut n) = (0u32, 0usize);
+    while b < 256 {
+        if !is_printable(b) {
+            bytes[n] = b as u8;
+            n += 1;
+        }
+        b += 1;
+    }
+    bytes
+};
+
 /// The byte each character of GPT-2's byte-to-unicode alphabet stands for;
 /// `None` for characters outside it.
 fn byte_of(c: char) -> Option<u8> {
     let c = u32::from(c);
-    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
-    if printable(c) {
+    if is_printable(c) {
         return Some(c as u8);
     }
-    // The other 68 bytes are numbered from 256 up, in byte order.
-    let n = c.checked_sub(256)?;
-    (0u32..=255).filter(|&b| !printable(b)).nth(n as usize).map(|b| b as u8)
+    UNPRINTABLE.get(c.checked_sub(256)? as usize).copied()
 }
 
 impl TokenBytes {
-    /// The table for `tokenizer`, when its decoder is `ByteLevel` (alone);
-    /// `None` for any other decoder, which the decode stream handles.
-    pub fn of(tokenizer: &tokenizers::Tokenizer) -> Option<Self> {
+    /// The table for `tokenizer`, whose vocabulary (added tokens included)
+    /// has `vocab_size` ids, when its decoder is `ByteLevel` (alone); `None`
+    /// for any other decoder, which the decode stream handles. The size is
+    /// passed in because the library builds its whole vocabulary map to count it.
+    pub fn of(tokenizer: &tokenizers::Tokenizer, vocab_size: usize) -> Option<Self> {
         if !matches!(tokenizer.get_decoder(), Some(tokenizers::DecoderWrapper::ByteLevel(_))) {
             return None;
         }
-        let vocab_size = tokenizer.get_vocab_size(true);
         let mut special = vec![false; vocab_size];
         for (id, token) in tokenizer.get_added_tokens_decoder() {
             if let Some(slot) = special.get_mut(id as usize) {
@@ -202,7 +220,8 @@ mod tests {
     #[test]
     fn every_token_is_what_decoding_it_alone_gives() {
         let (tokenizer, _) = fixture();
-        let table = TokenBytes::of(&tokenizer).expect("the fixture's decoder is ByteLevel");
+        let table =
+            TokenBytes::of(&tokenizer, tokenizer.get_vocab_size(true)).expect("the fixture's decoder is ByteLevel");
         for id in 0..tokenizer.get_vocab_size(true) as u32 {
             let whole = tokenizer.decode(&[id], false).unwrap();
             assert_eq!(String::from_utf8_lossy(table.get(id)), whole, "token {id}");
@@ -214,7 +233,8 @@ mod tests {
     #[test]
     fn other_decoders_have_no_table() {
         let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/metaspace/tokenizer.json");
-        assert!(TokenBytes::of(&tokenizers::Tokenizer::from_file(file).unwrap()).is_none());
+        let tokenizer = tokenizers::Tokenizer::from_file(file).unwrap();
+        assert!(TokenBytes::of(&tokenizer, tokenizer.get_vocab_size(true)).is_none());
     }
 
     /// What each decoder streams for `outputs` after `prompt`, one id per push.
@@ -235,7 +255,7 @@ mod tests {
             spaces_between_special_tokens: bool,
         ) {
             let (tokenizer, added) = fixture();
-            let table = Arc::new(TokenBytes::of(&tokenizer).unwrap());
+            let table = Arc::new(TokenBytes::of(&tokenizer, tokenizer.get_vocab_size(true)).unwrap());
             let options = DecodeOptions { skip_special_tokens, spaces_between_special_tokens };
             let ours = pieces(Box::new(TokenBytesDecoder::new(table, &added, &prompt, options)), &outputs);
             let stream = pieces(Box::new(IncrementalDecoder::new(tokenizer, &added, &prompt, options)), &outputs);

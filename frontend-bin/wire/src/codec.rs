@@ -3,7 +3,8 @@
 //! output-socket messages and registrations decoded and checked.
 
 use super::protocol::{
-    EngineCoreOutputs, EngineCoreRequest, EngineRequest, OutputsMessage, Registration, UtilityCall, ENGINE_CORE_DEAD,
+    EngineCoreOutputs, EngineCoreRequest, EngineRequest, LaterSlotsSkipped, OutputsMessage, Registration, UtilityCall,
+    ENGINE_CORE_DEAD,
 };
 use bytes::Bytes;
 use rmpv::Value;
@@ -73,7 +74,8 @@ pub fn decode_outputs<'a>(frame: &'a [u8], aux: &'a [Bytes]) -> Result<OutputsMe
     if frame == ENGINE_CORE_DEAD {
         return Ok(OutputsMessage::EngineDead);
     }
-    let mut message: EngineCoreOutputs<'a> = from_frame(frame, "EngineCoreOutputs")?;
+    let LaterSlotsSkipped(mut message): LaterSlotsSkipped<EngineCoreOutputs<'a>> =
+        from_frame(frame, "EngineCoreOutputs")?;
     for output in &mut message.outputs {
         for (logprobs, what) in [
             (&mut output.new_logprobs, "new_logprobs"),
@@ -305,6 +307,45 @@ mod tests {
         assert_eq!(outputs[0].stop_reason, Some(StopReason::Token(9)));
         assert_eq!(stats, Some(SchedulerStats { num_running_reqs: 2, num_waiting_reqs: 3, ..Default::default() }));
         assert_eq!((timestamp, finished_requests), (1.5, vec!["r"]));
+    }
+
+    #[test]
+    fn slots_a_newer_vllm_appends_are_skipped() {
+        // 19 known slots of an output plus 2 more (a map and a string), in
+        // 9 known slots of the message plus 1 more; then a utility reply with
+        // a 4th slot. Every known slot still reads as sent.
+        let mut output = vec![Value::from("r"), Value::from(vec![Value::from(7)])];
+        output.extend(std::iter::repeat(Value::Nil).take(3));
+        output.push(Value::from(0)); // finish_reason: stop
+        output.push(Value::from(9)); // stop_reason: token 9
+        output.extend(std::iter::repeat(Value::Nil).take(11));
+        output.push(Value::Nil); // error
+        assert_eq!(output.len(), 19);
+        output.push(Value::Map(vec![(Value::from("k"), Value::from(1))]));
+        output.push(Value::from("later"));
+        let mut message = vec![Value::from(2), Value::from(vec![Value::Array(output)])];
+        message.extend([Value::Nil, Value::from(1.5), Value::Nil, Value::from(vec![Value::from("r")])]);
+        message.extend([Value::Nil, Value::Nil, Value::Nil, Value::from("a tenth slot")]);
+        let bytes = rmp_serde::to_vec(&Value::Array(message)).unwrap();
+        let OutputsMessage::Batch { engine_index, outputs, timestamp, finished_requests, .. } =
+            decode_outputs(&bytes, &[]).unwrap()
+        else {
+            panic!("expected a batch")
+        };
+        assert_eq!((engine_index, timestamp, finished_requests), (2, 1.5, vec!["r"]));
+        assert_eq!((outputs[0].request_id, outputs[0].new_token_ids.as_slice()), ("r", &[7][..]));
+        assert_eq!(
+            (outputs[0].finish_reason, &outputs[0].stop_reason),
+            (Some(FinishReason::Stop), &Some(StopReason::Token(9)))
+        );
+
+        let reply = vec![Value::from(4), Value::Nil, Value::Nil, Value::from("later")];
+        let message = vec![Value::from(0), Value::Nil, Value::Nil, Value::Nil, Value::Array(reply)];
+        let bytes = rmp_serde::to_vec(&Value::Array(message)).unwrap();
+        let OutputsMessage::Utility { reply, .. } = decode_outputs(&bytes, &[]).unwrap() else {
+            panic!("expected a utility reply")
+        };
+        assert_eq!((reply.call_id, reply.failure_message), (4, None));
     }
 
     #[test]

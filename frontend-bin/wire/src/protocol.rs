@@ -1,7 +1,8 @@
 //! The messages of the engine-core protocol (docs: engine-protocol.md) as Rust
 //! types whose serde derives are their encoding. vLLM's `array_like` structs
 //! are tuple-encoded (`Serialize_tuple` / `Deserialize_tuple`: the field order
-//! is the slot order, a short array takes the trailing defaults); its maps
+//! is the slot order, a short array takes the trailing defaults, and slots a
+//! newer vLLM appends to an engine's messages are skipped); its maps
 //! (sampling params, dataclasses) are plain derives whose field names are the
 //! keys, unknown keys skipped. Each type names the vLLM 0.33 definition it mirrors.
 
@@ -52,6 +53,44 @@ impl<'de> Deserialize<'de> for Unused {
 /// do): nil reads as 0, as the hand codec read it.
 fn nil_as_zero<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
     Option::<u32>::deserialize(deserializer).map(Option::unwrap_or_default)
+}
+
+/// An `array_like` struct read from an array that may hold more slots than
+/// `T` names: a vLLM newer than 0.33 appends slots at the end, and they are
+/// skipped unread, so such an engine is still served. The slots `T` names are
+/// read as `T` reads them (a short array still takes the trailing defaults).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaterSlotsSkipped<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for LaterSlotsSkipped<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Slots<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for Slots<T> {
+            type Value = LaterSlotsSkipped<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of slots")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let value = T::deserialize(de::value::SeqAccessDeserializer::new(&mut seq))?;
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(LaterSlotsSkipped(value))
+            }
+        }
+        deserializer.deserialize_seq(Slots(std::marker::PhantomData))
+    }
+}
+
+/// The `outputs` slot: nil reads as none, and each output's later slots are skipped.
+fn outputs_later_slots_skipped<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<EngineCoreOutput<'de>>, D::Error> {
+    let outputs = Option::<Vec<LaterSlotsSkipped<EngineCoreOutput<'de>>>>::deserialize(deserializer)?;
+    Ok(outputs.unwrap_or_default().into_iter().map(|output| output.0).collect())
+}
+
+/// The `utility_output` slot, its later slots skipped.
+fn utility_later_slots_skipped<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<UtilityOutput>, D::Error> {
+    Ok(Option::<LaterSlotsSkipped<UtilityOutput>>::deserialize(deserializer)?.map(|reply| reply.0))
 }
 
 fn is_false(flag: &bool) -> bool {
@@ -550,7 +589,7 @@ pub struct EngineCoreOutputs<'a> {
     #[serde(default, deserialize_with = "nil_as_default")]
     pub engine_index: u32,
     /// Per-request outputs.
-    #[serde(default, borrow, deserialize_with = "nil_as_default")]
+    #[serde(default, borrow, deserialize_with = "outputs_later_slots_skipped")]
     pub outputs: Vec<EngineCoreOutput<'a>>,
     /// Scheduler stats, when sent.
     #[serde(default)]
@@ -559,7 +598,7 @@ pub struct EngineCoreOutputs<'a> {
     #[serde(default, deserialize_with = "nil_as_default")]
     pub timestamp: f64,
     /// A utility reply.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "utility_later_slots_skipped")]
     pub utility_output: Option<UtilityOutput>,
     /// Ids of requests the engine finished.
     #[serde(default, borrow)]
