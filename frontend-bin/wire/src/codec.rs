@@ -315,10 +315,10 @@ mod tests {
         // 9 known slots of the message plus 1 more; then a utility reply with
         // a 4th slot. Every known slot still reads as sent.
         let mut output = vec![Value::from("r"), Value::from(vec![Value::from(7)])];
-        output.extend(std::iter::repeat(Value::Nil).take(3));
+        output.extend(std::iter::repeat_n(Value::Nil, 3));
         output.push(Value::from(0)); // finish_reason: stop
         output.push(Value::from(9)); // stop_reason: token 9
-        output.extend(std::iter::repeat(Value::Nil).take(11));
+        output.extend(std::iter::repeat_n(Value::Nil, 11));
         output.push(Value::Nil); // error
         assert_eq!(output.len(), 19);
         output.push(Value::Map(vec![(Value::from("k"), Value::from(1))]));
