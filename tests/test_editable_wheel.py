@@ -1,0 +1,127 @@
+"""The editable wheel the build backend packs from cargo's output installs a working package.
+
+Packs it from maturin's real metadata and the staged `vllm-rs` executable
+(scripts/setup.sh stages it), installs it with pip into a scratch prefix, and
+checks what an installer relies on: the RECORD hashes, the executable in
+bin/, the vLLM plugin entry point, and the `.pth` that imports `vllm_rs` from
+the source tree. Nothing is compiled here.
+"""
+
+from __future__ import annotations
+
+import base64
+import configparser
+import csv
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGED_BINARY = ROOT / "packaging" / "wheel-data" / "scripts" / "vllm-rs"
+
+# Runs the backend's pieces the way pip does: from the source tree, with
+# `backend-path` on sys.path; prints the wheel's file name.
+PACK_WHEEL = """
+import sys
+from pathlib import Path
+sys.path.insert(0, "build_backend")
+import editable_wheel, vllm_rs_build
+name = editable_wheel.build_editable_wheel(sys.argv[1], None, vllm_rs_build.prepare_metadata_for_build_editable)
+print("WHEEL=" + name)
+"""
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    if not STAGED_BINARY.is_file():
+        pytest.skip(f"{STAGED_BINARY} is not staged (scripts/setup.sh stages it)")
+    out = tmp_path_factory.mktemp("wheel")
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "PYTHONDONTWRITEBYTECODE": "1",  # no build_backend/__pycache__ left in the tree
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", PACK_WHEEL, str(out)],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, f"packing the editable wheel failed:\n{result.stdout}\n{result.stderr}"
+    name = [line for line in result.stdout.splitlines() if line.startswith("WHEEL=")][-1].removeprefix("WHEEL=")
+    return out / name
+
+
+def test_wheel_record_matches_every_file(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (record_name,) = [name for name in names if name.endswith(".dist-info/RECORD")]
+        rows = list(csv.reader(io.StringIO(archive.read(record_name).decode())))
+        recorded = {row[0]: row for row in rows}
+        assert set(recorded) == set(names)
+        for name in names:
+            if name == record_name:
+                continue
+            data = archive.read(name)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            assert recorded[name][1:] == [f"sha256={digest}", str(len(data))], name
+    # Editable: no compiled code and no Python source inside, only the pointer to the tree.
+    assert not [name for name in names if name.endswith((".so", ".py"))]
+    assert wheel.name.startswith("vllm_rs-0.1.0-") and wheel.name.endswith(".whl")
+
+
+def test_installed_wheel_runs_from_the_source_tree(wheel, tmp_path):
+    prefix = tmp_path / "prefix"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-compile",
+            "--prefix",
+            str(prefix),
+            str(wheel),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    installed_binary = prefix / "bin" / "vllm-rs"
+    assert os.access(installed_binary, os.X_OK)
+    assert installed_binary.read_bytes() == STAGED_BINARY.read_bytes()
+    site_packages = Path(sysconfig.get_path("platlib", vars={"platbase": str(prefix), "base": str(prefix)}))
+    assert (site_packages / "vllm_rs.pth").read_text().strip() == str(ROOT / "python")
+    (dist_info,) = site_packages.glob("vllm_rs-0.1.0.dist-info")
+    entry_points = configparser.ConfigParser()
+    entry_points.read_string((dist_info / "entry_points.txt").read_text())
+    assert entry_points["vllm.general_plugins"]["vllm_rs"] == "vllm_rs.vllm_patch:register"
+    assert (prefix / "share" / "doc" / "vllm-rs" / "README.md").is_file()
+    # The .pth alone puts the source tree's package on the path of an interpreter that reads it.
+    probe = (
+        "import site, sys; sys.path[:] = [p for p in sys.path if 'site-packages' not in p]; "
+        f"site.addsitedir({str(site_packages)!r}); import vllm_rs; print(vllm_rs.__file__)"
+    )
+    imported = subprocess.run(
+        [sys.executable, "-S", "-c", probe],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        timeout=60,
+    )
+    assert imported.stdout.strip() == str(ROOT / "python" / "vllm_rs" / "__init__.py")
