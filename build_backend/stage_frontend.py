@@ -60,9 +60,11 @@ def python_for_pyo3() -> str:
 
 def cargo_build(*, with_extension: bool) -> Path:
     """Runs the release build of `vllm-rs` (and the extension with it); returns the release directory."""
-    command = [os.environ.get("CARGO", "cargo"), "build", "--release", "-p", BINARY_NAME, "--bin", BINARY_NAME]
+    command = [os.environ.get("CARGO", "cargo"), "build", "--release", "-p", BINARY_NAME]
     if with_extension:
-        command += ["-p", EXTENSION_PACKAGE, "--features", "pyo3/extension-module"]
+        # `--lib` as well: target flags apply to every package named, and the extension crate has no binary.
+        command += ["-p", EXTENSION_PACKAGE, "--features", "pyo3/extension-module", "--lib"]
+    command += ["--bin", BINARY_NAME]
     print(f"building: {' '.join(command)}", file=sys.stderr, flush=True)
     env = {**os.environ, "CARGO_TARGET_DIR": str(target_dir())}
     if with_extension:

@@ -1,7 +1,7 @@
 """The editable wheel the build backend packs from cargo's output installs a working package.
 
 Packs it from maturin's real metadata and the staged `vllm-rs` executable
-(scripts/setup.sh stages it), installs it with pip into a scratch prefix, and
+(scripts/setup.sh stages it), installs it with pip into a scratch venv, and
 checks what an installer relies on: the RECORD hashes, the executable in
 bin/, the vLLM plugin entry point, and the `.pth` that imports `vllm_rs` from
 the source tree. Nothing is compiled here.
@@ -17,7 +17,6 @@ import io
 import os
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -81,47 +80,38 @@ def test_wheel_record_matches_every_file(wheel):
 
 
 def test_installed_wheel_runs_from_the_source_tree(wheel, tmp_path):
-    prefix = tmp_path / "prefix"
+    # A scratch venv of its own: pip would uninstall the running environment's
+    # vllm-rs before installing into a --prefix.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-compile",
-            "--prefix",
-            str(prefix),
-            str(wheel),
-        ],
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
         check=False,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    installed_binary = prefix / "bin" / "vllm-rs"
+    installed_binary = venv / "bin" / "vllm-rs"
     assert os.access(installed_binary, os.X_OK)
     assert installed_binary.read_bytes() == STAGED_BINARY.read_bytes()
-    site_packages = Path(sysconfig.get_path("platlib", vars={"platbase": str(prefix), "base": str(prefix)}))
+    (site_packages,) = venv.glob("lib/python3*/site-packages")
     assert (site_packages / "vllm_rs.pth").read_text().strip() == str(ROOT / "python")
     (dist_info,) = site_packages.glob("vllm_rs-0.1.0.dist-info")
     entry_points = configparser.ConfigParser()
     entry_points.read_string((dist_info / "entry_points.txt").read_text())
     assert entry_points["vllm.general_plugins"]["vllm_rs"] == "vllm_rs.vllm_patch:register"
-    assert (prefix / "share" / "doc" / "vllm-rs" / "README.md").is_file()
-    # The .pth alone puts the source tree's package on the path of an interpreter that reads it.
-    probe = (
-        "import site, sys; sys.path[:] = [p for p in sys.path if 'site-packages' not in p]; "
-        f"site.addsitedir({str(site_packages)!r}); import vllm_rs; print(vllm_rs.__file__)"
-    )
+    assert (venv / "share" / "doc" / "vllm-rs" / "README.md").is_file()
+    # The scratch venv's interpreter imports the package from the source tree
+    # (through the .pth) and finds the executable the wheel installed.
+    probe = "import vllm_rs; print(vllm_rs.__file__); print(vllm_rs.frontend_binary())"
     imported = subprocess.run(
-        [sys.executable, "-S", "-c", probe],
+        [str(python), "-c", probe],
         check=True,
         capture_output=True,
         text=True,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_RS_FRONTEND_PATH")},
         timeout=60,
     )
-    assert imported.stdout.strip() == str(ROOT / "python" / "vllm_rs" / "__init__.py")
+    assert imported.stdout.splitlines() == [str(ROOT / "python" / "vllm_rs" / "__init__.py"), str(installed_binary)]
