@@ -45,6 +45,11 @@ build_pid=$!
 stop_build() { kill -TERM -- "-$build_pid" 2>/dev/null || true; }
 trap stop_build EXIT
 echo "setup: cargo build started in the background (log: $build_log)" >&2
+# fastokens needs PCRE2: cargo links the system library where pkg-config finds
+# it, else compiles PCRE2 from C (docs/development.md, Dependency weight).
+if ! pkg-config --exists libpcre2-8 2>/dev/null; then
+  echo "setup: no libpcre2-8 for pkg-config, so PCRE2 is compiled from C; installing libpcre2-dev (and pkg-config) saves that" >&2
+fi
 
 if [ -n "${fresh_venv:-}" ]; then
   "$venv/bin/pip" install -q --upgrade pip >&2

@@ -22,15 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.build_backend import run_backend
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGED_BINARY = ROOT / "packaging" / "wheel-data" / "scripts" / "vllm-rs"
 
-# Runs the backend's pieces the way pip does: from the source tree, with
-# `backend-path` on sys.path; prints the wheel's file name.
 PACK_WHEEL = """
-import sys
-from pathlib import Path
-sys.path.insert(0, "build_backend")
 import editable_wheel, vllm_rs_build
 name = editable_wheel.build_editable_wheel(sys.argv[1], None, vllm_rs_build.prepare_metadata_for_build_editable)
 print("WHEEL=" + name)
@@ -42,22 +39,7 @@ def wheel(tmp_path_factory) -> Path:
     if not STAGED_BINARY.is_file():
         pytest.skip(f"{STAGED_BINARY} is not staged (scripts/setup.sh stages it)")
     out = tmp_path_factory.mktemp("wheel")
-    env = {
-        **os.environ,
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-        "PYTHONDONTWRITEBYTECODE": "1",  # no build_backend/__pycache__ left in the tree
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", PACK_WHEEL, str(out)],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, f"packing the editable wheel failed:\n{result.stdout}\n{result.stderr}"
-    name = [line for line in result.stdout.splitlines() if line.startswith("WHEEL=")][-1].removeprefix("WHEEL=")
+    name = run_backend(PACK_WHEEL, out, "WHEEL", timeout=120)
     return out / name
 
 
