@@ -1,10 +1,14 @@
 """PEP 517 build backend for vllm-rs: maturin, plus the native `vllm-rs` executable.
 
 maturin builds the wheel around the extension module `vllm_rs._core` but
-cannot also ship a binary from another crate of the workspace. The wheel hooks
-here stage that binary first (`stage_frontend.py`) and then hand over to
-maturin, which packs it as a wheel script. The sdist hook undoes maturin's
-pruning of the workspace (see `build_sdist`). Every other hook is maturin's own.
+cannot also ship a binary from another crate of the workspace. The wheel hook
+here stages that binary first (`stage_frontend.py`) and then hands over to
+maturin, which packs it as a wheel script. The editable hook (`pip install -e`,
+what `scripts/setup.sh` runs) builds the binary and the extension in one cargo
+invocation and packs the editable wheel itself (`editable_wheel.py`): maturin
+would compile the extension again, on its own feature set. The sdist hook
+undoes maturin's pruning of the workspace (see `build_sdist`). Every other hook
+is maturin's own.
 """
 
 from __future__ import annotations
@@ -15,12 +19,20 @@ import os
 import tarfile
 
 import maturin
+from editable_wheel import build_editable_wheel
 from maturin import (  # noqa: F401  (maturin's own PEP 517 hooks, unchanged)
     get_requires_for_build_editable,
     get_requires_for_build_sdist,
     get_requires_for_build_wheel,
 )
-from stage_frontend import ROOT, ensure_wheel_data, stage_frontend_binary
+from stage_frontend import (
+    ROOT,
+    cargo_build,
+    ensure_wheel_data,
+    install_extension_in_place,
+    stage_binary,
+    stage_frontend_binary,
+)
 
 
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
@@ -39,8 +51,11 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
-    stage_frontend_binary()
-    return maturin.build_editable(wheel_directory, config_settings, metadata_directory)
+    """The binary and the extension from one cargo build; the extension goes into python/vllm_rs."""
+    release_dir = cargo_build(with_extension=True)
+    stage_binary(release_dir)
+    install_extension_in_place(release_dir)
+    return build_editable_wheel(wheel_directory, metadata_directory, prepare_metadata_for_build_editable)
 
 
 def build_sdist(sdist_directory, config_settings=None):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.build_backend import run_backend
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -23,14 +25,9 @@ except ModuleNotFoundError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Calls the backend's hook the way a build frontend does: from the source tree,
-# with `backend-path` on sys.path; prints the sdist's file name.
 BUILD_SDIST = """
-import sys
-sys.path.insert(0, "build_backend")
 import vllm_rs_build
-name = vllm_rs_build.build_sdist(sys.argv[1])
-print("SDIST=" + name)
+print("SDIST=" + vllm_rs_build.build_sdist(sys.argv[1]))
 """
 
 
@@ -43,22 +40,7 @@ def sdist(tmp_path_factory) -> tuple[str, dict[str, bytes | None]]:
     if maturin is None:
         pytest.skip("maturin is not installed")
     out = tmp_path_factory.mktemp("sdist")
-    env = {
-        **os.environ,
-        "PATH": os.pathsep.join([str(Path(maturin).parent), os.environ.get("PATH", "")]),
-        "PYTHONDONTWRITEBYTECODE": "1",  # no build_backend/__pycache__ left in the tree
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", BUILD_SDIST, str(out)],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, f"build_sdist failed:\n{result.stdout}\n{result.stderr}"
-    name = [line for line in result.stdout.splitlines() if line.startswith("SDIST=")][-1].removeprefix("SDIST=")
+    name = run_backend(BUILD_SDIST, out, "SDIST", bin_dir=Path(maturin).parent)
     assert name.endswith(".tar.gz") and (out / name).is_file()
     files: dict[str, bytes | None] = {}
     with tarfile.open(out / name) as archive:

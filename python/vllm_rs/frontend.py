@@ -1,6 +1,6 @@
 """Where the native `vllm-rs` executable (the Rust frontend) is.
 
-`pip install .` and `scripts/setup.sh` (`maturin develop`) install it into the
+`pip install .` and `scripts/setup.sh` (`pip install -e .`) install it into the
 environment's scripts directory (`bin/`), next to the Python that runs this.
 """
 
