@@ -59,6 +59,19 @@ fn find_template(dir: &Path, config: &Value) -> Result<Option<String>> {
     Ok(read_json(&dir.join("chat_template.json"))?.as_ref().and_then(template_source))
 }
 
+/// Run on the tables' thread once a tokenizer's tables are built (see
+/// [`on_tables_built`]).
+static TABLES_BUILT: OnceLock<fn()> = OnceLock::new();
+
+/// Registers `hook` to run on the tables' thread each time a tokenizer has
+/// built its `fastokens` encoder and token bytes: loading them frees tens of
+/// MiB of parse garbage for a real vocabulary, which the binary's allocator
+/// may keep unless told to return it. The first registration stays; later
+/// ones are ignored (one allocator per process).
+pub fn on_tables_built(hook: fn()) {
+    let _ = TABLES_BUILT.set(hook);
+}
+
 /// `file` in `fastokens`; `None` where it does not support the file.
 fn load_fastokens(file: &Path) -> Option<fastokens::Tokenizer> {
     fastokens::Tokenizer::from_file(file)
@@ -124,6 +137,9 @@ impl HfTokenizer {
         let load = move || {
             token_bytes.get_or_init(|| TokenBytes::of(&inner, vocab_size).map(Arc::new));
             fast.get_or_init(|| load_fastokens(&file));
+            if let Some(hook) = TABLES_BUILT.get() {
+                hook();
+            }
         };
         if let Err(e) = std::thread::Builder::new().name("tokenizer-tables".into()).spawn(load) {
             tracing::debug!("tokenizer tables are built on first use: {e}");
@@ -380,6 +396,24 @@ mod tests {
         assert_eq!(render(&t), "json:yo");
         let (_d, t) = model_with("none", false, &[]);
         assert!(matches!(t.apply_chat_template(&messages, true), Err(ChatTemplateError::Missing(_))));
+    }
+
+    /// Tables built since the hook below was registered, and a signal for each.
+    static BUILT: (std::sync::Mutex<usize>, std::sync::Condvar) = (std::sync::Mutex::new(0), std::sync::Condvar::new());
+
+    fn count_built() {
+        *BUILT.0.lock().unwrap() += 1;
+        BUILT.1.notify_all();
+    }
+
+    #[test]
+    fn the_registered_hook_runs_once_the_tables_are_built() {
+        on_tables_built(count_built);
+        let _t = fixture();
+        let built = BUILT.0.lock().unwrap();
+        let (built, timeout) =
+            BUILT.1.wait_timeout_while(built, std::time::Duration::from_secs(60), |n| *n == 0).unwrap();
+        assert!(!timeout.timed_out() && *built > 0, "the hook did not run");
     }
 
     #[test]
