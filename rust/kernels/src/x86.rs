@@ -1,0 +1,178 @@
+//! The AVX2 path (x86-64 with AVX2, FMA and F16C): a tile of MR activation
+//! rows times NR weight rows at a time; each weight block is decoded in
+//! registers, 8 weights at a time, once per tile, into exactly the float32
+//! values ggml's dequantization gives, and multiplied into float32
+//! accumulators with FMA. Only the summation order differs from the scalar
+//! path (8 lanes, reduced at the end).
+
+use std::arch::x86_64::*;
+
+use crate::quant::{QuantType, BLOCK};
+
+const Q8_0: u8 = 0;
+const Q4_0: u8 = 1;
+const Q4_1: u8 = 2;
+
+/// Whether this CPU runs the path.
+pub(crate) fn supported() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+/// Columns `cols` of `y = x · W^T`.
+///
+/// # Safety
+/// As `scalar::matmul`, and the CPU supports the path (`supported`).
+pub(crate) unsafe fn matmul(
+    quant: QuantType,
+    x: &[f32],
+    w: &[u8],
+    y: *mut f32,
+    m: usize,
+    n: usize,
+    k: usize,
+    cols: std::ops::Range<usize>,
+) {
+    let args = Args { x: x.as_ptr(), w: w.as_ptr(), y, m, n, k };
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match quant {
+            QuantType::Q8_0 => columns::<Q8_0>(&args, cols),
+            QuantType::Q4_0 => columns::<Q4_0>(&args, cols),
+            QuantType::Q4_1 => columns::<Q4_1>(&args, cols),
+        }
+    }
+}
+
+/// The operands: `x` is `m x k`, `w` `n` rows of blocks, `y` `m x n`.
+struct Args {
+    x: *const f32,
+    w: *const u8,
+    y: *mut f32,
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+const fn block_bytes(q: u8) -> usize {
+    match q {
+        Q8_0 => 34,
+        Q4_0 => 18,
+        _ => 20,
+    }
+}
+
+/// Weight rows outermost (each row's blocks are read from memory once per
+/// call), activation rows in tiles within them. Few activation rows (decode)
+/// take more weight rows per tile, so that enough independent accumulators
+/// hide the FMA latency.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn columns<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
+    // SAFETY (all calls below): tiles stay inside cols x 0..m.
+    unsafe {
+        match a.m {
+            1 => rows::<Q, 1, 4>(a, cols, 0),
+            2 => rows::<Q, 2, 4>(a, cols, 0),
+            3 => rows::<Q, 3, 2>(a, cols, 0),
+            _ => rows::<Q, 4, 2>(a, cols, 0),
+        }
+    }
+}
+
+/// Every column of `cols` for activation rows `i0..`: NR weight rows at a
+/// time, MR activation rows at a time, the remainders with smaller tiles.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows<const Q: u8, const MR: usize, const NR: usize>(a: &Args, cols: std::ops::Range<usize>, i0: usize) {
+    let mut j = cols.start;
+    // SAFETY (all calls below): i + MR <= m and j + NR <= cols.end.
+    unsafe {
+        while j + NR <= cols.end {
+            let mut i = i0;
+            while i + MR <= a.m {
+                tile::<Q, MR, NR>(a, i, j);
+                i += MR;
+            }
+            match a.m - i {
+                0 => {}
+                1 => tile::<Q, 1, NR>(a, i, j),
+                2 => tile::<Q, 2, NR>(a, i, j),
+                _ => tile::<Q, 3, NR>(a, i, j),
+            }
+            j += NR;
+        }
+        if j < cols.end && NR > 1 {
+            rows::<Q, MR, 1>(a, j..cols.end, i0);
+        }
+    }
+}
+
+/// `y[i..i+MR, j..j+NR]`: MR x NR accumulators of 8 lanes each.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<const Q: u8, const MR: usize, const NR: usize>(a: &Args, i: usize, j: usize) {
+    let bytes = block_bytes(Q);
+    let row_bytes = a.k / BLOCK * bytes;
+    let mut acc = [[_mm256_setzero_ps(); NR]; MR];
+    // SAFETY: the shapes were checked, i + MR <= m and j + NR <= n, so every
+    // pointer below stays inside x, w and y.
+    unsafe {
+        for b in 0..a.k / BLOCK {
+            let x = a.x.add(i * a.k + b * BLOCK);
+            for r in 0..NR {
+                let block = a.w.add((j + r) * row_bytes + b * bytes);
+                let d = _mm256_cvtph_ps(_mm_set1_epi16(block.cast::<i16>().read_unaligned()));
+                let min = if Q == Q4_1 {
+                    _mm256_cvtph_ps(_mm_set1_epi16(block.add(2).cast::<i16>().read_unaligned()))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                for c in 0..4 {
+                    let wv = decode::<Q>(block, c, d, min);
+                    for (row, acc_row) in acc.iter_mut().enumerate() {
+                        let xv = _mm256_loadu_ps(x.add(row * a.k + c * 8));
+                        acc_row[r] = _mm256_fmadd_ps(xv, wv, acc_row[r]);
+                    }
+                }
+            }
+        }
+        for (row, acc_row) in acc.iter().enumerate() {
+            for (r, lanes) in acc_row.iter().enumerate() {
+                *a.y.add((i + row) * a.n + j + r) = sum(*lanes);
+            }
+        }
+    }
+}
+
+/// Weights `8c..8c+8` of a block, as float32 equal to ggml's dequantization:
+/// `q * d` (Q8_0), `(q - 8) * d` (Q4_0), `q * d + m` (Q4_1; a product then
+/// a sum, no FMA, so the value is rounded as the reference rounds it).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn decode<const Q: u8>(block: *const u8, c: usize, d: __m256, min: __m256) -> __m256 {
+    // SAFETY: the caller's block is whole.
+    unsafe {
+        if Q == Q8_0 {
+            let q = _mm_loadl_epi64(block.add(2 + 8 * c).cast());
+            return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+        }
+        let start = if Q == Q4_1 { 4 } else { 2 };
+        // Elements 0..16 are the low nibbles of the 16 bytes, 16..32 the high ones.
+        let mut q = _mm_loadl_epi64(block.add(start + 8 * (c & 1)).cast());
+        if c >= 2 {
+            q = _mm_srli_epi16::<4>(q);
+        }
+        let q = _mm256_cvtepu8_epi32(_mm_and_si128(q, _mm_set1_epi8(0x0f)));
+        if Q == Q4_0 {
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))), d)
+        } else {
+            _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), min)
+        }
+    }
+}
+
+/// The sum of the 8 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn sum(v: __m256) -> f32 {
+    let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+    _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps::<1>(pair, pair)))
+}
