@@ -1,6 +1,6 @@
-//! The AVX2 path (x86-64 with AVX2, FMA and F16C): a tile of MR activation
-//! rows times NR weight rows at a time; each weight block is decoded in
-//! registers, 8 weights at a time, once per tile, into exactly the float32
+//! The AVX2 path (x86-64 with AVX2, FMA and F16C): a tile of up to 4
+//! activation rows times one weight row at a time; each weight block is
+//! decoded in registers, 8 weights at a time, once per tile, into exactly the float32
 //! values ggml's dequantization gives, and multiplied into float32
 //! accumulators with FMA. Only the summation order differs from the scalar
 //! path (8 lanes, reduced at the end).
@@ -61,82 +61,63 @@ const fn block_bytes(q: u8) -> usize {
     }
 }
 
-/// Weight rows outermost (each row's blocks are read from memory once per
-/// call), activation rows in tiles within them. Few activation rows (decode)
-/// take more weight rows per tile, so that enough independent accumulators
-/// hide the FMA latency.
+/// Weight rows outermost, each read from memory once per call and
+/// sequentially (rows are contiguous, so the hardware prefetcher streams the
+/// whole matrix), activation rows in tiles of 4 within them.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn columns<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
-    // SAFETY (all calls below): tiles stay inside cols x 0..m.
-    unsafe {
-        match a.m {
-            1 => rows::<Q, 1, 4>(a, cols, 0),
-            2 => rows::<Q, 2, 4>(a, cols, 0),
-            3 => rows::<Q, 3, 2>(a, cols, 0),
-            _ => rows::<Q, 4, 2>(a, cols, 0),
-        }
-    }
-}
-
-/// Every column of `cols` for activation rows `i0..`: NR weight rows at a
-/// time, MR activation rows at a time, the remainders with smaller tiles.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows<const Q: u8, const MR: usize, const NR: usize>(a: &Args, cols: std::ops::Range<usize>, i0: usize) {
-    let mut j = cols.start;
-    // SAFETY (all calls below): i + MR <= m and j + NR <= cols.end.
-    unsafe {
-        while j + NR <= cols.end {
-            let mut i = i0;
-            while i + MR <= a.m {
-                tile::<Q, MR, NR>(a, i, j);
-                i += MR;
+    for j in cols {
+        let mut i = 0;
+        // SAFETY (all calls below): i + MR <= m and j < n.
+        unsafe {
+            while i + 4 <= a.m {
+                tile::<Q, 4, 2>(a, i, j);
+                i += 4;
             }
             match a.m - i {
                 0 => {}
-                1 => tile::<Q, 1, NR>(a, i, j),
-                2 => tile::<Q, 2, NR>(a, i, j),
-                _ => tile::<Q, 3, NR>(a, i, j),
+                1 => tile::<Q, 1, 4>(a, i, j),
+                2 => tile::<Q, 2, 4>(a, i, j),
+                _ => tile::<Q, 3, 2>(a, i, j),
             }
-            j += NR;
-        }
-        if j < cols.end && NR > 1 {
-            rows::<Q, MR, 1>(a, j..cols.end, i0);
         }
     }
 }
 
-/// `y[i..i+MR, j..j+NR]`: MR x NR accumulators of 8 lanes each.
+/// `y[i..i+MR, j]`: each of the MR rows sums into A accumulators of 8 lanes
+/// (chunk c of a block into accumulator c % A), so that at least 4
+/// independent FMA chains hide the FMA latency also for one row.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<const Q: u8, const MR: usize, const NR: usize>(a: &Args, i: usize, j: usize) {
+unsafe fn tile<const Q: u8, const MR: usize, const A: usize>(a: &Args, i: usize, j: usize) {
     let bytes = block_bytes(Q);
-    let row_bytes = a.k / BLOCK * bytes;
-    let mut acc = [[_mm256_setzero_ps(); NR]; MR];
-    // SAFETY: the shapes were checked, i + MR <= m and j + NR <= n, so every
+    let mut acc = [[_mm256_setzero_ps(); A]; MR];
+    // SAFETY: the shapes were checked, i + MR <= m and j < n, so every
     // pointer below stays inside x, w and y.
     unsafe {
+        let row = a.w.add(j * (a.k / BLOCK * bytes));
         for b in 0..a.k / BLOCK {
             let x = a.x.add(i * a.k + b * BLOCK);
-            for r in 0..NR {
-                let block = a.w.add((j + r) * row_bytes + b * bytes);
-                let d = _mm256_cvtph_ps(_mm_set1_epi16(block.cast::<i16>().read_unaligned()));
-                let min = if Q == Q4_1 {
-                    _mm256_cvtph_ps(_mm_set1_epi16(block.add(2).cast::<i16>().read_unaligned()))
-                } else {
-                    _mm256_setzero_ps()
-                };
-                for c in 0..4 {
-                    let wv = decode::<Q>(block, c, d, min);
-                    for (row, acc_row) in acc.iter_mut().enumerate() {
-                        let xv = _mm256_loadu_ps(x.add(row * a.k + c * 8));
-                        acc_row[r] = _mm256_fmadd_ps(xv, wv, acc_row[r]);
-                    }
+            let block = row.add(b * bytes);
+            let d = _mm256_cvtph_ps(_mm_set1_epi16(block.cast::<i16>().read_unaligned()));
+            let min = if Q == Q4_1 {
+                _mm256_cvtph_ps(_mm_set1_epi16(block.add(2).cast::<i16>().read_unaligned()))
+            } else {
+                _mm256_setzero_ps()
+            };
+            for c in 0..4 {
+                let wv = decode::<Q>(block, c, d, min);
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_ps(x.add(r * a.k + c * 8));
+                    acc_r[c % A] = _mm256_fmadd_ps(xv, wv, acc_r[c % A]);
                 }
             }
         }
-        for (row, acc_row) in acc.iter().enumerate() {
-            for (r, lanes) in acc_row.iter().enumerate() {
-                *a.y.add((i + row) * a.n + j + r) = sum(*lanes);
+        for (r, acc_r) in acc.iter().enumerate() {
+            let mut lanes = acc_r[0];
+            for part in &acc_r[1..] {
+                lanes = _mm256_add_ps(lanes, *part);
             }
+            *a.y.add((i + r) * a.n + j) = sum(lanes);
         }
     }
 }
