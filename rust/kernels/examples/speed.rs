@@ -35,7 +35,11 @@ fn main() {
             matmul_on(path, quant, &x, &w, &mut y, m, n, k, threads).unwrap();
         }
         let secs = start.elapsed().as_secs_f64() / f64::from(reps);
-        println!("{path:?} {quant:?} m={m} n={n} k={k} threads={threads}: {:.3} ms, {:.2} GB/s of weights, {:.1} GFLOP/s",
-            secs * 1e3, w.len() as f64 / secs / 1e9, 2.0 * (m * n * k) as f64 / secs / 1e9);
+        println!(
+            "{path:?} {quant:?} m={m} n={n} k={k} threads={threads}: {:.3} ms, {:.2} GB/s of weights, {:.1} GFLOP/s",
+            secs * 1e3,
+            w.len() as f64 / secs / 1e9,
+            2.0 * (m * n * k) as f64 / secs / 1e9
+        );
     }
 }

@@ -63,9 +63,17 @@ const fn block_bytes(q: u8) -> usize {
 
 /// Weight rows outermost, each read from memory once per call and
 /// sequentially (rows are contiguous, so the hardware prefetcher streams the
-/// whole matrix), activation rows in tiles of 4 within them.
+/// whole matrix). Few activation rows (decode): blocks decoded in registers
+/// for a tile of up to 4 rows. Many (batched decode, prefill): PANEL_ROWS
+/// weight rows decoded once into a float32 scratch that stays in L1, then
+/// multiplied by PANEL_TILE_M x PANEL_ROWS register tiles, so decoding is paid once
+/// per weight row however many activation rows there are.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn columns<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
+    if a.m >= PANEL_MIN_M {
+        // SAFETY: forwarded.
+        return unsafe { panels::<Q>(a, cols) };
+    }
     for j in cols {
         let mut i = 0;
         // SAFETY (all calls below): i + MR <= m and j < n.
@@ -84,6 +92,97 @@ unsafe fn columns<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
     }
 }
 
+/// From this many activation rows on, weights are decoded into a scratch
+/// panel (`panels`) rather than in registers per tile of 4 rows.
+const PANEL_MIN_M: usize = 8;
+/// Weight rows per panel, and activation rows per register tile of a panel:
+/// 4 + 2 loads feed 8 FMAs (measured: a 6 x 2 tile was slower).
+const PANEL_ROWS: usize = 2;
+const PANEL_TILE_M: usize = 4;
+
+/// `columns` for many activation rows (see there).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
+    let bytes = block_bytes(Q);
+    let row_bytes = a.k / BLOCK * bytes;
+    let mut scratch = vec![0.0f32; PANEL_ROWS * a.k];
+    let mut j = cols.start;
+    while j < cols.end {
+        let rows = PANEL_ROWS.min(cols.end - j);
+        // SAFETY: j + rows <= n, so every block read is inside w; the
+        // scratch holds PANEL_ROWS rows of k floats.
+        unsafe {
+            for r in 0..rows {
+                let row = a.w.add((j + r) * row_bytes);
+                let dst = scratch.as_mut_ptr().add(r * a.k);
+                for b in 0..a.k / BLOCK {
+                    let block = row.add(b * bytes);
+                    let (d, min) = scales::<Q>(block);
+                    for c in 0..4 {
+                        _mm256_storeu_ps(dst.add(b * BLOCK + c * 8), decode::<Q>(block, c, d, min));
+                    }
+                }
+            }
+            let mut i = 0;
+            if rows == PANEL_ROWS {
+                while i + PANEL_TILE_M <= a.m {
+                    panel_tile::<PANEL_TILE_M, PANEL_ROWS>(a, scratch.as_ptr(), i, j);
+                    i += PANEL_TILE_M;
+                }
+            }
+            while i < a.m {
+                for r in 0..rows {
+                    panel_tile::<1, 1>(a, scratch.as_ptr().add(r * a.k), i, j + r);
+                }
+                i += 1;
+            }
+        }
+        j += rows;
+    }
+}
+
+/// `y[i..i+MR, j..j+NR]` from NR decoded weight rows at `w` (k floats each).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panel_tile<const MR: usize, const NR: usize>(a: &Args, w: *const f32, i: usize, j: usize) {
+    let mut acc = [[_mm256_setzero_ps(); NR]; MR];
+    // SAFETY: i + MR <= m, j + NR <= n, and w holds NR rows of k floats.
+    unsafe {
+        for kc in (0..a.k).step_by(8) {
+            let mut wv = [_mm256_setzero_ps(); NR];
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(w.add(r * a.k + kc));
+            }
+            for (row, acc_row) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(a.x.add((i + row) * a.k + kc));
+                for (r, lanes) in acc_row.iter_mut().enumerate() {
+                    *lanes = _mm256_fmadd_ps(xv, wv[r], *lanes);
+                }
+            }
+        }
+        for (row, acc_row) in acc.iter().enumerate() {
+            for (r, lanes) in acc_row.iter().enumerate() {
+                *a.y.add((i + row) * a.n + j + r) = sum(*lanes);
+            }
+        }
+    }
+}
+
+/// A block's scale `d` and (Q4_1) minimum `m`, broadcast to 8 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scales<const Q: u8>(block: *const u8) -> (__m256, __m256) {
+    // SAFETY: the caller's block is whole.
+    unsafe {
+        let d = _mm256_cvtph_ps(_mm_set1_epi16(block.cast::<i16>().read_unaligned()));
+        let min = if Q == Q4_1 {
+            _mm256_cvtph_ps(_mm_set1_epi16(block.add(2).cast::<i16>().read_unaligned()))
+        } else {
+            _mm256_setzero_ps()
+        };
+        (d, min)
+    }
+}
+
 /// `y[i..i+MR, j]`: each of the MR rows sums into A accumulators of 8 lanes
 /// (chunk c of a block into accumulator c % A), so that at least 4
 /// independent FMA chains hide the FMA latency also for one row.
@@ -98,12 +197,7 @@ unsafe fn tile<const Q: u8, const MR: usize, const A: usize>(a: &Args, i: usize,
         for b in 0..a.k / BLOCK {
             let x = a.x.add(i * a.k + b * BLOCK);
             let block = row.add(b * bytes);
-            let d = _mm256_cvtph_ps(_mm_set1_epi16(block.cast::<i16>().read_unaligned()));
-            let min = if Q == Q4_1 {
-                _mm256_cvtph_ps(_mm_set1_epi16(block.add(2).cast::<i16>().read_unaligned()))
-            } else {
-                _mm256_setzero_ps()
-            };
+            let (d, min) = scales::<Q>(block);
             for c in 0..4 {
                 let wv = decode::<Q>(block, c, d, min);
                 for (r, acc_r) in acc.iter_mut().enumerate() {
