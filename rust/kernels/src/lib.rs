@@ -40,6 +40,17 @@ pub enum ShapeError {
     },
 }
 
+/// The shapes of a call: `x` is `m x k`, `W` is `n x k`, `y` is `m x n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    /// Activation rows (tokens).
+    pub m: usize,
+    /// Weight rows (output features).
+    pub n: usize,
+    /// Input features, a multiple of 32.
+    pub k: usize,
+}
+
 /// Which implementation runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
@@ -62,16 +73,9 @@ impl Path {
 
 /// Checks that `x` is `m x k`, `w` is `n` rows of `k / 32` blocks of `quant`
 /// and `y` is `m x n`.
-pub fn check_shapes(
-    quant: QuantType,
-    x: usize,
-    w: usize,
-    y: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), ShapeError> {
-    if k == 0 || k % BLOCK != 0 {
+pub fn check_shapes(quant: QuantType, x: usize, w: usize, y: usize, dims: Dims) -> Result<(), ShapeError> {
+    let Dims { m, n, k } = dims;
+    if k == 0 || !k.is_multiple_of(BLOCK) {
         return Err(ShapeError::K(k));
     }
     let len = |what, got, need, unit| {
@@ -92,29 +96,24 @@ pub fn matmul(
     x: &[f32],
     w: &[u8],
     y: &mut [f32],
-    m: usize,
-    n: usize,
-    k: usize,
+    dims: Dims,
     threads: usize,
 ) -> Result<(), ShapeError> {
-    matmul_on(Path::best(), quant, x, w, y, m, n, k, threads)
+    matmul_on(Path::best(), quant, x, w, y, dims, threads)
 }
 
 /// `y = x · W^T` on `path` (which must be supported: see `Path::best`).
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_on(
     path: Path,
     quant: QuantType,
     x: &[f32],
     w: &[u8],
     y: &mut [f32],
-    m: usize,
-    n: usize,
-    k: usize,
+    dims: Dims,
     threads: usize,
 ) -> Result<(), ShapeError> {
-    check_shapes(quant, x.len(), w.len(), y.len(), m, n, k)?;
-    if m == 0 || n == 0 {
+    check_shapes(quant, x.len(), w.len(), y.len(), dims)?;
+    if dims.m == 0 || dims.n == 0 {
         return Ok(());
     }
     let out = Out(y.as_mut_ptr());
@@ -123,18 +122,18 @@ pub fn matmul_on(
         // threads are disjoint, so no two of them write one element of y.
         unsafe {
             match path {
-                Path::Scalar => scalar::matmul(quant, x, w, out.get(), m, n, k, cols),
+                Path::Scalar => scalar::matmul(quant, x, w, out.get(), dims, cols),
                 #[cfg(target_arch = "x86_64")]
                 Path::Avx2 => {
                     assert!(x86::supported(), "the AVX2 path needs AVX2, FMA and F16C");
-                    x86::matmul(quant, x, w, out.get(), m, n, k, cols)
+                    x86::matmul(quant, x, w, out.get(), dims, cols)
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 Path::Avx2 => panic!("the AVX2 path needs an x86-64 CPU"),
             }
         }
     };
-    let parts = split(n, threads.max(1));
+    let parts = split(dims.n, threads.max(1));
     match parts.as_slice() {
         [only] => run(only.clone()),
         [first, rest @ ..] => std::thread::scope(|s| {
@@ -195,10 +194,11 @@ mod tests {
     #[test]
     fn bad_shapes_are_named() {
         let q = QuantType::Q8_0;
-        assert_eq!(check_shapes(q, 0, 0, 0, 1, 1, 30), Err(ShapeError::K(30)));
-        let err = check_shapes(q, 32, 33, 1, 1, 1, 32).unwrap_err();
+        let dims = |m, n, k| Dims { m, n, k };
+        assert_eq!(check_shapes(q, 0, 0, 0, dims(1, 1, 30)), Err(ShapeError::K(30)));
+        let err = check_shapes(q, 32, 33, 1, dims(1, 1, 32)).unwrap_err();
         assert_eq!(err.to_string(), "w has 33 bytes, m = 1, n = 1, k = 32 need 34");
-        assert!(check_shapes(q, 64, 68, 4, 2, 2, 32).is_ok());
-        assert!(matches!(check_shapes(q, 64, 68, 3, 2, 2, 32), Err(ShapeError::Len { what: "y", .. })));
+        assert!(check_shapes(q, 64, 68, 4, dims(2, 2, 32)).is_ok());
+        assert!(matches!(check_shapes(q, 64, 68, 3, dims(2, 2, 32)), Err(ShapeError::Len { what: "y", .. })));
     }
 }

@@ -3,6 +3,7 @@
 //! CPU runs it; the tests take it as the reference of the SIMD path.
 
 use crate::quant::{dequantize_block, QuantType, BLOCK};
+use crate::Dims;
 
 /// Columns `cols` of `y = x · W^T`.
 ///
@@ -14,11 +15,10 @@ pub(crate) unsafe fn matmul(
     x: &[f32],
     w: &[u8],
     y: *mut f32,
-    m: usize,
-    n: usize,
-    k: usize,
+    dims: Dims,
     cols: std::ops::Range<usize>,
 ) {
+    let Dims { m, n, k } = dims;
     let row_bytes = quant.row_bytes(k);
     let mut weights = vec![0.0f32; k];
     for j in cols {

@@ -8,6 +8,7 @@
 use std::arch::x86_64::*;
 
 use crate::quant::{QuantType, BLOCK};
+use crate::Dims;
 
 const Q8_0: u8 = 0;
 const Q4_0: u8 = 1;
@@ -27,11 +28,10 @@ pub(crate) unsafe fn matmul(
     x: &[f32],
     w: &[u8],
     y: *mut f32,
-    m: usize,
-    n: usize,
-    k: usize,
+    dims: Dims,
     cols: std::ops::Range<usize>,
 ) {
+    let Dims { m, n, k } = dims;
     let args = Args { x: x.as_ptr(), w: w.as_ptr(), y, m, n, k };
     // SAFETY: forwarded from the caller.
     unsafe {

@@ -4,7 +4,7 @@
 //! N; K a multiple of 32) and 1 to 4 threads.
 
 use proptest::prelude::*;
-use vllm_rs_kernels::{check_shapes, dequantize_row, matmul, matmul_on, Path, QuantType, ShapeError, BLOCK};
+use vllm_rs_kernels::{check_shapes, dequantize_row, matmul, matmul_on, Dims, Path, QuantType, ShapeError, BLOCK};
 
 const TYPES: [QuantType; 3] = [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1];
 
@@ -70,9 +70,9 @@ fn reference(quant: QuantType, x: &[f32], w: &[u8], m: usize, n: usize, k: usize
     (y, scale)
 }
 
-fn run(path: Path, quant: QuantType, x: &[f32], w: &[u8], m: usize, n: usize, k: usize, threads: usize) -> Vec<f32> {
-    let mut y = vec![f32::NAN; m * n];
-    matmul_on(path, quant, x, w, &mut y, m, n, k, threads).unwrap();
+fn run(path: Path, quant: QuantType, x: &[f32], w: &[u8], dims: Dims, threads: usize) -> Vec<f32> {
+    let mut y = vec![f32::NAN; dims.m * dims.n];
+    matmul_on(path, quant, x, w, &mut y, dims, threads).unwrap();
     y
 }
 
@@ -108,10 +108,10 @@ proptest! {
         let k = blocks * BLOCK;
         let (x, w) = operands(quant, m, n, k, seed);
         let (want, scale) = reference(quant, &x, &w, m, n, k);
-        let scalar = run(Path::Scalar, quant, &x, &w, m, n, k, 1);
+        let scalar = run(Path::Scalar, quant, &x, &w, Dims { m, n, k }, 1);
         assert_close(&scalar, &want, &scale, k);
         for path in paths() {
-            let got = run(path, quant, &x, &w, m, n, k, threads);
+            let got = run(path, quant, &x, &w, Dims { m, n, k }, threads);
             assert_close(&got, &want, &scale, k);
         }
     }
@@ -125,7 +125,7 @@ fn smollm2_shapes_agree_across_paths_and_threads() {
             let (want, scale) = reference(quant, &x, &w, m, n, k);
             for path in paths() {
                 for threads in [1, 2, 3] {
-                    assert_close(&run(path, quant, &x, &w, m, n, k, threads), &want, &scale, k);
+                    assert_close(&run(path, quant, &x, &w, Dims { m, n, k }, threads), &want, &scale, k);
                 }
             }
         }
@@ -137,7 +137,10 @@ fn one_thread_and_many_give_the_same_bits() {
     let (m, n, k) = (3, 77, 96);
     let (x, w) = operands(QuantType::Q4_1, m, n, k, 11);
     for path in paths() {
-        assert_eq!(run(path, QuantType::Q4_1, &x, &w, m, n, k, 1), run(path, QuantType::Q4_1, &x, &w, m, n, k, 4));
+        assert_eq!(
+            run(path, QuantType::Q4_1, &x, &w, Dims { m, n, k }, 1),
+            run(path, QuantType::Q4_1, &x, &w, Dims { m, n, k }, 4)
+        );
     }
 }
 
@@ -147,14 +150,14 @@ fn known_weights_give_known_products() {
     let mut w = vec![0x00, 0x38];
     w.extend(0..32u8);
     let mut y = [0.0];
-    matmul(QuantType::Q8_0, &[1.0; 32], &w, &mut y, 1, 1, 32, 1).unwrap();
+    matmul(QuantType::Q8_0, &[1.0; 32], &w, &mut y, Dims { m: 1, n: 1, k: 32 }, 1).unwrap();
     assert_eq!(y[0], 248.0);
 }
 
 #[test]
 fn mismatched_buffers_are_refused_not_read() {
     let mut y = [0.0; 2];
-    let err = matmul(QuantType::Q4_0, &[0.0; 32], &[0; 18], &mut y, 1, 2, 32, 1).unwrap_err();
+    let err = matmul(QuantType::Q4_0, &[0.0; 32], &[0; 18], &mut y, Dims { m: 1, n: 2, k: 32 }, 1).unwrap_err();
     assert_eq!(err, ShapeError::Len { what: "w", got: 18, need: 36, unit: "bytes", m: 1, n: 2, k: 32 });
-    assert!(check_shapes(QuantType::Q4_0, 16, 9, 1, 1, 1, 16).is_err());
+    assert!(check_shapes(QuantType::Q4_0, 16, 9, 1, Dims { m: 1, n: 1, k: 16 }).is_err());
 }

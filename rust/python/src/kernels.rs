@@ -6,7 +6,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use vllm_rs_kernels::{matmul, QuantType};
+use vllm_rs_kernels::{matmul, Dims, QuantType};
 
 /// A buffer the kernel can read as a flat C-contiguous array, or the
 /// `TypeError`/`ValueError` naming the argument.
@@ -32,6 +32,7 @@ fn span<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> std::ops::Range<usize> {
 /// overlapping `out`.
 #[pyfunction]
 #[pyo3(signature = (x, w, out, quant_type, n, k, threads))]
+#[allow(clippy::too_many_arguments)] // the Python signature: buffers, shapes and threads
 fn gguf_matmul(
     py: Python<'_>,
     x: &Bound<'_, PyAny>,
@@ -66,10 +67,10 @@ fn gguf_matmul(
             xb.item_count()
         )));
     }
-    let m = xb.item_count() / k;
-    vllm_rs_kernels::check_shapes(quant, xb.item_count(), wb.item_count(), ob.item_count(), m, n, k)
+    let dims = Dims { m: xb.item_count() / k, n, k };
+    vllm_rs_kernels::check_shapes(quant, xb.item_count(), wb.item_count(), ob.item_count(), dims)
         .map_err(|e| PyValueError::new_err(format!("gguf_matmul: {e}")))?;
-    if m == 0 || n == 0 {
+    if dims.m == 0 || n == 0 {
         return Ok(()); // nothing to compute; an empty buffer's pointer may be null
     }
     // SAFETY: the buffers are C-contiguous, non-empty (checked: m, n, k > 0)
@@ -84,7 +85,7 @@ fn gguf_matmul(
             std::slice::from_raw_parts_mut(ob.buf_ptr() as *mut f32, ob.item_count()),
         )
     };
-    py.detach(|| matmul(quant, xs, ws, os, m, n, k, threads))
+    py.detach(|| matmul(quant, xs, ws, os, dims, threads))
         .map_err(|e| PyValueError::new_err(format!("gguf_matmul: {e}")))
 }
 
