@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use vllm_rs_kernels::{matmul_on, Dims, Path, QuantType};
+use vllm_rs_kernels::{matmul, Dims, Path, QuantType};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -28,11 +28,11 @@ fn main() {
     let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
     let mut y = vec![0.0f32; m * n];
     for path in [Path::Scalar, Path::best()] {
-        matmul_on(path, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
+        matmul(path, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
         let reps = if path == Path::Scalar { 3 } else { 30 };
         let start = Instant::now();
         for _ in 0..reps {
-            matmul_on(path, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
+            matmul(path, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
         }
         let secs = start.elapsed().as_secs_f64() / f64::from(reps);
         println!(

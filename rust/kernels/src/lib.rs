@@ -90,20 +90,9 @@ pub fn check_shapes(quant: QuantType, x: usize, w: usize, y: usize, dims: Dims) 
     len("y", y, m * n, "elements")
 }
 
-/// `y = x · W^T` on the fastest path, N split across `threads` (at least 1).
+/// `y = x · W^T` on `path` (which must be supported: `Path::best()` is the
+/// fastest this CPU runs), N split across `threads` (at least 1).
 pub fn matmul(
-    quant: QuantType,
-    x: &[f32],
-    w: &[u8],
-    y: &mut [f32],
-    dims: Dims,
-    threads: usize,
-) -> Result<(), ShapeError> {
-    matmul_on(Path::best(), quant, x, w, y, dims, threads)
-}
-
-/// `y = x · W^T` on `path` (which must be supported: see `Path::best`).
-pub fn matmul_on(
     path: Path,
     quant: QuantType,
     x: &[f32],
@@ -116,17 +105,17 @@ pub fn matmul_on(
     if dims.m == 0 || dims.n == 0 {
         return Ok(());
     }
-    let out = Out(y.as_mut_ptr());
+    let job = Job { quant, x, w, y: Out(y.as_mut_ptr()), dims };
     let run = |cols: std::ops::Range<usize>| {
         // SAFETY: the shapes were checked above; the column ranges of the
         // threads are disjoint, so no two of them write one element of y.
         unsafe {
             match path {
-                Path::Scalar => scalar::matmul(quant, x, w, out.get(), dims, cols),
+                Path::Scalar => scalar::matmul(&job, cols),
                 #[cfg(target_arch = "x86_64")]
                 Path::Avx2 => {
                     assert!(x86::supported(), "the AVX2 path needs AVX2, FMA and F16C");
-                    x86::matmul(quant, x, w, out.get(), dims, cols)
+                    x86::matmul(&job, cols)
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 Path::Avx2 => panic!("the AVX2 path needs an x86-64 CPU"),
@@ -148,17 +137,21 @@ pub fn matmul_on(
     Ok(())
 }
 
+/// One checked call, as each thread's part of it sees it.
+pub(crate) struct Job<'a> {
+    pub(crate) quant: QuantType,
+    pub(crate) x: &'a [f32],
+    pub(crate) w: &'a [u8],
+    pub(crate) y: Out,
+    pub(crate) dims: Dims,
+}
+
 /// `y`'s base pointer, shared by the threads that write disjoint columns.
 #[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: every thread writes only its own columns (see `matmul_on`).
+pub(crate) struct Out(pub(crate) *mut f32);
+// SAFETY: every thread writes only its own columns (see `matmul`).
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
-impl Out {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
 
 /// `0..n` cut into at most `parts` ranges of whole groups of 8 columns (so
 /// each thread's tiles are full), the last one taking the remainder.

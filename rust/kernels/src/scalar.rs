@@ -2,23 +2,17 @@
 //! product per activation row, accumulated in float32 in index order. Every
 //! CPU runs it; the tests take it as the reference of the SIMD path.
 
-use crate::quant::{dequantize_block, QuantType, BLOCK};
-use crate::Dims;
+use crate::quant::{dequantize_block, BLOCK};
+use crate::{Dims, Job};
 
 /// Columns `cols` of `y = x · W^T`.
 ///
 /// # Safety
 /// The shapes are checked (`check_shapes`), `y` points to `m * n` floats and
 /// no other thread writes columns `cols` of it.
-pub(crate) unsafe fn matmul(
-    quant: QuantType,
-    x: &[f32],
-    w: &[u8],
-    y: *mut f32,
-    dims: Dims,
-    cols: std::ops::Range<usize>,
-) {
-    let Dims { m, n, k } = dims;
+pub(crate) unsafe fn matmul(job: &Job<'_>, cols: std::ops::Range<usize>) {
+    let Job { quant, x, w, y, dims } = *job;
+    let (y, Dims { m, n, k }) = (y.0, dims);
     let row_bytes = quant.row_bytes(k);
     let mut weights = vec![0.0f32; k];
     for j in cols {

@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 
 use crate::quant::{QuantType, BLOCK};
-use crate::Dims;
+use crate::{Dims, Job};
 
 const Q8_0: u8 = 0;
 const Q4_0: u8 = 1;
@@ -23,19 +23,12 @@ pub(crate) fn supported() -> bool {
 ///
 /// # Safety
 /// As `scalar::matmul`, and the CPU supports the path (`supported`).
-pub(crate) unsafe fn matmul(
-    quant: QuantType,
-    x: &[f32],
-    w: &[u8],
-    y: *mut f32,
-    dims: Dims,
-    cols: std::ops::Range<usize>,
-) {
-    let Dims { m, n, k } = dims;
-    let args = Args { x: x.as_ptr(), w: w.as_ptr(), y, m, n, k };
+pub(crate) unsafe fn matmul(job: &Job<'_>, cols: std::ops::Range<usize>) {
+    let Dims { m, n, k } = job.dims;
+    let args = Args { x: job.x.as_ptr(), w: job.w.as_ptr(), y: job.y.0, m, n, k };
     // SAFETY: forwarded from the caller.
     unsafe {
-        match quant {
+        match job.quant {
             QuantType::Q8_0 => columns::<Q8_0>(&args, cols),
             QuantType::Q4_0 => columns::<Q4_0>(&args, cols),
             QuantType::Q4_1 => columns::<Q4_1>(&args, cols),

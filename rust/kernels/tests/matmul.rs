@@ -4,7 +4,7 @@
 //! N; K a multiple of 32) and 1 to 4 threads.
 
 use proptest::prelude::*;
-use vllm_rs_kernels::{check_shapes, dequantize_row, matmul, matmul_on, Dims, Path, QuantType, ShapeError, BLOCK};
+use vllm_rs_kernels::{check_shapes, dequantize_row, matmul, Dims, Path, QuantType, ShapeError, BLOCK};
 
 const TYPES: [QuantType; 3] = [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1];
 
@@ -72,7 +72,7 @@ fn reference(quant: QuantType, x: &[f32], w: &[u8], m: usize, n: usize, k: usize
 
 fn run(path: Path, quant: QuantType, x: &[f32], w: &[u8], dims: Dims, threads: usize) -> Vec<f32> {
     let mut y = vec![f32::NAN; dims.m * dims.n];
-    matmul_on(path, quant, x, w, &mut y, dims, threads).unwrap();
+    matmul(path, quant, x, w, &mut y, dims, threads).unwrap();
     y
 }
 
@@ -150,14 +150,15 @@ fn known_weights_give_known_products() {
     let mut w = vec![0x00, 0x38];
     w.extend(0..32u8);
     let mut y = [0.0];
-    matmul(QuantType::Q8_0, &[1.0; 32], &w, &mut y, Dims { m: 1, n: 1, k: 32 }, 1).unwrap();
+    matmul(Path::best(), QuantType::Q8_0, &[1.0; 32], &w, &mut y, Dims { m: 1, n: 1, k: 32 }, 1).unwrap();
     assert_eq!(y[0], 248.0);
 }
 
 #[test]
 fn mismatched_buffers_are_refused_not_read() {
     let mut y = [0.0; 2];
-    let err = matmul(QuantType::Q4_0, &[0.0; 32], &[0; 18], &mut y, Dims { m: 1, n: 2, k: 32 }, 1).unwrap_err();
+    let err =
+        matmul(Path::best(), QuantType::Q4_0, &[0.0; 32], &[0; 18], &mut y, Dims { m: 1, n: 2, k: 32 }, 1).unwrap_err();
     assert_eq!(err, ShapeError::Len { what: "w", got: 18, need: 36, unit: "bytes", m: 1, n: 2, k: 32 });
     assert!(check_shapes(QuantType::Q4_0, 16, 9, 1, Dims { m: 1, n: 1, k: 16 }).is_err());
 }

@@ -6,7 +6,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use vllm_rs_kernels::{matmul, Dims, QuantType};
+use vllm_rs_kernels::{matmul, Dims, Path, QuantType};
 
 /// A buffer the kernel can read as a flat C-contiguous array, or the
 /// `TypeError`/`ValueError` naming the argument.
@@ -85,7 +85,7 @@ fn gguf_matmul(
             std::slice::from_raw_parts_mut(ob.buf_ptr() as *mut f32, ob.item_count()),
         )
     };
-    py.detach(|| matmul(quant, xs, ws, os, dims, threads))
+    py.detach(|| matmul(Path::best(), quant, xs, ws, os, dims, threads))
         .map_err(|e| PyValueError::new_err(format!("gguf_matmul: {e}")))
 }
 
