@@ -92,6 +92,8 @@ const PANEL_MIN_M: usize = 8;
 /// 4 + 2 loads feed 8 FMAs (measured: a 6 x 2 tile was slower).
 const PANEL_ROWS: usize = 2;
 const PANEL_TILE_M: usize = 4;
+/// Bytes of activations a panel pass keeps hot (half a 512 KiB L2).
+const PANEL_X_BYTES: usize = 256 << 10;
 
 /// `columns` for many activation rows (see there).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -99,38 +101,47 @@ unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
     let bytes = block_bytes(Q);
     let row_bytes = a.k / BLOCK * bytes;
     let mut scratch = vec![0.0f32; PANEL_ROWS * a.k];
-    let mut j = cols.start;
-    while j < cols.end {
-        let rows = PANEL_ROWS.min(cols.end - j);
-        // SAFETY: j + rows <= n, so every block read is inside w; the
-        // scratch holds PANEL_ROWS rows of k floats.
-        unsafe {
-            for r in 0..rows {
-                let row = a.w.add((j + r) * row_bytes);
-                let dst = scratch.as_mut_ptr().add(r * a.k);
-                for b in 0..a.k / BLOCK {
-                    let block = row.add(b * bytes);
-                    let (d, min) = scales::<Q>(block);
-                    for c in 0..4 {
-                        _mm256_storeu_ps(dst.add(b * BLOCK + c * 8), decode::<Q>(block, c, d, min));
+    // Activation rows in blocks that stay in L2 while every weight row of
+    // `cols` passes: prefill's thousands of rows would otherwise stream from
+    // memory once per panel.
+    let block_rows = (PANEL_X_BYTES / (4 * a.k)).clamp(PANEL_MIN_M, 256) / PANEL_TILE_M * PANEL_TILE_M;
+    let mut i0 = 0;
+    while i0 < a.m {
+        let i1 = (i0 + block_rows).min(a.m);
+        let mut j = cols.start;
+        while j < cols.end {
+            let rows = PANEL_ROWS.min(cols.end - j);
+            // SAFETY: j + rows <= n, so every block read is inside w; the
+            // scratch holds PANEL_ROWS rows of k floats; i1 <= m.
+            unsafe {
+                for r in 0..rows {
+                    let row = a.w.add((j + r) * row_bytes);
+                    let dst = scratch.as_mut_ptr().add(r * a.k);
+                    for b in 0..a.k / BLOCK {
+                        let block = row.add(b * bytes);
+                        let (d, min) = scales::<Q>(block);
+                        for c in 0..4 {
+                            _mm256_storeu_ps(dst.add(b * BLOCK + c * 8), decode::<Q>(block, c, d, min));
+                        }
                     }
                 }
-            }
-            let mut i = 0;
-            if rows == PANEL_ROWS {
-                while i + PANEL_TILE_M <= a.m {
-                    panel_tile::<PANEL_TILE_M, PANEL_ROWS>(a, scratch.as_ptr(), i, j);
-                    i += PANEL_TILE_M;
+                let mut i = i0;
+                if rows == PANEL_ROWS {
+                    while i + PANEL_TILE_M <= i1 {
+                        panel_tile::<PANEL_TILE_M, PANEL_ROWS>(a, scratch.as_ptr(), i, j);
+                        i += PANEL_TILE_M;
+                    }
+                }
+                while i < i1 {
+                    for r in 0..rows {
+                        panel_tile::<1, 1>(a, scratch.as_ptr().add(r * a.k), i, j + r);
+                    }
+                    i += 1;
                 }
             }
-            while i < a.m {
-                for r in 0..rows {
-                    panel_tile::<1, 1>(a, scratch.as_ptr().add(r * a.k), i, j + r);
-                }
-                i += 1;
-            }
+            j += rows;
         }
-        j += rows;
+        i0 = i1;
     }
 }
 
