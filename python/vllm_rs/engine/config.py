@@ -23,14 +23,16 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: What `--dtype auto` means for a real model on the CPU: the faster of
 #: float32 and bfloat16 there (measured, docs/real-models.md).
 CPU_AUTO_DTYPE = "float32"
-#: `--quantization` choices: `gguf` keeps a GGUF's weights compact (linear
-#: layers packed in fp16 for fbgemm, embeddings read from the file; CPU and
-#: float32 activations only), `none` dequantizes them to `--dtype`. Unset:
+#: `--quantization` choices: `gguf` keeps a GGUF's weights compact (Q8_0,
+#: Q4_0 and Q4_1 linear layers read in place from the file by the Rust
+#: kernel, other types packed in fp16 for fbgemm, embeddings read from the
+#: file; CPU and float32 activations only), `none` dequantizes them to `--dtype`. Unset:
 #: `gguf` for a block-quantized GGUF on the CPU in float32, else `none`.
 QUANTIZATIONS = ("gguf", "none")
-#: Bytes per weight of a packed (`gguf`) model's linear layers, at most:
-#: fp16, but fbgemm pads the input features to a multiple of 512, up to 2x
-#: for the widths of real models (SmolLM2's 576: 1.78x).
+#: Bytes per weight of a `gguf` model's linear layers, at most: about 1 for
+#: the blocks the kernel reads (Q8_0: 34 bytes per 32), but fp16 packs for
+#: the other types, whose input features fbgemm pads to a multiple of 512,
+#: up to 2x for the widths of real models (SmolLM2's 576: 1.78x).
 PACKED_WEIGHT_BYTES = 4
 #: vLLM's KV-cache budget on the CPU, in GiB.
 CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"

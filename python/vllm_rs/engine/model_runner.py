@@ -94,7 +94,7 @@ class ModelRunner:
         logger.info(
             "%s (%s%s) on %s (%d threads): %d KV blocks of %d tokens",
             config.model_config.architecture, config.model_config.dtype,
-            ", weights packed fp16" if config.model_config.quantization == "gguf" else "", self.device,
+            ", weights kept quantized" if config.model_config.quantization == "gguf" else "", self.device,
             torch.get_num_threads(),
             self.num_gpu_blocks, self.block_size,
         )  # fmt: skip

@@ -4,8 +4,8 @@ a GGUF file's tensors (dequantized with the `gguf` package), renamed to the
 Hugging Face names with llama.cpp's Q/K row permutation undone for the
 `llama` architecture. Every tensor is cast to the model dtype and moved to
 the device as it is read; with `--quantization gguf` the linear layers'
-weights are packed instead (`packed_weights`) and the embeddings stay in
-the file."""
+weights stay in the file's blocks or are packed instead (`packed_weights`)
+and the embeddings stay in the file."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from vllm_rs.engine.checkpoint import CheckpointError
 from vllm_rs.engine.gguf_file import read_header
 from vllm_rs.engine.llama import CausalLM
 from vllm_rs.engine.models import ModelSpec
-from vllm_rs.engine.packed_weights import PackedLinear, pack_linears
+from vllm_rs.engine.packed_weights import KERNEL_TYPES, GgufBlocks, PackedLinear, pack_linears
 
 #: GGUF tensor names -> Hugging Face names (`{i}`: the layer).
 GGUF_NAMES = {
@@ -52,18 +52,18 @@ _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 
 def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device, quantization: str | None = None) -> CausalLM:
     """The model of `spec` with its weights in `dtype` on `device` (with
-    `quantization` "gguf": a GGUF's linear weights packed in fp16, its
-    embeddings read from the file); raises CheckpointError naming the file
+    `quantization` "gguf": a GGUF's linear weights kept in its Q8_0/Q4_0/Q4_1
+    blocks or packed in fp16, its embeddings read from the file); raises CheckpointError naming the file
     when a tensor is missing, unexpected, misshapen or unreadable."""
     model = CausalLM.build(spec.transformer)
     rope_factors = None
     packed: dict[str, PackedLinear] = {}
     if spec.is_gguf:
-        tensors = _gguf_tensors(spec)
         where = spec.weights_path
         if quantization == "gguf":
             embeddings = read_header(where).tensors["token_embd.weight"]
             packed = pack_linears(model, where, embeddings)
+        tensors = _gguf_tensors(spec, set(packed))
     else:
         tensors = _safetensors_tensors(spec.weight_files)
         where = ", ".join(spec.weight_files)
@@ -133,7 +133,10 @@ def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _gguf_tensors(spec: ModelSpec) -> Iterator[tuple[str, str, torch.Tensor]]:
+def _gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, torch.Tensor | GgufBlocks]]:
+    """The GGUF's tensors by Hugging Face name, dequantized; those named in
+    `raw` whose type the Rust kernel reads come as GgufBlocks instead (a view
+    of the file, or for the permuted Q/K rows a copy of the blocks)."""
     import gguf
 
     path = spec.weights_path
@@ -143,26 +146,43 @@ def _gguf_tensors(spec: ModelSpec) -> Iterator[tuple[str, str, torch.Tensor]]:
     # A plain ndarray over the map: numpy.memmap slices cost a Python call each.
     data = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
     for tensor in header.tensors.values():
-        raw = data[tensor.offset : tensor.offset + tensor.num_bytes]
-        if tensor.type_name == "F32":
-            array = raw.view(np.float32)
-        elif tensor.type_name == "F16":
-            array = raw.view(np.float16)
-        else:
-            rows = tensor.num_elements // tensor.shape[-1]
-            array = gguf.quants.dequantize(raw.reshape(rows, -1), gguf.GGMLQuantizationType(tensor.type))
-        array = array.reshape(tensor.shape)
-        name = GGUF_NAMES.get(tensor.name)
-        if name is None and (match := _LAYER.fullmatch(tensor.name)):
-            suffix = GGUF_LAYER_NAMES.get(match.group(2))
-            name = suffix and f"model.layers.{match.group(1)}.{suffix}"
-            if permute and match.group(2) == "attn_q.weight":
-                array = unpermute_qk(array, config.num_heads)
-            elif permute and match.group(2) == "attn_k.weight":
-                array = unpermute_qk(array, config.num_kv_heads)
-        if tensor.name == GGUF_ROPE_FREQS:
-            name = GGUF_ROPE_FREQS
+        name = _hf_name(tensor.name)
         if name is None:
             raise CheckpointError(f"{path}: unexpected tensor {tensor.name}")
-        # A copy: the memory map is read-only, and the model owns its weights.
-        yield name, path, torch.from_numpy(np.array(array))
+        raw_bytes = data[tensor.offset : tensor.offset + tensor.num_bytes]
+        blocks = name in raw and tensor.type in KERNEL_TYPES and len(tensor.shape) == 2
+        if blocks:
+            # A row of blocks is a row of weights: the Q/K row permutation
+            # below applies to it as it is.
+            array = raw_bytes.reshape(tensor.shape[0], -1)
+        elif tensor.type_name == "F32":
+            array = raw_bytes.view(np.float32)
+        elif tensor.type_name == "F16":
+            array = raw_bytes.view(np.float16)
+        else:
+            rows = tensor.num_elements // tensor.shape[-1]
+            array = gguf.quants.dequantize(raw_bytes.reshape(rows, -1), gguf.GGMLQuantizationType(tensor.type))
+        if not blocks:
+            array = array.reshape(tensor.shape)
+        if permute and tensor.name.endswith(".attn_q.weight"):
+            array = unpermute_qk(array, config.num_heads)
+        elif permute and tensor.name.endswith(".attn_k.weight"):
+            array = unpermute_qk(array, config.num_kv_heads)
+        if blocks:
+            # The file's own pages unless permuted (then a copy of the blocks).
+            yield name, path, GgufBlocks(tensor.type, tensor.shape, np.ascontiguousarray(array))
+        else:
+            # A copy: the memory map is read-only, and the model owns its weights.
+            yield name, path, torch.from_numpy(np.array(array))
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor (GGUF_ROPE_FREQS keeps its
+    own), None for an unknown one."""
+    if gguf_name == GGUF_ROPE_FREQS:
+        return GGUF_ROPE_FREQS
+    name = GGUF_NAMES.get(gguf_name)
+    if name is None and (match := _LAYER.fullmatch(gguf_name)):
+        suffix = GGUF_LAYER_NAMES.get(match.group(2))
+        name = suffix and f"model.layers.{match.group(1)}.{suffix}"
+    return name

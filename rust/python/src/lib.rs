@@ -1,10 +1,12 @@
 //! The PyO3 extension module `vllm_rs._core` (built by maturin): argument
 //! conversion and error mapping only. Processes are the process core's
 //! (`vllm-rs-core`), parsers are `vllm-rs-parsers`'; nothing here decides
-//! anything on its own. `python/vllm_rs/_core.pyi` types what it exports.
+//! anything on its own; the GGUF matmul kernel is `vllm-rs-kernels`'.
+//! `python/vllm_rs/_core.pyi` types what it exports.
 
 #[cfg(target_os = "linux")]
 mod errors;
+mod kernels;
 mod parsers;
 mod process;
 
@@ -14,5 +16,6 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     process::register(m)?;
     parsers::register(m)?;
+    kernels::register(m)?;
     Ok(())
 }

@@ -1,0 +1,45 @@
+//! Times the kernel alone (no Python): `cargo run --release -p vllm-rs-kernels
+//! --example speed -- [M] [N] [K] [Q8_0|Q4_0|Q4_1] [threads]`; prints
+//! milliseconds per call and the weight bytes read per second, for each path.
+
+use std::time::Instant;
+
+use vllm_rs_kernels::{matmul, Dims, Path, QuantType};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let num = |i: usize, default: usize| args.get(i).map_or(default, |a| a.parse().expect("a number"));
+    let (m, n, k) = (num(0, 1), num(1, 49152), num(2, 576));
+    let quant = match args.get(3).map_or("Q8_0", String::as_str) {
+        "Q4_0" => QuantType::Q4_0,
+        "Q4_1" => QuantType::Q4_1,
+        _ => QuantType::Q8_0,
+    };
+    let threads = num(4, 1);
+    // Blocks with scale 2^-8 (f16 0x1c00) and varied quants.
+    let mut w = vec![0u8; n * quant.row_bytes(k)];
+    for (i, block) in w.chunks_exact_mut(quant.block_bytes()).enumerate() {
+        block[0] = 0x00;
+        block[1] = 0x1c;
+        for (j, b) in block[2..].iter_mut().enumerate() {
+            *b = (i * 31 + j * 7) as u8;
+        }
+    }
+    let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
+    let mut y = vec![0.0f32; m * n];
+    for path in [Path::Scalar, Path::best()] {
+        matmul(path, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
+        let reps = if path == Path::Scalar { 3 } else { 30 };
+        let start = Instant::now();
+        for _ in 0..reps {
+            matmul(path, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
+        }
+        let secs = start.elapsed().as_secs_f64() / f64::from(reps);
+        println!(
+            "{path:?} {quant:?} m={m} n={n} k={k} threads={threads}: {:.3} ms, {:.2} GB/s of weights, {:.1} GFLOP/s",
+            secs * 1e3,
+            w.len() as f64 / secs / 1e9,
+            2.0 * (m * n * k) as f64 / secs / 1e9
+        );
+    }
+}

@@ -1,0 +1,197 @@
+//! `y[M,N] = x[M,K] · W[N,K]^T` where `x` is float32 and `W` is N rows of raw
+//! GGUF blocks (Q8_0, Q4_0, Q4_1), read in place: each weight is dequantized
+//! in registers exactly as ggml (and the `gguf` Python package) dequantize it,
+//! then multiplied with float32 activations and accumulated in float32, so the
+//! result equals "dequantize to float32, then multiply" up to summation order.
+//! An AVX2+FMA+F16C path is chosen at run time; the portable scalar path
+//! serves every other CPU and is the tests' reference. N is split across
+//! threads. Why a kernel of our own: docs/real-model-speed.md.
+
+mod quant;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use quant::{dequantize_row, QuantType, BLOCK};
+
+/// A call whose buffers do not match the shapes it names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    /// K is not a positive multiple of the block size.
+    #[error("k = {0} is not a positive multiple of {BLOCK} (the GGUF block size)")]
+    K(usize),
+    /// A buffer's length is not what the shapes need.
+    #[error("{what} has {got} {unit}, m = {m}, n = {n}, k = {k} need {need}")]
+    Len {
+        /// Which buffer: "x", "w" or "y".
+        what: &'static str,
+        /// What it holds.
+        got: usize,
+        /// What the shapes need.
+        need: usize,
+        /// "elements" or "bytes".
+        unit: &'static str,
+        /// The shapes.
+        m: usize,
+        /// The shapes.
+        n: usize,
+        /// The shapes.
+        k: usize,
+    },
+}
+
+/// The shapes of a call: `x` is `m x k`, `W` is `n x k`, `y` is `m x n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    /// Activation rows (tokens).
+    pub m: usize,
+    /// Weight rows (output features).
+    pub n: usize,
+    /// Input features, a multiple of 32.
+    pub k: usize,
+}
+
+/// Which implementation runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// Portable Rust, one weight at a time.
+    Scalar,
+    /// AVX2, FMA and F16C (x86-64).
+    Avx2,
+}
+
+impl Path {
+    /// The fastest path this CPU supports.
+    pub fn best() -> Path {
+        #[cfg(target_arch = "x86_64")]
+        if x86::supported() {
+            return Path::Avx2;
+        }
+        Path::Scalar
+    }
+}
+
+/// Checks that `x` is `m x k`, `w` is `n` rows of `k / 32` blocks of `quant`
+/// and `y` is `m x n`.
+pub fn check_shapes(quant: QuantType, x: usize, w: usize, y: usize, dims: Dims) -> Result<(), ShapeError> {
+    let Dims { m, n, k } = dims;
+    if k == 0 || !k.is_multiple_of(BLOCK) {
+        return Err(ShapeError::K(k));
+    }
+    let len = |what, got, need, unit| {
+        if got == need {
+            Ok(())
+        } else {
+            Err(ShapeError::Len { what, got, need, unit, m, n, k })
+        }
+    };
+    len("x", x, m * k, "elements")?;
+    len("w", w, n * quant.row_bytes(k), "bytes")?;
+    len("y", y, m * n, "elements")
+}
+
+/// `y = x · W^T` on `path` (which must be supported: `Path::best()` is the
+/// fastest this CPU runs), N split across `threads` (at least 1).
+pub fn matmul(
+    path: Path,
+    quant: QuantType,
+    x: &[f32],
+    w: &[u8],
+    y: &mut [f32],
+    dims: Dims,
+    threads: usize,
+) -> Result<(), ShapeError> {
+    check_shapes(quant, x.len(), w.len(), y.len(), dims)?;
+    if dims.m == 0 || dims.n == 0 {
+        return Ok(());
+    }
+    let job = Job { quant, x, w, y: Out(y.as_mut_ptr()), dims };
+    let run = |cols: std::ops::Range<usize>| {
+        // SAFETY: the shapes were checked above; the column ranges of the
+        // threads are disjoint, so no two of them write one element of y.
+        unsafe {
+            match path {
+                Path::Scalar => scalar::matmul(&job, cols),
+                #[cfg(target_arch = "x86_64")]
+                Path::Avx2 => {
+                    assert!(x86::supported(), "the AVX2 path needs AVX2, FMA and F16C");
+                    x86::matmul(&job, cols)
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                Path::Avx2 => panic!("the AVX2 path needs an x86-64 CPU"),
+            }
+        }
+    };
+    let parts = split(dims.n, threads.max(1));
+    match parts.as_slice() {
+        [only] => run(only.clone()),
+        [first, rest @ ..] => std::thread::scope(|s| {
+            for cols in rest {
+                let cols = cols.clone();
+                s.spawn(move || run(cols));
+            }
+            run(first.clone());
+        }),
+        [] => {}
+    }
+    Ok(())
+}
+
+/// One checked call, as each thread's part of it sees it.
+pub(crate) struct Job<'a> {
+    pub(crate) quant: QuantType,
+    pub(crate) x: &'a [f32],
+    pub(crate) w: &'a [u8],
+    pub(crate) y: Out,
+    pub(crate) dims: Dims,
+}
+
+/// `y`'s base pointer, shared by the threads that write disjoint columns.
+#[derive(Clone, Copy)]
+pub(crate) struct Out(pub(crate) *mut f32);
+// SAFETY: every thread writes only its own columns (see `matmul`).
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+/// `0..n` cut into at most `parts` ranges of whole groups of 8 columns (so
+/// each thread's tiles are full), the last one taking the remainder.
+fn split(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
+    let groups = n.div_ceil(8);
+    let parts = parts.min(groups).max(1);
+    (0..parts)
+        .map(|p| (groups * p / parts * 8).min(n)..(groups * (p + 1) / parts * 8).min(n))
+        .filter(|r| !r.is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_covers_every_column_once() {
+        for n in [1, 7, 8, 9, 64, 1000] {
+            for parts in 1..5 {
+                let ranges = split(n, parts);
+                assert!(ranges.len() <= parts);
+                assert_eq!(ranges.first().unwrap().start, 0);
+                assert_eq!(ranges.last().unwrap().end, n);
+                for pair in ranges.windows(2) {
+                    assert_eq!(pair[0].end, pair[1].start);
+                    assert_eq!(pair[0].end % 8, 0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_named() {
+        let q = QuantType::Q8_0;
+        let dims = |m, n, k| Dims { m, n, k };
+        assert_eq!(check_shapes(q, 0, 0, 0, dims(1, 1, 30)), Err(ShapeError::K(30)));
+        let err = check_shapes(q, 32, 33, 1, dims(1, 1, 32)).unwrap_err();
+        assert_eq!(err.to_string(), "w has 33 bytes, m = 1, n = 1, k = 32 need 34");
+        assert!(check_shapes(q, 64, 68, 4, dims(2, 2, 32)).is_ok());
+        assert!(matches!(check_shapes(q, 64, 68, 3, dims(2, 2, 32)), Err(ShapeError::Len { what: "y", .. })));
+    }
+}

@@ -1,0 +1,257 @@
+//! The AVX2 path (x86-64 with AVX2, FMA and F16C): a tile of up to 4
+//! activation rows times one weight row at a time; each weight block is
+//! decoded in registers, 8 weights at a time, once per tile, into exactly the float32
+//! values ggml's dequantization gives, and multiplied into float32
+//! accumulators with FMA. Only the summation order differs from the scalar
+//! path (8 lanes, reduced at the end).
+
+use std::arch::x86_64::*;
+
+use crate::quant::{QuantType, BLOCK};
+use crate::{Dims, Job};
+
+const Q8_0: u8 = 0;
+const Q4_0: u8 = 1;
+const Q4_1: u8 = 2;
+
+/// Whether this CPU runs the path.
+pub(crate) fn supported() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+/// Columns `cols` of `y = x · W^T`.
+///
+/// # Safety
+/// As `scalar::matmul`, and the CPU supports the path (`supported`).
+pub(crate) unsafe fn matmul(job: &Job<'_>, cols: std::ops::Range<usize>) {
+    let Dims { m, n, k } = job.dims;
+    let args = Args { x: job.x.as_ptr(), w: job.w.as_ptr(), y: job.y.0, m, n, k };
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match job.quant {
+            QuantType::Q8_0 => columns::<Q8_0>(&args, cols),
+            QuantType::Q4_0 => columns::<Q4_0>(&args, cols),
+            QuantType::Q4_1 => columns::<Q4_1>(&args, cols),
+        }
+    }
+}
+
+/// The operands: `x` is `m x k`, `w` `n` rows of blocks, `y` `m x n`.
+struct Args {
+    x: *const f32,
+    w: *const u8,
+    y: *mut f32,
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+const fn block_bytes(q: u8) -> usize {
+    match q {
+        Q8_0 => 34,
+        Q4_0 => 18,
+        _ => 20,
+    }
+}
+
+/// Weight rows outermost, each read from memory once per call and
+/// sequentially (rows are contiguous, so the hardware prefetcher streams the
+/// whole matrix). Few activation rows (decode): blocks decoded in registers
+/// for a tile of up to 4 rows. Many (batched decode, prefill): PANEL_ROWS
+/// weight rows decoded once into a float32 scratch that stays in L1, then
+/// multiplied by PANEL_TILE_M x PANEL_ROWS register tiles, so decoding is paid once
+/// per weight row however many activation rows there are.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn columns<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
+    if a.m >= PANEL_MIN_M {
+        // SAFETY: forwarded.
+        return unsafe { panels::<Q>(a, cols) };
+    }
+    for j in cols {
+        let mut i = 0;
+        // SAFETY (all calls below): i + MR <= m and j < n.
+        unsafe {
+            while i + 4 <= a.m {
+                tile::<Q, 4, 2>(a, i, j);
+                i += 4;
+            }
+            match a.m - i {
+                0 => {}
+                1 => tile::<Q, 1, 4>(a, i, j),
+                2 => tile::<Q, 2, 4>(a, i, j),
+                _ => tile::<Q, 3, 2>(a, i, j),
+            }
+        }
+    }
+}
+
+/// From this many activation rows on, weights are decoded into a scratch
+/// panel (`panels`) rather than in registers per tile of 4 rows.
+const PANEL_MIN_M: usize = 8;
+/// Weight rows per panel, and activation rows per register tile of a panel:
+/// 4 + 2 loads feed 8 FMAs (measured: a 6 x 2 tile was slower).
+const PANEL_ROWS: usize = 2;
+const PANEL_TILE_M: usize = 4;
+/// Bytes of activations a panel pass keeps hot (half a 512 KiB L2).
+const PANEL_X_BYTES: usize = 256 << 10;
+
+/// `columns` for many activation rows (see there).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
+    let bytes = block_bytes(Q);
+    let row_bytes = a.k / BLOCK * bytes;
+    let mut scratch = vec![0.0f32; PANEL_ROWS * a.k];
+    // Activation rows in blocks that stay in L2 while every weight row of
+    // `cols` passes: prefill's thousands of rows would otherwise stream from
+    // memory once per panel.
+    let block_rows = (PANEL_X_BYTES / (4 * a.k)).clamp(PANEL_MIN_M, 256) / PANEL_TILE_M * PANEL_TILE_M;
+    let mut i0 = 0;
+    while i0 < a.m {
+        let i1 = (i0 + block_rows).min(a.m);
+        let mut j = cols.start;
+        while j < cols.end {
+            let rows = PANEL_ROWS.min(cols.end - j);
+            // SAFETY: j + rows <= n, so every block read is inside w; the
+            // scratch holds PANEL_ROWS rows of k floats; i1 <= m.
+            unsafe {
+                for r in 0..rows {
+                    let row = a.w.add((j + r) * row_bytes);
+                    let dst = scratch.as_mut_ptr().add(r * a.k);
+                    for b in 0..a.k / BLOCK {
+                        let block = row.add(b * bytes);
+                        let (d, min) = scales::<Q>(block);
+                        for c in 0..4 {
+                            _mm256_storeu_ps(dst.add(b * BLOCK + c * 8), decode::<Q>(block, c, d, min));
+                        }
+                    }
+                }
+                let mut i = i0;
+                if rows == PANEL_ROWS {
+                    while i + PANEL_TILE_M <= i1 {
+                        panel_tile::<PANEL_TILE_M, PANEL_ROWS>(a, scratch.as_ptr(), i, j);
+                        i += PANEL_TILE_M;
+                    }
+                }
+                while i < i1 {
+                    for r in 0..rows {
+                        panel_tile::<1, 1>(a, scratch.as_ptr().add(r * a.k), i, j + r);
+                    }
+                    i += 1;
+                }
+            }
+            j += rows;
+        }
+        i0 = i1;
+    }
+}
+
+/// `y[i..i+MR, j..j+NR]` from NR decoded weight rows at `w` (k floats each).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panel_tile<const MR: usize, const NR: usize>(a: &Args, w: *const f32, i: usize, j: usize) {
+    let mut acc = [[_mm256_setzero_ps(); NR]; MR];
+    // SAFETY: i + MR <= m, j + NR <= n, and w holds NR rows of k floats.
+    unsafe {
+        for kc in (0..a.k).step_by(8) {
+            let mut wv = [_mm256_setzero_ps(); NR];
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(w.add(r * a.k + kc));
+            }
+            for (row, acc_row) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(a.x.add((i + row) * a.k + kc));
+                for (r, lanes) in acc_row.iter_mut().enumerate() {
+                    *lanes = _mm256_fmadd_ps(xv, wv[r], *lanes);
+                }
+            }
+        }
+        for (row, acc_row) in acc.iter().enumerate() {
+            for (r, lanes) in acc_row.iter().enumerate() {
+                *a.y.add((i + row) * a.n + j + r) = sum(*lanes);
+            }
+        }
+    }
+}
+
+/// A block's scale `d` and (Q4_1) minimum `m`, broadcast to 8 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scales<const Q: u8>(block: *const u8) -> (__m256, __m256) {
+    // SAFETY: the caller's block is whole.
+    unsafe {
+        let d = _mm256_cvtph_ps(_mm_set1_epi16(block.cast::<i16>().read_unaligned()));
+        let min = if Q == Q4_1 {
+            _mm256_cvtph_ps(_mm_set1_epi16(block.add(2).cast::<i16>().read_unaligned()))
+        } else {
+            _mm256_setzero_ps()
+        };
+        (d, min)
+    }
+}
+
+/// `y[i..i+MR, j]`: each of the MR rows sums into A accumulators of 8 lanes
+/// (chunk c of a block into accumulator c % A), so that at least 4
+/// independent FMA chains hide the FMA latency also for one row.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<const Q: u8, const MR: usize, const A: usize>(a: &Args, i: usize, j: usize) {
+    let bytes = block_bytes(Q);
+    let mut acc = [[_mm256_setzero_ps(); A]; MR];
+    // SAFETY: the shapes were checked, i + MR <= m and j < n, so every
+    // pointer below stays inside x, w and y.
+    unsafe {
+        let row = a.w.add(j * (a.k / BLOCK * bytes));
+        for b in 0..a.k / BLOCK {
+            let x = a.x.add(i * a.k + b * BLOCK);
+            let block = row.add(b * bytes);
+            let (d, min) = scales::<Q>(block);
+            for c in 0..4 {
+                let wv = decode::<Q>(block, c, d, min);
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_ps(x.add(r * a.k + c * 8));
+                    acc_r[c % A] = _mm256_fmadd_ps(xv, wv, acc_r[c % A]);
+                }
+            }
+        }
+        for (r, acc_r) in acc.iter().enumerate() {
+            let mut lanes = acc_r[0];
+            for part in &acc_r[1..] {
+                lanes = _mm256_add_ps(lanes, *part);
+            }
+            *a.y.add((i + r) * a.n + j) = sum(lanes);
+        }
+    }
+}
+
+/// Weights `8c..8c+8` of a block, as float32 equal to ggml's dequantization:
+/// `q * d` (Q8_0), `(q - 8) * d` (Q4_0), `q * d + m` (Q4_1; a product then
+/// a sum, no FMA, so the value is rounded as the reference rounds it).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn decode<const Q: u8>(block: *const u8, c: usize, d: __m256, min: __m256) -> __m256 {
+    // SAFETY: the caller's block is whole.
+    unsafe {
+        if Q == Q8_0 {
+            let q = _mm_loadl_epi64(block.add(2 + 8 * c).cast());
+            return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+        }
+        let start = if Q == Q4_1 { 4 } else { 2 };
+        // Elements 0..16 are the low nibbles of the 16 bytes, 16..32 the high ones.
+        let mut q = _mm_loadl_epi64(block.add(start + 8 * (c & 1)).cast());
+        if c >= 2 {
+            q = _mm_srli_epi16::<4>(q);
+        }
+        let q = _mm256_cvtepu8_epi32(_mm_and_si128(q, _mm_set1_epi8(0x0f)));
+        if Q == Q4_0 {
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))), d)
+        } else {
+            _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), min)
+        }
+    }
+}
+
+/// The sum of the 8 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn sum(v: __m256) -> f32 {
+    let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+    _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps::<1>(pair, pair)))
+}
