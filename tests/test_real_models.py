@@ -200,6 +200,23 @@ def test_config_comes_from_the_checkpoint(checkpoints):
         make_engine_config(paths["safetensors"], device="cpu", max_model_len=257)
 
 
+def test_loading_a_model_does_not_import_torchs_compiler(checkpoints):
+    # Initialising parameters on the meta device once pulled in torch._dynamo
+    # and triton: seconds of start-up and 66 MiB resident, for nothing.
+    # A fresh interpreter, since this one has imported transformers.
+    _, paths = checkpoints["llama"]
+    code = (
+        "import sys\n"
+        "from vllm_rs.engine import make_engine_config\n"
+        "from vllm_rs.engine.core import EngineCore\n"
+        f"EngineCore(make_engine_config({paths['safetensors']!r}, device='cpu', kv_cache_memory_bytes=1 << 24))\n"
+        "print(sorted(m for m in ('torch._dynamo', 'triton') if m in sys.modules))\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip().splitlines()[-1] == "[]"
+
+
 # ---- the packaged real model ----
 
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -130,7 +130,11 @@ class Backbone(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # An explicit weight skips `reset_parameters`: its `normal_` on the
+        # meta device goes through torch's decompositions, which import
+        # `torch._dynamo` and with it `triton` (66 MiB resident, ~1 s).
+        weight = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
