@@ -120,6 +120,19 @@ def in_process(kind: str, spec: dict) -> LevelResult:
     return LevelResult(**json.loads(ran.stdout.strip().splitlines()[-1]))
 
 
+def runtime_rss_bytes(threads: int) -> int:
+    """Resident memory of a Python process with what an engine process
+    imports (torch, the engine core) and no model: the part of the engine's
+    RSS that the weights and the KV cache are not."""
+    code = ("import os, torch, vllm_rs.engine.core, vllm_rs.engine.core_proc; torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']));"
+            "print(int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE'))")  # fmt: skip
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                         env={**os.environ, "OMP_NUM_THREADS": str(threads)})  # fmt: skip
+    if ran.returncode != 0:
+        raise RuntimeError(f"the runtime baseline failed:\n{ran.stderr[-3000:]}")
+    return int(ran.stdout.strip().splitlines()[-1])
+
+
 def ratio_rows(results: dict, gguf_size: int) -> list[dict]:
     """The target ratios that this run measured both sides of."""
     rows = []
@@ -133,12 +146,13 @@ def ratio_rows(results: dict, gguf_size: int) -> list[dict]:
         rows.append({"measure": name, "ratio": ratio, "goal": goal, "met": ratio >= goal if higher else ratio <= goal,
                      "higher_is_better": higher})  # fmt: skip
     memory = results.get("memory", {})
-    rss = memory.get("serve_engine_rss_bytes")
-    for name, held in (("engine RSS after load / GGUF size", rss),
-                       ("engine RSS after load less its KV cache / GGUF size",
-                        rss - memory["kv_cache_budget_bytes"] if rss else None)):  # fmt: skip
+    rss, runtime = memory.get("serve_engine_rss_after_bytes"), memory.get("engine_runtime_rss_bytes")
+    weights = rss - memory["kv_cache_budget_bytes"] - runtime if rss and runtime else None
+    for name, held in (("engine RSS after serving / GGUF size", rss),
+                       ("weights in memory (engine RSS after serving less its KV cache and the runtime) / GGUF size",
+                        weights)):  # fmt: skip
         if held is None:
-            rows.append({"measure": name, "ratio": None, "goal": 2.0, "why": "serve not run"})
+            rows.append({"measure": name, "ratio": None, "goal": 2.0, "why": "serve or the runtime baseline not run"})
         else:
             rows.append({"measure": name, "ratio": held / gguf_size, "goal": 2.0, "met": held <= 2 * gguf_size,
                          "higher_is_better": False})  # fmt: skip
@@ -256,7 +270,8 @@ class Run:
         """The engine core in-process at `concurrency`."""
         spec = {"gguf": str(self.opts.gguf), "threads": self.opts.threads, "prompts": self.by_level[concurrency],
                 "warmup": self.warmup, "output_tokens": self.opts.output_tokens, "concurrency": concurrency,
-                "dtype": self.opts.dtype, "kv_cache_memory_bytes": self.kv_cache_bytes}  # fmt: skip
+                "dtype": self.opts.dtype, "kv_cache_memory_bytes": self.kv_cache_bytes,
+                "max_model_len": LLAMA_SLOT_CTX}  # fmt: skip
         if (r := self.attempt("direct", lambda: in_process("engine", spec))) is not None:
             self.record("direct", r)
             self.memory["direct_engine_rss_bytes"] = r.extra["rss_bytes"]
@@ -284,13 +299,20 @@ class Run:
                     self.hf()
                 if concurrency == self.levels[-1] and "direct" not in self.opts.skip:
                     self.direct(concurrency)
+            # After serving every weight has been read, so its pages are resident.
+            if "serve" in servers:
+                self.memory["serve_engine_rss_after_bytes"] = rss_bytes(servers["serve"].engine_pid)
+                runtime = self.attempt("runtime", lambda: runtime_rss_bytes(self.opts.threads))
+                if runtime is not None:
+                    self.memory["engine_runtime_rss_bytes"] = runtime
 
     def report(self) -> None:
         """Prints the memory rows and the ratios; writes models.json."""
         gguf_size = self.memory["gguf_bytes"]
         print(f"  KV cache given to the engine: {self.kv_cache_bytes / 2**20:.0f} MiB "
               f"({max(self.levels)} x {LLAMA_SLOT_CTX} tokens at float32, llama-server's context)")  # fmt: skip
-        for key in ("serve_engine_rss_bytes", "direct_engine_rss_bytes", "llama_server_rss_bytes", "hf_rss_bytes"):
+        for key in ("serve_engine_rss_bytes", "serve_engine_rss_after_bytes", "engine_runtime_rss_bytes",
+                    "direct_engine_rss_bytes", "llama_server_rss_bytes", "hf_rss_bytes"):  # fmt: skip
             if key in self.memory:
                 print(f"  {key.removesuffix('_bytes').replace('_', ' ')}: {self.memory[key] / 2**20:.0f} MiB "
                       f"({self.memory[key] / gguf_size:.2f}x the GGUF)")  # fmt: skip

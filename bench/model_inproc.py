@@ -94,7 +94,8 @@ def engine_direct(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     before = rss_bytes()
     config = make_engine_config(spec["gguf"], device="cpu", dtype=spec.get("dtype") or "auto", log_stats=False,
-                                kv_cache_memory_bytes=spec["kv_cache_memory_bytes"])  # fmt: skip
+                                kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
+                                max_model_len=spec["max_model_len"])  # fmt: skip
     core = EngineCore(config)
     loaded = rss_bytes()
     tokens = spec["output_tokens"]

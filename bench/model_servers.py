@@ -107,11 +107,12 @@ def serve_stack(*args: str, log_path: Path):
 def vllm_rs_stack(gguf: Path, threads: int, dtype: str | None, kv_cache_bytes: int, log_dir: Path):
     """`python -m vllm_rs serve GGUF` with its engine on `threads` intra-op
     threads (OMP_NUM_THREADS) and a KV cache of `kv_cache_bytes`, one
-    engine, the served model named `smollm2`."""
+    engine, the served model named `smollm2`, sequences capped at
+    llama-server's slot context (so one stream's budget fits one sequence)."""
     previous = {k: os.environ.get(k) for k in (*STACK_ENV, "OMP_NUM_THREADS")}
     os.environ.update(STACK_ENV, OMP_NUM_THREADS=str(threads))
     args = ["--model", str(gguf), "--served-model-name", "smollm2", "--device", "cpu",
-            "--kv-cache-memory-bytes", str(kv_cache_bytes)]  # fmt: skip
+            "--kv-cache-memory-bytes", str(kv_cache_bytes), "--max-model-len", str(LLAMA_SLOT_CTX)]  # fmt: skip
     if dtype is not None:
         args += ["--dtype", dtype]
     try:
