@@ -88,10 +88,13 @@ unsafe fn columns<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
 /// From this many activation rows on, weights are decoded into a scratch
 /// panel (`panels`) rather than in registers per tile of 4 rows.
 const PANEL_MIN_M: usize = 8;
-/// Weight rows per panel, and activation rows per register tile of a panel:
-/// 4 + 2 loads feed 8 FMAs (measured: a 6 x 2 tile was slower).
-const PANEL_ROWS: usize = 2;
-const PANEL_TILE_M: usize = 4;
+/// Weight rows per panel: the 4 outputs of an activation row are reduced
+/// together and stored as one vector.
+const PANEL_ROWS: usize = 4;
+/// Activation rows per register tile of a panel: 3 x 4 accumulators, 3
+/// activation vectors and one weight vector fill the 16 registers; 3 + 4
+/// loads feed 12 FMAs.
+const PANEL_TILE_M: usize = 3;
 /// Bytes of activations a panel pass keeps hot (half a 512 KiB L2).
 const PANEL_X_BYTES: usize = 256 << 10;
 
@@ -100,6 +103,8 @@ const PANEL_X_BYTES: usize = 256 << 10;
 unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
     let bytes = block_bytes(Q);
     let row_bytes = a.k / BLOCK * bytes;
+    // Rows past the end of `cols` stay zero: a last panel of fewer rows is
+    // computed whole and only its own columns are stored.
     let mut scratch = vec![0.0f32; PANEL_ROWS * a.k];
     // Activation rows in blocks that stay in L2 while every weight row of
     // `cols` passes: prefill's thousands of rows would otherwise stream from
@@ -114,6 +119,9 @@ unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
             // SAFETY: j + rows <= n, so every block read is inside w; the
             // scratch holds PANEL_ROWS rows of k floats; i1 <= m.
             unsafe {
+                if rows < PANEL_ROWS {
+                    scratch.fill(0.0);
+                }
                 for r in 0..rows {
                     let row = a.w.add((j + r) * row_bytes);
                     let dst = scratch.as_mut_ptr().add(r * a.k);
@@ -126,17 +134,14 @@ unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
                     }
                 }
                 let mut i = i0;
-                if rows == PANEL_ROWS {
-                    while i + PANEL_TILE_M <= i1 {
-                        panel_tile::<PANEL_TILE_M, PANEL_ROWS>(a, scratch.as_ptr(), i, j);
-                        i += PANEL_TILE_M;
-                    }
+                while i + PANEL_TILE_M <= i1 {
+                    panel_tile::<PANEL_TILE_M>(a, scratch.as_ptr(), i, j, rows);
+                    i += PANEL_TILE_M;
                 }
-                while i < i1 {
-                    for r in 0..rows {
-                        panel_tile::<1, 1>(a, scratch.as_ptr().add(r * a.k), i, j + r);
-                    }
-                    i += 1;
+                match i1 - i {
+                    0 => {}
+                    1 => panel_tile::<1>(a, scratch.as_ptr(), i, j, rows),
+                    _ => panel_tile::<2>(a, scratch.as_ptr(), i, j, rows),
                 }
             }
             j += rows;
@@ -145,30 +150,49 @@ unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
     }
 }
 
-/// `y[i..i+MR, j..j+NR]` from NR decoded weight rows at `w` (k floats each).
+/// `y[i..i+MR, j..j+cols]` from the PANEL_ROWS decoded weight rows at `w`
+/// (k floats each). Every output has one accumulator, summed over k in
+/// order and reduced by `sum4`, whatever MR and `cols`: an output's bits do
+/// not depend on its place in the batch or on the thread split.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn panel_tile<const MR: usize, const NR: usize>(a: &Args, w: *const f32, i: usize, j: usize) {
-    let mut acc = [[_mm256_setzero_ps(); NR]; MR];
-    // SAFETY: i + MR <= m, j + NR <= n, and w holds NR rows of k floats.
+unsafe fn panel_tile<const MR: usize>(a: &Args, w: *const f32, i: usize, j: usize, cols: usize) {
+    let mut acc = [[_mm256_setzero_ps(); PANEL_ROWS]; MR];
+    // SAFETY: i + MR <= m, j + cols <= n, and w holds PANEL_ROWS rows of k floats.
     unsafe {
+        let x = a.x.add(i * a.k);
         for kc in (0..a.k).step_by(8) {
-            let mut wv = [_mm256_setzero_ps(); NR];
-            for (r, v) in wv.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(w.add(r * a.k + kc));
+            let mut xv = [_mm256_setzero_ps(); MR];
+            for (row, v) in xv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(x.add(row * a.k + kc));
             }
-            for (row, acc_row) in acc.iter_mut().enumerate() {
-                let xv = _mm256_loadu_ps(a.x.add((i + row) * a.k + kc));
-                for (r, lanes) in acc_row.iter_mut().enumerate() {
-                    *lanes = _mm256_fmadd_ps(xv, wv[r], *lanes);
+            for r in 0..PANEL_ROWS {
+                let wv = _mm256_loadu_ps(w.add(r * a.k + kc));
+                for row in 0..MR {
+                    acc[row][r] = _mm256_fmadd_ps(xv[row], wv, acc[row][r]);
                 }
             }
         }
         for (row, acc_row) in acc.iter().enumerate() {
-            for (r, lanes) in acc_row.iter().enumerate() {
-                *a.y.add((i + row) * a.n + j + r) = sum(*lanes);
+            let sums = sum4(acc_row);
+            let dst = a.y.add((i + row) * a.n + j);
+            if cols == PANEL_ROWS {
+                _mm_storeu_ps(dst, sums);
+            } else {
+                let mut lanes = [0.0f32; PANEL_ROWS];
+                _mm_storeu_ps(lanes.as_mut_ptr(), sums);
+                std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, cols);
             }
         }
     }
+}
+
+/// The lane sums of 4 accumulators, as one vector (pairwise: lanes 0+1,
+/// 2+3, then those, then the two halves).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn sum4(v: &[__m256; PANEL_ROWS]) -> __m128 {
+    let quads = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    _mm_add_ps(_mm256_castps256_ps128(quads), _mm256_extractf128_ps::<1>(quads))
 }
 
 /// A block's scale `d` and (Q4_1) minimum `m`, broadcast to 8 lanes.
@@ -221,8 +245,9 @@ unsafe fn tile<const Q: u8, const MR: usize, const A: usize>(a: &Args, i: usize,
 }
 
 /// Weights `8c..8c+8` of a block, as float32 equal to ggml's dequantization:
-/// `q * d` (Q8_0), `(q - 8) * d` (Q4_0), `q * d + m` (Q4_1; a product then
-/// a sum, no FMA, so the value is rounded as the reference rounds it).
+/// `q * d` (Q8_0), `(q - 8) * d` (Q4_0), `q * d + m` (Q4_1). Q4_1's is one
+/// FMA, which rounds as the reference's product-then-sum does: `q * d` (a
+/// 4-bit integer times an f16) is exact in float32, so only the sum rounds.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn decode<const Q: u8>(block: *const u8, c: usize, d: __m256, min: __m256) -> __m256 {
@@ -233,16 +258,15 @@ unsafe fn decode<const Q: u8>(block: *const u8, c: usize, d: __m256, min: __m256
             return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
         }
         let start = if Q == Q4_1 { 4 } else { 2 };
-        // Elements 0..16 are the low nibbles of the 16 bytes, 16..32 the high ones.
-        let mut q = _mm_loadl_epi64(block.add(start + 8 * (c & 1)).cast());
-        if c >= 2 {
-            q = _mm_srli_epi16::<4>(q);
-        }
-        let q = _mm256_cvtepu8_epi32(_mm_and_si128(q, _mm_set1_epi8(0x0f)));
+        // Elements 0..16 are the low nibbles of the 16 bytes, 16..32 the
+        // high ones; the bytes are widened to 32 bits first (one load-and-
+        // widen), so the high nibble is a shift without a mask.
+        let bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(block.add(start + 8 * (c & 1)).cast()));
+        let q = if c >= 2 { _mm256_srli_epi32::<4>(bytes) } else { _mm256_and_si256(bytes, _mm256_set1_epi32(0x0f)) };
         if Q == Q4_0 {
             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))), d)
         } else {
-            _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), min)
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, min)
         }
     }
 }
