@@ -158,14 +158,16 @@ unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
                     }
                 }
                 let mut i = i0;
-                while i + PANEL_TILE_M <= i1 {
+                while i + PANEL_TILE_M <= i1 && i1 - i != 4 {
                     panel_tile::<PANEL_TILE_M>(a, scratch.as_ptr(), i, j, rows);
                     i += PANEL_TILE_M;
                 }
-                match i1 - i {
-                    0 => {}
-                    1 => panel_tile::<1>(a, scratch.as_ptr(), i, j, rows),
-                    _ => panel_tile::<2>(a, scratch.as_ptr(), i, j, rows),
+                while i + 2 <= i1 {
+                    panel_tile::<2>(a, scratch.as_ptr(), i, j, rows);
+                    i += 2;
+                }
+                if i < i1 {
+                    panel_tile::<1>(a, scratch.as_ptr(), i, j, rows);
                 }
             }
             j += rows;
