@@ -193,8 +193,8 @@ unsafe fn panel_tile<const MR: usize>(a: &Args, w: *const f32, i: usize, j: usiz
             }
             for r in 0..PANEL_ROWS {
                 let wv = _mm256_loadu_ps(w.add(r * a.k + kc));
-                for row in 0..MR {
-                    acc[row][r] = _mm256_fmadd_ps(xv[row], wv, acc[row][r]);
+                for (acc_row, xr) in acc.iter_mut().zip(&xv) {
+                    acc_row[r] = _mm256_fmadd_ps(*xr, wv, acc_row[r]);
                 }
             }
         }
