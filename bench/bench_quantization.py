@@ -15,7 +15,8 @@ layers read by the Rust kernel; gguf-fp16: every layer in fp16 packs, the
 previous `--quantization gguf`, forced for this comparison only; none:
 dequantized float32) and each intra-op thread count, the resident memory
 the load added and the decode speed at batch 1 and batch 16 (random
-prompts, greedy, `ignore_eos`). The variants are interleaved in one run, so
+prompts, greedy, `ignore_eos`): tokens per second of the wall clock and per
+second of the child's CPU time (what a shared machine's load leaves alone). The variants are interleaved in one run, so
 their ratios hold on a machine whose load changes; each runs in a child
 process of its own (its threads and memory its own).
 
@@ -68,11 +69,12 @@ def child(spec: dict) -> dict:
             params = {"temperature": 0.0, "max_tokens": spec["tokens"], "ignore_eos": True}
             core.add_request(EngineCoreRequest(f"b{batch}-{i}", prompt, params))
         core.step()  # the prefill, not timed
-        steps, began = 0, time.monotonic()
+        steps, began, cpu_began = 0, time.monotonic(), time.process_time()
         while core.has_work():
             core.step()
             steps += 1
         result[f"decode_tok_s_b{batch}"] = steps * batch / (time.monotonic() - began)
+        result[f"decode_tok_cpu_s_b{batch}"] = steps * batch / (time.process_time() - cpu_began)
     return result
 
 
@@ -182,12 +184,14 @@ def main() -> int:
                 return 1
             r = json.loads(ran.stdout.strip().splitlines()[-1])
             rows.append((quantization, threads, r))
-            speeds = "  ".join(f"batch {b}: {r[f'decode_tok_s_b{b}']:7.1f} tok/s" for b in opts.batches)
+            speeds = "  ".join(f"batch {b}: {r[f'decode_tok_s_b{b}']:7.1f} tok/s ({r[f'decode_tok_cpu_s_b{b}']:7.1f} per "
+                               "CPU s)" for b in opts.batches)  # fmt: skip
             print(f"  {quantization:9s} {threads} threads: load {r['load_s']:5.1f} s, "
                   f"+{r['rss_load_delta_bytes'] / 2**20:5.0f} MiB RSS  {speeds}", flush=True)  # fmt: skip
     base = rows[0][2]
     for quantization, threads, r in rows[1:]:
-        ratios = "  ".join(f"batch {b}: {r[f'decode_tok_s_b{b}'] / base[f'decode_tok_s_b{b}']:.2f}x"
+        ratios = "  ".join(f"batch {b}: {r[f'decode_tok_s_b{b}'] / base[f'decode_tok_s_b{b}']:.2f}x "
+                           f"({r[f'decode_tok_cpu_s_b{b}'] / base[f'decode_tok_cpu_s_b{b}']:.2f}x per CPU s)"
                            for b in opts.batches)  # fmt: skip
         print(f"  {quantization} x{threads} / {rows[0][0]} x{rows[0][1]}: {ratios}")
     print(f"  load average at the end {os.getloadavg()[0]:.1f}")
