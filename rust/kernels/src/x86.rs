@@ -58,11 +58,12 @@ const fn block_bytes(q: u8) -> usize {
 
 /// Weight rows outermost, each read from memory once per call and
 /// sequentially (rows are contiguous, so the whole matrix streams; the
-/// few-rows path also prefetches PREFETCH_BYTES ahead). Few activation rows (decode): blocks decoded in registers
-/// for a tile of up to 4 rows. Many (batched decode, prefill): PANEL_ROWS
-/// weight rows decoded once into a float32 scratch that stays in L1, then
-/// multiplied by PANEL_TILE_M x PANEL_ROWS register tiles, so decoding is paid once
-/// per weight row however many activation rows there are.
+/// few-rows path also prefetches PREFETCH_BYTES ahead). Few activation rows
+/// (decode): blocks decoded in registers for a tile of up to 4 rows. Many
+/// (batched decode, prefill): PANEL_ROWS weight rows decoded once into a
+/// float32 scratch that stays in L1, then multiplied by PANEL_TILE_M x
+/// PANEL_ROWS register tiles, so decoding is paid once per weight row however
+/// many activation rows there are.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn columns<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
     if a.m >= PANEL_MIN_M {
@@ -157,6 +158,8 @@ unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
                         }
                     }
                 }
+                // Tiles of 3 rows; a remainder of 4 goes as 2 + 2, not 3 + 1
+                // (a 1-row tile's 4 FMA chains wait on the FMA latency).
                 let mut i = i0;
                 while i + PANEL_TILE_M <= i1 && i1 - i != 4 {
                     panel_tile::<PANEL_TILE_M>(a, scratch.as_ptr(), i, j, rows);
