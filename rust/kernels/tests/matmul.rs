@@ -145,6 +145,26 @@ fn one_thread_and_many_give_the_same_bits() {
 }
 
 #[test]
+fn many_rows_give_the_same_bits_whatever_the_threads_and_row_order() {
+    // Enough rows for the panel path; n not a multiple of the panel's 4 rows.
+    for quant in TYPES {
+        for m in [5, 16, 17] {
+            let (n, k) = (70, 96);
+            let (x, w) = operands(quant, m, n, k, 13);
+            // The batch's rows reversed: each output row must keep its bits.
+            let reversed: Vec<f32> = x.chunks_exact(k).rev().flatten().copied().collect();
+            for path in paths() {
+                let one = run(path, quant, &x, &w, Dims { m, n, k }, 1);
+                assert_eq!(one, run(path, quant, &x, &w, Dims { m, n, k }, 3), "{quant:?} m={m}");
+                let back = run(path, quant, &reversed, &w, Dims { m, n, k }, 2);
+                let back: Vec<f32> = back.chunks_exact(n).rev().flatten().copied().collect();
+                assert_eq!(one, back, "{quant:?} m={m}");
+            }
+        }
+    }
+}
+
+#[test]
 fn known_weights_give_known_products() {
     // One Q8_0 row: d = 0.5, q = 0..32; x = 1: y = 0.5 * sum(0..32) = 248.
     let mut w = vec![0x00, 0x38];
