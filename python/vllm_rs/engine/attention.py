@@ -77,13 +77,13 @@ class PagedAttention(nn.Module):
         gqa = self.num_kv_heads != self.num_heads
         key_cache.index_copy_(0, meta.slot_mapping, k)
         value_cache.index_copy_(0, meta.slot_mapping, v)
+        if meta.decodes is None and len(meta.sequences) == 1:
+            # One request (a batch-1 decode, a lone prefill): its rows are the whole batch.
+            attended = self._attend(q, key_cache, value_cache, meta.sequences[0], gqa)
+            return attended.transpose(0, 1).reshape(q.shape[0], -1)
         out = torch.empty_like(q)
         for seq in meta.sequences:
-            queries = q[seq.start : seq.end].transpose(0, 1)
-            keys = key_cache.index_select(0, seq.key_slots).transpose(0, 1)
-            values = value_cache.index_select(0, seq.key_slots).transpose(0, 1)
-            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seq.mask, enable_gqa=gqa)
-            out[seq.start : seq.end] = attended.transpose(0, 1)
+            out[seq.start : seq.end] = self._attend(q, key_cache, value_cache, seq, gqa).transpose(0, 1)
         if meta.decodes is not None:
             batch = meta.decodes
             # index_select on the flat slots: twice as fast as indexing with
@@ -95,3 +95,13 @@ class PagedAttention(nn.Module):
             attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.mask, enable_gqa=gqa)
             out.index_copy_(0, batch.rows, attended[:, :, 0, :])
         return out.reshape(q.shape[0], -1)
+
+    @staticmethod
+    def _attend(
+        q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, seq: SequenceSlice, gqa: bool
+    ) -> torch.Tensor:
+        """One request's queries over its keys: `[heads, queries, head_dim]`."""
+        queries = q[seq.start : seq.end].transpose(0, 1)
+        keys = key_cache.index_select(0, seq.key_slots).transpose(0, 1)
+        values = value_cache.index_select(0, seq.key_slots).transpose(0, 1)
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=seq.mask, enable_gqa=gqa)
