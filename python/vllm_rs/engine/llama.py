@@ -64,7 +64,9 @@ def rope_inv_freq(config: TransformerConfig, factors: torch.Tensor | None = None
     return torch.where(medium, smoothed, scaled)
 
 
-def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE's `cos` and sign-folded `sin` for `positions`, `[tokens, 1,
     head_dim]`: the first half of `sin` negated, so that `apply_rope` needs
     no negation per layer (negating a factor is exact: the same values as
