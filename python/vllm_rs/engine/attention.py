@@ -87,9 +87,10 @@ class PagedAttention(nn.Module):
         key_cache.index_copy_(0, meta.slot_mapping, k)
         value_cache.index_copy_(0, meta.slot_mapping, v)
         if meta.decodes is None and len(meta.sequences) == 1:
-            # One request (a batch-1 decode, a lone prefill): its rows are the whole batch.
-            attended = self._attend(q, key_cache, value_cache, meta.sequences[0], gqa)
-            return attended.transpose(0, 1).reshape(q.shape[0], -1)
+            seq = meta.sequences[0]
+            if seq.start == 0 and seq.end == q.shape[0]:
+                # One request (a batch-1 decode, a lone prefill) is the whole batch: no scatter.
+                return self._attend(q, key_cache, value_cache, seq, gqa).transpose(0, 1).reshape(q.shape[0], -1)
         out = torch.empty_like(q)
         for seq in meta.sequences:
             out[seq.start : seq.end] = self._attend(q, key_cache, value_cache, seq, gqa).transpose(0, 1)

@@ -34,7 +34,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalizes the last dimension."""
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            # One operator instead of six, with the same float32 arithmetic
+            # One call instead of six operators, the same float32 arithmetic
             # bit for bit (61 of them in a SmolLM2 step; docs/real-model-speed.md).
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
