@@ -337,6 +337,21 @@ def test_bound_cache_is_what_the_toy_attention_reads_and_writes():
     assert out.tolist() == [[3.0, 4.0]]  # one key: attention returns its value
 
 
+def test_a_cache_bound_after_a_step_is_the_one_the_next_step_writes():
+    """The layer keeps views of its cache between steps; binding another
+    tensor (the runner reallocating it) must move reads and writes there."""
+    layer = PagedAttention("layers.0.attn", num_heads=1, head_dim=2)
+    first, second = torch.zeros(2, 1, 4, 1, 2), torch.zeros(2, 1, 4, 1, 2)
+    meta = AttentionMetadata(torch.tensor([1]), [SequenceSlice(0, 1, torch.tensor([1]), None)])
+    layer.bind_kv_cache(first)
+    layer(torch.ones(1, 1, 2), torch.tensor([[[1.0, 2.0]]]), torch.tensor([[[3.0, 4.0]]]), meta)
+    layer.bind_kv_cache(second)
+    out = layer(torch.ones(1, 1, 2), torch.tensor([[[5.0, 6.0]]]), torch.tensor([[[7.0, 8.0]]]), meta)
+    assert first[0, 0, 1, 0].tolist() == [1.0, 2.0] and first[1, 0, 1, 0].tolist() == [3.0, 4.0]
+    assert second[0, 0, 1, 0].tolist() == [5.0, 6.0] and second[1, 0, 1, 0].tolist() == [7.0, 8.0]
+    assert out.tolist() == [[7.0, 8.0]]
+
+
 def test_a_layer_without_the_method_gets_the_older_list_form():
     ctx = {**_legacy_layers("layers.1.attn"), **_attention_layers("layers.0.attn")}
     kv_caches = _caches("layers.0.attn", "layers.1.attn")

@@ -4,7 +4,12 @@ Mistral, Qwen2 and Qwen3, which differ only in flags of `TransformerConfig`
 are the Hugging Face checkpoints' (`model.layers.N.self_attn.q_proj.weight`,
 ...), so safetensors load by name; attention runs over the paged KV cache
 (`attention.PagedAttention`). The arithmetic follows transformers' modeling
-code step for step, so fp32 logits agree to rounding."""
+code step for step, so fp32 logits agree to rounding.
+
+Inside the model, submodules are run with `module.forward(...)`, not
+`module(...)`: nothing registers hooks on them, and `nn.Module.__call__`'s
+hook checks cost 3-4 us on each of about 400 calls per step, 5% of a
+batch-1 decode step of SmolLM2 (docs/real-model-speed.md)."""
 
 from __future__ import annotations
 
@@ -28,6 +33,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalizes the last dimension."""
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # One call instead of six operators, the same float32 arithmetic
+            # bit for bit (61 of them in a SmolLM2 step; docs/real-model-speed.md).
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -60,10 +69,25 @@ def rope_inv_freq(config: TransformerConfig, factors: torch.Tensor | None = None
     return torch.where(medium, smoothed, scaled)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """The second half of the last dimension, negated, before the first."""
+def rope_tables(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's `cos` and sign-folded `sin` for `positions`, `[tokens, 1,
+    head_dim]`: the first half of `sin` negated, so that `apply_rope` needs
+    no negation per layer (negating a factor is exact: the same values as
+    transformers' `rotate_half`)."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+    sin = angles.sin()
+    sin[..., : freqs.shape[-1]].neg_()
+    return angles.cos().to(dtype), sin.to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """`x * cos + rotate_half(x) * sin`, with `signed_sin` from `rope_tables`."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos).add_(swapped.mul_(signed_sin))
 
 
 class Attention(nn.Module):
@@ -84,15 +108,14 @@ class Attention(nn.Module):
         self.attn = PagedAttention(f"model.layers.{index}.self_attn.attn", c.num_heads, c.head_dim, c.num_kv_heads)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """`x`: `[tokens, hidden]`; `cos`/`sin`: `[tokens, 1, head_dim]`."""
-        q = self.q_proj(x).view(-1, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+        """`x`: `[tokens, hidden]`; `cos`/`sin`: `[tokens, 1, head_dim]` (`rope_tables`)."""
+        q = self.q_proj.forward(x).view(-1, self.num_heads, self.head_dim)
+        k = self.k_proj.forward(x).view(-1, self.num_kv_heads, self.head_dim)
+        v = self.v_proj.forward(x).view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        return self.o_proj(self.attn(q, k, v, meta))
+            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self.o_proj.forward(self.attn.forward(q, k, v, meta))
 
 
 class MLP(nn.Module):
@@ -106,7 +129,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP of each row."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        # In place: both products are this call's own fresh tensors.
+        return self.down_proj.forward(F.silu(self.gate_proj.forward(x), inplace=True).mul_(self.up_proj.forward(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -121,8 +145,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """One layer over the flattened batch."""
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, meta)
+        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
 class Backbone(nn.Module):
@@ -171,11 +195,9 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """Logits `[len(logits_indices), vocab]` (float32) for the given rows of the batch."""
         x = self.model.embed_tokens(input_ids)
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        cos, sin = rope_tables(positions, self.inv_freq, x.dtype)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, meta)
+            x = layer.forward(x, cos, sin, meta)
         hidden = self.model.norm(x.index_select(0, logits_indices))
         # A packed model has its own lm_head even when the embeddings are tied.
         head = getattr(self, "lm_head", None)
