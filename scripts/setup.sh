@@ -16,7 +16,7 @@ fi
 command -v cargo >/dev/null || { echo "cargo not found: install a Rust toolchain (rustup)" >&2; exit 1; }
 
 # Each phase's wall time goes to stderr ("setup: pip 95 s"), so that a fresh
-# setup's time is read off its output (docs/development.md, Build time).
+# setup's time is read off its output (docs/development.md, Fresh setup time).
 phase_start=$SECONDS
 setup_start=$SECONDS
 phase_done() {
@@ -46,7 +46,7 @@ stop_build() { kill -TERM -- "-$build_pid" 2>/dev/null || true; }
 trap stop_build EXIT
 echo "setup: cargo build started in the background (log: $build_log)" >&2
 # fastokens needs PCRE2: cargo links the system library where pkg-config finds
-# it, else compiles PCRE2 from C (docs/development.md, Dependency weight).
+# it, else compiles PCRE2 from C (docs/development.md, Dependency features).
 if ! pkg-config --exists libpcre2-8 2>/dev/null; then
   echo "setup: no libpcre2-8 for pkg-config, so PCRE2 is compiled from C; installing libpcre2-dev (and pkg-config) saves that" >&2
 fi

@@ -2,8 +2,15 @@
 //! the `.proto` files in `proto/` (same package, messages and field numbers as
 //! vLLM's published definition, so vLLM's gRPC clients talk to it unchanged).
 //!
-//! This crate holds only the wire types and the generated server/client; the
+//! This crate holds only the wire types and the generated server; the
 //! servicer that drives engines lives in the frontend (`vllm_rs_frontend::grpc`).
+//!
+//! The generated code is checked in (`src/generated/`) instead of made by a
+//! build script: compiling protox and tonic-prost-build for every fresh build
+//! cost about 6% of the release build's CPU time (docs/development.md, Build
+//! settings). `tests/generated.rs` regenerates it from `proto/` and fails when
+//! it differs; `VLLM_RS_REGENERATE_GRPC=1 cargo test -p vllm-rs-grpc --test generated`
+//! rewrites it after a `.proto` changes.
 
 // The generated code names other packages by their full path from the crate
 // root, so the modules nest like the proto packages.
@@ -11,7 +18,7 @@
 mod smg {
     pub mod grpc {
         pub mod common {
-            tonic::include_proto!("smg.grpc.common");
+            include!("generated/smg.grpc.common.rs");
         }
     }
 }
@@ -20,7 +27,7 @@ mod smg {
 mod vllm {
     pub mod grpc {
         pub mod engine {
-            tonic::include_proto!("vllm.grpc.engine");
+            include!("generated/vllm.grpc.engine.rs");
         }
     }
 }
@@ -31,7 +38,7 @@ pub use smg::grpc::common;
 pub use vllm::grpc::engine;
 
 /// The encoded `FileDescriptorSet` of the `.proto` files (for gRPC reflection).
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vllm_engine_descriptors.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/vllm_engine_descriptors.bin");
 
 /// The service's full name, `vllm.grpc.engine.VllmEngine`.
 pub const SERVICE_NAME: &str = "vllm.grpc.engine.VllmEngine";
