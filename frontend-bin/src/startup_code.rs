@@ -85,7 +85,9 @@ pub fn release_startup_code() -> io::Result<usize> {
     for (start, end) in clean_ranges_of(&smaps) {
         // SAFETY: the range is a whole private mapping of a file that is not
         // writable and holds no private page: dropping its pages only makes
-        // the next access read the same bytes from the file again.
+        // the next access read the same bytes from the file again. It cannot
+        // have become another mapping since smaps was read: the frontend
+        // never unmaps its executable or a library (no `dlclose`).
         if unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) } != 0 {
             return Err(io::Error::last_os_error());
         }
