@@ -255,6 +255,9 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         engines.stop_accepting();
     };
     let drain_timeout = options.drain_timeout;
+    // On a worker, off the path to the first response: reading smaps and the
+    // advice take about a millisecond.
+    tokio::spawn(async { crate::startup_code::release() });
     let mut drained = serve(listener, vllm_rs_server::http::routes(state.clone()), options, tls, stopping).await;
     if let Some(grpc) = grpc {
         drained &= vllm_rs_server::grpc::server::drained(grpc, drain_timeout).await;

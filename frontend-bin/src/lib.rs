@@ -7,4 +7,5 @@
 pub mod app;
 pub mod cli;
 pub mod launcher;
+pub mod startup_code;
 pub mod stats_log;

@@ -27,9 +27,11 @@ fn init_logging() {
 /// Returns the memory freed so far to the system now rather than after
 /// mimalloc's purge delay: loading a tokenizer's tables frees tens of MiB that
 /// would otherwise stay resident until later allocations happen to purge them.
+/// The code that built them ran once: its pages are let go too.
 fn return_freed_memory() {
     // SAFETY: `mi_collect` only walks mimalloc's own structures; any thread may call it.
     unsafe { libmimalloc_sys::mi_collect(true) }
+    vllm_rs_frontend::startup_code::release();
 }
 
 fn main() -> ExitCode {
