@@ -59,21 +59,16 @@ class PagedAttention(nn.Module):
         self.num_kv_heads = num_kv_heads or num_heads
         self.head_dim = head_dim
         self.kv_cache = torch.empty(0)
-        #: (the cache they view, key view, value view): see `_caches_by_slot`.
-        self._slot_views: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._key_cache = self._value_cache = torch.empty(0)
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
-        """Makes `kv_cache` this layer's cache (the tensor itself, not a copy)."""
+        """Makes `kv_cache` this layer's cache (the tensor itself, not a copy),
+        with its key and value halves viewed as `[slots, kv_heads, head_dim]`
+        once here rather than in every step (four operators fewer per layer
+        and step)."""
         self.kv_cache = kv_cache
-
-    def _caches_by_slot(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The key and value caches as `[slots, kv_heads, head_dim]` views,
-        made once per cache tensor (four operators fewer per layer and step)."""
-        cache = self.kv_cache
-        if self._slot_views is None or self._slot_views[0] is not cache:
-            shape = (-1, self.num_kv_heads, self.head_dim)
-            self._slot_views = (cache, cache[0].view(shape), cache[1].view(shape))
-        return self._slot_views[1], self._slot_views[2]
+        shape = (-1, self.num_kv_heads, self.head_dim)
+        self._key_cache, self._value_cache = kv_cache[0].view(shape), kv_cache[1].view(shape)
 
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """The shape of this layer's KV cache."""
@@ -82,7 +77,7 @@ class PagedAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q: `[tokens, heads, head_dim]`, k and v: `[tokens, kv_heads,
         head_dim]`; returns `[tokens, heads * head_dim]`."""
-        key_cache, value_cache = self._caches_by_slot()
+        key_cache, value_cache = self._key_cache, self._value_cache
         gqa = self.num_kv_heads != self.num_heads
         key_cache.index_copy_(0, meta.slot_mapping, k)
         value_cache.index_copy_(0, meta.slot_mapping, v)
