@@ -61,6 +61,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from vllm_rs.engine.step_log import STEP_LOG_ENV  # noqa: E402
+
+from bench.engine_steps import Window, decode_steps, describe, fresh_dir  # noqa: E402
 from bench.model_load import GgufFacts, LevelResult, run_level  # noqa: E402
 from bench.model_servers import (  # noqa: E402
     LLAMA_SERVER_ENV,
@@ -108,12 +111,18 @@ def print_level(path: str, r: LevelResult) -> None:
     print(f"  {path:7s} c={r.concurrency:<3d} {r.requests:3d} req  {r.tokens_per_s:8.1f} out tok/s  "
           f"TTFT p50 {r.ttft_p50_ms:8.1f} ms  p99 {r.ttft_p99_ms:8.1f} ms  TPOT p50 {r.tpot_p50_ms:7.1f} ms",
           flush=True)  # fmt: skip
+    if steps := r.extra.get("engine_steps"):
+        print(f"          {describe(steps)}", flush=True)
+    if (steal := r.extra.get("steal_s")) is not None:
+        print(f"          CPU time the hypervisor took from this machine during the level: {steal:.2f} s", flush=True)
 
 
-def in_process(kind: str, spec: dict) -> LevelResult:
-    """Runs model_inproc.py `kind` in a child process on `spec`."""
+def in_process(kind: str, spec: dict, env: dict[str, str] | None = None) -> LevelResult:
+    """Runs model_inproc.py `kind` in a child process on `spec`, with `env`
+    added to its environment."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), **(env or {})}
     ran = subprocess.run([sys.executable, str(ROOT / "bench" / "model_inproc.py"), kind], input=json.dumps(spec),
-                         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(spec["threads"])})  # fmt: skip
+                         capture_output=True, text=True, env=env)  # fmt: skip
     if ran.returncode != 0:
         raise RuntimeError(f"{kind} run failed:\n{ran.stderr[-3000:]}")
     # The result is the child's last line: the engine may log to stdout before it.
@@ -222,6 +231,8 @@ class Run:
         self.kv_cache_bytes = max(self.levels) * LLAMA_SLOT_CTX * facts.kv_bytes_per_token_f32
         self.results_dir = ROOT / "bench" / "results"
         self.results_dir.mkdir(parents=True, exist_ok=True)
+        #: Where each engine path's step records go (bench/engine_steps.py).
+        self.step_dirs = {path: self.results_dir / f"steps-{path}" for path in ("serve", "direct")}
         self.results: dict = {path: {} for path in PATHS}
         self.memory: dict = {"gguf_bytes": opts.gguf.stat().st_size, "kv_cache_budget_bytes": self.kv_cache_bytes}
         self.failures: list[str] = []
@@ -235,8 +246,13 @@ class Run:
             print(f"  {path}: FAILED: {e}", file=sys.stderr, flush=True)
             return None
 
-    def record(self, path: str, r: LevelResult) -> None:
-        """Prints and keeps one level's result."""
+    def record(self, path: str, r: LevelResult, window: Window | None = None) -> None:
+        """Prints and keeps one level's result, with the steal time in its
+        `window` and, for an engine path, the engine's decode steps."""
+        if window is not None:
+            r.extra.setdefault("steal_s", window.steal)  # unless the path measured its own
+            if path in self.step_dirs:
+                r.extra["engine_steps"] = decode_steps(self.step_dirs[path], window.start, window.end, r.concurrency)
         print_level(path, r)
         self.results[path][r.concurrency] = r
 
@@ -244,7 +260,8 @@ class Run:
         """The servers not skipped, started and ready: {path: Served}."""
         opts, servers = self.opts, {}
         if "serve" not in opts.skip:
-            vllm_rs = vllm_rs_stack(opts.gguf, opts.threads, opts.dtype, self.kv_cache_bytes, self.results_dir)
+            vllm_rs = vllm_rs_stack(opts.gguf, opts.threads, opts.dtype, self.kv_cache_bytes, self.results_dir,
+                                    fresh_dir(self.step_dirs["serve"]))  # fmt: skip
             if served := self.attempt("serve", lambda: stack.enter_context(vllm_rs)):
                 servers["serve"] = served
                 self.memory["serve_engine_rss_bytes"] = rss_bytes(served.engine_pid)
@@ -263,8 +280,9 @@ class Run:
         """One level against one running server."""
         load = run_level(served.base_url, served.model, self.by_level[concurrency], concurrency,
                          self.opts.output_tokens, self.warmup)  # fmt: skip
+        window = Window.open()
         if (r := self.attempt(path, lambda: asyncio.run(load))) is not None:
-            self.record(path, r)
+            self.record(path, r, window.close())
 
     def direct(self, concurrency: int) -> None:
         """The engine core in-process at `concurrency`."""
@@ -272,8 +290,10 @@ class Run:
                 "warmup": self.warmup, "output_tokens": self.opts.output_tokens, "concurrency": concurrency,
                 "dtype": self.opts.dtype, "kv_cache_memory_bytes": self.kv_cache_bytes,
                 "max_model_len": LLAMA_SLOT_CTX}  # fmt: skip
-        if (r := self.attempt("direct", lambda: in_process("engine", spec))) is not None:
-            self.record("direct", r)
+        env = {STEP_LOG_ENV: str(fresh_dir(self.step_dirs["direct"]))}
+        window = Window.open()
+        if (r := self.attempt("direct", lambda: in_process("engine", spec, env))) is not None:
+            self.record("direct", r, window.close())
             self.memory["direct_engine_rss_bytes"] = r.extra["rss_bytes"]
             self.memory["direct_engine_load_delta_bytes"] = r.extra["rss_load_delta_bytes"]
 

@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.engine_steps import steal_s  # noqa: E402
 from bench.model_load import RequestTiming, summarize  # noqa: E402
 
 
@@ -132,12 +133,16 @@ def engine_direct(spec: dict) -> dict:
 
     drive([[spec["warmup"]]], 4)  # as the served load warms up
     concurrency = spec["concurrency"]
+    steal_before = steal_s()
     timings, started = drive([spec["prompts"][i::concurrency] for i in range(concurrency)], tokens)
+    steal_after = steal_s()
     if any(t.tokens != tokens for t in timings):
         raise RuntimeError(f"a request did not produce {tokens} tokens: {[t.tokens for t in timings]}")
     result = summarize(concurrency, timings, max(t.last for t in timings) - started).as_dict()
+    # The level's own steal time, as the served paths' (not the model load's).
+    steal = steal_after - steal_before if steal_before is not None and steal_after is not None else None
     result["extra"] = {"rss_bytes": loaded, "rss_load_delta_bytes": loaded - before,
-                       "dtype": config.model_config.dtype}  # fmt: skip
+                       "dtype": config.model_config.dtype, "steal_s": steal}  # fmt: skip
     return result
 
 

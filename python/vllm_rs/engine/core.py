@@ -22,6 +22,7 @@ from vllm_rs.engine.protocol import (
 from vllm_rs.engine.request import InvalidRequestError, Request, SamplingParams
 from vllm_rs.engine.scheduler import Scheduler
 from vllm_rs.engine.stats import PrefillStats, SchedulerIterationDetails, SchedulerStats
+from vllm_rs.engine.step_log import StepLog
 from vllm_rs.engine.structured_output import GrammarMatcher, compile_grammar, grammar_vocabulary
 from vllm_rs.logger import init_logger
 
@@ -98,6 +99,8 @@ class EngineCore:
                        "generation_tokens": 0, "steps": 0}  # fmt: skip
         fail_at = os.environ.get(FAIL_AT_STEP_ENV)
         self._fail_at_step = int(fail_at) if fail_at else None
+        #: Per-step timing records, when `VLLM_RS_STEP_LOG` asks for them.
+        self._step_log = StepLog.from_env()
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -195,6 +198,7 @@ class EngineCore:
     def step(self) -> list[tuple[int, EngineCoreOutput]]:
         """Schedules and runs one step; returns `(client_index, output)` for
         every request that produced a token."""
+        mark = self._step_log.mark() if self._step_log is not None else None
         plan = self.scheduler.schedule(admit=self.pause_state == PauseState.UNPAUSED)
         if not plan.requests:
             return []
@@ -250,6 +254,8 @@ class EngineCore:
                 prefill_stats=None if request.sent_prefill_stats else self._take_prefill_stats(request),
             )
             outputs.append((request.client_index, output))
+        if mark is not None:
+            self._step_log.record(mark, len(plan.requests), plan.total_num_scheduled_tokens)
         return outputs
 
     def _take_prefill_stats(self, request: Request) -> PrefillStats:
