@@ -10,6 +10,11 @@ by `--concurrency` closed-loop clients (default 1, 4 and 16), each sending
 together), TTFT p50/p99 and TPOT p50 (per request: time between its first
 and last token over the tokens after the first). Each level has prompts of
 its own, so no prompt is ever seen twice by a server's prefix cache.
+Under each level of an engine path (serve, direct): the engine's batch-wide
+decode steps (medians of their wall time, the engine thread's CPU time, its
+time waiting for a CPU, the rest, and the time between steps; the engine
+writes them with VLLM_RS_STEP_LOG, bench/engine_steps.py reads them), and
+under every level the CPU time the hypervisor took from the machine.
 
 Paths measured:
   * serve   `python -m vllm_rs serve GGUF` (Rust frontend, one engine core),
