@@ -203,3 +203,43 @@ def test_seeded_n2_sampling_is_reproducible(client):
     first = sample()
     assert len(first) == 2 and all(first), first
     assert sample() == first
+
+
+def test_the_benchmarks_request_gives_the_same_tokens_through_serve_and_in_process(server, client):
+    """bench_models.py compares `serve` with the engine driven in-process on
+    "the same requests": its token-id prompts, greedy, `min_tokens` and
+    `ignore_eos` through the frontend (bench/model_load.py) must reach the
+    engine as the in-process path's parameters (bench/model_inproc.py) do,
+    and so produce the same tokens."""
+    from vllm_rs.engine import make_engine_config
+    from vllm_rs.engine.core import EngineCore
+    from vllm_rs.engine.protocol import EngineCoreRequest
+
+    from bench.model_load import GgufFacts
+
+    output_tokens = 12
+    prompts = GgufFacts.read(GGUF).random_prompts(2, 24, seed=7)
+    served = []
+    for prompt in prompts:
+        choice = client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=output_tokens,
+            temperature=0.0,
+            # The token ids of the answer; greedy sampling does not depend on logprobs.
+            logprobs=0,
+            extra_body={"min_tokens": output_tokens, "ignore_eos": True, "return_tokens_as_token_ids": True},
+        ).choices[0]
+        served.append([int(t.removeprefix("token_id:")) for t in choice.logprobs.tokens])
+    core = EngineCore(make_engine_config(str(GGUF), device="cpu", max_model_len=512, log_stats=False,
+                                         kv_cache_memory_bytes=64 * 2**20))  # fmt: skip
+    params = {"temperature": 0.0, "max_tokens": output_tokens, "min_tokens": output_tokens, "ignore_eos": True}
+    direct = []
+    for i, prompt in enumerate(prompts):
+        assert core.add_request(EngineCoreRequest(f"r{i}", prompt, params)) is None
+        tokens: list[int] = []
+        while core.has_work():
+            tokens += [t for _, output in core.step() for t in output.new_token_ids]
+        direct.append(tokens)
+    assert all(len(tokens) == output_tokens for tokens in served), served
+    assert direct == served
