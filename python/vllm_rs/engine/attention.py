@@ -2,15 +2,21 @@
 (Llama-shaped) models: each step's new keys and values are written to their
 cache slots (`slot_mapping`), then each request's queries attend over its
 keys gathered from the cache by slot (`key_slots`), causally within a
-prefill chunk."""
+prefill chunk. The one-query sequences (decodes) of a float32 cache on the
+CPU attend without a gather: the Rust kernel
+`vllm_rs._core.paged_decode_attention` reads each key and value where it
+lies in the cache (docs/real-model-speed.md, "Lever 4")."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from vllm_rs import _core
 
 
 @dataclass
@@ -24,21 +30,32 @@ class SequenceSlice:
     mask: torch.Tensor | None
 
 
+def attends_in_place(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a cache of `dtype` on `device` has its decodes attended by the
+    Rust kernel (a float32 cache on the CPU) rather than gathered for torch's
+    `scaled_dot_product_attention`."""
+    return device.type == "cpu" and dtype == torch.float32
+
+
 @dataclass
 class DecodeBatch:
     """The step's one-query sequences attended together: their rows in the
-    batch `[n]`, their key slots padded to the longest `[n, keys]`, and the
-    mask of real keys `[n, 1, 1, keys]`."""
+    batch `[n]` (increasing), their key slots padded to the longest `[n,
+    keys]`, their key counts `[n]`, and, for torch's attention (a cache that
+    `attends_in_place` refuses), the mask of real keys `[n, 1, 1, keys]`;
+    None for the kernel, which reads only each sequence's own keys."""
 
     rows: torch.Tensor
     key_slots: torch.Tensor
-    mask: torch.Tensor
+    lens: torch.Tensor
+    mask: torch.Tensor | None
 
 
 @dataclass
 class AttentionMetadata:
     """Where this step's new keys go (`slot_mapping`), each request's slice,
-    and the one-query sequences batched together (when there are several)."""
+    and the one-query sequences batched together (when there are several, or
+    one whose cache is attended in place)."""
 
     slot_mapping: torch.Tensor
     sequences: list[SequenceSlice]
@@ -58,17 +75,24 @@ class PagedAttention(nn.Module):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads or num_heads
         self.head_dim = head_dim
+        self.scale = 1.0 / math.sqrt(head_dim)  # scaled_dot_product_attention's default
         self.kv_cache = torch.empty(0)
         self._key_cache = self._value_cache = torch.empty(0)
+        self._key_array = self._value_array = None
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
         """Makes `kv_cache` this layer's cache (the tensor itself, not a copy),
         with its key and value halves viewed as `[slots, kv_heads, head_dim]`
         once here rather than in every step (four operators fewer per layer
-        and step)."""
+        and step), and as numpy arrays for the decode kernel when it applies
+        (`attends_in_place`)."""
         self.kv_cache = kv_cache
         shape = (-1, self.num_kv_heads, self.head_dim)
         self._key_cache, self._value_cache = kv_cache[0].view(shape), kv_cache[1].view(shape)
+        if attends_in_place(kv_cache.device, kv_cache.dtype):
+            self._key_array, self._value_array = self._key_cache.numpy(), self._value_cache.numpy()
+        else:
+            self._key_array = self._value_array = None
 
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """The shape of this layer's KV cache."""
@@ -86,11 +110,17 @@ class PagedAttention(nn.Module):
             if seq.start == 0 and seq.end == q.shape[0]:
                 # One request (a batch-1 decode, a lone prefill) is the whole batch: no scatter.
                 return self._attend(q, key_cache, value_cache, seq, gqa).transpose(0, 1).reshape(q.shape[0], -1)
-        out = torch.empty_like(q)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
         for seq in meta.sequences:
             out[seq.start : seq.end] = self._attend(q, key_cache, value_cache, seq, gqa).transpose(0, 1)
-        if meta.decodes is not None:
-            batch = meta.decodes
+        batch = meta.decodes
+        if batch is not None and batch.mask is None:
+            _core.paged_decode_attention(
+                q.contiguous().numpy(), self._key_array, self._value_array, batch.rows.numpy(),
+                batch.key_slots.numpy(), batch.lens.numpy(), out.numpy(), self.num_heads, self.num_kv_heads,
+                self.head_dim, self.scale, torch.get_num_threads(),
+            )  # fmt: skip
+        elif batch is not None:
             # index_select on the flat slots: twice as fast as indexing with
             # the 2-D slot tensor (docs/real-model-speed.md), same values.
             slots, shape = batch.key_slots.reshape(-1), (*batch.key_slots.shape, self.num_kv_heads, self.head_dim)

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import torch
 
-from vllm_rs.engine.attention import AttentionMetadata, DecodeBatch, SequenceSlice
+from vllm_rs.engine.attention import AttentionMetadata, DecodeBatch, SequenceSlice, attends_in_place
 from vllm_rs.engine.config import EngineConfig, kv_bytes_per_token
 from vllm_rs.engine.logprobs import gather, num_columns
 from vllm_rs.engine.prefix_hash import hash_block_tokens
@@ -90,6 +90,9 @@ class ModelRunner:
             config.scheduler_config.max_num_seqs + max_tokens, dtype=torch.int64, device=self.device
         )
         self._block_offsets = np.arange(self.block_size, dtype=np.int64)
+        # The Rust decode kernel attends in place, also for one sequence;
+        # torch's attention is batched only when there are several.
+        self._decodes_in_place = attends_in_place(self.device, self.dtype)
         self.sampler = Sampler(self.device)
         logger.info(
             "%s (%s%s) on %s (%d threads): %d KV blocks of %d tokens",
@@ -218,7 +221,7 @@ class ModelRunner:
             row += n
             key_row += end_pos
         decodes = [r for r in ranges if r[1] - r[0] == 1]
-        batched = self._stage_decodes(decodes) if len(decodes) > 1 else None
+        batched = self._stage_decodes(decodes) if len(decodes) > 1 or (decodes and self._decodes_in_place) else None
         key_slots_gpu = self.key_slots.copy_to_gpu(key_row)
         sequences = []
         for start, end, key_start, seq_len, context in ranges:
@@ -238,7 +241,7 @@ class ModelRunner:
     def _stage_decodes(self, decodes: list[tuple[int, int, int, int, int]]) -> DecodeBatch:
         """The one-token sequences of the step as one padded batch: their
         rows, their key slots `[n, longest]` (padding points at slot 0 and
-        is masked out)."""
+        is masked out, or not read by the kernel) and key counts."""
         n = len(decodes)
         longest = max(seq_len for _, _, _, seq_len, _ in decodes)
         padded = self.decode_key_slots.np[: n * longest].reshape(n, longest)
@@ -248,9 +251,9 @@ class ModelRunner:
             self.decode_lens.np[i] = seq_len
             padded[i, :seq_len] = self.key_slots.np[key_start : key_start + seq_len]
         lens = self.decode_lens.copy_to_gpu(n)
-        mask = torch.arange(longest, device=self.device)[None, :] < lens[:, None]
+        mask = None
+        if not self._decodes_in_place:
+            mask = (torch.arange(longest, device=self.device)[None, :] < lens[:, None])[:, None, None, :]
         return DecodeBatch(
-            self.decode_rows.copy_to_gpu(n),
-            self.decode_key_slots.copy_to_gpu(n * longest).view(n, longest),
-            mask[:, None, None, :],
+            self.decode_rows.copy_to_gpu(n), self.decode_key_slots.copy_to_gpu(n * longest).view(n, longest), lens, mask
         )

@@ -6,12 +6,17 @@
 //! An AVX2+FMA+F16C path is chosen at run time; the portable scalar path
 //! serves every other CPU and is the tests' reference. N is split across
 //! threads. Why a kernel of our own: docs/real-model-speed.md.
+//!
+//! Beside it, `decode_attention`: one query per sequence attending over its
+//! keys and values where they lie in a paged KV cache (`attention.rs`).
 
+mod attention;
 mod quant;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use attention::{check_attention, decode_attention, AttentionDims, AttentionError, DecodeInputs};
 pub use quant::{dequantize_row, QuantType, BLOCK};
 
 /// A call whose buffers do not match the shapes it names.

@@ -1,22 +1,47 @@
-//! `vllm_rs._core.gguf_matmul`: the `vllm-rs-kernels` matmul over Python
-//! buffers (numpy arrays, or torch CPU tensors through `.numpy()`), without
-//! copying them; the GIL is released while it computes.
+//! `vllm_rs._core.gguf_matmul` and `vllm_rs._core.paged_decode_attention`:
+//! the `vllm-rs-kernels` kernels over Python buffers (numpy arrays, or torch
+//! CPU tensors through `.numpy()`), without copying them; the GIL is released
+//! while they compute.
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use vllm_rs_kernels::{matmul, Dims, Path, QuantType};
+use vllm_rs_kernels::{decode_attention, matmul, AttentionDims, DecodeInputs, Dims, Path, QuantType};
 
-/// A buffer the kernel can read as a flat C-contiguous array, or the
+/// A buffer `func` can read as a flat C-contiguous array, or the
 /// `TypeError`/`ValueError` naming the argument.
-fn flat<T: pyo3::buffer::Element>(obj: &Bound<'_, PyAny>, name: &str, dtype: &str) -> PyResult<PyBuffer<T>> {
+fn flat_for<T: pyo3::buffer::Element>(
+    func: &str,
+    obj: &Bound<'_, PyAny>,
+    name: &str,
+    dtype: &str,
+) -> PyResult<PyBuffer<T>> {
     let buf = PyBuffer::<T>::get(obj)
-        .map_err(|e| PyTypeError::new_err(format!("gguf_matmul: {name} must be a buffer of {dtype} ({e})")))?;
+        .map_err(|e| PyTypeError::new_err(format!("{func}: {name} must be a buffer of {dtype} ({e})")))?;
     if !buf.is_c_contiguous() {
-        return Err(PyValueError::new_err(format!("gguf_matmul: {name} must be C-contiguous")));
+        return Err(PyValueError::new_err(format!("{func}: {name} must be C-contiguous")));
     }
     Ok(buf)
+}
+
+fn flat<T: pyo3::buffer::Element>(obj: &Bound<'_, PyAny>, name: &str, dtype: &str) -> PyResult<PyBuffer<T>> {
+    flat_for("gguf_matmul", obj, name, dtype)
+}
+
+/// A buffer's elements as a slice (empty for an empty buffer, whose pointer
+/// may be null).
+///
+/// # Safety
+/// The buffer stays exported while the slice is used, and nothing writes it
+/// meanwhile (as with any GIL-releasing numpy operation, a Python thread
+/// writing into it races).
+unsafe fn slice<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> &[T] {
+    if buf.item_count() == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's promise; the buffer is C-contiguous (`flat_for`).
+    unsafe { std::slice::from_raw_parts(buf.buf_ptr() as *const T, buf.item_count()) }
 }
 
 fn span<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> std::ops::Range<usize> {
@@ -89,7 +114,101 @@ fn gguf_matmul(
         .map_err(|e| PyValueError::new_err(format!("gguf_matmul: {e}")))
 }
 
+/// Decode attention over a paged KV cache read in place: for each sequence
+/// `s`, the query heads of row `rows[s]` of `q` (`[tokens, heads, head_dim]`
+/// float32) attend over the keys and values at its first `lens[s]` slots of
+/// `key_slots` (`[seqs, max_keys]` int64) in the caches (`[slots, kv_heads,
+/// head_dim]` float32; `heads` a multiple of `kv_heads`), scores scaled by
+/// `scale`; the result goes to the same row of `out` (shaped as `q`; other
+/// rows untouched). `rows` (int64) must be strictly increasing. Sequences
+/// are split across `threads` threads. Raises TypeError for a buffer of the
+/// wrong type, ValueError for a bad shape, row, key count or slot, a
+/// read-only or overlapping `out`.
+#[pyfunction]
+#[pyo3(signature = (q, key_cache, value_cache, rows, key_slots, lens, out, heads, kv_heads, head_dim, scale, threads))]
+#[allow(clippy::too_many_arguments)] // the Python signature: buffers, shapes and threads
+fn paged_decode_attention(
+    py: Python<'_>,
+    q: &Bound<'_, PyAny>,
+    key_cache: &Bound<'_, PyAny>,
+    value_cache: &Bound<'_, PyAny>,
+    rows: &Bound<'_, PyAny>,
+    key_slots: &Bound<'_, PyAny>,
+    lens: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    scale: f32,
+    threads: usize,
+) -> PyResult<()> {
+    const NAME: &str = "paged_decode_attention";
+    let err = |msg: String| PyValueError::new_err(format!("{NAME}: {msg}"));
+    if threads == 0 {
+        return Err(err("threads must be at least 1".into()));
+    }
+    let floats = |obj, name| flat_for::<f32>(NAME, obj, name, "float32");
+    let ints = |obj, name| flat_for::<i64>(NAME, obj, name, "int64");
+    let (qb, kb, vb, ob) =
+        (floats(q, "q")?, floats(key_cache, "key_cache")?, floats(value_cache, "value_cache")?, floats(out, "out")?);
+    let (rb, sb, lb) = (ints(rows, "rows")?, ints(key_slots, "key_slots")?, ints(lens, "lens")?);
+    if ob.readonly() {
+        return Err(err("out is read-only".into()));
+    }
+    let out_span = span(&ob);
+    let inputs = [
+        ("q", span(&qb)),
+        ("key_cache", span(&kb)),
+        ("value_cache", span(&vb)),
+        ("rows", span(&rb)),
+        ("key_slots", span(&sb)),
+        ("lens", span(&lb)),
+    ];
+    for (name, other) in inputs {
+        if other.start < out_span.end && out_span.start < other.end {
+            return Err(err(format!("out overlaps {name}")));
+        }
+    }
+    let head = heads * head_dim;
+    let kv_head = kv_heads * head_dim;
+    if head == 0 || kv_head == 0 {
+        return Err(err(format!("heads = {heads}, kv_heads = {kv_heads} and head_dim = {head_dim} must be positive")));
+    }
+    let seqs = rb.item_count();
+    if seqs == 0 {
+        return Ok(());
+    }
+    let whole = |what: &str, count: usize, unit: usize| {
+        if count.is_multiple_of(unit) {
+            Ok(count / unit)
+        } else {
+            Err(err(format!("{what} has {count} elements, not a whole number of rows of {unit}")))
+        }
+    };
+    let dims = AttentionDims {
+        tokens: whole("q", qb.item_count(), head)?,
+        heads,
+        kv_heads,
+        head_dim,
+        slots: whole("key_cache", kb.item_count(), kv_head)?,
+        seqs,
+        max_keys: whole("key_slots", sb.item_count(), seqs)?,
+    };
+    // SAFETY: the buffers stay exported until the end of this call and out
+    // overlaps none of the inputs (checked above).
+    let (qs, ks, vs, rs, ss, ls) = unsafe { (slice(&qb), slice(&kb), slice(&vb), slice(&rb), slice(&sb), slice(&lb)) };
+    let os = if ob.item_count() == 0 {
+        &mut []
+    } else {
+        // SAFETY: as above; out is writable and overlaps no input.
+        unsafe { std::slice::from_raw_parts_mut(ob.buf_ptr() as *mut f32, ob.item_count()) }
+    };
+    let inputs = DecodeInputs { q: qs, key_cache: ks, value_cache: vs, rows: rs, key_slots: ss, lens: ls, scale };
+    py.detach(|| decode_attention(Path::best(), &inputs, os, dims, threads)).map_err(|e| err(e.to_string()))
+}
+
 /// Adds the kernel functions to `vllm_rs._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(gguf_matmul, m)?)
+    m.add_function(wrap_pyfunction!(gguf_matmul, m)?)?;
+    m.add_function(wrap_pyfunction!(paged_decode_attention, m)?)
 }

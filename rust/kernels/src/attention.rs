@@ -1,0 +1,396 @@
+//! Decode attention over a paged KV cache, read in place: each sequence has
+//! one query (a decode step), its keys and values are found through its
+//! cache slots, and the query heads share key/value heads in groups
+//! (grouped-query attention). Nothing is gathered: a key is read from the
+//! cache where it lies, once per query head of its group.
+//!
+//! Per query head: the scores `q·k·scale` of every key, the softmax of them
+//! (the maximum subtracted, `exp`, the sum), the values summed with those
+//! weights and divided by the sum at the end. Float32 throughout, as torch's
+//! `scaled_dot_product_attention` on the gathered keys, so the two agree to
+//! float32 rounding (summation order and `exp`'s last bit differ).
+
+use crate::{Out, Path};
+
+/// A call whose buffers or indices do not match the shapes it names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttentionError {
+    /// The query heads are not whole groups of the key/value heads.
+    #[error("heads = {heads} is not a positive multiple of kv_heads = {kv_heads}")]
+    Heads {
+        /// Query heads.
+        heads: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+    },
+    /// A head has no dimensions.
+    #[error("head_dim must be positive")]
+    HeadDim,
+    /// A buffer's length is not what the shapes need.
+    #[error("{what} has {got} elements, the shapes need {need}")]
+    Len {
+        /// Which buffer.
+        what: &'static str,
+        /// What it holds.
+        got: usize,
+        /// What the shapes need.
+        need: usize,
+    },
+    /// A sequence's row is out of range or not after the previous one's.
+    #[error("sequence {seq}: row {row} is not above the previous sequence's row and below tokens = {tokens}")]
+    Row {
+        /// The sequence.
+        seq: usize,
+        /// Its row.
+        row: i64,
+        /// Rows of `q` and `out`.
+        tokens: usize,
+    },
+    /// A sequence's key count is not in `1..=max_keys`.
+    #[error("sequence {seq}: {len} keys, not 1..={max_keys}")]
+    Keys {
+        /// The sequence.
+        seq: usize,
+        /// Its key count.
+        len: i64,
+        /// Columns of `key_slots`.
+        max_keys: usize,
+    },
+    /// A key's slot is outside the cache.
+    #[error("sequence {seq}: key {key} is slot {slot}, outside the cache's {slots} slots")]
+    Slot {
+        /// The sequence.
+        seq: usize,
+        /// The key's index in the sequence.
+        key: usize,
+        /// Its slot.
+        slot: i64,
+        /// Slots of the cache.
+        slots: usize,
+    },
+}
+
+/// The shapes of a call: `q` and `out` are `[tokens, heads, head_dim]`, each
+/// cache `[slots, kv_heads, head_dim]`, `key_slots` `[seqs, max_keys]`,
+/// `rows` and `lens` `[seqs]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionDims {
+    /// Rows of `q` and `out` (the step's tokens).
+    pub tokens: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (a divisor of `heads`).
+    pub kv_heads: usize,
+    /// Dimensions of a head.
+    pub head_dim: usize,
+    /// Slots of each cache.
+    pub slots: usize,
+    /// Sequences attended.
+    pub seqs: usize,
+    /// Columns of `key_slots` (the longest sequence's keys, or more).
+    pub max_keys: usize,
+}
+
+/// What a call reads.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeInputs<'a> {
+    /// The queries, `[tokens, heads, head_dim]`.
+    pub q: &'a [f32],
+    /// The keys, `[slots, kv_heads, head_dim]`.
+    pub key_cache: &'a [f32],
+    /// The values, `[slots, kv_heads, head_dim]`.
+    pub value_cache: &'a [f32],
+    /// Each sequence's row of `q` and `out`, strictly increasing.
+    pub rows: &'a [i64],
+    /// Each sequence's key slots, in order, padded to `max_keys`.
+    pub key_slots: &'a [i64],
+    /// Each sequence's key count (the first `lens[s]` of its slots count).
+    pub lens: &'a [i64],
+    /// The factor of the scores (`1 / sqrt(head_dim)` for the usual scaling).
+    pub scale: f32,
+}
+
+/// Checks every length, row, key count and slot a call would use.
+pub fn check_attention(inputs: &DecodeInputs<'_>, out: usize, dims: AttentionDims) -> Result<(), AttentionError> {
+    let AttentionDims { tokens, heads, kv_heads, head_dim, slots, seqs, max_keys } = dims;
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) || heads == 0 {
+        return Err(AttentionError::Heads { heads, kv_heads });
+    }
+    if head_dim == 0 {
+        return Err(AttentionError::HeadDim);
+    }
+    let cache = slots * kv_heads * head_dim;
+    for (what, got, need) in [
+        ("q", inputs.q.len(), tokens * heads * head_dim),
+        ("out", out, tokens * heads * head_dim),
+        ("key_cache", inputs.key_cache.len(), cache),
+        ("value_cache", inputs.value_cache.len(), cache),
+        ("rows", inputs.rows.len(), seqs),
+        ("lens", inputs.lens.len(), seqs),
+        ("key_slots", inputs.key_slots.len(), seqs * max_keys),
+    ] {
+        if got != need {
+            return Err(AttentionError::Len { what, got, need });
+        }
+    }
+    let mut previous = -1i64;
+    for seq in 0..seqs {
+        let row = inputs.rows[seq];
+        if row <= previous || row as u64 >= tokens as u64 {
+            return Err(AttentionError::Row { seq, row, tokens });
+        }
+        previous = row;
+        let len = inputs.lens[seq];
+        if len < 1 || len as u64 > max_keys as u64 {
+            return Err(AttentionError::Keys { seq, len, max_keys });
+        }
+        let keys = &inputs.key_slots[seq * max_keys..seq * max_keys + len as usize];
+        if let Some((key, &slot)) = keys.iter().enumerate().find(|(_, &s)| s < 0 || s as u64 >= slots as u64) {
+            return Err(AttentionError::Slot { seq, key, slot, slots });
+        }
+    }
+    Ok(())
+}
+
+/// Writes each sequence's attention output into its row of `out` (other
+/// rows are left as they are), on `path` (which must be supported), the
+/// sequences split across `threads` (at least 1).
+pub fn decode_attention(
+    path: Path,
+    inputs: &DecodeInputs<'_>,
+    out: &mut [f32],
+    dims: AttentionDims,
+    threads: usize,
+) -> Result<(), AttentionError> {
+    check_attention(inputs, out.len(), dims)?;
+    let job = Job { inputs, out: Out(out.as_mut_ptr()), dims };
+    let run = |seqs: std::ops::Range<usize>| {
+        // SAFETY: everything was checked above; the rows are strictly
+        // increasing, so the threads' sequences write disjoint rows.
+        unsafe {
+            match path {
+                Path::Scalar => sequences::<false>(&job, seqs),
+                #[cfg(target_arch = "x86_64")]
+                Path::Avx2 => {
+                    assert!(crate::x86::supported(), "the AVX2 path needs AVX2, FMA and F16C");
+                    if dims.head_dim.is_multiple_of(8) {
+                        simd::sequences(&job, seqs)
+                    } else {
+                        // Heads of whole vectors only; the result is the same arithmetic.
+                        sequences::<false>(&job, seqs)
+                    }
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                Path::Avx2 => panic!("the AVX2 path needs an x86-64 CPU"),
+            }
+        }
+    };
+    let parts = threads.clamp(1, dims.seqs.max(1));
+    if parts == 1 {
+        run(0..dims.seqs);
+    } else {
+        std::thread::scope(|s| {
+            for p in 1..parts {
+                let seqs = dims.seqs * p / parts..dims.seqs * (p + 1) / parts;
+                s.spawn(move || run(seqs));
+            }
+            run(0..dims.seqs / parts);
+        });
+    }
+    Ok(())
+}
+
+/// One checked call, as each thread's part of it sees it.
+struct Job<'a> {
+    inputs: &'a DecodeInputs<'a>,
+    out: Out,
+    dims: AttentionDims,
+}
+
+/// Sequences `seqs` of the call: with `SIMD`, dot products and value sums
+/// in AVX2 vectors and the rows prefetched (only inlined into
+/// `simd::sequences`, which enables the features); without, plain float32
+/// loops in index order. Keys outermost: a key's row holds every key/value
+/// head (`kv_heads * head_dim` floats, contiguous), and a block of the cache
+/// is consecutive slots, so the cache is read in order, once; the scores of
+/// every head are kept (`heads x len`), then the value rows are read in the
+/// same order into the output row, which stays in L1.
+///
+/// # Safety
+/// The call was checked (`check_attention`), no other thread writes these
+/// sequences' rows, and with `SIMD` the CPU has AVX2 and FMA and
+/// `head_dim` is a multiple of 8.
+#[inline(always)]
+unsafe fn sequences<const SIMD: bool>(job: &Job<'_>, seqs: std::ops::Range<usize>) {
+    let AttentionDims { heads, kv_heads, head_dim: hd, max_keys, .. } = job.dims;
+    let inputs = job.inputs;
+    let (group, kv_row) = (heads / kv_heads, kv_heads * hd);
+    let mut scores = vec![0.0f32; heads * max_keys];
+    for seq in seqs {
+        let row = inputs.rows[seq] as usize;
+        let len = inputs.lens[seq] as usize;
+        let slots = &inputs.key_slots[seq * max_keys..seq * max_keys + len];
+        let scores = &mut scores[..heads * len];
+        let q = &inputs.q[row * heads * hd..(row + 1) * heads * hd];
+        let cache_row = |cache, slot| cache_row(cache, slot, kv_row);
+        for (j, &slot) in slots.iter().enumerate() {
+            if SIMD {
+                // This sequence's value rows are read after all its keys:
+                // asked for now, they arrive while the keys are scored.
+                prefetch(cache_row(inputs.value_cache, slot));
+                if let Some(&ahead) = slots.get(j + PREFETCH_KEYS) {
+                    prefetch(cache_row(inputs.key_cache, ahead));
+                }
+            }
+            let keys = cache_row(inputs.key_cache, slot);
+            for (h, qh) in q.chunks_exact(hd).enumerate() {
+                let k = &keys[h / group * hd..(h / group + 1) * hd];
+                // SAFETY: with SIMD the CPU has the features (the caller's promise).
+                scores[h * len + j] = unsafe { dot::<SIMD>(qh, k) } * inputs.scale;
+            }
+        }
+        let mut sums = [0.0f32; MAX_STACK_HEADS];
+        let mut heap_sums = Vec::new();
+        let sums: &mut [f32] = if heads <= MAX_STACK_HEADS {
+            &mut sums[..heads]
+        } else {
+            heap_sums.resize(heads, 0.0);
+            &mut heap_sums
+        };
+        for (head, sum) in scores.chunks_exact_mut(len).zip(sums.iter_mut()) {
+            let max = head.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            for score in head.iter_mut() {
+                *score = (*score - max).exp();
+                *sum += *score;
+            }
+        }
+        // SAFETY: this row is this thread's (the caller's promise), and it
+        // is inside out (checked: row < tokens).
+        let acc = unsafe { std::slice::from_raw_parts_mut(job.out.0.add(row * heads * hd), heads * hd) };
+        acc.fill(0.0);
+        for (j, &slot) in slots.iter().enumerate() {
+            let values = cache_row(inputs.value_cache, slot);
+            for (h, acc_h) in acc.chunks_exact_mut(hd).enumerate() {
+                let v = &values[h / group * hd..(h / group + 1) * hd];
+                // SAFETY: as above.
+                unsafe { axpy::<SIMD>(scores[h * len + j], v, acc_h) };
+            }
+        }
+        for (acc_h, sum) in acc.chunks_exact_mut(hd).zip(sums.iter()) {
+            let inv = 1.0 / sum;
+            acc_h.iter_mut().for_each(|a| *a *= inv);
+        }
+    }
+}
+
+/// The `kv_row` floats of `slot` in a cache.
+#[inline(always)]
+fn cache_row(cache: &[f32], slot: i64, kv_row: usize) -> &[f32] {
+    &cache[slot as usize * kv_row..(slot as usize + 1) * kv_row]
+}
+
+/// Heads whose softmax sums live on the stack (more go to the heap).
+const MAX_STACK_HEADS: usize = 128;
+
+/// How many keys ahead of the one it scores the SIMD path asks for a key row.
+const PREFETCH_KEYS: usize = 4;
+
+/// Asks for `row` to be brought into the caches (SIMD path only; a no-op elsewhere).
+#[inline(always)]
+fn prefetch(row: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in row.chunks(16) {
+        // SAFETY: SSE is part of x86-64; a prefetch never faults.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr().cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
+}
+
+/// `a · b` (equal lengths; with SIMD a multiple of 8).
+///
+/// # Safety
+/// With SIMD the CPU has AVX2 and FMA.
+#[inline(always)]
+unsafe fn dot<const SIMD: bool>(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if SIMD {
+        // SAFETY: forwarded.
+        return unsafe { simd::dot(a, b) };
+    }
+    a.iter().zip(b).fold(0.0f32, |acc, (x, y)| acc + x * y)
+}
+
+/// `acc += p * v` (equal lengths; with SIMD a multiple of 8).
+///
+/// # Safety
+/// With SIMD the CPU has AVX2 and FMA.
+#[inline(always)]
+unsafe fn axpy<const SIMD: bool>(p: f32, v: &[f32], acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if SIMD {
+        // SAFETY: forwarded.
+        return unsafe { simd::axpy(p, v, acc) };
+    }
+    acc.iter_mut().zip(v).for_each(|(a, x)| *a += p * x);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    use super::Job;
+
+    /// `super::sequences` compiled with AVX2 and FMA enabled.
+    ///
+    /// # Safety
+    /// As `super::sequences::<true>`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn sequences(job: &Job<'_>, seqs: std::ops::Range<usize>) {
+        // SAFETY: forwarded.
+        unsafe { super::sequences::<true>(job, seqs) }
+    }
+
+    /// `a · b` over vectors of 8 lanes (two accumulators), then the lanes summed.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+        debug_assert!(a.len() == b.len() && a.len().is_multiple_of(8));
+        let (mut even, mut odd) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        // SAFETY (the loads): i + 8 <= len (or i + 16) for both slices.
+        unsafe {
+            while i + 16 <= a.len() {
+                even = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), even);
+                odd = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i + 8)),
+                    _mm256_loadu_ps(b.as_ptr().add(i + 8)),
+                    odd,
+                );
+                i += 16;
+            }
+            if i < a.len() {
+                even = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), even);
+            }
+        }
+        let v = _mm256_add_ps(even, odd);
+        let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+        _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps::<1>(pair, pair)))
+    }
+
+    /// `acc += p * v`, 8 lanes at a time.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(super) fn axpy(p: f32, v: &[f32], acc: &mut [f32]) {
+        debug_assert!(v.len() == acc.len() && v.len().is_multiple_of(8));
+        let pv = _mm256_set1_ps(p);
+        for (a, x) in acc.chunks_exact_mut(8).zip(v.chunks_exact(8)) {
+            // SAFETY: both chunks hold 8 floats.
+            unsafe {
+                let sum = _mm256_fmadd_ps(pv, _mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(a.as_ptr()));
+                _mm256_storeu_ps(a.as_mut_ptr(), sum);
+            }
+        }
+    }
+}
