@@ -188,10 +188,13 @@ class HealthProbe:
     """Times the first 200 on /health without polling at an interval: the
     request is sent before the frontend starts, into the accept queue of the
     HTTP listener, so the answer comes as soon as the frontend accepts and
-    serves it. An answer other than 200 (not ready yet) is followed at once
-    by the same request on a new connection."""
+    serves it. An answer other than 200 (not ready yet; neither frontend
+    gives one, both accept HTTP connections once ready) is followed by the
+    same request on a new connection after `RETRY_S`, so that a frontend
+    answering 503 is not flooded while it starts."""
 
     REQUEST = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    RETRY_S = 0.001
 
     def __init__(self, port: int):
         self.port = port
@@ -210,6 +213,7 @@ class HealthProbe:
             if self._status(process, deadline) == b"200":
                 return time.perf_counter()
             self.connection.close()
+            time.sleep(self.RETRY_S)
             self.connection = self._send()
         if not process.is_alive():
             raise RuntimeError("the frontend exited during start-up")

@@ -200,9 +200,9 @@ impl HfTokenizer {
     /// Builds the `fastokens` encoder and the token bytes on a thread of
     /// their own, once no [`hold_table_builds`] hold is out: they take tens
     /// of milliseconds and tens of MiB for a real vocabulary, which would
-    /// otherwise delay the frontend's start-up. Until
-    /// they are there, prompts are encoded by `tokenizers` (same ids) and the
-    /// first decoder waits for the token bytes.
+    /// otherwise delay the frontend's start-up. Until they are there,
+    /// prompts are encoded by `tokenizers` (same ids) and the first decoder
+    /// builds the token bytes (or waits for the thread building them).
     fn load_tables_in_background(&self) {
         let (fast, token_bytes, inner, file, vocab_size) =
             (self.fast.clone(), self.token_bytes.clone(), self.inner.clone(), self.source.clone(), self.vocab_size);
