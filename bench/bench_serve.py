@@ -9,7 +9,8 @@ median round and the ratio ours / vLLM's:
     when installed, `apt-get install wrk`, else bench_frontend.py's asyncio
     client): requests/s, p50 and p99 latency, and the CPU seconds the
     frontend process spends per 1000 requests (on a small machine the
-    frontend's CPU is taken from the engines');
+    frontend's CPU is taken from the engines'), and the engines' (both
+    processes together: what the frontend's writes and batching cost them);
   * 64 streams of 256 tokens (the native client, frontend-bin/examples/
     stream_load.rs): streamed tokens/s, the frontend's CPU milliseconds per
     1000 streamed tokens and SSE events per stream, both frontends at their
@@ -59,6 +60,7 @@ ROWS = [
     ("p50 latency", "p50_ms", " ms", None, False),
     ("p99 latency", "p99_ms", " ms", 0.7, False),
     ("CPU s / 1000 requests", "cpu_s_per_1000", "", 0.6, False),
+    ("engines' CPU s / 1000 requests", "engine_cpu_s_per_1000", "", None, False),
     ("streamed tokens/s", "stream_tokens_per_s", "", 1.3, True),
     ("CPU ms / 1000 streamed tokens", "stream_cpu_ms_per_1000", " ms", None, False),
     ("SSE events per stream", "events_per_stream", "", None, None),
@@ -119,9 +121,11 @@ def measure(binary: Path, model_dir: Path, opts: argparse.Namespace, stream_load
         frontend_stack(binary, model_dir, engines, log_dir / f"{binary.parent.name}.log") as stack,
     ):
         run(frontend_requests(stack.port, opts.concurrency, opts.concurrency * 4))  # warm-up
-        before = cpu_seconds(stack.pid)
+        engine_pids = [process.pid for process in engines.manager.processes]
+        before, engines_before = cpu_seconds(stack.pid), sum(map(cpu_seconds, engine_pids))
         rps, p50, p99, sent = max_tokens_1(stack.port, opts, script)
         cpu = cpu_seconds(stack.pid) - before
+        engine_cpu = sum(map(cpu_seconds, engine_pids)) - engines_before
         before_stream = cpu_seconds(stack.pid)
         streamed = stream_round(stream_load, stack.port, opts.streams, opts.tokens)
         stream_cpu = cpu_seconds(stack.pid) - before_stream
@@ -130,6 +134,7 @@ def measure(binary: Path, model_dir: Path, opts: argparse.Namespace, stream_load
             "p50_ms": p50,
             "p99_ms": p99,
             "cpu_s_per_1000": cpu / sent * 1000,
+            "engine_cpu_s_per_1000": engine_cpu / sent * 1000,
             "stream_tokens_per_s": streamed["tokens"] / streamed["seconds"],
             "stream_cpu_ms_per_1000": stream_cpu * 1e6 / streamed["tokens"],
             "events_per_stream": streamed["events"] / opts.streams,

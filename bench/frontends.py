@@ -17,14 +17,15 @@ import contextlib
 import glob
 import json
 import os
+import select
 import shutil
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import zmq
 
@@ -141,7 +142,11 @@ class Stack:
 def frontend_stack(binary: Path, model_dir: Path, engines: Engines, log_path: Path, **args: object) -> Iterator[Stack]:
     """`binary` started as vLLM's RustFrontendProcessManager starts it, in
     front of `engines` (which it takes over: one frontend per Engines);
-    extra `args` go to `--args-json`."""
+    extra `args` go to `--args-json`. Start-up is timed from the spawn (the
+    manager's call to `spawn_executable`, once it has built the command line,
+    which costs the same whichever binary it names) to the first 200 on
+    /health, as `HealthProbe` reads it."""
+    from vllm_rs import process_managers
     from vllm_rs.utils import RustFrontendProcessManager
 
     http = socket.socket()
@@ -151,11 +156,18 @@ def frontend_stack(binary: Path, model_dir: Path, engines: Engines, log_path: Pa
     namespace = argparse.Namespace(
         model=str(model_dir), served_model_name=["toy"], disable_log_stats=True, max_model_len=4096, **args
     )
+    probe = HealthProbe(port)
+    spawned: list[float] = []
+    spawn = process_managers.spawn_executable
+
+    def timed_spawn(*spawn_args: Any, **spawn_kwargs: Any) -> Any:
+        spawned.append(time.perf_counter())
+        return spawn(*spawn_args, **spawn_kwargs)
+
     saved = os.dup(2)
-    with open(log_path, "ab") as log:
+    with open(log_path, "ab") as log, mock.patch.object(process_managers, "spawn_executable", timed_spawn):
         os.dup2(log.fileno(), 2)
         try:
-            spawned = time.perf_counter()
             frontend = RustFrontendProcessManager(
                 str(binary), http, namespace, engines.input_listener, engines.output_listener, 0, engines.count,
                 engines.count,
@@ -165,25 +177,72 @@ def frontend_stack(binary: Path, model_dir: Path, engines: Engines, log_path: Pa
             os.close(saved)
     http.close()
     try:
-        startup = wait_healthy(port, frontend, spawned)
-        yield Stack(port, frontend.processes[0].pid, startup)
+        healthy = probe.wait(frontend.processes[0])
+        yield Stack(port, frontend.processes[0].pid, healthy - spawned[0])
     finally:
+        probe.close()
         frontend.shutdown()
 
 
-def wait_healthy(port: int, frontend, spawned: float) -> float:
-    """Seconds from `spawned` to the first 200 on /health."""
-    deadline = time.monotonic() + 120
-    url = f"http://127.0.0.1:{port}/health"
-    while time.monotonic() < deadline:
-        if not frontend.processes[0].is_alive():
+class HealthProbe:
+    """Times the first 200 on /health without polling at an interval: the
+    request is sent before the frontend starts, into the accept queue of the
+    HTTP listener, so the answer comes as soon as the frontend accepts and
+    serves it. An answer other than 200 (not ready yet; neither frontend
+    gives one, both accept HTTP connections once ready) is followed by the
+    same request on a new connection after `RETRY_S`, so that a frontend
+    answering 503 is not flooded while it starts."""
+
+    REQUEST = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    RETRY_S = 0.001
+
+    def __init__(self, port: int):
+        self.port = port
+        self.connection = self._send()
+
+    def _send(self) -> socket.socket:
+        connection = socket.create_connection(("127.0.0.1", self.port))
+        connection.sendall(self.REQUEST)
+        return connection
+
+    def wait(self, process: Any, timeout: float = 120) -> float:
+        """`time.perf_counter()` once a 200 has been read; raises when
+        `process` exits first or `timeout` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and process.is_alive():
+            if self._status(process, deadline) == b"200":
+                return time.perf_counter()
+            self.connection.close()
+            time.sleep(self.RETRY_S)
+            self.connection = self._send()
+        if not process.is_alive():
             raise RuntimeError("the frontend exited during start-up")
-        with contextlib.suppress(OSError, urllib.error.HTTPError):
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return time.perf_counter() - spawned
-        time.sleep(0.001)
-    raise RuntimeError("the frontend did not become healthy")
+        raise RuntimeError("the frontend did not become healthy")
+
+    def _status(self, process: Any, deadline: float) -> bytes | None:
+        """The status code answered on the current connection, or None when
+        it closed (or the frontend exited) without one."""
+        answer = b""
+        while b"\r\n" not in answer and time.monotonic() < deadline:
+            # Woken by the answer; the timeout is only there to notice an exit.
+            readable, _, _ = select.select([self.connection], [], [], 0.1)
+            if not readable:
+                if not process.is_alive():
+                    return None
+                continue
+            try:
+                chunk = self.connection.recv(4096)
+            except ConnectionResetError:
+                return None
+            if not chunk:
+                return None
+            answer += chunk
+        parts = answer.split(b" ", 2)
+        return parts[1] if len(parts) > 2 else None
+
+    def close(self) -> None:
+        """Closes the current connection."""
+        self.connection.close()
 
 
 def rss_mib(pid: int) -> float:

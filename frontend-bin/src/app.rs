@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
+use vllm_rs_chat::hf::{hold_table_builds, TableBuildsHold};
 use vllm_rs_chat::{load_tokenizer, Tokenizer};
 use vllm_rs_config::error::ExitError;
 use vllm_rs_config::{process_env, ServerConfig};
@@ -41,6 +42,8 @@ struct Startup {
     engine_start_index: u32,
     engine_count: u32,
     coordinator: Option<CoordinatorAddress>,
+    /// The tokenizer's tables are built once the frontend serves.
+    tables_hold: TableBuildsHold,
 }
 
 /// Most async worker threads accepted: more only costs memory and start-up time.
@@ -129,6 +132,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     let config = ServerConfig::load(&args.args_json, &process_env)?;
     tracing::debug!(?config, "configuration");
     let hub = HubCache::from_env(&process_env, config.model_files.download_dir.as_deref());
+    let tables_hold = hold_table_builds();
     let tokenizer = load_tokenizer(&config, &hub)?;
     let tls = config.http_layers.tls.as_ref().map(vllm_rs_server::tls::acceptor).transpose()?;
     let generation_config = Arc::new(GenerationConfig::for_server(&config, &hub)?);
@@ -155,6 +159,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
         engine_start_index: args.engine_start_index,
         engine_count: args.engine_count,
         coordinator,
+        tables_hold,
     })
 }
 
@@ -187,6 +192,7 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         engine_start_index: start,
         engine_count: count,
         coordinator,
+        tables_hold,
     } = startup;
     let mut stop = shutdown_signal()?;
     let http_address = http.address.clone();
@@ -255,9 +261,13 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         engines.stop_accepting();
     };
     let drain_timeout = options.drain_timeout;
-    // On a worker, off the path to the first response: reading smaps and the
-    // advice take about a millisecond.
-    tokio::spawn(async { crate::startup_code::release() });
+    // The tokenizer's tables are built from here on, on their own thread,
+    // which releases the start-up code once they are (main.rs); without
+    // tables to build it is released here, on a worker (reading smaps and
+    // the advice take about a millisecond).
+    if !tables_hold.end() {
+        tokio::spawn(async { crate::startup_code::release() });
+    }
     let mut drained = serve(listener, vllm_rs_server::http::routes(state.clone()), options, tls, stopping).await;
     if let Some(grpc) = grpc {
         drained &= vllm_rs_server::grpc::server::drained(grpc, drain_timeout).await;

@@ -96,9 +96,10 @@ pub fn release_startup_code() -> io::Result<usize> {
     Ok(advised)
 }
 
-/// [`release_startup_code`], logged: the frontend calls it once it serves
-/// and once the tokenizer's tables are built (whichever comes last ends
-/// start-up); a failure only costs resident memory.
+/// [`release_startup_code`], logged: the frontend calls it once, when start-up
+/// is over: once the tokenizer's tables are built (which starts when it
+/// serves), or once it serves when there are none to build; a failure only
+/// costs resident memory.
 pub fn release() {
     match release_startup_code() {
         Ok(bytes) => tracing::debug!("start-up code released: {} KiB of read-only file mappings advised", bytes >> 10),

@@ -72,6 +72,77 @@ pub fn on_tables_built(hook: fn()) {
     let _ = TABLES_BUILT.set(hook);
 }
 
+/// Table builds on hold (see [`hold_table_builds`]): how many holds are
+/// out, and how many builds are started and not finished.
+static HOLDS: std::sync::Mutex<TableHolds> = std::sync::Mutex::new(TableHolds { held: 0, pending: 0 });
+/// Signalled when the last hold ends.
+static HOLDS_ENDED: std::sync::Condvar = std::sync::Condvar::new();
+
+struct TableHolds {
+    held: usize,
+    pending: usize,
+}
+
+/// Holds back the building of every tokenizer's tables (the `fastokens`
+/// encoder and the token bytes, built on a thread of their own) until the
+/// returned hold ends: a server starting up holds them while it gets to its
+/// first response, so that their tens of milliseconds of CPU do not compete
+/// with its start-up on a small machine. Until they are built, prompts are
+/// encoded by the `tokenizers` crate (same ids) and a decoder builds the
+/// token bytes itself, so nothing waits on a hold.
+#[must_use = "the builds start when the hold ends"]
+pub fn hold_table_builds() -> TableBuildsHold {
+    HOLDS.lock().unwrap_or_else(|e| e.into_inner()).held += 1;
+    TableBuildsHold { ended: false }
+}
+
+/// A hold on table builds (see [`hold_table_builds`]); dropping it ends it too.
+pub struct TableBuildsHold {
+    ended: bool,
+}
+
+impl TableBuildsHold {
+    /// Ends the hold; true when a build is still to finish (it calls the
+    /// [`on_tables_built`] hook when done), false when no tokenizer had
+    /// tables to build or they were built already.
+    pub fn end(mut self) -> bool {
+        self.end_hold()
+    }
+
+    fn end_hold(&mut self) -> bool {
+        if std::mem::replace(&mut self.ended, true) {
+            return false;
+        }
+        let mut holds = HOLDS.lock().unwrap_or_else(|e| e.into_inner());
+        holds.held -= 1;
+        if holds.held == 0 {
+            HOLDS_ENDED.notify_all();
+        }
+        holds.pending > 0
+    }
+}
+
+impl Drop for TableBuildsHold {
+    fn drop(&mut self) {
+        self.end_hold();
+    }
+}
+
+/// Counts a build as pending (before its thread starts, so that a hold
+/// ending at once sees it), or as finished (`-1`).
+fn count_pending(change: isize) {
+    let mut holds = HOLDS.lock().unwrap_or_else(|e| e.into_inner());
+    holds.pending = holds.pending.checked_add_signed(change).expect("one finish per pending build");
+}
+
+/// Returns once no hold on table builds is out.
+fn wait_for_holds() {
+    let mut holds = HOLDS.lock().unwrap_or_else(|e| e.into_inner());
+    while holds.held > 0 {
+        holds = HOLDS_ENDED.wait(holds).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
 /// `file` in `fastokens`; `None` where it does not support the file.
 fn load_fastokens(file: &Path) -> Option<fastokens::Tokenizer> {
     fastokens::Tokenizer::from_file(file)
@@ -127,21 +198,26 @@ impl HfTokenizer {
     }
 
     /// Builds the `fastokens` encoder and the token bytes on a thread of
-    /// their own: they take tens of milliseconds and tens of MiB for a real
-    /// vocabulary, which would otherwise delay the frontend's start-up. Until
-    /// they are there, prompts are encoded by `tokenizers` (same ids) and the
-    /// first decoder waits for the token bytes.
+    /// their own, once no [`hold_table_builds`] hold is out: they take tens
+    /// of milliseconds and tens of MiB for a real vocabulary, which would
+    /// otherwise delay the frontend's start-up. Until they are there,
+    /// prompts are encoded by `tokenizers` (same ids) and the first decoder
+    /// builds the token bytes (or waits for the thread building them).
     fn load_tables_in_background(&self) {
         let (fast, token_bytes, inner, file, vocab_size) =
             (self.fast.clone(), self.token_bytes.clone(), self.inner.clone(), self.source.clone(), self.vocab_size);
         let load = move || {
+            wait_for_holds();
             token_bytes.get_or_init(|| TokenBytes::of(&inner, vocab_size).map(Arc::new));
             fast.get_or_init(|| load_fastokens(&file));
             if let Some(hook) = TABLES_BUILT.get() {
                 hook();
             }
+            count_pending(-1);
         };
+        count_pending(1);
         if let Err(e) = std::thread::Builder::new().name("tokenizer-tables".into()).spawn(load) {
+            count_pending(-1);
             tracing::debug!("tokenizer tables are built on first use: {e}");
         }
     }
@@ -414,6 +490,22 @@ mod tests {
         let (built, timeout) =
             BUILT.1.wait_timeout_while(built, std::time::Duration::from_secs(60), |n| *n == 0).unwrap();
         assert!(!timeout.timed_out() && *built > 0, "the hook did not run");
+    }
+
+    #[test]
+    fn held_table_builds_start_when_the_hold_ends_and_prompts_are_encoded_meanwhile() {
+        let hold = hold_table_builds();
+        let t = fixture();
+        // The tables thread is waiting for the hold: nothing is built, and
+        // `tokenizers` encodes with the same ids.
+        assert!(t.fast.get().is_none() && t.token_bytes.get().is_none());
+        assert_eq!(t.encode("hello world", true).unwrap(), [259, 256, 108, 108, 111, 257, 111, 114, 108, 100]);
+        assert!(hold.end(), "the fixture's build is pending");
+        vllm_rs_test_support::wait_until("the tables to be built", std::time::Duration::from_secs(60), || {
+            t.fast.get().is_some() && t.token_bytes.get().is_some()
+        });
+        assert!(matches!(t.fast.get(), Some(Some(_))), "fastokens supports the byte-level fixture");
+        assert_eq!(t.encode("hello world", true).unwrap(), [259, 256, 108, 108, 111, 257, 111, 114, 108, 100]);
     }
 
     #[test]
