@@ -4,6 +4,9 @@
 //! whole vectors), scattered slots and 1 to 4 threads; and the checks that
 //! refuse a bad call before anything is read.
 
+mod common;
+
+use common::paths;
 use proptest::prelude::*;
 use vllm_rs_kernels::{decode_attention, AttentionDims, AttentionError, DecodeInputs, Path};
 
@@ -121,15 +124,6 @@ fn assert_close(got: &[f32], want: &[f64]) {
         } else {
             assert!((f64::from(*g) - w).abs() <= 1e-5, "element {i}: {g} vs {w}");
         }
-    }
-}
-
-fn paths() -> Vec<Path> {
-    if Path::best() == Path::Avx2 {
-        vec![Path::Scalar, Path::Avx2]
-    } else {
-        eprintln!("this CPU has no AVX2+FMA+F16C: only the scalar path is tested");
-        vec![Path::Scalar]
     }
 }
 

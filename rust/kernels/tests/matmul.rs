@@ -3,6 +3,9 @@
 //! each row, then a float64 dot product", on random blocks and shapes (odd M,
 //! N; K a multiple of 32) and 1 to 4 threads.
 
+mod common;
+
+use common::paths;
 use proptest::prelude::*;
 use vllm_rs_kernels::{check_shapes, dequantize_row, matmul, Dims, Path, QuantType, ShapeError, BLOCK};
 
@@ -81,15 +84,6 @@ fn assert_close(got: &[f32], want: &[f64], scale: &[f64], k: usize) {
     for (idx, ((g, w), s)) in got.iter().zip(want).zip(scale).enumerate() {
         let bound = s * f64::from(f32::EPSILON) * (k as f64).sqrt() * 4.0 + 1e-30;
         assert!((f64::from(*g) - w).abs() <= bound, "output {idx}: {g} vs {w} (bound {bound})");
-    }
-}
-
-fn paths() -> Vec<Path> {
-    if Path::best() == Path::Avx2 {
-        vec![Path::Scalar, Path::Avx2]
-    } else {
-        eprintln!("this CPU has no AVX2+FMA+F16C: only the scalar path is tested");
-        vec![Path::Scalar]
     }
 }
 
