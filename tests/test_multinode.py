@@ -194,8 +194,10 @@ def test_head_and_two_headless_nodes_serve_together(hosts):
     nodes = [HostProcess(hosts, 1, *node_args(hosts, 4, 1, 2)), HostProcess(hosts, 2, *node_args(hosts, 4, 1, 3))]
     try:
         url = head.wait_ready()
-        # Engines register only once the coordinator has all four subscriptions.
-        assert "All engine subscriptions received by DP coordinator" in head.output, head.output
+        # Engines register only once the coordinator has all four
+        # subscriptions; its log line comes from another process than the
+        # frontend's ready line, so it may be read after it.
+        head.wait_for_line("All engine subscriptions received by DP coordinator")
         tcp_endpoints = re.search(r"engine sockets on (\S+(?:, \S+)*): TCP", head.output)
         assert tcp_endpoints and len(tcp_endpoints.group(1).split(", ")) == 4, head.output  # 2 frontend + 2 coordinator
         with hosts.inside(0):
