@@ -6,30 +6,9 @@
 
 mod common;
 
-use common::paths;
+use common::{paths, Rng};
 use proptest::prelude::*;
 use vllm_rs_kernels::{decode_attention, AttentionDims, AttentionError, DecodeInputs, Path};
-
-/// splitmix64: reproducible operands from a seed without an RNG crate.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn float(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
-    }
-}
 
 /// A call's operands: the caches filled at random, each sequence's keys at
 /// random distinct slots, its row every other token (so rows are skipped).

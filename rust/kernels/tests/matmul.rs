@@ -5,39 +5,18 @@
 
 mod common;
 
-use common::paths;
+use common::{paths, Rng};
 use proptest::prelude::*;
 use vllm_rs_kernels::{check_shapes, dequantize_row, matmul, Dims, Path, QuantType, ShapeError, BLOCK};
 
 const TYPES: [QuantType; 3] = [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1];
-
-/// splitmix64: reproducible operands from a seed without an RNG crate.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u16 {
-        (self.next() % n) as u16
-    }
-
-    fn float(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
-    }
-}
 
 /// A random block: finite f16 scales in a realistic range, random quants.
 fn block(quant: QuantType, rng: &mut Rng) -> Vec<u8> {
     let mut half = || {
         // Sign, exponent 5..=19 (about 2^-10 .. 2^4), random mantissa.
         let bits = (rng.below(2) << 15) | ((5 + rng.below(15)) << 10) | rng.below(1024);
-        bits.to_le_bytes()
+        (bits as u16).to_le_bytes()
     };
     let mut out = half().to_vec();
     if quant == QuantType::Q4_1 {
