@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_rs import _core
+from vllm_rs.engine.cpu_threads import kernel_threads
 
 
 @dataclass
@@ -118,7 +119,7 @@ class PagedAttention(nn.Module):
             _core.paged_decode_attention(
                 q.contiguous().numpy(), self._key_array, self._value_array, batch.rows.numpy(),
                 batch.key_slots.numpy(), batch.lens.numpy(), out.numpy(), self.num_heads, self.num_kv_heads,
-                self.head_dim, self.scale, torch.get_num_threads(),
+                self.head_dim, self.scale, kernel_threads(),
             )  # fmt: skip
         elif batch is not None:
             # index_select on the flat slots: twice as fast as indexing with

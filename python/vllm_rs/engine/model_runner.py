@@ -7,14 +7,14 @@ chunks and decodes together) and samples. CUDA when there is one (or
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 
 from vllm_rs.engine.attention import AttentionMetadata, DecodeBatch, SequenceSlice, attends_in_place
 from vllm_rs.engine.config import EngineConfig, kv_bytes_per_token
+from vllm_rs.engine.cpu_threads import keep_torch_on_one_thread, kernel_threads, limit_cpu_threads
 from vllm_rs.engine.logprobs import gather, num_columns
+from vllm_rs.engine.packed_weights import every_matmul_in_kernels
 from vllm_rs.engine.prefix_hash import hash_block_tokens
 from vllm_rs.engine.request import Request
 from vllm_rs.engine.sampler import Sampler
@@ -34,18 +34,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: CUDA is not available")
     return torch.device(name)
-
-
-def limit_cpu_threads(config: EngineConfig) -> None:
-    """Gives each engine on the CPU its share of the cores (unless
-    `OMP_NUM_THREADS` says otherwise). The toy model's ops are tiny, and
-    oversubscribed intra-op threads spin against the frontend and each other,
-    so it leaves a core's share to the frontend; a real model's matmuls are
-    the work, so its engines share all the cores."""
-    if "OMP_NUM_THREADS" not in os.environ:
-        engines = config.parallel_config.data_parallel_size
-        share = (os.cpu_count() or 1) // (engines if config.model_config.spec.is_real else engines + 1)
-        torch.set_num_threads(max(1, share))
 
 
 class KVCacheTooSmallError(RuntimeError):
@@ -71,6 +59,8 @@ class ModelRunner:
         self.follows_grammars = not spec.is_real or spec.tokenizer_dir is not None
         self.dtype = getattr(torch, config.model_config.dtype)
         self.model = self._load_model(config).to(self.device).eval()
+        if self.device.type == "cpu" and every_matmul_in_kernels(self.model):
+            keep_torch_on_one_thread()
         self.block_size = config.cache_config.block_size
         self.num_gpu_blocks = config.cache_config.num_gpu_blocks or self._blocks_from_free_memory(config)
         self.kv_caches: list[torch.Tensor] = []
@@ -95,10 +85,10 @@ class ModelRunner:
         self._decodes_in_place = attends_in_place(self.device, self.dtype)
         self.sampler = Sampler(self.device)
         logger.info(
-            "%s (%s%s) on %s (%d threads): %d KV blocks of %d tokens",
+            "%s (%s%s) on %s (%d threads, kernels %d): %d KV blocks of %d tokens",
             config.model_config.architecture, config.model_config.dtype,
             ", weights kept quantized" if config.model_config.quantization == "gguf" else "", self.device,
-            torch.get_num_threads(),
+            torch.get_num_threads(), kernel_threads(),
             self.num_gpu_blocks, self.block_size,
         )  # fmt: skip
 

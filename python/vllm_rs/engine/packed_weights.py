@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from vllm_rs import _core
+from vllm_rs.engine.cpu_threads import kernel_threads
 from vllm_rs.engine.gguf_file import GgufTensor
 
 #: ggml type ids the Rust kernel reads in place: Q4_0, Q4_1, Q8_0.
@@ -40,8 +41,8 @@ class PackedLinear(nn.Module):
     """`y = x @ W.T (+ b)` with `W` held compact: as GGUF blocks read by the
     Rust kernel, or as fbgemm's packed fp16 matrix; `x` and `y` are float32.
     Built empty (with a meta bias when it has one); the weight arrives with
-    `load_weight`, the bias through `load_state_dict`. The kernel runs on as
-    many threads as torch's intra-op pool."""
+    `load_weight`, the bias through `load_state_dict`. The kernel runs on
+    `cpu_threads.kernel_threads()` threads."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
@@ -82,9 +83,20 @@ class PackedLinear(nn.Module):
         out = np.empty((rows.shape[0], self.out_features), np.float32)
         blocks = self.blocks
         _core.gguf_matmul(rows, blocks.rows, out, blocks.type, self.out_features, self.in_features,
-                          torch.get_num_threads())  # fmt: skip
+                          kernel_threads())  # fmt: skip
         result = torch.from_numpy(out)
         return result if two_d else result.view(*x.shape[:-1], self.out_features)
+
+
+def every_matmul_in_kernels(model: nn.Module) -> bool:
+    """Whether `model` multiplies only through the Rust kernel: it has
+    `PackedLinear` layers, each holding GGUF blocks, and no `nn.Linear`."""
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    return (
+        bool(packed)
+        and all(m.blocks is not None for m in packed)
+        and not any(isinstance(m, nn.Linear) for m in model.modules())
+    )
 
 
 class GgufEmbedding(nn.Module):

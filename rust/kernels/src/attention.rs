@@ -185,18 +185,8 @@ pub fn decode_attention(
             }
         }
     };
-    let parts = threads.clamp(1, dims.seqs.max(1));
-    if parts == 1 {
-        run(0..dims.seqs);
-    } else {
-        std::thread::scope(|s| {
-            for p in 1..parts {
-                let seqs = dims.seqs * p / parts..dims.seqs * (p + 1) / parts;
-                s.spawn(move || run(seqs));
-            }
-            run(0..dims.seqs / parts);
-        });
-    }
+    let parts = threads.clamp(1, dims.seqs.clamp(1, crate::pool::MAX_PARTS));
+    crate::pool::run(parts, &|p| run(dims.seqs * p / parts..dims.seqs * (p + 1) / parts));
     Ok(())
 }
 

@@ -11,6 +11,7 @@
 //! keys and values where they lie in a paged KV cache (`attention.rs`).
 
 mod attention;
+mod pool;
 mod quant;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -127,18 +128,8 @@ pub fn matmul(
             }
         }
     };
-    let parts = split(dims.n, threads.max(1));
-    match parts.as_slice() {
-        [only] => run(only.clone()),
-        [first, rest @ ..] => std::thread::scope(|s| {
-            for cols in rest {
-                let cols = cols.clone();
-                s.spawn(move || run(cols));
-            }
-            run(first.clone());
-        }),
-        [] => {}
-    }
+    let parts = split(dims.n, threads.clamp(1, pool::MAX_PARTS));
+    pool::run(parts.len(), &|p| run(parts[p].clone()));
     Ok(())
 }
 
