@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
+use vllm_rs_test_support::poll_until_async;
 
 /// Generous: each bound under test is 1 s, and the old behaviour was no bound at all.
 const READ_DEADLINE: Duration = Duration::from_secs(20);
@@ -124,19 +125,9 @@ async fn silent_connections_past_the_connection_limit_make_room_for_new_clients(
     assert_eq!(health().await, 200, "a new client is served past 300 silent connections");
     // An evicted connection's task drops its socket after the accept loop
     // moves on, so the count settles a moment after the last accept.
-    let settled = async {
-        loop {
-            let fds = open_fds(&fe);
-            if fds <= baseline + 16 + 4 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    if tokio::time::timeout(READ_DEADLINE, settled).await.is_err() {
-        let extra = open_fds(&fe).saturating_sub(baseline);
-        panic!("{extra} more fds with 300 silent connections and a limit of 16");
-    }
+    let settled = poll_until_async(READ_DEADLINE, || async { open_fds(&fe) <= baseline + 16 + 4 }).await;
+    let extra = open_fds(&fe).saturating_sub(baseline);
+    assert!(settled.is_some(), "{extra} more fds with 300 silent connections and a limit of 16");
     for _ in 0..50 {
         assert_eq!(health().await, 200);
     }
