@@ -18,18 +18,9 @@ from vllm_rs import _core
 from vllm_rs.engine import cpu_threads, make_engine_config
 from vllm_rs.engine.core import EngineCore
 from vllm_rs.engine.protocol import EngineCoreRequest
-from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 
 #: Q8_0 blocks of 32 weights: a float16 scale, then 32 int8.
 Q8_0 = 8
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> str:
-    try:
-        return packaged_model_path()
-    except ModelNotFoundError as e:
-        pytest.skip(f"the packaged SmolLM2 GGUF is not installed: {e}")
 
 
 def run_child(code: str, env: dict[str, str] | None = None) -> str:

@@ -24,7 +24,6 @@ from vllm_rs.engine.config import EngineConfigError
 from vllm_rs.engine.core import EngineCore
 from vllm_rs.engine.packed_weights import GgufBlocks, GgufEmbedding, PackedLinear
 from vllm_rs.engine.protocol import EngineCoreRequest
-from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 
 #: SmolLM2 token ids: a chat-formatted question, then plain-text prompts.
 PROMPTS = [
@@ -40,14 +39,6 @@ MAX_TOKENS = 32
 #: dequantized path, so only float32 summation order differs (measured:
 #: under 1e-4), far below the gaps that would flip a greedy token.
 LOGPROB_TOLERANCE = 2e-3
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> str:
-    try:
-        return packaged_model_path()
-    except ModelNotFoundError as e:
-        pytest.skip(f"the packaged SmolLM2 GGUF is not installed: {e}")
 
 
 def engine(path: str, quantization: str | None) -> EngineCore:
