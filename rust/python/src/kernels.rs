@@ -44,9 +44,40 @@ unsafe fn slice<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> &[T] {
     unsafe { std::slice::from_raw_parts(buf.buf_ptr() as *const T, buf.item_count()) }
 }
 
+/// `buf`'s elements as a mutable slice (empty for an empty buffer).
+///
+/// # Safety
+/// As [`slice`], and no other slice of the buffer is alive meanwhile.
+#[allow(clippy::mut_from_ref)] // the buffer is Python's memory, not `buf`'s
+unsafe fn slice_mut<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> &mut [T] {
+    if buf.item_count() == 0 {
+        return &mut [];
+    }
+    // SAFETY: the caller's promise; the buffer is C-contiguous (`flat_for`).
+    unsafe { std::slice::from_raw_parts_mut(buf.buf_ptr() as *mut T, buf.item_count()) }
+}
+
 fn span<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> std::ops::Range<usize> {
     let start = buf.buf_ptr() as usize;
     start..start + buf.len_bytes()
+}
+
+/// Whether `func` may write `out` while it reads the `inputs` (name and
+/// byte span each): `out` writable and sharing no byte with any of them;
+/// else the `ValueError` naming what is wrong.
+fn check_out<T: pyo3::buffer::Element>(
+    func: &str,
+    out: &PyBuffer<T>,
+    inputs: &[(&str, std::ops::Range<usize>)],
+) -> PyResult<()> {
+    if out.readonly() {
+        return Err(PyValueError::new_err(format!("{func}: out is read-only")));
+    }
+    let out_span = span(out);
+    match inputs.iter().find(|(_, other)| other.start < out_span.end && out_span.start < other.end) {
+        Some((name, _)) => Err(PyValueError::new_err(format!("{func}: out overlaps {name}"))),
+        None => Ok(()),
+    }
 }
 
 /// `out[M,N] = x[M,K] · W[N,K]^T` where `x` and `out` are C-contiguous
@@ -77,15 +108,7 @@ fn gguf_matmul(
     let xb = flat::<f32>(x, "x", "float32")?;
     let wb = flat::<u8>(w, "w", "uint8")?;
     let ob = flat::<f32>(out, "out", "float32")?;
-    if ob.readonly() {
-        return Err(PyValueError::new_err("gguf_matmul: out is read-only"));
-    }
-    let out_span = span(&ob);
-    for (name, other) in [("x", span(&xb)), ("w", span(&wb))] {
-        if other.start < out_span.end && out_span.start < other.end {
-            return Err(PyValueError::new_err(format!("gguf_matmul: out overlaps {name}")));
-        }
-    }
+    check_out("gguf_matmul", &ob, &[("x", span(&xb)), ("w", span(&wb))])?;
     if k == 0 || xb.item_count() % k != 0 {
         return Err(PyValueError::new_err(format!(
             "gguf_matmul: x has {} elements, not a whole number of rows of k = {k}",
@@ -95,21 +118,9 @@ fn gguf_matmul(
     let dims = Dims { m: xb.item_count() / k, n, k };
     vllm_rs_kernels::check_shapes(quant, xb.item_count(), wb.item_count(), ob.item_count(), dims)
         .map_err(|e| PyValueError::new_err(format!("gguf_matmul: {e}")))?;
-    if dims.m == 0 || n == 0 {
-        return Ok(()); // nothing to compute; an empty buffer's pointer may be null
-    }
-    // SAFETY: the buffers are C-contiguous, non-empty (checked: m, n, k > 0)
-    // and stay exported (held) until the end of this call; out overlaps
-    // neither input, and the lengths are the buffers' own. A Python thread
-    // writing into them meanwhile races, as with any GIL-releasing numpy
-    // operation.
-    let (xs, ws, os) = unsafe {
-        (
-            std::slice::from_raw_parts(xb.buf_ptr() as *const f32, xb.item_count()),
-            std::slice::from_raw_parts(wb.buf_ptr() as *const u8, wb.item_count()),
-            std::slice::from_raw_parts_mut(ob.buf_ptr() as *mut f32, ob.item_count()),
-        )
-    };
+    // SAFETY: the buffers stay exported (held) until the end of this call
+    // and out overlaps neither input (checked above).
+    let (xs, ws, os) = unsafe { (slice(&xb), slice(&wb), slice_mut(&ob)) };
     py.detach(|| matmul(Path::best(), quant, xs, ws, os, dims, threads))
         .map_err(|e| PyValueError::new_err(format!("gguf_matmul: {e}")))
 }
@@ -152,10 +163,6 @@ fn paged_decode_attention(
     let (qb, kb, vb, ob) =
         (floats(q, "q")?, floats(key_cache, "key_cache")?, floats(value_cache, "value_cache")?, floats(out, "out")?);
     let (rb, sb, lb) = (ints(rows, "rows")?, ints(key_slots, "key_slots")?, ints(lens, "lens")?);
-    if ob.readonly() {
-        return Err(err("out is read-only".into()));
-    }
-    let out_span = span(&ob);
     let inputs = [
         ("q", span(&qb)),
         ("key_cache", span(&kb)),
@@ -164,11 +171,7 @@ fn paged_decode_attention(
         ("key_slots", span(&sb)),
         ("lens", span(&lb)),
     ];
-    for (name, other) in inputs {
-        if other.start < out_span.end && out_span.start < other.end {
-            return Err(err(format!("out overlaps {name}")));
-        }
-    }
+    check_out(NAME, &ob, &inputs)?;
     let head = heads * head_dim;
     let kv_head = kv_heads * head_dim;
     if head == 0 || kv_head == 0 {
@@ -196,13 +199,8 @@ fn paged_decode_attention(
     };
     // SAFETY: the buffers stay exported until the end of this call and out
     // overlaps none of the inputs (checked above).
-    let (qs, ks, vs, rs, ss, ls) = unsafe { (slice(&qb), slice(&kb), slice(&vb), slice(&rb), slice(&sb), slice(&lb)) };
-    let os = if ob.item_count() == 0 {
-        &mut []
-    } else {
-        // SAFETY: as above; out is writable and overlaps no input.
-        unsafe { std::slice::from_raw_parts_mut(ob.buf_ptr() as *mut f32, ob.item_count()) }
-    };
+    let (qs, ks, vs, rs, ss, ls, os) =
+        unsafe { (slice(&qb), slice(&kb), slice(&vb), slice(&rb), slice(&sb), slice(&lb), slice_mut(&ob)) };
     let inputs = DecodeInputs { q: qs, key_cache: ks, value_cache: vs, rows: rs, key_slots: ss, lens: ls, scale };
     py.detach(|| decode_attention(Path::best(), &inputs, os, dims, threads)).map_err(|e| err(e.to_string()))
 }
