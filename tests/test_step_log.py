@@ -28,6 +28,9 @@ def test_every_step_that_ran_requests_is_recorded_and_summarized(tmp_path, monke
     run_two_requests(EngineCore(make_engine_config("echo")))
     (log,) = (tmp_path / "steps").iterdir()
     assert log.name == f"engine-{os.getpid()}.jsonl"
+    # Other local users can read neither the directory it made nor the records.
+    assert (tmp_path / "steps").stat().st_mode & 0o777 == 0o700
+    assert log.stat().st_mode & 0o777 == 0o600
     steps = [json.loads(line) for line in log.read_text().splitlines()]
     # Both prompts (5 tokens) with their first samples, then two decode steps.
     assert [(s["requests"], s["tokens"]) for s in steps] == [(2, 5), (2, 2), (2, 2)]
@@ -47,6 +50,16 @@ def test_without_the_variable_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run_two_requests(EngineCore(make_engine_config("echo")))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_link_in_place_of_the_log_is_refused_not_followed(tmp_path, monkeypatch):
+    (tmp_path / "steps").mkdir()
+    target = tmp_path / "elsewhere"
+    (tmp_path / "steps" / f"engine-{os.getpid()}.jsonl").symlink_to(target)
+    monkeypatch.setenv(STEP_LOG_ENV, str(tmp_path / "steps"))
+    with pytest.raises(StepLogError, match=STEP_LOG_ENV):
+        EngineCore(make_engine_config("echo"))
+    assert not target.exists()
 
 
 def test_a_directory_that_cannot_be_written_is_a_clear_error(tmp_path, monkeypatch):

@@ -58,9 +58,12 @@ class StepLog:
             return None
         path = os.path.join(directory, f"engine-{os.getpid()}.jsonl")
         try:
-            os.makedirs(directory, exist_ok=True)
+            # Private to this user (a directory it creates, and the file),
+            # and never written through a link someone else put there.
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             # Line-buffered: each record is whole on disk once the step ends.
-            return cls(open(path, "a", buffering=1, encoding="utf-8"))
+            return cls(os.fdopen(fd, "a", buffering=1, encoding="utf-8"))
         except OSError as e:
             raise StepLogError(f"{STEP_LOG_ENV}={directory}: cannot write {path}: {e}") from None
 
