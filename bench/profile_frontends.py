@@ -15,7 +15,12 @@ what it called): that is what tells which request step the allocations and
 copies belong to (prompt encoding, detokenizer set-up, the HTTP write). `perf` is Debian's `linux-perf` (`apt-get install linux-perf`);
 wrk is required (`apt-get install wrk`).
 
-Run: ~/.cache/vllm-rs/venv/bin/python bench/profile_frontends.py [--seconds 8]
+`--stream` records the streamed row instead (64 streams of 256 tokens,
+`--stream-rounds` of them, read by the native client of bench_frontend.py)
+and prints the frontend's CPU milliseconds per 1000 streamed tokens beside
+the profile.
+
+Run: ~/.cache/vllm-rs/venv/bin/python bench/profile_frontends.py [--seconds 8] [--stream] [--inclusive]
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_frontend import frontend_requests  # noqa: E402
+from bench.bench_frontend import build_stream_load, frontend_requests, stream_round  # noqa: E402
 from bench.bench_serve import WRK_SCRIPT, run, wrk_requests  # noqa: E402
-from bench.frontends import echo_engines, frontend_stack, frontends_to_compare, write_model_dir  # noqa: E402
+from bench.frontends import cpu_seconds, echo_engines, frontend_stack, frontends_to_compare, write_model_dir  # noqa: E402
 
 #: Cost groups: a symbol belongs to the first group whose pattern it matches.
 GROUPS = [
@@ -92,14 +97,14 @@ def profile(name: str, binary: Path, opts: argparse.Namespace, tmp: Path, out_di
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            rps, _, p99, sent = wrk_requests(stack.port, 64, opts.seconds, script)
+            measured = streamed(stack, opts) if opts.stream else loaded(stack, opts, script)
         finally:
             recorder.send_signal(2)
             recorder.wait(60)
     rows = perf_report(data)
     inclusive = perf_report(data, inclusive=True) if opts.inclusive else []
     data.unlink()
-    lines = [f"{name}: {binary}", f"{rps:.0f} req/s, p99 {p99:.2f} ms, {sent} requests while recorded", ""]
+    lines = [f"{name}: {binary}", measured, ""]
     lines.append("cost groups (% of the frontend's samples):")
     lines += [f"  {percent:5.1f}%  {group}" for group, percent in grouped(rows).items()]
     lines.append("")
@@ -110,7 +115,24 @@ def profile(name: str, binary: Path, opts: argparse.Namespace, tmp: Path, out_di
         lines += [f"  {percent:5.2f}%  {symbol[:150]}" for percent, symbol in inclusive[: opts.top]]
     text = "\n".join(lines)
     print(text + "\n", flush=True)
-    (out_dir / f"profile-{name}.txt").write_text(text + "\n")
+    (out_dir / f"profile-{name}{'-stream' if opts.stream else ''}.txt").write_text(text + "\n")
+
+
+def loaded(stack, opts: argparse.Namespace, script: Path) -> str:
+    """The max_tokens=1 load (wrk) while recorded; what it measured."""
+    rps, _, p99, sent = wrk_requests(stack.port, 64, opts.seconds, script)
+    return f"{rps:.0f} req/s, p99 {p99:.2f} ms, {sent} requests while recorded"
+
+
+def streamed(stack, opts: argparse.Namespace) -> str:
+    """`opts.stream_rounds` rounds of 64 x 256 streamed tokens while recorded; what they measured."""
+    stream_load = build_stream_load()
+    before, tokens, seconds = cpu_seconds(stack.pid), 0, 0.0
+    for _ in range(opts.stream_rounds):
+        result = stream_round(stream_load, stack.port, 64, 256)
+        tokens, seconds = tokens + result["tokens"], seconds + result["seconds"]
+    cpu_ms = (cpu_seconds(stack.pid) - before) * 1e6 / tokens
+    return f"{tokens / seconds:.0f} streamed tokens/s, {cpu_ms:.2f} frontend CPU ms per 1000 tokens (perf running)"
 
 
 def main() -> int:
@@ -121,6 +143,8 @@ def main() -> int:
     parser.add_argument(
         "--inclusive", action="store_true", help="record call graphs too and list symbols by inclusive time"
     )
+    parser.add_argument("--stream", action="store_true", help="record 64 x 256 streamed tokens instead of max_tokens=1")
+    parser.add_argument("--stream-rounds", type=int, default=3, help="streamed rounds recorded with --stream")
     opts = parser.parse_args()
     for tool in ("perf", "wrk"):
         if shutil.which(tool) is None:
