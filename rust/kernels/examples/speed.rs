@@ -30,7 +30,7 @@ fn main() {
     }
     let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
     let mut y = vec![0.0f32; m * n];
-    for path in [Path::Scalar, Path::best()] {
+    for path in Path::supported() {
         matmul(path, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
         // At least 0.3 s of calls: schedstat advances at the scheduler's ticks.
         let (start, cpu_start) = (Instant::now(), on_cpu_secs());

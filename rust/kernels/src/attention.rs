@@ -171,7 +171,8 @@ pub fn decode_attention(
             match path {
                 Path::Scalar => sequences::<false>(&job, seqs),
                 #[cfg(target_arch = "x86_64")]
-                Path::Avx2 => {
+                // Attention is a small share of a step: AVX-512 CPUs run the AVX2 code.
+                Path::Avx2 | Path::Avx512 => {
                     assert!(crate::x86::supported(), "the AVX2 path needs AVX2, FMA and F16C");
                     if dims.head_dim.is_multiple_of(8) {
                         simd::sequences(&job, seqs)
@@ -181,7 +182,7 @@ pub fn decode_attention(
                     }
                 }
                 #[cfg(not(target_arch = "x86_64"))]
-                Path::Avx2 => panic!("the AVX2 path needs an x86-64 CPU"),
+                Path::Avx2 | Path::Avx512 => panic!("the SIMD paths need an x86-64 CPU"),
             }
         }
     };

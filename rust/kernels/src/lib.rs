@@ -3,14 +3,16 @@
 //! in registers exactly as ggml (and the `gguf` Python package) dequantize it,
 //! then multiplied with float32 activations and accumulated in float32, so the
 //! result equals "dequantize to float32, then multiply" up to summation order.
-//! An AVX2+FMA+F16C path is chosen at run time; the portable scalar path
-//! serves every other CPU and is the tests' reference. N is split across
+//! An AVX-512 path, else an AVX2+FMA+F16C one, is chosen at run time; the
+//! portable scalar path serves every other CPU and is the tests' reference. N is split across
 //! threads. Why a kernel of our own: docs/real-model-speed.md.
 //!
 //! Beside it, `decode_attention`: one query per sequence attending over its
 //! keys and values where they lie in a paged KV cache (`attention.rs`).
 
 mod attention;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod pool;
 mod quant;
 mod scalar;
@@ -64,16 +66,30 @@ pub enum Path {
     Scalar,
     /// AVX2, FMA and F16C (x86-64).
     Avx2,
+    /// AVX-512F and VL beside the AVX2 path's features (x86-64); decode
+    /// attention and single-row matmuls run the AVX2 path's code.
+    Avx512,
 }
 
 impl Path {
     /// The fastest path this CPU supports.
     pub fn best() -> Path {
+        *Path::supported().last().expect("the scalar path runs everywhere")
+    }
+
+    /// Every path this CPU runs, slowest (scalar) first.
+    pub fn supported() -> Vec<Path> {
+        let mut paths = vec![Path::Scalar];
         #[cfg(target_arch = "x86_64")]
-        if x86::supported() {
-            return Path::Avx2;
+        {
+            if x86::supported() {
+                paths.push(Path::Avx2);
+            }
+            if avx512::supported() {
+                paths.push(Path::Avx512);
+            }
         }
-        Path::Scalar
+        paths
     }
 }
 
@@ -123,8 +139,13 @@ pub fn matmul(
                     assert!(x86::supported(), "the AVX2 path needs AVX2, FMA and F16C");
                     x86::matmul(&job, cols)
                 }
+                #[cfg(target_arch = "x86_64")]
+                Path::Avx512 => {
+                    assert!(avx512::supported(), "the AVX-512 path needs AVX-512F and VL, AVX2, FMA and F16C");
+                    avx512::matmul(&job, cols)
+                }
                 #[cfg(not(target_arch = "x86_64"))]
-                Path::Avx2 => panic!("the AVX2 path needs an x86-64 CPU"),
+                Path::Avx2 | Path::Avx512 => panic!("the SIMD paths need an x86-64 CPU"),
             }
         }
     };

@@ -12,9 +12,9 @@ use std::arch::x86_64::*;
 use crate::quant::{QuantType, BLOCK};
 use crate::{Dims, Job};
 
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-const Q4_1: u8 = 2;
+pub(crate) const Q8_0: u8 = 0;
+pub(crate) const Q4_0: u8 = 1;
+pub(crate) const Q4_1: u8 = 2;
 
 /// Whether this CPU runs the path.
 pub(crate) fn supported() -> bool {
@@ -39,16 +39,16 @@ pub(crate) unsafe fn matmul(job: &Job<'_>, cols: std::ops::Range<usize>) {
 }
 
 /// The operands: `x` is `m x k`, `w` `n` rows of blocks, `y` `m x n`.
-struct Args {
-    x: *const f32,
-    w: *const u8,
-    y: *mut f32,
-    m: usize,
-    n: usize,
-    k: usize,
+pub(crate) struct Args {
+    pub(crate) x: *const f32,
+    pub(crate) w: *const u8,
+    pub(crate) y: *mut f32,
+    pub(crate) m: usize,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
 }
 
-const fn block_bytes(q: u8) -> usize {
+pub(crate) const fn block_bytes(q: u8) -> usize {
     match q {
         Q8_0 => 34,
         Q4_0 => 18,
@@ -97,12 +97,12 @@ unsafe fn columns<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
 /// How far ahead of the row it multiplies the few-rows path asks for weight
 /// rows (whole rows, at least this many bytes): the hardware prefetcher
 /// alone left the Q8_0 output head 17% slower, streaming from memory.
-const PREFETCH_BYTES: usize = 2048;
+pub(crate) const PREFETCH_BYTES: usize = 2048;
 
 /// Asks for the `len` bytes at `p` to be brought into the caches.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn prefetch(p: *const u8, len: usize) {
+pub(crate) fn prefetch(p: *const u8, len: usize) {
     for off in (0..len).step_by(64) {
         // A prefetch never faults, whatever the address.
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast());
@@ -112,16 +112,16 @@ fn prefetch(p: *const u8, len: usize) {
 /// From this many activation rows on, weights are decoded into a scratch
 /// panel (`panels`) rather than in registers per tile of 4 rows (measured:
 /// 5 to 7 rows run 10-15% faster in panels, 4 rows 20% slower).
-const PANEL_MIN_M: usize = 5;
+pub(crate) const PANEL_MIN_M: usize = 5;
 /// Weight rows per panel: the 4 outputs of an activation row are reduced
 /// together and stored as one vector.
-const PANEL_ROWS: usize = 4;
+pub(crate) const PANEL_ROWS: usize = 4;
 /// Activation rows per register tile of a panel: 3 x 4 accumulators, 3
 /// activation vectors and one weight vector fill the 16 registers; 3 + 4
 /// loads feed 12 FMAs.
 const PANEL_TILE_M: usize = 3;
 /// Bytes of activations a panel pass keeps hot (half a 512 KiB L2).
-const PANEL_X_BYTES: usize = 256 << 10;
+pub(crate) const PANEL_X_BYTES: usize = 256 << 10;
 
 /// `columns` for many activation rows (see there).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -219,7 +219,7 @@ unsafe fn panel_tile<const MR: usize>(a: &Args, w: *const f32, i: usize, j: usiz
 /// 2+3, then those, then the two halves).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn sum4(v: &[__m256; PANEL_ROWS]) -> __m128 {
+pub(crate) fn sum4(v: &[__m256; PANEL_ROWS]) -> __m128 {
     let quads = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
     _mm_add_ps(_mm256_castps256_ps128(quads), _mm256_extractf128_ps::<1>(quads))
 }

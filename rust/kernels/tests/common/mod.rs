@@ -2,15 +2,14 @@
 
 use vllm_rs_kernels::Path;
 
-/// The kernel paths this CPU can run: the scalar one always, the AVX2 one
-/// where the CPU has AVX2, FMA and F16C (said on stderr where it has not).
+/// The kernel paths this CPU can run: the scalar one always, the AVX2 and
+/// AVX-512 ones where the CPU has them (said on stderr where it has neither).
 pub fn paths() -> Vec<Path> {
-    if Path::best() == Path::Avx2 {
-        vec![Path::Scalar, Path::Avx2]
-    } else {
+    let paths = Path::supported();
+    if paths.len() == 1 {
         eprintln!("this CPU has no AVX2+FMA+F16C: only the scalar path is tested");
-        vec![Path::Scalar]
     }
+    paths
 }
 
 /// splitmix64: reproducible operands from a seed without an RNG crate.
