@@ -4,8 +4,8 @@
 //! then multiplied with float32 activations and accumulated in float32, so the
 //! result equals "dequantize to float32, then multiply" up to summation order.
 //! An AVX-512 path, else an AVX2+FMA+F16C one, is chosen at run time; the
-//! portable scalar path serves every other CPU and is the tests' reference. N is split across
-//! threads. Why a kernel of our own: docs/real-model-speed.md.
+//! portable scalar path serves every other CPU and is the tests' reference.
+//! N is split across threads. Why a kernel of our own: docs/real-model-speed.md.
 //!
 //! Beside it, `decode_attention`: one query per sequence attending over its
 //! keys and values where they lie in a paged KV cache (`attention.rs`).
