@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 
 use crate::quant::{QuantType, BLOCK};
-use crate::x86::{block_bytes, sum4, Args, PANEL_ROWS, PANEL_X_BYTES};
+use crate::x86::{block_bytes, store_sums, sum4, Args, PANEL_ROWS, PANEL_X_BYTES};
 use crate::x86::{Q4_0, Q4_1, Q8_0};
 use crate::{Dims, Job};
 
@@ -130,15 +130,7 @@ unsafe fn panel_tile<const MR: usize>(a: &Args, w: *const f32, i: usize, j: usiz
             for (f, v) in folded.iter_mut().zip(acc_row) {
                 *f = halves(*v);
             }
-            let sums = sum4(&folded);
-            let dst = a.y.add((i + row) * a.n + j);
-            if cols == PANEL_ROWS {
-                _mm_storeu_ps(dst, sums);
-            } else {
-                let mut lanes = [0.0f32; PANEL_ROWS];
-                _mm_storeu_ps(lanes.as_mut_ptr(), sums);
-                std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, cols);
-            }
+            store_sums(a, sum4(&folded), i + row, j, cols);
         }
     }
 }

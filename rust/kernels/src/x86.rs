@@ -202,15 +202,28 @@ unsafe fn panel_tile<const MR: usize>(a: &Args, w: *const f32, i: usize, j: usiz
             }
         }
         for (row, acc_row) in acc.iter().enumerate() {
-            let sums = sum4(acc_row);
-            let dst = a.y.add((i + row) * a.n + j);
-            if cols == PANEL_ROWS {
-                _mm_storeu_ps(dst, sums);
-            } else {
-                let mut lanes = [0.0f32; PANEL_ROWS];
-                _mm_storeu_ps(lanes.as_mut_ptr(), sums);
-                std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, cols);
-            }
+            store_sums(a, sum4(acc_row), i + row, j, cols);
+        }
+    }
+}
+
+/// `y[i, j..j+cols]` from the first `cols` lanes of `sums` (a panel's
+/// outputs of one activation row).
+///
+/// # Safety
+/// i < m and j + cols <= n, cols <= PANEL_ROWS.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn store_sums(a: &Args, sums: __m128, i: usize, j: usize, cols: usize) {
+    // SAFETY: the caller's bounds keep the stores inside y.
+    unsafe {
+        let dst = a.y.add(i * a.n + j);
+        if cols == PANEL_ROWS {
+            _mm_storeu_ps(dst, sums);
+        } else {
+            let mut lanes = [0.0f32; PANEL_ROWS];
+            _mm_storeu_ps(lanes.as_mut_ptr(), sums);
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, cols);
         }
     }
 }
