@@ -255,6 +255,20 @@ fn markup() -> impl Strategy<Value = String> {
     prop::collection::vec(prop_oneof![pieces.prop_map(str::to_owned), ".{0,4}"], 0..24).prop_map(|v| v.concat())
 }
 
+#[test]
+fn a_call_followed_by_multibyte_text_streams_without_a_cut_character() {
+    // Found by `arbitrary_text_never_panics`: the `; ` after a call was
+    // skipped as two bytes, which cut the `｜` (3 bytes) that followed.
+    let parser = ToolParser::new("llama3_json", tools()).unwrap();
+    for text in ["{}<｜tool▁calls▁begin｜>", "{\"name\": \"get_weather\", \"arguments\": {}}é{\"a\": 1}"] {
+        let whole = parser.parse(text);
+        assert!(!whole.tools_called || whole.tool_calls.iter().all(|c| !c.id.is_empty()), "{text}");
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        stream_tool(&parser, &[text.to_owned()]);
+        stream_tool(&parser, &chars);
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 

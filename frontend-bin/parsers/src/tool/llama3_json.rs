@@ -37,6 +37,14 @@ fn raw_decode(text: &str) -> Result<(Value, usize), serde_json::Error> {
     }
 }
 
+/// Where the next call starts after a whole one that ends at byte `end`:
+/// past the two characters of the `; ` separator, counted in characters as
+/// vLLM's parser (Python) counts them, so a multi-byte character after a
+/// call is skipped whole, never cut (past the end of `body` for none).
+fn after_separator(body: &str, end: usize) -> usize {
+    body[end..].char_indices().nth("; ".chars().count()).map_or(body.len(), |(i, _)| end + i)
+}
+
 /// `arguments`, else `parameters`, of a call object.
 fn arguments(object: &Value) -> Option<&Value> {
     object.get("arguments").or_else(|| object.get("parameters"))
@@ -82,7 +90,7 @@ impl Format for Llama3Json {
         while pos < body.len() {
             let rest = &body[pos..];
             let (object, complete, next) = match raw_decode(rest) {
-                Ok((object, length)) => (object, true, pos + length + "; ".len()),
+                Ok((object, length)) => (object, true, after_separator(body, pos + length)),
                 Err(e) if e.is_eof() => match parse_partial_json(rest) {
                     Some(object) => (object, false, body.len()),
                     None => break,
