@@ -183,7 +183,7 @@ where
 {
     let model = state.config.primary_model_name().to_string();
     if stream {
-        let header = ChunkHeader { id: submitted.id, object: format.chunk_object, created: submitted.created, model };
+        let header = ChunkHeader::new(&submitted.id, format.chunk_object, submitted.created, &model);
         return Ok(stream_choices(submitted.generation, submitted.more_choices, header, usage, format.writer).await);
     }
     let mut response_prompt_logprobs = None;

@@ -317,7 +317,7 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: ChatBody)
         let model = state.config.primary_model_name().to_string();
         if stream {
             let header =
-                ChunkHeader { id: submitted.id, object: "chat.completion.chunk", created: submitted.created, model };
+                ChunkHeader::new(&submitted.id, "chat.completion.chunk", submitted.created, &model);
             let writer = |header, index| ParsedChatChunks {
                 header,
                 opening: opening.clone(),
@@ -469,10 +469,10 @@ impl ChatOpening {
             token_ids: None,
         };
         let role = opening(ChunkDelta { role: Some(&self.role), content: Some("") });
-        let first = header.event_with_prompt(vec![role], usage, self.prompt_token_ids.as_deref());
+        let first = header.event_with_prompt(&[role], usage, self.prompt_token_ids.as_deref());
         let Some(echo) = &self.echo else { return first };
         let mut both = first.to_vec();
-        both.extend_from_slice(&header.event(vec![opening(ChunkDelta { role: None, content: Some(echo) })], usage));
+        both.extend_from_slice(&header.event(&[opening(ChunkDelta { role: None, content: Some(echo) })], usage));
         Bytes::from(both)
     }
 }
@@ -503,11 +503,11 @@ impl ChunkWriter for ChatChunks {
             stop_reason: delta.finish.as_ref().map(|f| stop_reason_json(&f.stop_reason)),
             token_ids: Some(delta.token_ids.as_deref()),
         };
-        self.header.event(vec![choice], usage)
+        self.header.event(&[choice], usage)
     }
 
     fn usage(&self, usage: UsageInfo) -> Bytes {
-        self.header.event::<ChunkChoice>(Vec::new(), Some(usage))
+        self.header.event::<ChunkChoice>(&[], Some(usage))
     }
 }
 

@@ -275,10 +275,10 @@ impl ChunkWriter for CompletionChunks {
             prompt_token_ids: prompt_token_ids.as_deref(),
             token_ids: delta.token_ids.as_deref(),
         };
-        self.header.event(vec![choice], usage)
+        self.header.event(&[choice], usage)
     }
 
     fn usage(&self, usage: UsageInfo) -> Bytes {
-        self.header.event::<ChunkChoice>(Vec::new(), Some(usage))
+        self.header.event::<ChunkChoice>(&[], Some(usage))
     }
 }

@@ -9,6 +9,7 @@ use axum::response::Response;
 use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 use serde::Serialize;
 use std::convert::Infallible;
+use std::sync::Arc;
 use vllm_rs_generate::{Delta, Generation, GenerationError, Usage};
 
 /// Formats the chunks of one kind of streamed answer. `usage`, when given,
@@ -47,55 +48,63 @@ pub fn event<T: Serialize>(value: &T) -> Bytes {
     Bytes::from(out)
 }
 
-/// What every chunk of one streamed answer repeats: id, object, created, model.
+/// What every chunk of one streamed answer repeats: id, object, created,
+/// model, kept as the JSON text that opens each chunk's event, so that a
+/// stream serializes (and escapes) them once, not once per engine output.
 #[derive(Clone)]
 pub struct ChunkHeader {
-    /// The id the client sees.
-    pub id: String,
-    /// `text_completion` or `chat.completion.chunk`.
-    pub object: &'static str,
-    /// Creation time (unix seconds).
-    pub created: u64,
-    /// The model name reported.
-    pub model: String,
+    /// `data: {"id":…,"object":…,"created":…,"model":…,"choices":`
+    prefix: Arc<[u8]>,
 }
 
 #[derive(Serialize)]
-struct Chunk<'a, C> {
+struct HeaderFields<'a> {
     id: &'a str,
     object: &'static str,
     created: u64,
     model: &'a str,
-    choices: Vec<C>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<UsageInfo>,
-    /// The prompt's token ids, on a chat stream's first chunk when asked for (`return_token_ids`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    prompt_token_ids: Option<&'a [u32]>,
 }
 
 impl ChunkHeader {
+    /// The header of the chunks of the answer `id` (what the client sees),
+    /// of kind `object` (`text_completion` or `chat.completion.chunk`),
+    /// created at `created` (unix seconds), from `model` (the name reported).
+    pub fn new(id: &str, object: &'static str, created: u64, model: &str) -> ChunkHeader {
+        let mut prefix = b"data: ".to_vec();
+        serde_json::to_writer(&mut prefix, &HeaderFields { id, object, created, model }).expect("serializing a header");
+        // The object's closing brace gives way to the fields that follow.
+        prefix.pop();
+        prefix.extend_from_slice(b",\"choices\":");
+        ChunkHeader { prefix: prefix.into() }
+    }
+
     /// The event for a chunk with these `choices` and, when given, `usage`.
-    pub fn event<C: Serialize>(&self, choices: Vec<C>, usage: Option<UsageInfo>) -> Bytes {
+    pub fn event<C: Serialize>(&self, choices: &[C], usage: Option<UsageInfo>) -> Bytes {
         self.event_with_prompt(choices, usage, None)
     }
 
-    /// `event`, with the prompt's token ids on the chunk itself (chat's first chunk).
+    /// `event`, with the prompt's token ids on the chunk itself (chat's first
+    /// chunk, `return_token_ids`): the fields in the order vLLM's frontend
+    /// sends them (id, object, created, model, choices, usage, prompt_token_ids).
     pub fn event_with_prompt<C: Serialize>(
         &self,
-        choices: Vec<C>,
+        choices: &[C],
         usage: Option<UsageInfo>,
         prompt_token_ids: Option<&[u32]>,
     ) -> Bytes {
-        event(&Chunk {
-            id: &self.id,
-            object: self.object,
-            created: self.created,
-            model: &self.model,
-            choices,
-            usage,
-            prompt_token_ids,
-        })
+        let mut out = Vec::with_capacity(self.prefix.len() + 192);
+        out.extend_from_slice(&self.prefix);
+        serde_json::to_writer(&mut out, choices).expect("serializing a chunk");
+        if let Some(usage) = usage {
+            out.extend_from_slice(b",\"usage\":");
+            serde_json::to_writer(&mut out, &usage).expect("serializing a chunk");
+        }
+        if let Some(ids) = prompt_token_ids {
+            out.extend_from_slice(b",\"prompt_token_ids\":");
+            serde_json::to_writer(&mut out, ids).expect("serializing a chunk");
+        }
+        out.extend_from_slice(b"}\n\n");
+        Bytes::from(out)
     }
 }
 
@@ -298,4 +307,51 @@ pub fn choices_sse_response<W: ChunkWriter>(
         }
     });
     event_stream_response(Body::from_stream(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    /// The event's JSON, checked to be one `data:` line.
+    fn parsed(event: &Bytes) -> Value {
+        let text = std::str::from_utf8(event).unwrap();
+        let json = text.strip_prefix("data: ").and_then(|t| t.strip_suffix("\n\n")).expect("one data: event");
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn a_chunk_is_the_header_then_choices_usage_and_prompt_ids_in_order() {
+        // Quotes, a backslash and a control character in the id and the
+        // model name: the prefix is serialized JSON, escapes and all.
+        let header = ChunkHeader::new("cmpl-\"a\\b\u{1}", "text_completion", 1_700_000_000, "org/m\"odel");
+        let choices = [json!({"index": 0, "text": "hi"})];
+        let usage = UsageInfo::of(Usage { prompt_tokens: 3, completion_tokens: 1, ..Default::default() }, false);
+        let event = header.event_with_prompt(&choices, Some(usage), Some(&[7, 8]));
+        let want = json!({
+            "id": "cmpl-\"a\\b\u{1}",
+            "object": "text_completion",
+            "created": 1_700_000_000u64,
+            "model": "org/m\"odel",
+            "choices": [{"index": 0, "text": "hi"}],
+            "usage": serde_json::to_value(usage).unwrap(),
+            "prompt_token_ids": [7, 8],
+        });
+        assert_eq!(parsed(&event), want);
+        let text = std::str::from_utf8(&event).unwrap();
+        let keys = ["\"id\"", "\"object\"", "\"created\"", "\"model\"", "\"choices\"", "\"usage\"", "\"prompt_token_ids\""];
+        let places: Vec<usize> = keys.iter().map(|k| text.find(k).unwrap()).collect();
+        assert!(places.windows(2).all(|w| w[0] < w[1]), "fields out of order: {text}");
+    }
+
+    #[test]
+    fn a_chunk_without_usage_or_prompt_ids_has_neither_field() {
+        let header = ChunkHeader::new("chatcmpl-1", "chat.completion.chunk", 5, "toy");
+        let event = header.event::<Value>(&[], None);
+        assert_eq!(
+            std::str::from_utf8(&event).unwrap(),
+            "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":5,\"model\":\"toy\",\"choices\":[]}\n\n"
+        );
+    }
 }

@@ -286,7 +286,7 @@ impl ChunkWriter for ParsedChatChunks {
             choice.put_raw("logprobs", logprobs);
             choice.put("finish_reason", &());
             choice.put("token_ids", &delta.token_ids);
-            return self.header.event(vec![choice], usage);
+            return self.header.event(&[choice], usage);
         };
         let reason = finish_reason(finish.reason.as_str(), self.mode, stream.tools_called());
         choice.put("delta", &out);
@@ -294,11 +294,11 @@ impl ChunkWriter for ParsedChatChunks {
         choice.put("finish_reason", &reason);
         choice.put("stop_reason", &stop_reason_json(&finish.stop_reason));
         choice.put("token_ids", &delta.token_ids);
-        self.header.event(vec![choice], usage)
+        self.header.event(&[choice], usage)
     }
 
     fn usage(&self, usage: UsageInfo) -> Bytes {
-        self.header.event::<Value>(Vec::new(), Some(usage))
+        self.header.event::<Value>(&[], Some(usage))
     }
 }
 
