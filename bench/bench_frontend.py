@@ -461,7 +461,7 @@ def vllm033_baseline(args: argparse.Namespace, stream_load: Path) -> dict:
     opts.quick, opts.rounds = args.quick, args.baseline_rounds
     opts.streams, opts.tokens, opts.concurrency = args.streams, args.tokens, args.concurrency
     if args.quick:
-        opts.requests, opts.seconds = 1000, 3
+        opts.requests, opts.seconds, opts.stream_repeats = 1000, 3, 1
     print(f"\nbeside vLLM 0.33's bundled frontend, {opts.rounds} alternated rounds:")
     return compare(opts, stream_load)
 

@@ -12,7 +12,8 @@ median round and the ratio ours / vLLM's:
     frontend's CPU is taken from the engines'), and the engines' (both
     processes together: what the frontend's writes and batching cost them);
   * 64 streams of 256 tokens (the native client, frontend-bin/examples/
-    stream_load.rs): streamed tokens/s, the frontend's CPU milliseconds per
+    stream_load.rs), `--stream-repeats` times back to back (a round is
+    about 0.1 s on a 2-core machine): streamed tokens/s, the frontend's CPU milliseconds per
     1000 streamed tokens and SSE events per stream, both frontends at their
     default granularity (one event per engine output);
   * resident memory after that load, and start-up: spawn to the first 200 on
@@ -127,7 +128,10 @@ def measure(binary: Path, model_dir: Path, opts: argparse.Namespace, stream_load
         cpu = cpu_seconds(stack.pid) - before
         engine_cpu = sum(map(cpu_seconds, engine_pids)) - engines_before
         before_stream = cpu_seconds(stack.pid)
-        streamed = stream_round(stream_load, stack.port, opts.streams, opts.tokens)
+        # One round of 64 x 256 tokens takes about 0.1 s here: back-to-back
+        # repeats make the row long enough to measure more than one hiccup.
+        rounds = [stream_round(stream_load, stack.port, opts.streams, opts.tokens) for _ in range(opts.stream_repeats)]
+        streamed = {key: sum(r[key] for r in rounds) for key in ("tokens", "seconds", "events")}
         stream_cpu = cpu_seconds(stack.pid) - before_stream
         return {
             "requests_per_s": rps,
@@ -137,7 +141,7 @@ def measure(binary: Path, model_dir: Path, opts: argparse.Namespace, stream_load
             "engine_cpu_s_per_1000": engine_cpu / sent * 1000,
             "stream_tokens_per_s": streamed["tokens"] / streamed["seconds"],
             "stream_cpu_ms_per_1000": stream_cpu * 1e6 / streamed["tokens"],
-            "events_per_stream": streamed["events"] / opts.streams,
+            "events_per_stream": streamed["events"] / (opts.streams * opts.stream_repeats),
             "rss_mib": rss_mib(stack.pid),
             "startup_ms": stack.startup_s * 1000,
         }
@@ -192,6 +196,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument(
+        "--stream-repeats", type=int, default=3, help="back-to-back rounds of streams per measure (summed)"
+    )
 
 
 def compare(opts: argparse.Namespace, stream_load: Path) -> dict:
@@ -227,7 +234,7 @@ def main() -> int:
     add_options(parser)
     opts = parser.parse_args()
     if opts.quick:
-        opts.rounds, opts.requests, opts.seconds = 1, 1000, 3
+        opts.rounds, opts.requests, opts.seconds, opts.stream_repeats = 1, 1000, 3, 1
     results_dir = ROOT / "bench" / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     results = compare(opts, build_stream_load())
