@@ -316,8 +316,7 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: ChatBody)
     if let Some(parser) = output_parser(&tools, &state.config.chat, thinking_enabled(&template_kwargs)) {
         let model = state.config.primary_model_name().to_string();
         if stream {
-            let header =
-                ChunkHeader::new(&submitted.id, "chat.completion.chunk", submitted.created, &model);
+            let header = ChunkHeader::new(&submitted.id, "chat.completion.chunk", submitted.created, &model);
             let writer = |header, index| ParsedChatChunks {
                 header,
                 opening: opening.clone(),

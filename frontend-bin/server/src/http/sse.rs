@@ -340,7 +340,8 @@ mod tests {
         });
         assert_eq!(parsed(&event), want);
         let text = std::str::from_utf8(&event).unwrap();
-        let keys = ["\"id\"", "\"object\"", "\"created\"", "\"model\"", "\"choices\"", "\"usage\"", "\"prompt_token_ids\""];
+        let keys =
+            ["\"id\"", "\"object\"", "\"created\"", "\"model\"", "\"choices\"", "\"usage\"", "\"prompt_token_ids\""];
         let places: Vec<usize> = keys.iter().map(|k| text.find(k).unwrap()).collect();
         assert!(places.windows(2).all(|w| w[0] < w[1]), "fields out of order: {text}");
     }
