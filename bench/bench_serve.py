@@ -25,7 +25,11 @@ baseline is reported as skipped, with the reason. Targets (issue 21): req/s
 >= 1.5x, p99 <= 0.7x, streamed tokens/s >= 1.3x, CPU per request <= 0.6x,
 RSS and start-up <= 0.5x. Results also go to bench/results/serve.json.
 
-Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_serve.py [--quick]
+`--against PATH` puts another build of this frontend (an older commit's
+`vllm-rs`, launched the same way) in vLLM's column instead: how a change
+moved every row.
+
+Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_serve.py [--quick] [--rounds N] [--against PATH]
 """
 
 from __future__ import annotations
@@ -51,9 +55,13 @@ from bench.frontends import (  # noqa: E402
     echo_engines,
     frontend_stack,
     frontends_to_compare,
+    our_frontend,
     rss_mib,
     write_model_dir,
 )
+
+#: The baseline the targets are set against (the table's second column).
+VLLM_BASELINE = "vLLM 0.33 bundled"
 
 #: (row, key, unit, target ratio ours / vLLM's, True when higher is better)
 ROWS = [
@@ -156,10 +164,12 @@ def summarize(rounds: list[dict]) -> dict:
     }  # fmt: skip
 
 
-def print_table(ours: dict, theirs: dict | None, rounds: int, quick: bool) -> list[dict]:
+def print_table(ours: dict, theirs: dict | None, rounds: int, quick: bool, baseline: str = VLLM_BASELINE) -> list[dict]:
     """The issue's table (markdown): median (min-max) for each frontend, the
-    ratio and whether its target is met; returns the rows."""
-    print("\n| measure | ours | vLLM 0.33 bundled | ratio | target |\n| --- | --- | --- | --- | --- |")
+    ratio and whether its target is met; returns the rows. `baseline` names
+    the second column; the targets (issue 21's, against vLLM 0.33) are judged
+    only against vLLM's frontend."""
+    print(f"\n| measure | ours | {baseline} | ratio | target |\n| --- | --- | --- | --- | --- |")
     table = []
     for name, key, unit, target, higher in ROWS:
 
@@ -171,7 +181,7 @@ def print_table(ours: dict, theirs: dict | None, rounds: int, quick: bool) -> li
             continue
         ratio = ours[key]["median"] / theirs[key]["median"]
         verdict = ""
-        if target is not None:
+        if target is not None and baseline == VLLM_BASELINE:
             met = ratio >= target if higher else ratio <= target
             goal = f"{'>=' if higher else '<='} {target}x"
             verdict = f"{goal}: {'smoke run' if quick else ('met' if met else 'NOT met')}"
@@ -194,6 +204,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         default="wrk" if shutil.which("wrk") else "python",
         help="load generator for max_tokens=1 (default: wrk when installed, `apt-get install wrk`)",
     )
+    parser.add_argument(
+        "--against",
+        type=str,
+        default=None,
+        help="another build of this frontend (say an older commit's) as the baseline instead of vLLM 0.33's",
+    )
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument(
@@ -205,7 +221,10 @@ def compare(opts: argparse.Namespace, stream_load: Path) -> dict:
     """Ours and vLLM 0.33's bundled frontend (where installed), alternated
     over `opts.rounds` rounds on fresh echo engines; prints the table and
     returns the rounds, medians and ratios."""
-    frontends, why_not = frontends_to_compare()
+    if opts.against is not None:
+        frontends, why_not, baseline = {"ours": our_frontend(), "vllm033": Path(opts.against)}, "", opts.against
+    else:
+        (frontends, why_not), baseline = frontends_to_compare(), VLLM_BASELINE
     print(f"{opts.engines} echo engines; {opts.concurrency} connections x max_tokens=1 ({opts.client}), "
           f"{opts.streams} streams x {opts.tokens} tokens; {opts.rounds} rounds; {os.cpu_count()} CPUs; "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
@@ -221,7 +240,7 @@ def compare(opts: argparse.Namespace, stream_load: Path) -> dict:
                       f"p99 {result['p99_ms']:6.2f} ms  {result['stream_tokens_per_s']:8.0f} tokens/s  "
                       f"{result['events_per_stream']:.0f} events/stream", flush=True)  # fmt: skip
     summary = {name: summarize(rounds) for name, rounds in measured.items()}
-    table = print_table(summary["ours"], summary.get("vllm033"), opts.rounds, opts.quick)
+    table = print_table(summary["ours"], summary.get("vllm033"), opts.rounds, opts.quick, baseline)
     print(f"load average after the run: {os.getloadavg()[0]:.2f}")
     return {"cpus": os.cpu_count(), "options": vars(opts), "rounds": measured, "summary": summary,
             "ratios": table, "baseline_skipped": why_not or None}  # fmt: skip
@@ -233,6 +252,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one short round (a smoke run)")
     add_options(parser)
     opts = parser.parse_args()
+    if opts.against is not None and not Path(opts.against).is_file():
+        parser.error(f"--against: no such file: {opts.against}")
     if opts.quick:
         opts.rounds, opts.requests, opts.seconds, opts.stream_repeats = 1, 1000, 3, 1
     results_dir = ROOT / "bench" / "results"
