@@ -6,9 +6,13 @@ Load: random prompts of 128 token ids (normal vocabulary tokens, seeded),
 128 output tokens each (greedy; `ignore_eos` and `min_tokens` make every
 request produce exactly that many), streamed from the OpenAI completions API
 by `--concurrency` closed-loop clients (default 1, 4 and 16), each sending
-`--requests-per-stream` requests. Per level: output tokens/s (all clients
-together), TTFT p50/p99 and TPOT p50 (per request: time between its first
-and last token over the tokens after the first). Each level has prompts of
+`--requests-per-stream` requests on a keep-alive connection of its own. The
+clients are one native process (frontend-bin/examples/model_load.rs, built
+with cargo on the first level), light enough that on 2 CPUs what the
+servers lose to the load is small (the bench prints its CPU per level).
+Per level: output tokens/s (all clients together), TTFT p50/p99 and TPOT
+p50 (per request: time between its first and last token over the tokens
+after the first). Each level has prompts of
 its own, so no prompt is ever seen twice by a server's prefix cache.
 Under each level of an engine path (serve, direct): the engine's batch-wide
 decode steps (medians of their wall time, the engine thread's CPU time, its
@@ -120,6 +124,9 @@ def print_level(path: str, r: LevelResult) -> None:
         print(f"          {describe(steps)}", flush=True)
     if (steal := r.extra.get("steal_s")) is not None:
         print(f"          CPU time the hypervisor took from this machine during the level: {steal:.2f} s", flush=True)
+    if (client := r.extra.get("client_cpu_s")) is not None:
+        print(f"          the load's client used {client:.2f} s of CPU "
+              f"({client * 1e3 / r.output_tokens:.3f} ms per output token)", flush=True)  # fmt: skip
 
 
 def in_process(kind: str, spec: dict, env: dict[str, str] | None = None) -> LevelResult:

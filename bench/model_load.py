@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import resource
 import statistics
-import time
+import urllib.parse
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-from openai import APIError
 
 
 class LoadError(RuntimeError):
@@ -113,77 +112,57 @@ class GgufFacts:
         return [[rng.choice(self.normal_token_ids) for _ in range(length)] for _ in range(count)]
 
 
-async def one_request(client, model: str, prompt: list[int], output_tokens: int) -> RequestTiming:
-    """Streams one completion; the time of every chunk that carries a
-    token is a token arrival (not a closing chunk: no text, a finish
-    reason). Raises LoadError for a failed request or unless exactly
-    `output_tokens` came (counted from the usage chunk when there is one)."""
-    timing = RequestTiming(start=time.monotonic())
-    try:
-        return await _stream_one(client, model, prompt, output_tokens, timing)
-    except APIError as e:
-        raise LoadError(f"the server failed a request: {e}") from e
+def native_client() -> Path:
+    """The native streaming client (frontend-bin/examples/model_load.rs),
+    built once per process; returns its executable."""
+    global _NATIVE_CLIENT
+    if _NATIVE_CLIENT is None:
+        from bench.bench_frontend import build_example
+
+        _NATIVE_CLIENT = build_example("model_load")
+    return _NATIVE_CLIENT
 
 
-async def _stream_one(
-    client, model: str, prompt: list[int], output_tokens: int, timing: RequestTiming
-) -> RequestTiming:
-    chunks = 0
-    usage_tokens = None
-    # Greedy, and exactly `output_tokens`: `ignore_eos` (vLLM and llama.cpp)
-    # and `min_tokens` (vLLM) keep the model going past an end-of-sequence.
-    # The raw event stream, read with `json.loads`: on a 2-CPU machine the
-    # client shares the CPUs with the server it measures, and the SDK's
-    # typed chunk objects cost it several times the CPU of the frontend.
-    request = client.completions.with_streaming_response.create(
-        model=model,
-        prompt=prompt,
-        max_tokens=output_tokens,
-        temperature=0.0,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"min_tokens": output_tokens, "ignore_eos": True},
-    )
-    async with request as response:
-        async for line in response.iter_lines():
-            now = time.monotonic()
-            if not line.startswith("data:"):
-                continue  # blank separators, comments, event names
-            data = line[len("data:") :].strip()
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                raise LoadError(f"the server failed a request mid-stream: {chunk['error']}")
-            choices = chunk.get("choices") or []
-            if choices and (choices[0].get("text") or choices[0].get("finish_reason") is None):
-                chunks += 1
-                timing.first = timing.first or now
-                timing.last = now
-            if chunk.get("usage") is not None:
-                usage_tokens = chunk["usage"]["completion_tokens"]
-    timing.tokens = usage_tokens if usage_tokens is not None else chunks
-    if timing.tokens != output_tokens or timing.first is None:
-        raise LoadError(f"asked for {output_tokens} tokens, got {timing.tokens} in {chunks} chunks")
-    return timing
+_NATIVE_CLIENT: Path | None = None
 
 
 async def run_level(
     base_url: str, model: str, prompts: list[list[int]], concurrency: int, output_tokens: int, warmup: list[int]
 ) -> LevelResult:
-    """`concurrency` clients, each sending its share of `prompts` one after
-    another (a closed loop); the summary of every request. A short request
-    on `warmup` (a prompt no measured one starts with) goes first."""
-    from openai import AsyncOpenAI
+    """`concurrency` clients, each on its own keep-alive connection, each
+    sending its share of `prompts` one after another (a closed loop),
+    streamed; the summary of every request. A short request on `warmup` (a
+    prompt no measured one starts with) goes first, off the clock.
 
-    async with AsyncOpenAI(base_url=base_url, api_key="unused", timeout=1800, max_retries=0) as client:
-        await one_request(client, model, warmup, 4)  # first-step costs off the clock
-        queues = [prompts[i::concurrency] for i in range(concurrency)]
-
-        async def worker(queue: list[list[int]]) -> list[RequestTiming]:
-            return [await one_request(client, model, p, output_tokens) for p in queue]
-
-        started = time.monotonic()
-        per_worker = await asyncio.gather(*(worker(q) for q in queues))
-        timings = [t for ts in per_worker for t in ts]
-    return summarize(concurrency, timings, max(t.last for t in timings) - started)
+    The clients are the native `model_load` (one thread): on a 2-CPU
+    machine the client shares the CPUs with the server it measures, and a
+    Python client spent about 5 ms of CPU per 16-token step there. Each
+    token's time is when the line of its chunk arrives; a request must
+    yield exactly `output_tokens` (its usage chunk says so), else LoadError.
+    The client's CPU seconds go to `extra["client_cpu_s"]`."""
+    url = urllib.parse.urlsplit(base_url)
+    if url.hostname not in ("127.0.0.1", "localhost") or url.port is None:
+        raise LoadError(f"the native client serves a local port only, not {base_url}")
+    spec = {
+        "port": url.port,
+        "path": url.path.rstrip("/") + "/completions",
+        "model": model,
+        "output_tokens": output_tokens,
+        "warmup": warmup,
+        "queues": [prompts[i::concurrency] for i in range(concurrency)],
+    }
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    process = await asyncio.create_subprocess_exec(
+        str(native_client()),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate(json.dumps(spec).encode())
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if process.returncode != 0:
+        raise LoadError(err.decode(errors="replace").strip() or f"model_load exited {process.returncode}")
+    timings = [RequestTiming(**t) for t in json.loads(out)["timings"]]
+    result = summarize(concurrency, timings, max(t.last for t in timings))
+    result.extra["client_cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return result

@@ -208,7 +208,8 @@ def test_seeded_n2_sampling_is_reproducible(client):
 def test_the_benchmarks_request_gives_the_same_tokens_through_serve_and_in_process(server, client):
     """bench_models.py compares `serve` with the engine driven in-process on
     "the same requests": its token-id prompts, greedy, `min_tokens` and
-    `ignore_eos` through the frontend (bench/model_load.py) must reach the
+    `ignore_eos` through the frontend (as frontend-bin/examples/model_load.rs
+    sends them) must reach the
     engine as the in-process path's parameters (bench/model_inproc.py) do,
     and so produce the same tokens."""
     from vllm_rs.engine import make_engine_config
@@ -243,3 +244,22 @@ def test_the_benchmarks_request_gives_the_same_tokens_through_serve_and_in_proce
         direct.append(tokens)
     assert all(len(tokens) == output_tokens for tokens in served), served
     assert direct == served
+
+
+def test_the_benchmarks_native_client_times_every_token_and_names_a_bad_answer(server):
+    """bench_models.py's load (the native client, bench/model_load.py and
+    frontend-bin/examples/model_load.rs) streams from the real server: every
+    request yields exactly the tokens asked for, each timed; an answer that
+    is not a stream of them fails the level, naming the status."""
+    import asyncio
+
+    from bench.model_load import GgufFacts, LoadError, run_level
+
+    prompts = GgufFacts.read(GGUF).random_prompts(4, 16, seed=3)
+    result = asyncio.run(run_level(f"{server.url}/v1", MODEL, prompts[:3], 2, 5, prompts[3][:4]))
+    assert (result.requests, result.output_tokens) == (3, 15)
+    assert 0 < result.ttft_p50_ms <= result.ttft_p99_ms
+    assert result.tpot_p50_ms > 0 and result.tokens_per_s > 0
+    assert result.extra["client_cpu_s"] >= 0
+    with pytest.raises(LoadError, match="status 404"):
+        asyncio.run(run_level(f"{server.url}/v1", "no-such-model", prompts[:1], 1, 5, prompts[3][:4]))
