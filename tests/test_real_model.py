@@ -209,9 +209,8 @@ def test_the_benchmarks_request_gives_the_same_tokens_through_serve_and_in_proce
     """bench_models.py compares `serve` with the engine driven in-process on
     "the same requests": its token-id prompts, greedy, `min_tokens` and
     `ignore_eos` through the frontend (as frontend-bin/examples/model_load.rs
-    sends them) must reach the
-    engine as the in-process path's parameters (bench/model_inproc.py) do,
-    and so produce the same tokens."""
+    sends them) must reach the engine as the in-process path's parameters
+    (bench/model_inproc.py) do, and so produce the same tokens."""
     from vllm_rs.engine import make_engine_config
     from vllm_rs.engine.core import EngineCore
     from vllm_rs.engine.protocol import EngineCoreRequest
