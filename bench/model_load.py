@@ -151,9 +151,10 @@ async def run_level(
         "warmup": warmup,
         "queues": [prompts[i::concurrency] for i in range(concurrency)],
     }
+    client = native_client()  # built (by cargo, a child too) before the CPU count starts
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     process = await asyncio.create_subprocess_exec(
-        str(native_client()),
+        str(client),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
