@@ -186,8 +186,8 @@ pub fn decode_attention(
             }
         }
     };
-    let parts = threads.clamp(1, dims.seqs.clamp(1, crate::pool::MAX_PARTS));
-    crate::pool::run(parts, &|p| run(dims.seqs * p / parts..dims.seqs * (p + 1) / parts));
+    let parts = crate::parts_for(threads).min(dims.seqs).max(1);
+    crate::pool::run(parts, threads, &|p| run(dims.seqs * p / parts..dims.seqs * (p + 1) / parts));
     Ok(())
 }
 

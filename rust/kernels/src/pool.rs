@@ -4,12 +4,18 @@
 //! a spawn and join per call cost more than the second thread gave:
 //! docs/real-model-speed.md, "Lever 3: threads").
 //!
-//! A worker that has finished its part spins a short while for the next call
-//! (the Python between two kernel calls of a step takes tens of
-//! microseconds) and then sleeps until woken. The thread that calls
-//! [`run`] does part 0 itself. Two threads calling at once do not wait for
-//! each other: the one that finds the pool busy runs every part itself, which
-//! gives the same result (each part writes only its own outputs).
+//! A call is cut into more parts than threads, and the calling thread and
+//! the workers take the next part not yet taken until none is left. So a
+//! thread that starts late or is preempted (the frontend, the client and
+//! the hypervisor share these CPUs) holds the call up by at most the part
+//! it is running, where fixed halves made the other thread wait for its
+//! whole half (docs/real-model-speed.md, "Parts taken, not given").
+//!
+//! A worker that has finished spins a short while for the next call (the
+//! Python between two kernel calls of a step takes tens of microseconds)
+//! and then sleeps until woken. Two threads calling at once do not wait for
+//! each other: the one that finds the pool busy runs every part itself,
+//! which gives the same result (each part writes only its own outputs).
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -23,55 +29,96 @@ const WORKER_SPIN: Duration = Duration::from_micros(200);
 const CALLER_SPIN: Duration = Duration::from_millis(2);
 /// How long a spin pauses the CPU before it yields it instead.
 const YIELD_AFTER: Duration = Duration::from_micros(20);
-/// `state` keeps the part count in its low bits and the call's number above.
-const PARTS_BITS: u32 = 16;
-/// Most parts one call is split into (the rest of 64 bits count calls).
-pub const MAX_PARTS: usize = (1 << PARTS_BITS) - 1;
+/// `claim` holds the call's number above `CALL_SHIFT`, its part count above
+/// `PARTS_SHIFT` and the next part to take in the low bits.
+const CALL_SHIFT: u32 = 32;
+const PARTS_SHIFT: u32 = 16;
+/// Most parts one call is cut into.
+pub const MAX_PARTS: usize = (1 << PARTS_SHIFT) - 1;
 
-/// Runs `part(0)`, ..., `part(parts - 1)`, each once, part 0 on the calling
-/// thread and the others on the pool's workers, and returns when all are done.
-/// A panic in a part aborts the process (the kernels' parts do not panic on
-/// checked inputs; unwinding across the workers would leave the call's
-/// outputs half written).
-pub fn run(parts: usize, part: &(dyn Fn(usize) + Sync)) {
+fn pack(call: u64, parts: usize, next: usize) -> u64 {
+    call << CALL_SHIFT | (parts as u64) << PARTS_SHIFT | next as u64
+}
+
+/// `(call, parts, next)` of a `claim` word.
+fn unpack(word: u64) -> (u64, usize, usize) {
+    (word >> CALL_SHIFT, (word >> PARTS_SHIFT) as usize & MAX_PARTS, word as usize & MAX_PARTS)
+}
+
+/// Runs `part(0)`, ..., `part(parts - 1)`, each once, on the calling thread
+/// and up to `threads - 1` of the pool's workers, each thread taking the
+/// next part not yet taken; returns when all are done. A panic in a part
+/// aborts the process (the kernels' parts do not panic on checked inputs;
+/// unwinding across the workers would leave the call's outputs half
+/// written).
+pub fn run(parts: usize, threads: usize, part: &(dyn Fn(usize) + Sync)) {
     let parts = parts.min(MAX_PARTS);
-    if parts <= 1 {
-        return part(0);
+    let helpers = threads.min(parts).saturating_sub(1);
+    if helpers == 0 {
+        return (0..parts).for_each(part);
     }
     let pool = pool();
     let Some(mut dispatch) = pool.try_dispatch() else {
         // Another thread's call holds the workers: same parts, in order, here.
         return (0..parts).for_each(part);
     };
-    dispatch.ensure_workers(parts - 1);
+    dispatch.ensure_workers(helpers);
     let shared = &dispatch.shared;
     let abort_on_unwind = AbortOnUnwind;
     // SAFETY: `part` outlives the call: this function returns only once
-    // every worker that was given the call has finished it (`pending`).
+    // every part taken has been run (`done`), and no part of this call can be
+    // taken after that (every part is).
     unsafe { *shared.job.get() = Some(std::mem::transmute::<&(dyn Fn(usize) + Sync), JobRef>(part)) };
-    shared.pending.store(parts - 1, SeqCst);
-    let call = (shared.state.load(SeqCst) >> PARTS_BITS) + 1;
-    shared.state.store(call << PARTS_BITS | parts as u64, SeqCst);
-    for worker in &dispatch.workers[..parts - 1] {
+    shared.done.store(0, SeqCst);
+    shared.helpers.store(helpers, SeqCst);
+    let call = (shared.claim.load(SeqCst) >> CALL_SHIFT) + 1;
+    shared.claim.store(pack(call, parts, 0), SeqCst);
+    for worker in &dispatch.workers[..helpers] {
         if worker.sleeping.load(SeqCst) {
             worker.thread.unpark();
         }
     }
-    part(0);
+    take_parts(shared, call);
     let started = Instant::now();
-    while shared.pending.load(SeqCst) != 0 {
+    while shared.done.load(SeqCst) != parts {
         if started.elapsed() < CALLER_SPIN {
             pause(started);
             continue;
         }
         shared.caller_sleeping.store(true, SeqCst);
-        if shared.pending.load(SeqCst) != 0 {
+        if shared.done.load(SeqCst) != parts {
             std::thread::park();
         }
         shared.caller_sleeping.store(false, SeqCst);
     }
     unsafe { *shared.job.get() = None };
     std::mem::forget(abort_on_unwind);
+}
+
+/// Takes the parts of call number `call` not yet taken, one at a time, and
+/// runs them, until none is left (or that call is over).
+fn take_parts(shared: &Shared, call: u64) {
+    loop {
+        let word = shared.claim.load(SeqCst);
+        let (current, parts, next) = unpack(word);
+        if current != call || next >= parts {
+            return;
+        }
+        if shared.claim.compare_exchange(word, word + 1, SeqCst, SeqCst).is_err() {
+            continue; // another thread took it first
+        }
+        // SAFETY: the caller set the job before announcing the call and
+        // keeps it until every part is done, this one included.
+        let part = unsafe { (*shared.job.get()).expect("a call announced with its job") };
+        let abort_on_unwind = AbortOnUnwind;
+        part(next);
+        std::mem::forget(abort_on_unwind);
+        if shared.done.fetch_add(1, SeqCst) + 1 == parts && shared.caller_sleeping.load(SeqCst) {
+            if let Some(caller) = &*shared.caller.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+                caller.unpark();
+            }
+        }
+    }
 }
 
 /// A part, its lifetime erased: valid while its call runs.
@@ -90,18 +137,21 @@ impl Drop for AbortOnUnwind {
 
 /// The state one call shares with the workers.
 struct Shared {
-    /// Call number << PARTS_BITS | parts; a new value starts a call.
-    state: AtomicU64,
-    /// Workers' parts of the current call not yet finished.
-    pending: AtomicUsize,
-    /// The current call's parts; written only while no worker runs one.
+    /// Call number, part count and next part (see `pack`); a new call
+    /// number starts a call, and a part is taken by moving `next` on.
+    claim: AtomicU64,
+    /// Parts of the current call run to the end.
+    done: AtomicUsize,
+    /// Workers the current call may use (workers 1 to `helpers`).
+    helpers: AtomicUsize,
+    /// The current call's parts; written only while no part is running.
     job: UnsafeCell<Option<JobRef>>,
     caller: Mutex<Option<Thread>>,
     caller_sleeping: AtomicBool,
 }
 
-// SAFETY: `job` is written by the dispatching thread only while no worker
-// reads it (before `state` announces a call, after `pending` reaches 0).
+// SAFETY: `job` is written by the dispatching thread only while no part of
+// a call runs (before `claim` announces the call, after `done` counts every part).
 unsafe impl Sync for Shared {}
 
 struct Worker {
@@ -130,8 +180,9 @@ fn pool() -> &'static Pool {
         _ => {
             // A parent's pool is leaked in a forked child: its threads are not here.
             let shared = Shared {
-                state: AtomicU64::new(0),
-                pending: AtomicUsize::new(0),
+                claim: AtomicU64::new(0),
+                done: AtomicUsize::new(0),
+                helpers: AtomicUsize::new(0),
                 job: UnsafeCell::new(None),
                 caller: Mutex::new(None),
                 caller_sleeping: AtomicBool::new(false),
@@ -164,7 +215,7 @@ impl Dispatch {
             let (shared, sleeping) = (self.shared.clone(), Arc::new(AtomicBool::new(false)));
             let worker_sleeping = sleeping.clone();
             // The calls so far are not its own: read here, before the next is announced.
-            let seen = self.shared.state.load(SeqCst) >> PARTS_BITS;
+            let seen = self.shared.claim.load(SeqCst) >> CALL_SHIFT;
             let handle = std::thread::Builder::new()
                 .name(format!("vllm-rs-kernel-{index}"))
                 .spawn(move || work(&shared, index, seen, &worker_sleeping))
@@ -174,24 +225,12 @@ impl Dispatch {
     }
 }
 
-/// A worker's life: wait for a call, run its part if the call has one for it.
+/// A worker's life: wait for a call, take parts of it if the call may use this worker.
 fn work(shared: &Shared, index: usize, mut seen: u64, sleeping: &AtomicBool) {
     loop {
-        let state = wait_for_call(shared, seen, sleeping);
-        seen = state >> PARTS_BITS;
-        if index >= (state & MAX_PARTS as u64) as usize {
-            continue; // a call of fewer parts: not this worker's
-        }
-        // SAFETY: the caller set the job before announcing the call and
-        // keeps it until this worker's part is counted off.
-        let part = unsafe { (*shared.job.get()).expect("a call announced with its job") };
-        let abort_on_unwind = AbortOnUnwind;
-        part(index);
-        std::mem::forget(abort_on_unwind);
-        if shared.pending.fetch_sub(1, SeqCst) == 1 && shared.caller_sleeping.load(SeqCst) {
-            if let Some(caller) = &*shared.caller.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
-                caller.unpark();
-            }
+        seen = wait_for_call(shared, seen, sleeping);
+        if index <= shared.helpers.load(SeqCst) {
+            take_parts(shared, seen);
         }
     }
 }
@@ -207,22 +246,22 @@ fn pause(started: Instant) {
     }
 }
 
-/// Spins, then sleeps, until a call after call number `seen`; its state.
+/// Spins, then sleeps, until a call after call number `seen`; its number.
 fn wait_for_call(shared: &Shared, seen: u64, sleeping: &AtomicBool) -> u64 {
     let started = Instant::now();
     loop {
-        let state = shared.state.load(SeqCst);
-        if state >> PARTS_BITS != seen {
-            return state;
+        let call = shared.claim.load(SeqCst) >> CALL_SHIFT;
+        if call != seen {
+            return call;
         }
         if started.elapsed() < WORKER_SPIN {
             pause(started);
             continue;
         }
-        // Announce the sleep, then look once more: the caller sets `state`
+        // Announce the sleep, then look once more: the caller sets `claim`
         // before it reads `sleeping`, so one of the two sees the other.
         sleeping.store(true, SeqCst);
-        if shared.state.load(SeqCst) >> PARTS_BITS == seen {
+        if shared.claim.load(SeqCst) >> CALL_SHIFT == seen {
             std::thread::park();
         }
         sleeping.store(false, SeqCst);
@@ -236,14 +275,14 @@ mod tests {
 
     #[test]
     fn every_part_runs_once_per_call() {
-        for parts in [1, 2, 3, 5, 2, 1, 4] {
+        for (parts, threads) in [(1, 2), (2, 2), (3, 2), (5, 3), (8, 2), (2, 1), (4, 4), (16, 3)] {
             let counts: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
             for _ in 0..100 {
-                run(parts, &|p| {
+                run(parts, threads, &|p| {
                     counts[p].fetch_add(1, SeqCst);
                 });
             }
-            assert!(counts.iter().all(|c| c.load(SeqCst) == 100), "{parts} parts: {counts:?}");
+            assert!(counts.iter().all(|c| c.load(SeqCst) == 100), "{parts} parts on {threads} threads: {counts:?}");
         }
     }
 
@@ -254,20 +293,20 @@ mod tests {
             for _ in 0..4 {
                 s.spawn(|| {
                     for _ in 0..200 {
-                        run(3, &|p| {
+                        run(6, 3, &|p| {
                             total.fetch_add(p + 1, SeqCst);
                         });
                     }
                 });
             }
         });
-        assert_eq!(total.load(SeqCst), 4 * 200 * (1 + 2 + 3));
+        assert_eq!(total.load(SeqCst), 4 * 200 * (1 + 2 + 3 + 4 + 5 + 6));
     }
 
     #[test]
     fn sleeping_workers_are_woken() {
         let done = AtomicUsize::new(0);
-        run(2, &|_| {
+        run(2, 2, &|_| {
             done.fetch_add(1, SeqCst);
         });
         // Past WORKER_SPIN the worker sleeps; the next call must still run.
@@ -275,9 +314,34 @@ mod tests {
         while Instant::now() < until {
             std::hint::spin_loop();
         }
-        run(2, &|_| {
+        run(2, 2, &|_| {
             done.fetch_add(1, SeqCst);
         });
         assert_eq!(done.load(SeqCst), 4);
+    }
+
+    #[test]
+    fn while_one_thread_is_held_up_the_other_takes_every_other_part() {
+        // Whichever thread takes part 0 stays in it until the other seven
+        // are done: only a pool whose threads take parts as they go (not
+        // fixed halves) finishes the call. The deadline keeps a failure
+        // from hanging the test.
+        let others_done = AtomicUsize::new(0);
+        let waited_for_all = AtomicBool::new(false);
+        for _ in 0..20 {
+            others_done.store(0, SeqCst);
+            run(8, 2, &|p| {
+                if p != 0 {
+                    others_done.fetch_add(1, SeqCst);
+                    return;
+                }
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while others_done.load(SeqCst) < 7 && Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
+                waited_for_all.store(others_done.load(SeqCst) == 7, SeqCst);
+            });
+            assert!(waited_for_all.load(SeqCst), "part 0 timed out waiting for the other parts");
+        }
     }
 }
