@@ -124,6 +124,9 @@ def native_client() -> Path:
 
 
 _NATIVE_CLIENT: Path | None = None
+#: How long one level may take before the server is taken for hung (a
+#: 16-stream level of 128-token requests takes under a minute on 2 CPUs).
+LEVEL_TIMEOUT_S = 1800
 
 
 async def run_level(
@@ -159,7 +162,12 @@ async def run_level(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await process.communicate(json.dumps(spec).encode())
+    try:
+        out, err = await asyncio.wait_for(process.communicate(json.dumps(spec).encode()), LEVEL_TIMEOUT_S)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise LoadError(f"the level did not end within {LEVEL_TIMEOUT_S} s: the server stopped answering") from None
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if process.returncode != 0:
         raise LoadError(err.decode(errors="replace").strip() or f"model_load exited {process.returncode}")

@@ -386,3 +386,44 @@ def test_threads_spawning_and_joining_at_once_get_their_own_children():
     for thread in threads:
         thread.join(120)
     assert results == {i: [i * 10 + j for j in range(10)] for i in range(8)}
+
+
+@pytest.mark.parametrize("blocking_call", ["wait", "join"])
+def test_a_signal_another_thread_takes_still_interrupts_a_wait(blocking_call):
+    """A SIGINT the kernel hands to a thread other than the waiting one (here
+    the main thread blocks it) never interrupts the main thread's poll;
+    Python only notes it for the main thread, as it does for one handled
+    just before the poll began (the race that once hung CI in
+    `wait_for_completion_or_failure`). The wait must still end with the
+    KeyboardInterrupt, not at its timeout."""
+    import threading
+    from pathlib import Path
+
+    read, write = os.pipe()
+    sleeper = spawn_executable([sys.executable, "-c", "import time; time.sleep(600)"], name="sleeper")
+    main = threading.get_native_id()
+
+    def interrupt_once_the_main_thread_polls() -> None:
+        # Syscall 7 is poll on x86-64, 271 ppoll; either, for whatever libc uses.
+        polling = lambda: Path(f"/proc/self/task/{main}/syscall").read_text().split()[0] in ("7", "271")  # noqa: E731
+        wait_until(polling, "the main thread to block in poll")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt_once_the_main_thread_polls)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        interrupter.start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            if blocking_call == "wait":
+                wait([read], timeout=20)
+            else:
+                sleeper.join(timeout=20)
+        assert time.monotonic() - started < 15, "ended by its timeout, not by the signal"
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        interrupter.join()
+        sleeper.kill()
+        sleeper.join()
+        os.close(read)
+        os.close(write)

@@ -48,8 +48,9 @@ impl ChildProcess {
     }
 
     /// Waits up to `timeout` (`None`: forever) for the child to exit.
-    /// `on_interrupt` runs when a signal interrupts the wait; its error
-    /// ends the wait.
+    /// `on_interrupt` runs when a signal interrupts the wait and at least
+    /// every `sys::SIGNAL_CHECK_INTERVAL` (see `sys::poll_readable_checking`);
+    /// its error ends the wait.
     pub fn wait(
         &self,
         timeout: Option<Duration>,
@@ -58,7 +59,9 @@ impl ChildProcess {
         if let Some(s) = self.status.get() {
             return Ok(Some(*s));
         }
-        match sys::poll_readable(&[self.pidfd()], timeout, on_interrupt).map_err(|e| self.error("wait for", e))? {
+        match sys::poll_readable_checking(&[self.pidfd()], timeout, on_interrupt)
+            .map_err(|e| self.error("wait for", e))?
+        {
             PollOutcome::TimedOut => Ok(None),
             PollOutcome::Ready(_) => self.collect().map(Some),
         }

@@ -129,6 +129,35 @@ pub fn poll_readable(
     }
 }
 
+/// How often [`poll_readable_checking`] calls its `check`.
+pub const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// [`poll_readable`] for a wait that a signal must be able to end:
+/// `check` runs on every interruption and at least every
+/// [`SIGNAL_CHECK_INTERVAL`], and an error from it ends the wait. A signal
+/// interrupts only a poll already under way on the thread that takes it.
+/// One handled just before the poll began, or taken by another thread
+/// (Python notes it for the main thread in both cases), would otherwise
+/// leave the wait blocked until the timeout, or forever without one.
+pub fn poll_readable_checking(
+    fds: &[RawFd],
+    timeout: Option<Duration>,
+    mut check: impl FnMut() -> io::Result<()>,
+) -> io::Result<PollOutcome> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let slice = deadline
+            .map_or(SIGNAL_CHECK_INTERVAL, |d| d.saturating_duration_since(Instant::now()).min(SIGNAL_CHECK_INTERVAL));
+        if let PollOutcome::Ready(ready) = poll_readable(fds, Some(slice), &mut check)? {
+            return Ok(PollOutcome::Ready(ready));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(PollOutcome::TimedOut);
+        }
+        check()?;
+    }
+}
+
 /// True when `fd` is readable right now (used on pid fds: readable = exited).
 pub fn is_readable_now(fd: &impl AsRawFd) -> io::Result<bool> {
     match poll_readable(&[fd.as_raw_fd()], Some(Duration::ZERO), || Ok(()))? {
@@ -178,5 +207,52 @@ impl ExitStatus {
             ExitStatus::Code(c) => c,
             ExitStatus::Signal(s) => -s,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pipe (read end, write end): not readable until written to.
+    fn quiet_pipe() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0, "pipe2");
+        // SAFETY: both descriptors were just created and are owned here alone.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    #[test]
+    fn a_checking_wait_looks_at_its_signals_while_nothing_happens() {
+        let (read, _write) = quiet_pipe();
+        let mut checks = 0;
+        let outcome = poll_readable_checking(&[read.as_raw_fd()], Some(SIGNAL_CHECK_INTERVAL * 4), || {
+            checks += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert!(matches!(outcome, PollOutcome::TimedOut));
+        assert!(checks >= 3, "checked {checks} times in 4 intervals");
+    }
+
+    #[test]
+    fn an_error_from_the_check_ends_a_wait_without_a_timeout() {
+        let (read, _write) = quiet_pipe();
+        let started = Instant::now();
+        let err = poll_readable_checking(&[read.as_raw_fd()], None, || Err(io::ErrorKind::Interrupted.into()))
+            .err()
+            .expect("the check's error ends the wait");
+        assert_eq!(err.kind(), io::ErrorKind::Interrupted);
+        assert!(started.elapsed() < Duration::from_secs(30), "ended by the check, not by chance");
+    }
+
+    #[test]
+    fn a_checking_wait_returns_what_is_ready() {
+        let (read, write) = quiet_pipe();
+        // SAFETY: writes one byte from a valid buffer to an open descriptor.
+        assert_eq!(unsafe { libc::write(write.as_raw_fd(), b"x".as_ptr().cast(), 1) }, 1);
+        let outcome = poll_readable_checking(&[read.as_raw_fd()], None, || Ok(())).unwrap();
+        assert!(matches!(outcome, PollOutcome::Ready(ready) if ready == vec![0]));
     }
 }

@@ -307,12 +307,14 @@ mod linux {
     }
 
     /// Waits until any of `fds` is readable (or hung up), or `timeout`
-    /// seconds pass (None: forever), without the GIL. Returns the ready fds.
+    /// seconds pass (None: forever), without the GIL; a signal whose Python
+    /// handler raises ends it (looked for at least every 50 ms). Returns the
+    /// ready fds.
     #[pyfunction]
     #[pyo3(signature = (fds, timeout=None))]
     pub fn wait_fds(py: Python<'_>, fds: Vec<RawFd>, timeout: Option<f64>) -> PyResult<Vec<RawFd>> {
         let timeout = to_duration(timeout)?;
-        let outcome = blocking(py, |on_interrupt| sys::poll_readable(&fds, timeout, on_interrupt))?;
+        let outcome = blocking(py, |on_interrupt| sys::poll_readable_checking(&fds, timeout, on_interrupt))?;
         Ok(match outcome {
             sys::PollOutcome::TimedOut => Vec::new(),
             sys::PollOutcome::Ready(ready) => ready.into_iter().map(|i| fds[i]).collect(),
