@@ -253,12 +253,17 @@ def test_keyboard_interrupt_while_waiting_is_logged_and_returns(tmp_path, caplog
     handler = OnWaiting()
     logging.getLogger("vllm_rs").addHandler(handler)
     interrupter = threading.Thread(target=interrupt_once_waiting, daemon=True)
+    # Python's own SIGINT handler, also where this run started with SIGINT
+    # ignored (a background job of a shell without job control): there the
+    # signal would be dropped and the wait would last as long as the server.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         interrupter.start()
         with caplog.at_level(logging.INFO, logger="vllm_rs"):
             wait_for_completion_or_failure(manager)
         assert "Received KeyboardInterrupt, shutting down API servers..." in caplog.text
     finally:
+        signal.signal(signal.SIGINT, inherited)
         logging.getLogger("vllm_rs").removeHandler(handler)  # nothing else sets `waiting`
         interrupter.join(DEADLINE_S)
         manager.shutdown()
