@@ -134,8 +134,10 @@ class EngineCoreProc:
             dealer = make_zmq_socket(
                 self.ctx, client.input_address, zmq.DEALER, bind=False, identity=identity, linger=0
             )
-            dealer.send(registration)
+            # Kept before the send: a SIGTERM that ends a send still waiting for
+            # its frontend must find the socket to close, or `close` waits forever.
             self.dealers.append(dealer)
+            dealer.send(registration)
         logger.info(
             "EngineCore_%d ready (pid %d): model %s, max_model_len %d, %d client(s)",
             self.engine_index, os.getpid(), self.config.model_config.model, self.core.max_model_len, len(self.dealers),
@@ -297,4 +299,6 @@ class EngineCoreProc:
             sock.close(linger=linger)
         if self.coordinator is not None:
             self.coordinator.close(linger)
-        self.ctx.term()
+        # Any socket not closed above (none is meant to be) would make a plain
+        # `term` wait forever; `destroy` closes it at once.
+        self.ctx.destroy(linger=0)
