@@ -5,6 +5,7 @@ path reports (output tokens/s, TTFT p50/p99, TPOT p50)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import resource
@@ -112,18 +113,15 @@ class GgufFacts:
         return [[rng.choice(self.normal_token_ids) for _ in range(length)] for _ in range(count)]
 
 
+@functools.cache
 def native_client() -> Path:
     """The native streaming client (frontend-bin/examples/model_load.rs),
     built once per process; returns its executable."""
-    global _NATIVE_CLIENT
-    if _NATIVE_CLIENT is None:
-        from bench.bench_frontend import build_example
+    from bench.bench_frontend import build_example
 
-        _NATIVE_CLIENT = build_example("model_load")
-    return _NATIVE_CLIENT
+    return build_example("model_load")
 
 
-_NATIVE_CLIENT: Path | None = None
 #: How long one level may take before the server is taken for hung (a
 #: 16-stream level of 128-token requests takes under a minute on 2 CPUs).
 LEVEL_TIMEOUT_S = 1800

@@ -83,6 +83,13 @@ struct Timing {
     usage_tokens: Option<u64>,
 }
 
+impl Timing {
+    /// The request's output tokens: the usage chunk's count, else the chunks that carried one.
+    fn tokens(&self) -> u64 {
+        self.usage_tokens.unwrap_or(self.chunks)
+    }
+}
+
 /// How an answer's body is framed.
 enum Framing {
     /// `Transfer-Encoding: chunked`: the state of the decoder.
@@ -225,15 +232,15 @@ impl Client {
     }
 
     /// Sends `request` and reads its answer, handing every complete body line
-    /// to `on_line` with the time its read ended; returns the status. A
-    /// connection the server closed while idle is opened again once, before
+    /// to `on_line` with the time its read ended; an answer other than 200
+    /// is an error naming its status and body. A connection the server closed while idle is opened again once, before
     /// any byte of the answer came.
     async fn exchange(
         &mut self,
         request: &[u8],
         origin: Instant,
         mut on_line: impl FnMut(&[u8], f64) -> Result<(), String>,
-    ) -> Result<String, String> {
+    ) -> Result<(), String> {
         for attempt in 0..2 {
             let connection = match self.connection.as_mut() {
                 Some(connection) => connection,
@@ -283,8 +290,7 @@ impl Client {
                             let text = String::from_utf8_lossy(&body);
                             return Err(format!("status {}: {}", head.status, &text[..text.len().min(300)]));
                         }
-                        on_line(body.trim_ascii_end(), now)?;
-                        return Ok(head.status.clone());
+                        return on_line(body.trim_ascii_end(), now);
                     }
                 }
                 let connection = self.connection.as_mut().expect("open while an answer is read");
@@ -332,7 +338,7 @@ async fn stream_one(client: &mut Client, request: &[u8], origin: Instant, expect
             Ok(())
         })
         .await?;
-    let tokens = timing.usage_tokens.unwrap_or(timing.chunks);
+    let tokens = timing.tokens();
     if !done || tokens != expected || timing.first.is_none() {
         return Err(format!(
             "asked for {expected} tokens, got {tokens} in {} chunks{}",
@@ -386,7 +392,7 @@ fn main() {
         Ok(timings) => {
             let timings: Vec<Value> = timings
                 .iter()
-                .map(|t| json!({"start": t.start, "first": t.first, "last": t.last, "tokens": t.usage_tokens.unwrap_or(t.chunks)}))
+                .map(|t| json!({"start": t.start, "first": t.first, "last": t.last, "tokens": t.tokens()}))
                 .collect();
             println!("{}", json!({ "timings": timings }));
         }
