@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
@@ -95,6 +96,12 @@ def vllms_coordinator_with_our_stack(tmp_path):
         if engines is not None:
             engines.shutdown(timeout=10)
         coordinator.shutdown(timeout=5)
+        # vLLM's coordinator binds ipc sockets at fresh paths in the temp dir
+        # and leaves them behind when it stops: this test removes them.
+        for address in (front, engine_publish, engine_output):
+            if address.startswith("ipc://"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(address.removeprefix("ipc://"))
         sock.close()
 
 
