@@ -26,6 +26,7 @@ use vllm_rs_engine::EngineClient;
 use vllm_rs_metrics::Metrics;
 use vllm_rs_model_files::generation_config::GenerationConfig;
 use vllm_rs_model_files::HubCache;
+use vllm_rs_server::http::first_response::on_first_response;
 use vllm_rs_server::http::server::{serve, ServeOptions};
 use vllm_rs_server::http::state::{unix_now, AppState};
 
@@ -163,6 +164,36 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     })
 }
 
+/// How long a serving frontend that has answered nothing waits before it
+/// builds the tokenizer's tables anyway.
+const TABLES_WITHOUT_REQUESTS: Duration = Duration::from_secs(5);
+
+/// Ends `hold` once the frontend has its first HTTP answer ready, or after
+/// [`TABLES_WITHOUT_REQUESTS`] without one; returns the hook that says so.
+/// The tables are then built on their own thread, which releases the
+/// start-up code once they are (main.rs); without tables to build it is
+/// released here, on a worker (reading smaps and the advice take about a
+/// millisecond). Until then prompts are encoded without the tables, to the
+/// same ids.
+///
+/// Why after the first answer: building the tables takes several ms of CPU
+/// and maps memory, holding the address-space lock that the page faults of
+/// the first requests (code run for the first time) wait for. On a 2-core
+/// host that delayed the first answer, a launcher's readiness probe, by
+/// about a millisecond (docs/frontend-performance.md, "Start-up").
+fn build_tables_after_first_answer(hold: TableBuildsHold) -> impl FnOnce() + Send + 'static {
+    let (answered, first_answer) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(TABLES_WITHOUT_REQUESTS, first_answer).await;
+        if !hold.end() {
+            crate::startup_code::release();
+        }
+    });
+    move || {
+        let _ = answered.send(());
+    }
+}
+
 /// A flag that turns true on the first SIGTERM or SIGINT.
 fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -261,14 +292,9 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         engines.stop_accepting();
     };
     let drain_timeout = options.drain_timeout;
-    // The tokenizer's tables are built from here on, on their own thread,
-    // which releases the start-up code once they are (main.rs); without
-    // tables to build it is released here, on a worker (reading smaps and
-    // the advice take about a millisecond).
-    if !tables_hold.end() {
-        tokio::spawn(async { crate::startup_code::release() });
-    }
-    let mut drained = serve(listener, vllm_rs_server::http::routes(state.clone()), options, tls, stopping).await;
+    let routes =
+        on_first_response(vllm_rs_server::http::routes(state.clone()), build_tables_after_first_answer(tables_hold));
+    let mut drained = serve(listener, routes, options, tls, stopping).await;
     if let Some(grpc) = grpc {
         drained &= vllm_rs_server::grpc::server::drained(grpc, drain_timeout).await;
     }

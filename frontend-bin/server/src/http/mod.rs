@@ -8,6 +8,7 @@ pub mod completions;
 pub mod connections;
 pub mod cors;
 pub mod error;
+pub mod first_response;
 pub mod message;
 pub mod misc;
 pub mod params;
