@@ -56,7 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_frontend import build_example, build_stream_load, frontend_requests, frontend_streaming  # noqa: E402
-from bench.bench_serve import run, served_port, wrk_requests  # noqa: E402
+from bench.bench_serve import WRK_SCRIPT, run, wrk_requests  # noqa: E402
+from bench.model_servers import served_port  # noqa: E402
 from tests.support import netns  # noqa: E402
 
 GOAL = 0.90
@@ -160,12 +161,14 @@ def measure(
 ) -> dict:
     """Best rounds of requests/s and streamed tokens/s, the load run from
     inside the head's namespace."""
+    script = log_dir / "max_tokens_1.lua"
+    script.write_text(WRK_SCRIPT)
     with stack(hosts, layout, log_dir, relay) as port, hosts.inside(0):
         run(frontend_requests(port, opts.concurrency, opts.concurrency * 4))  # warm-up
         best_rps, best_p99, best_stream = 0.0, 0.0, 0.0
         for _ in range(opts.rounds):
             if opts.client == "wrk":
-                rps, _, p99 = wrk_requests(port, opts.concurrency, opts.seconds, log_dir)
+                rps, _, p99, _ = wrk_requests(port, opts.concurrency, opts.seconds, script)
             else:
                 rps, latencies = run(frontend_requests(port, opts.concurrency, opts.requests))
                 p99 = statistics.quantiles(latencies, n=100)[98] * 1000

@@ -14,8 +14,10 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import psutil
 from vllm_rs.engine.step_log import STEP_LOG_ENV
@@ -76,6 +78,16 @@ def engine_process(port: int) -> int:
 READY_LINE = re.compile(rb"serving the OpenAI API on http://[^:]+:(\d+) ")
 
 
+def served_port(output: Iterable[bytes], log: IO[bytes]) -> int | None:
+    """The HTTP port `serve` announces in `output` (its stdout), copying each
+    line read to `log`; None when it ends without announcing one."""
+    for line in output:
+        log.write(line)
+        if match := READY_LINE.search(line):
+            return int(match.group(1))
+    return None
+
+
 @contextlib.contextmanager
 def serve_stack(*args: str, log_path: Path):
     """A `python -m vllm_rs serve ARGS` process; yields its port once it is
@@ -87,12 +99,7 @@ def serve_stack(*args: str, log_path: Path):
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
         try:
-            port = None
-            for line in proc.stdout:
-                log.write(line)
-                if match := READY_LINE.search(line):
-                    port = int(match.group(1))
-                    break
+            port = served_port(proc.stdout, log)
             if port is None:
                 raise RuntimeError(f"serve {' '.join(args)} did not start; see {log_path}")
             yield port
