@@ -15,7 +15,13 @@ median round and the ratio ours / vLLM's:
     stream_load.rs), `--stream-repeats` times back to back (a round is
     about 0.1 s on a 2-core machine): streamed tokens/s, the frontend's CPU milliseconds per
     1000 streamed tokens and SSE events per stream, both frontends at their
-    default granularity (one event per engine output);
+    default granularity (one event per engine output), how many events each
+    read of the client brought and the p99 gap between a stream's events as
+    they reached it (events that came together are 0 apart: a frontend that
+    writes late delivers in bursts), and what the engines and the client
+    spend per 1000 streamed tokens (on 2 cores the row is what all of them
+    together leave: tokens/s is about 2 CPU-seconds over the sum of the
+    three);
   * resident memory after that load, and start-up: spawn to the first 200 on
     /health, the engines already waiting on the listeners.
 
@@ -39,6 +45,7 @@ import asyncio
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -72,7 +79,11 @@ ROWS = [
     ("engines' CPU s / 1000 requests", "engine_cpu_s_per_1000", "", None, False),
     ("streamed tokens/s", "stream_tokens_per_s", "", 1.3, True),
     ("CPU ms / 1000 streamed tokens", "stream_cpu_ms_per_1000", " ms", None, False),
+    ("engines' CPU ms / 1000 streamed tokens", "stream_engine_cpu_ms_per_1000", " ms", None, False),
+    ("client's CPU ms / 1000 streamed tokens", "stream_client_cpu_ms_per_1000", " ms", None, False),
     ("SSE events per stream", "events_per_stream", "", None, None),
+    ("SSE events per client read", "events_per_read", "", None, None),
+    ("gap between a stream's events at the client, p99", "gap_p99_ms", " ms", None, False),
     ("RSS after load", "rss_mib", " MiB", 0.5, False),
     ("start-up to /health 200", "startup_ms", " ms", 0.5, False),
 ]
@@ -112,6 +123,13 @@ def wrk_requests(port: int, concurrency: int, seconds: int, script: Path) -> tup
     return rps, latency["50"], latency["99"], count
 
 
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's ended children (the streaming client
+    runs as one, stream_load, and is waited for)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def max_tokens_1(port: int, opts: argparse.Namespace, script: Path) -> tuple[float, float, float, int]:
     """The max_tokens=1 row: requests/s, p50, p99 (ms), requests sent."""
     if opts.client == "wrk":
@@ -135,12 +153,15 @@ def measure(binary: Path, model_dir: Path, opts: argparse.Namespace, stream_load
         rps, p50, p99, sent = max_tokens_1(stack.port, opts, script)
         cpu = cpu_seconds(stack.pid) - before
         engine_cpu = sum(map(cpu_seconds, engine_pids)) - engines_before
-        before_stream = cpu_seconds(stack.pid)
+        before_stream, engines_before_stream = cpu_seconds(stack.pid), sum(map(cpu_seconds, engine_pids))
+        client_before = children_cpu_seconds()
         # One round of 64 x 256 tokens takes about 0.1 s here: back-to-back
         # repeats make the row long enough to measure more than one hiccup.
         rounds = [stream_round(stream_load, stack.port, opts.streams, opts.tokens) for _ in range(opts.stream_repeats)]
-        streamed = {key: sum(r[key] for r in rounds) for key in ("tokens", "seconds", "events")}
+        streamed = {key: sum(r[key] for r in rounds) for key in ("tokens", "seconds", "events", "reads")}
         stream_cpu = cpu_seconds(stack.pid) - before_stream
+        stream_engine_cpu = sum(map(cpu_seconds, engine_pids)) - engines_before_stream
+        stream_client_cpu = children_cpu_seconds() - client_before
         return {
             "requests_per_s": rps,
             "p50_ms": p50,
@@ -149,7 +170,11 @@ def measure(binary: Path, model_dir: Path, opts: argparse.Namespace, stream_load
             "engine_cpu_s_per_1000": engine_cpu / sent * 1000,
             "stream_tokens_per_s": streamed["tokens"] / streamed["seconds"],
             "stream_cpu_ms_per_1000": stream_cpu * 1e6 / streamed["tokens"],
+            "stream_engine_cpu_ms_per_1000": stream_engine_cpu * 1e6 / streamed["tokens"],
+            "stream_client_cpu_ms_per_1000": stream_client_cpu * 1e6 / streamed["tokens"],
             "events_per_stream": streamed["events"] / (opts.streams * opts.stream_repeats),
+            "events_per_read": streamed["events"] / streamed["reads"],
+            "gap_p99_ms": statistics.median(r["gap_p99_ms"] for r in rounds),
             "rss_mib": rss_mib(stack.pid),
             "startup_ms": stack.startup_s * 1000,
         }

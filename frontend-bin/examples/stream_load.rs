@@ -5,11 +5,15 @@
 //! The connections are warmed up with `GET /health` first, so that accepting
 //! them is not part of the measurement. One thread, one read per readable socket into a 64 KiB buffer: the client
 //! costs little CPU, so that on a small machine the numbers are about the
-//! frontend. Prints one JSON line: `{"tokens": N, "events": E, "seconds": S}`,
-//! where N is the sum of the `completion_tokens` of the final usage chunks, E
-//! the number of SSE events received (`data:` lines, `[DONE]` included) and S
-//! runs from the first byte sent to the last byte received. Exits non-zero on any
-//! non-200 answer or a stream that ends early.
+//! frontend. Prints one JSON line: `{"tokens": N, "events": E, "seconds": S,
+//! "reads": R, "gap_p50_ms": G50, "gap_p99_ms": G99}`, where N is the sum of
+//! the `completion_tokens` of the final usage chunks, E the number of SSE
+//! events received (`data:` lines, `[DONE]` included), S runs from the first
+//! byte sent to the last byte received, R counts the reads that brought
+//! events, and G50/G99 are percentiles of the gaps between consecutive events
+//! of a stream as they arrived (events that came in one read are 0 apart):
+//! how smoothly the tokens reached the client. Exits non-zero on any non-200
+//! answer or a stream that ends early.
 //!
 //! Build: `cargo build --release -p vllm-rs --example stream_load`.
 
@@ -63,18 +67,32 @@ fn answer_end(received: &[u8]) -> Option<usize> {
     (received.len() >= head_end + length).then_some(head_end + length)
 }
 
-/// Reads one whole answer (head and body); returns it raw, chunk framing included.
-async fn read_answer(connection: &mut TcpStream) -> Result<Vec<u8>, String> {
-    let mut received = Vec::with_capacity(64 << 10);
+/// One whole answer: its raw bytes (chunk framing included) and, for every
+/// read that completed SSE events, when it came and how many it completed.
+struct Answer {
+    raw: Vec<u8>,
+    arrivals: Vec<(Instant, u64)>,
+}
+
+/// Reads one whole answer (head and body).
+async fn read_answer(connection: &mut TcpStream) -> Result<Answer, String> {
+    let mut raw = Vec::with_capacity(64 << 10);
+    let mut arrivals = Vec::new();
     let mut block = vec![0u8; 64 << 10];
     loop {
         let n = connection.read(&mut block).await.map_err(|e| format!("reading: {e}"))?;
         if n == 0 {
             return Err("the connection closed before the answer ended".into());
         }
-        received.extend_from_slice(&block[..n]);
-        if answer_end(&received).is_some() {
-            return Ok(received);
+        // An event marker may straddle two reads: look back over its length.
+        let from = raw.len().saturating_sub(EVENT_MARKER.len() - 1);
+        raw.extend_from_slice(&block[..n]);
+        let events = count_events(&raw[from..]);
+        if events > 0 {
+            arrivals.push((Instant::now(), events));
+        }
+        if answer_end(&raw).is_some() {
+            return Ok(Answer { raw, arrivals });
         }
     }
 }
@@ -86,7 +104,7 @@ async fn warm_up(connection: &mut TcpStream) -> Result<(), String> {
         .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .map_err(|e| format!("sending the warm-up: {e}"))?;
-    let answer = read_answer(connection).await?;
+    let answer = read_answer(connection).await?.raw;
     if answer.starts_with(b"HTTP/1.1 200") {
         Ok(())
     } else {
@@ -94,10 +112,32 @@ async fn warm_up(connection: &mut TcpStream) -> Result<(), String> {
     }
 }
 
-/// The SSE events of a raw answer: every `data:` line (a JSON string never
+/// What starts an SSE event in a body: a `data:` line (a JSON string never
 /// holds a raw newline, so each one starts an event).
+const EVENT_MARKER: &[u8] = b"\ndata: ";
+
+/// The SSE events that start in `raw`.
 fn count_events(raw: &[u8]) -> u64 {
-    raw.windows(7).filter(|w| w == b"\ndata: ").count() as u64
+    raw.windows(EVENT_MARKER.len()).filter(|w| *w == EVENT_MARKER).count() as u64
+}
+
+/// The gaps, in ms, between consecutive events of one stream as they arrived.
+fn event_gaps(arrivals: &[(Instant, u64)], gaps: &mut Vec<f64>) {
+    for (i, &(at, events)) in arrivals.iter().enumerate() {
+        if i > 0 {
+            gaps.push((at - arrivals[i - 1].0).as_secs_f64() * 1e3);
+        }
+        gaps.extend(std::iter::repeat_n(0.0, events as usize - 1));
+    }
+}
+
+/// The `q` quantile (0..=1) of `values`, sorted in place; 0 when empty.
+fn quantile(values: &mut [f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    values[((values.len() - 1) as f64 * q).round() as usize]
 }
 
 /// The status code and the `completion_tokens` of the last usage chunk of a raw answer.
@@ -113,7 +153,16 @@ fn check_answer(raw: &[u8]) -> Result<u64, String> {
     digits.parse().map_err(|e| format!("completion_tokens: {e}"))
 }
 
-async fn run(options: Options) -> Result<(u64, u64, f64), String> {
+/// What a run measured (the JSON line `main` prints).
+struct Measured {
+    tokens: u64,
+    events: u64,
+    seconds: f64,
+    reads: u64,
+    gaps: Vec<f64>,
+}
+
+async fn run(options: Options) -> Result<Measured, String> {
     let mut body = serde_json::json!({
         "model": "toy",
         "prompt": options.prompt,
@@ -147,13 +196,15 @@ async fn run(options: Options) -> Result<(u64, u64, f64), String> {
     }
     let answers = futures_util::future::join_all(connections.iter_mut().map(read_answer)).await;
     let seconds = start.elapsed().as_secs_f64();
-    let (mut tokens, mut events) = (0, 0);
+    let mut measured = Measured { tokens: 0, events: 0, seconds, reads: 0, gaps: Vec::new() };
     for answer in answers {
         let answer = answer?;
-        tokens += check_answer(&answer)?;
-        events += count_events(&answer);
+        measured.tokens += check_answer(&answer.raw)?;
+        measured.events += count_events(&answer.raw);
+        measured.reads += answer.arrivals.len() as u64;
+        event_gaps(&answer.arrivals, &mut measured.gaps);
     }
-    Ok((tokens, events, seconds))
+    Ok(measured)
 }
 
 fn main() {
@@ -162,8 +213,11 @@ fn main() {
         runtime.block_on(run(options))
     });
     match outcome {
-        Ok((tokens, events, seconds)) => {
-            println!("{}", serde_json::json!({"tokens": tokens, "events": events, "seconds": seconds}))
+        Ok(mut m) => {
+            let (p50, p99) = (quantile(&mut m.gaps, 0.5), quantile(&mut m.gaps, 0.99));
+            let line = serde_json::json!({"tokens": m.tokens, "events": m.events, "seconds": m.seconds,
+                "reads": m.reads, "gap_p50_ms": p50, "gap_p99_ms": p99});
+            println!("{line}")
         }
         Err(e) => {
             eprintln!("stream_load: {e}");
