@@ -122,15 +122,18 @@ async fn idle_keep_alive_connections_close_after_the_timeout() {
     assert!(outcome.1 >= Duration::from_millis(300) && outcome.1 < Duration::from_secs(5), "{:?}", outcome.1);
 }
 
-/// What the kernel says the thread that builds the tokenizer's tables
-/// (`tokenizer-tables`, its name cut to 15 bytes) is blocked in (its
-/// `wchan`), or None once the thread has ended.
-fn tables_thread_wait(fe: &Frontend) -> Option<String> {
+/// The system call the thread that builds the tokenizer's tables
+/// (`tokenizer-tables`, its name cut to 15 bytes) is blocked in, as
+/// `/proc/PID/task/TID/syscall` gives it (its number, or `running`), or
+/// None once the thread has ended.
+fn tables_thread_syscall(fe: &Frontend) -> Option<String> {
     let tasks = std::fs::read_dir(format!("/proc/{}/task", fe.child.id())).unwrap();
     tasks.flatten().find_map(|task| {
         let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
-        (comm.trim() == "tokenizer-table")
-            .then(|| std::fs::read_to_string(task.path().join("wchan")).unwrap_or_default())
+        (comm.trim() == "tokenizer-table").then(|| {
+            let syscall = std::fs::read_to_string(task.path().join("syscall")).unwrap_or_default();
+            syscall.split_whitespace().next().unwrap_or_default().to_string()
+        })
     })
 }
 
@@ -144,14 +147,11 @@ async fn tokenizer_tables_are_built_once_the_first_answer_is_ready() {
     let _engine = MockEngine::start(EngineSpec::new(0, &fe.input_address, &fe.output_address));
     assert!(fe.wait_for_log("serving the OpenAI API", 1, Duration::from_secs(30)).await, "{}", fe.stderr());
     // Serving, and nothing answered yet (the frontend waits 5 s for a first
-    // request): the build waits on its hold, a futex.
-    let waiting = tables_thread_wait(&fe);
-    assert!(
-        waiting.as_deref().is_some_and(|w| w.contains("futex")),
-        "the tables' thread before any answer: {waiting:?}"
-    );
+    // request): the build waits on its hold, in futex(2).
+    let waiting = tables_thread_syscall(&fe);
+    assert_eq!(waiting, Some(libc::SYS_futex.to_string()), "the tables' thread before any answer");
     let health = reqwest::get(fe.url("/health")).await.unwrap();
     assert_eq!(health.status(), 200);
-    let built = poll_until_async(Duration::from_secs(30), || async { tables_thread_wait(&fe).is_none() }).await;
+    let built = poll_until_async(Duration::from_secs(30), || async { tables_thread_syscall(&fe).is_none() }).await;
     assert!(built.is_some(), "the tables were not built after the first answer:\n{}", fe.stderr());
 }
