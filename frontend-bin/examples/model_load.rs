@@ -233,8 +233,9 @@ impl Client {
 
     /// Sends `request` and reads its answer, handing every complete body line
     /// to `on_line` with the time its read ended; an answer other than 200
-    /// is an error naming its status and body. A connection the server closed while idle is opened again once, before
-    /// any byte of the answer came.
+    /// is an error naming its status and body. A connection the server
+    /// closed while idle is opened again once, before any byte of the answer
+    /// came.
     async fn exchange(
         &mut self,
         request: &[u8],
