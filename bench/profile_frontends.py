@@ -18,7 +18,12 @@ wrk is required (`apt-get install wrk`).
 `--stream` records the streamed row instead (64 streams of 256 tokens,
 `--stream-rounds` of them, read by the native client of bench_frontend.py)
 and prints the frontend's CPU milliseconds per 1000 streamed tokens beside
-the profile.
+the profile, and what it asked of the kernel per 1000 streamed tokens
+(`perf stat` on the syscall tracepoints: `writev`s to the clients, reads of
+the engines' sockets, `epoll_wait`s, futex calls, context switches) with the
+client's reads: how many events each write carries is the cost the profile
+cannot show, since on loopback every write also runs the receiving side's
+TCP path and wakes the reader.
 
 Run: ~/.cache/vllm-rs/venv/bin/python bench/profile_frontends.py [--seconds 8] [--stream] [--inclusive]
 """
@@ -26,8 +31,10 @@ Run: ~/.cache/vllm-rs/venv/bin/python bench/profile_frontends.py [--seconds 8] [
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -97,7 +104,7 @@ def profile(name: str, binary: Path, opts: argparse.Namespace, tmp: Path, out_di
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            measured = streamed(stack, opts) if opts.stream else loaded(stack, opts, script)
+            measured = streamed(stack, opts, tmp) if opts.stream else loaded(stack, opts, script)
         finally:
             recorder.send_signal(2)
             recorder.wait(60)
@@ -124,15 +131,83 @@ def loaded(stack, opts: argparse.Namespace, script: Path) -> str:
     return f"{rps:.0f} req/s, p99 {p99:.2f} ms, {sent} requests while recorded"
 
 
-def streamed(stack, opts: argparse.Namespace) -> str:
-    """`opts.stream_rounds` rounds of 64 x 256 streamed tokens while recorded; what they measured."""
+#: What `--stream` counts of the frontend's requests to the kernel, with the name it prints.
+KERNEL_COUNTS = {
+    "syscalls:sys_enter_writev": "writev (HTTP writes)",
+    "syscalls:sys_enter_recvfrom": "recvfrom (engine socket reads)",
+    "syscalls:sys_enter_epoll_wait": "epoll_wait",
+    "syscalls:sys_enter_futex": "futex",
+    "syscalls:sys_enter_write": "write (worker wake-ups)",
+    "context-switches": "context switches",
+}
+
+
+def streamed(stack, opts: argparse.Namespace, tmp: Path) -> str:
+    """`opts.stream_rounds` rounds of 64 x 256 streamed tokens while recorded
+    and counted (`KERNEL_COUNTS`); what they measured."""
     stream_load = build_stream_load()
-    before, tokens, seconds = cpu_seconds(stack.pid), 0, 0.0
-    for _ in range(opts.stream_rounds):
-        result = stream_round(stream_load, stack.port, 64, 256)
-        tokens, seconds = tokens + result["tokens"], seconds + result["seconds"]
-    cpu_ms = (cpu_seconds(stack.pid) - before) * 1e6 / tokens
-    return f"{tokens / seconds:.0f} streamed tokens/s, {cpu_ms:.2f} frontend CPU ms per 1000 tokens (perf running)"
+    counts_file = tmp / "kernel-counts.csv"
+    with KernelCounter(stack.pid, counts_file):
+        before, tokens, seconds, reads = cpu_seconds(stack.pid), 0, 0.0, 0
+        for _ in range(opts.stream_rounds):
+            result = stream_round(stream_load, stack.port, 64, 256)
+            tokens, seconds, reads = tokens + result["tokens"], seconds + result["seconds"], reads + result["reads"]
+        cpu_ms = (cpu_seconds(stack.pid) - before) * 1e6 / tokens
+    lines = [
+        f"{tokens / seconds:.0f} streamed tokens/s, {cpu_ms:.2f} frontend CPU ms per 1000 tokens (perf running)",
+        "per 1000 streamed tokens:",
+        *(f"  {count:7.1f}  {name}" for name, count in kernel_counts(counts_file, tokens / 1000)),
+        f"  {reads * 1000 / tokens:7.1f}  reads by the client",
+    ]
+    return "\n".join(lines)
+
+
+class KernelCounter:
+    """`perf stat` counting `KERNEL_COUNTS` of `pid` into `out` exactly
+    while the `with` block runs: perf starts with its counters disabled and
+    each enable and disable waits for perf's acknowledgement, so attaching
+    to the process takes nothing from the counted rounds."""
+
+    def __init__(self, pid: int, out: Path):
+        control, self._control = os.pipe()
+        self._ack, ack = os.pipe()
+        self._perf = subprocess.Popen(
+            ["perf", "stat", "-x,", "-o", str(out), "-D", "-1", "--control", f"fd:{control},{ack}",
+             "-e", ",".join(KERNEL_COUNTS), "-p", str(pid)],
+            pass_fds=(control, ack), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        os.close(control)
+        os.close(ack)
+
+    def _command(self, command: bytes) -> None:
+        os.write(self._control, command + b"\n")
+        if not os.read(self._ack, 16).startswith(b"ack"):
+            raise RuntimeError(f"perf stat did not acknowledge {command.decode()!r}")
+
+    def __enter__(self) -> KernelCounter:
+        self._command(b"enable")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._command(b"disable")
+        finally:
+            self._perf.send_signal(signal.SIGINT)
+            self._perf.wait(60)
+            os.close(self._control)
+            os.close(self._ack)
+
+
+def kernel_counts(counts_file: Path, per: float) -> list[tuple[str, float]]:
+    """`perf stat -x,` output read back: (printed name, count / `per`) for
+    each of `KERNEL_COUNTS` perf could count (a tracepoint it may not open is
+    left out, as perf reports it `<not supported>`)."""
+    counts = []
+    for line in counts_file.read_text().splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[2] in KERNEL_COUNTS and fields[0].isdigit():
+            counts.append((KERNEL_COUNTS[fields[2]], int(fields[0]) / per))
+    return counts
 
 
 def main() -> int:
