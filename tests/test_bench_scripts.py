@@ -37,3 +37,51 @@ def test_stream_load_reports_how_events_reached_it(tmp_path):
     assert result["events"] >= 4 * (16 + 2), result
     assert 4 <= result["reads"] <= result["events"], result
     assert 0 <= result["gap_p50_ms"] <= result["gap_p99_ms"] < result["seconds"] * 1000, result
+
+
+def test_kernel_counter_counts_only_inside_its_block(tmp_path):
+    """bench/profile_frontends.py's `KernelCounter` (perf stat on syscall
+    tracepoints, started disabled, enabled and disabled through perf's
+    control fds) counts a real process's `writev`s made inside the `with`
+    block and none of those made once perf is attached but before it, or
+    after it."""
+    import shutil
+    import subprocess
+    import sys
+
+    from bench.profile_frontends import KernelCounter, kernel_counts
+
+    if shutil.which("perf") is None:
+        pytest.skip("perf is not installed (apt-get install linux-perf)")
+    probe = subprocess.run(
+        ["perf", "stat", "-x,", "-e", "syscalls:sys_enter_writev", "true"], capture_output=True, text=True
+    )
+    if probe.returncode != 0 or "<not supported>" in probe.stderr:
+        pytest.skip(f"perf cannot count syscall tracepoints here: {probe.stderr.strip()[:200]}")
+    # The child makes n writev calls each time it reads a line naming n, then answers.
+    child_code = (
+        "import os, sys\n"
+        "for line in sys.stdin:\n"
+        "    for _ in range(int(line)):\n"
+        "        os.writev(2, [b''])\n"
+        "    sys.stdout.write('done\\n'); sys.stdout.flush()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", child_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+    )
+
+    def writevs(n: int) -> None:
+        child.stdin.write(f"{n}\n")
+        assert child.stdout.readline() == "done\n"
+
+    out = tmp_path / "counts.csv"
+    try:
+        counter = KernelCounter(child.pid, out)
+        writevs(5)  # perf attached or attaching, its counters still disabled
+        with counter:
+            writevs(40)
+        writevs(7)  # disabled again; perf has ended
+    finally:
+        child.stdin.close()
+        child.wait(30)
+    assert dict(kernel_counts(out, 1.0))["writev (HTTP writes)"] == 40, out.read_text()
