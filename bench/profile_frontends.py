@@ -171,31 +171,58 @@ class KernelCounter:
     def __init__(self, pid: int, out: Path):
         control, self._control = os.pipe()
         self._ack, ack = os.pipe()
-        self._perf = subprocess.Popen(
-            ["perf", "stat", "-x,", "-o", str(out), "-D", "-1", "--control", f"fd:{control},{ack}",
-             "-e", ",".join(KERNEL_COUNTS), "-p", str(pid)],
-            pass_fds=(control, ack), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        os.close(control)
-        os.close(ack)
+        try:
+            self._perf = subprocess.Popen(
+                ["perf", "stat", "-x,", "-o", str(out), "-D", "-1", "--control", f"fd:{control},{ack}",
+                 "-e", ",".join(KERNEL_COUNTS), "-p", str(pid)],
+                pass_fds=(control, ack), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            )  # fmt: skip
+        except OSError:
+            os.close(self._control)
+            os.close(self._ack)
+            raise
+        finally:
+            os.close(control)
+            os.close(ack)
 
     def _command(self, command: bytes) -> None:
-        os.write(self._control, command + b"\n")
-        if not os.read(self._ack, 16).startswith(b"ack"):
-            raise RuntimeError(f"perf stat did not acknowledge {command.decode()!r}")
+        """Sends `command` to perf and waits for its acknowledgement; a perf
+        that ended instead (it could not attach or open a tracepoint) is an
+        error with what it printed."""
+        try:
+            os.write(self._control, command + b"\n")
+            answer = os.read(self._ack, 16)
+        except BrokenPipeError:
+            answer = b""
+        if not answer.startswith(b"ack"):
+            _, errors = self._perf.communicate(timeout=60)
+            raise RuntimeError(
+                f"perf stat did not acknowledge {command.decode()!r} (exit {self._perf.returncode}): "
+                f"{errors.decode(errors='replace').strip()}"
+            )
+
+    def _end(self) -> None:
+        """Stops perf (it writes its counts as it ends) and closes the pipes."""
+        try:
+            self._perf.send_signal(signal.SIGINT)
+            self._perf.communicate(timeout=60)
+        finally:
+            os.close(self._control)
+            os.close(self._ack)
 
     def __enter__(self) -> KernelCounter:
-        self._command(b"enable")
+        try:
+            self._command(b"enable")
+        except BaseException:
+            self._end()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
         try:
             self._command(b"disable")
         finally:
-            self._perf.send_signal(signal.SIGINT)
-            self._perf.wait(60)
-            os.close(self._control)
-            os.close(self._ack)
+            self._end()
 
 
 def kernel_counts(counts_file: Path, per: float) -> list[tuple[str, float]]:

@@ -85,3 +85,25 @@ def test_kernel_counter_counts_only_inside_its_block(tmp_path):
         child.stdin.close()
         child.wait(30)
     assert dict(kernel_counts(out, 1.0))["writev (HTTP writes)"] == 40, out.read_text()
+
+
+def test_kernel_counter_reports_a_perf_that_could_not_attach(tmp_path):
+    """A `KernelCounter` on a process that is gone raises with perf's own
+    complaint instead of hanging on its acknowledgement, and leaves no pipe
+    open behind it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from bench.profile_frontends import KernelCounter
+
+    if shutil.which("perf") is None:
+        pytest.skip("perf is not installed (apt-get install linux-perf)")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    fds_before = set(os.listdir("/proc/self/fd"))
+    counter = KernelCounter(gone.pid, tmp_path / "counts.csv")
+    with pytest.raises(RuntimeError, match=r"perf stat did not acknowledge 'enable' \(exit [1-9]\d*\): \S"):
+        counter.__enter__()
+    assert set(os.listdir("/proc/self/fd")) <= fds_before
