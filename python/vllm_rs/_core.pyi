@@ -217,7 +217,16 @@ def required_tools_schema(tools_json: str, parallel_tool_calls: bool = True) -> 
 def gguf_matmul(x: object, w: object, out: object, quant_type: int, n: int, k: int, threads: int) -> None:
     """`out[M,N] = x[M,K] @ W[N,K].T` with `x` and `out` C-contiguous float32
     buffers (numpy arrays; torch CPU tensors through `.numpy()`), `w` N rows
-    of raw GGUF blocks of ggml type `quant_type` (2 Q4_0, 3 Q4_1, 8 Q8_0) as
-    a uint8 buffer, read in place; N split across `threads` threads, the GIL
-    released. TypeError for a buffer of the wrong type, ValueError for a bad
-    shape, type or thread count, a read-only or overlapping `out`."""
+    of raw GGUF blocks of ggml type `quant_type` (F16, BF16, Q4_0, Q4_1,
+    Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS) as a uint8 buffer, read in
+    place; N split across `threads` threads, the GIL released. TypeError
+    for a buffer of the wrong type, ValueError for a bad shape, type or
+    thread count, a read-only or overlapping `out`."""
+
+def gguf_dequantize(rows: object, out: object, quant_type: int) -> None:
+    """`out` (C-contiguous float32) = the weights of `rows` (C-contiguous
+    uint8, whole blocks of ggml type `quant_type`, one `gguf_matmul`
+    reads), each exactly as the `gguf` package dequantizes it; the GIL
+    released. TypeError for a buffer of the wrong type, ValueError for an
+    unknown type, a partial block, a misshapen, read-only or overlapping
+    `out`."""

@@ -1,5 +1,5 @@
 //! Times the kernel alone (no Python): `cargo run --release -p vllm-rs-kernels
-//! --example speed -- [M] [N] [K] [Q8_0|Q4_0|Q4_1] [threads]`; prints
+//! --example speed -- [M] [N] [K] [TYPE (Q8_0, Q4_K, ...)] [threads]`; prints
 //! milliseconds per call and the weight bytes read per second, for each path.
 //! On a shared machine the wall clock counts the time other processes held
 //! the CPU, so the figures are from the thread's own on-CPU time (Linux's
@@ -13,11 +13,8 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let num = |i: usize, default: usize| args.get(i).map_or(default, |a| a.parse().expect("a number"));
     let (m, n, k) = (num(0, 1), num(1, 49152), num(2, 576));
-    let quant = match args.get(3).map_or("Q8_0", String::as_str) {
-        "Q4_0" => QuantType::Q4_0,
-        "Q4_1" => QuantType::Q4_1,
-        _ => QuantType::Q8_0,
-    };
+    let name = args.get(3).map_or("Q8_0", String::as_str);
+    let quant = QuantType::ALL.into_iter().find(|q| q.name() == name).expect("a type name: Q8_0, Q4_K, IQ4_NL, ...");
     let threads = num(4, 1);
     // Blocks with scale 2^-8 (f16 0x1c00) and varied quants.
     let mut w = vec![0u8; n * quant.row_bytes(k)];

@@ -1,7 +1,9 @@
 //! The AVX-512 path (x86-64 with AVX-512F and VL beside the AVX2 path's
 //! features): the AVX2 path's panels (`x86.rs`) with vectors of 16 floats
 //! and 32 registers, from two activation rows on; one row runs the AVX2
-//! path's register tile. On a CPU with two 512-bit FMA units that is twice the FMAs per
+//! path's register tile. Q8_0, Q4_0 and Q4_1 blocks decode 16 weights at a
+//! time; the other types decode into the panel with the AVX2 path's code.
+//! On a CPU with two 512-bit FMA units that is twice the FMAs per
 //! cycle of AVX2 (measured on this project's 2-core Xeon: 166 against 82
 //! GFLOP/s of one core, docs/real-model-speed.md). The weights are the same
 //! float32 values ggml's dequantization gives, multiplied into float32
@@ -11,7 +13,7 @@
 use std::arch::x86_64::*;
 
 use crate::quant::{QuantType, BLOCK};
-use crate::x86::{block_bytes, store_sums, sum4, Args, PANEL_ROWS, PANEL_X_BYTES};
+use crate::x86::{block_bytes, decode_row, for_type, quant, store_sums, sum4, Args, PANEL_ROWS, PANEL_X_BYTES};
 use crate::x86::{Q4_0, Q4_1, Q8_0};
 use crate::{Dims, Job};
 
@@ -35,13 +37,7 @@ pub(crate) unsafe fn matmul(job: &Job<'_>, cols: std::ops::Range<usize>) {
     }
     let args = Args { x: job.x.as_ptr(), w: job.w.as_ptr(), y: job.y.0, m, n, k };
     // SAFETY: forwarded from the caller.
-    unsafe {
-        match job.quant {
-            QuantType::Q8_0 => panels::<Q8_0>(&args, cols),
-            QuantType::Q4_0 => panels::<Q4_0>(&args, cols),
-            QuantType::Q4_1 => panels::<Q4_1>(&args, cols),
-        }
-    }
+    unsafe { for_type!(job.quant, panels(&args, cols)) }
 }
 
 /// Activation rows per register tile of a panel: 6 x 4 accumulators, 6
@@ -56,7 +52,7 @@ const PANEL_TILE_M: usize = 6;
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
     let bytes = block_bytes(Q);
-    let row_bytes = a.k / BLOCK * bytes;
+    let row_bytes = quant(Q).row_bytes(a.k);
     // Rows past the end of `cols` stay zero: a last panel of fewer rows is
     // computed whole and only its own columns are stored.
     let mut scratch = vec![0.0f32; PANEL_ROWS * a.k];
@@ -76,6 +72,11 @@ unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
                 for r in 0..rows {
                     let row = a.w.add((j + r) * row_bytes);
                     let dst = scratch.as_mut_ptr().add(r * a.k);
+                    if !matches!(Q, Q8_0 | Q4_0 | Q4_1) {
+                        // The other types decode with the AVX2 path's code.
+                        decode_row::<Q>(row, a.k, dst);
+                        continue;
+                    }
                     for b in 0..a.k / BLOCK {
                         let (lo, hi) = decode_block::<Q>(row.add(b * bytes));
                         _mm512_storeu_ps(dst.add(b * BLOCK), lo);

@@ -1,6 +1,8 @@
 //! `y[M,N] = x[M,K] · W[N,K]^T` where `x` is float32 and `W` is N rows of raw
-//! GGUF blocks (Q8_0, Q4_0, Q4_1), read in place: each weight is dequantized
-//! in registers exactly as ggml (and the `gguf` Python package) dequantize it,
+//! GGUF blocks (the legacy Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; the
+//! K-quants Q2_K to Q6_K and IQ4_XS; F16 and BF16 as stored), read in place:
+//! each weight is dequantized exactly as ggml (and the `gguf` Python package)
+//! dequantize it,
 //! then multiplied with float32 activations and accumulated in float32, so the
 //! result equals "dequantize to float32, then multiply" up to summation order.
 //! An AVX-512 path, else an AVX2+FMA+F16C one, is chosen at run time; the
@@ -17,17 +19,26 @@ mod pool;
 mod quant;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
+mod super_blocks;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use attention::{check_attention, decode_attention, AttentionDims, AttentionError, DecodeInputs};
-pub use quant::{dequantize_row, QuantType, BLOCK};
+pub use quant::{dequantize_row, QuantType, BLOCK, SUPER_BLOCK};
 
 /// A call whose buffers do not match the shapes it names.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ShapeError {
-    /// K is not a positive multiple of the block size.
-    #[error("k = {0} is not a positive multiple of {BLOCK} (the GGUF block size)")]
-    K(usize),
+    /// K is not a positive multiple of the type's block size.
+    #[error("k = {k} is not a positive multiple of {block} (the {name} block size)")]
+    K {
+        /// The K asked for.
+        k: usize,
+        /// Weights per block of the type.
+        block: usize,
+        /// The type's name.
+        name: &'static str,
+    },
     /// A buffer's length is not what the shapes need.
     #[error("{what} has {got} {unit}, m = {m}, n = {n}, k = {k} need {need}")]
     Len {
@@ -55,7 +66,7 @@ pub struct Dims {
     pub m: usize,
     /// Weight rows (output features).
     pub n: usize,
-    /// Input features, a multiple of 32.
+    /// Input features, a multiple of the type's block (32 or 256 weights).
     pub k: usize,
 }
 
@@ -93,12 +104,13 @@ impl Path {
     }
 }
 
-/// Checks that `x` is `m x k`, `w` is `n` rows of `k / 32` blocks of `quant`
-/// and `y` is `m x n`.
+/// Checks that `x` is `m x k`, `w` is `n` rows of `k / block_elems` blocks
+/// of `quant` and `y` is `m x n`.
 pub fn check_shapes(quant: QuantType, x: usize, w: usize, y: usize, dims: Dims) -> Result<(), ShapeError> {
     let Dims { m, n, k } = dims;
-    if k == 0 || !k.is_multiple_of(BLOCK) {
-        return Err(ShapeError::K(k));
+    let block = quant.block_elems();
+    if k == 0 || !k.is_multiple_of(block) {
+        return Err(ShapeError::K { k, block, name: quant.name() });
     }
     let len = |what, got, need, unit| {
         if got == need {
@@ -219,7 +231,9 @@ mod tests {
     fn bad_shapes_are_named() {
         let q = QuantType::Q8_0;
         let dims = |m, n, k| Dims { m, n, k };
-        assert_eq!(check_shapes(q, 0, 0, 0, dims(1, 1, 30)), Err(ShapeError::K(30)));
+        assert_eq!(check_shapes(q, 0, 0, 0, dims(1, 1, 30)), Err(ShapeError::K { k: 30, block: 32, name: "Q8_0" }));
+        let err = check_shapes(QuantType::Q4K, 0, 0, 0, dims(1, 1, 576)).unwrap_err();
+        assert_eq!(err.to_string(), "k = 576 is not a positive multiple of 256 (the Q4_K block size)");
         let err = check_shapes(q, 32, 33, 1, dims(1, 1, 32)).unwrap_err();
         assert_eq!(err.to_string(), "w has 33 bytes, m = 1, n = 1, k = 32 need 34");
         assert!(check_shapes(q, 64, 68, 4, dims(2, 2, 32)).is_ok());

@@ -2,7 +2,7 @@
 //! product per activation row, accumulated in float32 in index order. Every
 //! CPU runs it; the tests take it as the reference of the SIMD path.
 
-use crate::quant::{dequantize_block, BLOCK};
+use crate::quant::dequantize_row;
 use crate::{Dims, Job};
 
 /// Columns `cols` of `y = x · W^T`.
@@ -16,12 +16,7 @@ pub(crate) unsafe fn matmul(job: &Job<'_>, cols: std::ops::Range<usize>) {
     let row_bytes = quant.row_bytes(k);
     let mut weights = vec![0.0f32; k];
     for j in cols {
-        let row = &w[j * row_bytes..(j + 1) * row_bytes];
-        for (raw, dst) in row.chunks_exact(quant.block_bytes()).zip(weights.chunks_exact_mut(BLOCK)) {
-            let mut block = [0.0; BLOCK];
-            dequantize_block(quant, raw, &mut block);
-            dst.copy_from_slice(&block);
-        }
+        dequantize_row(quant, &w[j * row_bytes..(j + 1) * row_bytes], &mut weights);
         for i in 0..m {
             let dot = x[i * k..(i + 1) * k].iter().zip(&weights).fold(0.0f32, |acc, (a, b)| acc + a * b);
             // SAFETY: i < m and j < n, and column j is this thread's.

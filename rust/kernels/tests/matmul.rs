@@ -1,29 +1,46 @@
-//! The kernels against references, for each quant type: the AVX2 path (where
-//! the CPU has it) against the scalar path, and both against "dequantize
-//! each row, then a float64 dot product", on random blocks and shapes (odd M,
-//! N; K a multiple of 32) and 1 to 4 threads.
+//! The kernels against references, for each weight type: the SIMD paths
+//! (where the CPU has them) against the scalar path, and all against
+//! "dequantize each row, then a float64 dot product", on random blocks and
+//! shapes (odd M, N; K a multiple of the type's block) and 1 to 4 threads.
 
 mod common;
 
 use common::{paths, Rng};
 use proptest::prelude::*;
-use vllm_rs_kernels::{check_shapes, dequantize_row, matmul, Dims, Path, QuantType, ShapeError, BLOCK};
+use vllm_rs_kernels::{check_shapes, dequantize_row, matmul, Dims, Path, QuantType, ShapeError};
 
-const TYPES: [QuantType; 3] = [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1];
+const TYPES: [QuantType; 14] = QuantType::ALL;
 
-/// A random block: finite f16 scales in a realistic range, random quants.
+/// Where a block of `quant` keeps its f16 scales (and minimums).
+fn scale_offsets(quant: QuantType) -> &'static [usize] {
+    match quant {
+        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
+        QuantType::Q2K => &[80, 82],
+        QuantType::Q3K => &[108],
+        QuantType::Q6K => &[208],
+        QuantType::F16 | QuantType::Bf16 => &[],
+        _ => &[0],
+    }
+}
+
+/// A random block: finite f16 scales in a realistic range, random quants;
+/// F16 and BF16 blocks are 32 random finite values.
 fn block(quant: QuantType, rng: &mut Rng) -> Vec<u8> {
-    let mut half = || {
+    let half = |rng: &mut Rng| {
         // Sign, exponent 5..=19 (about 2^-10 .. 2^4), random mantissa.
         let bits = (rng.below(2) << 15) | ((5 + rng.below(15)) << 10) | rng.below(1024);
         (bits as u16).to_le_bytes()
     };
-    let mut out = half().to_vec();
-    if quant == QuantType::Q4_1 {
-        out.extend(half());
+    let mut out: Vec<u8> = (0..quant.block_bytes()).map(|_| rng.next() as u8).collect();
+    match quant {
+        QuantType::F16 => out.chunks_exact_mut(2).for_each(|v| v.copy_from_slice(&half(rng))),
+        // Sign, exponent 2^-10 .. 2^4, 7 random mantissa bits.
+        QuantType::Bf16 => out.chunks_exact_mut(2).for_each(|v| {
+            let bits = (rng.below(2) << 15) | ((117 + rng.below(15)) << 7) | rng.below(128);
+            v.copy_from_slice(&(bits as u16).to_le_bytes());
+        }),
+        _ => scale_offsets(quant).iter().for_each(|&at| out[at..at + 2].copy_from_slice(&half(rng))),
     }
-    let rest = quant.block_bytes() - out.len();
-    out.extend((0..rest).map(|_| rng.next() as u8));
     out
 }
 
@@ -31,7 +48,7 @@ fn block(quant: QuantType, rng: &mut Rng) -> Vec<u8> {
 fn operands(quant: QuantType, m: usize, n: usize, k: usize, seed: u64) -> (Vec<f32>, Vec<u8>) {
     let mut rng = Rng(seed);
     let x = (0..m * k).map(|_| rng.float()).collect();
-    let w = (0..n * k / BLOCK).flat_map(|_| block(quant, &mut rng)).collect();
+    let w = (0..n * k / quant.block_elems()).flat_map(|_| block(quant, &mut rng)).collect();
     (x, w)
 }
 
@@ -67,7 +84,7 @@ fn assert_close(got: &[f32], want: &[f64], scale: &[f64], k: usize) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
     fn every_path_equals_the_dequantized_reference(
@@ -78,7 +95,8 @@ proptest! {
         threads in 1usize..5,
         seed in any::<u64>(),
     ) {
-        let k = blocks * BLOCK;
+        // Super-blocks are 256 weights: one to three of them.
+        let k = if quant.is_super_block() { (blocks + 1) / 2 } else { blocks } * quant.block_elems();
         let (x, w) = operands(quant, m, n, k, seed);
         let (want, scale) = reference(quant, &x, &w, m, n, k);
         let scalar = run(Path::Scalar, quant, &x, &w, Dims { m, n, k }, 1);
@@ -91,9 +109,16 @@ proptest! {
 }
 
 #[test]
-fn smollm2_shapes_agree_across_paths_and_threads() {
+fn model_shapes_agree_across_paths_and_threads() {
     for quant in TYPES {
-        for (m, n, k) in [(1, 1536, 576), (16, 576, 1536), (5, 193, 576)] {
+        // SmolLM2's rows (576, 1536) for the 32-weight blocks, a 1B model's
+        // (2048, 8192 cut to 1024 here) for the super-blocks.
+        let shapes = if quant.is_super_block() {
+            [(1, 1024, 2048), (16, 256, 1024), (5, 193, 512)]
+        } else {
+            [(1, 1536, 576), (16, 576, 1536), (5, 193, 576)]
+        };
+        for (m, n, k) in shapes {
             let (x, w) = operands(quant, m, n, k, 7);
             let (want, scale) = reference(quant, &x, &w, m, n, k);
             for path in paths() {
@@ -122,7 +147,7 @@ fn many_rows_give_the_same_bits_whatever_the_threads_and_row_order() {
     // Enough rows for the panel path; n not a multiple of the panel's 4 rows.
     for quant in TYPES {
         for m in [5, 16, 17] {
-            let (n, k) = (70, 96);
+            let (n, k) = (70, if quant.is_super_block() { 512 } else { 96 });
             let (x, w) = operands(quant, m, n, k, 13);
             // The batch's rows reversed: each output row must keep its bits.
             let reversed: Vec<f32> = x.chunks_exact(k).rev().flatten().copied().collect();
@@ -154,4 +179,33 @@ fn mismatched_buffers_are_refused_not_read() {
         matmul(Path::best(), QuantType::Q4_0, &[0.0; 32], &[0; 18], &mut y, Dims { m: 1, n: 2, k: 32 }, 1).unwrap_err();
     assert_eq!(err, ShapeError::Len { what: "w", got: 18, need: 36, unit: "bytes", m: 1, n: 2, k: 32 });
     assert!(check_shapes(QuantType::Q4_0, 16, 9, 1, Dims { m: 1, n: 1, k: 16 }).is_err());
+}
+
+#[test]
+fn every_path_decodes_each_weight_to_the_reference_bits() {
+    // x = the identity: y[i, j] = w[j, i] * 1 plus zeros, exact in float32
+    // (all weights are finite),
+    // so each output is one dequantized weight. k rows take the panels;
+    // one row at a time (x = e_i) the register and super-block tiles.
+    for quant in TYPES {
+        let (n, k) = (9, quant.block_elems());
+        let (_, w) = operands(quant, 0, n, k, 17);
+        let mut want = vec![0.0f32; n * k];
+        for (row, out) in w.chunks_exact(quant.row_bytes(k)).zip(want.chunks_exact_mut(k)) {
+            dequantize_row(quant, row, out);
+        }
+        let identity: Vec<f32> = (0..k * k).map(|e| if e / k == e % k { 1.0 } else { 0.0 }).collect();
+        for path in paths() {
+            let panel = run(path, quant, &identity, &w, Dims { m: k, n, k }, 2);
+            for i in 0..k {
+                let tile = run(path, quant, &identity[i * k..(i + 1) * k], &w, Dims { m: 1, n, k }, 1);
+                for j in 0..n {
+                    // Compared as values: a weight of -0.0 sums to +0.0.
+                    let reference = want[j * k + i];
+                    assert_eq!(panel[i * n + j], reference, "{quant:?} {path:?} weight {j},{i} (panels)");
+                    assert_eq!(tile[j], reference, "{quant:?} {path:?} weight {j},{i} (one row)");
+                }
+            }
+        }
+    }
 }

@@ -1,4 +1,5 @@
-//! `vllm_rs._core.gguf_matmul` and `vllm_rs._core.paged_decode_attention`:
+//! `vllm_rs._core.gguf_matmul`, `vllm_rs._core.gguf_dequantize` and
+//! `vllm_rs._core.paged_decode_attention`:
 //! the `vllm-rs-kernels` kernels over Python buffers (numpy arrays, or torch
 //! CPU tensors through `.numpy()`), without copying them; the GIL is released
 //! while they compute.
@@ -7,7 +8,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use vllm_rs_kernels::{decode_attention, matmul, AttentionDims, DecodeInputs, Dims, Path, QuantType};
+use vllm_rs_kernels::{decode_attention, dequantize_row, matmul, AttentionDims, DecodeInputs, Dims, Path, QuantType};
 
 /// A buffer `func` can read as a flat C-contiguous array, or the
 /// `TypeError`/`ValueError` naming the argument.
@@ -80,12 +81,21 @@ fn check_out<T: pyo3::buffer::Element>(
     }
 }
 
+/// The kernel's type of ggml type id `id`, or the `ValueError` of `func`
+/// naming the ids it reads.
+fn quant_type_for(func: &str, id: u32) -> PyResult<QuantType> {
+    QuantType::from_ggml(id).ok_or_else(|| {
+        let known: Vec<String> = QuantType::ALL.iter().map(|q| format!("{} ({})", q.name(), q.ggml_id())).collect();
+        PyValueError::new_err(format!("{func}: quant_type {id} is not one the kernel reads: {}", known.join(", ")))
+    })
+}
+
 /// `out[M,N] = x[M,K] · W[N,K]^T` where `x` and `out` are C-contiguous
 /// float32 buffers, `w` is N rows of raw GGUF blocks of `quant_type` (a ggml
-/// type id: 2 Q4_0, 3 Q4_1, 8 Q8_0) as a uint8 buffer, N split across
-/// `threads` threads. Raises TypeError for a buffer of the wrong type,
-/// ValueError for a bad shape, type, thread count, a read-only or
-/// overlapping `out`.
+/// type id: any of the kernel's types, legacy, K-quant, IQ4_NL/XS, F16,
+/// BF16) as a uint8 buffer, N split across `threads` threads. Raises
+/// TypeError for a buffer of the wrong type, ValueError for a bad shape,
+/// type, thread count, a read-only or overlapping `out`.
 #[pyfunction]
 #[pyo3(signature = (x, w, out, quant_type, n, k, threads))]
 #[allow(clippy::too_many_arguments)] // the Python signature: buffers, shapes and threads
@@ -99,9 +109,7 @@ fn gguf_matmul(
     k: usize,
     threads: usize,
 ) -> PyResult<()> {
-    let quant = QuantType::from_ggml(quant_type).ok_or_else(|| {
-        PyValueError::new_err(format!("gguf_matmul: quant_type {quant_type} is not Q4_0 (2), Q4_1 (3) or Q8_0 (8)"))
-    })?;
+    let quant = quant_type_for("gguf_matmul", quant_type)?;
     if threads == 0 {
         return Err(PyValueError::new_err("gguf_matmul: threads must be at least 1"));
     }
@@ -123,6 +131,40 @@ fn gguf_matmul(
     let (xs, ws, os) = unsafe { (slice(&xb), slice(&wb), slice_mut(&ob)) };
     py.detach(|| matmul(Path::best(), quant, xs, ws, os, dims, threads))
         .map_err(|e| PyValueError::new_err(format!("gguf_matmul: {e}")))
+}
+
+/// `out` (C-contiguous float32) = the weights of `rows` (C-contiguous uint8,
+/// whole blocks of `quant_type`, a ggml type id the kernel reads), each
+/// exactly as the `gguf` package dequantizes it; the GIL is released.
+/// Raises TypeError for a buffer of the wrong type, ValueError for an
+/// unknown type, a partial block, an `out` of the wrong size, read-only or
+/// overlapping `rows`.
+#[pyfunction]
+#[pyo3(signature = (rows, out, quant_type))]
+fn gguf_dequantize(py: Python<'_>, rows: &Bound<'_, PyAny>, out: &Bound<'_, PyAny>, quant_type: u32) -> PyResult<()> {
+    const NAME: &str = "gguf_dequantize";
+    let quant = quant_type_for(NAME, quant_type)?;
+    let rb = flat_for::<u8>(NAME, rows, "rows", "uint8")?;
+    let ob = flat_for::<f32>(NAME, out, "out", "float32")?;
+    check_out(NAME, &ob, &[("rows", span(&rb))])?;
+    let (bytes, elems) = (quant.block_bytes(), quant.block_elems());
+    if rb.item_count() % bytes != 0 {
+        return Err(PyValueError::new_err(format!(
+            "{NAME}: rows has {} bytes, not whole {}-byte blocks of {}",
+            rb.item_count(),
+            bytes,
+            quant.name()
+        )));
+    }
+    let need = rb.item_count() / bytes * elems;
+    if ob.item_count() != need {
+        return Err(PyValueError::new_err(format!("{NAME}: out has {} elements, rows hold {need}", ob.item_count())));
+    }
+    // SAFETY: the buffers stay exported until the end of this call and out
+    // overlaps rows nowhere (checked above).
+    let (rs, os) = unsafe { (slice(&rb), slice_mut(&ob)) };
+    py.detach(|| dequantize_row(quant, rs, os));
+    Ok(())
 }
 
 /// Decode attention over a paged KV cache read in place: for each sequence
@@ -208,5 +250,6 @@ fn paged_decode_attention(
 /// Adds the kernel functions to `vllm_rs._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gguf_matmul, m)?)?;
+    m.add_function(wrap_pyfunction!(gguf_dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(paged_decode_attention, m)?)
 }
