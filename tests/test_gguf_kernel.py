@@ -1,5 +1,6 @@
 """`vllm_rs._core.gguf_matmul`, the Rust kernel that multiplies float32
-activations by GGUF Q8_0/Q4_0/Q4_1 blocks read in place: on real SmolLM2
+activations by GGUF blocks read in place (every type of it:
+test_gguf_formats.py): on real SmolLM2
 tensors it equals the `gguf` package's dequantization followed by
 `F.linear` within float32 summation error, for decode and prefill row
 counts and several thread counts; bad buffers raise a clear Python error
@@ -89,9 +90,9 @@ def test_bad_buffers_raise_clear_errors():
         ((x, w.view(np.int8), out, Q8_0, 4, 32, 1), TypeError, "w must be a buffer of uint8"),
         ((x, w, [0.0] * 8, Q8_0, 4, 32, 1), TypeError, "out must be a buffer of float32"),
         ((np.zeros((32, 2), np.float32).T, w, out, Q8_0, 4, 32, 1), ValueError, "x must be C-contiguous"),
-        ((x, w, out, 6, 4, 32, 1), ValueError, "quant_type 6 is not Q4_0 (2), Q4_1 (3) or Q8_0 (8)"),
+        ((x, w, out, 16, 4, 32, 1), ValueError, "quant_type 16 is not one the kernel reads: Q8_0 (8), Q4_0 (2)"),
         ((x, w, out, Q8_0, 4, 30, 1), ValueError, "x has 64 elements, not a whole number of rows of k = 30"),
-        ((x, w, out, Q8_0, 4, 16, 1), ValueError, "k = 16 is not a positive multiple of 32"),
+        ((x, w, out, Q8_0, 4, 16, 1), ValueError, "k = 16 is not a positive multiple of 32 (the Q8_0 block size)"),
         ((x, w, out, Q4_0, 4, 32, 1), ValueError, "w has 136 bytes, m = 2, n = 4, k = 32 need 72"),
         ((x, w, out, Q8_0, 3, 32, 1), ValueError, "w has 136 bytes"),
         ((x, w, np.zeros(7, np.float32), Q8_0, 4, 32, 1), ValueError, "y has 7 elements"),

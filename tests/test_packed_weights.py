@@ -1,5 +1,5 @@
-"""`--quantization gguf`: a GGUF's Q8_0/Q4_0/Q4_1 linear weights kept in the
-file's blocks for the Rust kernel (others packed in fp16 for fbgemm), its
+"""`--quantization gguf`: a GGUF's linear weights kept in the file's blocks
+for the Rust kernel (types it does not read held in float32), its
 embeddings read from the file. On the packaged SmolLM2 GGUF (Q4_1 layers,
 Q8_0 embeddings tied to the output head) it is the default on the CPU,
 generates the same greedy tokens as the dequantized float32 path with
@@ -109,7 +109,7 @@ def test_no_float32_copy_of_a_weight_is_kept(both):
     # 7 per layer, and the output head (tied to the embeddings); all Q4_1 or
     # Q8_0 in this GGUF, so all read by the kernel.
     assert len(packed_layers) == 7 * model.config.num_layers + 1
-    assert all(isinstance(m.blocks, GgufBlocks) and m.packed is None for m in packed_layers)
+    assert all(isinstance(m.blocks, GgufBlocks) and m.dense is None for m in packed_layers)
     dense = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     # Only the RMSNorm weights remain: 2 per layer and the final norm.
     assert dense == (2 * model.config.num_layers + 1) * model.config.hidden_size * 4
@@ -151,15 +151,16 @@ def test_the_blocks_hold_exactly_the_dequantized_weights(both):
             assert torch.equal(torch.from_numpy(weight.reshape(blocks.shape)), reference[key]), name
 
 
-def test_a_dense_weight_is_packed_in_fp16():
-    """Types the kernel does not read (Q4_K, F16, ...) keep fbgemm's fp16 packs."""
+def test_a_dense_weight_is_held_in_float32_exactly():
+    """Types the kernel does not read (F32, the other i-quants) are held as
+    the dequantized path holds them: float32, not rounded to a half type."""
     layer = PackedLinear(64, 48, bias=False)
-    weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(0))
+    weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     layer.load_weight(weight)
-    assert layer.blocks is None and layer.packed is not None
+    assert layer.blocks is None and layer.dense.dtype == torch.float32
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
-        torch.testing.assert_close(layer(x), F.linear(x, weight.half().float()), rtol=1e-4, atol=1e-4)
+        assert torch.equal(layer(x), F.linear(x, weight.float()))
 
 
 def test_embeddings_from_the_file_equal_the_dequantized_ones(both):

@@ -76,15 +76,16 @@ def _prompts(vocab: int, seed: int) -> list[list[int]]:
 
 
 def run_engine(
-    path: str, prompts: list[list[int]], device: str = "cpu", dtype: str = "float32"
+    path: str, prompts: list[list[int]], device: str = "cpu", dtype: str = "float32", quantization: str = "none"
 ) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], EngineCore]:
     """Greedy outputs and the logits of every sampled position, per request
     (`r0`, `r1`, ..., then `cached`); the last prompt joins once the others
-    finished (its prefix is cached)."""
+    finished (its prefix is cached). `quantization` "none" dequantizes a
+    GGUF; "gguf" multiplies its weights in place by the Rust kernel."""
     config = make_engine_config(
         path, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=CHUNK, block_size=8, dtype=dtype,
         kv_cache_memory_bytes=None if device == "cpu" else 1 << 24, device=device,
-        quantization="none",  # dequantized, exact to transformers
+        quantization=quantization,
     )  # fmt: skip
     core = EngineCore(config)
     logits: dict[str, list[torch.Tensor]] = {}
@@ -111,9 +112,9 @@ def run_engine(
     return outputs, logits, core
 
 
-def _check_against_transformers(model, path: str, seed: int) -> None:
+def _check_against_transformers(model, path: str, seed: int, quantization: str = "none") -> None:
     prompts = _prompts(model.config.vocab_size, seed)
-    outputs, logits, core = run_engine(path, prompts)
+    outputs, logits, core = run_engine(path, prompts, quantization=quantization)
     assert core.scheduler.block_pool.hits >= 2, "the last prompt should reuse two cached blocks"
     ids = ["r0", "r1", "r2", "r3", "cached"]
     for request_id, prompt in zip(ids, prompts, strict=True):
@@ -150,16 +151,26 @@ def test_gguf_logits_and_greedy_match_transformers(checkpoints, arch, fmt):
     _check_against_transformers(model, paths[fmt], seed=2)
 
 
-def test_quantized_gguf_matches_transformers_reading_it(checkpoints, tmp_path):
-    """Q8_0, BF16, Q4_1 and Q4_0 tensors (written with gguf's quantizers):
-    our dequantized model against transformers loading the same file."""
+@pytest.mark.parametrize("quantization", ["none", "gguf"])
+def test_quantized_gguf_matches_transformers_reading_it(checkpoints, tmp_path, quantization):
+    """Q8_0, BF16, Q4_1, Q5_0, Q5_1 and Q4_0 tensors (written with gguf's
+    quantizers): our model, dequantized or read in place by the Rust
+    kernel, against transformers loading the same file."""
     model, _ = checkpoints["qwen2"]
-    kinds = {"attn_q": "Q8_0", "attn_k": "BF16", "attn_v": "Q4_1", "ffn_": "Q4_0", "token_embd": "Q8_0"}
+    kinds = {"attn_q": "Q8_0", "attn_k": "BF16", "attn_v": "Q4_1", "attn_output": "Q5_0", "ffn_up": "Q5_1",
+             "ffn_": "Q4_0", "token_embd": "Q8_0"}  # fmt: skip
     path = save_gguf(model, str(tmp_path / "mixed.gguf"), quant=kinds)
     reference = transformers.AutoModelForCausalLM.from_pretrained(
         str(tmp_path), gguf_file="mixed.gguf", dtype=torch.float32
     )
-    _check_against_transformers(reference.eval(), path, seed=4)
+    _check_against_transformers(reference.eval(), path, seed=4, quantization=quantization)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_f16_gguf_read_in_place_matches_transformers(checkpoints, arch):
+    """An F16 GGUF's weights multiplied as stored (the default on the CPU)."""
+    model, paths = checkpoints[arch]
+    _check_against_transformers(model, paths["gguf-f16"], seed=2, quantization="gguf")
 
 
 def test_preemption_when_blocks_run_out_keeps_greedy_output(checkpoints):
@@ -292,17 +303,17 @@ def test_truncated_safetensors_names_the_file(checkpoints, tmp_path):
 
 
 def test_gguf_with_an_unsupported_quant_type_names_the_tensor(tmp_path):
-    path = str(tmp_path / "q5_0.gguf")
+    path = str(tmp_path / "mxfp4.gguf")
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_block_count(1)
-    quantized = gguf.quants.quantize(np.ones((4, 32), dtype=np.float32), gguf.GGMLQuantizationType.Q5_0)
-    writer.add_tensor("token_embd.weight", quantized, raw_dtype=gguf.GGMLQuantizationType.Q5_0)
+    quantized = gguf.quants.quantize(np.ones((4, 32), dtype=np.float32), gguf.GGMLQuantizationType.MXFP4)
+    writer.add_tensor("token_embd.weight", quantized, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    assert "Q5_0" not in GGUF_TYPES
-    with pytest.raises(ModelPathError, match=r"q5_0\.gguf: tensor token_embd\.weight has GGUF type Q5_0"):
+    assert "MXFP4" not in GGUF_TYPES
+    with pytest.raises(ModelPathError, match=r"mxfp4\.gguf: tensor token_embd\.weight has GGUF type MXFP4"):
         resolve_model(path)
 
 

@@ -131,8 +131,9 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         "-q",
         choices=("gguf", "none"),
         default=None,
-        help="how a GGUF's weights are held (gguf: linear layers packed in fp16, embeddings read from the file; "
-        "none: dequantized to --dtype; default: gguf for a Q8_0, Q4_1, ... GGUF on the CPU in float32, else none)",
+        help="how a GGUF's weights are held (gguf: linear layers multiplied in place from the file's blocks, "
+        "legacy and K-quants, IQ4_NL/XS, F16, BF16, other types dequantized to float32, embeddings read from the "
+        "file; none: dequantized to --dtype; default: gguf for such a GGUF on the CPU in float32, else none)",
     )
     parser.add_argument(
         "--kv-cache-memory-bytes",

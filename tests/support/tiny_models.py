@@ -60,13 +60,14 @@ GGUF_LAYER_NAMES = {
 }
 
 
-def make_hf_model(arch: str, seed: int = 0):
+def make_hf_model(arch: str, seed: int = 0, **sizes):
     """A transformers model of `arch` with random weights that give peaked
     logits (so greedy decoding has no near-ties), every weight exactly
-    representable in float16 (so an F16 GGUF holds the same model)."""
+    representable in float16 (so an F16 GGUF holds the same model);
+    `sizes` override COMMON's (`hidden_size=256`, ...)."""
     import transformers
 
-    config = transformers.AutoConfig.for_model(arch, **COMMON, **CONFIGS[arch])
+    config = transformers.AutoConfig.for_model(arch, **{**COMMON, **sizes}, **CONFIGS[arch])
     config.dtype = "float32"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
@@ -101,8 +102,11 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
     """Writes `model` as one GGUF file (2-D weights F16 when `f16`, norms
     and biases F32, as llama.cpp's converter does; `quant` maps a substring
     of GGUF tensor names to the ggml type those 2-D weights get, e.g.
-    `{"ffn_": "Q4_0"}`); returns `path`."""
+    `{"ffn_": "Q4_0"}`, any type the kernel reads: types the `gguf` package
+    cannot quantize get random blocks, `gguf_blocks.quantize`); returns `path`."""
     import gguf
+
+    from tests.support.gguf_blocks import quantize
 
     config = model.config
     arch = config.model_type
@@ -148,9 +152,8 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
     for name, array in tensors.items():
         kind = next((k for part, k in (quant or {}).items() if part in name), None)
         if kind is not None and array.ndim == 2:
-            qtype = gguf.GGMLQuantizationType[kind]
-            data = gguf.quants.quantize(array.astype(np.float32), qtype)
-            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+            data = quantize(kind, array.astype(np.float32))
+            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType[kind])
         elif f16 and array.ndim == 2:
             writer.add_tensor(name, array.astype(np.float16))
         else:

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_rs.engine.gguf_file import GgufArray, GgufFormatError, GgufHeader, read_header
+from vllm_rs.engine.gguf_file import GGML_TYPES, GgufArray, GgufFormatError, GgufHeader, read_header
 
 #: Hugging Face architecture -> its `model_type`; all share `llama.py`.
 ARCHITECTURES = {
@@ -25,7 +25,7 @@ ARCHITECTURES = {
 #: GGUF `general.architecture` -> Hugging Face architecture.
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 #: GGUF tensor types the loader dequantizes (the `gguf` package's names).
-GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+GGUF_TYPES = tuple(name for name, _, _ in GGML_TYPES.values())
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 #: Bytes per element of each `--dtype`.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -23,16 +23,17 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: What `--dtype auto` means for a real model on the CPU: the faster of
 #: float32 and bfloat16 there (measured, docs/real-models.md).
 CPU_AUTO_DTYPE = "float32"
-#: `--quantization` choices: `gguf` keeps a GGUF's weights compact (Q8_0,
-#: Q4_0 and Q4_1 linear layers read in place from the file by the Rust
-#: kernel, other types packed in fp16 for fbgemm, embeddings read from the
-#: file; CPU and float32 activations only), `none` dequantizes them to `--dtype`. Unset:
-#: `gguf` for a block-quantized GGUF on the CPU in float32, else `none`.
+#: `--quantization` choices: `gguf` keeps a GGUF's weights as the file
+#: stores them (linear layers of every type the Rust kernel reads, legacy
+#: and K-quant blocks, IQ4_NL/XS, F16, BF16, multiplied in place from the
+#: file; other types dequantized to float32; embeddings read from the file;
+#: CPU and float32 activations only), `none` dequantizes them to `--dtype`.
+#: Unset: `gguf` for a GGUF with weights the kernel reads, on the CPU in
+#: float32, else `none`.
 QUANTIZATIONS = ("gguf", "none")
-#: Bytes per weight of a `gguf` model's linear layers, at most: about 1 for
-#: the blocks the kernel reads (Q8_0: 34 bytes per 32), but fp16 packs for
-#: the other types, whose input features fbgemm pads to a multiple of 512,
-#: up to 2x for the widths of real models (SmolLM2's 576: 1.78x).
+#: Bytes per weight of a `gguf` model's linear layers, at most: 2 or less
+#: for the types the kernel reads (Q8_0: 34 bytes per 32, F16: 2), but
+#: float32 for the others (F32, the other i-quants).
 PACKED_WEIGHT_BYTES = 4
 #: vLLM's KV-cache budget on the CPU, in GiB.
 CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
@@ -262,12 +263,12 @@ def resolve_dtype(dtype: str, spec: ModelSpec, device: str) -> str:
 
 def resolve_quantization(quantization: str | None, spec: ModelSpec, device: str, dtype: str) -> str | None:
     """`--quantization` made concrete: "gguf" or None (dequantized). Unset:
-    "gguf" for a block-quantized GGUF (Q8_0, Q4_1, ...) on the CPU in
-    float32; an F32/F16 GGUF stays exact. Raises EngineConfigError when
+    "gguf" for a GGUF with weights the kernel reads in place (Q8_0, Q4_K,
+    F16, ...) on the CPU in float32, exact either way. Raises EngineConfigError when
     "gguf" is asked for where it cannot run (not a GGUF, not the CPU, not
     float32)."""
     if quantization is None:
-        return "gguf" if spec.gguf_quantized and device == "cpu" and dtype == "float32" else None
+        return "gguf" if spec.gguf_in_place and device == "cpu" and dtype == "float32" else None
     if quantization == "none":
         return None
     if not spec.is_gguf:

@@ -16,22 +16,41 @@ DEFAULT_ALIGNMENT = 32
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 #: ggml tensor type id -> (name, elements per block, bytes per block), for
-#: the types the loader dequantizes; others are reported by id and name.
+#: the types the loader reads (the `gguf` package dequantizes each of them);
+#: others are reported by id and name.
 GGML_TYPES = {
     0: ("F32", 1, 4),
     1: ("F16", 1, 2),
     2: ("Q4_0", 32, 18),
     3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
     8: ("Q8_0", 32, 34),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
     12: ("Q4_K", 256, 144),
     13: ("Q5_K", 256, 176),
     14: ("Q6_K", 256, 210),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    29: ("IQ1_M", 256, 56),
     30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
 }
+#: ggml type id -> weights per block, for the types the Rust kernel
+#: (`_core.gguf_matmul`) reads in place: its `QuantType`s, F16 and BF16 in
+#: groups of 32.
+KERNEL_BLOCKS = {1: 32, 2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 20: 32, 30: 32,
+                 10: 256, 11: 256, 12: 256, 13: 256, 14: 256, 23: 256}  # fmt: skip
 #: Names of other ggml types, for error messages.
-OTHER_GGML_TYPES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS",
-                    18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8",
-                    25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0"}  # fmt: skip
+OTHER_GGML_TYPES = {9: "Q8_1", 15: "Q8_K", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 39: "MXFP4"}
 
 
 class GgufFormatError(ValueError):

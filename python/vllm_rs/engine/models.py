@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_rs.engine.gguf_file import KERNEL_BLOCKS
 from vllm_rs.engine.checkpoint import (
     CheckpointError,
     TransformerConfig,
@@ -66,9 +67,10 @@ class ModelSpec:
     #: The directory holding the model's `tokenizer.json` (the model
     #: directory when it has one; set by `serve` for a GGUF).
     tokenizer_dir: str | None = None
-    #: True for a GGUF with block-quantized tensors (Q8_0, Q4_1, ...), whose
-    #: weights `--quantization gguf` packs by default.
-    gguf_quantized: bool = False
+    #: True for a GGUF with tensors the Rust kernel reads in place (every
+    #: type but F32 and the other i-quants), which `--quantization gguf`
+    #: keeps in the file by default.
+    gguf_in_place: bool = False
 
     @property
     def is_directory(self) -> bool:
@@ -113,9 +115,9 @@ def resolve_model(model: str) -> ModelSpec:
             info = read_gguf(model)
         except CheckpointError as e:
             raise ModelPathError(f"--model: {e}") from None
-        quantized = any(t.type_name not in ("F32", "F16", "BF16") for t in info.header.tensors.values())
+        in_place = any(t.type in KERNEL_BLOCKS for t in info.header.tensors.values())
         return ModelSpec(info.config.model_type, os.path.abspath(model), weights_path=os.path.abspath(model),
-                         transformer=info.config, gguf_quantized=quantized)  # fmt: skip
+                         transformer=info.config, gguf_in_place=in_place)  # fmt: skip
     if not os.path.isdir(model):
         raise ModelPathError(
             f"--model {model!r}: not a built-in model ({', '.join(MODEL_TYPES)}), a model directory or a .gguf file"

@@ -1,14 +1,15 @@
-"""A GGUF model's weights kept compact on the CPU (`--quantization gguf`).
-Every linear layer's weight (and the output head, tied or not) whose GGUF
-tensor is Q8_0, Q4_0 or Q4_1 stays in the file's own blocks (the memory
-map, zero-copy) and is multiplied by `vllm_rs._core.gguf_matmul` (the Rust
-kernel of rust/kernels/: float32 activations, weights dequantized in
-registers, float32 accumulation); a weight of another type (Q4_K, F16, ...)
-is packed in half precision for fbgemm's fp16 GEMM
-(`quantized::linear_dynamic_fp16`). The token embeddings are read row by
-row from the file and dequantized when a token is looked up. No float32
-copy of a weight is kept. Why these kernels and not torch's int8/int4
-weight-only ones, with the measurements: docs/real-model-speed.md."""
+"""A GGUF model's weights kept as the file stores them on the CPU
+(`--quantization gguf`). Every linear layer's weight (and the output head,
+tied or not) whose GGUF type the Rust kernel reads (KERNEL_BLOCKS: the
+legacy blocks Q4_0..Q8_0, Q5_0, Q5_1, IQ4_NL, the K-quants Q2_K..Q6_K,
+IQ4_XS, F16 and BF16) stays in the file's own blocks (the memory map,
+zero-copy) and is multiplied by `vllm_rs._core.gguf_matmul` (the kernel of
+rust/kernels/: float32 activations, weights dequantized in registers to the
+bits the `gguf` package gives, float32 accumulation). A weight of another
+type (F32, the other i-quants) is held in float32, dequantized by the
+`gguf` package, as `--quantization none` holds it. The token embeddings are
+read row by row from the file and dequantized when a token is looked up.
+Why these kernels, with the measurements: docs/real-model-speed.md."""
 
 from __future__ import annotations
 
@@ -16,20 +17,25 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vllm_rs import _core
 from vllm_rs.engine.cpu_threads import kernel_threads
-from vllm_rs.engine.gguf_file import GgufTensor
+from vllm_rs.engine.gguf_file import KERNEL_BLOCKS, GgufTensor
 
-#: ggml type ids the Rust kernel reads in place: Q4_0, Q4_1, Q8_0.
-KERNEL_TYPES = frozenset({2, 3, 8})
+
+def kernel_reads(ggml_type: int, in_features: int) -> bool:
+    """Whether the Rust kernel multiplies a weight of `ggml_type` with rows
+    of `in_features` in place (its type, rows of whole blocks)."""
+    block = KERNEL_BLOCKS.get(ggml_type)
+    return block is not None and in_features % block == 0
 
 
 @dataclass(frozen=True)
 class GgufBlocks:
-    """A 2-D GGUF tensor of a KERNEL_TYPES type, not dequantized: `rows` is
-    `[out, bytes per row]` uint8 (a view of the file's memory map, or a
+    """A 2-D GGUF tensor of a type the kernel reads, not dequantized: `rows`
+    is `[out, bytes per row]` uint8 (a view of the file's memory map, or a
     row-permuted copy), `shape` the weight's `(out, in)`."""
 
     type: int
@@ -38,17 +44,18 @@ class GgufBlocks:
 
 
 class PackedLinear(nn.Module):
-    """`y = x @ W.T (+ b)` with `W` held compact: as GGUF blocks read by the
-    Rust kernel, or as fbgemm's packed fp16 matrix; `x` and `y` are float32.
-    Built empty (with a meta bias when it has one); the weight arrives with
-    `load_weight`, the bias through `load_state_dict`. The kernel runs on
-    `cpu_threads.kernel_threads()` threads."""
+    """`y = x @ W.T (+ b)` with `W` held as GGUF blocks read by the Rust
+    kernel, or (a type the kernel does not read) as a dense float32 matrix;
+    `x` and `y` are float32. Built empty (with a meta bias when it has
+    one); the weight arrives with `load_weight`, the bias through
+    `load_state_dict`. The kernel runs on `cpu_threads.kernel_threads()`
+    threads."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.bias = nn.Parameter(torch.empty(out_features, device="meta")) if bias else None
-        self.packed: torch.ScriptObject | None = None
+        self.dense: torch.Tensor | None = None
         self.blocks: GgufBlocks | None = None
 
     @property
@@ -57,20 +64,16 @@ class PackedLinear(nn.Module):
         return (self.out_features, self.in_features)
 
     def load_weight(self, weight: torch.Tensor | GgufBlocks) -> None:
-        """Keeps GGUF blocks as they are (for the kernel), or packs a dense
-        `weight` (`[out, in]`, any float dtype) as fp16 (the argument is
-        not kept)."""
+        """Keeps GGUF blocks as they are (for the kernel), or a dense
+        `weight` (`[out, in]`) in float32."""
         if isinstance(weight, GgufBlocks):
             self.blocks = weight
         else:
-            self.packed = torch.ops.quantized.linear_prepack_fp16(weight.float().contiguous(), None)
+            self.dense = weight.float().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The layer applied to the last dimension of `x` (float32)."""
-        if self.blocks is None:
-            out = torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
-        else:
-            out = self._kernel(x)
+        out = F.linear(x, self.dense) if self.blocks is None else self._kernel(x)
         return out if self.bias is None else out.add_(self.bias)
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,8 +105,10 @@ def every_matmul_in_kernels(model: nn.Module) -> bool:
 class GgufEmbedding(nn.Module):
     """Token embeddings looked up in the GGUF file itself: the rows asked
     for are dequantized from the memory-mapped file (exactly as the
-    dequantized path loads them), so only the pages of tokens seen are
-    resident, and they are the file's (shared, reclaimable) pages."""
+    dequantized path loads them: by the Rust kernel's dequantization where
+    it reads the type, else the `gguf` package's), so only the pages of
+    tokens seen are resident, and they are the file's (shared,
+    reclaimable) pages."""
 
     def __init__(self, path: str, tensor: GgufTensor):
         super().__init__()
@@ -121,8 +126,9 @@ class GgufEmbedding(nn.Module):
         rows = self._rows[input_ids.numpy()]
         if self._type == gguf.GGMLQuantizationType.F32:
             values = rows.view(np.float32)
-        elif self._type == gguf.GGMLQuantizationType.F16:
-            values = rows.view(np.float16)
+        elif kernel_reads(self._type, self.embedding_dim):
+            values = np.empty((rows.shape[0], self.embedding_dim), np.float32)
+            _core.gguf_dequantize(rows, values, int(self._type))
         else:
             values = gguf.quants.dequantize(rows, self._type)
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).view(-1, self.embedding_dim)

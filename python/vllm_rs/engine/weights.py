@@ -10,6 +10,7 @@ and the embeddings stay in the file."""
 from __future__ import annotations
 
 import ctypes
+import logging
 import re
 from collections.abc import Iterator
 
@@ -20,7 +21,9 @@ from vllm_rs.engine.checkpoint import CheckpointError
 from vllm_rs.engine.gguf_file import read_header
 from vllm_rs.engine.llama import CausalLM
 from vllm_rs.engine.models import ModelSpec
-from vllm_rs.engine.packed_weights import KERNEL_TYPES, GgufBlocks, PackedLinear, pack_linears
+from vllm_rs.engine.packed_weights import GgufBlocks, PackedLinear, kernel_reads, pack_linears
+
+logger = logging.getLogger(__name__)
 
 #: GGUF tensor names -> Hugging Face names (`{i}`: the layer).
 GGUF_NAMES = {
@@ -52,8 +55,9 @@ _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 
 def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device, quantization: str | None = None) -> CausalLM:
     """The model of `spec` with its weights in `dtype` on `device` (with
-    `quantization` "gguf": a GGUF's linear weights kept in its Q8_0/Q4_0/Q4_1
-    blocks or packed in fp16, its embeddings read from the file); raises CheckpointError naming the file
+    `quantization` "gguf": a GGUF's linear weights kept in the file's blocks
+    where the Rust kernel reads their type, its embeddings read from the
+    file); raises CheckpointError naming the file
     when a tensor is missing, unexpected, misshapen or unreadable."""
     model = CausalLM.build(spec.transformer)
     rope_factors = None
@@ -136,7 +140,8 @@ def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
 def _gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, torch.Tensor | GgufBlocks]]:
     """The GGUF's tensors by Hugging Face name, dequantized; those named in
     `raw` whose type the Rust kernel reads come as GgufBlocks instead (a view
-    of the file, or for the permuted Q/K rows a copy of the blocks)."""
+    of the file, or for the permuted Q/K rows a copy of the blocks). Logs
+    once which types of `raw` tensors the kernel does not read (F32 aside)."""
     import gguf
 
     path = spec.weights_path
@@ -145,12 +150,15 @@ def _gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, to
     header = read_header(path)
     # A plain ndarray over the map: numpy.memmap slices cost a Python call each.
     data = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
+    dequantized: set[str] = set()
     for tensor in header.tensors.values():
         name = _hf_name(tensor.name)
         if name is None:
             raise CheckpointError(f"{path}: unexpected tensor {tensor.name}")
         raw_bytes = data[tensor.offset : tensor.offset + tensor.num_bytes]
-        blocks = name in raw and tensor.type in KERNEL_TYPES and len(tensor.shape) == 2
+        blocks = name in raw and len(tensor.shape) == 2 and kernel_reads(tensor.type, tensor.shape[1])
+        if name in raw and not blocks and tensor.type_name != "F32":
+            dequantized.add(tensor.type_name)
         if blocks:
             # A row of blocks is a row of weights: the Q/K row permutation
             # below applies to it as it is.
@@ -174,6 +182,11 @@ def _gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, to
         else:
             # A copy: the memory map is read-only, and the model owns its weights.
             yield name, path, torch.from_numpy(np.array(array))
+    if dequantized:
+        logger.info(
+            "%s: the kernel does not read %s weights in place: they are dequantized to float32",
+            path, ", ".join(sorted(dequantized)),
+        )  # fmt: skip
 
 
 def _hf_name(gguf_name: str) -> str | None:

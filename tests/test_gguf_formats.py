@@ -1,0 +1,153 @@
+"""Every GGUF weight type the Rust kernel reads in place (legacy Q8_0,
+Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; K-quants Q2_K..Q6_K, IQ4_XS; F16, BF16):
+its dequantization has the `gguf` package's bits, its matmul equals
+`gguf` dequantize + `F.linear` within float32 summation error for 1..33
+rows and 1..3 threads on SmolLM2- and 1B-shaped weights, and a GGUF file
+of each type (written by the test) loads, keeps its blocks in the file and
+generates through `--quantization gguf` what `--quantization none` does."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from vllm_rs import _core
+from vllm_rs.engine import make_engine_config
+from vllm_rs.engine.core import EngineCore
+from vllm_rs.engine.packed_weights import GgufBlocks, PackedLinear
+from vllm_rs.engine.protocol import EngineCoreRequest
+
+from tests.support.gguf_blocks import KERNEL_TYPES, random_blocks
+from tests.support.tiny_models import make_hf_model, save_gguf
+
+gguf = pytest.importorskip("gguf")
+
+NAMES = list(KERNEL_TYPES)
+
+
+def dequantize(name: str, rows: np.ndarray, n: int) -> torch.Tensor:
+    weight = gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(KERNEL_TYPES[name][0]))
+    return torch.from_numpy(np.ascontiguousarray(weight, dtype=np.float32).reshape(n, -1))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_kernels_dequantization_has_the_gguf_packages_bits(name):
+    type_id, block = KERNEL_TYPES[name]
+    rows = random_blocks(name, 7, 2 * block * (8 if block == 32 else 1), seed=3)
+    reference = dequantize(name, rows, 7).numpy()
+    ours = np.full(reference.shape, np.nan, np.float32)
+    _core.gguf_dequantize(rows, ours, type_id)
+    assert np.array_equal(ours.view(np.uint32), reference.view(np.uint32))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("shape", ["smollm2", "1b"])
+def test_the_kernel_equals_dequantize_then_linear(name, shape):
+    type_id, block = KERNEL_TYPES[name]
+    # SmolLM2's MLP rows (576 wide, 256-blocks: 512) and a 1B model's (2048).
+    n, k = (96, 576 if block == 32 else 512) if shape == "smollm2" else (40, 2048)
+    rows = random_blocks(name, n, k, seed=n + k)
+    weight = dequantize(name, rows, n)
+    exact_weight = weight.double()
+    for m in (1, 2, 3, 4, 5, 16, 33):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 2
+        exact = F.linear(x.double(), exact_weight)
+        bound = F.linear(x.double().abs(), exact_weight.abs()) * (4 * torch.finfo(torch.float32).eps * k**0.5)
+        for threads in (1, 2, 3):
+            out = torch.full((m, n), float("nan"))
+            _core.gguf_matmul(x.numpy(), rows, out.numpy(), type_id, n, k, threads)
+            assert torch.all((out.double() - exact).abs() <= bound + 1e-30), (m, threads)
+
+
+def test_bad_types_and_partial_blocks_are_named():
+    out = np.empty(256, np.float32)
+    with pytest.raises(ValueError, match=r"quant_type 16 is not one the kernel reads: .*Q4_K \(12\)"):
+        _core.gguf_dequantize(np.zeros(66, np.uint8), out, 16)
+    with pytest.raises(ValueError, match="rows has 100 bytes, not whole 144-byte blocks of Q4_K"):
+        _core.gguf_dequantize(np.zeros(100, np.uint8), out, 12)
+    with pytest.raises(ValueError, match="out has 256 elements, rows hold 512"):
+        _core.gguf_dequantize(np.zeros(288, np.uint8), out, 12)
+    with pytest.raises(ValueError, match=r"k = 576 is not a positive multiple of 256 \(the Q6_K block size\)"):
+        _core.gguf_matmul(np.zeros(576, np.float32), np.zeros(420, np.uint8), np.zeros(1, np.float32), 14, 1, 576, 1)
+
+
+#: Tiny Qwen2-shaped models whose rows are multiples of 256, so that every
+#: type fits (Qwen2: tied embeddings, so the head is read from token_embd).
+SIZES = dict(hidden_size=256, intermediate_size=512, vocab_size=256, num_attention_heads=4, num_key_value_heads=2)
+PROMPTS = [[5, 9, 200, 17, 3, 77, 150, 42, 8], [100, 101, 102], list(range(30, 60))]
+MAX_TOKENS = 16
+#: Both paths multiply the very same float32 weights: only float32 summation
+#: order differs.
+LOGPROB_TOLERANCE = 2e-3
+
+
+def generate(path: str, quantization: str) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], EngineCore]:
+    config = make_engine_config(path, max_model_len=128, device="cpu", dtype="float32", block_size=8,
+                                kv_cache_memory_bytes=16 << 20, quantization=quantization)  # fmt: skip
+    core = EngineCore(config)
+    rows: dict[str, list[torch.Tensor]] = {}
+    sample = core.runner.sampler.sample
+
+    def recording_sample(logits, requests):
+        for row, request in zip(logits, requests, strict=True):
+            rows.setdefault(request.request_id, []).append(torch.log_softmax(row.double(), -1))
+        return sample(logits, requests)
+
+    core.runner.sampler.sample = recording_sample
+    for i, prompt in enumerate(PROMPTS):
+        params = {"temperature": 0.0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+        core.add_request(EngineCoreRequest(f"r{i}", prompt, params))
+    tokens: dict[str, list[int]] = {}
+    while core.has_work():
+        for _, output in core.step():
+            tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
+    return tokens, rows, core
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    torch.set_num_threads(1)
+    return make_hf_model("qwen2", seed=5, **SIZES)
+
+
+#: A file per type (every 2-D weight of it), and the mix a llama-quantize
+#: Q4_K_M of a model with 576-wide rows holds (Q5_0 fallbacks beside Q4_K,
+#: Q6_K and Q8_0).
+FILES = {name: {"": name} for name in NAMES}
+FILES["Q4_K_M-like"] = {"attn_q": "Q5_0", "attn_k": "Q5_0", "attn_v": "Q6_K", "attn_output": "Q5_0",
+                        "ffn_gate": "Q4_K", "ffn_up": "Q4_K", "ffn_down": "Q6_K", "token_embd": "Q8_0"}  # fmt: skip
+
+
+@pytest.mark.parametrize("file", list(FILES))
+def test_a_gguf_of_each_type_serves_in_place_as_dequantized(tiny_model, tmp_path, file, caplog):
+    path = save_gguf(tiny_model, str(tmp_path / f"{file}.gguf"), quant=FILES[file])
+    with caplog.at_level(logging.INFO):
+        in_place_tokens, in_place_rows, core = generate(path, "gguf")
+    assert "dequantized to float32" not in caplog.text
+    layers = [m for m in core.runner.model.modules() if isinstance(m, PackedLinear)]
+    assert layers and all(isinstance(m.blocks, GgufBlocks) and m.dense is None for m in layers)
+    types = {m.blocks.type for m in layers}
+    assert types == {KERNEL_TYPES[kind][0] for kind in FILES[file].values()}
+    tokens, rows, _ = generate(path, "none")
+    assert in_place_tokens == tokens
+    for request_id, expected in rows.items():
+        for ours, reference in zip(in_place_rows[request_id], expected, strict=True):
+            top = reference.topk(5).indices
+            assert (ours[top] - reference[top]).abs().max() < LOGPROB_TOLERANCE, request_id
+
+
+def test_types_the_kernel_does_not_read_are_dequantized_with_one_log_line(tiny_model, tmp_path, caplog):
+    """F32 weights stay float32; an i-quant the kernel does not read (here
+    TQ2_0, which the `gguf` package writes) is dequantized, and said so once."""
+    path = save_gguf(tiny_model, str(tmp_path / "tq.gguf"), quant={"ffn_down": "TQ2_0", "ffn_up": "Q4_K"})
+    with caplog.at_level(logging.INFO):
+        tokens, _, core = generate(path, "gguf")
+    notes = [r.getMessage() for r in caplog.records if "dequantized to float32" in r.getMessage()]
+    assert len(notes) == 1 and "TQ2_0" in notes[0], notes
+    down = core.runner.model.model.layers[0].mlp.down_proj
+    assert down.blocks is None and down.dense.dtype == torch.float32
+    assert core.runner.model.model.layers[0].mlp.up_proj.blocks is not None
+    assert tokens == generate(path, "none")[0]
