@@ -1,28 +1,32 @@
 """How a GGUF's weights are held, measured two ways.
 
-Single matmuls (`--matmuls`): the GGUF's own tensors (an MLP weight and the
-output head; SmolLM2's 1536x576 Q4_1 and 49152x576 Q8_0) multiplied by M
-activation rows (1, 16, 128) with the Rust kernel reading the blocks in
-place, with fbgemm's fp16 packs and with float32 `F.linear`, one thread,
-the three interleaved; milliseconds of the calling thread's CPU time per
-call (every kernel runs on that one thread; on a shared machine the wall
-clock would count other processes' turns). `--matmul-baseline PATH`
+Single matmuls (`--matmuls`): every weight type the Rust kernel reads in
+place (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS, F16, BF16;
+blocks written as `tests/support/gguf_blocks.py` writes them) on two
+shapes, SmolLM2's down projection (576x1536) and a 1B model's gate
+projection (8192x2048, Llama 3.2 1B's), times 1 and 16 activation rows,
+one thread. Each is timed against Q4_1's kernel on the same shape and rows
+(the format the project's speed figures were first measured on) and
+against fbgemm's fp16 packs of the same weights (`linear_dynamic_fp16`, how
+`--quantization gguf` held K-quants, F16 and BF16 before the kernel read
+them), all calls interleaved; milliseconds of the calling thread's CPU
+time per call (on a shared machine the wall clock would count other
+processes' turns) and GB/s of weight bytes read. `--matmul-baseline PATH`
 adds another build of `vllm_rs._core` (say main's, to compare a change of
 the kernel against it) to the interleaved calls.
 
-The engine core driven directly: for each variant (gguf: Q8_0/Q4_0/Q4_1
-layers read by the Rust kernel; gguf-fp16: every layer in fp16 packs, the
-previous `--quantization gguf`, forced for this comparison only; none:
-dequantized float32) and each intra-op thread count, the resident memory
-the load added and the decode speed at batch 1 and batch 16 (random
-prompts, greedy, `ignore_eos`): tokens per second of the wall clock and per
-second of the child's CPU time (what a shared machine's load leaves alone). The variants are interleaved in one run, so
-their ratios hold on a machine whose load changes; each runs in a child
-process of its own (its threads and memory its own).
+The engine core driven directly: for each variant (gguf: the weights read
+in place by the Rust kernel; none: dequantized float32) and each intra-op
+thread count, the resident memory the load added and the decode speed at
+batch 1 and batch 16 (random prompts, greedy, `ignore_eos`): tokens per
+second of the wall clock and per second of the child's CPU time (what a
+shared machine's load leaves alone). The variants are interleaved in one
+run, so their ratios hold on a machine whose load changes; each runs in a
+child process of its own (its threads and memory its own).
 
 Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_quantization.py [--gguf PATH]
-     [--matmuls [--matmul-baseline _core.so]] [--threads 1 2] [--batches 1 16] [--tokens 32]
-     [--variants gguf gguf-fp16 none]
+     [--matmuls [--matmul-types Q4_K Q6_K ...] [--matmul-baseline _core.so]]
+     [--threads 1 2] [--batches 1 16] [--tokens 32] [--variants gguf none]
 (default GGUF: the packaged SmolLM2, as bench_models.py finds it)."""
 
 from __future__ import annotations
@@ -51,15 +55,10 @@ def child(spec: dict) -> dict:
 
     torch.set_num_threads(spec["threads"])
     variant = spec["variant"]
-    if variant == "gguf-fp16":
-        import vllm_rs.engine.weights
-
-        vllm_rs.engine.weights.KERNEL_TYPES = frozenset()  # no tensor goes to the kernel
     before = rss_bytes()
     started = time.monotonic()
-    quantization = "none" if variant == "none" else "gguf"
     config = make_engine_config(spec["gguf"], device="cpu", log_stats=False, max_model_len=256,
-                                kv_cache_memory_bytes=64 << 20, quantization=quantization)  # fmt: skip
+                                kv_cache_memory_bytes=64 << 20, quantization=variant)  # fmt: skip
     core = EngineCore(config)
     result = {"load_s": time.monotonic() - started, "rss_load_delta_bytes": rss_bytes() - before}
     rng = np.random.default_rng(0)
@@ -91,53 +90,64 @@ def load_core(path: Path):
     return module
 
 
-def matmuls(gguf_path: Path, names: list[str], rows: list[int], reps: int, baseline: Path | None) -> None:
-    """Prints the single-matmul table: ms per call of each kernel, interleaved
-    (with `baseline`, another `_core` build's kernel as well)."""
+#: (name, n, k) of the single-matmul shapes: SmolLM2-135M's down
+#: projection and Llama 3.2 1B's gate projection.
+MATMUL_SHAPES = (("SmolLM2 576x1536", 576, 1536), ("1B 8192x2048", 8192, 2048))
+#: Every type the kernel reads (`tests/support/gguf_blocks.py`'s order).
+MATMUL_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "F16", "BF16", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                "Q6_K", "IQ4_XS")  # fmt: skip
+
+
+def matmuls(types: list[str], rows: list[int], reps: int, baseline: Path | None) -> None:
+    """Prints the single-matmul table: for each shape, rows and type, ms per
+    call and GB/s of the kernel, its speed against Q4_1's kernel and
+    against fbgemm's fp16 packs of the same weights, all interleaved (with
+    `baseline`, another `_core` build's kernel as well)."""
     import gguf
     import numpy as np
     import torch
-    import torch.nn.functional as F
     from vllm_rs import _core
-    from vllm_rs.engine.gguf_file import read_header
+
+    from tests.support.gguf_blocks import KERNEL_TYPES, random_blocks
 
     torch.set_num_threads(1)
     base_core = load_core(baseline) if baseline else None
-    header = read_header(str(gguf_path))
-    data = np.memmap(gguf_path, dtype=np.uint8, mode="r").view(np.ndarray)
-    print("single matmuls, 1 thread, ms of CPU time per call (kernel / fp16 packs / float32; ratios to float32"
-          + (f"; baseline: {baseline})" if baseline else ")"))  # fmt: skip
-    for name in names:
-        t = header.tensors[name]
-        n, k = t.shape
-        blocks = data[t.offset : t.offset + t.num_bytes].reshape(n, -1)
-        dense = torch.from_numpy(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType(t.type)).reshape(n, k).copy())
-        packed = torch.ops.quantized.linear_prepack_fp16(dense, None)
+    print("single matmuls, 1 thread, ms of CPU time per call; GB/s of weight bytes read; the kernel's speed "
+          "against Q4_1's kernel and against fp16 packs of the same weights" + (f" (baseline: {baseline})"
+          if baseline else ""), flush=True)  # fmt: skip
+    for shape, n, k in MATMUL_SHAPES:
+        weights = {}
+        for name in dict.fromkeys(["Q4_1", *types]):
+            blocks = random_blocks(name, n, k, seed=n + k)
+            dense = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType(KERNEL_TYPES[name][0])).reshape(n, k)
+            packed = torch.ops.quantized.linear_prepack_fp16(torch.from_numpy(np.ascontiguousarray(dense)), None)
+            weights[name] = (blocks, packed)
         for m in rows:
             x = torch.randn(m, k)
-            out = torch.empty(m, n)
-            calls = {
-                "kernel": lambda: _core.gguf_matmul(x.numpy(), blocks, out.numpy(), t.type, n, k, 1),  # noqa: B023
-                "fp16": lambda: torch.ops.quantized.linear_dynamic_fp16(x, packed),  # noqa: B023
-                "float32": lambda: F.linear(x, dense),  # noqa: B023
-            }
-            if base_core is not None:
-                calls["baseline"] = lambda: base_core.gguf_matmul(x.numpy(), blocks, out.numpy(), t.type, n, k, 1)  # noqa: B023
+            out = np.empty((m, n), np.float32)
+            calls = {}
+            for name, (blocks, packed) in weights.items():
+                type_id = KERNEL_TYPES[name][0]
+                calls[name] = lambda b=blocks, t=type_id: _core.gguf_matmul(x.numpy(), b, out, t, n, k, 1)  # noqa: B023
+                calls[f"{name} fp16"] = lambda p=packed: torch.ops.quantized.linear_dynamic_fp16(x, p)  # noqa: B023
+                if base_core is not None:
+                    calls[f"{name} baseline"] = lambda b=blocks, t=type_id: base_core.gguf_matmul(  # noqa: B023
+                        x.numpy(), b, out, t, n, k, 1)  # fmt: skip
             spent = dict.fromkeys(calls, 0.0)
             for call in calls.values():
                 call()
-            for _ in range(reps):  # interleaved: each kernel sees the same load
+            for _ in range(reps):  # interleaved: each call sees the same load
                 for label, call in calls.items():
                     began = time.thread_time()
                     call()
                     spent[label] += time.thread_time() - began
             ms = {label: spent[label] / reps * 1e3 for label in calls}
-            print(f"  {name} {t.type_name} {n}x{k} M={m:3d}: kernel {ms['kernel']:8.2f}  fp16 {ms['fp16']:8.2f}  "
-                  f"float32 {ms['float32']:8.2f}  (kernel {ms['float32'] / ms['kernel']:.2f}x, "
-                  f"fp16 {ms['float32'] / ms['fp16']:.2f}x float32's speed)", flush=True)  # fmt: skip
-            if base_core is not None:
-                print(f"    baseline kernel {ms['baseline']:8.2f}  (kernel {ms['baseline'] / ms['kernel']:.2f}x the "
-                      f"baseline's speed, {ms['fp16'] / ms['kernel']:.2f}x fp16's)", flush=True)  # fmt: skip
+            for name, (blocks, _) in weights.items():
+                line = (f"  {shape} M={m:2d} {name:6s}: {ms[name]:7.3f} ms, {blocks.nbytes / ms[name] / 1e6:5.1f} GB/s; "
+                        f"{ms['Q4_1'] / ms[name]:.2f}x Q4_1's kernel, {ms[f'{name} fp16'] / ms[name]:.2f}x fp16 packs")
+                if base_core is not None:
+                    line += f", {ms[f'{name} baseline'] / ms[name]:.2f}x the baseline's"
+                print(line, flush=True)
 
 
 def main() -> int:
@@ -152,11 +162,10 @@ def main() -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--tokens", type=int, default=32, help="decode steps per batch")
-    parser.add_argument("--variants", nargs="+", default=["gguf", "gguf-fp16", "none"],
-                        choices=["gguf", "gguf-fp16", "none"])  # fmt: skip
+    parser.add_argument("--variants", nargs="+", default=["gguf", "none"], choices=["gguf", "none"])
     parser.add_argument("--matmuls", action="store_true", help="time single matmuls first")
-    parser.add_argument("--matmul-tensors", nargs="+", default=["blk.0.ffn_up.weight", "token_embd.weight"])
-    parser.add_argument("--matmul-rows", type=int, nargs="+", default=[1, 16, 128])
+    parser.add_argument("--matmul-types", nargs="+", default=list(MATMUL_TYPES), choices=MATMUL_TYPES)
+    parser.add_argument("--matmul-rows", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--matmul-reps", type=int, default=10)
     parser.add_argument("--matmul-baseline", type=Path, default=None,
                         help="another build of vllm_rs._core (.so) whose kernel is timed alongside")  # fmt: skip
@@ -170,7 +179,7 @@ def main() -> int:
         return 2
     print(f"{gguf.name}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     if opts.matmuls:
-        matmuls(gguf, opts.matmul_tensors, opts.matmul_rows, opts.matmul_reps, opts.matmul_baseline)
+        matmuls(opts.matmul_types, opts.matmul_rows, opts.matmul_reps, opts.matmul_baseline)
         print(f"  load average {os.getloadavg()[0]:.1f}", flush=True)
     rows = []
     for threads in opts.threads:

@@ -1,8 +1,8 @@
 //! The AVX2 path (x86-64 with AVX2, FMA and F16C). Few activation rows
 //! (decode): a tile of up to 4 rows times one weight row at a time, each
 //! weight block decoded once per tile: a 32-weight block in registers, 8
-//! weights at a time; a 256-weight super-block (K-quants, IQ4_XS) into a
-//! float32 buffer that stays in L1 (`super_blocks.rs`). Many rows: a few
+//! weights at a time; a 256-weight super-block (K-quants, IQ4_XS) its
+//! scales first, then 8 weights at a time (`super_blocks.rs`). Many rows: a few
 //! weight rows decoded once into a float32 panel, then multiplied by
 //! register tiles. Either way the weights are exactly the float32 values
 //! ggml's dequantization gives, multiplied into float32 accumulators with
@@ -231,8 +231,8 @@ pub(crate) unsafe fn decode_row<const Q: u8>(row: *const u8, k: usize, dst: *mut
 }
 
 /// `columns` for a super-block type and fewer than PANEL_MIN_M activation
-/// rows: each super-block of a weight row decoded once into an L1 buffer,
-/// then multiplied into every activation row.
+/// rows: each super-block of a weight row decoded once, in registers, and
+/// multiplied into every activation row.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn super_columns<const Q: u8>(a: &Args, cols: std::ops::Range<usize>, ahead: usize) {
     let row_bytes = quant(Q).row_bytes(a.k);
@@ -252,30 +252,31 @@ unsafe fn super_columns<const Q: u8>(a: &Args, cols: std::ops::Range<usize>, ahe
     }
 }
 
-/// A super-block decoded to float32, aligned for the vector loads.
-#[repr(align(32))]
-struct SuperBuffer([f32; SUPER_BLOCK]);
-
 /// `y[i..i+MR, j]` for a super-block type: as `tile`, each super-block of
-/// weight row `j` decoded once into a buffer, 8 weights at a time into
-/// accumulator `chunk % A` of every row.
+/// weight row `j` decoded once, 8 weights at a time in registers (its
+/// scales first), into accumulator `chunk % A` of every row.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn super_tile<const Q: u8, const MR: usize, const A: usize>(a: &Args, i: usize, j: usize) {
+    use crate::super_blocks::{chunk, scales, CHUNKS};
     let bytes = block_bytes(Q);
     let mut acc = [[_mm256_setzero_ps(); A]; MR];
-    let mut buf = SuperBuffer([0.0; SUPER_BLOCK]);
     // SAFETY: the shapes were checked, i + MR <= m and j < n, so every
-    // pointer below stays inside x, w and y; buf holds a super-block.
+    // pointer below stays inside x, w and y.
     unsafe {
         let row = a.w.add(j * quant(Q).row_bytes(a.k));
         for b in 0..a.k / SUPER_BLOCK {
-            crate::super_blocks::decode::<Q>(row.add(b * bytes), buf.0.as_mut_ptr());
+            let block = row.add(b * bytes);
+            let s = scales::<Q>(block);
             let x = a.x.add(i * a.k + b * SUPER_BLOCK);
-            for c in 0..SUPER_BLOCK / 8 {
-                let wv = _mm256_load_ps(buf.0.as_ptr().add(c * 8));
-                for (r, acc_r) in acc.iter_mut().enumerate() {
-                    let xv = _mm256_loadu_ps(x.add(r * a.k + c * 8));
-                    acc_r[c % A] = _mm256_fmadd_ps(xv, wv, acc_r[c % A]);
+            // A chunks at a time, so that the accumulator of each is known
+            // at compile time and they all stay in registers.
+            for c0 in (0..CHUNKS).step_by(A) {
+                for (part, c) in (c0..c0 + A).enumerate() {
+                    let wv = chunk::<Q>(block, c, &s);
+                    for (r, acc_r) in acc.iter_mut().enumerate() {
+                        let xv = _mm256_loadu_ps(x.add(r * a.k + c * 8));
+                        acc_r[part] = _mm256_fmadd_ps(xv, wv, acc_r[part]);
+                    }
                 }
             }
         }
