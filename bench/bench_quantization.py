@@ -37,6 +37,7 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,12 +128,11 @@ def matmuls(types: list[str], rows: list[int], reps: int, baseline: Path | None)
             out = np.empty((m, n), np.float32)
             calls = {}
             for name, (blocks, packed) in weights.items():
-                type_id = KERNEL_TYPES[name][0]
-                calls[name] = lambda b=blocks, t=type_id: _core.gguf_matmul(x.numpy(), b, out, t, n, k, 1)  # noqa: B023
-                calls[f"{name} fp16"] = lambda p=packed: torch.ops.quantized.linear_dynamic_fp16(x, p)  # noqa: B023
+                args = (x.numpy(), blocks, out, KERNEL_TYPES[name][0], n, k, 1)
+                calls[name] = partial(_core.gguf_matmul, *args)
+                calls[f"{name} fp16"] = partial(torch.ops.quantized.linear_dynamic_fp16, x, packed)
                 if base_core is not None:
-                    calls[f"{name} baseline"] = lambda b=blocks, t=type_id: base_core.gguf_matmul(  # noqa: B023
-                        x.numpy(), b, out, t, n, k, 1)  # fmt: skip
+                    calls[f"{name} baseline"] = partial(base_core.gguf_matmul, *args)
             spent = dict.fromkeys(calls, 0.0)
             for call in calls.values():
                 call()
@@ -143,8 +143,10 @@ def matmuls(types: list[str], rows: list[int], reps: int, baseline: Path | None)
                     spent[label] += time.thread_time() - began
             ms = {label: spent[label] / reps * 1e3 for label in calls}
             for name, (blocks, _) in weights.items():
-                line = (f"  {shape} M={m:2d} {name:6s}: {ms[name]:7.3f} ms, {blocks.nbytes / ms[name] / 1e6:5.1f} GB/s; "
-                        f"{ms['Q4_1'] / ms[name]:.2f}x Q4_1's kernel, {ms[f'{name} fp16'] / ms[name]:.2f}x fp16 packs")
+                line = (
+                    f"  {shape} M={m:2d} {name:6s}: {ms[name]:7.3f} ms, {blocks.nbytes / ms[name] / 1e6:5.1f} GB/s; "
+                    f"{ms['Q4_1'] / ms[name]:.2f}x Q4_1's kernel, {ms[f'{name} fp16'] / ms[name]:.2f}x fp16 packs"
+                )
                 if base_core is not None:
                     line += f", {ms[f'{name} baseline'] / ms[name]:.2f}x the baseline's"
                 print(line, flush=True)

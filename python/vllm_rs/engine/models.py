@@ -15,7 +15,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_rs.engine.gguf_file import KERNEL_BLOCKS
 from vllm_rs.engine.checkpoint import (
     CheckpointError,
     TransformerConfig,
@@ -23,6 +22,7 @@ from vllm_rs.engine.checkpoint import (
     read_gguf,
     safetensors_files,
 )
+from vllm_rs.engine.gguf_file import KERNEL_BLOCKS
 
 #: Model types the reference engine runs.
 MODEL_TYPES = ("toy", "echo")

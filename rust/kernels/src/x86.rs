@@ -433,7 +433,8 @@ unsafe fn decode<const Q: u8>(block: *const u8, c: usize, d: __m256, min: __m256
         // high ones; the bytes are widened to 32 bits first (one load-and-
         // widen), so the high nibble is a shift without a mask.
         let bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(block.add(start + 8 * (c & 1)).cast()));
-        let mut q = if c >= 2 { _mm256_srli_epi32::<4>(bytes) } else { _mm256_and_si256(bytes, _mm256_set1_epi32(0x0f)) };
+        let mut q =
+            if c >= 2 { _mm256_srli_epi32::<4>(bytes) } else { _mm256_and_si256(bytes, _mm256_set1_epi32(0x0f)) };
         if Q == Q5_0 || Q == Q5_1 {
             // Weight e's fifth bit is bit e of the 32-bit word before the nibbles.
             let qh = block.add(start - 4).cast::<i32>().read_unaligned();

@@ -96,7 +96,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         // Super-blocks are 256 weights: one to three of them.
-        let k = if quant.is_super_block() { (blocks + 1) / 2 } else { blocks } * quant.block_elems();
+        let k = if quant.is_super_block() { blocks.div_ceil(2) } else { blocks } * quant.block_elems();
         let (x, w) = operands(quant, m, n, k, seed);
         let (want, scale) = reference(quant, &x, &w, m, n, k);
         let scalar = run(Path::Scalar, quant, &x, &w, Dims { m, n, k }, 1);
