@@ -9,6 +9,7 @@ generates through `--quantization gguf` what `--quantization none` does."""
 from __future__ import annotations
 
 import logging
+import mmap
 
 import numpy as np
 import pytest
@@ -129,6 +130,9 @@ def test_a_gguf_of_each_type_serves_in_place_as_dequantized(tiny_model, tmp_path
     assert "dequantized to float32" not in caplog.text
     layers = [m for m in core.runner.model.modules() if isinstance(m, PackedLinear)]
     assert layers and all(isinstance(m.blocks, GgufBlocks) and m.dense is None for m in layers)
+    # Qwen2 has no Q/K row permutation: every weight is the file's own pages.
+    assert all(file_backed(m.blocks.rows) for m in layers)
+    assert not any(isinstance(m, torch.nn.Linear) for m in core.runner.model.modules())
     types = {m.blocks.type for m in layers}
     assert types == {KERNEL_TYPES[kind][0] for kind in FILES[file].values()}
     tokens, rows, _ = generate(path, "none")
@@ -137,6 +141,45 @@ def test_a_gguf_of_each_type_serves_in_place_as_dequantized(tiny_model, tmp_path
         for ours, reference in zip(in_place_rows[request_id], expected, strict=True):
             top = reference.topk(5).indices
             assert (ours[top] - reference[top]).abs().max() < LOGPROB_TOLERANCE, request_id
+
+
+def file_backed(array: np.ndarray) -> bool:
+    """Whether `array` is a view of a memory-mapped file (no copy)."""
+    while isinstance(array, np.ndarray):
+        array = array.base
+    return isinstance(array, mmap.mmap)
+
+
+@pytest.mark.parametrize("kind", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL"])
+def test_the_in_place_path_matches_transformers_reading_the_file(tiny_model, tmp_path, kind):
+    """A file of each type the `gguf` package cannot write, read by
+    transformers through the same package: every sampled position's logits
+    within 1e-4 of transformers', greedy text equal to its `generate`."""
+    transformers = pytest.importorskip("transformers")
+    from tests.test_real_models import _check_against_transformers
+
+    path = save_gguf(tiny_model, str(tmp_path / f"{kind}.gguf"), quant={"": kind})
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=f"{kind}.gguf", dtype=torch.float32
+    )
+    _check_against_transformers(reference.eval(), path, seed=7, quantization="gguf")
+
+
+def test_llama_q_and_k_rows_of_super_blocks_are_unpermuted(tmp_path):
+    """llama.cpp permutes the Q and K rows of the `llama` architecture; the
+    loader undoes it on rows of super-blocks (copies: the only weights not
+    the file's pages) and generates what the dequantized path does."""
+    model = make_hf_model("llama", seed=6, **SIZES)
+    path = save_gguf(model, str(tmp_path / "llama-q4_k.gguf"), quant={"": "Q4_K"})
+    tokens, rows, core = generate(path, "gguf")
+    for name, module in core.runner.model.named_modules():
+        if isinstance(module, PackedLinear):
+            assert file_backed(module.blocks.rows) != name.endswith(("q_proj", "k_proj")), name
+    expected_tokens, expected_rows, _ = generate(path, "none")
+    assert tokens == expected_tokens
+    for request_id, expected in expected_rows.items():
+        for ours, reference in zip(rows[request_id], expected, strict=True):
+            assert (ours - reference).abs().max() < LOGPROB_TOLERANCE, request_id
 
 
 def test_types_the_kernel_does_not_read_are_dequantized_with_one_log_line(tiny_model, tmp_path, caplog):
