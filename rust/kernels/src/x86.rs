@@ -257,7 +257,7 @@ unsafe fn super_columns<const Q: u8>(a: &Args, cols: std::ops::Range<usize>, ahe
 /// scales first), into accumulator `chunk % A` of every row.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn super_tile<const Q: u8, const MR: usize, const A: usize>(a: &Args, i: usize, j: usize) {
-    use crate::super_blocks::{chunk, scales, CHUNKS};
+    use crate::super_blocks::{group, scales, GROUPS};
     let bytes = block_bytes(Q);
     let mut acc = [[_mm256_setzero_ps(); A]; MR];
     // SAFETY: the shapes were checked, i + MR <= m and j < n, so every
@@ -268,14 +268,13 @@ unsafe fn super_tile<const Q: u8, const MR: usize, const A: usize>(a: &Args, i: 
             let block = row.add(b * bytes);
             let s = scales::<Q>(block);
             let x = a.x.add(i * a.k + b * SUPER_BLOCK);
-            // A chunks at a time, so that the accumulator of each is known
-            // at compile time and they all stay in registers.
-            for c0 in (0..CHUNKS).step_by(A) {
-                for (part, c) in (c0..c0 + A).enumerate() {
-                    let wv = chunk::<Q>(block, c, &s);
+            for g in 0..GROUPS {
+                // Vector v of the group into accumulator v % A: known at
+                // compile time, so the accumulators stay in registers.
+                for (v, wv) in group::<Q>(block, g, &s).into_iter().enumerate() {
                     for (r, acc_r) in acc.iter_mut().enumerate() {
-                        let xv = _mm256_loadu_ps(x.add(r * a.k + c * 8));
-                        acc_r[part] = _mm256_fmadd_ps(xv, wv, acc_r[part]);
+                        let xv = _mm256_loadu_ps(x.add(r * a.k + 32 * g + 8 * v));
+                        acc_r[v % A] = _mm256_fmadd_ps(xv, wv, acc_r[v % A]);
                     }
                 }
             }
@@ -454,7 +453,7 @@ unsafe fn decode<const Q: u8>(block: *const u8, c: usize, d: __m256, min: __m256
 /// IQ4_NL's levels of 8 indices (0..16, one per 32-bit lane), as float32.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(crate) fn iq4_levels(q: __m256i) -> __m256 {
+fn iq4_levels(q: __m256i) -> __m256 {
     let level = |i: usize| f32::from(IQ4_LEVELS[i]);
     let low = _mm256_setr_ps(level(0), level(1), level(2), level(3), level(4), level(5), level(6), level(7));
     let high = _mm256_setr_ps(level(8), level(9), level(10), level(11), level(12), level(13), level(14), level(15));
