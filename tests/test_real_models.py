@@ -76,12 +76,13 @@ def _prompts(vocab: int, seed: int) -> list[list[int]]:
 
 
 def run_engine(
-    path: str, prompts: list[list[int]], device: str = "cpu", dtype: str = "float32", quantization: str = "none"
+    path: str, prompts: list[list[int]], device: str = "cpu", dtype: str = "float32", quantization: str | None = "none"
 ) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], EngineCore]:
     """Greedy outputs and the logits of every sampled position, per request
     (`r0`, `r1`, ..., then `cached`); the last prompt joins once the others
-    finished (its prefix is cached). `quantization` "none" dequantizes a
-    GGUF; "gguf" multiplies its weights in place by the Rust kernel."""
+    finished (its prefix is cached). `quantization` "none" converts the
+    weights to float32; "gguf" multiplies a GGUF's in place by the Rust
+    kernel; None is the engine's default (in place where it can be)."""
     config = make_engine_config(
         path, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=CHUNK, block_size=8, dtype=dtype,
         kv_cache_memory_bytes=None if device == "cpu" else 1 << 24, device=device,
@@ -112,7 +113,7 @@ def run_engine(
     return outputs, logits, core
 
 
-def _check_against_transformers(model, path: str, seed: int, quantization: str = "none") -> None:
+def _check_against_transformers(model, path: str, seed: int, quantization: str | None = "none") -> EngineCore:
     prompts = _prompts(model.config.vocab_size, seed)
     outputs, logits, core = run_engine(path, prompts, quantization=quantization)
     assert core.scheduler.block_pool.hits >= 2, "the last prompt should reuse two cached blocks"
@@ -130,6 +131,7 @@ def _check_against_transformers(model, path: str, seed: int, quantization: str =
         ours = torch.stack(logits[request_id])
         torch.testing.assert_close(ours, reference, atol=1e-4, rtol=0)
         assert generated == expected, request_id
+    return core
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
@@ -164,6 +166,36 @@ def test_quantized_gguf_matches_transformers_reading_it(checkpoints, tmp_path, q
         str(tmp_path), gguf_file="mixed.gguf", dtype=torch.float32
     )
     _check_against_transformers(reference.eval(), path, seed=4, quantization=quantization)
+
+
+@pytest.mark.parametrize(
+    ("arch", "dtype"), [("qwen2", torch.bfloat16), ("llama", torch.float16), ("qwen3", torch.bfloat16)]
+)
+def test_half_safetensors_multiplied_as_stored_match_transformers(tmp_path, arch, dtype):
+    """A float16/bfloat16 checkpoint on the CPU (float32 activations, the
+    default): its linear layers are the kernel's F16/BF16 rows over the
+    loaded tensors and its embeddings stay in their dtype (no float32 copy
+    of a weight), and it matches transformers on the same weights."""
+    import copy
+
+    from vllm_rs.engine.packed_weights import GgufBlocks, HalfEmbedding, PackedLinear
+
+    model = make_hf_model(arch, seed=1)
+    path = save_safetensors(copy.deepcopy(model).to(dtype), str(tmp_path / "half"))
+    with torch.no_grad():  # the reference: the stored weights, widened
+        for param in model.parameters():
+            param.copy_(param.to(dtype).float())
+    core = _check_against_transformers(model, path, seed=2, quantization=None)
+    ours = core.runner.model
+    assert core.config.model_config.quantization == "half"
+    layers = [m for m in ours.modules() if isinstance(m, PackedLinear)]
+    kind = 30 if dtype == torch.bfloat16 else 1
+    assert layers and all(isinstance(m.blocks, GgufBlocks) and m.blocks.type == kind for m in layers)
+    assert isinstance(ours.model.embed_tokens, HalfEmbedding)
+    assert ours.model.embed_tokens.half_weight.dtype == dtype
+    # No float32 tensor but the RMSNorm weights (and biases).
+    dense = [name for name, t in ours.state_dict().items() if "norm" not in name and "bias" not in name]
+    assert dense == [], dense
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])

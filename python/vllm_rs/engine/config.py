@@ -29,8 +29,12 @@ CPU_AUTO_DTYPE = "float32"
 #: file; other types dequantized to float32; embeddings read from the file;
 #: CPU and float32 activations only), `none` dequantizes them to `--dtype`.
 #: Unset: `gguf` for a GGUF with weights the kernel reads, on the CPU in
-#: float32, else `none`.
+#: float32; for a float16/bfloat16 safetensors checkpoint there, its linear
+#: layers multiplied as stored (resolved as HALF_IN_PLACE); else `none`.
 QUANTIZATIONS = ("gguf", "none")
+#: The resolved `quantization` of a float16/bfloat16 safetensors checkpoint
+#: whose linear layers the Rust kernel multiplies as stored (no float32 copy).
+HALF_IN_PLACE = "half"
 #: Bytes per weight of a `gguf` model's linear layers, at most: 2 or less
 #: for the types the kernel reads (Q8_0: 34 bytes per 32, F16: 2), but
 #: float32 for the others (F32, the other i-quants).
@@ -57,8 +61,10 @@ class ModelConfig:
     max_model_len: int
     dtype: str = "float32"
     seed: int = 0
-    #: How the weights are held: "gguf" (packed, see QUANTIZATIONS) or None
-    #: (dequantized to `dtype`); vLLM's `quantization` field.
+    #: How the weights are held: "gguf" (a GGUF's, as stored, see
+    #: QUANTIZATIONS), HALF_IN_PLACE (a half-precision safetensors
+    #: checkpoint's linear layers, as stored) or None (converted to
+    #: `dtype`); vLLM's `quantization` field.
     quantization: str | None = None
 
     @property
@@ -262,13 +268,18 @@ def resolve_dtype(dtype: str, spec: ModelSpec, device: str) -> str:
 
 
 def resolve_quantization(quantization: str | None, spec: ModelSpec, device: str, dtype: str) -> str | None:
-    """`--quantization` made concrete: "gguf" or None (dequantized). Unset:
-    "gguf" for a GGUF with weights the kernel reads in place (Q8_0, Q4_K,
-    F16, ...) on the CPU in float32, exact either way. Raises EngineConfigError when
-    "gguf" is asked for where it cannot run (not a GGUF, not the CPU, not
-    float32)."""
+    """`--quantization` made concrete: "gguf", HALF_IN_PLACE or None
+    (converted to `dtype`). Unset, on the CPU in float32: "gguf" for a GGUF
+    with weights the kernel reads in place (Q8_0, Q4_K, F16, ...),
+    HALF_IN_PLACE for a float16/bfloat16 safetensors checkpoint; exact
+    either way. Raises EngineConfigError when "gguf" is asked for where it
+    cannot run (not a GGUF, not the CPU, not float32)."""
     if quantization is None:
-        return "gguf" if spec.gguf_in_place and device == "cpu" and dtype == "float32" else None
+        if not spec.is_real or device != "cpu" or dtype != "float32":
+            return None
+        if spec.is_gguf:
+            return "gguf" if spec.gguf_in_place else None
+        return HALF_IN_PLACE if spec.transformer.checkpoint_dtype in ("float16", "bfloat16") else None
     if quantization == "none":
         return None
     if not spec.is_gguf:
@@ -282,7 +293,7 @@ def resolve_quantization(quantization: str | None, spec: ModelSpec, device: str,
 
 def weight_bytes(spec: ModelSpec, dtype: str, quantization: str | None) -> int:
     """Bytes a real model's weights take in memory (the memory check)."""
-    per_weight = PACKED_WEIGHT_BYTES if quantization == "gguf" else DTYPE_BYTES[dtype]
+    per_weight = {"gguf": PACKED_WEIGHT_BYTES, HALF_IN_PLACE: 2}.get(quantization, DTYPE_BYTES[dtype])
     return spec.transformer.num_parameters() * per_weight
 
 

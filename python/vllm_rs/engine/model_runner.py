@@ -87,7 +87,7 @@ class ModelRunner:
         logger.info(
             "%s (%s%s) on %s (%d threads, kernels %d): %d KV blocks of %d tokens",
             config.model_config.architecture, config.model_config.dtype,
-            ", weights kept quantized" if config.model_config.quantization == "gguf" else "", self.device,
+            ", weights kept as stored" if config.model_config.quantization else "", self.device,
             torch.get_num_threads(), kernel_threads(),
             self.num_gpu_blocks, self.block_size,
         )  # fmt: skip

@@ -134,11 +134,36 @@ class GgufEmbedding(nn.Module):
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).view(-1, self.embedding_dim)
 
 
-def pack_linears(model: nn.Module, path: str, embeddings: GgufTensor) -> dict[str, PackedLinear]:
+class HalfEmbedding(nn.Module):
+    """Token embeddings kept in the checkpoint's float16/bfloat16: the rows
+    looked up are widened to float32 (exactly) when a token is looked up."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.half_weight = weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """`[tokens]` ids -> `[tokens, hidden]` float32 rows."""
+        return self.half_weight.index_select(0, input_ids).float()
+
+
+def half_blocks(weight: torch.Tensor) -> GgufBlocks | torch.Tensor:
+    """A float16/bfloat16 `[out, in]` weight as the kernel's F16/BF16 rows
+    (a view of the same memory, no copy), where the kernel reads it (rows
+    of whole 32-weight groups); else the tensor itself."""
+    kind = {torch.float16: 1, torch.bfloat16: 30}.get(weight.dtype)
+    if kind is None or weight.dim() != 2 or not kernel_reads(kind, weight.shape[1]):
+        return weight
+    rows = weight.contiguous().view(torch.uint8).numpy()
+    return GgufBlocks(kind, tuple(weight.shape), rows)
+
+
+def pack_linears(model: nn.Module, path: str | None, embeddings: GgufTensor | None) -> dict[str, PackedLinear]:
     """Swaps the (meta) `nn.Linear` layers of a `llama.CausalLM` for
-    PackedLinear ones, gives it a packed `lm_head` (loaded from the
-    embeddings when they are tied) and the file-backed GgufEmbedding.
-    Returns checkpoint weight name -> the layer that takes it."""
+    PackedLinear ones and gives it a packed `lm_head` (loaded from the
+    embeddings when they are tied); with a GGUF `path`, the file-backed
+    GgufEmbedding. Returns checkpoint weight name -> the layer that takes it."""
     takes: dict[str, PackedLinear] = {}
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
@@ -147,8 +172,9 @@ def pack_linears(model: nn.Module, path: str, embeddings: GgufTensor) -> dict[st
                 setattr(module, child_name, packed)
                 takes[f"{name}.{child_name}.weight" if name else f"{child_name}.weight"] = packed
     backbone = model.model
-    backbone.embed_tokens = GgufEmbedding(path, embeddings)
+    if path is not None:
+        backbone.embed_tokens = GgufEmbedding(path, embeddings)
     if model.config.tie_word_embeddings:
-        model.lm_head = PackedLinear(backbone.embed_tokens.embedding_dim, backbone.embed_tokens.num_embeddings, False)
+        model.lm_head = PackedLinear(model.config.hidden_size, model.config.vocab_size, False)
         takes["model.embed_tokens.weight"] = model.lm_head
     return takes

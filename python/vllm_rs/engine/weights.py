@@ -18,10 +18,18 @@ import numpy as np
 import torch
 
 from vllm_rs.engine.checkpoint import CheckpointError
+from vllm_rs.engine.config import HALF_IN_PLACE
 from vllm_rs.engine.gguf_file import read_header
 from vllm_rs.engine.llama import CausalLM
 from vllm_rs.engine.models import ModelSpec
-from vllm_rs.engine.packed_weights import GgufBlocks, PackedLinear, kernel_reads, pack_linears
+from vllm_rs.engine.packed_weights import (
+    GgufBlocks,
+    HalfEmbedding,
+    PackedLinear,
+    half_blocks,
+    kernel_reads,
+    pack_linears,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +65,8 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device, quanti
     """The model of `spec` with its weights in `dtype` on `device` (with
     `quantization` "gguf": a GGUF's linear weights kept in the file's blocks
     where the Rust kernel reads their type, its embeddings read from the
-    file); raises CheckpointError naming the file
+    file; HALF_IN_PLACE: a safetensors checkpoint's float16/bfloat16 linear
+    weights and embeddings kept as stored); raises CheckpointError naming the file
     when a tensor is missing, unexpected, misshapen or unreadable."""
     model = CausalLM.build(spec.transformer)
     rope_factors = None
@@ -69,6 +78,8 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device, quanti
             packed = pack_linears(model, where, embeddings)
         tensors = _gguf_tensors(spec, set(packed))
     else:
+        if quantization == HALF_IN_PLACE:
+            packed = pack_linears(model, None, None)
         tensors = _safetensors_tensors(spec.weight_files)
         where = ", ".join(spec.weight_files)
     expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
@@ -92,11 +103,18 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device, quanti
                 f"{source}: tensor {name} has shape {tuple(array.shape)}, the config needs {expected[name]}"
             )
         if name in packed:
-            packed[name].load_weight(array)
+            # A safetensors half weight as the kernel's F16/BF16 rows (no copy).
+            packed[name].load_weight(half_blocks(array) if isinstance(array, torch.Tensor) else array)
             loaded.add(name)
-        elif packed and name == "model.embed_tokens.weight":
-            loaded.add(name)  # untied: looked up in the file by GgufEmbedding
-        else:
+        if packed and name == "model.embed_tokens.weight":
+            if spec.is_gguf:
+                loaded.add(name)  # looked up in the file by GgufEmbedding
+            elif array.dtype in (torch.float16, torch.bfloat16):
+                model.model.embed_tokens = HalfEmbedding(array)
+                loaded.add(name)
+            else:
+                state[name] = array.to(device=device, dtype=dtype)
+        elif name not in packed:
             state[name] = array.to(device=device, dtype=dtype)
     missing = sorted(set(expected) - set(state) - loaded)
     if missing:
