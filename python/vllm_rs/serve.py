@@ -45,6 +45,7 @@ import zmq
 from vllm_rs.cli_args import make_arg_parser
 from vllm_rs.coordinator import CoordinatorListeners, CoordinatorProcManager
 from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigError, make_engine_config
+from vllm_rs.engine.cuda_probe import cuda_available
 from vllm_rs.engine.models import ModelPathError
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 from vllm_rs.generation_config import GenerationConfig, GenerationConfigError
@@ -260,14 +261,6 @@ def _cleanup_listeners(listeners: list[tuple[ZmqListener, ZmqListener]], socket_
     socket_dir.remove()
 
 
-def _cuda_available() -> bool:
-    """Whether torch sees a CUDA device (imports torch: only asked when
-    `--device cuda` is given explicitly)."""
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def _validate_numbers(args: argparse.Namespace) -> None:
     """Every numeric option finite and within `NUMERIC_OPTION_RANGES`."""
     for name, (least, most) in NUMERIC_OPTION_RANGES.items():
@@ -358,7 +351,7 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
         raise ServeUsageError(str(e)) from None
     if served.tokenizer_dir is not None:
         config.model_config.spec.tokenizer_dir = served.tokenizer_dir
-    if args.device == "cuda" and config.model_config.spec.model_type != "echo" and not _cuda_available():
+    if args.device == "cuda" and config.model_config.spec.model_type != "echo" and not cuda_available():
         raise ServeUsageError("--device cuda: CUDA is not available on this machine")
     config.heartbeat_ttl_s = heartbeat_timeout_s
     binary = None

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_rs.engine.checkpoint import DTYPE_BYTES
+from vllm_rs.engine.cuda_probe import cuda_available
 from vllm_rs.engine.models import DEFAULT_MAX_MODEL_LEN, ModelSpec, resolve_model
 
 #: Scheduler limits by model type: (max_num_seqs, max_num_batched_tokens);
@@ -215,7 +216,7 @@ def make_engine_config(
             limit = f" (the model holds at most {spec.max_position} positions)" if name == "--max-model-len" else ""
             raise EngineConfigError(f"{name}: invalid value {value!r}{limit}")
     if spec.is_real and device == "auto":
-        device = "cuda" if _cuda_available() else "cpu"
+        device = "cuda" if cuda_available() else "cpu"
     resolved_dtype = resolve_dtype(dtype, spec, device)
     resolved_quantization = resolve_quantization(quantization, spec, device, resolved_dtype)
     scheduler = SchedulerConfig(max_num_seqs or default_seqs, max_num_batched_tokens or default_tokens)
@@ -245,12 +246,6 @@ def make_engine_config(
         clients=list(clients or []),
         log_stats=log_stats,
     )
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def resolve_dtype(dtype: str, spec: ModelSpec, device: str) -> str:

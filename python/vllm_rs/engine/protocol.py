@@ -14,12 +14,16 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from vllm_rs.engine.logprobs import LogprobsRows
 from vllm_rs.engine.stats import PrefillStats
+
+if TYPE_CHECKING:
+    # Only annotations: importing logprobs (numpy) here would load numpy in
+    # `serve`'s supervisor, which reads this module for its constants.
+    from vllm_rs.engine.logprobs import LogprobsRows
 
 #: Frontend -> engine type bytes.
 REQUEST_ADD = b"\x00"
