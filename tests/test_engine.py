@@ -282,6 +282,36 @@ def test_toy_chunked_prefill_and_prefix_cache_do_not_change_the_result():
     assert chunked.scheduler.block_pool.hits == hits_before  # nothing cached any more
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # the Rust decode kernel; torch's masked batch
+def test_attention_reads_only_the_slots_its_sequences_wrote(dtype):
+    """The KV cache is not zeroed (its pages become resident when written):
+    a slot that no live sequence wrote may hold anything, NaN included. With
+    every slot NaN once the warm-up request is gone, a batch of a short and
+    a long sequence (the short one padded in the decode batch) generates
+    what it generates over an untouched cache."""
+    config = make_engine_config("toy", max_model_len=256, max_num_seqs=8, dtype=dtype, enable_prefix_caching=False)
+
+    def generate(poison: bool) -> dict[str, list[int]]:
+        core = EngineCore(config)
+        core.add_request(request("warm-up", b"the first blocks", max_tokens=4, temperature=0.0))
+        run_to_end(core)
+        if poison:
+            for cache in core.runner.kv_caches:
+                cache.fill_(math.nan)
+        core.add_request(request("short", b"Hi", max_tokens=12, temperature=0.0))
+        core.add_request(
+            request(
+                "long",
+                b"A prompt longer than two blocks of the cache, to pad the other",
+                max_tokens=12,
+                temperature=0.0,
+            )
+        )
+        return {k: tokens(v) for k, v in run_to_end(core).items()}
+
+    assert generate(poison=True) == generate(poison=False)
+
+
 def test_toy_abort_frees_the_blocks(toy_config):
     core = EngineCore(toy_config)
     pool = core.scheduler.block_pool

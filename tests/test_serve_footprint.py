@@ -1,6 +1,8 @@
 """What `python -m vllm_rs serve` costs in memory with its defaults (the
 packaged SmolLM2 GGUF, one engine): the supervisor, which only supervises,
-maps neither torch nor numpy and stays small.
+maps neither torch nor numpy and stays small; the engine's KV cache becomes
+resident as blocks are written, so the engine holds far less than the KV
+budget after start and after an answer.
 
 One server for the module; skipped, saying why, without the packaged model
 or the frontend binary."""
@@ -11,7 +13,9 @@ import importlib.util
 import os
 
 import pytest
-from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
+from vllm_rs.engine.config import kv_bytes_per_token
+from vllm_rs.engine.models import resolve_model
+from vllm_rs.model_files import PACKAGED_MODEL_NAME, ModelNotFoundError, packaged_model_path
 
 from tests.test_serve import Serve, rust_frontend_available
 
@@ -24,6 +28,11 @@ if not rust_frontend_available():
 
 #: The issue's ceiling for the supervisor (it had 540 MiB with torch loaded).
 SUPERVISOR_RSS_LIMIT = 64 << 20
+#: "Far under the budget": the engine's whole RSS (weights, torch, Python)
+#: below this fraction of its KV cache's size (4 GiB by default).
+ENGINE_RSS_FRACTION_OF_KV = 0.25
+ENGINE_READY = r"EngineCore_0 ready \(pid (\d+)\)"
+KV_LINE = r"\((\w+)[,)].* (\d+) KV blocks of (\d+) tokens"
 
 
 def rss_bytes(pid: int) -> int:
@@ -57,6 +66,15 @@ def server():
         serve.kill()
 
 
+@pytest.fixture(scope="module")
+def engine(server):
+    """(engine pid, its KV cache's size in bytes, from its own log line)."""
+    pid = int(server.wait_for_line(ENGINE_READY).group(1))
+    dtype, blocks, block_size = server.wait_for_line(KV_LINE).groups()
+    kv_bytes = int(blocks) * int(block_size) * kv_bytes_per_token(resolve_model(str(GGUF)), dtype)
+    return pid, kv_bytes
+
+
 def test_the_supervisor_maps_neither_torch_nor_numpy_and_stays_small(server):
     files = mapped_files(server.proc.pid)
     for package in ("torch", "numpy"):
@@ -64,3 +82,17 @@ def test_the_supervisor_maps_neither_torch_nor_numpy_and_stays_small(server):
         loaded = sorted(f for f in files if os.path.realpath(f).startswith(folder))
         assert not loaded, f"serve's supervisor has {package} mapped: {loaded[:5]}"
     assert rss_bytes(server.proc.pid) < SUPERVISOR_RSS_LIMIT
+
+
+def test_the_engine_holds_far_less_than_its_kv_cache(server, engine):
+    pid, kv_bytes = engine
+    assert kv_bytes >= 1 << 30, f"the default KV budget should be GiBs here, got {kv_bytes} bytes"
+    assert rss_bytes(pid) < kv_bytes * ENGINE_RSS_FRACTION_OF_KV, "after start"
+    answer = server.client().chat.completions.create(
+        model=PACKAGED_MODEL_NAME,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=16,
+    )
+    assert "Paris" in answer.choices[0].message.content
+    assert rss_bytes(pid) < kv_bytes * ENGINE_RSS_FRACTION_OF_KV, "after an answer"

@@ -120,9 +120,14 @@ class ModelRunner:
         return blocks
 
     def _allocate_kv_cache(self) -> None:
+        """Allocates each layer's cache untouched: on the CPU a large
+        `torch.empty` is fresh anonymous memory whose pages become resident
+        when first written, so the cache costs what the blocks in use hold,
+        not the budget. Never zeroed: attention reads only slots that their
+        sequence wrote (`_stage_decodes` points the padding at such a slot)."""
         forward_context = self.model.attention_layers()
         kv_caches = {
-            name: torch.zeros(
+            name: torch.empty(
                 layer.cache_shape(self.num_gpu_blocks, self.block_size), dtype=self.dtype, device=self.device
             )
             for name, layer in forward_context.items()
@@ -230,16 +235,21 @@ class ModelRunner:
 
     def _stage_decodes(self, decodes: list[tuple[int, int, int, int, int]]) -> DecodeBatch:
         """The one-token sequences of the step as one padded batch: their
-        rows, their key slots `[n, longest]` (padding points at slot 0 and
-        is masked out, or not read by the kernel) and key counts."""
+        rows, their key slots `[n, longest]` (padding repeats the sequence's
+        first key slot and is masked out, or not read by the kernel) and key
+        counts."""
         n = len(decodes)
         longest = max(seq_len for _, _, _, seq_len, _ in decodes)
         padded = self.decode_key_slots.np[: n * longest].reshape(n, longest)
-        padded[:] = 0
         for i, (start, _, key_start, seq_len, _) in enumerate(decodes):
             self.decode_rows.np[i] = start
             self.decode_lens.np[i] = seq_len
             padded[i, :seq_len] = self.key_slots.np[key_start : key_start + seq_len]
+            # torch's attention reads the padding's keys and values and gives
+            # them zero weight; a slot never written may hold NaN (the cache
+            # is not zeroed), and NaN * 0 is NaN: the padding points at a key
+            # this sequence wrote.
+            padded[i, seq_len:] = padded[i, 0]
         lens = self.decode_lens.copy_to_gpu(n)
         mask = None
         if not self._decodes_in_place:
