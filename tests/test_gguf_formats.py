@@ -154,15 +154,17 @@ def file_backed(array: np.ndarray) -> bool:
 def test_the_in_place_path_matches_transformers_reading_the_file(tiny_model, tmp_path, kind):
     """A file of each type the `gguf` package cannot write, read by
     transformers through the same package: every sampled position's logits
-    within 1e-4 of transformers', greedy text equal to its `generate`."""
+    within 1e-4 of transformers', greedy text equal to its `generate`, and
+    the served logprobs and prompt logprobs its raw log-softmax."""
     transformers = pytest.importorskip("transformers")
-    from tests.test_real_models import _check_against_transformers
+    from tests.test_real_models import _check_against_transformers, check_logprobs_against_transformers
 
     path = save_gguf(tiny_model, str(tmp_path / f"{kind}.gguf"), quant={"": kind})
     reference = transformers.AutoModelForCausalLM.from_pretrained(
         str(tmp_path), gguf_file=f"{kind}.gguf", dtype=torch.float32
     )
     _check_against_transformers(reference.eval(), path, seed=7, quantization="gguf")
+    check_logprobs_against_transformers(reference, path, "gguf", seed=8)
 
 
 def test_llama_q_and_k_rows_of_super_blocks_are_unpermuted(tmp_path):

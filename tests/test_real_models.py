@@ -142,6 +142,57 @@ def test_safetensors_logits_and_greedy_match_transformers(checkpoints, arch):
     _check_against_transformers(model, paths["safetensors"], seed=1)
 
 
+def check_logprobs_against_transformers(model, path: str, quantization: str | None, seed: int) -> EngineCore:
+    """Served `logprobs` and `prompt_logprobs` (5 each) of three prompts of
+    16+ tokens in one batch, 16 greedy tokens each, against transformers'
+    raw log-softmax of its logits (not generate's processed scores) on the
+    same tokens: every scored token and top-5 entry within 1e-4."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(1, model.config.vocab_size, n).tolist() for n in (16, 19, 24)]
+    config = make_engine_config(path, max_model_len=128, max_num_seqs=8, block_size=8, dtype="float32",
+                                device="cpu", quantization=quantization)  # fmt: skip
+    core = EngineCore(config)
+    for i, prompt in enumerate(prompts):
+        params = {"temperature": 0.0, "max_tokens": 16, "ignore_eos": True, "logprobs": 5, "prompt_logprobs": 5}
+        core.add_request(EngineCoreRequest(f"r{i}", prompt, params))
+    tokens: dict[str, list[int]] = {}
+    rows: dict[str, list] = {}
+    prompt_rows = {}
+    while core.has_work():
+        for _, output in core.step():
+            tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
+            rows.setdefault(output.request_id, []).append(output.new_logprobs)
+            if output.new_prompt_logprobs is not None:
+                prompt_rows[output.request_id] = output.new_prompt_logprobs
+    for i, prompt in enumerate(prompts):
+        request_id = f"r{i}"
+        full = prompt + tokens[request_id]
+        with torch.no_grad():
+            reference = torch.log_softmax(model(torch.tensor([full[:-1]])).logits[0].float(), -1)
+        scored = [(prompt_rows[request_id], range(len(prompt) - 1))]
+        scored += [(r, [len(prompt) - 1 + step]) for step, r in enumerate(rows[request_id])]
+        for served, positions in scored:
+            assert served.num_rows == len(positions)
+            for row, position in enumerate(positions):
+                ids = torch.from_numpy(served.token_ids[row].astype(np.int64))
+                assert ids[0] == full[position + 1]
+                expected = reference[position, ids]
+                torch.testing.assert_close(torch.from_numpy(served.logprobs[row]), expected, atol=1e-4, rtol=0)
+    return core
+
+
+@pytest.mark.parametrize(
+    ("arch", "fmt", "quantization"),
+    [("llama", "safetensors", "none"), ("qwen2", "safetensors", "none"), ("qwen3", "safetensors", "none"),
+     ("llama", "gguf-f32", None), ("qwen2", "gguf-f16", "gguf"), ("qwen3", "gguf-f16", "gguf"),
+     ("qwen3", "gguf-f16", "none")],
+)  # fmt: skip
+def test_served_logprobs_equal_transformers_raw_log_softmax(checkpoints, arch, fmt, quantization):
+    model, paths = checkpoints[arch]
+    core = check_logprobs_against_transformers(model, paths[fmt], quantization, seed=11)
+    assert core.config.model_config.quantization == (None if quantization == "none" else quantization)
+
+
 @pytest.mark.parametrize(
     ("arch", "fmt"),
     [("llama", "gguf-f32"), ("qwen2", "gguf-f32"), ("qwen2", "gguf-f16"), ("qwen3", "gguf-f16")],
