@@ -323,6 +323,36 @@ def test_toy_abort_frees_the_blocks(toy_config):
     assert pool.num_free_blocks == free and not core.has_work()
 
 
+def test_freed_blocks_are_reused_before_blocks_never_used():
+    """A freed block's pages are resident already; a never-used one's are
+    not until written: the pool hands out freed ones first."""
+    from vllm_rs.engine.block_pool import BlockPool
+
+    pool = BlockPool(16, enable_caching=True)
+    first = pool.allocate([], 3)
+    pool.release(first)
+    assert pool.num_free_blocks == 16 and pool.can_allocate([], 16) and not pool.can_allocate([], 17)
+    second = pool.allocate([], 4)
+    assert set(first) < set(second) and pool.num_blocks_ever_used == 4
+    assert pool.num_free_blocks == 12 and pool.usage == 0.25
+    everything = pool.allocate([], 12)
+    assert sorted(second + everything) == list(range(16)) and pool.num_free_blocks == 0
+
+
+def test_requests_one_after_another_write_only_the_blocks_one_of_them_needs(toy_config):
+    """Ten requests with different prompts, one after the other: the blocks
+    ever written are what one request held (+ its prefix-cache neighbours),
+    not the pool, whose never-used blocks stay untouched memory."""
+    core = EngineCore(toy_config)
+    pool = core.scheduler.block_pool
+    block_size = toy_config.cache_config.block_size
+    for i in range(10):
+        core.add_request(request(f"r{i}", bytes([65 + i]) * 40, max_tokens=24, temperature=0.0))
+        run_to_end(core)
+    assert pool.num_free_blocks == pool.num_blocks
+    assert pool.num_blocks_ever_used <= -(-(40 + 24) // block_size) + 1 < pool.num_blocks
+
+
 # ---- the engine process over ZeroMQ ----
 
 

@@ -1,7 +1,10 @@
 """KV-cache blocks: allocation with reference counts, and the prefix cache
 (full blocks found again by the hash of their tokens and everything before
 them). Free blocks keep their cached contents until they are reused, least
-recently freed first."""
+recently freed first. Blocks never handed out are taken only when no freed
+one is left: the cache's pages become resident when a block is first
+written, so its resident memory is the most blocks ever held at once (what
+the live sequences needed at their peak), not the budget."""
 
 from __future__ import annotations
 
@@ -17,7 +20,10 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self._ref_counts = [0] * num_blocks
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Freed blocks (written before), least recently freed first.
+        self._free: OrderedDict[int, None] = OrderedDict()
+        # Blocks from here on were never handed out (never written).
+        self._next_unused = 0
         self._hash_to_block: dict[bytes, int] = {}
         self._block_hash: list[bytes | None] = [None] * num_blocks
         self.queries = 0
@@ -25,13 +31,18 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks not held by any request (cached or not)."""
-        return len(self._free)
+        """Blocks not held by any request (cached, freed or never used)."""
+        return len(self._free) + self.num_blocks - self._next_unused
+
+    @property
+    def num_blocks_ever_used(self) -> int:
+        """Blocks handed out at least once (those whose pages may be resident)."""
+        return self._next_unused
 
     @property
     def usage(self) -> float:
         """Fraction of blocks held by requests."""
-        return 1.0 - len(self._free) / self.num_blocks if self.num_blocks else 0.0
+        return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
 
     def find_cached_prefix(self, hashes: Sequence[bytes]) -> list[int]:
         """The blocks holding the longest cached prefix of `hashes`."""
@@ -49,18 +60,23 @@ class BlockPool:
     def can_allocate(self, cached: Sequence[int], num_new: int) -> bool:
         """True when `cached` can be taken and `num_new` fresh blocks found."""
         reclaimed_from_free = sum(1 for b in cached if b in self._free)
-        return len(self._free) - reclaimed_from_free >= num_new
+        return self.num_free_blocks - reclaimed_from_free >= num_new
 
     def allocate(self, cached: Sequence[int], num_new: int) -> list[int]:
-        """Takes the `cached` blocks and `num_new` fresh ones (evicting the
-        least recently freed); the caller checked `can_allocate`."""
+        """Takes the `cached` blocks and `num_new` fresh ones (freed blocks
+        first, evicting the least recently freed; then blocks never used);
+        the caller checked `can_allocate`."""
         for block in cached:
             self._ref_counts[block] += 1
             self._free.pop(block, None)
         fresh = []
         for _ in range(num_new):
-            block, _ = self._free.popitem(last=False)
-            self._evict(block)
+            if self._free:
+                block, _ = self._free.popitem(last=False)
+                self._evict(block)
+            else:
+                block = self._next_unused
+                self._next_unused += 1
             self._ref_counts[block] = 1
             fresh.append(block)
         return [*cached, *fresh]
