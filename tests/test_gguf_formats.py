@@ -19,9 +19,9 @@ from vllm_rs import _core
 from vllm_rs.engine import make_engine_config
 from vllm_rs.engine.core import EngineCore
 from vllm_rs.engine.packed_weights import GgufBlocks, PackedLinear
-from vllm_rs.engine.protocol import EngineCoreRequest
 
 from tests.support.gguf_blocks import KERNEL_TYPES, random_blocks
+from tests.support.greedy import greedy_with_rows
 from tests.support.tiny_models import make_hf_model, save_gguf
 
 gguf = pytest.importorskip("gguf")
@@ -86,26 +86,12 @@ LOGPROB_TOLERANCE = 2e-3
 
 
 def generate(path: str, quantization: str) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], EngineCore]:
+    """Greedy tokens and sampled rows' log-probabilities of PROMPTS on the
+    file, and the core that ran them."""
     config = make_engine_config(path, max_model_len=128, device="cpu", dtype="float32", block_size=8,
                                 kv_cache_memory_bytes=16 << 20, quantization=quantization)  # fmt: skip
     core = EngineCore(config)
-    rows: dict[str, list[torch.Tensor]] = {}
-    sample = core.runner.sampler.sample
-
-    def recording_sample(logits, requests):
-        for row, request in zip(logits, requests, strict=True):
-            rows.setdefault(request.request_id, []).append(torch.log_softmax(row.double(), -1))
-        return sample(logits, requests)
-
-    core.runner.sampler.sample = recording_sample
-    for i, prompt in enumerate(PROMPTS):
-        params = {"temperature": 0.0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
-        core.add_request(EngineCoreRequest(f"r{i}", prompt, params))
-    tokens: dict[str, list[int]] = {}
-    while core.has_work():
-        for _, output in core.step():
-            tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
-    return tokens, rows, core
+    return (*greedy_with_rows(core, PROMPTS, MAX_TOKENS), core)
 
 
 @pytest.fixture(scope="module")

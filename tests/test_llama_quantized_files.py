@@ -22,6 +22,7 @@ from vllm_rs.engine.packed_weights import GgufBlocks, PackedLinear
 from vllm_rs.engine.protocol import EngineCoreRequest
 from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 
+from tests.support.greedy import greedy_with_rows
 from tests.test_serve import Serve, rust_frontend_available
 
 QUANTIZE = os.environ.get("VLLM_RS_LLAMA_QUANTIZE", "")
@@ -54,17 +55,11 @@ def files(tmp_path_factory) -> dict[str, str]:
 
 
 def greedy(path: str, quantization: str) -> tuple[dict[str, list[int]], EngineCore]:
+    """Greedy tokens of PROMPTS on the file, and the core that ran them."""
     config = make_engine_config(path, max_model_len=256, device="cpu", dtype="float32",
                                 kv_cache_memory_bytes=32 << 20, quantization=quantization)  # fmt: skip
     core = EngineCore(config)
-    for i, prompt in enumerate(PROMPTS):
-        params = {"temperature": 0.0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
-        core.add_request(EngineCoreRequest(f"r{i}", prompt, params))
-    tokens: dict[str, list[int]] = {}
-    while core.has_work():
-        for _, output in core.step():
-            tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
-    return tokens, core
+    return greedy_with_rows(core, PROMPTS, MAX_TOKENS)[0], core
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -23,7 +23,8 @@ from vllm_rs.engine import make_engine_config
 from vllm_rs.engine.config import EngineConfigError
 from vllm_rs.engine.core import EngineCore
 from vllm_rs.engine.packed_weights import GgufBlocks, GgufEmbedding, PackedLinear
-from vllm_rs.engine.protocol import EngineCoreRequest
+
+from tests.support.greedy import greedy_with_rows
 
 #: SmolLM2 token ids: a chat-formatted question, then plain-text prompts.
 PROMPTS = [
@@ -50,23 +51,7 @@ def engine(path: str, quantization: str | None) -> EngineCore:
 def generate(core: EngineCore) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]]]:
     """Greedy tokens and the log-probabilities of every sampled row, per
     request, all prompts in flight together."""
-    rows: dict[str, list[torch.Tensor]] = {}
-    sample = core.runner.sampler.sample
-
-    def recording_sample(logits, requests):
-        for row, request in zip(logits, requests, strict=True):
-            rows.setdefault(request.request_id, []).append(torch.log_softmax(row.double(), -1))
-        return sample(logits, requests)
-
-    core.runner.sampler.sample = recording_sample
-    for i, prompt in enumerate(PROMPTS):
-        core.add_request(EngineCoreRequest(f"r{i}", prompt, {"temperature": 0.0, "max_tokens": MAX_TOKENS,
-                                                             "ignore_eos": True}))  # fmt: skip
-    tokens: dict[str, list[int]] = {}
-    while core.has_work():
-        for _, output in core.step():
-            tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
-    return tokens, rows
+    return greedy_with_rows(core, PROMPTS, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")
