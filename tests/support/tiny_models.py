@@ -1,8 +1,9 @@
-"""Tiny random-init Llama, Qwen2 and Qwen3 checkpoints written with
+"""Tiny random-init Llama, Qwen2, Qwen3 and Gemma 3 checkpoints written with
 `transformers` (the numeric reference), saved as safetensors and as GGUF
 (written with `gguf`'s GGUFWriter the way llama.cpp's converter writes them:
 its tensor names, its Q/K row permutation for the llama architecture, its
-`rope_freqs` for Llama 3 RoPE scaling)."""
+`rope_freqs` for Llama 3 RoPE scaling, Gemma's norms stored as `1 + weight`
+and its sliding window in the metadata)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,22 @@ CONFIGS = {
     ),
     "qwen2": dict(architectures=["Qwen2ForCausalLM"], rope_theta=1000000.0, tie_word_embeddings=True),
     "qwen3": dict(architectures=["Qwen3ForCausalLM"], rope_theta=1000000.0, tie_word_embeddings=False, head_dim=32),
+    # 6 layers: llama.cpp makes every 6th layer global (5 windowed, 1 global);
+    # a window of 8 is shorter than most test prompts; linear RoPE scaling on
+    # the global layers only; query_pre_attn_scalar unlike head_dim, which
+    # is what a GGUF (that cannot say it) gets: gemma3_gguf_model.
+    "gemma3_text": dict(
+        architectures=["Gemma3ForCausalLM"],
+        num_hidden_layers=6,
+        head_dim=32,
+        sliding_window=8,
+        query_pre_attn_scalar=24,
+        tie_word_embeddings=True,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    ),
 }
 #: Hugging Face names -> llama.cpp's (per layer after `model.layers.N.`).
 GGUF_LAYER_NAMES = {
@@ -58,6 +75,12 @@ GGUF_LAYER_NAMES = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+GGUF_GEMMA3_LAYER_NAMES = {
+    **GGUF_LAYER_NAMES,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
 
 
 def make_hf_model(arch: str, seed: int = 0, **sizes):
@@ -67,7 +90,7 @@ def make_hf_model(arch: str, seed: int = 0, **sizes):
     `sizes` override COMMON's (`hidden_size=256`, ...)."""
     import transformers
 
-    config = transformers.AutoConfig.for_model(arch, **{**COMMON, **sizes}, **CONFIGS[arch])
+    config = transformers.AutoConfig.for_model(arch, **{**COMMON, **CONFIGS[arch], **sizes})
     config.dtype = "float32"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
@@ -79,6 +102,12 @@ def make_hf_model(arch: str, seed: int = 0, **sizes):
                 value = torch.randn_like(param) * (0.5 if "embed" in name or "lm_head" in name else 0.15)
             param.copy_(value.half().float())
     return model
+
+
+def gemma3_gguf_model(seed: int = 0):
+    """A tiny Gemma 3 that a GGUF holds whole: llama.cpp scales the scores
+    by `head_dim` (`query_pre_attn_scalar` is not in its metadata)."""
+    return make_hf_model("gemma3_text", seed, query_pre_attn_scalar=CONFIGS["gemma3_text"]["head_dim"])
 
 
 def save_safetensors(model, path: str, max_shard_size: str | None = None) -> str:
@@ -110,7 +139,11 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
 
     config = model.config
     arch = config.model_type
-    writer = gguf.GGUFWriter(path, arch)
+    gemma = arch == "gemma3_text"
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if gemma and config.query_pre_attn_scalar != head_dim:
+        raise ValueError("a gemma3 GGUF scales attention by head_dim: query_pre_attn_scalar must equal it")
+    writer = gguf.GGUFWriter(path, "gemma3" if gemma else arch)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -119,8 +152,13 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     rope = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta, **(config.rope_scaling or {})}
+    if gemma:
+        rope = rope["full_attention"]  # the windowed layers' base is llama.cpp's fixed 10000
+        writer.add_sliding_window(config.sliding_window)
     writer.add_rope_freq_base(rope["rope_theta"])
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
@@ -139,11 +177,13 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
             gguf_name = "output.weight"
         else:
             _, _, layer, rest = name.split(".", 3)
-            gguf_name = f"blk.{layer}.{GGUF_LAYER_NAMES[rest]}"
+            gguf_name = f"blk.{layer}.{(GGUF_GEMMA3_LAYER_NAMES if gemma else GGUF_LAYER_NAMES)[rest]}"
             if arch == "llama" and rest == "self_attn.q_proj.weight":
                 array = _permute(array, config.num_attention_heads)
             elif arch == "llama" and rest == "self_attn.k_proj.weight":
                 array = _permute(array, config.num_key_value_heads)
+        if gemma and name.endswith("norm.weight"):
+            array = array + 1  # llama.cpp's converter stores Gemma's norms as 1 + weight
         tensors[gguf_name] = array
     if rope.get("rope_type") == "llama3":
         # llama.cpp stores Llama 3 scaling as per-frequency divisors.

@@ -2,7 +2,9 @@
 (Llama-shaped) models: each step's new keys and values are written to their
 cache slots (`slot_mapping`), then each request's queries attend over its
 keys gathered from the cache by slot (`key_slots`), causally within a
-prefill chunk. The one-query sequences (decodes) of a float32 cache on the
+prefill chunk; a layer with a sliding window (Gemma 3's local layers) reads
+the step's windowed view instead, whose sequences hold only the keys some
+query of theirs sees and mask the older ones. The one-query sequences (decodes) of a float32 cache on the
 CPU attend without a gather: the Rust kernel
 `vllm_rs._core.paged_decode_attention` reads each key and value where it
 lies in the cache (docs/real-model-speed.md, "Lever 4")."""
@@ -10,7 +12,7 @@ lies in the cache (docs/real-model-speed.md, "Lever 4")."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -55,12 +57,14 @@ class DecodeBatch:
 @dataclass
 class AttentionMetadata:
     """Where this step's new keys go (`slot_mapping`), each request's slice,
-    and the one-query sequences batched together (when there are several, or
-    one whose cache is attended in place)."""
+    the one-query sequences batched together (when there are several, or
+    one whose cache is attended in place), and for each sliding window of
+    the model's layers the same step seen through it (`windows`)."""
 
     slot_mapping: torch.Tensor
     sequences: list[SequenceSlice]
     decodes: DecodeBatch | None = None
+    windows: dict[int, AttentionMetadata] = field(default_factory=dict)
 
 
 class PagedAttention(nn.Module):
@@ -68,15 +72,26 @@ class PagedAttention(nn.Module):
     queries when `num_kv_heads < num_heads`. The cache, shaped
     `[2, num_blocks, block_size, num_kv_heads, head_dim]`, is bound by
     `vllm_rs.tensor_utils.bind_kv_cache` through this layer's own
-    `bind_kv_cache` method, as vLLM binds its attention layers."""
+    `bind_kv_cache` method, as vLLM binds its attention layers. Scores are
+    scaled by `scale` (default `1 / sqrt(head_dim)`); with `sliding_window`
+    a query sees only the keys less than that many positions before it."""
 
-    def __init__(self, layer_name: str, num_heads: int, head_dim: int, num_kv_heads: int | None = None):
+    def __init__(
+        self,
+        layer_name: str,
+        num_heads: int,
+        head_dim: int,
+        num_kv_heads: int | None = None,
+        scale: float | None = None,
+        sliding_window: int | None = None,
+    ):
         super().__init__()
         self.layer_name = layer_name
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads or num_heads
         self.head_dim = head_dim
-        self.scale = 1.0 / math.sqrt(head_dim)  # scaled_dot_product_attention's default
+        self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+        self.sliding_window = sliding_window
         self.kv_cache = torch.empty(0)
         self._key_cache = self._value_cache = torch.empty(0)
         self._key_array = self._value_array = None
@@ -106,14 +121,16 @@ class PagedAttention(nn.Module):
         gqa = self.num_kv_heads != self.num_heads
         key_cache.index_copy_(0, meta.slot_mapping, k)
         value_cache.index_copy_(0, meta.slot_mapping, v)
+        if self.sliding_window is not None:
+            meta = meta.windows[self.sliding_window]
         if meta.decodes is None and len(meta.sequences) == 1:
             seq = meta.sequences[0]
             if seq.start == 0 and seq.end == q.shape[0]:
                 # One request (a batch-1 decode, a lone prefill) is the whole batch: no scatter.
-                return self._attend(q, key_cache, value_cache, seq, gqa).transpose(0, 1).reshape(q.shape[0], -1)
+                return self._attend(q, seq, gqa).transpose(0, 1).reshape(q.shape[0], -1)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         for seq in meta.sequences:
-            out[seq.start : seq.end] = self._attend(q, key_cache, value_cache, seq, gqa).transpose(0, 1)
+            out[seq.start : seq.end] = self._attend(q, seq, gqa).transpose(0, 1)
         batch = meta.decodes
         if batch is not None and batch.mask is None:
             _core.paged_decode_attention(
@@ -128,16 +145,17 @@ class PagedAttention(nn.Module):
             keys = key_cache.index_select(0, slots).view(shape).transpose(1, 2)
             values = value_cache.index_select(0, slots).view(shape).transpose(1, 2)
             queries = q.index_select(0, batch.rows)[:, :, None, :]
-            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.mask, enable_gqa=gqa)
+            attended = F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=batch.mask, enable_gqa=gqa, scale=self.scale
+            )
             out.index_copy_(0, batch.rows, attended[:, :, 0, :])
         return out.reshape(q.shape[0], -1)
 
-    @staticmethod
-    def _attend(
-        q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, seq: SequenceSlice, gqa: bool
-    ) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, seq: SequenceSlice, gqa: bool) -> torch.Tensor:
         """One request's queries over its keys: `[heads, queries, head_dim]`."""
         queries = q[seq.start : seq.end].transpose(0, 1)
-        keys = key_cache.index_select(0, seq.key_slots).transpose(0, 1)
-        values = value_cache.index_select(0, seq.key_slots).transpose(0, 1)
-        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=seq.mask, enable_gqa=gqa)
+        keys = self._key_cache.index_select(0, seq.key_slots).transpose(0, 1)
+        values = self._value_cache.index_select(0, seq.key_slots).transpose(0, 1)
+        return F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=seq.mask, enable_gqa=gqa, scale=self.scale
+        )

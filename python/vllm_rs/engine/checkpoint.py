@@ -10,20 +10,33 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_rs.engine.gguf_file import GGML_TYPES, GgufArray, GgufFormatError, GgufHeader, read_header
 
-#: Hugging Face architecture -> its `model_type`; all share `llama.py`.
+#: Hugging Face architecture -> its `model_type`; Gemma 3 runs `gemma3.py`,
+#: the others `llama.py`.
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3_text",
 }
 #: GGUF `general.architecture` -> Hugging Face architecture.
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
+#: Gemma 3's one global layer in 6: transformers' default where a config
+#: has neither `layer_types` nor `sliding_window_pattern`, and what llama.cpp
+#: assumes of every `gemma3` GGUF (whose metadata does not say), with the
+#: windowed layers' RoPE base.
+GEMMA3_SLIDING_PATTERN = 6
+GGUF_GEMMA3_LOCAL_ROPE_THETA = 10000.0
 #: GGUF tensor types the loader dequantizes (the `gguf` package's names).
 GGUF_TYPES = tuple(name for name, _, _ in GGML_TYPES.values())
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -61,8 +74,21 @@ class TransformerConfig:
     rope_scaling: dict[str, Any] | None = None
     #: The dtype the checkpoint was saved in (`torch_dtype`), when it says.
     checkpoint_dtype: str | None = None
-    #: Attention window (Mistral's `sliding_window`), when one applies.
+    #: Attention window of every layer (Mistral's `sliding_window`), when one applies.
     sliding_window: int | None = None
+    #: Each layer's own attention window, None for a global layer (Gemma 3's
+    #: `layer_types`); empty when no layer has one. A key is visible to a
+    #: query when `query_pos - key_pos < window`.
+    layer_windows: tuple[int | None, ...] = ()
+    #: RoPE base of the windowed layers (Gemma 3's `rope_local_base_freq`),
+    #: never scaled; None: every layer uses `rope_theta` and `rope_scaling`.
+    local_rope_theta: float | None = None
+    #: Attention scores are scaled by its inverse square root (Gemma's
+    #: `query_pre_attn_scalar`); None: by `head_dim`'s.
+    query_pre_attn_scalar: float | None = None
+    #: `cap * tanh(logits / cap)` on the output logits (Gemma's
+    #: `final_logit_softcapping`), when set.
+    final_logit_softcapping: float | None = None
 
     @property
     def model_type(self) -> str:
@@ -79,7 +105,8 @@ class TransformerConfig:
         attn = (
             h * (q + 2 * kv) + q * h + (q + 2 * kv if self.qkv_bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
         )
-        layer = attn + 3 * h * self.intermediate_size + 2 * h
+        # Gemma 3 norms the attention and MLP outputs too.
+        layer = attn + 3 * h * self.intermediate_size + (4 if self.model_type == "gemma3_text" else 2) * h
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + embeddings + h
 
@@ -107,9 +134,10 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
         sliding = config.get("sliding_window")
         if model_type == "qwen2" and not config.get("use_sliding_window", False):
             sliding = None
-        if config.get("hidden_act", "silu") != "silu" or config.get("mlp_bias"):
+        gemma = _gemma3_settings(config, where) if model_type == "gemma3_text" else {}
+        if not gemma and (config.get("hidden_act", "silu") != "silu" or config.get("mlp_bias")):
             raise CheckpointError(f"{where}: only SiLU MLPs without bias are supported")
-        return TransformerConfig(
+        settings = dict(
             architecture=architecture,
             vocab_size=int(config["vocab_size"]),
             hidden_size=hidden,
@@ -129,10 +157,54 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
             checkpoint_dtype=config.get("torch_dtype") or config.get("dtype"),
             sliding_window=int(sliding) if sliding else None,
         )
+        return TransformerConfig(**{**settings, **gemma})
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(f"{where}: missing or invalid setting {e}") from None
+
+
+def _gemma3_settings(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """The TransformerConfig fields of a Gemma 3 text config that differ
+    from the Llama reading of it, with transformers' defaults for what it
+    leaves out; raises CheckpointError for what the engine does not run."""
+    if config.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise CheckpointError(
+            f"{where}: Gemma 3 with hidden_activation {config['hidden_activation']!r} is not supported"
+        )
+    if config.get("attn_logit_softcapping") is not None or config.get("use_bidirectional_attention"):
+        raise CheckpointError(
+            f"{where}: Gemma 3 with attention softcapping or bidirectional attention is not supported"
+        )
+    layers = int(config["num_hidden_layers"])
+    pattern = int(config.get("sliding_window_pattern", GEMMA3_SLIDING_PATTERN))
+    types = config.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+    ]
+    window = config.get("sliding_window")
+    # transformers 5 nests RoPE per layer type; older configs have flat keys.
+    rope = config.get("rope_parameters") or {}
+    full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+    if local.get("rope_type", "default") != "default":
+        raise CheckpointError(f"{where}: RoPE scaling of Gemma 3's sliding-window layers is not supported")
+    scaling = config.get("rope_scaling") or (full if full.get("rope_type", "default") != "default" else None)
+    heads = int(config.get("num_attention_heads", 8))
+    return dict(
+        num_heads=heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim", 256)),
+        rope_theta=float(full.get("rope_theta", config.get("rope_theta", 1_000_000.0))),
+        rope_scaling=_check_rope_scaling(scaling, where),
+        local_rope_theta=float(local.get("rope_theta", config.get("rope_local_base_freq", 10_000.0))),
+        layer_windows=tuple(int(window) if window and t == "sliding_attention" else None for t in types),
+        query_pre_attn_scalar=float(config.get("query_pre_attn_scalar", 256)),
+        final_logit_softcapping=config.get("final_logit_softcapping"),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        qkv_bias=bool(config.get("attention_bias", False)),
+        o_bias=bool(config.get("attention_bias", False)),
+        qk_norm=True,
+        sliding_window=None,
+    )
 
 
 def _check_rope_scaling(scaling: dict[str, Any] | None, where: str) -> dict[str, Any] | None:
@@ -260,4 +332,26 @@ def read_gguf(path: str) -> GgufInfo:
         rope_scaling=scaling,
         checkpoint_dtype=None,
     )
+    if arch == "gemma3":
+        config = replace(config, **_gguf_gemma3_settings(metadata, config))
     return GgufInfo(config, header, path)
+
+
+def _gguf_gemma3_settings(metadata: dict[str, Any], config: TransformerConfig) -> dict[str, Any]:
+    """A `gemma3` GGUF's Gemma settings as llama.cpp reads them: the window
+    (`gemma3.attention.sliding_window`, none when absent or 0) on every
+    layer but each GEMMA3_SLIDING_PATTERN-th, their RoPE base fixed, the
+    attention scale of `head_dim` (of `hidden / heads` for the 62-layer
+    27B, whose `query_pre_attn_scalar` that is), the final softcapping when
+    the metadata has it."""
+    window = int(metadata.get("gemma3.attention.sliding_window") or 0)
+    layers = range(config.num_layers)
+    windows = tuple(window if (i + 1) % GEMMA3_SLIDING_PATTERN else None for i in layers) if window else ()
+    scalar = config.hidden_size // config.num_heads if config.num_layers == 62 else config.head_dim
+    softcap = metadata.get("gemma3.final_logit_softcapping")
+    return dict(
+        layer_windows=windows,
+        local_rope_theta=GGUF_GEMMA3_LOCAL_ROPE_THETA,
+        query_pre_attn_scalar=float(scalar),
+        final_logit_softcapping=float(softcap) if softcap else None,
+    )

@@ -83,6 +83,10 @@ class ModelRunner:
         # The Rust decode kernel attends in place, also for one sequence;
         # torch's attention is batched only when there are several.
         self._decodes_in_place = attends_in_place(self.device, self.dtype)
+        # The sliding windows of the model's layers: each step is also staged
+        # as seen through each of them (`AttentionMetadata.windows`).
+        layers = self.model.attention_layers().values()
+        self._windows = sorted({layer.sliding_window for layer in layers if layer.sliding_window is not None})
         self.sampler = Sampler(self.device)
         logger.info(
             "%s (%s%s) on %s (%d threads, kernels %d): %d KV blocks of %d tokens",
@@ -231,7 +235,46 @@ class ModelRunner:
             extra = np.concatenate(prompt_rows)
             self.logits_indices.np[len(sample_requests) : len(sample_requests) + len(extra)] = extra
         meta = AttentionMetadata(self.slot_mapping.copy_to_gpu(num_tokens), sequences, batched)
+        for window in self._windows:
+            meta.windows[window] = self._windowed(meta, ranges, key_slots_gpu, batched, window)
         return meta, sample_requests, prompt_scores
+
+    def _windowed(
+        self,
+        meta: AttentionMetadata,
+        ranges: list[tuple[int, int, int, int, int]],
+        key_slots: torch.Tensor,
+        batched: DecodeBatch | None,
+        window: int,
+    ) -> AttentionMetadata:
+        """The step seen through a sliding `window`: each sequence keeps the
+        keys from the first one its first query sees (`query_pos - key_pos
+        < window`, transformers' sliding mask) and masks, per query, those
+        before its own window; the decode batch keeps each sequence's last
+        `window` keys."""
+        sequences = []
+        for start, end, key_start, seq_len, context in ranges:
+            if batched is not None and end - start == 1:
+                continue
+            first = max(0, context - window + 1)
+            mask = None
+            if end - start > 1:
+                query_pos = torch.arange(context, seq_len, device=self.device)[:, None]
+                key_pos = torch.arange(first, seq_len, device=self.device)[None, :]
+                mask = (key_pos <= query_pos) & (query_pos - key_pos < window)
+            sequences.append(SequenceSlice(start, end, key_slots[key_start + first : key_start + seq_len], mask))
+        decodes = None
+        if batched is not None:
+            lens = batched.lens.clamp(max=window)
+            # Each row's last `lens` keys, shifted to the front; the padding
+            # repeats the first of them (a key the sequence wrote).
+            offsets = (batched.lens - lens)[:, None]
+            columns = torch.arange(int(lens.max()), device=self.device)[None, :]
+            index = torch.where(columns < lens[:, None], columns + offsets, offsets)
+            slots = batched.key_slots.gather(1, index)
+            mask = None if batched.mask is None else (columns < lens[:, None])[:, None, None, :]
+            decodes = DecodeBatch(batched.rows, slots.contiguous(), lens, mask)
+        return AttentionMetadata(meta.slot_mapping, sequences, decodes)
 
     def _stage_decodes(self, decodes: list[tuple[int, int, int, int, int]]) -> DecodeBatch:
         """The one-token sequences of the step as one padded batch: their

@@ -1,8 +1,10 @@
-"""Loading a real model's weights into `llama.CausalLM`: safetensors files
+"""Loading a real model's weights into its module (`llama.CausalLM`, or
+`gemma3.Gemma3ForCausalLM`): safetensors files
 (memory-mapped with `safetensors.safe_open`) by their Hugging Face names, or
 a GGUF file's tensors (dequantized with the `gguf` package), renamed to the
 Hugging Face names with llama.cpp's Q/K row permutation undone for the
-`llama` architecture. Every tensor is cast to the model dtype and moved to
+`llama` architecture and the 1 its converter adds to Gemma's norms taken
+off again. Every tensor is cast to the model dtype and moved to
 the device as it is read; with `--quantization gguf` the linear layers'
 weights stay in the file's blocks or are packed instead (`packed_weights`)
 and the embeddings stay in the file."""
@@ -19,6 +21,7 @@ import torch
 
 from vllm_rs.engine.checkpoint import CheckpointError
 from vllm_rs.engine.config import HALF_IN_PLACE
+from vllm_rs.engine.gemma3 import Gemma3ForCausalLM
 from vllm_rs.engine.gguf_file import read_header
 from vllm_rs.engine.llama import CausalLM
 from vllm_rs.engine.models import ModelSpec
@@ -56,19 +59,31 @@ GGUF_LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+#: Where the `gemma3` architecture's names differ: its `ffn_norm` is the norm
+#: before the MLP, and the attention and MLP outputs have norms of their own.
+GGUF_GEMMA3_LAYER_NAMES = {
+    **GGUF_LAYER_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+#: Hugging Face `model_type` -> its module, where not `llama.CausalLM`.
+MODEL_CLASSES = {"gemma3_text": Gemma3ForCausalLM}
 #: llama.cpp's per-layer RoPE frequency factors (Llama 3.1's scaling).
 GGUF_ROPE_FREQS = "rope_freqs.weight"
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device, quantization: str | None = None) -> CausalLM:
+def load_model(
+    spec: ModelSpec, dtype: torch.dtype, device: torch.device, quantization: str | None = None
+) -> CausalLM | Gemma3ForCausalLM:
     """The model of `spec` with its weights in `dtype` on `device` (with
     `quantization` "gguf": a GGUF's linear weights kept in the file's blocks
     where the Rust kernel reads their type, its embeddings read from the
     file; HALF_IN_PLACE: a safetensors checkpoint's float16/bfloat16 linear
     weights and embeddings kept as stored); raises CheckpointError naming the file
     when a tensor is missing, unexpected, misshapen or unreadable."""
-    model = CausalLM.build(spec.transformer)
+    model = MODEL_CLASSES.get(spec.transformer.model_type, CausalLM).build(spec.transformer)
     rope_factors = None
     packed: dict[str, PackedLinear] = {}
     if spec.is_gguf:
@@ -165,12 +180,14 @@ def _gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, to
     path = spec.weights_path
     config = spec.transformer
     permute = config.model_type in ("llama", "mistral")
+    gemma = config.model_type == "gemma3_text"
+    layer_names = GGUF_GEMMA3_LAYER_NAMES if gemma else GGUF_LAYER_NAMES
     header = read_header(path)
     # A plain ndarray over the map: numpy.memmap slices cost a Python call each.
     data = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
     dequantized: set[str] = set()
     for tensor in header.tensors.values():
-        name = _hf_name(tensor.name)
+        name = _hf_name(tensor.name, layer_names)
         if name is None:
             raise CheckpointError(f"{path}: unexpected tensor {tensor.name}")
         raw_bytes = data[tensor.offset : tensor.offset + tensor.num_bytes]
@@ -194,6 +211,10 @@ def _gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, to
             array = unpermute_qk(array, config.num_heads)
         elif permute and tensor.name.endswith(".attn_k.weight"):
             array = unpermute_qk(array, config.num_kv_heads)
+        if gemma and name.endswith("norm.weight"):
+            # llama.cpp stores Gemma's `1 + weight`; subtracting 1 in float32
+            # gives the weight transformers loads from the same file.
+            array = array.astype(np.float32) - 1.0
         if blocks:
             # The file's own pages unless permuted (then a copy of the blocks).
             yield name, path, GgufBlocks(tensor.type, tensor.shape, np.ascontiguousarray(array))
@@ -207,13 +228,14 @@ def _gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, to
         )  # fmt: skip
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, layer_names: dict[str, str]) -> str | None:
     """The Hugging Face name of a GGUF tensor (GGUF_ROPE_FREQS keeps its
-    own), None for an unknown one."""
+    own; `layer_names`: the architecture's per-layer names), None for an
+    unknown one."""
     if gguf_name == GGUF_ROPE_FREQS:
         return GGUF_ROPE_FREQS
     name = GGUF_NAMES.get(gguf_name)
     if name is None and (match := _LAYER.fullmatch(gguf_name)):
-        suffix = GGUF_LAYER_NAMES.get(match.group(2))
+        suffix = layer_names.get(match.group(2))
         name = suffix and f"model.layers.{match.group(1)}.{suffix}"
     return name

