@@ -87,6 +87,52 @@ def test_quantized_gguf_read_in_place_matches_transformers_reading_it(gemma3, tm
     assert layers and all(m.blocks is not None for m in layers)
 
 
+def test_multimodal_checkpoints_text_part_matches_transformers(gemma3, tmp_path):
+    """A Gemma3ForConditionalGeneration checkpoint (a tiny vision tower
+    beside the same text weights): its `text_config` and
+    `language_model.` weights run as the text model."""
+    model, _, _ = gemma3
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)  # fmt: skip
+    config = transformers.Gemma3Config(
+        text_config=model.config.to_dict(), vision_config=vision, mm_tokens_per_image=4, image_token_index=95,
+        boi_token_index=93, eoi_token_index=94, architectures=["Gemma3ForConditionalGeneration"],
+    )  # fmt: skip
+    multimodal = transformers.Gemma3ForConditionalGeneration(config)
+    multimodal.model.language_model.load_state_dict(model.model.state_dict())
+    path = save_safetensors(multimodal, str(tmp_path / "multimodal"))
+    spec = resolve_model(path)
+    assert spec.transformer.architecture == "Gemma3ForConditionalGeneration"
+    expected = tuple(WINDOW if kind == "sliding_attention" else None for kind in model.config.layer_types)
+    assert spec.transformer.layer_windows == expected
+    _check_against_transformers(model, path, seed=5)
+
+
+def test_sparse_text_config_takes_transformers_defaults():
+    """The `text_config` of Gemma 3 4B lists 5 keys; the rest are
+    transformers' Gemma3TextConfig defaults."""
+    from vllm_rs.engine.checkpoint import config_from_hf
+
+    text = {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}  # fmt: skip
+    ours = config_from_hf({"architectures": ["Gemma3ForConditionalGeneration"], "text_config": text}, "config.json")
+    reference = transformers.Gemma3TextConfig(**text)
+    assert (ours.vocab_size, ours.num_heads, ours.num_kv_heads, ours.head_dim, ours.max_position_embeddings) == (
+        reference.vocab_size, reference.num_attention_heads, reference.num_key_value_heads, reference.head_dim,
+        reference.max_position_embeddings,
+    )  # fmt: skip
+    assert ours.rms_norm_eps == reference.rms_norm_eps and ours.query_pre_attn_scalar == reference.query_pre_attn_scalar
+    assert ours.tie_word_embeddings == reference.tie_word_embeddings
+    windows = tuple(1024 if kind == "sliding_attention" else None for kind in reference.layer_types)
+    assert ours.layer_windows == windows
+    rope = reference.rope_parameters
+    assert ours.rope_theta == rope["full_attention"]["rope_theta"]
+    assert ours.local_rope_theta == rope["sliding_attention"]["rope_theta"]
+    assert (
+        ours.rope_scaling["rope_type"] == "linear" and ours.rope_scaling["factor"] == rope["full_attention"]["factor"]
+    )
+
+
 def test_final_logit_softcapping(tmp_path):
     model = make_hf_model("gemma3_text", seed=7, final_logit_softcapping=3.0)
     _check_against_transformers(model, save_safetensors(model, str(tmp_path / "capped")), seed=3)

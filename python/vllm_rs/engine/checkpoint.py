@@ -23,6 +23,22 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3_text",
+    # Its text part only: `text_config`, the `language_model.` weights.
+    "Gemma3ForConditionalGeneration": "gemma3_text",
+}
+#: transformers' Gemma3TextConfig defaults, which the `text_config` of a
+#: multimodal Gemma 3 checkpoint leaves out (the 4B model's lists 5 keys).
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "sliding_window": 4096,
 }
 #: GGUF `general.architecture` -> Hugging Face architecture.
 GGUF_ARCHITECTURES = {
@@ -126,6 +142,9 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
         raise CheckpointError(
             f"{where}: architecture {named} is not supported (supported: {supported_architectures()})"
         )
+    if architecture == "Gemma3ForConditionalGeneration":
+        dtype = {"torch_dtype": config.get("torch_dtype") or config.get("dtype")}
+        config = {**GEMMA3_TEXT_DEFAULTS, **dtype, **(config.get("text_config") or {})}
     try:
         hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
         rope = config.get("rope_parameters") or {}

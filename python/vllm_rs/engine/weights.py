@@ -96,6 +96,8 @@ def load_model(
         if quantization == HALF_IN_PLACE:
             packed = pack_linears(model, None, None)
         tensors = _safetensors_tensors(spec.weight_files)
+        if spec.transformer.architecture == "Gemma3ForConditionalGeneration":
+            tensors = _text_part(tensors)
         where = ", ".join(spec.weight_files)
     expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
     expected.update((name, layer.weight_shape) for name, layer in packed.items())
@@ -161,6 +163,24 @@ def _safetensors_tensors(files: list[str]) -> Iterator[tuple[str, str, torch.Ten
                     yield name, path, f.get_tensor(name)
         except SafetensorError as e:
             raise CheckpointError(f"{path}: cannot read safetensors file: {e}") from None
+
+
+#: A multimodal checkpoint's text decoder, as Hugging Face checkpoints
+#: (`language_model.model.`) and transformers' own modules
+#: (`model.language_model.`) name it; the vision tower and projector are
+#: skipped.
+_TEXT_PREFIXES = (("language_model.", ""), ("model.language_model.", "model."))
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def _text_part(tensors: Iterator[tuple[str, str, torch.Tensor]]) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """The text decoder's tensors of a multimodal checkpoint, by the names
+    of the text-only model."""
+    for name, source, tensor in tensors:
+        if name.startswith(_VISION_PREFIXES):
+            continue
+        prefix, replacement = next(((p, r) for p, r in _TEXT_PREFIXES if name.startswith(p)), ("", ""))
+        yield replacement + name[len(prefix) :], source, tensor
 
 
 def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
