@@ -3,7 +3,8 @@ random-init Gemma3ForCausalLM (5 sliding-window layers with a window of 8
 and their own RoPE base, 1 global layer with linear RoPE scaling, q/k
 norms, pre- and post-norms, GeGLU, scaled and tied embeddings,
 `query_pre_attn_scalar`) as safetensors and as llama.cpp's `gemma3` GGUF
-(F32, F16, and Q8_0/Q4_0 weights read in place by the Rust kernel), run
+(F32, F16, and Q8_0/Q4_0 weights read in place by the Rust kernel) and
+as a multimodal Gemma3ForConditionalGeneration checkpoint, run
 through the paged cache with chunked prefill, a prefix-cache hit and
 prompts longer than the window: every sampled position's logits within
 1e-4 of transformers' and greedy output equal to `generate`. Then the
@@ -21,7 +22,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
-from vllm_rs.engine import make_engine_config  # noqa: E402
+from vllm_rs.engine import make_engine_config, model_runner  # noqa: E402
 from vllm_rs.engine.core import EngineCore  # noqa: E402
 from vllm_rs.engine.models import resolve_model  # noqa: E402
 from vllm_rs.engine.packed_weights import PackedLinear  # noqa: E402
@@ -60,8 +61,13 @@ def test_config_has_both_layer_kinds(gemma3):
         assert config.tie_word_embeddings and config.final_logit_softcapping is None
 
 
-def test_safetensors_logits_and_greedy_match_transformers(gemma3):
+@pytest.mark.parametrize("decodes", ["kernel", "gathered"])
+def test_safetensors_logits_and_greedy_match_transformers(gemma3, monkeypatch, decodes):
+    """Decodes attended by the Rust kernel (a float32 cache on the CPU) and
+    by torch over gathered keys with a mask (a CUDA or half cache)."""
     model, _, paths = gemma3
+    if decodes == "gathered":
+        monkeypatch.setattr(model_runner, "attends_in_place", lambda device, dtype: False)
     _check_against_transformers(model, paths["safetensors"], seed=1)
 
 
