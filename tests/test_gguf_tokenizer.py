@@ -1,10 +1,12 @@
 """The tokenizer and chat template rebuilt from a GGUF's metadata
 (`vllm_rs.gguf_tokenizer`), against transformers' own GGUF tokenizer
 (`AutoTokenizer.from_pretrained(dir, gguf_file=...)`) on the packaged
-SmolLM2 GGUF: the same ids for a varied set of strings (unicode, whitespace
-runs, digits, code, special tokens), the same chat prompt, the same special
-tokens; the cache folder is private and reused; GGUFs it cannot rebuild are
-refused naming the file and what is supported.
+SmolLM2 GGUF (byte-level BPE) and the packaged Gemma 3 270M GGUF
+(SentencePiece): the same ids and decoded text for a varied set of strings
+(unicode, whitespace runs, digits, code, emoji, special tokens), the same
+chat prompt, the same special tokens; the cache folder is private and
+reused; GGUFs it cannot rebuild are refused naming the file and what is
+supported. Each model's tests skip, saying why, where its package is missing.
 
 One known difference: transformers' GGUF converter gives every `gpt2`-model
 GGUF GPT-2's plain byte-level pre-tokenizer, ignoring `tokenizer.ggml.pre`;
@@ -23,13 +25,18 @@ import stat
 import struct
 
 import pytest
+from vllm_rs.gguf_sentencepiece import GEMMA_ARCHITECTURES
 from vllm_rs.gguf_tokenizer import SUPPORTED_PRE, GGUFTokenizerError, tokenizer_dir
 from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 
+from tests.support.gemma3_270m import GEMMA_TURNS_TEMPLATE, gemma3_270m_path
+
 try:
     GGUF = packaged_model_path()
+    NO_SMOLLM2 = ""
 except ModelNotFoundError as e:
-    pytest.skip(f"the packaged SmolLM2 GGUF is not installed: {e}", allow_module_level=True)
+    GGUF, NO_SMOLLM2 = "", f"the packaged SmolLM2 GGUF is not installed: {e}"
+smollm2 = pytest.mark.skipif(not GGUF, reason=NO_SMOLLM2)
 
 TEXTS = [
     "Hello world",
@@ -58,18 +65,31 @@ def random_texts(n: int, seed: int = 0) -> list[str]:
     return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 60))) for _ in range(n)]
 
 
-@pytest.fixture(scope="module")
-def ours(tmp_path_factory):
+def _rebuilt(gguf: str, cache) -> tuple[str, object]:
+    """The folder rebuilt for `gguf` under `cache`, and its `tokenizer.json` loaded."""
     from tokenizers import Tokenizer
 
-    folder = tokenizer_dir(GGUF, cache=str(tmp_path_factory.mktemp("cache") / "gguf-tokenizers"))
+    folder = tokenizer_dir(gguf, cache=str(cache / "gguf-tokenizers"))
     return folder, Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+
+
+def _transformers_tokenizer(gguf: str):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf))
+
+
+@pytest.fixture(scope="module")
+def ours(tmp_path_factory):
+    if not GGUF:
+        pytest.skip(NO_SMOLLM2)
+    return _rebuilt(GGUF, tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture(scope="module")
 def reference():
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(GGUF), gguf_file=os.path.basename(GGUF))
+    if not GGUF:
+        pytest.skip(NO_SMOLLM2)
+    return _transformers_tokenizer(GGUF)
 
 
 def test_ids_equal_transformers_gguf_tokenizer(ours, reference):
@@ -132,6 +152,7 @@ def test_special_tokens_template_and_eos_equal_transformers(ours, reference):
             assert template.render(messages=messages, add_generation_prompt=add_generation_prompt) == expected
 
 
+@smollm2
 def test_the_folder_is_private_reused_and_rebuilt_for_another_file(tmp_path):
     cache = tmp_path / "cache" / "gguf-tokenizers"
     first = tokenizer_dir(GGUF, cache=str(cache))
@@ -145,6 +166,77 @@ def test_the_folder_is_private_reused_and_rebuilt_for_another_file(tmp_path):
     assert tokenizer_dir(GGUF, cache=str(cache)) == first
     assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700, "a loosened cache folder is made private again"
     assert not [n for n in os.listdir(cache) if n.startswith(".tmp-")], "no staging folder is left behind"
+
+
+# ---- Gemma 3 (SentencePiece) ----
+
+GEMMA_TEXTS = [
+    *TEXTS,
+    "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n",
+    "<bos>in the middle<eos> and <pad>",
+    " leading space,  two  spaces,   three,\n\n\nthree newlines\t\ttabs",
+    "1234567890 3.14159 -42 1,000,000",
+    "<table><tr><td>cell</td></tr></table> <code>x</code>",
+    "rare: \U0001d518\U0001d52b\U0001d526 \U0001f9ec \ua66e \x7f \u2581 \u2581\u2581",
+    "emoji 👩‍👩‍👧 🇫🇷 ❤️ 🤖🤖🤖",
+    "for (int i = 0; i < n; ++i) {\n    sum += a[i];\n}\n",
+]
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    """The packaged Gemma 3 GGUF: (our folder, our tokenizer, transformers' tokenizer)."""
+    gguf = gemma3_270m_path()
+    return *_rebuilt(gguf, tmp_path_factory.mktemp("gemma-cache")), _transformers_tokenizer(gguf)
+
+
+def test_gemma_ids_and_text_equal_transformers(gemma):
+    _, tokenizer, reference = gemma
+    for text in GEMMA_TEXTS + random_texts(300, seed=1):
+        expected = reference.encode(text, add_special_tokens=False)
+        assert tokenizer.encode(text, add_special_tokens=False).ids == expected, repr(text)
+        assert tokenizer.decode(expected, skip_special_tokens=False) == reference.decode(expected), repr(text)
+        assert tokenizer.decode(expected, skip_special_tokens=True) == reference.decode(
+            expected, skip_special_tokens=True
+        ), repr(text)
+        # BOS first, once (tokenizer.ggml.add_bos_token is true).
+        assert tokenizer.encode(text).ids == reference.encode(text) == [reference.bos_token_id, *expected], repr(text)
+    # Byte fallback: a character outside the vocabulary is its UTF-8 bytes.
+    rare = tokenizer.encode("\U0001d518", add_special_tokens=False).tokens
+    assert rare == ["<0xF0>", "<0x9D>", "<0x94>", "<0x98>"], rare
+
+
+def test_gemma_special_tokens_eos_and_chat_prompt_equal_transformers(gemma):
+    folder, tokenizer, reference = gemma
+    with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    with open(os.path.join(folder, "generation_config.json"), encoding="utf-8") as f:
+        generation = json.load(f)
+    assert (config["bos_token"], config["eos_token"], config["add_bos_token"]) == (
+        reference.bos_token, reference.eos_token, True
+    )  # fmt: skip
+    # The GGUF names only <eos>; a turn ends with <end_of_turn>, which stops generation too.
+    end_of_turn = reference.convert_tokens_to_ids("<end_of_turn>")
+    assert generation["eos_token_id"] == [reference.eos_token_id, end_of_turn]
+    assert generation["bos_token_id"] == reference.bos_token_id
+    # This GGUF (a base model) has no chat template, in transformers' reading too.
+    assert "chat_template" not in config and reference.chat_template is None
+    # A template that writes <bos> itself: the prompt is encoded without
+    # special tokens (as vLLM encodes a chat prompt), so <bos> comes once.
+    import jinja2
+
+    template = jinja2.Environment().from_string(GEMMA_TURNS_TEMPLATE)
+    messages = [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "And of Italy? ü 😀"},
+    ]
+    rendered = template.render(messages=messages, add_generation_prompt=True, bos_token=config["bos_token"])
+    expected = reference.apply_chat_template(
+        messages, chat_template=GEMMA_TURNS_TEMPLATE, tokenize=True, add_generation_prompt=True, return_dict=False
+    )
+    assert tokenizer.encode(rendered, add_special_tokens=False).ids == list(expected)
+    assert list(expected).count(reference.bos_token_id) == 1 and expected[0] == reference.bos_token_id
 
 
 def _gguf(path, metadata: dict) -> str:
@@ -176,6 +268,10 @@ def _gguf(path, metadata: dict) -> str:
     [
         ({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<s>", "a"]}, "tokenizer.ggml.model='llama'"),
         (
+            {"general.architecture": "llama", "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<s>", "a"]},
+            "general.architecture='llama'",
+        ),
+        (
             {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "deepseek-llm", "tokenizer.ggml.tokens": ["a"]},
             "tokenizer.ggml.pre='deepseek-llm'",
         ),
@@ -189,7 +285,7 @@ def test_unsupported_gguf_tokenizers_are_refused_naming_the_file(tmp_path, metad
     message = str(refused.value)
     assert path in message and needle in message, message
     if "no tokenizer" not in needle:
-        assert all(repr(pre) in message for pre in SUPPORTED_PRE), message
+        assert all(repr(name) in message for name in (*SUPPORTED_PRE, *GEMMA_ARCHITECTURES)), message
     not_gguf = tmp_path / "not.gguf"
     not_gguf.write_bytes(b"PK\x03\x04" + b"\0" * 64)
     with pytest.raises(GGUFTokenizerError, match="not a readable GGUF file"):

@@ -8,9 +8,11 @@ model's tokenizer folder.
 Supported: byte-level BPE vocabularies (`tokenizer.ggml.model` = `gpt2`)
 whose pre-tokenizer (`tokenizer.ggml.pre`) is one of `SUPPORTED_PRE`:
 SmolLM/SmolLM2 (`smollm`), Llama 3.x (`llama-bpe`, `llama3`, `llama-v3`) and
-Qwen2/Qwen2.5/Qwen3 (`qwen2`). Each is rebuilt as the model's own
-`tokenizer.json` writes it (llama.cpp's split regex for that name); anything
-else raises GGUFTokenizerError naming the file and what it has.
+Qwen2/Qwen2.5/Qwen3 (`qwen2`), each rebuilt as the model's own
+`tokenizer.json` writes it (llama.cpp's split regex for that name); and
+Gemma's SentencePiece vocabulary (`llama` model, `general.architecture` one
+of `GEMMA_ARCHITECTURES`: `gguf_sentencepiece`). Anything else raises
+GGUFTokenizerError naming the file and what it has.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_rs.gguf_sentencepiece import GEMMA_ARCHITECTURES, build_gemma_tokenizer, gemma_tokens
 from vllm_rs.logger import init_logger
 
 logger = init_logger(__name__)
 
 #: Bumped whenever what is written changes, so stale cache folders are not reused.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 #: The folder (under the vllm-rs cache) that holds one folder per GGUF file.
 CACHE_SUBDIR = "gguf-tokenizers"
 
@@ -49,6 +52,9 @@ SUPPORTED_PRE = {
     "qwen2": "qwen2",
 }
 
+#: The family of a supported SentencePiece (`llama` model) vocabulary.
+GEMMA = "gemma"
+
 # llama.cpp's token types (`tokenizer.ggml.token_type`).
 _CONTROL = 3
 _USER_DEFINED = 4
@@ -65,12 +71,15 @@ class GGUFVocab:
 
     model: str
     pre: str
+    #: `general.architecture`: which SentencePiece tokenizer a `llama` vocabulary is.
+    architecture: str
     tokens: list[str]
     token_types: list[int]
     merges: list[str]
     bos_token_id: int | None
     eos_token_id: int | None
     eot_token_id: int | None
+    unk_token_id: int | None
     add_bos_token: bool
     chat_template: str | None
 
@@ -92,27 +101,33 @@ def read_vocab(path: str) -> GGUFVocab:
     return GGUFVocab(
         model=meta.get("tokenizer.ggml.model", ""),
         pre=meta.get("tokenizer.ggml.pre", "default"),
+        architecture=meta.get("general.architecture", ""),
         tokens=tokens,
         token_types=meta.get("tokenizer.ggml.token_type") or [1] * len(tokens),
         merges=meta.get("tokenizer.ggml.merges") or [],
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         eot_token_id=meta.get("tokenizer.ggml.eot_token_id"),
+        unk_token_id=meta.get("tokenizer.ggml.unknown_token_id"),
         add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
         chat_template=meta.get("tokenizer.chat_template"),
     )
 
 
 def check_supported(vocab: GGUFVocab, path: str) -> str:
-    """The family of `vocab` (a `SUPPORTED_PRE` value); GGUFTokenizerError
-    naming the file, its model and pre-tokenizer and what is supported otherwise."""
+    """The family of `vocab` (a `SUPPORTED_PRE` value, or `GEMMA`);
+    GGUFTokenizerError naming the file, its model, pre-tokenizer and
+    architecture and what is supported otherwise."""
+    if vocab.model == "llama" and vocab.architecture in GEMMA_ARCHITECTURES:
+        return GEMMA
     family = SUPPORTED_PRE.get(vocab.pre)
     if vocab.model != "gpt2" or family is None:
         raise GGUFTokenizerError(
             f"{path}: unsupported GGUF tokenizer (tokenizer.ggml.model={vocab.model!r}, "
-            f"tokenizer.ggml.pre={vocab.pre!r}); supported: byte-level BPE ('gpt2') with pre-tokenizer "
-            f"{', '.join(repr(p) for p in SUPPORTED_PRE)}; give the model's Hugging Face folder instead "
-            "(or --tokenizer DIR)"
+            f"tokenizer.ggml.pre={vocab.pre!r}, general.architecture={vocab.architecture!r}); supported: "
+            f"byte-level BPE ('gpt2') with pre-tokenizer {', '.join(repr(p) for p in SUPPORTED_PRE)}, and "
+            f"SentencePiece ('llama') of architecture {', '.join(repr(a) for a in GEMMA_ARCHITECTURES)}; "
+            "give the model's Hugging Face folder instead (or --tokenizer DIR)"
         )
     if not vocab.merges:
         raise GGUFTokenizerError(f"{path}: a BPE vocabulary without tokenizer.ggml.merges")
@@ -121,10 +136,41 @@ def check_supported(vocab: GGUFVocab, path: str) -> str:
 
 def build_tokenizer(vocab: GGUFVocab, family: str) -> Any:
     """A `tokenizers.Tokenizer` equal to the model's own `tokenizer.json`:
-    byte-level BPE over the GGUF's tokens and merges, the family's
-    pre-tokenizer, control and user-defined tokens as added tokens, and BOS
-    prepended when the GGUF says to."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    the family's model, normalizer, pre-tokenizer and decoder, control and
+    user-defined tokens as added tokens, and BOS prepended when the GGUF
+    says to."""
+    from tokenizers import AddedToken, processors
+
+    if family == GEMMA:
+        tokenizer = build_gemma_tokenizer(vocab.tokens, _token(vocab, vocab.unk_token_id))
+        spelled = gemma_tokens(vocab.tokens)
+    else:
+        tokenizer = _byte_level_tokenizer(vocab, family)
+        spelled = vocab.tokens
+    # A user-defined token the tokenizer spells otherwise (Gemma's runs of
+    # spaces, looked up as runs of `▁`) is left to the model, as transformers
+    # does: added as written it would match text the model never sees.
+    added = [
+        AddedToken(token, special=t == _CONTROL, normalized=False)
+        for token, t, as_spelled in zip(vocab.tokens, vocab.token_types, spelled)
+        if t == _CONTROL or (t == _USER_DEFINED and token == as_spelled)
+    ]
+    tokenizer.add_special_tokens([t for t in added if t.special])
+    tokenizer.add_tokens([t for t in added if not t.special])
+    if vocab.add_bos_token and vocab.bos_token_id is not None:
+        bos = vocab.tokens[vocab.bos_token_id]
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, vocab.bos_token_id)]
+        )
+    elif family != GEMMA:
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tokenizer
+
+
+def _byte_level_tokenizer(vocab: GGUFVocab, family: str) -> Any:
+    """Byte-level BPE over the GGUF's tokens and merges with the family's
+    pre-tokenizer (special tokens and BOS are the caller's)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     ids = {token: i for i, token in enumerate(vocab.tokens)}
     merges = [tuple(m.split(" ", 1)) for m in vocab.merges]
@@ -145,20 +191,6 @@ def build_tokenizer(vocab: GGUFVocab, family: str) -> Any:
     if family == "qwen2":
         tokenizer.normalizer = normalizers.NFC()
     tokenizer.decoder = decoders.ByteLevel()
-    added = [
-        AddedToken(vocab.tokens[i], special=t == _CONTROL, normalized=False)
-        for i, t in enumerate(vocab.token_types)
-        if t in (_CONTROL, _USER_DEFINED)
-    ]
-    tokenizer.add_special_tokens([t for t in added if t.special])
-    tokenizer.add_tokens([t for t in added if not t.special])
-    if vocab.add_bos_token and vocab.bos_token_id is not None:
-        bos = vocab.tokens[vocab.bos_token_id]
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, vocab.bos_token_id)]
-        )
-    else:
-        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     return tokenizer
 
 
@@ -184,9 +216,22 @@ def tokenizer_config(vocab: GGUFVocab) -> dict[str, Any]:
     return config
 
 
+def end_of_turn_id(vocab: GGUFVocab) -> int | None:
+    """The end-of-turn id: `tokenizer.ggml.eot_token_id`, else the control
+    token `<end_of_turn>` where the vocabulary has one (Gemma's GGUFs name
+    only `<eos>`, yet every chat turn ends with `<end_of_turn>`: llama.cpp
+    finds it by its text, and Gemma's own generation config lists it)."""
+    if _token(vocab, vocab.eot_token_id) is not None:
+        return vocab.eot_token_id
+    for i, (token, kind) in enumerate(zip(vocab.tokens, vocab.token_types)):
+        if token == "<end_of_turn>" and kind == _CONTROL:
+            return i
+    return None
+
+
 def generation_config(vocab: GGUFVocab) -> dict[str, Any]:
     """`generation_config.json`: the end-of-sequence ids (EOS, then end-of-turn when it differs)."""
-    eos = [i for i in (vocab.eos_token_id, vocab.eot_token_id) if _token(vocab, i) is not None]
+    eos = [i for i in (vocab.eos_token_id, end_of_turn_id(vocab)) if _token(vocab, i) is not None]
     config: dict[str, Any] = {"eos_token_id": list(dict.fromkeys(eos))}
     if _token(vocab, vocab.bos_token_id) is not None:
         config["bos_token_id"] = vocab.bos_token_id
@@ -257,5 +302,5 @@ def tokenizer_dir(gguf_path: str, cache: str | None = None) -> str:
     finally:
         if os.path.isdir(staging):
             shutil.rmtree(staging, ignore_errors=True)
-    logger.info("tokenizer of %s (%s pre-tokenizer, %d tokens) in %s", gguf_path, vocab.pre, len(vocab.tokens), target)
+    logger.info("tokenizer of %s (%s, %d tokens) in %s", gguf_path, family, len(vocab.tokens), target)
     return target
