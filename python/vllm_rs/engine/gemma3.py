@@ -9,10 +9,9 @@ unscaled) and global attention (`rope_theta`, with `rope_scaling`); the
 output head tied to the embeddings unless the checkpoint has one, with
 `final_logit_softcapping` when the config sets it.
 
-Its interface is `llama.CausalLM`'s (`build`, `init_rope`,
-`attention_layers`, `forward`, HF parameter names), so weights load and
-linear layers pack (`packed_weights.pack_linears`) as for the other
-models."""
+It subclasses `llama.CausalLM` (`build`, `attention_layers`, the output
+head, HF parameter names), so weights load and linear layers pack
+(`packed_weights.pack_linears`) as for the other models."""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ from torch import nn
 
 from vllm_rs.engine.attention import AttentionMetadata, PagedAttention
 from vllm_rs.engine.checkpoint import TransformerConfig
-from vllm_rs.engine.llama import apply_rope, rope_inv_freq, rope_tables
+from vllm_rs.engine.llama import CausalLM, apply_rope, rope_inv_freq, rope_tables
 
 
 class GemmaRMSNorm(nn.Module):
@@ -123,25 +122,15 @@ class Backbone(nn.Module):
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class Gemma3ForCausalLM(nn.Module):
-    """The decoder and its output head. Built on the `meta` device by
-    `build`; weights arrive with `load_state_dict(..., assign=True)` and
-    the RoPE tables of both layer kinds with `init_rope`."""
+class Gemma3ForCausalLM(CausalLM):
+    """`llama.CausalLM` with Gemma 3's backbone: RoPE tables for both layer
+    kinds (`init_rope`), scaled embeddings and the logits' softcapping."""
+
+    backbone = Backbone
 
     def __init__(self, config: TransformerConfig):
-        super().__init__()
-        self.config = config
-        self.model = Backbone(config)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.inv_freq: torch.Tensor | None = None
+        super().__init__(config)
         self.local_inv_freq: torch.Tensor | None = None
-
-    @staticmethod
-    def build(config: TransformerConfig) -> Gemma3ForCausalLM:
-        """The module with meta (storage-free) parameters."""
-        with torch.device("meta"):
-            return Gemma3ForCausalLM(config)
 
     def init_rope(self, device: torch.device, factors: torch.Tensor | None = None) -> None:
         """Computes both layer kinds' RoPE inverse frequencies on `device`
@@ -151,10 +140,6 @@ class Gemma3ForCausalLM(nn.Module):
         self.inv_freq = rope_inv_freq(c, factors).to(device)
         local = replace(c, rope_theta=c.local_rope_theta or c.rope_theta, rope_scaling=None)
         self.local_inv_freq = rope_inv_freq(local).to(device)
-
-    def attention_layers(self) -> dict[str, PagedAttention]:
-        """Layer name -> attention module (the forward context)."""
-        return {layer.self_attn.attn.layer_name: layer.self_attn.attn for layer in self.model.layers}
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, logits_indices: torch.Tensor
@@ -166,9 +151,6 @@ class Gemma3ForCausalLM(nn.Module):
         local_rope = rope_tables(positions, self.local_inv_freq, x.dtype)
         for layer in self.model.layers:
             x = layer.forward(x, *(local_rope if layer.is_local else global_rope), meta)
-        hidden = self.model.norm.forward(x.index_select(0, logits_indices))
-        # A packed model has its own lm_head even when the embeddings are tied.
-        head = getattr(self, "lm_head", None)
-        logits = (hidden @ self.model.embed_tokens.weight.t() if head is None else head(hidden)).float()
+        logits = self.logits(x.index_select(0, logits_indices))
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap

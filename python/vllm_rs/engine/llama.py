@@ -166,21 +166,25 @@ class Backbone(nn.Module):
 class CausalLM(nn.Module):
     """The decoder and its output head (the embeddings when tied). Built on
     the `meta` device by `build`; weights arrive with `load_state_dict(...,
-    assign=True)` and RoPE's table with `init_rope`."""
+    assign=True)` and RoPE's table with `init_rope`. Other families
+    (`gemma3.Gemma3ForCausalLM`) subclass it with their own `Backbone`."""
+
+    #: The embeddings, layers and final norm (`model.` in the checkpoint).
+    backbone = Backbone
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.config = config
-        self.model = Backbone(config)
+        self.model = self.backbone(config)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.inv_freq: torch.Tensor | None = None
 
-    @staticmethod
-    def build(config: TransformerConfig) -> CausalLM:
+    @classmethod
+    def build(cls, config: TransformerConfig) -> CausalLM:
         """The module with meta (storage-free) parameters."""
         with torch.device("meta"):
-            return CausalLM(config)
+            return cls(config)
 
     def init_rope(self, device: torch.device, factors: torch.Tensor | None = None) -> None:
         """Computes RoPE's inverse frequencies on `device` (float32)."""
@@ -198,7 +202,11 @@ class CausalLM(nn.Module):
         cos, sin = rope_tables(positions, self.inv_freq, x.dtype)
         for layer in self.model.layers:
             x = layer.forward(x, cos, sin, meta)
-        hidden = self.model.norm(x.index_select(0, logits_indices))
+        return self.logits(x.index_select(0, logits_indices))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm and the output head of `hidden` rows, in float32."""
+        hidden = self.model.norm.forward(hidden)
         # A packed model has its own lm_head even when the embeddings are tied.
         head = getattr(self, "lm_head", None)
         logits = hidden @ self.model.embed_tokens.weight.t() if head is None else head(hidden)
