@@ -170,6 +170,24 @@ def test_llama_q_and_k_rows_of_super_blocks_are_unpermuted(tmp_path):
             assert (ours - reference).abs().max() < LOGPROB_TOLERANCE, request_id
 
 
+def test_a_file_with_rows_of_2048_serves_in_place(tmp_path):
+    """A 1B model's row width (Llama 3.2 1B, Qwen3 1.7B: 2048), one layer:
+    its Q4_K_M mix (Q4_K, Q6_K; the untied head Q6_K, the embeddings Q4_K)
+    read in place generates what the dequantized path does."""
+    model = make_hf_model("llama", seed=8, hidden_size=2048, intermediate_size=2048, num_hidden_layers=1,
+                          num_attention_heads=16, num_key_value_heads=4, vocab_size=256)  # fmt: skip
+    quant = {"attn_v": "Q6_K", "ffn_down": "Q6_K", "output": "Q6_K", "": "Q4_K"}
+    path = save_gguf(model, str(tmp_path / "rows-2048.gguf"), quant=quant)
+    tokens, rows, core = generate(path, "gguf")
+    layers = [m for m in core.runner.model.modules() if isinstance(m, PackedLinear)]
+    assert {m.blocks.type for m in layers} == {12, 14} and core.runner.model.lm_head.blocks.type == 14
+    expected_tokens, expected_rows, _ = generate(path, "none")
+    assert tokens == expected_tokens
+    for request_id, expected in expected_rows.items():
+        for ours, reference in zip(rows[request_id], expected, strict=True):
+            assert (ours - reference).abs().max() < LOGPROB_TOLERANCE, request_id
+
+
 def test_types_the_kernel_does_not_read_are_dequantized_with_one_log_line(tiny_model, tmp_path, caplog):
     """F32 weights stay float32; an i-quant the kernel does not read (here
     TQ2_0, which the `gguf` package writes) is dequantized, and said so once."""
