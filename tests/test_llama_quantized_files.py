@@ -23,7 +23,7 @@ from vllm_rs.engine.protocol import EngineCoreRequest
 from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 
 from tests.support.greedy import greedy_with_rows
-from tests.test_serve import Serve, rust_frontend_available
+from tests.test_serve import rust_frontend_available, serving
 
 QUANTIZE = os.environ.get("VLLM_RS_LLAMA_QUANTIZE", "")
 if not (QUANTIZE and os.access(QUANTIZE, os.X_OK)):
@@ -76,9 +76,7 @@ def test_the_q4_k_m_serves_through_the_openai_client(files):
     dequantized engine generates greedily from the same prompt tokens."""
     if not rust_frontend_available():
         pytest.skip("the vllm-rs binary is not built")
-    serve = Serve(files["Q4_K_M"], "--port", "0", "--host", "127.0.0.1", "--max-model-len", "1024")
-    try:
-        serve.wait_ready(timeout_s=600)
+    with serving(files["Q4_K_M"], "--port", "0", "--host", "127.0.0.1", "--max-model-len", "1024") as serve:
         client = serve.client()
         answer = client.chat.completions.create(
             model=client.models.list().data[0].id,
@@ -87,8 +85,6 @@ def test_the_q4_k_m_serves_through_the_openai_client(files):
             max_tokens=24,
             extra_body={"return_token_ids": True},
         )
-    finally:
-        serve.kill()
     choice = answer.choices[0]
     assert choice.message.content and answer.usage.completion_tokens == len(choice.token_ids)
     config = make_engine_config(files["Q4_K_M"], max_model_len=256, device="cpu", dtype="float32",

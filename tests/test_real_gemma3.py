@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from tests.support.gemma3_270m import GEMMA_TURNS_TEMPLATE, gemma3_270m_path
-from tests.test_serve import Serve, rust_frontend_available
+from tests.test_serve import rust_frontend_available, serving
 
 if not rust_frontend_available():
     pytest.skip("the vllm-rs binary is not built", allow_module_level=True)
@@ -61,15 +61,11 @@ def cache(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def server(gguf, cache):
-    serve = Serve(
+    with serving(
         gguf, "--served-model-name", MODEL, "--port", "0", "--host", "127.0.0.1", "--max-model-len", "1024",
         "--trust-request-chat-template", env={"VLLM_RS_CACHE": cache},
-    )  # fmt: skip
-    try:
-        serve.wait_ready(timeout_s=600)
+    ) as serve:  # fmt: skip
         yield serve
-    finally:
-        serve.kill()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from vllm_rs.model_files import PACKAGED_MODEL_NAME, ModelNotFoundError, packaged_model_path
 
-from tests.test_serve import Serve, rust_frontend_available
+from tests.test_serve import rust_frontend_available, serving
 
 try:
     GGUF = packaged_model_path()
@@ -45,12 +45,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def server():
-    serve = Serve("--port", "0", "--host", "127.0.0.1", "--max-model-len", "2048")
-    try:
-        serve.wait_ready(timeout_s=600)
+    with serving("--port", "0", "--host", "127.0.0.1", "--max-model-len", "2048") as serve:
         yield serve
-    finally:
-        serve.kill()
 
 
 @pytest.fixture(scope="module")

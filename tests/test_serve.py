@@ -6,6 +6,7 @@ What the HTTP surface does is asserted in tests/conformance/."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -151,6 +152,18 @@ class Serve:
         if self.proc.stdout:
             self._reader.join(10)
             self.proc.stdout.close()
+
+
+@contextlib.contextmanager
+def serving(*args: str, env: dict[str, str] | None = None, timeout_s: float = 600):
+    """A `Serve` of `args`, yielded once it is ready (a real model may take
+    minutes on a loaded machine) and killed when the block ends."""
+    serve = Serve(*args, env=env)
+    try:
+        serve.wait_ready(timeout_s=timeout_s)
+        yield serve
+    finally:
+        serve.kill()
 
 
 def _running(processes: list[psutil.Process]) -> list[psutil.Process]:

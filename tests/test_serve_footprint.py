@@ -17,7 +17,7 @@ from vllm_rs.engine.config import kv_bytes_per_token
 from vllm_rs.engine.models import resolve_model
 from vllm_rs.model_files import PACKAGED_MODEL_NAME, ModelNotFoundError, packaged_model_path
 
-from tests.test_serve import Serve, rust_frontend_available
+from tests.test_serve import rust_frontend_available, serving
 
 try:
     GGUF = packaged_model_path()
@@ -58,12 +58,8 @@ def package_dir(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def server():
-    serve = Serve("--port", "0", "--host", "127.0.0.1")
-    try:
-        serve.wait_ready(timeout_s=600)
+    with serving("--port", "0", "--host", "127.0.0.1") as serve:
         yield serve
-    finally:
-        serve.kill()
 
 
 @pytest.fixture(scope="module")
