@@ -136,6 +136,13 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         "file; none: dequantized to --dtype; default: gguf for such a GGUF on the CPU in float32, else none)",
     )
     parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run a real model's torch modules operation by operation (the torch step) even where the native step "
+        "(the whole decoder in one Rust call: Llama-family models on the CPU in float32 with every weight read in "
+        "place by the kernel) could run it; the two compute the same logits to float32 rounding",
+    )
+    parser.add_argument(
         "--kv-cache-memory-bytes",
         type=int,
         default=None,

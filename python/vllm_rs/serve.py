@@ -346,6 +346,7 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
             dtype=args.dtype,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes,
             quantization=args.quantization,
+            enforce_eager=args.enforce_eager,
         )
     except (ModelPathError, EngineConfigError) as e:
         raise ServeUsageError(str(e)) from None

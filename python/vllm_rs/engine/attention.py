@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -109,6 +110,12 @@ class PagedAttention(nn.Module):
             self._key_array, self._value_array = self._key_cache.numpy(), self._value_cache.numpy()
         else:
             self._key_array = self._value_array = None
+
+    def cache_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The bound cache's key and value halves as numpy arrays `[slots,
+        kv_heads, head_dim]` sharing its memory, where the Rust kernels read
+        it in place (`attends_in_place`); else None."""
+        return None if self._key_array is None else (self._key_array, self._value_array)
 
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """The shape of this layer's KV cache."""

@@ -67,6 +67,10 @@ class ModelConfig:
     #: checkpoint's linear layers, as stored) or None (converted to
     #: `dtype`); vLLM's `quantization` field.
     quantization: str | None = None
+    #: Run the model's torch modules operation by operation even where the
+    #: native step could run it (`--enforce-eager`, vLLM's name for "no
+    #: captured or compiled step").
+    enforce_eager: bool = False
 
     @property
     def architectures(self) -> list[str]:
@@ -178,6 +182,7 @@ def make_engine_config(
     kv_cache_memory_bytes: int | None = None,
     tokenizer_dir: str | None = None,
     quantization: str | None = None,
+    enforce_eager: bool = False,
 ) -> EngineConfig:
     """An EngineConfig with the model type's defaults filled in and the KV
     cache sized (`num_gpu_blocks`; for a real model from
@@ -238,6 +243,7 @@ def make_engine_config(
             dtype=resolved_dtype,
             seed=seed,
             quantization=resolved_quantization,
+            enforce_eager=enforce_eager,
         ),
         cache_config=cache,
         scheduler_config=scheduler,

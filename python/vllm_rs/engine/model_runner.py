@@ -7,6 +7,8 @@ chunks and decodes together) and samples. CUDA when there is one (or
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -14,6 +16,7 @@ from vllm_rs.engine.attention import AttentionMetadata, DecodeBatch, SequenceSli
 from vllm_rs.engine.config import EngineConfig, kv_bytes_per_token
 from vllm_rs.engine.cpu_threads import keep_torch_on_one_thread, kernel_threads, limit_cpu_threads
 from vllm_rs.engine.logprobs import gather, num_columns
+from vllm_rs.engine.native_step import NativeStep, native_step_unsupported
 from vllm_rs.engine.packed_weights import every_matmul_in_kernels
 from vllm_rs.engine.prefix_hash import hash_block_tokens
 from vllm_rs.engine.request import Request
@@ -34,6 +37,18 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: CUDA is not available")
     return torch.device(name)
+
+
+@dataclass
+class StagedStep:
+    """A step staged in the host buffers: each request's `(first row, end
+    row, first key, keys, first position)`, the requests sampled, the
+    prompt positions scored and the key slots staged (`num_keys`)."""
+
+    ranges: list[tuple[int, int, int, int, int]]
+    sample_requests: list[Request]
+    prompt_scores: list[tuple[Request, list[int]]]
+    num_keys: int
 
 
 class KVCacheTooSmallError(RuntimeError):
@@ -71,6 +86,7 @@ class ModelRunner:
         self.positions = CpuGpuBuffer(max_tokens, dtype=torch.int64, device=self.device)
         self.slot_mapping = CpuGpuBuffer(max_tokens, dtype=torch.int64, device=self.device)
         self.key_slots = CpuGpuBuffer(max_keys, dtype=torch.int64, device=self.device)
+        self.key_starts = CpuGpuBuffer(max_tokens, dtype=torch.int64, device=self.device)
         max_seqs = config.scheduler_config.max_num_seqs
         self.decode_rows = CpuGpuBuffer(max_seqs, dtype=torch.int64, device=self.device)
         self.decode_lens = CpuGpuBuffer(max_seqs, dtype=torch.int64, device=self.device)
@@ -88,12 +104,18 @@ class ModelRunner:
         layers = self.model.attention_layers().values()
         self._windows = sorted({layer.sliding_window for layer in layers if layer.sliding_window is not None})
         self.sampler = Sampler(self.device)
+        self.native_step: NativeStep | None = None
+        why_not = "--enforce-eager" if config.model_config.enforce_eager else None
+        why_not = why_not or native_step_unsupported(self.model, self.device, self.dtype)
+        if why_not is None:
+            self.native_step = NativeStep(self.model)
         logger.info(
-            "%s (%s%s) on %s (%d threads, kernels %d): %d KV blocks of %d tokens",
+            "%s (%s%s) on %s (%d threads, kernels %d): %d KV blocks of %d tokens; %s",
             config.model_config.architecture, config.model_config.dtype,
             ", weights kept as stored" if config.model_config.quantization else "", self.device,
             torch.get_num_threads(), kernel_threads(),
             self.num_gpu_blocks, self.block_size,
+            "native step" if why_not is None else f"torch step ({why_not})",
         )  # fmt: skip
 
     def _load_model(self, config: EngineConfig) -> torch.nn.Module:
@@ -155,14 +177,22 @@ class ModelRunner:
         num_tokens = plan.total_num_scheduled_tokens
         if num_tokens == 0:
             return ModelOutput()
-        meta, sample_requests, prompt_scores = self._stage_inputs(plan, num_tokens)
+        staged = self._stage_inputs(plan, num_tokens)
+        sample_requests, prompt_scores = staged.sample_requests, staged.prompt_scores
         num_rows = len(sample_requests) + sum(len(targets) for _, targets in prompt_scores)
-        logits = self.model(
-            self.input_ids.copy_to_gpu(num_tokens),
-            self.positions.copy_to_gpu(num_tokens),
-            meta,
-            self.logits_indices.copy_to_gpu(num_rows),
-        )
+        if self.native_step is not None:
+            logits = self.native_step.forward(
+                self.input_ids.cpu[:num_tokens], self.positions.np[:num_tokens], self.slot_mapping.np[:num_tokens],
+                self.key_starts.np[:num_tokens], self.key_slots.np[: staged.num_keys],
+                self.logits_indices.np[:num_rows],
+            )  # fmt: skip
+        else:
+            logits = self.model(
+                self.input_ids.copy_to_gpu(num_tokens),
+                self.positions.copy_to_gpu(num_tokens),
+                self._attention_metadata(staged, num_tokens),
+                self.logits_indices.copy_to_gpu(num_rows),
+            )
         vocab = logits.shape[-1]
         sample_logits = logits[: len(sample_requests)]
         for i, request in enumerate(sample_requests):
@@ -186,9 +216,13 @@ class ModelRunner:
             out.prompt_logprobs[request.request_id] = gather(rows, targets, k)
         return out
 
-    def _stage_inputs(self, plan: StepPlan, num_tokens: int):
+    def _stage_inputs(self, plan: StepPlan, num_tokens: int) -> StagedStep:
+        """Fills the host buffers of the step's tokens: ids, positions,
+        cache slots, each token's sequence's first key (`key_starts`), the
+        key slots of every sequence from position 0 (`key_slots`) and the
+        rows whose logits are wanted (`logits_indices`)."""
         ids, positions, slots = self.input_ids.np, self.positions.np, self.slot_mapping.np
-        key_slots = self.key_slots.np
+        key_slots, key_starts = self.key_slots.np, self.key_starts.np
         ranges = []
         sample_requests = []
         # (request, prompt tokens scored): the logits rows of prompt positions
@@ -206,6 +240,7 @@ class ModelRunner:
             all_slots = (blocks[:, None] * self.block_size + self._block_offsets).reshape(-1)[:end_pos]
             slots[row : row + n] = all_slots[start_pos:end_pos]
             key_slots[key_row : key_row + end_pos] = all_slots
+            key_starts[row : row + n] = key_row
             ranges.append((row, row + n, key_row, end_pos, start_pos))
             if end_pos == request.num_tokens:
                 self.logits_indices.np[len(sample_requests)] = row + n - 1
@@ -219,6 +254,15 @@ class ModelRunner:
                 request.num_prompt_scored = last
             row += n
             key_row += end_pos
+        if prompt_rows:
+            extra = np.concatenate(prompt_rows)
+            self.logits_indices.np[len(sample_requests) : len(sample_requests) + len(extra)] = extra
+        return StagedStep(ranges, sample_requests, prompt_scores, key_row)
+
+    def _attention_metadata(self, staged: StagedStep, num_tokens: int) -> AttentionMetadata:
+        """The torch path's view of a staged step: each sequence's keys and
+        causal mask, the decodes batched, and each sliding window's view."""
+        ranges, key_row = staged.ranges, staged.num_keys
         decodes = [r for r in ranges if r[1] - r[0] == 1]
         batched = self._stage_decodes(decodes) if len(decodes) > 1 or (decodes and self._decodes_in_place) else None
         key_slots_gpu = self.key_slots.copy_to_gpu(key_row)
@@ -231,13 +275,10 @@ class ModelRunner:
                 query_pos = torch.arange(context, seq_len, device=self.device)
                 mask = torch.arange(seq_len, device=self.device)[None, :] <= query_pos[:, None]
             sequences.append(SequenceSlice(start, end, key_slots_gpu[key_start : key_start + seq_len], mask))
-        if prompt_rows:
-            extra = np.concatenate(prompt_rows)
-            self.logits_indices.np[len(sample_requests) : len(sample_requests) + len(extra)] = extra
         meta = AttentionMetadata(self.slot_mapping.copy_to_gpu(num_tokens), sequences, batched)
         for window in self._windows:
             meta.windows[window] = self._windowed(meta, ranges, key_slots_gpu, batched, window)
-        return meta, sample_requests, prompt_scores
+        return meta
 
     def _windowed(
         self,

@@ -1,6 +1,7 @@
-//! Decode attention over a paged KV cache, read in place: each sequence has
-//! one query (a decode step), its keys and values are found through its
-//! cache slots, and the query heads share key/value heads in groups
+//! Attention over a paged KV cache, read in place: each sequence has one
+//! query (a decode step; a prefill's queries are one sequence each, over
+//! the keys up to their own position), its keys and values are found
+//! through its cache slots, and the query heads share key/value heads in groups
 //! (grouped-query attention). Nothing is gathered: a key is read from the
 //! cache where it lies, once per query head of its group.
 //!
@@ -56,6 +57,18 @@ pub enum AttentionError {
         /// Columns of `key_slots`.
         max_keys: usize,
     },
+    /// A sequence's keys run outside `key_slots`.
+    #[error("sequence {seq}: keys {start}..{start}+{len} are outside key_slots' {available} slots")]
+    KeyRange {
+        /// The sequence.
+        seq: usize,
+        /// Its first key's index in `key_slots`.
+        start: i64,
+        /// Its key count.
+        len: i64,
+        /// Elements of `key_slots`.
+        available: usize,
+    },
     /// A key's slot is outside the cache.
     #[error("sequence {seq}: key {key} is slot {slot}, outside the cache's {slots} slots")]
     Slot {
@@ -71,8 +84,8 @@ pub enum AttentionError {
 }
 
 /// The shapes of a call: `q` and `out` are `[tokens, heads, head_dim]`, each
-/// cache `[slots, kv_heads, head_dim]`, `key_slots` `[seqs, max_keys]`,
-/// `rows` and `lens` `[seqs]`.
+/// cache `[slots, kv_heads, head_dim]`, `rows`, `key_starts` and `lens`
+/// `[seqs]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttentionDims {
     /// Rows of `q` and `out` (the step's tokens).
@@ -87,7 +100,7 @@ pub struct AttentionDims {
     pub slots: usize,
     /// Sequences attended.
     pub seqs: usize,
-    /// Columns of `key_slots` (the longest sequence's keys, or more).
+    /// The longest sequence's key count (or more): what its scores hold.
     pub max_keys: usize,
 }
 
@@ -102,9 +115,12 @@ pub struct DecodeInputs<'a> {
     pub value_cache: &'a [f32],
     /// Each sequence's row of `q` and `out`, strictly increasing.
     pub rows: &'a [i64],
-    /// Each sequence's key slots, in order, padded to `max_keys`.
+    /// The key slots of every sequence, in order: sequence `s` reads
+    /// `key_slots[key_starts[s]..key_starts[s] + lens[s]]` (sequences may share them).
     pub key_slots: &'a [i64],
-    /// Each sequence's key count (the first `lens[s]` of its slots count).
+    /// Where each sequence's keys start in `key_slots`.
+    pub key_starts: &'a [i64],
+    /// Each sequence's key count.
     pub lens: &'a [i64],
     /// The factor of the scores (`1 / sqrt(head_dim)` for the usual scaling).
     pub scale: f32,
@@ -127,7 +143,7 @@ pub fn check_attention(inputs: &DecodeInputs<'_>, out: usize, dims: AttentionDim
         ("value_cache", inputs.value_cache.len(), cache),
         ("rows", inputs.rows.len(), seqs),
         ("lens", inputs.lens.len(), seqs),
-        ("key_slots", inputs.key_slots.len(), seqs * max_keys),
+        ("key_starts", inputs.key_starts.len(), seqs),
     ] {
         if got != need {
             return Err(AttentionError::Len { what, got, need });
@@ -144,7 +160,11 @@ pub fn check_attention(inputs: &DecodeInputs<'_>, out: usize, dims: AttentionDim
         if len < 1 || len as u64 > max_keys as u64 {
             return Err(AttentionError::Keys { seq, len, max_keys });
         }
-        let keys = &inputs.key_slots[seq * max_keys..seq * max_keys + len as usize];
+        let (start, available) = (inputs.key_starts[seq], inputs.key_slots.len());
+        if start < 0 || start as u64 + len as u64 > available as u64 {
+            return Err(AttentionError::KeyRange { seq, start, len, available });
+        }
+        let keys = &inputs.key_slots[start as usize..(start + len) as usize];
         if let Some((key, &slot)) = keys.iter().enumerate().find(|(_, &s)| s < 0 || s as u64 >= slots as u64) {
             return Err(AttentionError::Slot { seq, key, slot, slots });
         }
@@ -163,6 +183,23 @@ pub fn decode_attention(
     threads: usize,
 ) -> Result<(), AttentionError> {
     check_attention(inputs, out.len(), dims)?;
+    // SAFETY: just checked.
+    unsafe { attend(path, inputs, out, dims, threads) };
+    Ok(())
+}
+
+/// `decode_attention` without its checks, for a caller that checked the
+/// call once for many (the decoder checks a step's slots once, not per layer).
+///
+/// # Safety
+/// `check_attention(inputs, out.len(), dims)` would pass.
+pub(crate) unsafe fn attend(
+    path: Path,
+    inputs: &DecodeInputs<'_>,
+    out: &mut [f32],
+    dims: AttentionDims,
+    threads: usize,
+) {
     let job = Job { inputs, out: Out(out.as_mut_ptr()), dims };
     let run = |seqs: std::ops::Range<usize>| {
         // SAFETY: everything was checked above; the rows are strictly
@@ -188,7 +225,6 @@ pub fn decode_attention(
     };
     let parts = crate::parts_for(threads).min(dims.seqs).max(1);
     crate::pool::run(parts, threads, &|p| run(dims.seqs * p / parts..dims.seqs * (p + 1) / parts));
-    Ok(())
 }
 
 /// One checked call, as each thread's part of it sees it.
@@ -220,7 +256,8 @@ unsafe fn sequences<const SIMD: bool>(job: &Job<'_>, seqs: std::ops::Range<usize
     for seq in seqs {
         let row = inputs.rows[seq] as usize;
         let len = inputs.lens[seq] as usize;
-        let slots = &inputs.key_slots[seq * max_keys..seq * max_keys + len];
+        let start = inputs.key_starts[seq] as usize;
+        let slots = &inputs.key_slots[start..start + len];
         let scores = &mut scores[..heads * len];
         let q = &inputs.q[row * heads * hd..(row + 1) * heads * hd];
         let cache_row = |cache, slot| cache_row(cache, slot, kv_row);

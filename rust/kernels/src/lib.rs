@@ -10,11 +10,15 @@
 //! N is split across threads. Why a kernel of our own: docs/real-model-speed.md.
 //!
 //! Beside it, `decode_attention`: one query per sequence attending over its
-//! keys and values where they lie in a paged KV cache (`attention.rs`).
+//! keys and values where they lie in a paged KV cache (`attention.rs`); and
+//! `Decoder`: a whole Llama-family decoder step (norms, RoPE, attention,
+//! MLP, the output head) over those kernels, with no interpreter between
+//! its layers (`decoder.rs`).
 
 mod attention;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod decoder;
 mod pool;
 mod quant;
 mod scalar;
@@ -24,6 +28,7 @@ mod super_blocks;
 mod x86;
 
 pub use attention::{check_attention, decode_attention, AttentionDims, AttentionError, DecodeInputs};
+pub use decoder::{Decoder, Layer, LayerCache, Linear, Shape, StepError, StepInputs};
 pub use quant::{dequantize_row, QuantType, BLOCK, SUPER_BLOCK};
 
 /// A call whose buffers do not match the shapes it names.
@@ -135,34 +140,66 @@ pub fn matmul(
     dims: Dims,
     threads: usize,
 ) -> Result<(), ShapeError> {
-    check_shapes(quant, x.len(), w.len(), y.len(), dims)?;
-    if dims.m == 0 || dims.n == 0 {
-        return Ok(());
+    matmuls(path, &mut [Matmul { quant, x, w, y, dims }], threads)
+}
+
+/// One product of a `matmuls` call: `y = x · W^T`.
+pub struct Matmul<'a, 'y> {
+    /// The type of `w`'s blocks.
+    pub quant: QuantType,
+    /// The activations, `m x k`.
+    pub x: &'a [f32],
+    /// The weights, `n` rows of blocks.
+    pub w: &'a [u8],
+    /// The result, `m x n`.
+    pub y: &'y mut [f32],
+    /// The shapes.
+    pub dims: Dims,
+}
+
+/// Several independent products in one call of the pool (the Q, K and V
+/// projections of a layer; its gate and up projections), so the threads
+/// meet once for all of them, not once each: each product's N is cut into
+/// parts and the threads take the parts of every product. Each is checked
+/// as `matmul` checks it, before any is computed.
+pub fn matmuls(path: Path, calls: &mut [Matmul<'_, '_>], threads: usize) -> Result<(), ShapeError> {
+    for call in calls.iter() {
+        check_shapes(call.quant, call.x.len(), call.w.len(), call.y.len(), call.dims)?;
     }
-    let job = Job { quant, x, w, y: Out(y.as_mut_ptr()), dims };
-    let run = |cols: std::ops::Range<usize>| {
-        // SAFETY: the shapes were checked above; the column ranges of the
-        // threads are disjoint, so no two of them write one element of y.
+    let jobs: Vec<Job<'_>> = calls
+        .iter_mut()
+        .map(|c| Job { quant: c.quant, x: c.x, w: c.w, y: Out(c.y.as_mut_ptr()), dims: c.dims })
+        .collect();
+    let parts: Vec<(usize, std::ops::Range<usize>)> = jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, job)| job.dims.m > 0)
+        .flat_map(|(i, job)| split(job.dims.n, parts_for(threads)).into_iter().map(move |cols| (i, cols)))
+        .collect();
+    let run = |(i, cols): &(usize, std::ops::Range<usize>)| {
+        let job = &jobs[*i];
+        // SAFETY: the shapes were checked above; the column ranges of one
+        // product are disjoint and each product has its own y, so no two
+        // parts write one element.
         unsafe {
             match path {
-                Path::Scalar => scalar::matmul(&job, cols),
+                Path::Scalar => scalar::matmul(job, cols.clone()),
                 #[cfg(target_arch = "x86_64")]
                 Path::Avx2 => {
                     assert!(x86::supported(), "the AVX2 path needs AVX2, FMA and F16C");
-                    x86::matmul(&job, cols)
+                    x86::matmul(job, cols.clone())
                 }
                 #[cfg(target_arch = "x86_64")]
                 Path::Avx512 => {
                     assert!(avx512::supported(), "the AVX-512 path needs AVX-512F and VL, AVX2, FMA and F16C");
-                    avx512::matmul(&job, cols)
+                    avx512::matmul(job, cols.clone())
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 Path::Avx2 | Path::Avx512 => panic!("the SIMD paths need an x86-64 CPU"),
             }
         }
     };
-    let parts = split(dims.n, parts_for(threads));
-    pool::run(parts.len(), threads, &|p| run(parts[p].clone()));
+    pool::run(parts.len(), threads, &|p| run(&parts[p]));
     Ok(())
 }
 

@@ -19,6 +19,7 @@ struct Case {
     values: Vec<f32>,
     rows: Vec<i64>,
     key_slots: Vec<i64>,
+    key_starts: Vec<i64>,
     lens: Vec<i64>,
     scale: f32,
 }
@@ -43,7 +44,8 @@ impl Case {
         }
         let dims = AttentionDims { tokens, heads, kv_heads, head_dim, slots, seqs, max_keys };
         let rows = (0..seqs as i64).map(|s| 2 * s + 1).collect();
-        Case { dims, q, keys, values, rows, key_slots, lens, scale: 1.0 / (head_dim as f32).sqrt() }
+        let key_starts = (0..seqs).map(|s| (s * max_keys) as i64).collect();
+        Case { dims, q, keys, values, rows, key_slots, key_starts, lens, scale: 1.0 / (head_dim as f32).sqrt() }
     }
 
     fn inputs(&self) -> DecodeInputs<'_> {
@@ -53,6 +55,7 @@ impl Case {
             value_cache: &self.values,
             rows: &self.rows,
             key_slots: &self.key_slots,
+            key_starts: &self.key_starts,
             lens: &self.lens,
             scale: self.scale,
         }
@@ -182,6 +185,14 @@ fn bad_calls_are_refused_before_anything_is_read() {
         }),
         AttentionError::Len { what: "value_cache", got: 119, need: 120 }
     );
-    let err = refuse(&|c| c.dims.max_keys = 3);
-    assert_eq!(err.to_string(), "key_slots has 8 elements, the shapes need 6");
+    assert_eq!(
+        refuse(&|c| c.key_starts[1] = 8 - c.lens[1] + 1),
+        AttentionError::KeyRange { seq: 1, start: 8 - case.lens[1] + 1, len: case.lens[1], available: 8 }
+    );
+    let err = refuse(&|c| c.key_starts[0] = -1);
+    assert_eq!(err.to_string(), format!("sequence 0: keys -1..-1+{} are outside key_slots' 8 slots", case.lens[0]));
+    let err = refuse(&|c| {
+        c.key_starts.pop();
+    });
+    assert_eq!(err.to_string(), "key_starts has 1 elements, the shapes need 2");
 }

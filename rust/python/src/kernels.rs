@@ -12,7 +12,7 @@ use vllm_rs_kernels::{decode_attention, dequantize_row, matmul, AttentionDims, D
 
 /// A buffer `func` can read as a flat C-contiguous array, or the
 /// `TypeError`/`ValueError` naming the argument.
-fn flat_for<T: pyo3::buffer::Element>(
+pub(crate) fn flat_for<T: pyo3::buffer::Element>(
     func: &str,
     obj: &Bound<'_, PyAny>,
     name: &str,
@@ -37,7 +37,7 @@ fn flat<T: pyo3::buffer::Element>(obj: &Bound<'_, PyAny>, name: &str, dtype: &st
 /// The buffer stays exported while the slice is used, and nothing writes it
 /// meanwhile (as with any GIL-releasing numpy operation, a Python thread
 /// writing into it races).
-unsafe fn slice<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> &[T] {
+pub(crate) unsafe fn slice<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> &[T] {
     if buf.item_count() == 0 {
         return &[];
     }
@@ -50,7 +50,7 @@ unsafe fn slice<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> &[T] {
 /// # Safety
 /// As [`slice`], and no other slice of the buffer is alive meanwhile.
 #[allow(clippy::mut_from_ref)] // the buffer is Python's memory, not `buf`'s
-unsafe fn slice_mut<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> &mut [T] {
+pub(crate) unsafe fn slice_mut<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> &mut [T] {
     if buf.item_count() == 0 {
         return &mut [];
     }
@@ -58,7 +58,7 @@ unsafe fn slice_mut<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> &mut [T] {
     unsafe { std::slice::from_raw_parts_mut(buf.buf_ptr() as *mut T, buf.item_count()) }
 }
 
-fn span<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> std::ops::Range<usize> {
+pub(crate) fn span<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> std::ops::Range<usize> {
     let start = buf.buf_ptr() as usize;
     start..start + buf.len_bytes()
 }
@@ -66,7 +66,7 @@ fn span<T: pyo3::buffer::Element>(buf: &PyBuffer<T>) -> std::ops::Range<usize> {
 /// Whether `func` may write `out` while it reads the `inputs` (name and
 /// byte span each): `out` writable and sharing no byte with any of them;
 /// else the `ValueError` naming what is wrong.
-fn check_out<T: pyo3::buffer::Element>(
+pub(crate) fn check_out<T: pyo3::buffer::Element>(
     func: &str,
     out: &PyBuffer<T>,
     inputs: &[(&str, std::ops::Range<usize>)],
@@ -83,7 +83,7 @@ fn check_out<T: pyo3::buffer::Element>(
 
 /// The kernel's type of ggml type id `id`, or the `ValueError` of `func`
 /// naming the ids it reads.
-fn quant_type_for(func: &str, id: u32) -> PyResult<QuantType> {
+pub(crate) fn quant_type_for(func: &str, id: u32) -> PyResult<QuantType> {
     QuantType::from_ggml(id).ok_or_else(|| {
         let known: Vec<String> = QuantType::ALL.iter().map(|q| format!("{} ({})", q.name(), q.ggml_id())).collect();
         PyValueError::new_err(format!("{func}: quant_type {id} is not one the kernel reads: {}", known.join(", ")))
@@ -243,7 +243,18 @@ fn paged_decode_attention(
     // overlaps none of the inputs (checked above).
     let (qs, ks, vs, rs, ss, ls, os) =
         unsafe { (slice(&qb), slice(&kb), slice(&vb), slice(&rb), slice(&sb), slice(&lb), slice_mut(&ob)) };
-    let inputs = DecodeInputs { q: qs, key_cache: ks, value_cache: vs, rows: rs, key_slots: ss, lens: ls, scale };
+    // Sequence s's keys are row s of the padded `key_slots`.
+    let key_starts: Vec<i64> = (0..seqs).map(|s| (s * dims.max_keys) as i64).collect();
+    let inputs = DecodeInputs {
+        q: qs,
+        key_cache: ks,
+        value_cache: vs,
+        rows: rs,
+        key_slots: ss,
+        key_starts: &key_starts,
+        lens: ls,
+        scale,
+    };
     py.detach(|| decode_attention(Path::best(), &inputs, os, dims, threads)).map_err(|e| err(e.to_string()))
 }
 

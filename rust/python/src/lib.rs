@@ -4,6 +4,7 @@
 //! anything on its own; the GGUF matmul kernel is `vllm-rs-kernels`'.
 //! `python/vllm_rs/_core.pyi` types what it exports.
 
+mod decoder;
 #[cfg(target_os = "linux")]
 mod errors;
 mod kernels;
@@ -17,5 +18,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     process::register(m)?;
     parsers::register(m)?;
     kernels::register(m)?;
+    decoder::register(m)?;
     Ok(())
 }

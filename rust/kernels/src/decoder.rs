@@ -1,0 +1,594 @@
+//! A whole decoder step of the Llama family (Llama, Mistral, Qwen2, Qwen3 and
+//! the models shaped like them) over the kernels of this crate, with no
+//! interpreter between its operations: the engine hands over a step's
+//! embedded tokens, positions and cache slots once, and gets the logits of
+//! the rows it samples. A batch-1 step of a 30-layer model is about 400
+//! small operations; run one by one from Python they cost more than the
+//! weights take to read (docs/real-model-speed.md, "The native step").
+//!
+//! The arithmetic is the torch path's (`engine/llama.py`), operation for
+//! operation, in float32: RMSNorm (`x * rsqrt(mean(x²) + eps) * w`), the
+//! projections (with their biases), the per-head q/k RMSNorms, RoPE in
+//! transformers' rotate-half layout (`x·cos + rotate_half(x)·sin`), the
+//! keys and values written to their cache slots, attention over the paged
+//! cache (causal, windowed for layers with a sliding window), SwiGLU
+//! (`silu(gate) · up`), the residuals, the final norm and the output head.
+//! Only summation orders and the last bit of `exp`, `sin` and `cos` differ
+//! from torch's, so logits agree within float32 rounding (the engine's
+//! tests check it on every architecture and weight format).
+
+use std::ops::Range;
+
+use crate::attention::{attend, check_attention};
+use crate::{matmuls, AttentionDims, AttentionError, DecodeInputs, Dims, Matmul, Out, Path, QuantType, ShapeError};
+
+/// A step or a model whose buffers do not fit together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StepError {
+    /// A buffer's length is not what the shapes need.
+    #[error("{what} has {got} elements, the shapes need {need}")]
+    Len {
+        /// Which buffer.
+        what: String,
+        /// What it holds.
+        got: usize,
+        /// What the shapes need.
+        need: usize,
+    },
+    /// A weight's shape is not the model's.
+    #[error("{what} is {got_out} x {got_in}, the model needs {need_out} x {need_in}")]
+    Weight {
+        /// Which weight.
+        what: String,
+        /// Its output features.
+        got_out: usize,
+        /// Its input features.
+        got_in: usize,
+        /// The output features the model needs.
+        need_out: usize,
+        /// The input features the model needs.
+        need_in: usize,
+    },
+    /// The model's head counts or sizes do not fit together.
+    #[error("{0}")]
+    Shape(String),
+    /// A token's position, cache slot or keys are outside what the step holds.
+    #[error("token {token}: {what}")]
+    Token {
+        /// The token's row in the step.
+        token: usize,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// A logits row is not one of the step's tokens.
+    #[error("logits row {index} is token {row}, not below the step's {tokens} tokens")]
+    LogitsRow {
+        /// Its index in `logits_rows`.
+        index: usize,
+        /// The row asked for.
+        row: i64,
+        /// Tokens of the step.
+        tokens: usize,
+    },
+    /// A projection refused its shapes.
+    #[error(transparent)]
+    Matmul(#[from] ShapeError),
+    /// Attention refused its inputs.
+    #[error(transparent)]
+    Attention(#[from] AttentionError),
+}
+
+/// A linear layer: `y = x · W^T (+ bias)`, `W` as `out_features` rows of
+/// blocks of `quant` (read in place).
+#[derive(Debug, Clone, Copy)]
+pub struct Linear<'a> {
+    /// The type of the blocks.
+    pub quant: QuantType,
+    /// The rows of blocks.
+    pub rows: &'a [u8],
+    /// Rows of `W`.
+    pub out_features: usize,
+    /// Weights per row.
+    pub in_features: usize,
+    /// Added to each output row, when the layer has one.
+    pub bias: Option<&'a [f32]>,
+}
+
+/// The sizes and constants every layer shares.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shape {
+    /// Width of the residual stream.
+    pub hidden: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (a divisor of `heads`).
+    pub kv_heads: usize,
+    /// Dimensions of a head (even: RoPE rotates halves).
+    pub head_dim: usize,
+    /// Width of the MLP.
+    pub intermediate: usize,
+    /// Rows of the output head.
+    pub vocab: usize,
+    /// The RMSNorms' epsilon.
+    pub eps: f32,
+    /// The factor of the attention scores.
+    pub scale: f32,
+}
+
+/// One decoder layer's weights.
+#[derive(Debug, Clone)]
+pub struct Layer<'a> {
+    /// The norm before attention.
+    pub input_norm: &'a [f32],
+    /// Query projection.
+    pub q: Linear<'a>,
+    /// Key projection.
+    pub k: Linear<'a>,
+    /// Value projection.
+    pub v: Linear<'a>,
+    /// Output projection.
+    pub o: Linear<'a>,
+    /// RMSNorm of each query head (Qwen3), if the model has it.
+    pub q_norm: Option<&'a [f32]>,
+    /// RMSNorm of each key head (Qwen3), if the model has it.
+    pub k_norm: Option<&'a [f32]>,
+    /// The norm before the MLP.
+    pub post_attention_norm: &'a [f32],
+    /// The MLP's gate projection.
+    pub gate: Linear<'a>,
+    /// The MLP's up projection.
+    pub up: Linear<'a>,
+    /// The MLP's down projection.
+    pub down: Linear<'a>,
+    /// A query sees only keys less than this many positions before it.
+    pub window: Option<usize>,
+}
+
+/// The model: its layers, the final norm, the output head and RoPE's
+/// inverse frequencies (`head_dim / 2` of them, scaling applied).
+#[derive(Debug, Clone)]
+pub struct Decoder<'a> {
+    /// Sizes and constants.
+    pub shape: Shape,
+    /// The layers, in order.
+    pub layers: Vec<Layer<'a>>,
+    /// The final norm.
+    pub norm: &'a [f32],
+    /// The output head (the embeddings' blocks when they are tied).
+    pub head: Linear<'a>,
+    /// RoPE's inverse frequencies.
+    pub inv_freq: &'a [f32],
+}
+
+/// One layer's KV cache, each half `[slots, kv_heads, head_dim]`.
+#[derive(Debug)]
+pub struct LayerCache<'a> {
+    /// The keys.
+    pub keys: &'a mut [f32],
+    /// The values.
+    pub values: &'a mut [f32],
+}
+
+/// What a step computes: for each token (row of the embedded input), its
+/// position, the cache slot its key and value go to, and where its
+/// sequence's keys start in `key_slots` (the slot of its position-`p` key is
+/// `key_slots[key_starts[t] + p]`); and the rows whose logits are wanted.
+#[derive(Debug, Clone, Copy)]
+pub struct StepInputs<'a> {
+    /// Each token's position in its sequence.
+    pub positions: &'a [i64],
+    /// Each token's cache slot.
+    pub slot_mapping: &'a [i64],
+    /// Each token's sequence's first key in `key_slots`.
+    pub key_starts: &'a [i64],
+    /// The key slots of the step's sequences, each from position 0.
+    pub key_slots: &'a [i64],
+    /// The rows whose logits are returned, in this order.
+    pub logits_rows: &'a [i64],
+}
+
+/// Steps with at least this many tokens run their norms and activations on
+/// the pool's threads too (below, waking the threads costs more than it saves).
+const PARALLEL_MIN_TOKENS: usize = 32;
+
+impl Decoder<'_> {
+    /// Checks that every weight has the model's shape and the heads fit.
+    pub fn check(&self) -> Result<(), StepError> {
+        let Shape { hidden, heads, kv_heads, head_dim, intermediate, vocab, .. } = self.shape;
+        if heads == 0
+            || kv_heads == 0
+            || !heads.is_multiple_of(kv_heads)
+            || head_dim == 0
+            || !head_dim.is_multiple_of(2)
+        {
+            return Err(StepError::Shape(format!(
+                "heads = {heads}, kv_heads = {kv_heads}, head_dim = {head_dim}: heads must be a positive multiple of \
+                 kv_heads and head_dim positive and even"
+            )));
+        }
+        let vector = |what: String, got: usize, need: usize| {
+            if got == need {
+                Ok(())
+            } else {
+                Err(StepError::Len { what, got, need })
+            }
+        };
+        let linear = |what: String, l: &Linear<'_>, need_out: usize, need_in: usize| {
+            if (l.out_features, l.in_features) != (need_out, need_in) {
+                return Err(StepError::Weight {
+                    what,
+                    got_out: l.out_features,
+                    got_in: l.in_features,
+                    need_out,
+                    need_in,
+                });
+            }
+            vector(format!("{what} (bytes)"), l.rows.len(), need_out * l.quant.row_bytes(need_in))?;
+            l.bias.map_or(Ok(()), |b| vector(format!("{what} bias"), b.len(), need_out))
+        };
+        vector("inv_freq".into(), self.inv_freq.len(), head_dim / 2)?;
+        vector("norm".into(), self.norm.len(), hidden)?;
+        linear("head".into(), &self.head, vocab, hidden)?;
+        let (q_out, kv_out) = (heads * head_dim, kv_heads * head_dim);
+        for (i, l) in self.layers.iter().enumerate() {
+            let name = |what: &str| format!("layer {i} {what}");
+            vector(name("input_norm"), l.input_norm.len(), hidden)?;
+            vector(name("post_attention_norm"), l.post_attention_norm.len(), hidden)?;
+            linear(name("q"), &l.q, q_out, hidden)?;
+            linear(name("k"), &l.k, kv_out, hidden)?;
+            linear(name("v"), &l.v, kv_out, hidden)?;
+            linear(name("o"), &l.o, hidden, q_out)?;
+            linear(name("gate"), &l.gate, intermediate, hidden)?;
+            linear(name("up"), &l.up, intermediate, hidden)?;
+            linear(name("down"), &l.down, hidden, intermediate)?;
+            for (what, norm) in [("q_norm", l.q_norm), ("k_norm", l.k_norm)] {
+                norm.map_or(Ok(()), |n| vector(name(what), n.len(), head_dim))?;
+            }
+            if l.window == Some(0) {
+                return Err(StepError::Shape(format!("layer {i}: a sliding window of 0 keys")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the layers over the step's tokens `x` (`[tokens, hidden]`, the
+    /// embedded inputs; left holding the last layer's residual stream),
+    /// writing each layer's keys and values into `caches`, then writes the
+    /// logits of `inputs.logits_rows` into `logits` (`[rows, vocab]`). On
+    /// `path` (which must be supported), the work split across `threads`.
+    /// Everything is checked before anything is written.
+    pub fn forward(
+        &self,
+        path: Path,
+        x: &mut [f32],
+        caches: &mut [LayerCache<'_>],
+        inputs: &StepInputs<'_>,
+        logits: &mut [f32],
+        threads: usize,
+    ) -> Result<(), StepError> {
+        let s = self.shape;
+        let tokens = inputs.positions.len();
+        let slots = self.check_step(x, caches, inputs, logits)?;
+        if tokens == 0 {
+            return Ok(());
+        }
+        let half = s.head_dim / 2;
+        let (cos, sin) = rope_tables(inputs.positions, self.inv_freq);
+        let mut windows: Vec<(Option<usize>, Keys)> = Vec::new();
+        let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+        let mut h = vec![0.0f32; tokens * s.hidden];
+        let (mut q, mut k, mut v) =
+            (vec![0.0f32; tokens * q_out], vec![0.0f32; tokens * kv_out], vec![0.0f32; tokens * kv_out]);
+        let mut attended = vec![0.0f32; tokens * q_out];
+        let mut residual = vec![0.0f32; tokens * s.hidden];
+        let (mut gate, mut up) = (vec![0.0f32; tokens * s.intermediate], vec![0.0f32; tokens * s.intermediate]);
+        let parallel = if tokens >= PARALLEL_MIN_TOKENS { threads } else { 1 };
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            rms_norm_rows(x, &mut h, layer.input_norm, s.eps, parallel);
+            let m = tokens;
+            matmuls(
+                path,
+                &mut [
+                    product(&layer.q, &h, &mut q, m),
+                    product(&layer.k, &h, &mut k, m),
+                    product(&layer.v, &h, &mut v, m),
+                ],
+                threads,
+            )?;
+            for (l, out) in [(&layer.q, &mut q), (&layer.k, &mut k), (&layer.v, &mut v)] {
+                add_bias(l, out);
+            }
+            if let Some(w) = layer.q_norm {
+                rms_norm_in_place(&mut q, w, s.eps);
+            }
+            if let Some(w) = layer.k_norm {
+                rms_norm_in_place(&mut k, w, s.eps);
+            }
+            rope(&mut q, &cos, &sin, half);
+            rope(&mut k, &cos, &sin, half);
+            for (t, &slot) in inputs.slot_mapping.iter().enumerate() {
+                let at = slot as usize * kv_out;
+                cache.keys[at..at + kv_out].copy_from_slice(&k[t * kv_out..(t + 1) * kv_out]);
+                cache.values[at..at + kv_out].copy_from_slice(&v[t * kv_out..(t + 1) * kv_out]);
+            }
+            if !windows.iter().any(|(w, _)| *w == layer.window) {
+                windows.push((layer.window, Keys::new(inputs, layer.window)));
+            }
+            let keys = &windows.iter().find(|(w, _)| *w == layer.window).expect("just added").1;
+            let attention = DecodeInputs {
+                q: &q,
+                key_cache: &*cache.keys,
+                value_cache: &*cache.values,
+                rows: &keys.rows,
+                key_slots: inputs.key_slots,
+                key_starts: &keys.starts,
+                lens: &keys.lens,
+                scale: s.scale,
+            };
+            let dims = AttentionDims {
+                tokens,
+                heads: s.heads,
+                kv_heads: s.kv_heads,
+                head_dim: s.head_dim,
+                slots,
+                seqs: tokens,
+                max_keys: keys.longest,
+            };
+            // SAFETY: `check_step` checked every slot, start and length
+            // these inputs hold (`Keys` only narrows a token's keys).
+            unsafe { attend(path, &attention, &mut attended, dims, threads) };
+            matmuls(path, &mut [product(&layer.o, &attended, &mut residual, m)], threads)?;
+            add_bias(&layer.o, &mut residual);
+            add_rows(x, &residual);
+            rms_norm_rows(x, &mut h, layer.post_attention_norm, s.eps, parallel);
+            matmuls(path, &mut [product(&layer.gate, &h, &mut gate, m), product(&layer.up, &h, &mut up, m)], threads)?;
+            swiglu(&mut gate, &up, parallel);
+            matmuls(path, &mut [product(&layer.down, &gate, &mut residual, m)], threads)?;
+            add_rows(x, &residual);
+        }
+        let rows = inputs.logits_rows.len();
+        let mut last = vec![0.0f32; rows * s.hidden];
+        for (i, &row) in inputs.logits_rows.iter().enumerate() {
+            let row = row as usize;
+            rms_norm(
+                &x[row * s.hidden..(row + 1) * s.hidden],
+                &mut last[i * s.hidden..(i + 1) * s.hidden],
+                self.norm,
+                s.eps,
+            );
+        }
+        matmuls(path, &mut [product(&self.head, &last, logits, rows)], threads)?;
+        add_bias(&self.head, logits);
+        Ok(())
+    }
+
+    /// Checks a step's buffers and every index it holds; returns the caches' slots.
+    fn check_step(
+        &self,
+        x: &[f32],
+        caches: &[LayerCache<'_>],
+        inputs: &StepInputs<'_>,
+        logits: &[f32],
+    ) -> Result<usize, StepError> {
+        let s = self.shape;
+        let tokens = inputs.positions.len();
+        let len = |what: &str, got: usize, need: usize| {
+            if got == need {
+                Ok(())
+            } else {
+                Err(StepError::Len { what: what.into(), got, need })
+            }
+        };
+        len("x", x.len(), tokens * s.hidden)?;
+        len("slot_mapping", inputs.slot_mapping.len(), tokens)?;
+        len("key_starts", inputs.key_starts.len(), tokens)?;
+        len("logits", logits.len(), inputs.logits_rows.len() * s.vocab)?;
+        len("caches", caches.len(), self.layers.len())?;
+        let kv_row = s.kv_heads * s.head_dim;
+        let cache_len = caches.first().map_or(0, |c| c.keys.len());
+        if !cache_len.is_multiple_of(kv_row) {
+            return Err(StepError::Shape(format!(
+                "a layer's cache has {cache_len} floats, not whole slots of {kv_row}"
+            )));
+        }
+        for (i, cache) in caches.iter().enumerate() {
+            len(&format!("layer {i} keys"), cache.keys.len(), cache_len)?;
+            len(&format!("layer {i} values"), cache.values.len(), cache_len)?;
+        }
+        let slots = cache_len / kv_row;
+        let in_cache = |slot: i64| slot >= 0 && (slot as u64) < slots as u64;
+        if let Some((key, &slot)) = inputs.key_slots.iter().enumerate().find(|(_, &slot)| !in_cache(slot)) {
+            return Err(StepError::Shape(format!("key_slots[{key}] = {slot} is outside the cache's {slots} slots")));
+        }
+        for token in 0..tokens {
+            let (position, slot, start) =
+                (inputs.positions[token], inputs.slot_mapping[token], inputs.key_starts[token]);
+            let what = if position < 0 {
+                format!("position {position} is negative")
+            } else if !in_cache(slot) {
+                format!("slot {slot} is outside the cache's {slots} slots")
+            } else if start < 0 || start as u64 + position as u64 >= inputs.key_slots.len() as u64 {
+                format!("keys {start}..={start}+{position} are outside key_slots' {} slots", inputs.key_slots.len())
+            } else {
+                continue;
+            };
+            return Err(StepError::Token { token, what });
+        }
+        if let Some((index, &row)) =
+            inputs.logits_rows.iter().enumerate().find(|(_, &r)| r < 0 || r as u64 >= tokens as u64)
+        {
+            return Err(StepError::LogitsRow { index, row, tokens });
+        }
+        if tokens > 0 {
+            // The attention kernel's own checks of the heads (the slots were checked above).
+            let empty = DecodeInputs {
+                q: &[],
+                key_cache: &[],
+                value_cache: &[],
+                rows: &[],
+                key_slots: &[],
+                key_starts: &[],
+                lens: &[],
+                scale: s.scale,
+            };
+            let dims = AttentionDims {
+                tokens: 0,
+                heads: s.heads,
+                kv_heads: s.kv_heads,
+                head_dim: s.head_dim,
+                slots: 0,
+                seqs: 0,
+                max_keys: 0,
+            };
+            check_attention(&empty, 0, dims)?;
+        }
+        Ok(slots)
+    }
+}
+
+/// The keys each token attends to through one window (or none): its row,
+/// where its first key is in `key_slots` and how many it sees.
+struct Keys {
+    rows: Vec<i64>,
+    starts: Vec<i64>,
+    lens: Vec<i64>,
+    longest: usize,
+}
+
+impl Keys {
+    fn new(inputs: &StepInputs<'_>, window: Option<usize>) -> Keys {
+        let tokens = inputs.positions.len();
+        let (mut starts, mut lens) = (Vec::with_capacity(tokens), Vec::with_capacity(tokens));
+        for (&position, &start) in inputs.positions.iter().zip(inputs.key_starts) {
+            // A query at p sees keys p - window + 1 ..= p (transformers' sliding mask).
+            let first = window.map_or(0, |w| (position + 1 - w as i64).max(0));
+            starts.push(start + first);
+            lens.push(position + 1 - first);
+        }
+        let longest = lens.iter().copied().max().unwrap_or(0) as usize;
+        Keys { rows: (0..tokens as i64).collect(), starts, lens, longest }
+    }
+}
+
+/// A `matmuls` product of `m` rows of `x` through `l` into `y`.
+fn product<'a, 'y>(l: &Linear<'a>, x: &'a [f32], y: &'y mut [f32], m: usize) -> Matmul<'a, 'y> {
+    Matmul { quant: l.quant, x, w: l.rows, y, dims: Dims { m, n: l.out_features, k: l.in_features } }
+}
+
+/// `out`'s rows plus the layer's bias, if it has one.
+fn add_bias(l: &Linear<'_>, out: &mut [f32]) {
+    if let Some(bias) = l.bias {
+        for row in out.chunks_exact_mut(bias.len()) {
+            row.iter_mut().zip(bias).for_each(|(o, b)| *o += b);
+        }
+    }
+}
+
+/// `x += y`, element by element.
+fn add_rows(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}
+
+/// `out = x * rsqrt(mean(x²) + eps) * w` for one row (torch's `rms_norm`
+/// in float32: the same operations, the sum in 8 lanes).
+fn rms_norm(x: &[f32], out: &mut [f32], w: &[f32], eps: f32) {
+    let scale = 1.0 / (sum_squares(x) / x.len() as f32 + eps).sqrt();
+    for ((o, &a), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = a * scale * g;
+    }
+}
+
+/// `rms_norm` of each row of `x` (rows of `w.len()`) into `out`, the rows
+/// split across `threads`.
+fn rms_norm_rows(x: &[f32], out: &mut [f32], w: &[f32], eps: f32, threads: usize) {
+    let width = w.len();
+    let out_ptr = Out(out.as_mut_ptr());
+    for_row_ranges(x.len() / width, threads, &|rows| {
+        // SAFETY: each range's rows are its own; `out` is as long as `x`.
+        let out = unsafe { rows_of(out_ptr, &rows, width) };
+        for (i, row) in rows.clone().enumerate() {
+            rms_norm(&x[row * width..(row + 1) * width], &mut out[i * width..(i + 1) * width], w, eps);
+        }
+    });
+}
+
+/// `rms_norm` of each `w.len()`-wide piece of `x` (each head), in place.
+fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    for head in x.chunks_exact_mut(w.len()) {
+        let scale = 1.0 / (sum_squares(head) / head.len() as f32 + eps).sqrt();
+        head.iter_mut().zip(w).for_each(|(a, &g)| *a = *a * scale * g);
+    }
+}
+
+/// `Σ x²` in 8 float32 lanes (vectorised by the compiler), then the lanes.
+fn sum_squares(x: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().map(|a| a * a).sum();
+    for chunk in chunks {
+        for (lane, a) in lanes.iter_mut().zip(chunk) {
+            *lane += a * a;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// RoPE's `cos` and `sin` of each position and frequency, `[tokens, half]`:
+/// `(position as f32) * inv_freq` as torch forms the angles.
+fn rope_tables(positions: &[i64], inv_freq: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let angles = positions.iter().flat_map(|&p| inv_freq.iter().map(move |&f| p as f32 * f));
+    angles.map(|a| (a.cos(), a.sin())).unzip()
+}
+
+/// Rotates every head of each token's row (rows of whole heads) by its
+/// position: `x·cos + rotate_half(x)·sin`, rotate_half negating the
+/// second half moved first, as transformers computes it.
+fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], half: usize) {
+    let tokens = cos.len() / half;
+    let row = x.len() / tokens;
+    for (t, token) in x.chunks_exact_mut(row).enumerate() {
+        let (c, s) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
+        for head in token.chunks_exact_mut(2 * half) {
+            let (first, second) = head.split_at_mut(half);
+            for i in 0..half {
+                let (a, b) = (first[i], second[i]);
+                first[i] = a * c[i] + -b * s[i];
+                second[i] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}
+
+/// `gate = silu(gate) * up` (`silu(g) = g / (1 + exp(-g))`), rows split
+/// across `threads`.
+fn swiglu(gate: &mut [f32], up: &[f32], threads: usize) {
+    const CHUNK: usize = 4096;
+    let gate_ptr = Out(gate.as_mut_ptr());
+    for_row_ranges(gate.len().div_ceil(CHUNK), threads, &|chunks| {
+        let range = chunks.start * CHUNK..(chunks.end * CHUNK).min(up.len());
+        // SAFETY: each range of chunks is its own part of `gate`.
+        let gate = unsafe { rows_of(gate_ptr, &range, 1) };
+        for (g, &u) in gate.iter_mut().zip(&up[range]) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+    });
+}
+
+/// Runs `f` over `0..rows` cut into ranges, on the pool's threads when
+/// there are several.
+fn for_row_ranges(rows: usize, threads: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+    if threads <= 1 || rows < 2 {
+        return f(0..rows);
+    }
+    let parts = crate::parts_for(threads).min(rows);
+    crate::pool::run(parts, threads, &|p| f(rows * p / parts..rows * (p + 1) / parts));
+}
+
+/// Rows `rows` (of `width`) of the buffer at `base`.
+///
+/// # Safety
+/// The rows are inside the buffer and no other thread touches them.
+unsafe fn rows_of<'o>(base: Out, rows: &Range<usize>, width: usize) -> &'o mut [f32] {
+    // SAFETY: the caller's promise.
+    unsafe { std::slice::from_raw_parts_mut(base.0.add(rows.start * width), rows.len() * width) }
+}

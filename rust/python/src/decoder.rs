@@ -1,0 +1,226 @@
+//! `vllm_rs._core.DecoderStack`: a Llama-family model's weights (GGUF blocks
+//! or float16/bfloat16 rows, read in place) and its KV cache, held by the
+//! kernels' `Decoder`, so that one call runs a whole step
+//! (`engine/native_step.py` builds it from a loaded model).
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use vllm_rs_kernels::{Decoder, Layer, LayerCache, Linear, Path, Shape, StepInputs};
+
+use crate::kernels::{check_out, flat_for, quant_type_for, slice, slice_mut, span};
+
+const NAME: &str = "DecoderStack";
+
+/// A linear layer as Python passes it: `(ggml type id, rows (uint8), out
+/// features, in features, bias (float32) or None)`.
+#[derive(FromPyObject)]
+struct LinearArg<'py>(u32, Bound<'py, PyAny>, usize, usize, Option<Bound<'py, PyAny>>);
+
+/// A layer as Python passes it: `(input_norm, post_attention_norm, q_norm
+/// or None, k_norm or None, [q, k, v, o, gate, up, down], window or None)`.
+#[derive(FromPyObject)]
+struct LayerArg<'py>(
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Option<Bound<'py, PyAny>>,
+    Option<Bound<'py, PyAny>>,
+    Vec<LinearArg<'py>>,
+    Option<usize>,
+);
+
+/// The exported buffers a `DecoderStack` reads; held so that their memory
+/// stays valid (and unmoved) as long as the stack lives.
+#[derive(Default)]
+struct Exports {
+    bytes: Vec<PyBuffer<u8>>,
+    floats: Vec<PyBuffer<f32>>,
+}
+
+impl Exports {
+    /// `obj`'s floats for the stack's lifetime.
+    fn floats(&mut self, obj: &Bound<'_, PyAny>, name: &str) -> PyResult<&'static [f32]> {
+        let buf = flat_for::<f32>(NAME, obj, name, "float32")?;
+        // SAFETY: the export is kept in `self` (owned by the stack) until the
+        // stack is dropped, and the stack never hands the slice out.
+        let s: &'static [f32] = unsafe { std::mem::transmute::<&[f32], &'static [f32]>(slice(&buf)) };
+        self.floats.push(buf);
+        Ok(s)
+    }
+
+    /// `obj`'s bytes for the stack's lifetime.
+    fn bytes(&mut self, obj: &Bound<'_, PyAny>, name: &str) -> PyResult<&'static [u8]> {
+        let buf = flat_for::<u8>(NAME, obj, name, "uint8")?;
+        // SAFETY: as `floats`.
+        let s: &'static [u8] = unsafe { std::mem::transmute::<&[u8], &'static [u8]>(slice(&buf)) };
+        self.bytes.push(buf);
+        Ok(s)
+    }
+
+    fn linear(&mut self, arg: &LinearArg<'_>, name: &str) -> PyResult<Linear<'static>> {
+        let LinearArg(quant, rows, out_features, in_features, bias) = arg;
+        let bias = bias.as_ref().map(|b| self.floats(b, &format!("{name} bias"))).transpose()?;
+        Ok(Linear {
+            quant: quant_type_for(NAME, *quant)?,
+            rows: self.bytes(rows, name)?,
+            out_features: *out_features,
+            in_features: *in_features,
+            bias,
+        })
+    }
+}
+
+/// One layer's KV cache halves, written by the stack's steps.
+struct CacheExport {
+    keys: PyBuffer<f32>,
+    values: PyBuffer<f32>,
+}
+
+/// A model's decoder layers, final norm and output head, with its KV cache
+/// (one `(keys, values)` pair of float32 arrays `[slots, kv_heads,
+/// head_dim]` per layer, written in place), run a step at a time by
+/// `forward`. Raises TypeError for a buffer of the wrong type, ValueError
+/// for shapes that do not fit together.
+#[pyclass(module = "vllm_rs._core")]
+pub struct DecoderStack {
+    decoder: Decoder<'static>,
+    caches: Vec<CacheExport>,
+    _exports: Exports,
+}
+
+#[pymethods]
+impl DecoderStack {
+    /// `shape` is `(hidden, heads, kv_heads, head_dim, intermediate, vocab,
+    /// eps, scale)`; `layers` as `LayerArg` says; `head` a linear as
+    /// `LinearArg` says; `caches` one `(keys, values)` per layer.
+    #[new]
+    #[pyo3(signature = (shape, inv_freq, layers, norm, head, caches))]
+    fn new(
+        shape: (usize, usize, usize, usize, usize, usize, f32, f32),
+        inv_freq: &Bound<'_, PyAny>,
+        layers: Vec<LayerArg<'_>>,
+        norm: &Bound<'_, PyAny>,
+        head: LinearArg<'_>,
+        caches: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
+    ) -> PyResult<DecoderStack> {
+        let (hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, scale) = shape;
+        let mut exports = Exports::default();
+        let mut built = Vec::with_capacity(layers.len());
+        for (i, LayerArg(input_norm, post_norm, q_norm, k_norm, linears, window)) in layers.iter().enumerate() {
+            let name = |what: &str| format!("layer {i} {what}");
+            let [q, k, v, o, gate, up, down] = linears.as_slice() else {
+                return Err(PyValueError::new_err(format!(
+                    "{NAME}: layer {i} has {} linear layers, not 7 (q, k, v, o, gate, up, down)",
+                    linears.len()
+                )));
+            };
+            built.push(Layer {
+                input_norm: exports.floats(input_norm, &name("input_norm"))?,
+                q: exports.linear(q, &name("q"))?,
+                k: exports.linear(k, &name("k"))?,
+                v: exports.linear(v, &name("v"))?,
+                o: exports.linear(o, &name("o"))?,
+                q_norm: q_norm.as_ref().map(|n| exports.floats(n, &name("q_norm"))).transpose()?,
+                k_norm: k_norm.as_ref().map(|n| exports.floats(n, &name("k_norm"))).transpose()?,
+                post_attention_norm: exports.floats(post_norm, &name("post_attention_norm"))?,
+                gate: exports.linear(gate, &name("gate"))?,
+                up: exports.linear(up, &name("up"))?,
+                down: exports.linear(down, &name("down"))?,
+                window: *window,
+            });
+        }
+        let decoder = Decoder {
+            shape: Shape { hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, scale },
+            layers: built,
+            norm: exports.floats(norm, "norm")?,
+            head: exports.linear(&head, "head")?,
+            inv_freq: exports.floats(inv_freq, "inv_freq")?,
+        };
+        decoder.check().map_err(|e| PyValueError::new_err(format!("{NAME}: {e}")))?;
+        let mut held = Vec::with_capacity(caches.len());
+        for (i, (keys, values)) in caches.iter().enumerate() {
+            let keys = flat_for::<f32>(NAME, keys, &format!("layer {i} keys"), "float32")?;
+            let values = flat_for::<f32>(NAME, values, &format!("layer {i} values"), "float32")?;
+            if keys.readonly() || values.readonly() {
+                return Err(PyValueError::new_err(format!("{NAME}: layer {i}'s cache is read-only")));
+            }
+            held.push(CacheExport { keys, values });
+        }
+        Ok(DecoderStack { decoder, caches: held, _exports: exports })
+    }
+
+    /// Runs one step: `x` (float32 `[tokens, hidden]`, the embedded tokens;
+    /// overwritten) through every layer, the keys and values written to the
+    /// cache at `slot_mapping`, then the logits of `logits_rows` into
+    /// `logits` (float32 `[rows, vocab]`). `positions`, `slot_mapping` and
+    /// `key_starts` are int64 `[tokens]`; token t's key at position p is in
+    /// slot `key_slots[key_starts[t] + p]`. On `threads` threads, the GIL
+    /// released. Raises ValueError for a bad shape or index (nothing
+    /// written then).
+    #[pyo3(signature = (x, positions, slot_mapping, key_starts, key_slots, logits_rows, logits, threads))]
+    #[allow(clippy::too_many_arguments)] // the Python signature: a step's buffers and threads
+    fn forward(
+        &mut self,
+        py: Python<'_>,
+        x: &Bound<'_, PyAny>,
+        positions: &Bound<'_, PyAny>,
+        slot_mapping: &Bound<'_, PyAny>,
+        key_starts: &Bound<'_, PyAny>,
+        key_slots: &Bound<'_, PyAny>,
+        logits_rows: &Bound<'_, PyAny>,
+        logits: &Bound<'_, PyAny>,
+        threads: usize,
+    ) -> PyResult<()> {
+        if threads == 0 {
+            return Err(PyValueError::new_err(format!("{NAME}.forward: threads must be at least 1")));
+        }
+        let func = "DecoderStack.forward";
+        let floats = |obj, name| flat_for::<f32>(func, obj, name, "float32");
+        let ints = |obj, name| flat_for::<i64>(func, obj, name, "int64");
+        let (xb, lb) = (floats(x, "x")?, floats(logits, "logits")?);
+        let (pb, sb, kb, ksb, rb) = (
+            ints(positions, "positions")?,
+            ints(slot_mapping, "slot_mapping")?,
+            ints(key_starts, "key_starts")?,
+            ints(key_slots, "key_slots")?,
+            ints(logits_rows, "logits_rows")?,
+        );
+        let inputs = [
+            ("positions", span(&pb)),
+            ("slot_mapping", span(&sb)),
+            ("key_starts", span(&kb)),
+            ("key_slots", span(&ksb)),
+            ("logits_rows", span(&rb)),
+        ];
+        check_out(func, &xb, &inputs)?;
+        check_out(func, &lb, &[inputs.as_slice(), &[("x", span(&xb))]].concat())?;
+        // SAFETY: the buffers stay exported until the end of this call; x and
+        // logits overlap none of the others (checked above); the caches are
+        // written only here, under `&mut self`, with the GIL released as any
+        // numpy operation releases it.
+        unsafe {
+            let mut caches: Vec<LayerCache<'_>> = self
+                .caches
+                .iter()
+                .map(|c| LayerCache { keys: slice_mut(&c.keys), values: slice_mut(&c.values) })
+                .collect();
+            let step = StepInputs {
+                positions: slice(&pb),
+                slot_mapping: slice(&sb),
+                key_starts: slice(&kb),
+                key_slots: slice(&ksb),
+                logits_rows: slice(&rb),
+            };
+            let (xs, ls) = (slice_mut(&xb), slice_mut(&lb));
+            let decoder = &self.decoder;
+            py.detach(|| decoder.forward(Path::best(), xs, &mut caches, &step, ls, threads))
+        }
+        .map_err(|e| PyValueError::new_err(format!("{func}: {e}")))
+    }
+}
+
+/// Adds `DecoderStack` to `vllm_rs._core`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<DecoderStack>()
+}
