@@ -76,17 +76,23 @@ def _prompts(vocab: int, seed: int) -> list[list[int]]:
 
 
 def run_engine(
-    path: str, prompts: list[list[int]], device: str = "cpu", dtype: str = "float32", quantization: str | None = "none"
+    path: str,
+    prompts: list[list[int]],
+    device: str = "cpu",
+    dtype: str = "float32",
+    quantization: str | None = "none",
+    enforce_eager: bool = False,
 ) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], EngineCore]:
     """Greedy outputs and the logits of every sampled position, per request
     (`r0`, `r1`, ..., then `cached`); the last prompt joins once the others
     finished (its prefix is cached). `quantization` "none" converts the
     weights to float32; "gguf" multiplies a GGUF's in place by the Rust
-    kernel; None is the engine's default (in place where it can be)."""
+    kernel; None is the engine's default (in place where it can be).
+    `enforce_eager` runs the torch step where the native one could run."""
     config = make_engine_config(
         path, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=CHUNK, block_size=8, dtype=dtype,
         kv_cache_memory_bytes=None if device == "cpu" else 1 << 24, device=device,
-        quantization=quantization,
+        quantization=quantization, enforce_eager=enforce_eager,
     )  # fmt: skip
     core = EngineCore(config)
     logits: dict[str, list[torch.Tensor]] = {}

@@ -1,0 +1,222 @@
+"""The native step (`engine/native_step.py`: the whole decoder in one call
+of `_core.DecoderStack`) against the torch step (`--enforce-eager`) on the
+same weights: every architecture it runs (Llama with Llama 3 RoPE scaling,
+Mistral, Qwen2 with q/k/v biases and tied embeddings, Qwen3 with q/k norms),
+weights read in place as F16/BF16 rows, GGUF blocks of several types and the
+packaged SmolLM2, through the paged cache with chunked prefill beside
+decodes, a prefix-cache hit and preemption: every sampled row's logits
+within float32 rounding, greedy tokens equal. Then where it does not run
+(the engine says why) and the bad calls `DecoderStack` refuses."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+from vllm_rs import _core  # noqa: E402
+from vllm_rs.engine import make_engine_config  # noqa: E402
+from vllm_rs.engine.core import EngineCore  # noqa: E402
+from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
+
+from tests.support.tiny_models import make_hf_model, save_gguf, save_safetensors  # noqa: E402
+from tests.test_real_models import _prompts, run_engine  # noqa: E402
+
+#: The two steps sum in different orders (the kernel's lanes and threads
+#: against torch's); the tiny models' logits are of order 10.
+LOGITS_TOLERANCE = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def assert_same_step(path: str, prompts: list[list[int]], quantization: str | None = None) -> EngineCore:
+    """Runs `prompts` natively and with `--enforce-eager`; asserts the
+    native step ran, the greedy tokens are equal and every sampled row's
+    logits agree. Returns the native core."""
+    native_out, native_logits, native = run_engine(path, prompts, quantization=quantization)
+    eager_out, eager_logits, eager = run_engine(path, prompts, quantization=quantization, enforce_eager=True)
+    assert native.runner.native_step is not None and eager.runner.native_step is None
+    assert native.scheduler.block_pool.hits >= 2, "the last prompt should reuse two cached blocks"
+    assert native_out == eager_out
+    for request_id, rows in eager_logits.items():
+        ours = torch.stack(native_logits[request_id])
+        torch.testing.assert_close(ours, torch.stack(rows), atol=LOGITS_TOLERANCE, rtol=0)
+    return native
+
+
+@pytest.mark.parametrize(
+    ("arch", "dtype"),
+    [("llama", torch.float16), ("mistral", torch.bfloat16), ("qwen2", torch.bfloat16), ("qwen3", torch.float16)],
+)
+def test_half_checkpoints_step_natively_as_in_torch(tmp_path, arch, dtype):
+    model = make_hf_model(arch, seed=3)
+    path = save_safetensors(copy.deepcopy(model).to(dtype), str(tmp_path / arch))
+    assert_same_step(path, _prompts(model.config.vocab_size, 4))
+
+
+#: Files of several block types: legacy and K-quant blocks side by side.
+GGUF_MIXES = {
+    "qwen2-q4_k-q8_0": (
+        "qwen2",
+        {"token_embd": "Q8_0", "attn_": "Q8_0", "ffn_gate": "Q4_K", "ffn_up": "Q4_K", "ffn_down": "Q6_K"},
+    ),
+    "qwen3-q4_0-q5_1": ("qwen3", {"attn_": "Q4_0", "ffn_": "Q5_1", "output": "Q8_0"}),
+    "llama-q4_1-iq4_nl": ("llama", {"attn_": "Q4_1", "ffn_": "IQ4_NL", "output": "Q6_K"}),
+}
+
+
+@pytest.mark.parametrize("name", list(GGUF_MIXES))
+def test_gguf_blocks_step_natively_as_in_torch(tmp_path, name):
+    arch, quant = GGUF_MIXES[name]
+    model = make_hf_model(arch, seed=5, hidden_size=256, intermediate_size=512)
+    path = save_gguf(model, str(tmp_path / f"{name}.gguf"), quant=quant)
+    assert_same_step(path, _prompts(model.config.vocab_size, 6), quantization="gguf")
+
+
+def test_packaged_smollm2_steps_natively_as_in_torch(smollm2):
+    prompts = [list(range(1000, 1000 + n)) for n in (5, 37, 64)] + [list(range(1000, 1024)) + [7, 8, 9]]
+    assert_same_step(smollm2, prompts)
+
+
+def test_preempted_requests_resume_natively_as_in_torch(tmp_path):
+    model = make_hf_model("qwen2", seed=7)
+    path = save_safetensors(model.to(torch.bfloat16), str(tmp_path / "qwen2"))
+    prompts = _prompts(model.config.vocab_size, 3)[:4]
+
+    def generate(enforce_eager: bool) -> tuple[dict[str, list[int]], int]:
+        config = make_engine_config(path, device="cpu", max_model_len=64, block_size=4, num_gpu_blocks=16,
+                                    max_num_batched_tokens=16, enforce_eager=enforce_eager)  # fmt: skip
+        core = EngineCore(config)
+        assert (core.runner.native_step is None) == enforce_eager
+        for i, prompt in enumerate(prompts):
+            core.add_request(EngineCoreRequest(f"r{i}", prompt, {"temperature": 0.0, "max_tokens": 20}))
+        outputs: dict[str, list[int]] = {}
+        while core.has_work():
+            for _, output in core.step():
+                outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
+        return outputs, core.scheduler.num_preemptions
+
+    (native, native_preempted), (eager, eager_preempted) = generate(False), generate(True)
+    assert native_preempted > 0 and eager_preempted > 0
+    assert native == eager
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("float32 safetensors", "dense float32 weights"),
+        ("dequantized gguf", "dense float32 weights"),
+        ("gemma3", "Gemma3ForCausalLM has layers of its own"),
+    ],
+)
+def test_where_the_native_step_does_not_run_the_engine_says_why(tmp_path, caplog, case, reason):
+    if case == "gemma3":
+        path = save_safetensors(make_hf_model("gemma3_text", seed=1).to(torch.bfloat16), str(tmp_path / "g"))
+    elif case == "float32 safetensors":
+        path = save_safetensors(make_hf_model("qwen2", seed=1), str(tmp_path / "q"))
+    else:
+        path = save_gguf(make_hf_model("qwen2", seed=1), str(tmp_path / "q.gguf"), f16=True)
+    quantization = "none" if case == "dequantized gguf" else None
+    with caplog.at_level(logging.INFO):
+        config = make_engine_config(path, device="cpu", max_model_len=64, num_gpu_blocks=8, quantization=quantization)
+        core = EngineCore(config)
+    assert core.runner.native_step is None
+    assert "torch step (" in caplog.text and reason in caplog.text
+
+
+@pytest.fixture(scope="module")
+def small_stack(tmp_path_factory):
+    """A native step of a tiny Qwen2 (F16 GGUF) and its cache arrays."""
+    model = make_hf_model("qwen2", seed=2, num_hidden_layers=1)
+    path = save_gguf(model, str(tmp_path_factory.mktemp("stack") / "q.gguf"), f16=True)
+    assert model.config.hidden_size == HIDDEN
+    core = EngineCore(make_engine_config(path, device="cpu", max_model_len=64, num_gpu_blocks=4, block_size=8))
+    return core.runner.native_step, core.runner.model
+
+
+#: The tiny models' width.
+HIDDEN = 64
+
+
+def step_args(stack, tokens: int = 2) -> dict[str, np.ndarray]:
+    i64 = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
+    return {
+        "x": np.zeros((tokens, HIDDEN), np.float32),
+        "positions": i64(range(tokens)),
+        "slot_mapping": i64(range(tokens)),
+        "key_starts": i64([0] * tokens),
+        "key_slots": i64(range(tokens)),
+        "logits_rows": i64([tokens - 1]),
+        "logits": np.zeros((1, stack.vocab), np.float32),
+    }
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda a: a.update(slot_mapping=np.array([0, 32], np.int64)),
+            "token 1: slot 32 is outside the cache's 32 slots",
+        ),
+        (
+            lambda a: a.update(positions=np.array([0, 2], np.int64)),
+            "token 1: keys 0..=0+2 are outside key_slots' 2 slots",
+        ),
+        (lambda a: a.update(positions=np.array([0, -1], np.int64)), "token 1: position -1 is negative"),
+        (
+            lambda a: a.update(key_slots=np.array([0, -3], np.int64)),
+            "key_slots[1] = -3 is outside the cache's 32 slots",
+        ),
+        (
+            lambda a: a.update(logits_rows=np.array([2], np.int64)),
+            "logits row 0 is token 2, not below the step's 2 tokens",
+        ),
+        (lambda a: a.update(x=np.zeros((2, HIDDEN - 1), np.float32)), "x has 126 elements, the shapes need 128"),
+        (lambda a: a.update(logits=np.zeros((2, 3), np.float32)), "logits has 6 elements, the shapes need"),
+    ],
+)
+def test_bad_steps_are_refused_before_the_cache_is_written(small_stack, edit, message):
+    stack, model = small_stack
+    keys, _ = model.model.layers[0].self_attn.attn.cache_arrays()
+    keys.fill(7.0)
+    args = step_args(stack)
+    edit(args)
+    with pytest.raises(ValueError, match=re.escape(f"DecoderStack.forward: {message}")):
+        stack._stack.forward(*args.values(), 1)
+    assert (keys == 7.0).all(), "nothing is written by a refused step"
+
+
+def test_buffers_of_the_wrong_type_are_named(small_stack):
+    stack, _ = small_stack
+    args = step_args(stack)
+    args["positions"] = args["positions"].astype(np.int32)
+    with pytest.raises(TypeError, match="positions must be a buffer of int64"):
+        stack._stack.forward(*args.values(), 1)
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        stack._stack.forward(*step_args(stack).values(), 0)
+
+
+def test_a_model_whose_shapes_do_not_fit_is_refused():
+    ones = np.ones(8, np.float32)
+    rows = np.zeros((8, 2 * 32), np.uint8)  # F16 rows of 32 weights
+    linear = (1, rows, 8, 32, None)
+    layer = (ones, ones, None, None, [linear] * 7, None)
+    shape = (32, 2, 1, 4, 32, 8, 1e-6, 0.5)
+    with pytest.raises(ValueError, match="inv_freq has 4 elements, the shapes need 2"):
+        _core.DecoderStack(shape, np.ones(4, np.float32), [layer], np.ones(32, np.float32), linear, [])
+    with pytest.raises(ValueError, match="layer 0 has 6 linear layers, not 7"):
+        bad = (ones, ones, None, None, [linear] * 6, None)
+        _core.DecoderStack(shape, np.ones(2, np.float32), [bad], np.ones(32, np.float32), linear, [])
