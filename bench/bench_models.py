@@ -314,6 +314,7 @@ def parse_options() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--llama-server", help="llama-server executable (default: $VLLM_RS_LLAMA_SERVER or PATH)")
     parser.add_argument("--llama-cpp", type=Path, help="llama.cpp's source tree (default: above llama-server)")
+    parser.add_argument("--results", default="models.json", help="the results file's name in bench/results/")
     opts = parser.parse_args()
     for name in ("rounds", "threads", "prompt_tokens", "one_stream_requests"):
         if getattr(opts, name) < 1:
@@ -339,7 +340,7 @@ def llama_tools(opts: argparse.Namespace) -> tuple[Path, Path, Path]:
 
 
 def main() -> int:
-    """Runs every file's rounds; prints the table, writes models.json."""
+    """Runs every file's rounds; prints the table, writes the results (models.json)."""
     try:
         opts = parse_options()
         binary, quantize, convert = llama_tools(opts)
@@ -363,7 +364,7 @@ def main() -> int:
         out = {"files": by_file, "read_bandwidth_bytes_per_s": bandwidth, "llama_cpp": llama_facts(binary),
                "system_info": system_info(results / "models-llama-server.log"), "load_average": os.getloadavg(),
                "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()}}  # fmt: skip
-        (results / "models.json").write_text(json.dumps(out, indent=2))
+        (results / opts.results).write_text(json.dumps(out, indent=2))
     report(by_file)
     return 0
 
