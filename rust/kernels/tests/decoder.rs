@@ -1,0 +1,347 @@
+//! The decoder step against a float64 reference written out here from the
+//! model's definition (RMSNorm, RoPE in rotate-half layout, grouped-query
+//! causal attention, a sliding window, q/k norms, biases, SwiGLU, the
+//! head), on a tiny random model with F16 weights: a prefill, then decodes,
+//! two sequences in one step, on every path and 1 to 3 threads; and the
+//! checks that refuse a bad step before the cache is written.
+
+mod common;
+
+use common::{paths, Rng};
+use vllm_rs_kernels::{
+    dequantize_row, Decoder, Layer, LayerCache, Linear, Path, QuantType, Shape, StepError, StepInputs,
+};
+
+const HIDDEN: usize = 64;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 16;
+const INTER: usize = 96;
+const VOCAB: usize = 40;
+const SLOTS: usize = 64;
+const EPS: f32 = 1e-5;
+
+/// Random F16 rows of weights in [-0.5, 0.5) (normal numbers, so exact).
+fn f16_rows(rng: &mut Rng, n: usize, k: usize) -> Vec<u8> {
+    (0..n * k)
+        .flat_map(|_| {
+            let sign = (rng.below(2) as u16) << 15;
+            let exponent = (9 + rng.below(5)) as u16; // 2^-6 .. 2^-2
+            (sign | exponent << 10 | rng.below(1024) as u16).to_le_bytes()
+        })
+        .collect()
+}
+
+fn floats(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.float() * scale).collect()
+}
+
+/// A linear layer's weights (row-major `[n, k]`) and bias, owned.
+struct Weights {
+    rows: Vec<u8>,
+    dense: Vec<f64>,
+    n: usize,
+    k: usize,
+    bias: Option<Vec<f32>>,
+}
+
+impl Weights {
+    fn new(rng: &mut Rng, n: usize, k: usize, bias: bool) -> Weights {
+        let rows = f16_rows(rng, n, k);
+        let mut dense = vec![0.0f32; n * k];
+        dequantize_row(QuantType::F16, &rows, &mut dense);
+        let bias = bias.then(|| floats(rng, n, 0.1));
+        Weights { rows, dense: dense.iter().map(|&w| w as f64).collect(), n, k, bias }
+    }
+
+    fn linear(&self) -> Linear<'_> {
+        Linear {
+            quant: QuantType::F16,
+            rows: &self.rows,
+            out_features: self.n,
+            in_features: self.k,
+            bias: self.bias.as_deref(),
+        }
+    }
+
+    fn apply(&self, x: &[f64]) -> Vec<f64> {
+        (0..self.n)
+            .map(|j| {
+                let dot: f64 = (0..self.k).map(|i| x[i] * self.dense[j * self.k + i]).sum();
+                dot + self.bias.as_ref().map_or(0.0, |b| b[j] as f64)
+            })
+            .collect()
+    }
+}
+
+struct LayerWeights {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    q: Weights,
+    k: Weights,
+    v: Weights,
+    o: Weights,
+    gate: Weights,
+    up: Weights,
+    down: Weights,
+    window: Option<usize>,
+}
+
+/// Two layers: the first with q/k/v biases and a window of 3 keys, the
+/// second with q/k norms; untied head.
+struct Model {
+    layers: Vec<LayerWeights>,
+    norm: Vec<f32>,
+    head: Weights,
+    inv_freq: Vec<f32>,
+}
+
+impl Model {
+    fn new(seed: u64) -> Model {
+        let mut rng = Rng(seed);
+        let norm = |rng: &mut Rng, n| (0..n).map(|_| 1.0 + 0.2 * rng.float()).collect::<Vec<f32>>();
+        let layers = (0..2)
+            .map(|i| LayerWeights {
+                input_norm: norm(&mut rng, HIDDEN),
+                post_norm: norm(&mut rng, HIDDEN),
+                q_norm: (i == 1).then(|| norm(&mut rng, HEAD_DIM)),
+                k_norm: (i == 1).then(|| norm(&mut rng, HEAD_DIM)),
+                q: Weights::new(&mut rng, HEADS * HEAD_DIM, HIDDEN, i == 0),
+                k: Weights::new(&mut rng, KV_HEADS * HEAD_DIM, HIDDEN, i == 0),
+                v: Weights::new(&mut rng, KV_HEADS * HEAD_DIM, HIDDEN, i == 0),
+                o: Weights::new(&mut rng, HIDDEN, HEADS * HEAD_DIM, false),
+                gate: Weights::new(&mut rng, INTER, HIDDEN, false),
+                up: Weights::new(&mut rng, INTER, HIDDEN, false),
+                down: Weights::new(&mut rng, HIDDEN, INTER, false),
+                window: (i == 0).then_some(3),
+            })
+            .collect();
+        let inv_freq = (0..HEAD_DIM / 2).map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / HEAD_DIM as f32)).collect();
+        Model { layers, norm: norm(&mut rng, HIDDEN), head: Weights::new(&mut rng, VOCAB, HIDDEN, false), inv_freq }
+    }
+
+    fn decoder(&self) -> Decoder<'_> {
+        Decoder {
+            shape: Shape {
+                hidden: HIDDEN,
+                heads: HEADS,
+                kv_heads: KV_HEADS,
+                head_dim: HEAD_DIM,
+                intermediate: INTER,
+                vocab: VOCAB,
+                eps: EPS,
+                scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+            },
+            layers: self
+                .layers
+                .iter()
+                .map(|l| Layer {
+                    input_norm: &l.input_norm,
+                    q: l.q.linear(),
+                    k: l.k.linear(),
+                    v: l.v.linear(),
+                    o: l.o.linear(),
+                    q_norm: l.q_norm.as_deref(),
+                    k_norm: l.k_norm.as_deref(),
+                    post_attention_norm: &l.post_norm,
+                    gate: l.gate.linear(),
+                    up: l.up.linear(),
+                    down: l.down.linear(),
+                    window: l.window,
+                })
+                .collect(),
+            norm: &self.norm,
+            head: self.head.linear(),
+            inv_freq: &self.inv_freq,
+        }
+    }
+
+    /// Every position's logits of one sequence `x` (embedded rows), in float64.
+    fn reference(&self, x: &[Vec<f64>]) -> Vec<Vec<f64>> {
+        let rms = |v: &[f64], w: &[f32]| {
+            let scale = 1.0 / (v.iter().map(|a| a * a).sum::<f64>() / v.len() as f64 + EPS as f64).sqrt();
+            v.iter().zip(w).map(|(a, &g)| a * scale * g as f64).collect::<Vec<f64>>()
+        };
+        let rope = |v: &mut [f64], p: usize| {
+            for head in v.chunks_exact_mut(HEAD_DIM) {
+                for i in 0..HEAD_DIM / 2 {
+                    let angle = (p as f32 * self.inv_freq[i]) as f64;
+                    let (a, b) = (head[i], head[i + HEAD_DIM / 2]);
+                    head[i] = a * angle.cos() - b * angle.sin();
+                    head[i + HEAD_DIM / 2] = b * angle.cos() + a * angle.sin();
+                }
+            }
+        };
+        let mut x: Vec<Vec<f64>> = x.to_vec();
+        for l in &self.layers {
+            let (mut qs, mut ks, mut vs) = (vec![], vec![], vec![]);
+            for (p, row) in x.iter().enumerate() {
+                let h = rms(row, &l.input_norm);
+                let (mut q, mut k) = (l.q.apply(&h), l.k.apply(&h));
+                if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                    q = q.chunks(HEAD_DIM).flat_map(|c| rms(c, qn)).collect();
+                    k = k.chunks(HEAD_DIM).flat_map(|c| rms(c, kn)).collect();
+                }
+                rope(&mut q, p);
+                rope(&mut k, p);
+                qs.push(q);
+                ks.push(k);
+                vs.push(l.v.apply(&h));
+            }
+            for p in 0..x.len() {
+                let first = l.window.map_or(0, |w| (p + 1).saturating_sub(w));
+                let mut attended = vec![0.0; HEADS * HEAD_DIM];
+                for h in 0..HEADS {
+                    let g = h / (HEADS / KV_HEADS);
+                    let q = &qs[p][h * HEAD_DIM..(h + 1) * HEAD_DIM];
+                    let scores: Vec<f64> = (first..=p)
+                        .map(|j| {
+                            let k = &ks[j][g * HEAD_DIM..(g + 1) * HEAD_DIM];
+                            q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (HEAD_DIM as f64).sqrt()
+                        })
+                        .collect();
+                    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let sum: f64 = weights.iter().sum();
+                    for (j, w) in (first..=p).zip(&weights) {
+                        for d in 0..HEAD_DIM {
+                            attended[h * HEAD_DIM + d] += w / sum * vs[j][g * HEAD_DIM + d];
+                        }
+                    }
+                }
+                let o = l.o.apply(&attended);
+                x[p].iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+                let h = rms(&x[p], &l.post_norm);
+                let (gate, up) = (l.gate.apply(&h), l.up.apply(&h));
+                let act: Vec<f64> = gate.iter().zip(&up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+                let down = l.down.apply(&act);
+                x[p].iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+            }
+        }
+        x.iter().map(|row| self.head.apply(&rms(row, &self.norm))).collect()
+    }
+}
+
+/// Each layer's key and value caches, `SLOTS` slots.
+fn caches() -> Vec<(Vec<f32>, Vec<f32>)> {
+    (0..2).map(|_| (vec![f32::NAN; SLOTS * KV_HEADS * HEAD_DIM], vec![f32::NAN; SLOTS * KV_HEADS * HEAD_DIM])).collect()
+}
+
+/// One step over `caches`: `tokens` are `(sequence, position)`, the
+/// sequences' keys at `slots[s][p]`; returns the logits of every token.
+fn step(
+    model: &Model,
+    path: Path,
+    threads: usize,
+    caches: &mut [(Vec<f32>, Vec<f32>)],
+    embedded: &[&[f64]],
+    tokens: &[(usize, usize)],
+    slots: &[Vec<i64>],
+) -> Result<Vec<f32>, StepError> {
+    let key_slots: Vec<i64> = slots.iter().flatten().copied().collect();
+    let seq_start = |s: usize| slots[..s].iter().map(Vec::len).sum::<usize>() as i64;
+    let mut x: Vec<f32> =
+        tokens.iter().flat_map(|&(s, p)| embedded[s][p * HIDDEN..(p + 1) * HIDDEN].iter().map(|&v| v as f32)).collect();
+    let positions: Vec<i64> = tokens.iter().map(|&(_, p)| p as i64).collect();
+    // A position past its sequence's slots (a bad step's) writes to slot 5.
+    let slot_mapping: Vec<i64> = tokens.iter().map(|&(s, p)| slots[s].get(p).copied().unwrap_or(5)).collect();
+    let key_starts: Vec<i64> = tokens.iter().map(|&(s, _)| seq_start(s)).collect();
+    let logits_rows: Vec<i64> = (0..tokens.len() as i64).collect();
+    let mut logits = vec![0.0f32; tokens.len() * VOCAB];
+    let mut layer_caches: Vec<LayerCache<'_>> =
+        caches.iter_mut().map(|(k, v)| LayerCache { keys: k, values: v }).collect();
+    let inputs = StepInputs {
+        positions: &positions,
+        slot_mapping: &slot_mapping,
+        key_starts: &key_starts,
+        key_slots: &key_slots,
+        logits_rows: &logits_rows,
+    };
+    model.decoder().forward(path, &mut x, &mut layer_caches, &inputs, &mut logits, threads)?;
+    Ok(logits)
+}
+
+fn assert_close(got: &[f32], want: &[f64], what: &str) {
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!((g as f64 - w).abs() <= 2e-4 * (1.0 + w.abs()), "{what}: logit {i} is {g}, the reference {w}");
+    }
+}
+
+#[test]
+fn prefill_then_decodes_equal_the_reference_on_every_path() {
+    let model = Model::new(1);
+    model.decoder().check().unwrap();
+    let mut rng = Rng(2);
+    let embedded: Vec<f64> = floats(&mut rng, 9 * HIDDEN, 1.0).iter().map(|&v| v as f64).collect();
+    let rows: Vec<Vec<f64>> = embedded.chunks(HIDDEN).map(<[f64]>::to_vec).collect();
+    let want = model.reference(&rows);
+    // Scattered slots, as a block table gives them.
+    let slots = vec![vec![17, 3, 40, 41, 42, 9, 60, 61, 2]];
+    for path in paths() {
+        for threads in 1..=3 {
+            let mut cache = caches();
+            let prefill: Vec<(usize, usize)> = (0..6).map(|p| (0, p)).collect();
+            let logits = step(&model, path, threads, &mut cache, &[&embedded], &prefill, &slots).unwrap();
+            for p in 0..6 {
+                assert_close(
+                    &logits[p * VOCAB..(p + 1) * VOCAB],
+                    &want[p],
+                    &format!("{path:?} x{threads} prefill {p}"),
+                );
+            }
+            for (p, want) in want.iter().enumerate().skip(6) {
+                let logits = step(&model, path, threads, &mut cache, &[&embedded], &[(0, p)], &slots).unwrap();
+                assert_close(&logits, want, &format!("{path:?} x{threads} decode {p}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn two_sequences_in_one_step_equal_each_alone() {
+    let model = Model::new(3);
+    let mut rng = Rng(4);
+    let a: Vec<f64> = floats(&mut rng, 5 * HIDDEN, 1.0).iter().map(|&v| v as f64).collect();
+    let b: Vec<f64> = floats(&mut rng, 4 * HIDDEN, 1.0).iter().map(|&v| v as f64).collect();
+    let want_a = model.reference(&a.chunks(HIDDEN).map(<[f64]>::to_vec).collect::<Vec<_>>());
+    let want_b = model.reference(&b.chunks(HIDDEN).map(<[f64]>::to_vec).collect::<Vec<_>>());
+    let slots = vec![vec![0, 1, 2, 3, 4], vec![30, 31, 32, 33]];
+    let mut cache = caches();
+    // a's first 4 positions alone, then a's decode beside b's whole prefill.
+    let first: Vec<(usize, usize)> = (0..4).map(|p| (0, p)).collect();
+    step(&model, Path::best(), 2, &mut cache, &[&a, &b], &first, &slots).unwrap();
+    let mixed = [(0, 4), (1, 0), (1, 1), (1, 2), (1, 3)];
+    let logits = step(&model, Path::best(), 2, &mut cache, &[&a, &b], &mixed, &slots).unwrap();
+    assert_close(&logits[..VOCAB], &want_a[4], "a's decode");
+    for p in 0..4 {
+        assert_close(&logits[(p + 1) * VOCAB..(p + 2) * VOCAB], &want_b[p], &format!("b's prefill {p}"));
+    }
+}
+
+#[test]
+fn a_bad_step_is_refused_before_the_cache_is_written() {
+    let model = Model::new(5);
+    let embedded = vec![0.5f64; 2 * HIDDEN];
+    let refuse = |tokens: &[(usize, usize)], slots: Vec<Vec<i64>>| {
+        let mut cache = caches();
+        let err = step(&model, Path::best(), 1, &mut cache, &[&embedded], tokens, &slots).unwrap_err();
+        assert!(cache.iter().all(|(k, v)| k.iter().chain(v).all(|x| x.is_nan())), "the cache was written");
+        err.to_string()
+    };
+    assert_eq!(
+        refuse(&[(0, 0), (0, 1)], vec![vec![0, SLOTS as i64]]),
+        "key_slots[1] = 64 is outside the cache's 64 slots"
+    );
+    assert_eq!(refuse(&[(0, 0), (0, 1)], vec![vec![0]]), "token 1: keys 0..=0+1 are outside key_slots' 1 slots");
+    let mut bad = model.decoder();
+    bad.layers[1].window = Some(0);
+    assert_eq!(bad.check().unwrap_err().to_string(), "layer 1: a sliding window of 0 keys");
+    let mut bad = model.decoder();
+    bad.shape.kv_heads = 3;
+    assert!(bad.check().unwrap_err().to_string().contains("heads must be a positive multiple of kv_heads"));
+    let mut bad = model.decoder();
+    bad.layers[0].up.in_features = 32;
+    assert_eq!(bad.check().unwrap_err().to_string(), "layer 0 up is 96 x 32, the model needs 96 x 64");
+}
