@@ -8,6 +8,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from vllm_rs.engine.config import KV_CACHE_DTYPES
+
 #: vLLM 0.33's reasoning efforts (its `ReasoningEffort`), in its order.
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
@@ -134,6 +136,14 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         help="how a GGUF's weights are held (gguf: linear layers multiplied in place from the file's blocks, "
         "legacy and K-quants, IQ4_NL/XS, F16, BF16, other types dequantized to float32, embeddings read from the "
         "file; none: dequantized to --dtype; default: gguf for such a GGUF on the CPU in float32, else none)",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="what the KV cache holds: auto (the model's --dtype: float32 on the CPU, exact), float16 or bfloat16 "
+        "(half the memory; keys and values rounded to 16 bits when written, attention still in float32, so the "
+        "logits move by rounding: docs/real-models.md); the fp8 and int8 values are vLLM's and refused here",
     )
     parser.add_argument(
         "--enforce-eager",

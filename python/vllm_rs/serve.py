@@ -347,6 +347,7 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
             kv_cache_memory_bytes=args.kv_cache_memory_bytes,
             quantization=args.quantization,
             enforce_eager=args.enforce_eager,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
     except (ModelPathError, EngineConfigError) as e:
         raise ServeUsageError(str(e)) from None

@@ -111,11 +111,14 @@ class PagedAttention(nn.Module):
         else:
             self._key_array = self._value_array = None
 
-    def cache_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """The bound cache's key and value halves as numpy arrays `[slots,
-        kv_heads, head_dim]` sharing its memory, where the Rust kernels read
-        it in place (`attends_in_place`); else None."""
-        return None if self._key_array is None else (self._key_array, self._value_array)
+    def cache_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The bound (CPU) cache's key and value halves as numpy arrays
+        `[slots, kv_heads, head_dim]` sharing its memory: float32, or the
+        bits of a 16-bit cache as uint16."""
+        keys, values = self._key_cache, self._value_cache
+        if keys.dtype in (torch.float16, torch.bfloat16):
+            keys, values = keys.view(torch.uint16), values.view(torch.uint16)
+        return keys.numpy(), values.numpy()
 
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """The shape of this layer's KV cache."""
@@ -126,8 +129,10 @@ class PagedAttention(nn.Module):
         head_dim]`; returns `[tokens, heads * head_dim]`."""
         key_cache, value_cache = self._key_cache, self._value_cache
         gqa = self.num_kv_heads != self.num_heads
-        key_cache.index_copy_(0, meta.slot_mapping, k)
-        value_cache.index_copy_(0, meta.slot_mapping, v)
+        # A 16-bit cache (`--kv-cache-dtype`) holds the values rounded; they
+        # are read back as the queries' dtype.
+        key_cache.index_copy_(0, meta.slot_mapping, k.to(key_cache.dtype))
+        value_cache.index_copy_(0, meta.slot_mapping, v.to(value_cache.dtype))
         if self.sliding_window is not None:
             meta = meta.windows[self.sliding_window]
         if meta.decodes is None and len(meta.sequences) == 1:
@@ -149,8 +154,8 @@ class PagedAttention(nn.Module):
             # index_select on the flat slots: twice as fast as indexing with
             # the 2-D slot tensor (docs/real-model-speed.md), same values.
             slots, shape = batch.key_slots.reshape(-1), (*batch.key_slots.shape, self.num_kv_heads, self.head_dim)
-            keys = key_cache.index_select(0, slots).view(shape).transpose(1, 2)
-            values = value_cache.index_select(0, slots).view(shape).transpose(1, 2)
+            keys = key_cache.index_select(0, slots).view(shape).transpose(1, 2).to(q.dtype)
+            values = value_cache.index_select(0, slots).view(shape).transpose(1, 2).to(q.dtype)
             queries = q.index_select(0, batch.rows)[:, :, None, :]
             attended = F.scaled_dot_product_attention(
                 queries, keys, values, attn_mask=batch.mask, enable_gqa=gqa, scale=self.scale
@@ -161,8 +166,8 @@ class PagedAttention(nn.Module):
     def _attend(self, q: torch.Tensor, seq: SequenceSlice, gqa: bool) -> torch.Tensor:
         """One request's queries over its keys: `[heads, queries, head_dim]`."""
         queries = q[seq.start : seq.end].transpose(0, 1)
-        keys = self._key_cache.index_select(0, seq.key_slots).transpose(0, 1)
-        values = self._value_cache.index_select(0, seq.key_slots).transpose(0, 1)
+        keys = self._key_cache.index_select(0, seq.key_slots).transpose(0, 1).to(q.dtype)
+        values = self._value_cache.index_select(0, seq.key_slots).transpose(0, 1).to(q.dtype)
         return F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=seq.mask, enable_gqa=gqa, scale=self.scale
         )

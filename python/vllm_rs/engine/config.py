@@ -49,6 +49,14 @@ CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 DEFAULT_CPU_KV_BYTES = 4 << 30
 
 
+#: `--kv-cache-dtype` values vLLM 0.33 accepts (its `CacheDType`).
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "int8", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+#: The ones this engine runs: `auto` (the model's `--dtype`, exact) and the
+#: 16-bit caches (values rounded to 16 bits when written: docs/real-models.md,
+#: "KV cache dtype").
+SUPPORTED_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16")
+
+
 class EngineConfigError(ValueError):
     """An engine setting that cannot work (names the setting)."""
 
@@ -183,6 +191,7 @@ def make_engine_config(
     tokenizer_dir: str | None = None,
     quantization: str | None = None,
     enforce_eager: bool = False,
+    kv_cache_dtype: str = "auto",
 ) -> EngineConfig:
     """An EngineConfig with the model type's defaults filled in and the KV
     cache sized (`num_gpu_blocks`; for a real model from
@@ -210,6 +219,7 @@ def make_engine_config(
         ("--device", device, device in ("auto", "cpu", "cuda")),
         ("--dtype", dtype, dtype in DTYPES),
         ("--quantization", quantization, quantization is None or quantization in QUANTIZATIONS),
+        ("--kv-cache-dtype", kv_cache_dtype, kv_cache_dtype in KV_CACHE_DTYPES),
         (
             "--kv-cache-memory-bytes",
             kv_cache_memory_bytes,
@@ -224,12 +234,18 @@ def make_engine_config(
         device = "cuda" if cuda_available() else "cpu"
     resolved_dtype = resolve_dtype(dtype, spec, device)
     resolved_quantization = resolve_quantization(quantization, spec, device, resolved_dtype)
+    if kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
+        raise EngineConfigError(
+            f"--kv-cache-dtype {kv_cache_dtype}: not supported by this engine "
+            f"(it runs {', '.join(SUPPORTED_KV_CACHE_DTYPES)})"
+        )
     scheduler = SchedulerConfig(max_num_seqs or default_seqs, max_num_batched_tokens or default_tokens)
     cache = CacheConfig(
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
         enable_prefix_caching=spec.model_type != "echo" if enable_prefix_caching is None else enable_prefix_caching,
         kv_cache_memory_bytes=kv_cache_memory_bytes,
+        cache_dtype=kv_cache_dtype,
     )
     if spec.model_type != "echo":
         cache.num_gpu_blocks = size_kv_cache(
@@ -298,6 +314,12 @@ def weight_bytes(spec: ModelSpec, dtype: str, quantization: str | None) -> int:
     return spec.transformer.num_parameters() * per_weight
 
 
+def kv_cache_dtype(cache: CacheConfig, dtype: str) -> str:
+    """The dtype the KV cache holds: the model's `dtype` for `auto`, else
+    `--kv-cache-dtype`'s."""
+    return dtype if cache.cache_dtype == "auto" else cache.cache_dtype
+
+
 def kv_bytes_per_token(spec: ModelSpec, dtype: str) -> int:
     """KV-cache bytes one token takes over all layers."""
     if spec.transformer is not None:
@@ -338,7 +360,7 @@ def size_kv_cache(
     runner sizes it from free device memory). Raises EngineConfigError when
     the budget holds no full sequence, or when on the CPU the weights and
     the cache of every engine exceed the memory available."""
-    block_bytes = kv_bytes_per_token(spec, dtype) * cache.block_size
+    block_bytes = kv_bytes_per_token(spec, kv_cache_dtype(cache, dtype)) * cache.block_size
     min_blocks = -(-max_model_len // cache.block_size)
     wanted = min_blocks * scheduler.max_num_seqs
     budget, source = cache.kv_cache_memory_bytes, "--kv-cache-memory-bytes"

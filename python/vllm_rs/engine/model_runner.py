@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from vllm_rs.engine.attention import AttentionMetadata, DecodeBatch, SequenceSlice, attends_in_place
-from vllm_rs.engine.config import EngineConfig, kv_bytes_per_token
+from vllm_rs.engine.config import EngineConfig, kv_bytes_per_token, kv_cache_dtype
 from vllm_rs.engine.cpu_threads import keep_torch_on_one_thread, kernel_threads, limit_cpu_threads
 from vllm_rs.engine.logprobs import gather, num_columns
 from vllm_rs.engine.native_step import NativeStep, native_step_unsupported
@@ -73,6 +73,8 @@ class ModelRunner:
         spec = config.model_config.spec
         self.follows_grammars = not spec.is_real or spec.tokenizer_dir is not None
         self.dtype = getattr(torch, config.model_config.dtype)
+        #: What the KV cache holds (`--kv-cache-dtype`; `auto` is `dtype`).
+        self.kv_dtype = getattr(torch, kv_cache_dtype(config.cache_config, config.model_config.dtype))
         self.model = self._load_model(config).to(self.device).eval()
         if self.device.type == "cpu" and every_matmul_in_kernels(self.model):
             keep_torch_on_one_thread()
@@ -98,7 +100,7 @@ class ModelRunner:
         self._block_offsets = np.arange(self.block_size, dtype=np.int64)
         # The Rust decode kernel attends in place, also for one sequence;
         # torch's attention is batched only when there are several.
-        self._decodes_in_place = attends_in_place(self.device, self.dtype)
+        self._decodes_in_place = attends_in_place(self.device, self.kv_dtype)
         # The sliding windows of the model's layers: each step is also staged
         # as seen through each of them (`AttentionMetadata.windows`).
         layers = self.model.attention_layers().values()
@@ -110,11 +112,12 @@ class ModelRunner:
         if why_not is None:
             self.native_step = NativeStep(self.model)
         logger.info(
-            "%s (%s%s) on %s (%d threads, kernels %d): %d KV blocks of %d tokens; %s",
+            "%s (%s%s) on %s (%d threads, kernels %d): %d KV blocks of %d tokens%s; %s",
             config.model_config.architecture, config.model_config.dtype,
             ", weights kept as stored" if config.model_config.quantization else "", self.device,
             torch.get_num_threads(), kernel_threads(),
             self.num_gpu_blocks, self.block_size,
+            "" if self.kv_dtype == self.dtype else f" ({str(self.kv_dtype).removeprefix('torch.')})",
             "native step" if why_not is None else f"torch step ({why_not})",
         )  # fmt: skip
 
@@ -134,7 +137,8 @@ class ModelRunner:
     def _blocks_from_free_memory(self, config: EngineConfig) -> int:
         """KV blocks for a CUDA device without a budget: `CUDA_KV_FRACTION`
         of its free memory, at most `max_num_seqs` full sequences."""
-        block_bytes = kv_bytes_per_token(config.model_config.spec, config.model_config.dtype) * self.block_size
+        kv_dtype = kv_cache_dtype(config.cache_config, config.model_config.dtype)
+        block_bytes = kv_bytes_per_token(config.model_config.spec, kv_dtype) * self.block_size
         per_sequence = -(-config.model_config.max_model_len // self.block_size)
         free, _ = torch.cuda.mem_get_info(self.device)
         blocks = min(int(free * CUDA_KV_FRACTION) // block_bytes, per_sequence * config.scheduler_config.max_num_seqs)
@@ -154,7 +158,7 @@ class ModelRunner:
         forward_context = self.model.attention_layers()
         kv_caches = {
             name: torch.empty(
-                layer.cache_shape(self.num_gpu_blocks, self.block_size), dtype=self.dtype, device=self.device
+                layer.cache_shape(self.num_gpu_blocks, self.block_size), dtype=self.kv_dtype, device=self.device
             )
             for name, layer in forward_context.items()
         }

@@ -76,9 +76,11 @@ class NativeStep:
                  c.rms_norm_eps, scale)  # fmt: skip
         self.vocab = c.vocab_size
         self._embed = model.model.embed_tokens
+        cache_dtype = str(model.model.layers[0].self_attn.attn.kv_cache.dtype).removeprefix("torch.")
         self._stack = _core.DecoderStack(
-            shape, _floats(model.inv_freq), layers, _floats(model.model.norm.weight), _linear(model.lm_head), caches
-        )
+            shape, _floats(model.inv_freq), layers, _floats(model.model.norm.weight), _linear(model.lm_head), caches,
+            cache_dtype,
+        )  # fmt: skip
 
     def forward(
         self,

@@ -11,6 +11,7 @@
 //! `scaled_dot_product_attention` on the gathered keys, so the two agree to
 //! float32 rounding (summation order and `exp`'s last bit differ).
 
+use crate::kv_cache::KvCache;
 use crate::{Out, Path};
 
 /// A call whose buffers or indices do not match the shapes it names.
@@ -24,6 +25,9 @@ pub enum AttentionError {
         /// Key/value heads.
         kv_heads: usize,
     },
+    /// The keys and values are held in different types.
+    #[error("key_cache and value_cache must hold the same type")]
+    CacheTypes,
     /// A head has no dimensions.
     #[error("head_dim must be positive")]
     HeadDim,
@@ -110,9 +114,9 @@ pub struct DecodeInputs<'a> {
     /// The queries, `[tokens, heads, head_dim]`.
     pub q: &'a [f32],
     /// The keys, `[slots, kv_heads, head_dim]`.
-    pub key_cache: &'a [f32],
-    /// The values, `[slots, kv_heads, head_dim]`.
-    pub value_cache: &'a [f32],
+    pub key_cache: KvCache<'a>,
+    /// The values, `[slots, kv_heads, head_dim]`, of the keys' type.
+    pub value_cache: KvCache<'a>,
     /// Each sequence's row of `q` and `out`, strictly increasing.
     pub rows: &'a [i64],
     /// The key slots of every sequence, in order: sequence `s` reads
@@ -136,6 +140,9 @@ pub fn check_attention(inputs: &DecodeInputs<'_>, out: usize, dims: AttentionDim
         return Err(AttentionError::HeadDim);
     }
     let cache = slots * kv_heads * head_dim;
+    if !inputs.key_cache.same_type(&inputs.value_cache) {
+        return Err(AttentionError::CacheTypes);
+    }
     for (what, got, need) in [
         ("q", inputs.q.len(), tokens * heads * head_dim),
         ("out", out, tokens * heads * head_dim),
@@ -245,7 +252,7 @@ struct Job<'a> {
 ///
 /// # Safety
 /// The call was checked (`check_attention`), no other thread writes these
-/// sequences' rows, and with `SIMD` the CPU has AVX2 and FMA and
+/// sequences' rows, and with `SIMD` the CPU has AVX2, FMA and F16C and
 /// `head_dim` is a multiple of 8.
 #[inline(always)]
 unsafe fn sequences<const SIMD: bool>(job: &Job<'_>, seqs: std::ops::Range<usize>) {
@@ -253,6 +260,8 @@ unsafe fn sequences<const SIMD: bool>(job: &Job<'_>, seqs: std::ops::Range<usize
     let inputs = job.inputs;
     let (group, kv_row) = (heads / kv_heads, kv_heads * hd);
     let mut scores = vec![0.0f32; heads * max_keys];
+    // Where a 16-bit cache's rows are widened to float32.
+    let (mut key_buf, mut value_buf) = (vec![0.0f32; kv_row], vec![0.0f32; kv_row]);
     for seq in seqs {
         let row = inputs.rows[seq] as usize;
         let len = inputs.lens[seq] as usize;
@@ -260,17 +269,17 @@ unsafe fn sequences<const SIMD: bool>(job: &Job<'_>, seqs: std::ops::Range<usize
         let slots = &inputs.key_slots[start..start + len];
         let scores = &mut scores[..heads * len];
         let q = &inputs.q[row * heads * hd..(row + 1) * heads * hd];
-        let cache_row = |cache, slot| cache_row(cache, slot, kv_row);
         for (j, &slot) in slots.iter().enumerate() {
             if SIMD {
                 // This sequence's value rows are read after all its keys:
                 // asked for now, they arrive while the keys are scored.
-                prefetch(cache_row(inputs.value_cache, slot));
+                prefetch(inputs.value_cache.row_bytes(slot, kv_row));
                 if let Some(&ahead) = slots.get(j + PREFETCH_KEYS) {
-                    prefetch(cache_row(inputs.key_cache, ahead));
+                    prefetch(inputs.key_cache.row_bytes(ahead, kv_row));
                 }
             }
-            let keys = cache_row(inputs.key_cache, slot);
+            // SAFETY: the slot was checked; with SIMD the CPU has the features.
+            let keys = unsafe { inputs.key_cache.row::<SIMD>(slot, kv_row, &mut key_buf) };
             for (h, qh) in q.chunks_exact(hd).enumerate() {
                 let k = &keys[h / group * hd..(h / group + 1) * hd];
                 // SAFETY: with SIMD the CPU has the features (the caller's promise).
@@ -297,7 +306,8 @@ unsafe fn sequences<const SIMD: bool>(job: &Job<'_>, seqs: std::ops::Range<usize
         let acc = unsafe { std::slice::from_raw_parts_mut(job.out.0.add(row * heads * hd), heads * hd) };
         acc.fill(0.0);
         for (j, &slot) in slots.iter().enumerate() {
-            let values = cache_row(inputs.value_cache, slot);
+            // SAFETY: as for the keys.
+            let values = unsafe { inputs.value_cache.row::<SIMD>(slot, kv_row, &mut value_buf) };
             for (h, acc_h) in acc.chunks_exact_mut(hd).enumerate() {
                 let v = &values[h / group * hd..(h / group + 1) * hd];
                 // SAFETY: as above.
@@ -311,28 +321,23 @@ unsafe fn sequences<const SIMD: bool>(job: &Job<'_>, seqs: std::ops::Range<usize
     }
 }
 
-/// The `kv_row` floats of `slot` in a cache.
-#[inline(always)]
-fn cache_row(cache: &[f32], slot: i64, kv_row: usize) -> &[f32] {
-    &cache[slot as usize * kv_row..(slot as usize + 1) * kv_row]
-}
-
 /// Heads whose softmax sums live on the stack (more go to the heap).
 const MAX_STACK_HEADS: usize = 128;
 
 /// How many keys ahead of the one it scores the SIMD path asks for a key row.
 const PREFETCH_KEYS: usize = 4;
 
-/// Asks for `row` to be brought into the caches (SIMD path only; a no-op elsewhere).
+/// Asks for the `(address, bytes)` row to be brought into the caches
+/// (SIMD path only; a no-op elsewhere).
 #[inline(always)]
-fn prefetch(row: &[f32]) {
+fn prefetch((row, bytes): (*const u8, usize)) {
     #[cfg(target_arch = "x86_64")]
-    for line in row.chunks(16) {
+    for line in (0..bytes).step_by(64) {
         // SAFETY: SSE is part of x86-64; a prefetch never faults.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr().cast()) };
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(row.wrapping_add(line).cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = row;
+    let _ = (row, bytes);
 }
 
 /// `a · b` (equal lengths; with SIMD a multiple of 8).
@@ -369,11 +374,11 @@ mod simd {
 
     use super::Job;
 
-    /// `super::sequences` compiled with AVX2 and FMA enabled.
+    /// `super::sequences` compiled with AVX2, FMA and F16C enabled.
     ///
     /// # Safety
     /// As `super::sequences::<true>`.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn sequences(job: &Job<'_>, seqs: std::ops::Range<usize>) {
         // SAFETY: forwarded.
         unsafe { super::sequences::<true>(job, seqs) }

@@ -20,6 +20,7 @@
 use std::ops::Range;
 
 use crate::attention::{attend, check_attention};
+use crate::kv_cache::{KvCache, KvCacheMut};
 use crate::{matmuls, AttentionDims, AttentionError, DecodeInputs, Dims, Matmul, Out, Path, QuantType, ShapeError};
 
 /// A step or a model whose buffers do not fit together.
@@ -160,13 +161,13 @@ pub struct Decoder<'a> {
     pub inv_freq: &'a [f32],
 }
 
-/// One layer's KV cache, each half `[slots, kv_heads, head_dim]`.
+/// One layer's KV cache, each half `[slots, kv_heads, head_dim]`, both of one type.
 #[derive(Debug)]
 pub struct LayerCache<'a> {
     /// The keys.
-    pub keys: &'a mut [f32],
+    pub keys: KvCacheMut<'a>,
     /// The values.
-    pub values: &'a mut [f32],
+    pub values: KvCacheMut<'a>,
 }
 
 /// What a step computes: for each token (row of the embedded input), its
@@ -307,9 +308,8 @@ impl Decoder<'_> {
             rope(&mut q, &cos, &sin, half);
             rope(&mut k, &cos, &sin, half);
             for (t, &slot) in inputs.slot_mapping.iter().enumerate() {
-                let at = slot as usize * kv_out;
-                cache.keys[at..at + kv_out].copy_from_slice(&k[t * kv_out..(t + 1) * kv_out]);
-                cache.values[at..at + kv_out].copy_from_slice(&v[t * kv_out..(t + 1) * kv_out]);
+                cache.keys.write_row(slot, &k[t * kv_out..(t + 1) * kv_out]);
+                cache.values.write_row(slot, &v[t * kv_out..(t + 1) * kv_out]);
             }
             if !windows.iter().any(|(w, _)| *w == layer.window) {
                 windows.push((layer.window, Keys::new(inputs, layer.window)));
@@ -317,8 +317,8 @@ impl Decoder<'_> {
             let keys = &windows.iter().find(|(w, _)| *w == layer.window).expect("just added").1;
             let attention = DecodeInputs {
                 q: &q,
-                key_cache: &*cache.keys,
-                value_cache: &*cache.values,
+                key_cache: cache.keys.as_ref(),
+                value_cache: cache.values.as_ref(),
                 rows: &keys.rows,
                 key_slots: inputs.key_slots,
                 key_starts: &keys.starts,
@@ -385,15 +385,19 @@ impl Decoder<'_> {
         len("logits", logits.len(), inputs.logits_rows.len() * s.vocab)?;
         len("caches", caches.len(), self.layers.len())?;
         let kv_row = s.kv_heads * s.head_dim;
-        let cache_len = caches.first().map_or(0, |c| c.keys.len());
+        let cache_len = caches.first().map_or(0, |c| c.keys.as_ref().len());
         if !cache_len.is_multiple_of(kv_row) {
             return Err(StepError::Shape(format!(
                 "a layer's cache has {cache_len} floats, not whole slots of {kv_row}"
             )));
         }
         for (i, cache) in caches.iter().enumerate() {
-            len(&format!("layer {i} keys"), cache.keys.len(), cache_len)?;
-            len(&format!("layer {i} values"), cache.values.len(), cache_len)?;
+            let (keys, values) = (cache.keys.as_ref(), cache.values.as_ref());
+            len(&format!("layer {i} keys"), keys.len(), cache_len)?;
+            len(&format!("layer {i} values"), values.len(), cache_len)?;
+            if !keys.same_type(&values) || !keys.same_type(&caches[0].keys.as_ref()) {
+                return Err(StepError::Shape(format!("layer {i}'s keys and values are not of the first layer's type")));
+            }
         }
         let slots = cache_len / kv_row;
         let in_cache = |slot: i64| slot >= 0 && (slot as u64) < slots as u64;
@@ -423,8 +427,8 @@ impl Decoder<'_> {
             // The attention kernel's own checks of the heads (the slots were checked above).
             let empty = DecodeInputs {
                 q: &[],
-                key_cache: &[],
-                value_cache: &[],
+                key_cache: KvCache::F32(&[]),
+                value_cache: KvCache::F32(&[]),
                 rows: &[],
                 key_slots: &[],
                 key_starts: &[],

@@ -19,6 +19,7 @@ mod attention;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod decoder;
+mod kv_cache;
 mod pool;
 mod quant;
 mod scalar;
@@ -29,7 +30,8 @@ mod x86;
 
 pub use attention::{check_attention, decode_attention, AttentionDims, AttentionError, DecodeInputs};
 pub use decoder::{Decoder, Layer, LayerCache, Linear, Shape, StepError, StepInputs};
-pub use quant::{dequantize_row, QuantType, BLOCK, SUPER_BLOCK};
+pub use kv_cache::{f32_to_bf16, f32_to_f16, KvCache, KvCacheMut};
+pub use quant::{dequantize_row, f16_to_f32 as dequantize_f16, QuantType, BLOCK, SUPER_BLOCK};
 
 /// A call whose buffers do not match the shapes it names.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

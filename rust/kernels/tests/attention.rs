@@ -8,7 +8,9 @@ mod common;
 
 use common::{paths, Rng};
 use proptest::prelude::*;
-use vllm_rs_kernels::{decode_attention, AttentionDims, AttentionError, DecodeInputs, Path};
+use vllm_rs_kernels::{
+    decode_attention, f32_to_bf16, f32_to_f16, AttentionDims, AttentionError, DecodeInputs, KvCache, Path,
+};
 
 /// A call's operands: the caches filled at random, each sequence's keys at
 /// random distinct slots, its row every other token (so rows are skipped).
@@ -17,6 +19,10 @@ struct Case {
     q: Vec<f32>,
     keys: Vec<f32>,
     values: Vec<f32>,
+    /// A 16-bit cache's bits (`half`), when the case has one.
+    key_bits: Vec<u16>,
+    value_bits: Vec<u16>,
+    half: Option<Half>,
     rows: Vec<i64>,
     key_slots: Vec<i64>,
     key_starts: Vec<i64>,
@@ -45,14 +51,51 @@ impl Case {
         let dims = AttentionDims { tokens, heads, kv_heads, head_dim, slots, seqs, max_keys };
         let rows = (0..seqs as i64).map(|s| 2 * s + 1).collect();
         let key_starts = (0..seqs).map(|s| (s * max_keys) as i64).collect();
-        Case { dims, q, keys, values, rows, key_slots, key_starts, lens, scale: 1.0 / (head_dim as f32).sqrt() }
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        Case {
+            dims,
+            q,
+            keys,
+            values,
+            key_bits: vec![],
+            value_bits: vec![],
+            half: None,
+            rows,
+            key_slots,
+            key_starts,
+            lens,
+            scale,
+        }
+    }
+
+    /// The case with its caches held in `half`: the float32 keys and values
+    /// become the rounded ones, which the reference then uses.
+    fn in_half(mut self, half: Half) -> Case {
+        let (round, widen): (Round, Widen) = match half {
+            Half::F16 => (f32_to_f16, |b| vllm_rs_kernels::dequantize_f16(b)),
+            Half::Bf16 => (f32_to_bf16, |b| f32::from_bits(u32::from(b) << 16)),
+        };
+        self.key_bits = self.keys.iter().map(|&v| round(v)).collect();
+        self.value_bits = self.values.iter().map(|&v| round(v)).collect();
+        self.keys = self.key_bits.iter().map(|&b| widen(b)).collect();
+        self.values = self.value_bits.iter().map(|&b| widen(b)).collect();
+        self.half = Some(half);
+        self
     }
 
     fn inputs(&self) -> DecodeInputs<'_> {
         DecodeInputs {
             q: &self.q,
-            key_cache: &self.keys,
-            value_cache: &self.values,
+            key_cache: match self.half {
+                None => KvCache::F32(&self.keys),
+                Some(Half::F16) => KvCache::F16(&self.key_bits),
+                Some(Half::Bf16) => KvCache::Bf16(&self.key_bits),
+            },
+            value_cache: match self.half {
+                None => KvCache::F32(&self.values),
+                Some(Half::F16) => KvCache::F16(&self.value_bits),
+                Some(Half::Bf16) => KvCache::Bf16(&self.value_bits),
+            },
             rows: &self.rows,
             key_slots: &self.key_slots,
             key_starts: &self.key_starts,
@@ -142,6 +185,32 @@ fn smollm2_shapes_agree_and_threads_keep_the_bits() {
         let one = bits(one);
         for threads in [2, 3, 16, 40] {
             assert!(one == bits(case.run(path, threads)), "{path:?} on {threads} threads: other bits");
+        }
+    }
+}
+
+/// Float32 to a 16-bit type's bits, and back.
+type Round = fn(f32) -> u16;
+type Widen = fn(u16) -> f32;
+
+/// A 16-bit cache type.
+#[derive(Clone, Copy, Debug)]
+enum Half {
+    F16,
+    Bf16,
+}
+
+#[test]
+fn sixteen_bit_caches_are_read_as_their_float32_values() {
+    for half in [Half::F16, Half::Bf16] {
+        for head_dim in [8, 12, 64] {
+            let case = Case::new(5, 3, 3, head_dim, 30, 11).in_half(half);
+            let want = case.reference();
+            for path in paths() {
+                for threads in [1, 3] {
+                    assert_close(&case.run(path, threads), &want);
+                }
+            }
         }
     }
 }

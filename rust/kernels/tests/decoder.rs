@@ -9,7 +9,7 @@ mod common;
 
 use common::{paths, Rng};
 use vllm_rs_kernels::{
-    dequantize_row, Decoder, Layer, LayerCache, Linear, Path, QuantType, Shape, StepError, StepInputs,
+    dequantize_row, Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, QuantType, Shape, StepError, StepInputs,
 };
 
 const HIDDEN: usize = 64;
@@ -251,7 +251,7 @@ fn step(
     let logits_rows: Vec<i64> = (0..tokens.len() as i64).collect();
     let mut logits = vec![0.0f32; tokens.len() * VOCAB];
     let mut layer_caches: Vec<LayerCache<'_>> =
-        caches.iter_mut().map(|(k, v)| LayerCache { keys: k, values: v }).collect();
+        caches.iter_mut().map(|(k, v)| LayerCache { keys: KvCacheMut::F32(k), values: KvCacheMut::F32(v) }).collect();
     let inputs = StepInputs {
         positions: &positions,
         slot_mapping: &slot_mapping,

@@ -7,7 +7,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use vllm_rs_kernels::{Decoder, Layer, LayerCache, Linear, Path, Shape, StepInputs};
+use vllm_rs_kernels::{Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, Shape, StepInputs};
 
 use crate::kernels::{check_out, flat_for, quant_type_for, slice, slice_mut, span};
 
@@ -71,16 +71,65 @@ impl Exports {
     }
 }
 
-/// One layer's KV cache halves, written by the stack's steps.
-struct CacheExport {
-    keys: PyBuffer<f32>,
-    values: PyBuffer<f32>,
+/// One layer's KV cache halves, written by the stack's steps: float32
+/// values, or 16-bit ones (`float16`/`bfloat16` bits, as uint16 buffers).
+enum CacheExport {
+    F32(PyBuffer<f32>, PyBuffer<f32>),
+    F16(PyBuffer<u16>, PyBuffer<u16>),
+    Bf16(PyBuffer<u16>, PyBuffer<u16>),
+}
+
+impl CacheExport {
+    fn new(dtype: &str, keys: &Bound<'_, PyAny>, values: &Bound<'_, PyAny>, i: usize) -> PyResult<CacheExport> {
+        let (kn, vn) = (format!("layer {i} keys"), format!("layer {i} values"));
+        let floats = |obj, name: &str| flat_for::<f32>(NAME, obj, name, "float32");
+        let bits = |obj, name: &str| flat_for::<u16>(NAME, obj, name, "uint16 (16-bit cache values)");
+        let export = match dtype {
+            "float32" => CacheExport::F32(floats(keys, &kn)?, floats(values, &vn)?),
+            "float16" => CacheExport::F16(bits(keys, &kn)?, bits(values, &vn)?),
+            "bfloat16" => CacheExport::Bf16(bits(keys, &kn)?, bits(values, &vn)?),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "{NAME}: cache_dtype {other:?} is not float32, float16 or bfloat16"
+                )))
+            }
+        };
+        let readonly = match &export {
+            CacheExport::F32(k, v) => k.readonly() || v.readonly(),
+            CacheExport::F16(k, v) | CacheExport::Bf16(k, v) => k.readonly() || v.readonly(),
+        };
+        if readonly {
+            return Err(PyValueError::new_err(format!("{NAME}: layer {i}'s cache is read-only")));
+        }
+        Ok(export)
+    }
+
+    /// The layer's cache, to write.
+    ///
+    /// # Safety
+    /// As `slice_mut`: no other slice of these buffers is alive meanwhile.
+    unsafe fn layer(&self) -> LayerCache<'_> {
+        // SAFETY: the caller's promise.
+        unsafe {
+            match self {
+                CacheExport::F32(k, v) => {
+                    LayerCache { keys: KvCacheMut::F32(slice_mut(k)), values: KvCacheMut::F32(slice_mut(v)) }
+                }
+                CacheExport::F16(k, v) => {
+                    LayerCache { keys: KvCacheMut::F16(slice_mut(k)), values: KvCacheMut::F16(slice_mut(v)) }
+                }
+                CacheExport::Bf16(k, v) => {
+                    LayerCache { keys: KvCacheMut::Bf16(slice_mut(k)), values: KvCacheMut::Bf16(slice_mut(v)) }
+                }
+            }
+        }
+    }
 }
 
 /// A model's decoder layers, final norm and output head, with its KV cache
-/// (one `(keys, values)` pair of float32 arrays `[slots, kv_heads,
-/// head_dim]` per layer, written in place), run a step at a time by
-/// `forward`. Raises TypeError for a buffer of the wrong type, ValueError
+/// (one `(keys, values)` pair of arrays `[slots, kv_heads, head_dim]` per
+/// layer, written in place: float32, or uint16 holding `cache_dtype`'s
+/// float16/bfloat16 bits), run a step at a time by `forward`. Raises TypeError for a buffer of the wrong type, ValueError
 /// for shapes that do not fit together.
 #[pyclass(module = "vllm_rs._core")]
 pub struct DecoderStack {
@@ -93,9 +142,10 @@ pub struct DecoderStack {
 impl DecoderStack {
     /// `shape` is `(hidden, heads, kv_heads, head_dim, intermediate, vocab,
     /// eps, scale)`; `layers` as `LayerArg` says; `head` a linear as
-    /// `LinearArg` says; `caches` one `(keys, values)` per layer.
+    /// `LinearArg` says; `caches` one `(keys, values)` per layer, of
+    /// `cache_dtype` (`float32`, `float16` or `bfloat16`).
     #[new]
-    #[pyo3(signature = (shape, inv_freq, layers, norm, head, caches))]
+    #[pyo3(signature = (shape, inv_freq, layers, norm, head, caches, cache_dtype = "float32"))]
     fn new(
         shape: (usize, usize, usize, usize, usize, usize, f32, f32),
         inv_freq: &Bound<'_, PyAny>,
@@ -103,6 +153,7 @@ impl DecoderStack {
         norm: &Bound<'_, PyAny>,
         head: LinearArg<'_>,
         caches: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
+        cache_dtype: &str,
     ) -> PyResult<DecoderStack> {
         let (hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, scale) = shape;
         let mut exports = Exports::default();
@@ -140,12 +191,7 @@ impl DecoderStack {
         decoder.check().map_err(|e| PyValueError::new_err(format!("{NAME}: {e}")))?;
         let mut held = Vec::with_capacity(caches.len());
         for (i, (keys, values)) in caches.iter().enumerate() {
-            let keys = flat_for::<f32>(NAME, keys, &format!("layer {i} keys"), "float32")?;
-            let values = flat_for::<f32>(NAME, values, &format!("layer {i} values"), "float32")?;
-            if keys.readonly() || values.readonly() {
-                return Err(PyValueError::new_err(format!("{NAME}: layer {i}'s cache is read-only")));
-            }
-            held.push(CacheExport { keys, values });
+            held.push(CacheExport::new(cache_dtype, keys, values, i)?);
         }
         Ok(DecoderStack { decoder, caches: held, _exports: exports })
     }
@@ -200,11 +246,7 @@ impl DecoderStack {
         // written only here, under `&mut self`, with the GIL released as any
         // numpy operation releases it.
         unsafe {
-            let mut caches: Vec<LayerCache<'_>> = self
-                .caches
-                .iter()
-                .map(|c| LayerCache { keys: slice_mut(&c.keys), values: slice_mut(&c.values) })
-                .collect();
+            let mut caches: Vec<LayerCache<'_>> = self.caches.iter().map(|c| c.layer()).collect();
             let step = StepInputs {
                 positions: slice(&pb),
                 slot_mapping: slice(&sb),

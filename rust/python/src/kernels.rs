@@ -8,7 +8,9 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use vllm_rs_kernels::{decode_attention, dequantize_row, matmul, AttentionDims, DecodeInputs, Dims, Path, QuantType};
+use vllm_rs_kernels::{
+    decode_attention, dequantize_row, matmul, AttentionDims, DecodeInputs, Dims, KvCache, Path, QuantType,
+};
 
 /// A buffer `func` can read as a flat C-contiguous array, or the
 /// `TypeError`/`ValueError` naming the argument.
@@ -247,8 +249,8 @@ fn paged_decode_attention(
     let key_starts: Vec<i64> = (0..seqs).map(|s| (s * dims.max_keys) as i64).collect();
     let inputs = DecodeInputs {
         q: qs,
-        key_cache: ks,
-        value_cache: vs,
+        key_cache: KvCache::F32(ks),
+        value_cache: KvCache::F32(vs),
         rows: rs,
         key_slots: ss,
         key_starts: &key_starts,
