@@ -1,7 +1,8 @@
 """Real models in the reference engine, exact to transformers: tiny
 random-init Llama (Llama 3 RoPE scaling, sharded), Qwen2 (q/k/v bias, tied
 embeddings) and Qwen3 (q/k norm, head_dim != hidden/heads) checkpoints, as
-safetensors and as GGUF (F32 and F16), run through the engine core with the
+safetensors and as GGUF (F32 and F16), and Granite (its four multipliers)
+and SmolLM3 (layers without RoPE) as safetensors, run through the engine core with the
 paged KV cache, chunked prefill and a prefix-cache hit: every sampled
 position's logits match transformers' within 1e-4 and greedy output equals
 `generate`. Then the packaged SmolLM2 GGUF (Q4_1/Q8_0) against transformers
@@ -148,6 +149,25 @@ def test_safetensors_logits_and_greedy_match_transformers(checkpoints, arch):
     _check_against_transformers(model, paths["safetensors"], seed=1)
 
 
+@pytest.mark.parametrize("arch", ["granite", "smollm3"])
+def test_granite_and_smollm3_match_transformers(tmp_path, arch):
+    model = make_hf_model(arch, seed=1)
+    _check_against_transformers(model, save_safetensors(model, str(tmp_path / arch)), seed=2)
+
+
+@pytest.mark.parametrize("arch", ["granite", "smollm3"])
+@pytest.mark.parametrize("quantization", ["none", "gguf"])
+def test_granite_and_smollm3_ggufs_match_transformers(tmp_path, arch, quantization):
+    """As llama.cpp's converter writes them (Q/K rows permuted; Granite's
+    multipliers as its `granite.*_scale` keys; SmolLM3's every 4th layer
+    without RoPE), F16, dequantized or read in place (the native step)."""
+    sizes = {"num_hidden_layers": 4, "no_rope_layer_interval": 4} if arch == "smollm3" else {}
+    model = make_hf_model(arch, seed=3, **sizes)
+    core = _check_against_transformers(model, save_gguf(model, str(tmp_path / f"{arch}.gguf"), f16=True), seed=4,
+                                       quantization=quantization)  # fmt: skip
+    assert (core.runner.native_step is not None) == (quantization == "gguf")
+
+
 def check_logprobs_against_transformers(model, path: str, quantization: str | None, seed: int) -> EngineCore:
     """Served `logprobs` and `prompt_logprobs` (5 each) of three prompts of
     16+ tokens in one batch, 16 greedy tokens each, against transformers'
@@ -226,8 +246,10 @@ def test_quantized_gguf_matches_transformers_reading_it(checkpoints, tmp_path, q
 
 
 @pytest.mark.parametrize(
-    ("arch", "dtype"), [("qwen2", torch.bfloat16), ("llama", torch.float16), ("qwen3", torch.bfloat16)]
-)
+    ("arch", "dtype"),
+    [("qwen2", torch.bfloat16), ("llama", torch.float16), ("qwen3", torch.bfloat16), ("granite", torch.bfloat16),
+     ("smollm3", torch.float16)],
+)  # fmt: skip
 def test_half_safetensors_multiplied_as_stored_match_transformers(tmp_path, arch, dtype):
     """A float16/bfloat16 checkpoint on the CPU (float32 activations, the
     default): its linear layers are the kernel's F16/BF16 rows over the

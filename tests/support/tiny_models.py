@@ -1,4 +1,4 @@
-"""Tiny random-init Llama, Qwen2, Qwen3 and Gemma 3 checkpoints written with
+"""Tiny random-init Llama, Qwen2, Qwen3, Granite, SmolLM3 and Gemma 3 checkpoints written with
 `transformers` (the numeric reference), saved as safetensors and as GGUF
 (written with `gguf`'s GGUFWriter the way llama.cpp's converter writes them:
 its tensor names, its Q/K row permutation for the llama architecture, its
@@ -41,6 +41,27 @@ CONFIGS = {
     ),
     "qwen2": dict(architectures=["Qwen2ForCausalLM"], rope_theta=1000000.0, tie_word_embeddings=True),
     "qwen3": dict(architectures=["Qwen3ForCausalLM"], rope_theta=1000000.0, tie_word_embeddings=False, head_dim=32),
+    # Every multiplier away from 1 (and the attention one from head_dim's).
+    "granite": dict(
+        architectures=["GraniteForCausalLM"],
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        embedding_multiplier=2.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.2,
+        logits_scaling=1.5,
+    ),
+    # 4 layers, the 2nd and 4th without RoPE.
+    "smollm3": dict(
+        architectures=["SmolLM3ForCausalLM"],
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        num_hidden_layers=4,
+        no_rope_layer_interval=2,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    ),
     # 6 layers: llama.cpp makes every 6th layer global (5 windowed, 1 global);
     # a window of 8 is shorter than most test prompts; linear RoPE scaling on
     # the global layers only; query_pre_attn_scalar unlike head_dim, which
@@ -162,6 +183,15 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
+    if arch == "granite":
+        writer.add_attention_scale(config.attention_multiplier)
+        writer.add_embedding_scale(config.embedding_multiplier)
+        writer.add_residual_scale(config.residual_multiplier)
+        writer.add_logit_scale(config.logits_scaling)
+    if arch == "smollm3" and list(config.no_rope_layers) != [
+        int((i + 1) % 4 != 0) for i in range(config.num_hidden_layers)
+    ]:
+        raise ValueError("a smollm3 GGUF runs every 4th layer without RoPE: no_rope_layer_interval must be 4")
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list([f"t{i}" for i in range(config.vocab_size)])
     tensors: dict[str, np.ndarray] = {}
@@ -178,9 +208,10 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
         else:
             _, _, layer, rest = name.split(".", 3)
             gguf_name = f"blk.{layer}.{(GGUF_GEMMA3_LAYER_NAMES if gemma else GGUF_LAYER_NAMES)[rest]}"
-            if arch == "llama" and rest == "self_attn.q_proj.weight":
+            permuted = arch in ("llama", "granite", "smollm3")  # llama.cpp's LlamaModel and its subclasses
+            if permuted and rest == "self_attn.q_proj.weight":
                 array = _permute(array, config.num_attention_heads)
-            elif arch == "llama" and rest == "self_attn.k_proj.weight":
+            elif permuted and rest == "self_attn.k_proj.weight":
                 array = _permute(array, config.num_key_value_heads)
         if gemma and name.endswith("norm.weight"):
             array = array + 1  # llama.cpp's converter stores Gemma's norms as 1 + weight

@@ -22,6 +22,8 @@ ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "GraniteForCausalLM": "granite",
+    "SmolLM3ForCausalLM": "smollm3",
     "Gemma3ForCausalLM": "gemma3_text",
     # Its text part only: `text_config`, the `language_model.` weights.
     "Gemma3ForConditionalGeneration": "gemma3_text",
@@ -45,8 +47,13 @@ GGUF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "granite": "GraniteForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
 }
+#: llama.cpp runs every 4th layer of a `smollm3` GGUF without RoPE (its
+#: metadata does not say; transformers' default `no_rope_layer_interval`).
+GGUF_SMOLLM3_NO_ROPE_INTERVAL = 4
 #: Gemma 3's one global layer in 6: transformers' default where a config
 #: has neither `layer_types` nor `sliding_window_pattern`, and what llama.cpp
 #: assumes of every `gemma3` GGUF (whose metadata does not say), with the
@@ -102,6 +109,16 @@ class TransformerConfig:
     #: Attention scores are scaled by its inverse square root (Gemma's
     #: `query_pre_attn_scalar`); None: by `head_dim`'s.
     query_pre_attn_scalar: float | None = None
+    #: Granite's multipliers: of the token embeddings, of each attention and
+    #: MLP output before the residual sum, of the attention scores (instead
+    #: of `head_dim ** -0.5`, when set), and the divisor of the logits.
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
+    #: Whether each layer rotates q and k (SmolLM3's `no_rope_layers`: 0 for
+    #: a layer without RoPE); empty: every layer does.
+    rope_layers: tuple[bool, ...] = ()
     #: `cap * tanh(logits / cap)` on the output logits (Gemma's
     #: `final_logit_softcapping`), when set.
     final_logit_softcapping: float | None = None
@@ -176,11 +193,36 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
             checkpoint_dtype=config.get("torch_dtype") or config.get("dtype"),
             sliding_window=int(sliding) if sliding else None,
         )
+        if model_type == "granite":
+            settings.update(
+                embedding_multiplier=float(config.get("embedding_multiplier", 1.0)),
+                residual_multiplier=float(config.get("residual_multiplier", 1.0)),
+                attention_multiplier=float(config.get("attention_multiplier", 1.0)),
+                logits_scaling=float(config.get("logits_scaling", 1.0)),
+                o_bias=bool(config.get("attention_bias", False)),
+            )
+        if model_type == "smollm3":
+            settings.update(_smollm3_settings(config, where), o_bias=bool(config.get("attention_bias", False)))
         return TransformerConfig(**{**settings, **gemma})
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(f"{where}: missing or invalid setting {e}") from None
+
+
+def _smollm3_settings(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """SmolLM3's layers without RoPE (`no_rope_layers`, else one in
+    `no_rope_layer_interval`, transformers' default 4)."""
+    if config.get("use_sliding_window"):
+        raise CheckpointError(f"{where}: SmolLM3 with use_sliding_window is not supported")
+    layers = int(config["num_hidden_layers"])
+    flags = config.get("no_rope_layers")
+    if flags is None:
+        interval = int(config.get("no_rope_layer_interval", 4))
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]
+    if len(flags) != layers:
+        raise CheckpointError(f"{where}: no_rope_layers has {len(flags)} entries for {layers} layers")
+    return {"rope_layers": tuple(bool(f) for f in flags), "sliding_window": None}
 
 
 def _gemma3_settings(config: dict[str, Any], where: str) -> dict[str, Any]:
@@ -353,6 +395,18 @@ def read_gguf(path: str) -> GgufInfo:
     )
     if arch == "gemma3":
         config = replace(config, **_gguf_gemma3_settings(metadata, config))
+    elif arch == "granite":
+        scale = metadata.get("granite.attention.scale")
+        config = replace(
+            config,
+            embedding_multiplier=float(metadata.get("granite.embedding_scale", 1.0)),
+            residual_multiplier=float(metadata.get("granite.residual_scale", 1.0)),
+            attention_multiplier=None if scale is None else float(scale),
+            logits_scaling=float(metadata.get("granite.logit_scale", 1.0)),
+        )
+    elif arch == "smollm3":
+        interval = GGUF_SMOLLM3_NO_ROPE_INTERVAL
+        config = replace(config, rope_layers=tuple((i + 1) % interval != 0 for i in range(config.num_layers)))
     return GgufInfo(config, header, path)
 
 

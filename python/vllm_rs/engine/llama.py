@@ -1,6 +1,7 @@
 """The real models: one decoder for Llama (Llama 2/3.x, SmolLM, TinyLlama),
-Mistral, Qwen2 and Qwen3, which differ only in flags of `TransformerConfig`
-(q/k/v bias, q/k RMSNorm, tied embeddings, RoPE scaling). Parameter names
+Mistral, Qwen2, Qwen3, Granite and SmolLM3, which differ only in flags of
+`TransformerConfig` (q/k/v bias, q/k RMSNorm, tied embeddings, RoPE scaling,
+Granite's multipliers, SmolLM3's layers without RoPE). Parameter names
 are the Hugging Face checkpoints' (`model.layers.N.self_attn.q_proj.weight`,
 ...), so safetensors load by name; attention runs over the paged KV cache
 (`attention.PagedAttention`). The arithmetic follows transformers' modeling
@@ -105,7 +106,10 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.qk_norm = c.qk_norm
-        self.attn = PagedAttention(f"model.layers.{index}.self_attn.attn", c.num_heads, c.head_dim, c.num_kv_heads)
+        self.rope = not c.rope_layers or c.rope_layers[index]
+        self.attn = PagedAttention(
+            f"model.layers.{index}.self_attn.attn", c.num_heads, c.head_dim, c.num_kv_heads, c.attention_multiplier
+        )
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """`x`: `[tokens, hidden]`; `cos`/`sin`: `[tokens, 1, head_dim]` (`rope_tables`)."""
@@ -114,7 +118,8 @@ class Attention(nn.Module):
         v = self.v_proj.forward(x).view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm.forward(q), self.k_norm.forward(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.rope:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return self.o_proj.forward(self.attn.forward(q, k, v, meta))
 
 
@@ -142,11 +147,15 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+        self.residual_multiplier = config.residual_multiplier
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """One layer over the flattened batch."""
-        x = x + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, meta)
-        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+        r = self.residual_multiplier
+        attended = self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, meta)
+        x = x + (attended if r == 1.0 else attended * r)
+        out = self.mlp.forward(self.post_attention_layernorm.forward(x))
+        return x + (out if r == 1.0 else out * r)
 
 
 class Backbone(nn.Module):
@@ -199,6 +208,8 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """Logits `[len(logits_indices), vocab]` (float32) for the given rows of the batch."""
         x = self.model.embed_tokens(input_ids)
+        if self.config.embedding_multiplier != 1.0:
+            x = x * self.config.embedding_multiplier
         cos, sin = rope_tables(positions, self.inv_freq, x.dtype)
         for layer in self.model.layers:
             x = layer.forward(x, cos, sin, meta)
@@ -210,4 +221,6 @@ class CausalLM(nn.Module):
         # A packed model has its own lm_head even when the embeddings are tied.
         head = getattr(self, "lm_head", None)
         logits = hidden @ self.model.embed_tokens.weight.t() if head is None else head(hidden)
+        if self.config.logits_scaling != 1.0:
+            logits = logits / self.config.logits_scaling
         return logits.float()

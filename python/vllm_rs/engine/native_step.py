@@ -1,5 +1,5 @@
 """The native step: a Llama-family model (`llama.CausalLM`: Llama, Mistral,
-Qwen2, Qwen3 and their kin) whose every linear layer the Rust kernel reads
+Qwen2, Qwen3, Granite, SmolLM3 and their kin) whose every linear layer the Rust kernel reads
 in place runs a whole forward pass in one call of
 `vllm_rs._core.DecoderStack` (rust/kernels/src/decoder.rs): the same
 weights (the GGUF file's blocks, or a half-precision checkpoint's rows),
@@ -70,10 +70,12 @@ class NativeStep:
             layers.append((
                 _floats(layer.input_layernorm.weight), _floats(layer.post_attention_layernorm.weight),
                 _floats(norms[0]), _floats(norms[1]), [_linear(m) for m in linears], attn.attn.sliding_window,
+                attn.rope,
             ))  # fmt: skip
         caches = [layer.self_attn.attn.cache_arrays() for layer in model.model.layers]
         shape = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,
-                 c.rms_norm_eps, scale)  # fmt: skip
+                 c.rms_norm_eps, scale, c.residual_multiplier)  # fmt: skip
+        self.embedding_multiplier, self.logits_scaling = c.embedding_multiplier, c.logits_scaling
         self.vocab = c.vocab_size
         self._embed = model.model.embed_tokens
         cache_dtype = str(model.model.layers[0].self_attn.attn.kv_cache.dtype).removeprefix("torch.")
@@ -98,6 +100,10 @@ class NativeStep:
         x = self._embed(input_ids).numpy()
         if not x.flags.writeable or not x.flags.c_contiguous:
             x = np.array(x, dtype=np.float32, order="C")
+        if self.embedding_multiplier != 1.0:
+            x *= np.float32(self.embedding_multiplier)
         logits = np.empty((len(logits_rows), self.vocab), np.float32)
         self._stack.forward(x, positions, slot_mapping, key_starts, key_slots, logits_rows, logits, kernel_threads())
+        if self.logits_scaling != 1.0:
+            logits /= np.float32(self.logits_scaling)
         return torch.from_numpy(logits)

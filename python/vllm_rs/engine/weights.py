@@ -199,7 +199,8 @@ def _gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, to
 
     path = spec.weights_path
     config = spec.transformer
-    permute = config.model_type in ("llama", "mistral")
+    # llama.cpp's converter permutes the Q/K rows of every LlamaModel it writes.
+    permute = config.model_type in ("llama", "mistral", "granite", "smollm3")
     gemma = config.model_type == "gemma3_text"
     layer_names = GGUF_GEMMA3_LAYER_NAMES if gemma else GGUF_LAYER_NAMES
     header = read_header(path)

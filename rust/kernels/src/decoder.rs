@@ -1,4 +1,4 @@
-//! A whole decoder step of the Llama family (Llama, Mistral, Qwen2, Qwen3 and
+//! A whole decoder step of the Llama family (Llama, Mistral, Qwen2, Qwen3, Granite, SmolLM3 and
 //! the models shaped like them) over the kernels of this crate, with no
 //! interpreter between its operations: the engine hands over a step's
 //! embedded tokens, positions and cache slots once, and gets the logits of
@@ -114,6 +114,9 @@ pub struct Shape {
     pub eps: f32,
     /// The factor of the attention scores.
     pub scale: f32,
+    /// The factor of each attention and MLP output before it joins the
+    /// residual stream (Granite's `residual_multiplier`; 1 for the others).
+    pub residual_scale: f32,
 }
 
 /// One decoder layer's weights.
@@ -143,6 +146,8 @@ pub struct Layer<'a> {
     pub down: Linear<'a>,
     /// A query sees only keys less than this many positions before it.
     pub window: Option<usize>,
+    /// Whether q and k are rotated by position (SmolLM3 leaves some layers without RoPE).
+    pub rope: bool,
 }
 
 /// The model: its layers, the final norm, the output head and RoPE's
@@ -305,8 +310,10 @@ impl Decoder<'_> {
             if let Some(w) = layer.k_norm {
                 rms_norm_in_place(&mut k, w, s.eps);
             }
-            rope(&mut q, &cos, &sin, half);
-            rope(&mut k, &cos, &sin, half);
+            if layer.rope {
+                rope(&mut q, &cos, &sin, half);
+                rope(&mut k, &cos, &sin, half);
+            }
             for (t, &slot) in inputs.slot_mapping.iter().enumerate() {
                 cache.keys.write_row(slot, &k[t * kv_out..(t + 1) * kv_out]);
                 cache.values.write_row(slot, &v[t * kv_out..(t + 1) * kv_out]);
@@ -339,12 +346,12 @@ impl Decoder<'_> {
             unsafe { attend(path, &attention, &mut attended, dims, threads) };
             matmuls(path, &mut [product(&layer.o, &attended, &mut residual, m)], threads)?;
             add_bias(&layer.o, &mut residual);
-            add_rows(x, &residual);
+            add_rows(x, &residual, s.residual_scale);
             rms_norm_rows(x, &mut h, layer.post_attention_norm, s.eps, parallel);
             matmuls(path, &mut [product(&layer.gate, &h, &mut gate, m), product(&layer.up, &h, &mut up, m)], threads)?;
             swiglu(&mut gate, &up, parallel);
             matmuls(path, &mut [product(&layer.down, &gate, &mut residual, m)], threads)?;
-            add_rows(x, &residual);
+            add_rows(x, &residual, s.residual_scale);
         }
         let rows = inputs.logits_rows.len();
         let mut last = vec![0.0f32; rows * s.hidden];
@@ -488,9 +495,13 @@ fn add_bias(l: &Linear<'_>, out: &mut [f32]) {
     }
 }
 
-/// `x += y`, element by element.
-fn add_rows(x: &mut [f32], y: &[f32]) {
-    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+/// `x += y * scale`, element by element (no multiply for 1: the same values).
+fn add_rows(x: &mut [f32], y: &[f32], scale: f32) {
+    if scale == 1.0 {
+        x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+    } else {
+        x.iter_mut().zip(y).for_each(|(a, b)| *a += b * scale);
+    }
 }
 
 /// `out = x * rsqrt(mean(x²) + eps) * w` for one row (torch's `rms_norm`

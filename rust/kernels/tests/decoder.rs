@@ -20,6 +20,8 @@ const INTER: usize = 96;
 const VOCAB: usize = 40;
 const SLOTS: usize = 64;
 const EPS: f32 = 1e-5;
+/// Granite-style scaled residuals.
+const RESIDUAL_SCALE: f32 = 0.75;
 
 /// Random F16 rows of weights in [-0.5, 0.5) (normal numbers, so exact).
 fn f16_rows(rng: &mut Rng, n: usize, k: usize) -> Vec<u8> {
@@ -87,10 +89,12 @@ struct LayerWeights {
     up: Weights,
     down: Weights,
     window: Option<usize>,
+    rope: bool,
 }
 
 /// Two layers: the first with q/k/v biases and a window of 3 keys, the
-/// second with q/k norms; untied head.
+/// second with q/k norms and no RoPE (as SmolLM3's NoPE layers); untied
+/// head; residuals scaled by RESIDUAL_SCALE.
 struct Model {
     layers: Vec<LayerWeights>,
     norm: Vec<f32>,
@@ -116,6 +120,7 @@ impl Model {
                 up: Weights::new(&mut rng, INTER, HIDDEN, false),
                 down: Weights::new(&mut rng, HIDDEN, INTER, false),
                 window: (i == 0).then_some(3),
+                rope: i == 0,
             })
             .collect();
         let inv_freq = (0..HEAD_DIM / 2).map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / HEAD_DIM as f32)).collect();
@@ -133,6 +138,7 @@ impl Model {
                 vocab: VOCAB,
                 eps: EPS,
                 scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+                residual_scale: RESIDUAL_SCALE,
             },
             layers: self
                 .layers
@@ -150,6 +156,7 @@ impl Model {
                     up: l.up.linear(),
                     down: l.down.linear(),
                     window: l.window,
+                    rope: l.rope,
                 })
                 .collect(),
             norm: &self.norm,
@@ -184,8 +191,10 @@ impl Model {
                     q = q.chunks(HEAD_DIM).flat_map(|c| rms(c, qn)).collect();
                     k = k.chunks(HEAD_DIM).flat_map(|c| rms(c, kn)).collect();
                 }
-                rope(&mut q, p);
-                rope(&mut k, p);
+                if l.rope {
+                    rope(&mut q, p);
+                    rope(&mut k, p);
+                }
                 qs.push(q);
                 ks.push(k);
                 vs.push(l.v.apply(&h));
@@ -212,12 +221,12 @@ impl Model {
                     }
                 }
                 let o = l.o.apply(&attended);
-                x[p].iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+                x[p].iter_mut().zip(&o).for_each(|(a, b)| *a += b * RESIDUAL_SCALE as f64);
                 let h = rms(&x[p], &l.post_norm);
                 let (gate, up) = (l.gate.apply(&h), l.up.apply(&h));
                 let act: Vec<f64> = gate.iter().zip(&up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
                 let down = l.down.apply(&act);
-                x[p].iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+                x[p].iter_mut().zip(&down).for_each(|(a, b)| *a += b * RESIDUAL_SCALE as f64);
             }
         }
         x.iter().map(|row| self.head.apply(&rms(row, &self.norm))).collect()

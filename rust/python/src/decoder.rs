@@ -19,7 +19,8 @@ const NAME: &str = "DecoderStack";
 struct LinearArg<'py>(u32, Bound<'py, PyAny>, usize, usize, Option<Bound<'py, PyAny>>);
 
 /// A layer as Python passes it: `(input_norm, post_attention_norm, q_norm
-/// or None, k_norm or None, [q, k, v, o, gate, up, down], window or None)`.
+/// or None, k_norm or None, [q, k, v, o, gate, up, down], window or None,
+/// whether it applies RoPE)`.
 #[derive(FromPyObject)]
 struct LayerArg<'py>(
     Bound<'py, PyAny>,
@@ -28,6 +29,7 @@ struct LayerArg<'py>(
     Option<Bound<'py, PyAny>>,
     Vec<LinearArg<'py>>,
     Option<usize>,
+    bool,
 );
 
 /// The exported buffers a `DecoderStack` reads; held so that their memory
@@ -141,13 +143,13 @@ pub struct DecoderStack {
 #[pymethods]
 impl DecoderStack {
     /// `shape` is `(hidden, heads, kv_heads, head_dim, intermediate, vocab,
-    /// eps, scale)`; `layers` as `LayerArg` says; `head` a linear as
+    /// eps, scale, residual_scale)`; `layers` as `LayerArg` says; `head` a linear as
     /// `LinearArg` says; `caches` one `(keys, values)` per layer, of
     /// `cache_dtype` (`float32`, `float16` or `bfloat16`).
     #[new]
     #[pyo3(signature = (shape, inv_freq, layers, norm, head, caches, cache_dtype = "float32"))]
     fn new(
-        shape: (usize, usize, usize, usize, usize, usize, f32, f32),
+        shape: (usize, usize, usize, usize, usize, usize, f32, f32, f32),
         inv_freq: &Bound<'_, PyAny>,
         layers: Vec<LayerArg<'_>>,
         norm: &Bound<'_, PyAny>,
@@ -155,10 +157,10 @@ impl DecoderStack {
         caches: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
         cache_dtype: &str,
     ) -> PyResult<DecoderStack> {
-        let (hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, scale) = shape;
+        let (hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, scale, residual_scale) = shape;
         let mut exports = Exports::default();
         let mut built = Vec::with_capacity(layers.len());
-        for (i, LayerArg(input_norm, post_norm, q_norm, k_norm, linears, window)) in layers.iter().enumerate() {
+        for (i, LayerArg(input_norm, post_norm, q_norm, k_norm, linears, window, rope)) in layers.iter().enumerate() {
             let name = |what: &str| format!("layer {i} {what}");
             let [q, k, v, o, gate, up, down] = linears.as_slice() else {
                 return Err(PyValueError::new_err(format!(
@@ -179,10 +181,11 @@ impl DecoderStack {
                 up: exports.linear(up, &name("up"))?,
                 down: exports.linear(down, &name("down"))?,
                 window: *window,
+                rope: *rope,
             });
         }
         let decoder = Decoder {
-            shape: Shape { hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, scale },
+            shape: Shape { hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, scale, residual_scale },
             layers: built,
             norm: exports.floats(norm, "norm")?,
             head: exports.linear(&head, "head")?,
