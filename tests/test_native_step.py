@@ -2,7 +2,8 @@
 of `_core.DecoderStack`) against the torch step (`--enforce-eager`) on the
 same weights: every architecture it runs (Llama with Llama 3 RoPE scaling,
 Mistral, Qwen2 with q/k/v biases and tied embeddings, Qwen3 with q/k norms,
-Granite with its multipliers, SmolLM3 with layers without RoPE),
+Granite with its multipliers, SmolLM3 with layers without RoPE, Phi-3
+with fused projections, partial rotary and LongRoPE),
 weights read in place as F16/BF16 rows, GGUF blocks of several types and the
 packaged SmolLM2, through the paged cache with chunked prefill beside
 decodes, a prefix-cache hit and preemption: every sampled row's logits
@@ -67,6 +68,7 @@ def assert_same_step(path: str, prompts: list[list[int]], quantization: str | No
         ("qwen3", torch.float16),
         ("granite", torch.bfloat16),
         ("smollm3", torch.float16),
+        ("phi3", torch.bfloat16),
     ],  # fmt: skip
 )
 def test_half_checkpoints_step_natively_as_in_torch(tmp_path, arch, dtype):
@@ -222,7 +224,7 @@ def test_a_model_whose_shapes_do_not_fit_is_refused():
     rows = np.zeros((8, 2 * 32), np.uint8)  # F16 rows of 32 weights
     linear = (1, rows, 8, 32, None)
     layer = (ones, ones, None, None, [linear] * 7, None, True)
-    shape = (32, 2, 1, 4, 32, 8, 1e-6, 0.5, 1.0)
+    shape = (32, 2, 1, 4, 32, 8, 1e-6, 0.5, 1.0, 4, 1.0)
     with pytest.raises(ValueError, match="inv_freq has 4 elements, the shapes need 2"):
         _core.DecoderStack(shape, np.ones(4, np.float32), [layer], np.ones(32, np.float32), linear, [])
     with pytest.raises(ValueError, match="layer 0 has 6 linear layers, not 7"):

@@ -155,6 +155,24 @@ def test_granite_and_smollm3_match_transformers(tmp_path, arch):
     _check_against_transformers(model, save_safetensors(model, str(tmp_path / arch)), seed=2)
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf-f32", "gguf-f16"])
+def test_phi3_matches_transformers(tmp_path, fmt):
+    """Phi-3's fused projections (split when loaded, the GGUF's blocks by
+    rows), partial rotary and LongRoPE's short factors with its attention
+    factor; sequences held within the original context, where those
+    factors apply. (Seed 2: on seed 3's prompts transformers' `generate`
+    picks a token its own forward pass ranks second by 0.1, a LongRoPE quirk
+    of its cached path; the logits checked here are its forward's.)"""
+    model = make_hf_model("phi3", seed=1)
+    if fmt == "safetensors":
+        path = save_safetensors(model, str(tmp_path / "phi3"))
+    else:
+        path = save_gguf(model, str(tmp_path / "phi3.gguf"), f16=fmt == "gguf-f16")
+    assert resolve_model(path).max_position == model.config.original_max_position_embeddings
+    core = _check_against_transformers(model, path, seed=2, quantization=None if fmt == "gguf-f16" else "none")
+    assert (core.runner.native_step is not None) == (fmt == "gguf-f16")
+
+
 @pytest.mark.parametrize("arch", ["granite", "smollm3"])
 @pytest.mark.parametrize("quantization", ["none", "gguf"])
 def test_granite_and_smollm3_ggufs_match_transformers(tmp_path, arch, quantization):
@@ -248,7 +266,7 @@ def test_quantized_gguf_matches_transformers_reading_it(checkpoints, tmp_path, q
 @pytest.mark.parametrize(
     ("arch", "dtype"),
     [("qwen2", torch.bfloat16), ("llama", torch.float16), ("qwen3", torch.bfloat16), ("granite", torch.bfloat16),
-     ("smollm3", torch.float16)],
+     ("smollm3", torch.float16), ("phi3", torch.bfloat16)],
 )  # fmt: skip
 def test_half_safetensors_multiplied_as_stored_match_transformers(tmp_path, arch, dtype):
     """A float16/bfloat16 checkpoint on the CPU (float32 activations, the

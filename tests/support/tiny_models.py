@@ -51,6 +51,25 @@ CONFIGS = {
         attention_multiplier=0.2,
         logits_scaling=1.5,
     ),
+    # Partial rotary (half of each head) and LongRoPE's short factors with
+    # an attention factor (max_position_embeddings past the original).
+    "phi3": dict(
+        architectures=["Phi3ForCausalLM"],
+        tie_word_embeddings=False,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        sliding_window=None,
+        max_position_embeddings=1024,
+        original_max_position_embeddings=256,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "short_factor": [1.0, 1.3, 1.7, 2.2],
+            "long_factor": [2.0, 3.0, 4.0, 5.0],
+        },
+    ),
     # 4 layers, the 2nd and 4th without RoPE.
     "smollm3": dict(
         architectures=["SmolLM3ForCausalLM"],
@@ -95,6 +114,9 @@ GGUF_LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    # Phi-3's fused projections (llama.cpp's phi3 keeps them fused).
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
 GGUF_GEMMA3_LAYER_NAMES = {
     **GGUF_LAYER_NAMES,
@@ -182,7 +204,18 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
         writer.add_rope_scaling_factor(rope["factor"])
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    if arch != "phi3":
+        writer.add_rope_dimension_count(head_dim)
+    if arch == "phi3":
+        rope_params = config.rope_parameters
+        rotary = int(head_dim * rope_params.get("partial_rotary_factor", 1.0))
+        writer.add_rope_dimension_count(rotary)
+        if rope_params.get("rope_type") == "longrope":
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            _, attention = ROPE_INIT_FUNCTIONS["longrope"](config)
+            writer.add_rope_scaling_attn_factors(attention)
+            writer.add_rope_scaling_orig_ctx_len(rope_params["original_max_position_embeddings"])
     if arch == "granite":
         writer.add_attention_scale(config.attention_multiplier)
         writer.add_embedding_scale(config.embedding_multiplier)
@@ -216,6 +249,9 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
         if gemma and name.endswith("norm.weight"):
             array = array + 1  # llama.cpp's converter stores Gemma's norms as 1 + weight
         tensors[gguf_name] = array
+    if arch == "phi3" and rope.get("rope_type") == "longrope":
+        tensors["rope_factors_long.weight"] = np.asarray(rope["long_factor"], np.float32)
+        tensors["rope_factors_short.weight"] = np.asarray(rope["short_factor"], np.float32)
     if rope.get("rope_type") == "llama3":
         # llama.cpp stores Llama 3 scaling as per-frequency divisors.
         base = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))

@@ -8,6 +8,7 @@ it starts anything, so a bad checkpoint is an exit 2 naming the file."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass, replace
@@ -24,6 +25,7 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "GraniteForCausalLM": "granite",
     "SmolLM3ForCausalLM": "smollm3",
+    "Phi3ForCausalLM": "phi3",
     "Gemma3ForCausalLM": "gemma3_text",
     # Its text part only: `text_config`, the `language_model.` weights.
     "Gemma3ForConditionalGeneration": "gemma3_text",
@@ -49,6 +51,7 @@ GGUF_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "granite": "GraniteForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
 }
 #: llama.cpp runs every 4th layer of a `smollm3` GGUF without RoPE (its
@@ -119,6 +122,9 @@ class TransformerConfig:
     #: Whether each layer rotates q and k (SmolLM3's `no_rope_layers`: 0 for
     #: a layer without RoPE); empty: every layer does.
     rope_layers: tuple[bool, ...] = ()
+    #: The leading dimensions of each head RoPE rotates (Phi's
+    #: `partial_rotary_factor`); None: all of them.
+    rotary_dim: int | None = None
     #: `cap * tanh(logits / cap)` on the output logits (Gemma's
     #: `final_logit_softcapping`), when set.
     final_logit_softcapping: float | None = None
@@ -189,7 +195,8 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
             qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
             o_bias=model_type in ("llama", "qwen3") and bool(config.get("attention_bias", False)),
             qk_norm=model_type == "qwen3",
-            rope_scaling=_check_rope_scaling(scaling, where),
+            # Phi-3's LongRoPE is read by _phi3_settings.
+            rope_scaling=None if model_type == "phi3" else _check_rope_scaling(scaling, where),
             checkpoint_dtype=config.get("torch_dtype") or config.get("dtype"),
             sliding_window=int(sliding) if sliding else None,
         )
@@ -201,6 +208,8 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
                 logits_scaling=float(config.get("logits_scaling", 1.0)),
                 o_bias=bool(config.get("attention_bias", False)),
             )
+        if model_type == "phi3":
+            settings.update(_phi3_settings(config, settings, where))
         if model_type == "smollm3":
             settings.update(_smollm3_settings(config, where), o_bias=bool(config.get("attention_bias", False)))
         return TransformerConfig(**{**settings, **gemma})
@@ -208,6 +217,34 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(f"{where}: missing or invalid setting {e}") from None
+
+
+def _phi3_settings(config: dict[str, Any], settings: dict[str, Any], where: str) -> dict[str, Any]:
+    """Phi-3's partial rotary dimensions and its LongRoPE scaling (`rope_type`
+    `longrope`, or the older `su`): the short factors and the attention
+    factor, as transformers computes them for sequences within
+    `original_max_position_embeddings` (the engine keeps sequences there:
+    `ModelSpec.max_position`)."""
+    rope = {**(config.get("rope_parameters") or {}), **(config.get("rope_scaling") or {})}
+    factor = float(config.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0)))
+    head_dim = settings["head_dim"]
+    out: dict[str, Any] = {"rotary_dim": int(head_dim * factor), "rope_scaling": None}
+    kind = rope.get("rope_type", rope.get("type"))
+    if kind in ("longrope", "su"):
+        original = int(config.get("original_max_position_embeddings") or rope["original_max_position_embeddings"])
+        scale = rope.get("factor") or settings["max_position_embeddings"] / original
+        attention = rope.get("attention_factor")
+        if attention is None:
+            attention = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
+        if len(rope["short_factor"]) != out["rotary_dim"] // 2:
+            raise CheckpointError(f"{where}: rope_scaling short_factor has {len(rope['short_factor'])} entries, "
+                                  f"not {out['rotary_dim'] // 2}")  # fmt: skip
+        out["rope_scaling"] = {"rope_type": "longrope", "short_factor": [float(f) for f in rope["short_factor"]],
+                               "attention_factor": float(attention),
+                               "original_max_position_embeddings": original}  # fmt: skip
+    elif kind not in (None, "default"):
+        raise CheckpointError(f"{where}: Phi-3 rope_scaling type {kind!r} is not supported (supported: longrope)")
+    return out
 
 
 def _smollm3_settings(config: dict[str, Any], where: str) -> dict[str, Any]:
@@ -404,6 +441,14 @@ def read_gguf(path: str) -> GgufInfo:
             attention_multiplier=None if scale is None else float(scale),
             logits_scaling=float(metadata.get("granite.logit_scale", 1.0)),
         )
+    elif arch == "phi3":
+        rotary = int(key("rope.dimension_count", config.head_dim))
+        scaling = None
+        if "rope_factors_short.weight" in tensors:
+            scaling = {"rope_type": "longrope", "attention_factor": float(key("rope.scaling.attn_factor", 1.0)),
+                       "original_max_position_embeddings": int(key("rope.scaling.original_context_length"))}  # fmt: skip
+        window = int(metadata.get("phi3.attention.sliding_window") or 0)
+        config = replace(config, rotary_dim=rotary, rope_scaling=scaling, sliding_window=window or None)
     elif arch == "smollm3":
         interval = GGUF_SMOLLM3_NO_ROPE_INTERVAL
         config = replace(config, rope_layers=tuple((i + 1) % interval != 0 for i in range(config.num_layers)))

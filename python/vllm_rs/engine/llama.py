@@ -1,7 +1,8 @@
 """The real models: one decoder for Llama (Llama 2/3.x, SmolLM, TinyLlama),
-Mistral, Qwen2, Qwen3, Granite and SmolLM3, which differ only in flags of
-`TransformerConfig` (q/k/v bias, q/k RMSNorm, tied embeddings, RoPE scaling,
-Granite's multipliers, SmolLM3's layers without RoPE). Parameter names
+Mistral, Qwen2, Qwen3, Granite, SmolLM3 and Phi-3, which differ only in
+flags of `TransformerConfig` (q/k/v bias, q/k RMSNorm, tied embeddings, RoPE
+scaling, Granite's multipliers, SmolLM3's layers without RoPE, Phi-3's
+partial rotary and LongRoPE; its fused projections are split when loaded). Parameter names
 are the Hugging Face checkpoints' (`model.layers.N.self_attn.q_proj.weight`,
 ...), so safetensors load by name; attention runs over the paged KV cache
 (`attention.PagedAttention`). The arithmetic follows transformers' modeling
@@ -49,11 +50,17 @@ def rope_inv_freq(config: TransformerConfig, factors: torch.Tensor | None = None
     divided by the factor; `llama3`: low frequencies divided, high kept,
     the band between interpolated). `factors` (a GGUF's `rope_freqs`)
     divide the frequencies instead of a scaling config."""
-    dim = config.head_dim
+    dim = config.rotary_dim or config.head_dim
+    scaling = config.rope_scaling
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        # transformers' LongRoPE: the factors (a GGUF's `rope_factors_short`,
+        # else the config's `short_factor`) multiply the base's powers.
+        short = factors.float() if factors is not None else torch.tensor(scaling["short_factor"], dtype=torch.float32)
+        shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+        return 1.0 / (short * config.rope_theta**shape)
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if factors is not None:
         return inv_freq / factors.float()
-    scaling = config.rope_scaling
     if scaling is None:
         return inv_freq
     factor = float(scaling["factor"])
@@ -70,22 +77,36 @@ def rope_inv_freq(config: TransformerConfig, factors: torch.Tensor | None = None
     return torch.where(medium, smoothed, scaled)
 
 
+def rope_attention_factor(config: TransformerConfig) -> float:
+    """The factor of RoPE's cosines and sines (LongRoPE's attention factor; else 1)."""
+    scaling = config.rope_scaling
+    return scaling["attention_factor"] if scaling and scaling["rope_type"] == "longrope" else 1.0
+
+
 def rope_tables(
-    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE's `cos` and sign-folded `sin` for `positions`, `[tokens, 1,
-    head_dim]`: the first half of `sin` negated, so that `apply_rope` needs
+    rotary_dim]`: the first half of `sin` negated, so that `apply_rope` needs
     no negation per layer (negating a factor is exact: the same values as
-    transformers' `rotate_half`)."""
+    transformers' `rotate_half`); both times `scale` (LongRoPE's attention
+    factor) where it is not 1."""
     freqs = positions.float()[:, None] * inv_freq[None, :]
     angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-    sin = angles.sin()
+    cos, sin = angles.cos(), angles.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
     sin[..., : freqs.shape[-1]].neg_()
-    return angles.cos().to(dtype), sin.to(dtype)
+    return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """`x * cos + rotate_half(x) * sin`, with `signed_sin` from `rope_tables`."""
+    """`x * cos + rotate_half(x) * sin` over the first `rotary_dim` (the
+    tables' width) dimensions of each head, the rest passed through, with
+    `signed_sin` from `rope_tables`."""
+    rotary = cos.shape[-1]
+    if rotary != x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rotary], cos, signed_sin), x[..., rotary:]), dim=-1)
     half = x.shape[-1] // 2
     swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
     return (x * cos).add_(swapped.mul_(signed_sin))
@@ -210,7 +231,7 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         if self.config.embedding_multiplier != 1.0:
             x = x * self.config.embedding_multiplier
-        cos, sin = rope_tables(positions, self.inv_freq, x.dtype)
+        cos, sin = rope_tables(positions, self.inv_freq, x.dtype, rope_attention_factor(self.config))
         for layer in self.model.layers:
             x = layer.forward(x, cos, sin, meta)
         return self.logits(x.index_select(0, logits_indices))

@@ -97,7 +97,11 @@ class ModelSpec:
         """Longest sequence the model can hold."""
         if self.transformer is not None:
             c = self.transformer
-            return min(c.max_position_embeddings, c.sliding_window or c.max_position_embeddings)
+            longest = min(c.max_position_embeddings, c.sliding_window or c.max_position_embeddings)
+            if c.rope_scaling and c.rope_scaling["rope_type"] == "longrope":
+                # LongRoPE's short factors hold within the original context; the long ones are not run.
+                longest = min(longest, c.rope_scaling["original_max_position_embeddings"])
+            return longest
         if self.model_type == "toy":
             return int(self.hparams["max_position_embeddings"])
         return 1 << 20

@@ -1,5 +1,5 @@
 """The native step: a Llama-family model (`llama.CausalLM`: Llama, Mistral,
-Qwen2, Qwen3, Granite, SmolLM3 and their kin) whose every linear layer the Rust kernel reads
+Qwen2, Qwen3, Granite, SmolLM3, Phi-3 and their kin) whose every linear layer the Rust kernel reads
 in place runs a whole forward pass in one call of
 `vllm_rs._core.DecoderStack` (rust/kernels/src/decoder.rs): the same
 weights (the GGUF file's blocks, or a half-precision checkpoint's rows),
@@ -19,7 +19,7 @@ from torch import nn
 
 from vllm_rs import _core
 from vllm_rs.engine.cpu_threads import kernel_threads
-from vllm_rs.engine.llama import CausalLM, RMSNorm
+from vllm_rs.engine.llama import CausalLM, RMSNorm, rope_attention_factor
 from vllm_rs.engine.packed_weights import PackedLinear
 
 
@@ -74,7 +74,8 @@ class NativeStep:
             ))  # fmt: skip
         caches = [layer.self_attn.attn.cache_arrays() for layer in model.model.layers]
         shape = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,
-                 c.rms_norm_eps, scale, c.residual_multiplier)  # fmt: skip
+                 c.rms_norm_eps, scale, c.residual_multiplier, c.rotary_dim or c.head_dim,
+                 rope_attention_factor(c))  # fmt: skip
         self.embedding_multiplier, self.logits_scaling = c.embedding_multiplier, c.logits_scaling
         self.vocab = c.vocab_size
         self._embed = model.model.embed_tokens

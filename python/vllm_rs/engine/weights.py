@@ -67,6 +67,17 @@ GGUF_GEMMA3_LAYER_NAMES = {
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
+#: Where the `phi3` architecture's names differ: fused Q/K/V, and its
+#: `ffn_up` holds the fused gate and up projections (gate first).
+GGUF_PHI3_LAYER_NAMES = {
+    **GGUF_LAYER_NAMES,
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",
+}
+#: A `phi3` GGUF's LongRoPE factors: the short ones are run, the long ones
+#: (beyond the original context, which the engine does not reach) are not.
+GGUF_ROPE_FACTORS_SHORT = "rope_factors_short.weight"
+GGUF_ROPE_FACTORS_LONG = "rope_factors_long.weight"
 #: Hugging Face `model_type` -> its module, where not `llama.CausalLM`.
 MODEL_CLASSES = {"gemma3_text": Gemma3ForCausalLM}
 #: llama.cpp's per-layer RoPE frequency factors (Llama 3.1's scaling).
@@ -91,7 +102,7 @@ def load_model(
         if quantization == "gguf":
             embeddings = read_header(where).tensors["token_embd.weight"]
             packed = pack_linears(model, where, embeddings)
-        tensors = _gguf_tensors(spec, set(packed))
+        tensors = _gguf_tensors(spec, set(packed) | _fused_names(spec.transformer, set(packed)))
     else:
         if quantization == HALF_IN_PLACE:
             packed = pack_linears(model, None, None)
@@ -99,6 +110,8 @@ def load_model(
         if spec.transformer.architecture == "Gemma3ForConditionalGeneration":
             tensors = _text_part(tensors)
         where = ", ".join(spec.weight_files)
+    if spec.transformer.model_type == "phi3":
+        tensors = _split_fused(tensors, spec.transformer)
     expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
     expected.update((name, layer.weight_shape) for name, layer in packed.items())
     if packed:
@@ -106,8 +119,10 @@ def load_model(
     state: dict[str, torch.Tensor] = {}
     loaded: set[str] = set()
     for name, source, array in tensors:
-        if name == GGUF_ROPE_FREQS:
+        if name in (GGUF_ROPE_FREQS, GGUF_ROPE_FACTORS_SHORT):
             rope_factors = array.float()
+            continue
+        if name == GGUF_ROPE_FACTORS_LONG:
             continue
         if name not in expected:
             if name.endswith("rotary_emb.inv_freq") or (
@@ -140,6 +155,49 @@ def load_model(
     model.init_rope(device, rope_factors)
     release_freed_memory()
     return model.eval()
+
+
+def _fused_names(config, packed: set[str]) -> set[str]:
+    """The fused Phi-3 weights whose parts are all in `packed` (so the fused
+    tensor comes as blocks, to be split by rows)."""
+    if config.model_type != "phi3":
+        return set()
+    fused = set()
+    for i in range(config.num_layers):
+        layer = f"model.layers.{i}"
+        if {f"{layer}.self_attn.{p}_proj.weight" for p in "qkv"} <= packed:
+            fused.add(f"{layer}.self_attn.qkv_proj.weight")
+        if {f"{layer}.mlp.gate_proj.weight", f"{layer}.mlp.up_proj.weight"} <= packed:
+            fused.add(f"{layer}.mlp.gate_up_proj.weight")
+    return fused
+
+
+def _split_fused(tensors: Iterator[tuple[str, str, torch.Tensor | GgufBlocks]], config):
+    """Phi-3's fused `qkv_proj` and `gate_up_proj` weights as the separate
+    projections the decoder holds: rows `[q; k; v]` and `[gate; up]`, split
+    without copying (a tensor's row slices, or a slice of the block rows)."""
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    for name, source, array in tensors:
+        if name.endswith("self_attn.qkv_proj.weight"):
+            prefix, bounds = (
+                name.removesuffix("qkv_proj.weight"),
+                [("q", 0, q), ("k", q, q + kv), ("v", q + kv, q + 2 * kv)],
+            )
+        elif name.endswith("mlp.gate_up_proj.weight"):
+            inter = config.intermediate_size
+            prefix, bounds = name.removesuffix("gate_up_proj.weight"), [("gate", 0, inter), ("up", inter, 2 * inter)]
+        else:
+            yield name, source, array
+            continue
+        rows = array.shape[0]
+        if rows != bounds[-1][2]:
+            raise CheckpointError(f"{source}: tensor {name} has {rows} rows, the config needs {bounds[-1][2]}")
+        for part, start, end in bounds:
+            if isinstance(array, GgufBlocks):
+                piece = GgufBlocks(array.type, (end - start, array.shape[1]), array.rows[start:end])
+            else:
+                piece = array[start:end]
+            yield f"{prefix}{part}_proj.weight", source, piece
 
 
 def release_freed_memory() -> None:
@@ -202,7 +260,9 @@ def _gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, to
     # llama.cpp's converter permutes the Q/K rows of every LlamaModel it writes.
     permute = config.model_type in ("llama", "mistral", "granite", "smollm3")
     gemma = config.model_type == "gemma3_text"
-    layer_names = GGUF_GEMMA3_LAYER_NAMES if gemma else GGUF_LAYER_NAMES
+    layer_names = {"gemma3_text": GGUF_GEMMA3_LAYER_NAMES, "phi3": GGUF_PHI3_LAYER_NAMES}.get(
+        config.model_type, GGUF_LAYER_NAMES
+    )
     header = read_header(path)
     # A plain ndarray over the map: numpy.memmap slices cost a Python call each.
     data = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
@@ -253,8 +313,8 @@ def _hf_name(gguf_name: str, layer_names: dict[str, str]) -> str | None:
     """The Hugging Face name of a GGUF tensor (GGUF_ROPE_FREQS keeps its
     own; `layer_names`: the architecture's per-layer names), None for an
     unknown one."""
-    if gguf_name == GGUF_ROPE_FREQS:
-        return GGUF_ROPE_FREQS
+    if gguf_name in (GGUF_ROPE_FREQS, GGUF_ROPE_FACTORS_SHORT, GGUF_ROPE_FACTORS_LONG):
+        return gguf_name
     name = GGUF_NAMES.get(gguf_name)
     if name is None and (match := _LAYER.fullmatch(gguf_name)):
         suffix = layer_names.get(match.group(2))

@@ -1,4 +1,4 @@
-//! A whole decoder step of the Llama family (Llama, Mistral, Qwen2, Qwen3, Granite, SmolLM3 and
+//! A whole decoder step of the Llama family (Llama, Mistral, Qwen2, Qwen3, Granite, SmolLM3, Phi-3 and
 //! the models shaped like them) over the kernels of this crate, with no
 //! interpreter between its operations: the engine hands over a step's
 //! embedded tokens, positions and cache slots once, and gets the logits of
@@ -117,6 +117,11 @@ pub struct Shape {
     /// The factor of each attention and MLP output before it joins the
     /// residual stream (Granite's `residual_multiplier`; 1 for the others).
     pub residual_scale: f32,
+    /// The leading dimensions of each head that RoPE rotates (even, at most
+    /// `head_dim`; Phi's partial rotary); the rest pass through.
+    pub rotary_dim: usize,
+    /// The factor of RoPE's cosines and sines (LongRoPE's attention factor; 1 for the others).
+    pub rope_scale: f32,
 }
 
 /// One decoder layer's weights.
@@ -200,16 +205,17 @@ const PARALLEL_MIN_TOKENS: usize = 32;
 impl Decoder<'_> {
     /// Checks that every weight has the model's shape and the heads fit.
     pub fn check(&self) -> Result<(), StepError> {
-        let Shape { hidden, heads, kv_heads, head_dim, intermediate, vocab, .. } = self.shape;
+        let Shape { hidden, heads, kv_heads, head_dim, intermediate, vocab, rotary_dim, .. } = self.shape;
         if heads == 0
             || kv_heads == 0
             || !heads.is_multiple_of(kv_heads)
             || head_dim == 0
-            || !head_dim.is_multiple_of(2)
+            || rotary_dim > head_dim
+            || !rotary_dim.is_multiple_of(2)
         {
             return Err(StepError::Shape(format!(
-                "heads = {heads}, kv_heads = {kv_heads}, head_dim = {head_dim}: heads must be a positive multiple of \
-                 kv_heads and head_dim positive and even"
+                "heads = {heads}, kv_heads = {kv_heads}, head_dim = {head_dim}, rotary_dim = {rotary_dim}: heads must \
+                 be a positive multiple of kv_heads, head_dim positive and rotary_dim even and at most head_dim"
             )));
         }
         let vector = |what: String, got: usize, need: usize| {
@@ -232,7 +238,7 @@ impl Decoder<'_> {
             vector(format!("{what} (bytes)"), l.rows.len(), need_out * l.quant.row_bytes(need_in))?;
             l.bias.map_or(Ok(()), |b| vector(format!("{what} bias"), b.len(), need_out))
         };
-        vector("inv_freq".into(), self.inv_freq.len(), head_dim / 2)?;
+        vector("inv_freq".into(), self.inv_freq.len(), rotary_dim / 2)?;
         vector("norm".into(), self.norm.len(), hidden)?;
         linear("head".into(), &self.head, vocab, hidden)?;
         let (q_out, kv_out) = (heads * head_dim, kv_heads * head_dim);
@@ -278,8 +284,8 @@ impl Decoder<'_> {
         if tokens == 0 {
             return Ok(());
         }
-        let half = s.head_dim / 2;
-        let (cos, sin) = rope_tables(inputs.positions, self.inv_freq);
+        let half = s.rotary_dim / 2;
+        let (cos, sin) = rope_tables(inputs.positions, self.inv_freq, s.rope_scale);
         let mut windows: Vec<(Option<usize>, Keys)> = Vec::new();
         let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
         let mut h = vec![0.0f32; tokens * s.hidden];
@@ -310,9 +316,9 @@ impl Decoder<'_> {
             if let Some(w) = layer.k_norm {
                 rms_norm_in_place(&mut k, w, s.eps);
             }
-            if layer.rope {
-                rope(&mut q, &cos, &sin, half);
-                rope(&mut k, &cos, &sin, half);
+            if layer.rope && half > 0 {
+                rope(&mut q, &cos, &sin, half, s.head_dim);
+                rope(&mut k, &cos, &sin, half, s.head_dim);
             }
             for (t, &slot) in inputs.slot_mapping.iter().enumerate() {
                 cache.keys.write_row(slot, &k[t * kv_out..(t + 1) * kv_out]);
@@ -549,22 +555,28 @@ fn sum_squares(x: &[f32]) -> f32 {
 }
 
 /// RoPE's `cos` and `sin` of each position and frequency, `[tokens, half]`:
-/// `(position as f32) * inv_freq` as torch forms the angles.
-fn rope_tables(positions: &[i64], inv_freq: &[f32]) -> (Vec<f32>, Vec<f32>) {
+/// `(position as f32) * inv_freq` as torch forms the angles, times `scale`
+/// (LongRoPE's attention factor) where it is not 1.
+fn rope_tables(positions: &[i64], inv_freq: &[f32], scale: f32) -> (Vec<f32>, Vec<f32>) {
     let angles = positions.iter().flat_map(|&p| inv_freq.iter().map(move |&f| p as f32 * f));
-    angles.map(|a| (a.cos(), a.sin())).unzip()
+    if scale == 1.0 {
+        angles.map(|a| (a.cos(), a.sin())).unzip()
+    } else {
+        angles.map(|a| (a.cos() * scale, a.sin() * scale)).unzip()
+    }
 }
 
-/// Rotates every head of each token's row (rows of whole heads) by its
-/// position: `x·cos + rotate_half(x)·sin`, rotate_half negating the
-/// second half moved first, as transformers computes it.
-fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], half: usize) {
+/// Rotates the first `2 * half` dimensions of every head (of `head_dim`) of
+/// each token's row by its position: `x·cos + rotate_half(x)·sin`,
+/// rotate_half negating the second half moved first, as transformers
+/// computes it; the rest of each head passes through.
+fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], half: usize, head_dim: usize) {
     let tokens = cos.len() / half;
     let row = x.len() / tokens;
     for (t, token) in x.chunks_exact_mut(row).enumerate() {
         let (c, s) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
-        for head in token.chunks_exact_mut(2 * half) {
-            let (first, second) = head.split_at_mut(half);
+        for head in token.chunks_exact_mut(head_dim) {
+            let (first, second) = head[..2 * half].split_at_mut(half);
             for i in 0..half {
                 let (a, b) = (first[i], second[i]);
                 first[i] = a * c[i] + -b * s[i];

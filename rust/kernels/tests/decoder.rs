@@ -22,6 +22,10 @@ const SLOTS: usize = 64;
 const EPS: f32 = 1e-5;
 /// Granite-style scaled residuals.
 const RESIDUAL_SCALE: f32 = 0.75;
+/// Phi-style partial rotary: RoPE on the first half of each head.
+const ROTARY: usize = HEAD_DIM / 2;
+/// LongRoPE-style scaled cosines and sines.
+const ROPE_SCALE: f32 = 1.1;
 
 /// Random F16 rows of weights in [-0.5, 0.5) (normal numbers, so exact).
 fn f16_rows(rng: &mut Rng, n: usize, k: usize) -> Vec<u8> {
@@ -94,7 +98,8 @@ struct LayerWeights {
 
 /// Two layers: the first with q/k/v biases and a window of 3 keys, the
 /// second with q/k norms and no RoPE (as SmolLM3's NoPE layers); untied
-/// head; residuals scaled by RESIDUAL_SCALE.
+/// head; residuals scaled by RESIDUAL_SCALE; RoPE on ROTARY dimensions of
+/// each head, its cosines and sines scaled by ROPE_SCALE.
 struct Model {
     layers: Vec<LayerWeights>,
     norm: Vec<f32>,
@@ -123,7 +128,7 @@ impl Model {
                 rope: i == 0,
             })
             .collect();
-        let inv_freq = (0..HEAD_DIM / 2).map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / HEAD_DIM as f32)).collect();
+        let inv_freq = (0..ROTARY / 2).map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / ROTARY as f32)).collect();
         Model { layers, norm: norm(&mut rng, HIDDEN), head: Weights::new(&mut rng, VOCAB, HIDDEN, false), inv_freq }
     }
 
@@ -139,6 +144,8 @@ impl Model {
                 eps: EPS,
                 scale: 1.0 / (HEAD_DIM as f32).sqrt(),
                 residual_scale: RESIDUAL_SCALE,
+                rotary_dim: ROTARY,
+                rope_scale: ROPE_SCALE,
             },
             layers: self
                 .layers
@@ -173,11 +180,12 @@ impl Model {
         };
         let rope = |v: &mut [f64], p: usize| {
             for head in v.chunks_exact_mut(HEAD_DIM) {
-                for i in 0..HEAD_DIM / 2 {
+                for i in 0..ROTARY / 2 {
                     let angle = (p as f32 * self.inv_freq[i]) as f64;
-                    let (a, b) = (head[i], head[i + HEAD_DIM / 2]);
-                    head[i] = a * angle.cos() - b * angle.sin();
-                    head[i + HEAD_DIM / 2] = b * angle.cos() + a * angle.sin();
+                    let (cos, sin) = (angle.cos() * ROPE_SCALE as f64, angle.sin() * ROPE_SCALE as f64);
+                    let (a, b) = (head[i], head[i + ROTARY / 2]);
+                    head[i] = a * cos - b * sin;
+                    head[i + ROTARY / 2] = b * cos + a * sin;
                 }
             }
         };

@@ -143,13 +143,13 @@ pub struct DecoderStack {
 #[pymethods]
 impl DecoderStack {
     /// `shape` is `(hidden, heads, kv_heads, head_dim, intermediate, vocab,
-    /// eps, scale, residual_scale)`; `layers` as `LayerArg` says; `head` a linear as
+    /// eps, scale, residual_scale, rotary_dim, rope_scale)`; `layers` as `LayerArg` says; `head` a linear as
     /// `LinearArg` says; `caches` one `(keys, values)` per layer, of
     /// `cache_dtype` (`float32`, `float16` or `bfloat16`).
     #[new]
     #[pyo3(signature = (shape, inv_freq, layers, norm, head, caches, cache_dtype = "float32"))]
     fn new(
-        shape: (usize, usize, usize, usize, usize, usize, f32, f32, f32),
+        shape: (usize, usize, usize, usize, usize, usize, f32, f32, f32, usize, f32),
         inv_freq: &Bound<'_, PyAny>,
         layers: Vec<LayerArg<'_>>,
         norm: &Bound<'_, PyAny>,
@@ -157,7 +157,19 @@ impl DecoderStack {
         caches: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
         cache_dtype: &str,
     ) -> PyResult<DecoderStack> {
-        let (hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, scale, residual_scale) = shape;
+        let (
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate,
+            vocab,
+            eps,
+            scale,
+            residual_scale,
+            rotary_dim,
+            rope_scale,
+        ) = shape;
         let mut exports = Exports::default();
         let mut built = Vec::with_capacity(layers.len());
         for (i, LayerArg(input_norm, post_norm, q_norm, k_norm, linears, window, rope)) in layers.iter().enumerate() {
@@ -185,7 +197,19 @@ impl DecoderStack {
             });
         }
         let decoder = Decoder {
-            shape: Shape { hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, scale, residual_scale },
+            shape: Shape {
+                hidden,
+                heads,
+                kv_heads,
+                head_dim,
+                intermediate,
+                vocab,
+                eps,
+                scale,
+                residual_scale,
+                rotary_dim,
+                rope_scale,
+            },
             layers: built,
             norm: exports.floats(norm, "norm")?,
             head: exports.linear(&head, "head")?,
