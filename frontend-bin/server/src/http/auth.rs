@@ -1,6 +1,7 @@
-//! Bearer-token authentication when `api_key` is set. `/health`, `/ping`
-//! and `/metrics` stay open, and so do `OPTIONS` requests (CORS preflights carry
-//! no credentials), as in vLLM.
+//! Bearer-token authentication when `api_key` is set: the key comes in
+//! `Authorization: Bearer <key>` or, as Anthropic's clients send it,
+//! `x-api-key: <key>`. `/health`, `/ping` and `/metrics` stay open, and so do
+//! `OPTIONS` requests (CORS preflights carry no credentials), as in vLLM.
 
 use super::error::ApiError;
 use super::state::SharedState;
@@ -12,24 +13,29 @@ use axum::response::{IntoResponse, Response};
 /// Paths served without a key.
 const OPEN_PATHS: &[&str] = &["/health", "/ping", "/metrics"];
 
-/// Rejects requests without a valid `Authorization: Bearer <key>` with 401.
+/// The header Anthropic's clients carry the key in.
+const X_API_KEY: &str = "x-api-key";
+
+/// Rejects requests without a valid key with 401 (in Anthropic's shape on its routes).
 pub async fn require_api_key(State(state): State<SharedState>, request: Request, next: Next) -> Response {
     let keys = &state.config.api_keys;
     if keys.is_empty() || request.method() == Method::OPTIONS || OPEN_PATHS.contains(&request.uri().path()) {
         return next.run(request).await;
     }
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+    let headers = request.headers();
+    let bearer =
+        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let x_api_key = headers.get(X_API_KEY).and_then(|v| v.to_str().ok());
     // Every key is compared in full, so timing does not reveal which one is near.
-    let accepted = presented.is_some_and(|given| keys.iter().fold(false, |ok, key| ok | constant_time_eq(given, key)));
-    if accepted {
-        next.run(request).await
+    let matches = |given: &str| keys.iter().fold(false, |ok, key| ok | constant_time_eq(given.trim(), key));
+    if bearer.is_some_and(matches) || x_api_key.is_some_and(matches) {
+        return next.run(request).await;
+    }
+    let error = ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized: a valid API key is required");
+    if request.uri().path().starts_with("/v1/messages") {
+        super::messages::error::anthropic_error(error)
     } else {
-        ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized: a valid API key is required").into_response()
+        error.into_response()
     }
 }
 

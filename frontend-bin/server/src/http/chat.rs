@@ -14,8 +14,8 @@ use super::structured::{read_structured_outputs, wire_params};
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
 use super::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs, thinking_enabled};
 use super::tools::{
-    finish_reason, output_parser, read_chat_tools, reasoning_parser, template_extra, whole_message, ParsedChatChunks,
-    ToolsInput,
+    finish_reason, output_parser, read_chat_tools, reasoning_parser, template_extra, whole_message, ChatTools,
+    ParsedChatChunks, ToolsInput,
 };
 use axum::body::Bytes;
 use axum::extract::State;
@@ -264,7 +264,22 @@ pub fn continue_final_message(rendered: &str, final_message: &str) -> Option<Str
     Some(rendered[..end].to_owned())
 }
 
-async fn chat_completion(state: SharedState, headers: HeaderMap, body: ChatBody) -> Result<Response, ApiError> {
+/// A chat request checked, its prompt rendered by the chat template and
+/// tokenized: what answering it, rendering it (`/v1/chat/completions/render`)
+/// and counting its tokens (`/v1/messages/count_tokens`) share.
+pub struct PreparedChat {
+    /// The checked request.
+    pub request: ChatRequest,
+    /// Its tools and `tool_choice`, read with the server's options.
+    pub tools: ChatTools,
+    /// The chat template's variables: the server's defaults, the request's, the reasoning effort.
+    pub template_kwargs: Map<String, Value>,
+    /// The prompt's token ids.
+    pub prompt_token_ids: Vec<u32>,
+}
+
+/// Checks `body` with the server's options and renders and tokenizes its prompt.
+pub fn prepare_chat(state: &AppState, body: ChatBody) -> Result<PreparedChat, ApiError> {
     let mut request = body.validate()?;
     let tools = read_chat_tools(&request.tools, &state.config.chat)?;
     let chat = &state.config.chat;
@@ -280,12 +295,23 @@ async fn chat_completion(state: SharedState, headers: HeaderMap, body: ChatBody)
         // A forced tool choice replaces the request's own constraint, as in vLLM.
         request.common.sampling.structured_outputs = Some(wire_params(constraint));
     }
-    check_model(&state, request.common.model.as_deref())?;
-    let prompt = render_prompt(&state, &request, tools.tools.as_ref(), &template_kwargs)?;
+    check_model(state, request.common.model.as_deref())?;
+    let prompt = render_prompt(state, &request, tools.tools.as_ref(), &template_kwargs)?;
     let prompt_token_ids = state
         .tokenizer
         .encode(&prompt, false)
         .map_err(|e| ApiError::invalid_param("messages", format!("cannot tokenize the messages: {e}")))?;
+    Ok(PreparedChat { request, tools, template_kwargs, prompt_token_ids })
+}
+
+/// Answers a chat body as `/v1/chat/completions` does: the OpenAI response or
+/// stream, or the error response. `/v1/messages` answers through it too.
+pub(crate) async fn chat_completion(
+    state: SharedState,
+    headers: HeaderMap,
+    body: ChatBody,
+) -> Result<Response, ApiError> {
+    let PreparedChat { request, tools, template_kwargs, prompt_token_ids } = prepare_chat(&state, body)?;
     let ChatRequest { common, messages, add_generation_prompt, echo, .. } = request;
     let (stream, usage) = (common.stream, stream_usage(&state, &common));
     let role = response_role(&state.config.chat.response_role, &messages, add_generation_prompt);

@@ -10,6 +10,7 @@ pub mod cors;
 pub mod error;
 pub mod first_response;
 pub mod message;
+pub mod messages;
 pub mod misc;
 pub mod params;
 pub mod request_id;
@@ -54,6 +55,8 @@ pub fn routes(state: SharedState) -> Router {
         .route("/v1/responses", post(responses::create_response))
         .route("/v1/completions", post(completions::create_completion))
         .route("/v1/chat/completions", post(chat::create_chat_completion))
+        .route("/v1/messages", post(messages::create_message))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/reset_prefix_cache", post(misc::reset_prefix_cache))
         .route("/sleep", post(misc::sleep))
         .route("/wake_up", post(misc::wake_up))
