@@ -202,6 +202,12 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         help="report the prompt tokens found in the prefix cache (`usage.prompt_tokens_details.cached_tokens`)",
     )
     parser.add_argument(
+        "--enable-scale-out",
+        action="store_true",
+        help="serve vLLM's scale-out routes: /v1/chat/completions/render, /v1/completions/render, "
+        "/v1/messages/render, the derender routes and /inference/v1/generate (403 without it)",
+    )
+    parser.add_argument(
         "--stream-interval",
         type=int,
         default=1,

@@ -107,6 +107,8 @@ pub struct ServerConfig {
     /// Report the prompt tokens found in the prefix cache
     /// (`usage.prompt_tokens_details.cached_tokens`), vLLM's `--enable-prompt-tokens-details`.
     pub enable_prompt_tokens_details: bool,
+    /// Serve the scale-out routes (render, derender, tokens in / tokens out), vLLM's `--enable-scale-out`.
+    pub enable_scale_out: bool,
     /// Most logprobs a request may ask for (-1: the whole vocabulary), vLLM's `--max-logprobs`.
     pub max_logprobs: i64,
     /// Tokens in logprobs as `token_id:N` unless a request says otherwise.
@@ -143,6 +145,7 @@ impl fmt::Debug for ServerConfig {
             .field("chat", &self.chat)
             .field("enable_force_include_usage", &self.enable_force_include_usage)
             .field("enable_prompt_tokens_details", &self.enable_prompt_tokens_details)
+            .field("enable_scale_out", &self.enable_scale_out)
             .field("max_logprobs", &self.max_logprobs)
             .field("return_tokens_as_token_ids", &self.return_tokens_as_token_ids)
             .field("stream_interval", &self.stream_interval)
@@ -235,6 +238,7 @@ impl ServerConfig {
             chat: ChatOptions::load(&keys)?,
             enable_force_include_usage: keys.bool("enable_force_include_usage")?.unwrap_or(false),
             enable_prompt_tokens_details: keys.bool("enable_prompt_tokens_details")?.unwrap_or(false),
+            enable_scale_out: keys.bool("enable_scale_out")?.unwrap_or(false),
             max_logprobs: match keys.get("max_logprobs") {
                 None => DEFAULT_MAX_LOGPROBS,
                 Some(v) => v.as_i64().filter(|&n| n >= -1).ok_or_else(|| {

@@ -348,6 +348,25 @@ impl EngineClient {
         self.shared.input_socket.flush().await;
     }
 
+    /// Aborts the requests in flight whose client-facing id is one of
+    /// `external_ids` (vLLM's `/abort_requests`): each engine gets an ABORT and
+    /// each request finishes as `abort` with the tokens it has, as when an
+    /// engine ends a request itself. Returns how many were in flight.
+    pub fn abort_by_external_id(&self, external_ids: &[&str]) -> usize {
+        let taken: Vec<(String, RequestSlot)> = {
+            let mut requests = self.shared.requests.lock().unwrap();
+            let matching: Vec<String> =
+                requests.keys().filter(|id| external_ids.contains(&external_id(id))).cloned().collect();
+            matching.into_iter().filter_map(|id| requests.remove(&id).map(|entry| (id, entry))).collect()
+        };
+        for (request_id, entry) in &taken {
+            self.shared.balancer.engine(entry.slot).finished();
+            entry.inbox.push_output(&[], Some(FinishReason::Abort), None);
+            self.shared.send_abort(entry.slot, request_id.clone());
+        }
+        taken.len()
+    }
+
     /// Aborts every request in flight: their handlers get `reason`, the engines an ABORT.
     pub fn abort_all(&self, reason: &str) {
         let drained: Vec<(String, RequestSlot)> = self.shared.requests.lock().unwrap().drain().collect();
@@ -356,6 +375,15 @@ impl EngineClient {
             entry.inbox.fail(reason.to_string());
             self.shared.send_abort(entry.slot, request_id);
         }
+    }
+}
+
+/// The client-facing id of an engine request id: the id less the `-` and 8
+/// hex digits every request gets inside the engines (`server/src/http/submit.rs`).
+fn external_id(engine_request_id: &str) -> &str {
+    match engine_request_id.rsplit_once('-') {
+        Some((external, suffix)) if suffix.len() == 8 && suffix.bytes().all(|b| b.is_ascii_hexdigit()) => external,
+        _ => engine_request_id,
     }
 }
 
@@ -684,5 +712,20 @@ impl RequestStream {
 impl Drop for RequestStream {
     fn drop(&mut self) {
         self.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::external_id;
+
+    #[test]
+    fn the_external_id_is_the_engine_id_less_its_suffix() {
+        assert_eq!(external_id("cmpl-abc-0123abcd"), "cmpl-abc");
+        assert_eq!(external_id("cmpl-my-id-89abcdef"), "cmpl-my-id");
+        // No suffix, or not one of 8 hex digits: the id as it is.
+        assert_eq!(external_id("cmpl-abc"), "cmpl-abc");
+        assert_eq!(external_id("plain"), "plain");
+        assert_eq!(external_id("x-0123abcg"), "x-0123abcg");
     }
 }

@@ -5,7 +5,7 @@ use super::error::ApiError;
 use super::params::{parse_body, sampling_request, CommonParams, JsonRequest};
 use super::rules::RULES;
 use super::sse::{ChunkHeader, ChunkWriter};
-use super::state::SharedState;
+use super::state::{AppState, SharedState};
 use super::structured::{read_structured_outputs, wire_params};
 use super::submit::{check_model, stop_reason_json, submit, Endpoint};
 use axum::body::Bytes;
@@ -148,10 +148,9 @@ impl CompletionBody {
     }
 }
 
-async fn completion(state: SharedState, headers: HeaderMap, body: CompletionBody) -> Result<Response, ApiError> {
-    let CompletionRequest { common, prompt, echo, prompt_only } = body.validate()?;
-    check_model(&state, common.model.as_deref())?;
-    let (prompt_text, prompt_token_ids) = match prompt {
+/// The prompt's text (when it came as text) and token ids.
+pub fn prompt_token_ids(state: &AppState, prompt: Prompt) -> Result<(Option<String>, Vec<u32>), ApiError> {
+    Ok(match prompt {
         Prompt::Text(text) => {
             let ids = state
                 .tokenizer
@@ -160,7 +159,19 @@ async fn completion(state: SharedState, headers: HeaderMap, body: CompletionBody
             (Some(text), ids)
         }
         Prompt::TokenIds(ids) => (None, ids),
-    };
+    })
+}
+
+/// Answers a completion body as `/v1/completions` does: the OpenAI response
+/// or stream, or the error response. `/inference/v1/generate` answers through it too.
+pub(crate) async fn completion(
+    state: SharedState,
+    headers: HeaderMap,
+    body: CompletionBody,
+) -> Result<Response, ApiError> {
+    let CompletionRequest { common, prompt, echo, prompt_only } = body.validate()?;
+    check_model(&state, common.model.as_deref())?;
+    let (prompt_text, prompt_token_ids) = prompt_token_ids(&state, prompt)?;
     let rendering =
         (echo || common.sampling.logprobs.is_some() || common.sampling.prompt_logprobs.is_some()).then(|| {
             let echo = echo.then(|| Echo {

@@ -47,6 +47,7 @@ impl ApiError {
         match self.status {
             StatusCode::BAD_REQUEST => "BadRequestError",
             StatusCode::UNAUTHORIZED => "AuthenticationError",
+            StatusCode::FORBIDDEN => "PermissionDeniedError",
             StatusCode::NOT_FOUND => "NotFoundError",
             StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
             StatusCode::REQUEST_TIMEOUT => "RequestTimeoutError",

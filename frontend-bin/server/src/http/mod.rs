@@ -9,6 +9,7 @@ pub mod connections;
 pub mod cors;
 pub mod error;
 pub mod first_response;
+pub mod lora;
 pub mod message;
 pub mod messages;
 pub mod misc;
@@ -17,6 +18,7 @@ pub mod request_id;
 pub mod responses;
 pub mod root_path;
 pub mod rules;
+pub mod scale_out;
 pub mod server;
 pub mod sse;
 pub mod state;
@@ -60,6 +62,8 @@ pub fn routes(state: SharedState) -> Router {
         .route("/reset_prefix_cache", post(misc::reset_prefix_cache))
         .route("/sleep", post(misc::sleep))
         .route("/wake_up", post(misc::wake_up))
+        .merge(scale_out::routes(&state))
+        .merge(lora::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "Not Found").into_response() })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed").into_response()

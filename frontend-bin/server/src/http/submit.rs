@@ -64,6 +64,20 @@ pub struct Submitted {
     pub prompt_token_ids: Option<Vec<u32>>,
 }
 
+/// The `max_tokens` a chat request that gives none runs with, for a prompt
+/// of `prompt_len` tokens, as [`submit`] sets it: the generation config's
+/// default or what the prompt leaves of the model length (the smaller of the
+/// two), under the generation config's cap. `None` when nothing bounds it.
+pub fn chat_default_max_tokens(state: &AppState, prompt_len: u64) -> Option<u64> {
+    let config = &state.generation_config;
+    let left = state.max_model_len.map(|max_len| max_len.saturating_sub(prompt_len).max(1));
+    let default = match (config.defaults.max_tokens, left) {
+        (Some(default), Some(left)) => Some(default.min(left)),
+        (default, left) => default.or(left),
+    };
+    default.map(|n| config.cap_max_tokens(n)).or(config.max_tokens_cap)
+}
+
 /// 404 unless `model` is absent or one of the served names.
 pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
@@ -258,7 +272,7 @@ fn check_vocabulary(ids: &[i64], param: &str, vocab_size: usize) -> Result<(), A
 }
 
 /// `max_tokens` of a completion that does not say (OpenAI's default).
-const DEFAULT_COMPLETION_MAX_TOKENS: u64 = 16;
+pub const DEFAULT_COMPLETION_MAX_TOKENS: u64 = 16;
 
 /// The `X-Request-Id` header when it is a usable id, else the body's
 /// `request_id` (already checked), else random hex: vLLM's `_base_request_id`.
