@@ -246,6 +246,15 @@ def test_the_key_comes_as_x_api_key_or_bearer(server, client):
     assert status == 200
 
 
+def test_messages_requests_are_counted_in_metrics(server, client):
+    greedy(client, max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+    client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+    status, text = server.http("GET", "/metrics")
+    assert status == 200
+    for handler in ("/v1/messages", "/v1/messages/count_tokens"):
+        assert f'http_requests_total{{method="POST",status="2xx",handler="{handler}"}}' in text.decode(), handler
+
+
 def test_the_request_id_header_names_the_message(client):
     message = client.messages.create(
         model=MODEL,

@@ -27,7 +27,7 @@ pub const DURATION_HIGHR_BUCKETS: &[f64] = &[
 const EXCLUDED_HANDLERS: [&str; 6] = ["/metrics", "/health", "/load", "/ping", "/version", "/server_info"];
 
 /// The other routes, as the `handler` label names them.
-const ROUTES: [&str; 10] = [
+const ROUTES: &[&str] = &[
     "/v1/models",
     "/v1/models/{id}",
     "/tokenize",
@@ -38,6 +38,18 @@ const ROUTES: [&str; 10] = [
     "/reset_prefix_cache",
     "/sleep",
     "/wake_up",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/chat/completions/render",
+    "/v1/completions/render",
+    "/v1/messages/render",
+    "/v1/chat/completions/derender",
+    "/v1/completions/derender",
+    "/inference/v1/generate",
+    "/abort_requests",
+    "/inference/v1/abort_requests",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -134,6 +146,7 @@ mod tests {
     #[test]
     fn handlers_are_routes_and_probes_are_left_out() {
         assert_eq!(handler_of("/v1/completions"), "/v1/completions");
+        assert_eq!(handler_of("/v1/messages"), "/v1/messages");
         assert_eq!(handler_of("/v1/models/my-model"), "/v1/models/{id}");
         assert_eq!(handler_of("/nope"), "none");
         let mut registry = Registry::default();
