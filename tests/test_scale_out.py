@@ -26,8 +26,8 @@ SCALE_OUT_ROUTES = [
     "/v1/messages/render",
     "/v1/chat/completions/derender",
     "/v1/completions/derender",
+    "/v1/responses/render",
     "/inference/v1/generate",
-    "/abort_requests",
     "/inference/v1/abort_requests",
 ]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a primary color."}]
@@ -43,8 +43,8 @@ def test_without_the_flag_scale_out_is_403_and_lora_400():
     with serving("--model", "echo", "--port", "0", "--host", "127.0.0.1") as serve:
         for route in SCALE_OUT_ROUTES:
             status, body = post(serve, route, {})
-            assert status == 403, (route, body)
-            assert route in body["error"]["message"] and "--enable-scale-out" in body["error"]["message"], body
+            assert (status, body["error"]["type"]) == (403, "PermissionDeniedError"), (route, body)
+            assert "--enable-scale-out" in body["error"]["message"], body
         for route in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
             status, body = post(serve, route, {"lora_name": "a", "lora_path": "/tmp/a"})
             assert status == 400 and "LoRA" in body["error"]["message"], (route, body)
@@ -76,7 +76,7 @@ def test_chat_render_is_the_prompt_chat_runs_and_generate_its_answer(server):
     assert rendered["sampling_params"]["temperature"] == 0 and rendered["sampling_params"]["max_tokens"] == 24
     assert rendered["request_id"].startswith("chatcmpl-") and rendered["model"] == MODEL
     generated = ok(server, "/inference/v1/generate", rendered)
-    assert generated["request_id"] == rendered["request_id"]
+    assert generated["request_id"] == f"generate-tokens-{rendered['request_id']}"
     (choice,) = generated["choices"]
     assert choice["token_ids"] == chat["choices"][0]["token_ids"]
     assert choice["finish_reason"] == chat["choices"][0]["finish_reason"]
@@ -102,7 +102,7 @@ def test_generate_gives_the_greedy_ids_completions_gives(server):
         "/inference/v1/generate",
         {"token_ids": prompt_ids, "sampling_params": {"temperature": 0, "max_tokens": 20}, "request_id": "g1"},
     )
-    assert generated["request_id"] == "g1"
+    assert generated["request_id"] == "generate-tokens-g1"
     assert generated["choices"][0]["token_ids"] == completion["choices"][0]["token_ids"]
     rendered = ok(server, "/v1/completions/render", {"model": MODEL, "prompt": "The days of the week are"})
     assert [r["token_ids"] for r in rendered] == [prompt_ids]
@@ -125,6 +125,14 @@ def test_messages_render_counts_what_count_tokens_counts(server):
     assert rendered["token_ids"] == chat["token_ids"]
     status, error = post(server, "/v1/messages/render", {"model": MODEL, "messages": [MESSAGES[1]]})
     assert status == 400 and error["type"] == "error" and "max_tokens" in error["error"]["message"], error
+
+
+def test_responses_render_is_the_chat_prompt_of_its_messages(server):
+    body = {"model": MODEL, "instructions": MESSAGES[0]["content"], "input": MESSAGES[1]["content"]}
+    rendered = ok(server, "/v1/responses/render", {**body, "max_output_tokens": 12})
+    chat = ok(server, "/v1/chat/completions/render", {"model": MODEL, "messages": MESSAGES})
+    assert rendered["token_ids"] == chat["token_ids"]
+    assert rendered["request_id"].startswith("resp_") and rendered["sampling_params"]["max_tokens"] == 12
 
 
 def test_generate_refuses_what_it_does_not_serve_by_name(server):
@@ -155,14 +163,15 @@ def test_abort_ends_a_generate_request_as_abort(server):
     thread = threading.Thread(target=run)
     thread.start()
     wait_until(lambda: ok_load(server) >= 1, "the generate request to be in flight", 60)
-    status, body = post(server, "/abort_requests", {"request_ids": ["long-one"]})
+    # vLLM's id for it, as its answer would carry it.
+    status, body = post(server, "/inference/v1/abort_requests", {"request_ids": ["generate-tokens-long-one"]})
     assert (status, body) == (200, None)
     thread.join(60)
     status, answer = result["answer"]
     assert status == 200, answer
     (choice,) = answer["choices"]
     assert choice["finish_reason"] == "abort" and len(choice["token_ids"]) < max_tokens, choice
-    status, error = post(server, "/abort_requests", {})
+    status, error = post(server, "/inference/v1/abort_requests", {})
     assert status == 400 and error["error"]["param"] == "request_ids"
 
 

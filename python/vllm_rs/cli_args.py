@@ -205,7 +205,7 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         "--enable-scale-out",
         action="store_true",
         help="serve vLLM's scale-out routes: /v1/chat/completions/render, /v1/completions/render, "
-        "/v1/messages/render, the derender routes and /inference/v1/generate (403 without it)",
+        "/v1/messages/render, /v1/responses/render, the derender routes and /inference/v1/generate (403 without it)",
     )
     parser.add_argument(
         "--stream-interval",

@@ -29,14 +29,17 @@ from tests.test_serve import API_KEY, needs_frontend, serving  # noqa: E402
 
 
 def vllm_class(name: str):
-    """`name` from whichever module vLLM 0.33 keeps its scale-out protocol in."""
+    """A validator of vLLM's `name` (a class or, for `GenerateResponse`, a
+    tagged union), from whichever module vLLM 0.33 keeps its scale-out protocol in."""
+    from pydantic import TypeAdapter
+
     for module in (
-        "vllm.entrypoints.serve.disagg.protocol",
         "vllm.entrypoints.scale_out.token_in_token_out.protocol",
+        "vllm.entrypoints.serve.disagg.protocol",
         "vllm.entrypoints.openai.protocol",
     ):
         try:
-            return getattr(importlib.import_module(module), name)
+            return TypeAdapter(getattr(importlib.import_module(module), name))
         except (ImportError, AttributeError):
             continue
     pytest.skip(f"vLLM's {name} is not where vLLM 0.33 keeps it")
@@ -91,7 +94,7 @@ def test_messages_answers_are_vllms_response_classes(stack):
 
 @needs_frontend
 def test_vllms_conversion_renders_the_prompt_ours_renders(stack):
-    converted = AnthropicServingMessages._convert_anthropic_to_openai_request(
+    converted = AnthropicServingMessages.to_chat_completion_request(
         AnthropicMessagesRequest.model_validate(CONVERSATION)
     )
     chat = converted.model_dump(exclude_unset=True, exclude_none=True)
@@ -107,11 +110,11 @@ def test_render_and_generate_are_vllms_scale_out_classes(stack):
     rendered = ok(
         stack, "/v1/chat/completions/render", {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
     )
-    generate_request.model_validate(rendered)
+    generate_request.validate_python(rendered)
     for rendered_completion in ok(stack, "/v1/completions/render", {"model": "echo", "prompt": "hi"}):
-        generate_request.model_validate(rendered_completion)
+        generate_request.validate_python(rendered_completion)
     generated = ok(stack, "/inference/v1/generate", rendered)
-    generate_response.model_validate(generated)
+    assert generate_response.validate_python(generated).output_mode == "tokens"
 
 
 def vllm_route_paths() -> set[tuple[str, str]]:

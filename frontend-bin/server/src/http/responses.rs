@@ -8,7 +8,7 @@
 
 use super::answer::generation_error;
 use super::error::ApiError;
-use super::params::{sampling_request, JsonRequest, SamplingInput};
+use super::params::{sampling_request, CommonParams, JsonRequest, SamplingInput};
 use super::rules::RULES;
 use super::state::{AppState, SharedState};
 use super::submit::{check_model, submit, Endpoint, Submitted};
@@ -286,7 +286,9 @@ fn input_message(item: &Value) -> Option<ChatMessage> {
     Some(ChatMessage { role: role.into(), content, extra: None })
 }
 
-async fn response(state: SharedState, headers: HeaderMap, body: ResponsesBody) -> Result<Response, ApiError> {
+/// A Responses body checked, its prompt rendered and tokenized, with
+/// `max_tokens` capped as vLLM caps `max_output_tokens`.
+fn prepare(state: &AppState, body: ResponsesBody) -> Result<(CommonParams, Vec<u32>, Echo), ApiError> {
     let chat = &state.config.chat;
     let ResponsesRequest { sampling, input, messages, reasoning, reasoning_effort, mut template_kwargs } =
         parse_responses_request(body, &chat.default_template_kwargs)?;
@@ -300,7 +302,7 @@ async fn response(state: SharedState, headers: HeaderMap, body: ResponsesBody) -
     let max_output_tokens = input.max_output_tokens.map(|n| ("max_output_tokens", n));
     let mut common = sampling.check(max_output_tokens)?;
     common.n = 1; // vLLM's Responses API has no `n`: one choice
-    check_model(&state, common.model.as_deref())?;
+    check_model(state, common.model.as_deref())?;
     let prompt = state
         .tokenizer
         .apply_chat_template_with_tools(&messages, true, None, &template_kwargs)
@@ -316,6 +318,17 @@ async fn response(state: SharedState, headers: HeaderMap, body: ResponsesBody) -
         let max_tokens = common.sampling.max_tokens.map_or(room, |n| n.min(room));
         common.sampling.max_tokens = Some(max_tokens);
     }
+    Ok((common, prompt_token_ids, echo))
+}
+
+/// What `/v1/responses/render` shows of a Responses body: its checked
+/// parameters and its prompt's token ids, exactly as `/v1/responses` runs it.
+pub(crate) fn render_response(state: &AppState, body: ResponsesBody) -> Result<(CommonParams, Vec<u32>), ApiError> {
+    prepare(state, body).map(|(common, prompt_token_ids, _)| (common, prompt_token_ids))
+}
+
+async fn response(state: SharedState, headers: HeaderMap, body: ResponsesBody) -> Result<Response, ApiError> {
+    let (common, prompt_token_ids, echo) = prepare(&state, body)?;
     let max_tokens = common.sampling.max_tokens;
     let stream = common.stream;
     let submitted = submit(&state, &headers, Endpoint::Responses, prompt_token_ids, common)?;

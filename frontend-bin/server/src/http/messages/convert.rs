@@ -197,24 +197,25 @@ fn tool_result_text(content: Option<&TextOrBlocks>) -> String {
     }
 }
 
-/// Anthropic's `stop_reason` and `stop_sequence` for a chat finish:
-/// `length` is `max_tokens` (a call cut short too); else tool calls are
-/// `tool_use`; `stop` by a stop string is `stop_sequence` (with the
-/// string), by EOS `end_turn`.
+/// Anthropic's `stop_reason` and `stop_sequence` for a chat finish, as vLLM
+/// 0.33 maps them (`_to_anthropic_stop_reason`): `length` is `max_tokens` (a
+/// call cut short too); parsed tool calls are `tool_use`; `stop` by a stop
+/// string is `stop_sequence` (with the string), by EOS `end_turn`; any other
+/// finish (an abort) has none.
 pub fn stop_reason(
     finish_reason: Option<&str>,
     chat_stop_reason: &Value,
     called: bool,
-) -> (&'static str, Option<String>) {
+) -> (Option<&'static str>, Option<String>) {
     match finish_reason {
-        // A call cut short by the limit is not a finished call.
-        Some("length") => ("max_tokens", None),
-        _ if called => ("tool_use", None),
-        Some("tool_calls") => ("tool_use", None),
-        _ => match chat_stop_reason.as_str() {
-            Some(sequence) => ("stop_sequence", Some(sequence.to_owned())),
-            None => ("end_turn", None),
+        Some("length") => (Some("max_tokens"), None),
+        Some("stop" | "tool_calls") if called => (Some("tool_use"), None),
+        Some(reason @ ("stop" | "tool_calls")) => match chat_stop_reason.as_str() {
+            Some(sequence) => (Some("stop_sequence"), Some(sequence.to_owned())),
+            None if reason == "tool_calls" => (Some("tool_use"), None),
+            None => (Some("end_turn"), None),
         },
+        _ => (None, None),
     }
 }
 
@@ -244,6 +245,10 @@ pub fn messages_response(chat: &Value) -> MessagesResponse {
             .unwrap_or_else(|| json!({"arguments": arguments}));
         content.push(json!({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": input}));
     }
+    if content.is_empty() {
+        // Anthropic's empty answer is one empty text block (clients read content[0]), as vLLM writes it.
+        content.push(json!({"type": "text", "text": ""}));
+    }
     let (reason, sequence) = stop_reason(choice["finish_reason"].as_str(), &choice["stop_reason"], !calls.is_empty());
     MessagesResponse {
         id: chat["id"].as_str().unwrap_or_default().to_owned(),
@@ -251,12 +256,9 @@ pub fn messages_response(chat: &Value) -> MessagesResponse {
         role: "assistant",
         content,
         model: chat["model"].as_str().unwrap_or_default().to_owned(),
-        stop_reason: Some(reason),
+        stop_reason: reason,
         stop_sequence: sequence,
-        usage: MessagesUsage {
-            input_tokens: chat["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
-            output_tokens: chat["usage"]["completion_tokens"].as_u64().unwrap_or(0),
-        },
+        usage: MessagesUsage::of(&chat["usage"]),
     }
 }
 
@@ -335,16 +337,25 @@ mod tests {
         assert_eq!(answer["content"][2], json!({"type": "tool_use", "id": "c1", "name": "f", "input": {"a": 1}}));
         assert_eq!((answer["stop_reason"].as_str(), &answer["stop_sequence"]), (Some("tool_use"), &Value::Null));
         assert_eq!(answer["usage"], json!({"input_tokens": 5, "output_tokens": 3}));
+        let cached = json!({"prompt_tokens": 5, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}});
+        assert_eq!(
+            serde_json::to_value(MessagesUsage::of(&cached)).unwrap(),
+            json!({"input_tokens": 1, "output_tokens": 3, "cache_read_input_tokens": 4})
+        );
+        let empty =
+            json!({"id": "c", "model": "m", "choices": [{"finish_reason": "length", "message": {"content": null}}]});
+        assert_eq!(messages_response(&empty).content, vec![json!({"type": "text", "text": ""})]);
         assert_eq!((answer["id"].as_str(), answer["type"].as_str()), (Some("chatcmpl-1"), Some("message")));
     }
 
     #[test]
     fn finishes_map_to_anthropics_stop_reasons() {
-        assert_eq!(stop_reason(Some("stop"), &Value::Null, false), ("end_turn", None));
-        assert_eq!(stop_reason(Some("stop"), &json!(2), false), ("end_turn", None));
-        assert_eq!(stop_reason(Some("stop"), &json!("END"), false), ("stop_sequence", Some("END".into())));
-        assert_eq!(stop_reason(Some("length"), &Value::Null, false), ("max_tokens", None));
-        assert_eq!(stop_reason(Some("stop"), &Value::Null, true), ("tool_use", None));
-        assert_eq!(stop_reason(Some("length"), &Value::Null, true), ("max_tokens", None));
+        assert_eq!(stop_reason(Some("stop"), &Value::Null, false), (Some("end_turn"), None));
+        assert_eq!(stop_reason(Some("stop"), &json!(2), false), (Some("end_turn"), None));
+        assert_eq!(stop_reason(Some("stop"), &json!("END"), false), (Some("stop_sequence"), Some("END".into())));
+        assert_eq!(stop_reason(Some("length"), &Value::Null, false), (Some("max_tokens"), None));
+        assert_eq!(stop_reason(Some("stop"), &Value::Null, true), (Some("tool_use"), None));
+        assert_eq!(stop_reason(Some("length"), &Value::Null, true), (Some("max_tokens"), None));
+        assert_eq!(stop_reason(Some("abort"), &Value::Null, false), (None, None));
     }
 }

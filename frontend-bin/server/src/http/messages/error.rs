@@ -9,17 +9,19 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-/// Anthropic's error type for an HTTP status.
+/// Anthropic's error type for an HTTP status, as vLLM 0.33 translates it
+/// (`translate_error_type`): its table, else `api_error` for a 5xx and
+/// `invalid_request_error` for any other status.
 pub fn error_type(status: StatusCode) -> &'static str {
     match status {
-        StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => "invalid_request_error",
         StatusCode::UNAUTHORIZED => "authentication_error",
         StatusCode::FORBIDDEN => "permission_error",
         StatusCode::NOT_FOUND => "not_found_error",
         StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
         StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
         StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
-        _ => "api_error",
+        status if status.is_server_error() => "api_error",
+        _ => "invalid_request_error",
     }
 }
 

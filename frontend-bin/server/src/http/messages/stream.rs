@@ -9,6 +9,7 @@
 
 use super::convert::{stop_reason, thinking_signature};
 use super::error::error_type;
+use super::types::MessagesUsage;
 use axum::body::{Body, Bytes};
 use axum::http::StatusCode;
 use futures_util::StreamExt;
@@ -74,7 +75,7 @@ impl Translator {
             out.extend(event(&json!({"type": "message_start", "message": {
                 "id": chunk["id"], "type": "message", "role": "assistant", "content": [], "model": chunk["model"],
                 "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": chunk["usage"]["prompt_tokens"].as_u64().unwrap_or(0), "output_tokens": 0}}})));
+                "usage": MessagesUsage { output_tokens: 0, ..MessagesUsage::of(&chunk["usage"]) }}})));
         }
         let Some(choice) = chunk["choices"].as_array().and_then(|c| c.first()) else {
             // The usage chunk that ends every stream of the chat pipeline here.
@@ -159,8 +160,7 @@ impl Translator {
         let (reason, chat_stop) = self.finish.clone().unwrap_or_else(|| ("stop".into(), Value::Null));
         let (reason, sequence) = stop_reason(Some(&reason), &chat_stop, !self.tool_ids.is_empty());
         event(&json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-            "usage": {"input_tokens": usage["prompt_tokens"].as_u64().unwrap_or(0),
-                "output_tokens": usage["completion_tokens"].as_u64().unwrap_or(0)}}))
+            "usage": MessagesUsage::of(usage)}))
     }
 
     /// The end of the chat stream: what is still open closes, then `message_stop`.

@@ -243,10 +243,27 @@ pub struct MessagesResponse {
 /// Token counts of an answer.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
 pub struct MessagesUsage {
-    /// Prompt tokens.
+    /// Prompt tokens, less those read from the prefix cache (Anthropic counts those apart).
     pub input_tokens: u64,
     /// Generated tokens.
     pub output_tokens: u64,
+    /// Prompt tokens read from the prefix cache, when the server reports them
+    /// (`enable_prompt_tokens_details`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_read_input_tokens: Option<u64>,
+}
+
+impl MessagesUsage {
+    /// The counts of a chat `usage` object, as vLLM 0.33 builds them (`_build_anthropic_usage`).
+    pub fn of(usage: &serde_json::Value) -> Self {
+        let prompt = usage["prompt_tokens"].as_u64().unwrap_or(0);
+        let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64();
+        MessagesUsage {
+            input_tokens: prompt.saturating_sub(cached.unwrap_or(0)),
+            output_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
+            cache_read_input_tokens: cached,
+        }
+    }
 }
 
 /// `/v1/messages/count_tokens`'s answer (vLLM's `AnthropicCountTokensResponse`).

@@ -140,6 +140,9 @@ pub fn generate_response(request_id: String, completion: &Value) -> GenerateResp
     let choices = completion["choices"].as_array().map(Vec::as_slice).unwrap_or_default();
     GenerateResponse {
         request_id,
+        model: completion["model"].as_str().map(str::to_owned),
+        created: completion["created"].as_u64(),
+        usage: completion.get("usage").cloned(),
         choices: choices
             .iter()
             .map(|choice| GenerateChoice {
@@ -199,13 +202,14 @@ mod tests {
 
     #[test]
     fn a_completion_answer_becomes_a_generate_answer() {
-        let completion = json!({"choices": [{"index": 0, "text": "x", "logprobs": null, "finish_reason": "length",
-            "token_ids": [7, 8]}], "usage": {}});
+        let completion = json!({"model": "m", "created": 5, "choices": [{"index": 0, "text": "x", "logprobs": null,
+            "finish_reason": "length", "token_ids": [7, 8]}], "usage": {"prompt_tokens": 1}});
         let answer = serde_json::to_value(generate_response("r".into(), &completion)).unwrap();
         assert_eq!(
             answer,
-            json!({"request_id": "r", "choices": [{"index": 0, "logprobs": null, "finish_reason": "length",
-                "token_ids": [7, 8]}], "prompt_logprobs": null, "kv_transfer_params": null})
+            json!({"request_id": "r", "model": "m", "created": 5, "choices": [{"index": 0, "logprobs": null,
+                "finish_reason": "length", "token_ids": [7, 8]}], "usage": {"prompt_tokens": 1},
+                "prompt_logprobs": null, "kv_transfer_params": null})
         );
     }
 }

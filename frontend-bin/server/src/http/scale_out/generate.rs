@@ -1,5 +1,5 @@
 //! Tokens in, tokens out: `/inference/v1/generate` through the completions
-//! pipeline, and `/abort_requests`.
+//! pipeline, and `/inference/v1/abort_requests`.
 
 use super::answer;
 use super::convert;
@@ -30,20 +30,23 @@ pub async fn generate(
             .map_err(|e| ApiError::internal(format!("cannot read the completion answer: {e}")))?;
         let completion: Value = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::internal(format!("the completion answer is not JSON: {e}")))?;
-        Ok(convert::generate_response(request_id, &completion))
+        // vLLM runs a generate request as `generate-tokens-<id>`; the completions pipeline ran it as `cmpl-<id>`.
+        let id = completion["id"].as_str().and_then(|id| id.strip_prefix("cmpl-")).unwrap_or(&request_id);
+        Ok(convert::generate_response(format!("generate-tokens-{id}"), &completion))
     };
     answer(run.await)
 }
 
-/// Handles `POST /abort_requests`: ends the requests named by the id each was
+/// Handles `POST /inference/v1/abort_requests`: ends the requests named by the id each was
 /// given (a generate request's `request_id`, or the id a response carries);
 /// each finishes as `abort` with what it generated. 200 with no body, as in vLLM.
 pub async fn abort_requests(State(state): State<SharedState>, JsonRequest(body): JsonRequest<AbortBody>) -> Response {
     let Some(ids) = body.request_ids else {
         return ApiError::invalid_param("request_ids", "Missing 'request_ids' in request body").into_response();
     };
-    // The completions pipeline runs a generate request as `cmpl-<request_id>`.
-    let prefixed: Vec<String> = ids.iter().map(|id| format!("cmpl-{id}")).collect();
+    // The completions pipeline runs a generate request `generate-tokens-<id>` as `cmpl-<id>`.
+    let prefixed: Vec<String> =
+        ids.iter().map(|id| format!("cmpl-{}", id.strip_prefix("generate-tokens-").unwrap_or(id))).collect();
     let names: Vec<&str> = ids.iter().chain(&prefixed).map(String::as_str).collect();
     state.engines.abort_by_external_id(&names);
     StatusCode::OK.into_response()

@@ -2,13 +2,15 @@
 //! naming the flag without it, as vLLM's Rust frontend answers):
 //!
 //! - render: `/v1/chat/completions/render`, `/v1/completions/render`,
-//!   `/v1/messages/render` answer the prompt's token ids and sampling
+//!   `/v1/messages/render`, `/v1/responses/render` answer the prompt's token ids and sampling
 //!   parameters the request would run with, without running it;
 //! - derender: `/v1/chat/completions/derender`, `/v1/completions/derender`
 //!   turn a generate answer's token ids into a chat or completions answer;
 //! - tokens in, tokens out: `/inference/v1/generate` runs token ids through
-//!   the completions pipeline and answers token ids; `/abort_requests` (also
-//!   at `/inference/v1/abort_requests`) ends requests in flight.
+//!   the completions pipeline and answers token ids;
+//!   `/inference/v1/abort_requests` ends requests in flight (vLLM's
+//!   unauthenticated `/abort_requests` comes only with `--tokens-only`,
+//!   which this server refuses).
 //!
 //! Each builds on the route it mirrors (`prepare_chat`, the completions
 //! pipeline, the Messages conversion), so a rendered request is exactly what
@@ -38,18 +40,17 @@ pub fn routes(state: &SharedState) -> Router<SharedState> {
         .route("/v1/chat/completions/derender", post(derender::derender_chat))
         .route("/v1/completions/derender", post(derender::derender_completion))
         .route("/inference/v1/generate", post(generate::generate))
-        .route("/abort_requests", post(generate::abort_requests))
         .route("/inference/v1/abort_requests", post(generate::abort_requests))
+        .route("/v1/responses/render", post(render::render_responses))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_scale_out))
 }
 
-/// 403 naming the flag unless scale-out is enabled.
+/// 403 with vLLM's message naming the flag unless scale-out is enabled.
 async fn require_scale_out(State(state): State<SharedState>, request: Request, next: Next) -> Response {
     if state.config.enable_scale_out {
         return next.run(request).await;
     }
-    let route = request.uri().path().to_owned();
-    ApiError::new(StatusCode::FORBIDDEN, RULES.message("scale_out_disabled", &[("route", &route)])).into_response()
+    ApiError::new(StatusCode::FORBIDDEN, RULES.message("scale_out_disabled", &[])).into_response()
 }
 
 /// `Ok` as JSON, `Err` as the error response.

@@ -9,6 +9,7 @@ use crate::http::completions::{prompt_token_ids, CompletionBody};
 use crate::http::error::ApiError;
 use crate::http::messages::{convert as messages_convert, error::anthropic_error, validate as messages_validate};
 use crate::http::params::{CommonParams, JsonBody, JsonRequest};
+use crate::http::responses::{render_response, ResponsesBody};
 use crate::http::state::{AppState, SharedState};
 use crate::http::submit::{chat_default_max_tokens, check_model, DEFAULT_COMPLETION_MAX_TOKENS};
 use axum::extract::State;
@@ -28,18 +29,29 @@ fn rendered_chat(state: &AppState, body: ChatBody) -> Result<RenderedRequest, Ap
     let prepared = prepare_chat(state, body)?;
     let common = &prepared.request.common;
     let max_tokens = chat_default_max_tokens(state, prepared.prompt_token_ids.len() as u64);
-    Ok(RenderedRequest {
-        request_id: format!("chatcmpl-{}", random_hex(32)),
+    Ok(rendered(format!("chatcmpl-{}", random_hex(32)), common, prepared.prompt_token_ids, max_tokens))
+}
+
+/// The rendered request of `common` and its prompt, under `request_id`;
+/// `max_tokens` when the request gave none.
+fn rendered(
+    request_id: String,
+    common: &CommonParams,
+    token_ids: Vec<u32>,
+    max_tokens: Option<u64>,
+) -> RenderedRequest {
+    RenderedRequest {
+        request_id,
         sampling_params: convert::sampling_params(common, max_tokens),
         model: common.model.clone(),
         stream: common.stream,
         stream_options: stream_options(common),
-        token_ids: prepared.prompt_token_ids,
+        token_ids,
         features: None,
         cache_salt: None,
         priority: 0,
         kv_transfer_params: None,
-    })
+    }
 }
 
 /// Handles `POST /v1/chat/completions/render`.
@@ -72,18 +84,19 @@ pub async fn render_completion(
         let left = state.max_model_len.map(|max_len| max_len.saturating_sub(token_ids.len() as u64));
         let max_tokens = DEFAULT_COMPLETION_MAX_TOKENS.min(left.unwrap_or(u64::MAX));
         let common = &request.common;
-        Ok(vec![RenderedRequest {
-            request_id: format!("cmpl-{}", random_hex(32)),
-            sampling_params: convert::sampling_params(common, Some(max_tokens)),
-            model: common.model.clone(),
-            stream: common.stream,
-            stream_options: stream_options(common),
-            token_ids,
-            features: None,
-            cache_salt: None,
-            priority: 0,
-            kv_transfer_params: None,
-        }])
+        Ok(vec![rendered(format!("cmpl-{}", random_hex(32)), common, token_ids, Some(max_tokens))])
+    };
+    answer(render())
+}
+
+/// Handles `POST /v1/responses/render`: the Responses request's prompt as `/v1/responses` runs it.
+pub async fn render_responses(
+    State(state): State<SharedState>,
+    JsonRequest(body): JsonRequest<ResponsesBody>,
+) -> Response {
+    let render = || -> Result<RenderedRequest, ApiError> {
+        let (common, token_ids) = render_response(&state, body)?;
+        Ok(rendered(format!("resp_{}", random_hex(32)), &common, token_ids, None))
     };
     answer(render())
 }

@@ -78,8 +78,17 @@ pub struct GenerateChoice {
 pub struct GenerateResponse {
     /// The request's id.
     pub request_id: String,
+    /// The served model name.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// When it was created (unix seconds).
+    #[serde(default)]
+    pub created: Option<u64>,
     /// The choices.
     pub choices: Vec<GenerateChoice>,
+    /// Token counts, as the completions answer has them.
+    #[serde(default)]
+    pub usage: Option<Value>,
     /// Prompt logprobs, when asked for.
     #[serde(default)]
     pub prompt_logprobs: Option<Value>,
@@ -120,7 +129,7 @@ pub struct DerenderCompletionBody {
     pub completion_request: Option<Map<String, Value>>,
 }
 
-/// A `/abort_requests` body.
+/// An `/inference/v1/abort_requests` body.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct AbortBody {
