@@ -28,6 +28,7 @@ from vllm_rs.engine import make_engine_config  # noqa: E402
 from vllm_rs.engine.core import EngineCore  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
 
+from tests.support.greedy import run_to_completion
 from tests.support.tiny_models import make_hf_model, save_gguf, save_safetensors  # noqa: E402
 from tests.test_real_models import _prompts, run_engine  # noqa: E402
 
@@ -113,10 +114,7 @@ def test_preempted_requests_resume_natively_as_in_torch(tmp_path):
         assert (core.runner.native_step is None) == enforce_eager
         for i, prompt in enumerate(prompts):
             core.add_request(EngineCoreRequest(f"r{i}", prompt, {"temperature": 0.0, "max_tokens": 20}))
-        outputs: dict[str, list[int]] = {}
-        while core.has_work():
-            for _, output in core.step():
-                outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
+        outputs = run_to_completion(core)
         return outputs, core.scheduler.num_preemptions
 
     (native, native_preempted), (eager, eager_preempted) = generate(False), generate(True)

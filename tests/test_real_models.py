@@ -31,6 +31,7 @@ from vllm_rs.engine.core import EngineCore  # noqa: E402
 from vllm_rs.engine.models import ModelPathError, resolve_model  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
 
+from tests.support.greedy import run_to_completion  # noqa: E402
 from tests.support.tiny_models import make_hf_model, save_gguf, save_safetensors  # noqa: E402
 
 #: Prompt lengths: below a block, several blocks, longer than a prefill chunk.
@@ -312,10 +313,7 @@ def test_preemption_when_blocks_run_out_keeps_greedy_output(checkpoints):
         core = EngineCore(config)
         for i, prompt in enumerate(prompts):
             core.add_request(EngineCoreRequest(f"r{i}", prompt, {"temperature": 0.0, "max_tokens": 20}))
-        outputs: dict[str, list[int]] = {}
-        while core.has_work():
-            for _, output in core.step():
-                outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
+        outputs = run_to_completion(core)
         assert core.scheduler.block_pool.num_free_blocks == num_gpu_blocks
         return outputs, core.scheduler.num_preemptions
 

@@ -31,3 +31,12 @@ def greedy_with_rows(
         for _, output in core.step():
             tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
     return tokens, rows
+
+
+def run_to_completion(core: EngineCore) -> dict[str, list[int]]:
+    """Steps `core` until it has no work; each request's new tokens."""
+    outputs: dict[str, list[int]] = {}
+    while core.has_work():
+        for _, output in core.step():
+            outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
+    return outputs
