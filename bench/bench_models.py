@@ -260,11 +260,11 @@ def bench_file(name: str, file: Path, binary: Path, opts: argparse.Namespace, re
         need = 16 + opts.one_stream_requests + 1
         drawn = facts.random_prompts(need, opts.prompt_tokens, opts.seed * 1000 + r)
         prompts = {16: drawn[:16], 1: drawn[16:-1], "warmup": drawn[-1][:8]}
-        row = {}
+        row = {"load_average_before": os.getloadavg()[0]}
         for server in order:
             row[server] = measure_server(server, servers(server, file, binary, opts, results, facts), prompts, opts)
         rounds.append(row)
-        print(f"  {name} round {r + 1}: " + "; ".join(
+        print(f"  {name} round {r + 1} (load average {row['load_average_before']:.1f} before): " + "; ".join(
             f"{k} {row['serve'][k]:.1f} / {row['llama'][k]:.1f} = {row['serve'][k] / row['llama'][k]:.2f}x"
             for k, _, _ in MEASURES), flush=True)  # fmt: skip
     out = {"file": str(file), "bytes": file.stat().st_size, "rounds": rounds, "medians": {}, "ratios": {}}
