@@ -14,17 +14,20 @@ pub struct ApiError {
     pub message: String,
     /// The request parameter at fault, if one is.
     pub param: Option<String>,
+    /// The error type where vLLM names one itself (`invalid_request_error`),
+    /// instead of the one its status gives.
+    pub kind: Option<&'static str>,
 }
 
 impl ApiError {
     /// An error with `status` and `message`.
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), param: None }
+        ApiError { status, message: message.into(), param: None, kind: None }
     }
 
     /// 400 for a bad `param`.
     pub fn invalid_param(param: &str, message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: Some(param.to_string()) }
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: Some(param.to_string()), kind: None }
     }
 
     /// 400 for a bad request as a whole.
@@ -42,8 +45,22 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
     }
 
-    /// The OpenAI error type for this status.
+    /// 404 for a response id this server never stored, as vLLM answers one
+    /// without its response store: its own type and message, naming `response_id`.
+    pub fn response_not_found(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: message.into(),
+            param: Some("response_id".into()),
+            kind: Some("invalid_request_error"),
+        }
+    }
+
+    /// The OpenAI error type: the one vLLM names, else the one for this status.
     pub fn error_type(&self) -> &'static str {
+        if let Some(kind) = self.kind {
+            return kind;
+        }
         match self.status {
             StatusCode::BAD_REQUEST => "BadRequestError",
             StatusCode::UNAUTHORIZED => "AuthenticationError",

@@ -1,4 +1,4 @@
-//! The small routes: health (and ping), models, load, version, metrics, and the engine
+//! The small routes: health (and ping), models, load, version, metrics, KV-event sources, and the engine
 //! utility calls (`/reset_prefix_cache`, `/sleep`, `/wake_up`).
 
 use super::error::ApiError;
@@ -15,6 +15,13 @@ use vllm_rs_metrics::sleep::SleepOperation;
 
 /// How long a utility call may take per engine.
 const UTILITY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `GET /kv_event_sources`: the engines' KV-event publisher settings by
+/// data-parallel rank. The reference engine publishes no KV events, so the
+/// map is empty, as vLLM's is with KV events off (its default).
+pub async fn kv_event_sources() -> Response {
+    Json(serde_json::Map::new()).into_response()
+}
 
 /// `GET /health` (and `/ping`, as vLLM serves it, GET or POST): 200 while
 /// the engines are usable, 503 after one died.

@@ -4,11 +4,13 @@ pub mod answer;
 pub mod auth;
 pub mod body_deadline;
 pub mod chat;
+pub mod chat_batch;
 pub mod completions;
 pub mod connections;
 pub mod cors;
 pub mod error;
 pub mod first_response;
+pub mod invocations;
 pub mod lora;
 pub mod message;
 pub mod messages;
@@ -22,6 +24,7 @@ pub mod scale_out;
 pub mod server;
 pub mod sse;
 pub mod state;
+pub mod stored_responses;
 pub mod structured;
 pub mod submit;
 pub mod template_kwargs;
@@ -49,6 +52,7 @@ pub fn routes(state: SharedState) -> Router {
         .route("/metrics", get(misc::metrics))
         .route("/load", get(misc::load))
         .route("/version", get(misc::version))
+        .route("/kv_event_sources", get(misc::kv_event_sources))
         .route("/v1/models", get(misc::list_models))
         // A model id may hold slashes (`Org/Name`): the rest of the path is the id.
         .route("/v1/models/{*id}", get(misc::retrieve_model))
@@ -57,6 +61,8 @@ pub fn routes(state: SharedState) -> Router {
         .route("/v1/responses", post(responses::create_response))
         .route("/v1/completions", post(completions::create_completion))
         .route("/v1/chat/completions", post(chat::create_chat_completion))
+        .route("/v1/chat/completions/batch", post(chat_batch::create_batch_chat_completion))
+        .route("/invocations", post(invocations::invocations))
         .route("/v1/messages", post(messages::create_message))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/reset_prefix_cache", post(misc::reset_prefix_cache))
@@ -64,6 +70,7 @@ pub fn routes(state: SharedState) -> Router {
         .route("/wake_up", post(misc::wake_up))
         .merge(scale_out::routes(&state))
         .merge(lora::routes())
+        .merge(stored_responses::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "Not Found").into_response() })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed").into_response()

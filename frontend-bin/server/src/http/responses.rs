@@ -15,7 +15,7 @@ use super::submit::{check_model, submit, Endpoint, Submitted};
 use super::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream;
@@ -189,11 +189,7 @@ fn parse_responses_request(
     }
     if let Some(id) = &input.previous_response_id {
         // vLLM without its response store finds no earlier response.
-        return Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: RULES.message("response_not_found", &[("response_id", id)]),
-            param: Some("response_id".into()),
-        });
+        return Err(ApiError::response_not_found(RULES.message("response_not_found", &[("response_id", id)])));
     }
     let unsupported = [
         ("tools", input.tools.as_ref().is_some_and(|tools| !tools.is_empty())),

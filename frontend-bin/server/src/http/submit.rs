@@ -85,6 +85,7 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError
             status: StatusCode::NOT_FOUND,
             message: format!("The model `{name}` does not exist."),
             param: Some("model".into()),
+            kind: None,
         }),
         _ => Ok(()),
     }

@@ -1,0 +1,127 @@
+"""The routes vLLM 0.33 serves beside the main ones, on `python -m vllm_rs
+serve` with the packaged SmolLM2-135M-Instruct: stored responses (none are
+stored, as in vLLM by default), SageMaker's `/invocations`, batch chat
+completions and `/kv_event_sources`. Each answer is checked against the
+main route that answers the same request, or vLLM's own error.
+
+One server for the whole module. Skipped, saying why, when the packaged
+model or the binary is missing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vllm_rs.model_files import PACKAGED_MODEL_NAME, ModelNotFoundError, packaged_model_path
+
+from tests.test_serve import API_KEY, rust_frontend_available, serving
+
+try:
+    packaged_model_path()
+except ModelNotFoundError as e:
+    pytest.skip(f"the packaged SmolLM2 GGUF is not installed: {e}", allow_module_level=True)
+if not rust_frontend_available():
+    pytest.skip("the vllm-rs binary is not built", allow_module_level=True)
+
+AUTH = {"authorization": f"Bearer {API_KEY}"}
+QUESTIONS = ["What is the capital of France?", "Name a primary colour."]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serving("--port", "0", "--host", "127.0.0.1", "--max-model-len", "1024", env={"VLLM_API_KEY": API_KEY}) as serve:
+        yield serve
+
+
+def call(server, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    status, answer = server.http(method, path, body, headers=AUTH)
+    return status, json.loads(answer)
+
+
+def chat(server, question: str, **fields) -> dict:
+    body = {"messages": [{"role": "user", "content": question}], "max_tokens": 12, "temperature": 0, **fields}
+    status, answer = call(server, "POST", "/v1/chat/completions", body)
+    assert status == 200, answer
+    return answer
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/responses/resp_x1"), ("POST", "/v1/responses/resp_x1/cancel")])
+def test_an_unstored_response_is_vllms_404(server, method, path):
+    status, answer = call(server, method, path, {} if method == "POST" else None)
+    assert status == 404
+    assert answer == {
+        "error": {
+            "message": "Response with id 'resp_x1' not found.",
+            "type": "invalid_request_error",
+            "param": "response_id",
+            "code": 404,
+        }
+    }
+
+
+def test_kv_event_sources_are_none(server):
+    assert call(server, "GET", "/kv_event_sources") == (200, {})
+
+
+def test_invocations_dispatch_by_the_body(server):
+    question = {"messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": 12, "temperature": 0}
+    status, answer = call(server, "POST", "/invocations", question)
+    assert status == 200, answer
+    assert answer["object"] == "chat.completion"
+    assert answer["choices"][0]["message"]["content"] == chat(server, QUESTIONS[0])["choices"][0]["message"]["content"]
+
+    prompt = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+    status, answer = call(server, "POST", "/invocations", prompt)
+    assert status == 200, answer
+    assert answer["object"] == "text_completion"
+    status, direct = call(server, "POST", "/v1/completions", prompt)
+    assert answer["choices"][0]["text"] == direct["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("body", [{}, {"prompt": ""}, {"input": "x"}])
+def test_invocations_of_no_kind_we_run_is_vllms_400(server, body):
+    status, answer = call(server, "POST", "/invocations", body)
+    assert status == 400
+    assert answer["error"]["type"] == "BadRequestError"
+    assert answer["error"]["message"] == (
+        "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', 'CompletionRequest']"
+    )
+
+
+def test_invocations_of_a_bad_chat_names_the_field(server):
+    status, answer = call(server, "POST", "/invocations", {"messages": [{"role": "user", "content": "x"}], "n": 0})
+    assert (status, answer["error"]["param"]) == (400, "n")
+
+
+def test_a_batch_is_each_conversation_answered_alone(server):
+    body = {"messages": [[{"role": "user", "content": q}] for q in QUESTIONS], "max_tokens": 12, "temperature": 0}
+    status, answer = call(server, "POST", "/v1/chat/completions/batch", body)
+    assert status == 200, answer
+    assert answer["object"] == "chat.completion"
+    singles = [chat(server, q) for q in QUESTIONS]
+    assert [c["index"] for c in answer["choices"]] == [0, 1]
+    for choice, single in zip(answer["choices"], singles, strict=True):
+        assert choice["message"] == single["choices"][0]["message"]
+        assert choice["finish_reason"] == single["choices"][0]["finish_reason"]
+    for field in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert answer["usage"][field] == sum(s["usage"][field] for s in singles)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"use_beam_search": True}, "use_beam_search"),
+        ({"stream": True}, "stream"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"messages": [[]]}, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}]}, "messages"),
+        ({"messages": [[{"role": "user", "content": "x"}], [{"role": "user"}], "x"]}, "messages"),
+        ({"model": "no-such-model"}, "model"),
+    ],
+)
+def test_a_bad_batch_is_refused_naming_the_field(server, fields, param):
+    body = {"messages": [[{"role": "user", "content": QUESTIONS[0]}]], "max_tokens": 4, **fields}
+    status, answer = call(server, "POST", "/v1/chat/completions/batch", body)
+    assert status in (400, 404), answer
+    assert answer["error"]["param"] == param, answer
