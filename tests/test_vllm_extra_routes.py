@@ -125,3 +125,17 @@ def test_a_bad_batch_is_refused_naming_the_field(server, fields, param):
     status, answer = call(server, "POST", "/v1/chat/completions/batch", body)
     assert status in (400, 404), answer
     assert answer["error"]["param"] == param, answer
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("/v1/decisions", "The model does not support the Decisions API"),
+        ("/v1/systemone", "The model does not support the structured decision API"),
+    ],
+)
+def test_decisions_on_a_model_without_a_decision_reader_are_vllms_501(server, path, message):
+    assert call(server, "POST", path, {"question": "x"}) == (
+        501,
+        {"error": {"message": message, "type": "NotImplementedError", "param": None, "code": 501}},
+    )

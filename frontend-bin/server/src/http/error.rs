@@ -69,6 +69,7 @@ impl ApiError {
             StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
             StatusCode::REQUEST_TIMEOUT => "RequestTimeoutError",
             StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
+            StatusCode::NOT_IMPLEMENTED => "NotImplementedError",
             StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
             _ => "InternalServerError",
         }

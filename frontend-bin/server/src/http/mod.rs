@@ -30,6 +30,7 @@ pub mod submit;
 pub mod template_kwargs;
 pub mod tokenize;
 pub mod tools;
+pub mod unsupported_apis;
 
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -71,6 +72,7 @@ pub fn routes(state: SharedState) -> Router {
         .merge(scale_out::routes(&state))
         .merge(lora::routes())
         .merge(stored_responses::routes())
+        .merge(unsupported_apis::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "Not Found").into_response() })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed").into_response()
