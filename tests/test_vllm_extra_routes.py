@@ -1,7 +1,8 @@
 """The routes vLLM 0.33 serves beside the main ones, on `python -m vllm_rs
 serve` with the packaged SmolLM2-135M-Instruct: stored responses (none are
 stored, as in vLLM by default), SageMaker's `/invocations`, batch chat
-completions and `/kv_event_sources`. Each answer is checked against the
+completions, generative scoring, `/kv_event_sources`, and the decisions
+APIs (vLLM's 501 on a Llama model). Each answer is checked against the
 main route that answers the same request, or vLLM's own error.
 
 One server for the whole module. Skipped, saying why, when the packaged
@@ -10,9 +11,10 @@ model or the binary is missing."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
-from vllm_rs.model_files import PACKAGED_MODEL_NAME, ModelNotFoundError, packaged_model_path
+from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 
 from tests.test_serve import API_KEY, rust_frontend_available, serving
 
@@ -29,7 +31,9 @@ QUESTIONS = ["What is the capital of France?", "Name a primary colour."]
 
 @pytest.fixture(scope="module")
 def server():
-    with serving("--port", "0", "--host", "127.0.0.1", "--max-model-len", "1024", env={"VLLM_API_KEY": API_KEY}) as serve:
+    with serving(
+        "--port", "0", "--host", "127.0.0.1", "--max-model-len", "1024", env={"VLLM_API_KEY": API_KEY}
+    ) as serve:
         yield serve
 
 
@@ -45,7 +49,9 @@ def chat(server, question: str, **fields) -> dict:
     return answer
 
 
-@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/responses/resp_x1"), ("POST", "/v1/responses/resp_x1/cancel")])
+@pytest.mark.parametrize(
+    ("method", "path"), [("GET", "/v1/responses/resp_x1"), ("POST", "/v1/responses/resp_x1/cancel")]
+)
 def test_an_unstored_response_is_vllms_404(server, method, path):
     status, answer = call(server, method, path, {} if method == "POST" else None)
     assert status == 404
@@ -139,3 +145,63 @@ def test_decisions_on_a_model_without_a_decision_reader_are_vllms_501(server, pa
         501,
         {"error": {"message": message, "type": "NotImplementedError", "param": None, "code": 501}},
     )
+
+
+def next_token_logprobs(server, prompt: list[int]) -> dict[int, float]:
+    """The top next-token logprobs of `prompt`, from `/v1/completions`."""
+    body = {"prompt": prompt, "max_tokens": 1, "logprobs": 5, "temperature": 0, "return_tokens_as_token_ids": True}
+    status, answer = call(server, "POST", "/v1/completions", body)
+    assert status == 200, answer
+    top = answer["choices"][0]["logprobs"]["top_logprobs"][0]
+    return {int(key.removeprefix("token_id:")): value for key, value in top.items()}
+
+
+def test_generative_scoring_reads_the_next_tokens_probabilities(server):
+    """The score is the first label's next-token probability (over the
+    vocabulary, or over the labels), as `/v1/completions` logprobs give it."""
+    query, items = [1, 504, 3575, 282], [[6312, 314], [4172]]
+    for item in items:
+        top = sorted(next_token_logprobs(server, query + item).items(), key=lambda kv: -kv[1])
+        (first, lp1), (second, lp2) = top[:2]
+        for apply_softmax in (False, True):
+            body = {"query": query, "items": [item], "label_token_ids": [first, second], "apply_softmax": apply_softmax}
+            status, answer = call(server, "POST", "/generative_scoring", body)
+            assert status == 200, answer
+            assert answer["object"] == "list" and answer["id"].startswith("generative-scoring-")
+            assert answer["usage"] == {
+                "prompt_tokens": len(query + item),
+                "total_tokens": len(query + item) + 1,
+                "completion_tokens": 1,
+                "prompt_tokens_details": None,
+            }
+            [score] = answer["data"]
+            assert (score["index"], score["object"]) == (0, "score")
+            p1, p2 = math.exp(lp1), math.exp(lp2)
+            assert score["score"] == pytest.approx(p1 / (p1 + p2) if apply_softmax else p1, rel=1e-4)
+
+
+def test_generative_scoring_scores_text_items_in_order(server):
+    body = {"query": "The capital of France is", "items": [" Paris", " a"], "label_token_ids": [0, 1]}
+    status, answer = call(server, "POST", "/generative_scoring", body)
+    assert status == 200, answer
+    assert [d["index"] for d in answer["data"]] == [0, 1]
+    assert all(0 <= d["score"] <= 1 for d in answer["data"])
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"label_token_ids": [10**9]}, "label_token_id 1000000000 is out of vocabulary range [0, "),
+        ({"label_token_ids": []}, "label_token_ids must contain at least one token ID."),
+        ({"items": []}, "items must contain at least one item."),
+        ({"items": ["a", [1]]}, "items must be all texts or all token id lists"),
+        ({"label_token_ids": list(range(21))}, "greater than max allowed: 20"),
+        ({"query": None}, "query: Field required"),
+    ],
+)
+def test_bad_generative_scoring_is_a_400(server, fields, message):
+    body = {"query": "q", "items": ["a"], "label_token_ids": [1], **fields}
+    body = {k: v for k, v in body.items() if v is not None}
+    status, answer = call(server, "POST", "/generative_scoring", body)
+    assert status == 400, answer
+    assert message in answer["error"]["message"]

@@ -44,7 +44,9 @@ def assert_error(answer: dict, status: int, param: str | None, says: str) -> Non
     assert (error["code"], error["param"]) == (status, param), answer
     assert says in error["message"], answer
     # vLLM types its 404 for an unknown response id `invalid_request_error`.
-    expected = "invalid_request_error" if param == "response_id" else {400: "BadRequestError", 404: "NotFoundError"}[status]
+    expected = (
+        "invalid_request_error" if param == "response_id" else {400: "BadRequestError", 404: "NotFoundError"}[status]
+    )
     assert error["type"] == expected
 
 

@@ -74,7 +74,7 @@ pub fn conversation_bodies(mut body: Map<String, Value>) -> Result<Vec<Vec<u8>>,
     conversations
         .into_iter()
         .map(|conversation| {
-            if !conversation.as_array().is_some_and(|messages| !messages.is_empty()) {
+            if conversation.as_array().is_none_or(|messages| messages.is_empty()) {
                 return Err(refuse("messages", "batch_messages_shape"));
             }
             let mut chat = body.clone();

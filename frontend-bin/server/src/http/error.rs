@@ -27,7 +27,12 @@ impl ApiError {
 
     /// 400 for a bad `param`.
     pub fn invalid_param(param: &str, message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: Some(param.to_string()), kind: None }
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param: Some(param.to_string()),
+            kind: None,
+        }
     }
 
     /// 400 for a bad request as a whole.

@@ -39,7 +39,11 @@ impl Invocation {
 
 /// Handles `POST /invocations`: the chat or completion answer, streamed or
 /// not, or vLLM's 400 naming the kinds it takes.
-pub async fn invocations(State(state): State<SharedState>, headers: HeaderMap, body: Result<JsonBody, ApiError>) -> Response {
+pub async fn invocations(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: Result<JsonBody, ApiError>,
+) -> Response {
     let answer = async {
         let bytes = body?.0;
         let value: Value = parse_body(&bytes)?;

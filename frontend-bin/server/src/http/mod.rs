@@ -10,6 +10,7 @@ pub mod connections;
 pub mod cors;
 pub mod error;
 pub mod first_response;
+pub mod generative_scoring;
 pub mod invocations;
 pub mod lora;
 pub mod message;
@@ -64,6 +65,7 @@ pub fn routes(state: SharedState) -> Router {
         .route("/v1/chat/completions", post(chat::create_chat_completion))
         .route("/v1/chat/completions/batch", post(chat_batch::create_batch_chat_completion))
         .route("/invocations", post(invocations::invocations))
+        .route("/generative_scoring", post(generative_scoring::generative_scoring))
         .route("/v1/messages", post(messages::create_message))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/reset_prefix_cache", post(misc::reset_prefix_cache))

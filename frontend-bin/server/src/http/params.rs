@@ -237,6 +237,10 @@ pub struct CommonParams {
     pub logit_bias_ids: Vec<i64>,
     /// `allowed_token_ids`, checked against the vocabulary at submission.
     pub allowed_token_ids: Option<Vec<i64>>,
+    /// The server's own read of the whole vocabulary's logprobs (generative
+    /// scoring reads its label tokens from it): not the client's ask, so
+    /// `--max-logprobs` does not limit it.
+    pub vocabulary_read: bool,
     /// `stop_token_ids` as sent, checked against the vocabulary at submission.
     pub stop_token_ids: Vec<i64>,
     /// Tokens in logprobs as `token_id:N`; `None`: as the server is configured.
@@ -481,6 +485,7 @@ impl SamplingInput {
             allowed_token_ids: self.allowed_token_ids,
             stop_token_ids,
             stream_interval,
+            vocabulary_read: false,
         })
     }
 }

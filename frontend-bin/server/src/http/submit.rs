@@ -168,7 +168,9 @@ pub fn submit(
             return Err(RULES.refuse("allowed_token_ids", "allowed_token_ids_out_of_vocab", &[]));
         }
     }
-    check_logprobs(state, sampling)?;
+    if !common.vocabulary_read {
+        check_logprobs(state, sampling)?;
+    }
     // In the vocabulary, so each fits a u32.
     sampling.stop_token_ids = common.stop_token_ids.iter().map(|&t| t as u32).collect();
     generation_config.set_stop_token_ids(sampling, state.tokenizer.eos_token_id());
