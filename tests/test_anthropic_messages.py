@@ -13,17 +13,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from vllm_rs.model_files import PACKAGED_MODEL_NAME, ModelNotFoundError, packaged_model_path
+from vllm_rs.model_files import PACKAGED_MODEL_NAME
 
-from tests.test_serve import API_KEY, rust_frontend_available, serving
+from tests.test_serve import API_KEY, serving, skip_module_unless_packaged_model_serves
 
 anthropic = pytest.importorskip("anthropic", reason="the anthropic SDK is not installed (requirements-dev.txt)")
-try:
-    packaged_model_path()
-except ModelNotFoundError as e:
-    pytest.skip(f"the packaged SmolLM2 GGUF is not installed: {e}", allow_module_level=True)
-if not rust_frontend_available():
-    pytest.skip("the vllm-rs binary is not built", allow_module_level=True)
+skip_module_unless_packaged_model_serves()
 
 MODEL = PACKAGED_MODEL_NAME
 SYSTEM = "You are a concise assistant."

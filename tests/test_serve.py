@@ -41,6 +41,19 @@ def rust_frontend_available() -> bool:
         return False
 
 
+def skip_module_unless_packaged_model_serves() -> None:
+    """Skips the calling test module, saying why, unless both the packaged
+    SmolLM2 GGUF and the vllm-rs binary are there (for suites that serve it)."""
+    from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
+
+    try:
+        packaged_model_path()
+    except ModelNotFoundError as e:
+        pytest.skip(f"the packaged SmolLM2 GGUF is not installed: {e}", allow_module_level=True)
+    if not rust_frontend_available():
+        pytest.skip("the vllm-rs binary is not built", allow_module_level=True)
+
+
 #: Marks a test that starts the frontend: skipped, saying why, where the binary is not built.
 needs_frontend = pytest.mark.skipif(not rust_frontend_available(), reason="vllm-rs binary not built")
 

@@ -14,16 +14,10 @@ import json
 import math
 
 import pytest
-from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 
-from tests.test_serve import API_KEY, rust_frontend_available, serving
+from tests.test_serve import API_KEY, serving, skip_module_unless_packaged_model_serves
 
-try:
-    packaged_model_path()
-except ModelNotFoundError as e:
-    pytest.skip(f"the packaged SmolLM2 GGUF is not installed: {e}", allow_module_level=True)
-if not rust_frontend_available():
-    pytest.skip("the vllm-rs binary is not built", allow_module_level=True)
+skip_module_unless_packaged_model_serves()
 
 AUTH = {"authorization": f"Bearer {API_KEY}"}
 QUESTIONS = ["What is the capital of France?", "Name a primary colour."]
