@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -199,3 +200,21 @@ def test_bad_generative_scoring_is_a_400(server, fields, message):
     status, answer = call(server, "POST", "/generative_scoring", body)
     assert status == 400, answer
     assert message in answer["error"]["message"]
+
+
+def test_the_routes_are_counted_by_route(server):
+    """Last in the module: every route above has been called by now."""
+    call(server, "GET", "/v1/responses/resp_x2")
+    status, text = server.http("GET", "/metrics")
+    assert status == 200
+    for method, handler in [
+        ("GET", "/v1/responses/{response_id}"),
+        ("POST", "/v1/responses/{response_id}/cancel"),
+        ("POST", "/invocations"),
+        ("POST", "/v1/chat/completions/batch"),
+        ("POST", "/generative_scoring"),
+        ("GET", "/kv_event_sources"),
+        ("POST", "/v1/decisions"),
+    ]:
+        line = rf'http_requests_total\{{method="{method}",status="\dxx",handler="{re.escape(handler)}"\}} [1-9]'
+        assert re.search(line, text.decode()), handler

@@ -50,6 +50,13 @@ const ROUTES: &[&str] = &[
     "/inference/v1/abort_requests",
     "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter",
+    "/v1/responses/render",
+    "/v1/chat/completions/batch",
+    "/invocations",
+    "/generative_scoring",
+    "/kv_event_sources",
+    "/v1/decisions",
+    "/v1/systemone",
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -123,8 +130,13 @@ fn handler_of(path: &str) -> &'static str {
     if let Some(&route) = ROUTES.iter().chain(&EXCLUDED_HANDLERS).find(|&&route| route == path) {
         return route;
     }
-    match path.strip_prefix("/v1/models/") {
-        Some(id) if !id.is_empty() => "/v1/models/{id}",
+    if let Some(id) = path.strip_prefix("/v1/models/") {
+        return if id.is_empty() { "none" } else { "/v1/models/{id}" };
+    }
+    // A response id is one path segment.
+    match path.strip_prefix("/v1/responses/").map(|rest| rest.split_once('/').unwrap_or((rest, ""))) {
+        Some((id, "")) if !id.is_empty() => "/v1/responses/{response_id}",
+        Some((id, "cancel")) if !id.is_empty() => "/v1/responses/{response_id}/cancel",
         _ => "none",
     }
 }
@@ -148,6 +160,11 @@ mod tests {
         assert_eq!(handler_of("/v1/completions"), "/v1/completions");
         assert_eq!(handler_of("/v1/messages"), "/v1/messages");
         assert_eq!(handler_of("/v1/models/my-model"), "/v1/models/{id}");
+        assert_eq!(handler_of("/v1/responses/resp_1"), "/v1/responses/{response_id}");
+        assert_eq!(handler_of("/v1/responses/resp_1/cancel"), "/v1/responses/{response_id}/cancel");
+        assert_eq!(handler_of("/v1/responses/render"), "/v1/responses/render");
+        assert_eq!(handler_of("/v1/responses/resp_1/other"), "none");
+        assert_eq!(handler_of("/v1/responses/"), "none");
         assert_eq!(handler_of("/nope"), "none");
         let mut registry = Registry::default();
         let metrics = HttpMetrics::register(&mut registry);
