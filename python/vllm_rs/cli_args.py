@@ -153,6 +153,24 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         "place by the kernel) could run it; the two compute the same logits to float32 rounding",
     )
     parser.add_argument(
+        "--runner",
+        choices=("auto", "generate", "pooling"),
+        default="auto",
+        help="generate text or pool inputs into vectors (auto: pooling for an encoder such as BERT)",
+    )
+    parser.add_argument(
+        "--convert",
+        choices=("auto", "none", "embed", "classify"),
+        default="auto",
+        help="what a pooling runner serves: embed (embeddings) or classify (scores); auto: the model's own",
+    )
+    parser.add_argument(
+        "--pooler-config",
+        type=_json_object,
+        default=None,
+        help='JSON object overriding the pooler, e.g. \'{"pooling_type": "MEAN", "normalize": false}\'',
+    )
+    parser.add_argument(
         "--kv-cache-memory-bytes",
         type=int,
         default=None,

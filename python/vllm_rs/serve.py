@@ -47,6 +47,7 @@ from vllm_rs.coordinator import CoordinatorListeners, CoordinatorProcManager
 from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigError, make_engine_config
 from vllm_rs.engine.cuda_probe import cuda_available
 from vllm_rs.engine.models import ModelPathError
+from vllm_rs.engine.pooler_config import PoolerConfigError, parse_pooler_config
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 from vllm_rs.generation_config import GenerationConfig, GenerationConfigError
 from vllm_rs.logger import init_logger
@@ -348,8 +349,11 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
             quantization=args.quantization,
             enforce_eager=args.enforce_eager,
             kv_cache_dtype=args.kv_cache_dtype,
+            runner=args.runner,
+            convert=args.convert,
+            pooler_config=parse_pooler_config(args.pooler_config) if args.pooler_config is not None else None,
         )
-    except (ModelPathError, EngineConfigError) as e:
+    except (ModelPathError, EngineConfigError, PoolerConfigError) as e:
         raise ServeUsageError(str(e)) from None
     if served.tokenizer_dir is not None:
         config.model_config.spec.tokenizer_dir = served.tokenizer_dir

@@ -12,6 +12,15 @@ from typing import Any
 from vllm_rs.engine.checkpoint import DTYPE_BYTES
 from vllm_rs.engine.cuda_probe import cuda_available
 from vllm_rs.engine.models import DEFAULT_MAX_MODEL_LEN, ModelSpec, resolve_model
+from vllm_rs.engine.pooler_config import (
+    PoolerConfig,
+    PoolerConfigError,
+    RunnerChoice,
+    default_pooling_type,
+    resolve_runner,
+    sentence_transformers_max_len,
+    sentence_transformers_pooler,
+)
 
 #: Scheduler limits by model type: (max_num_seqs, max_num_batched_tokens);
 #: real models get `DEFAULT_REAL_LIMITS`.
@@ -79,13 +88,17 @@ class ModelConfig:
     #: native step could run it (`--enforce-eager`, vLLM's name for "no
     #: captured or compiled step").
     enforce_eager: bool = False
+    #: What the engine runs the model as (`--runner`, `--convert`, resolved).
+    runner: RunnerChoice = field(default_factory=lambda: RunnerChoice("generate"))
+    #: A pooling model's pooler, resolved (the pooling type always set).
+    pooler: PoolerConfig | None = None
 
     @property
     def architectures(self) -> list[str]:
         """vLLM-style architecture names (`LlamaForCausalLM`, ...,
         `ToyForCausalLM`, `EchoModel`)."""
-        if self.spec.transformer is not None:
-            return [self.spec.transformer.architecture]
+        if self.spec.architecture is not None:
+            return [self.spec.architecture]
         return ["ToyForCausalLM" if self.spec.model_type == "toy" else "EchoModel"]
 
     @property
@@ -192,19 +205,32 @@ def make_engine_config(
     quantization: str | None = None,
     enforce_eager: bool = False,
     kv_cache_dtype: str = "auto",
+    runner: str = "auto",
+    convert: str = "auto",
+    pooler_config: PoolerConfig | None = None,
 ) -> EngineConfig:
     """An EngineConfig with the model type's defaults filled in and the KV
     cache sized (`num_gpu_blocks`; for a real model from
     `kv_cache_memory_bytes`, else `VLLM_CPU_KVCACHE_SPACE` on the CPU).
     `tokenizer_dir` (a directory with `tokenizer.json`) overrides the
-    model's own. Raises `ModelPathError` for a bad model,
-    `EngineConfigError` for bad limits or a cache that does not fit."""
+    model's own. `runner`, `convert` and `pooler_config` are vLLM's
+    `--runner`, `--convert` and `--pooler-config` (a pooling model keeps no
+    KV cache and computes each input whole in one step). Raises
+    `ModelPathError` for a bad model, `EngineConfigError` for bad limits or
+    a cache that does not fit."""
     spec = resolve_model(model)
     if tokenizer_dir is not None:
         spec.tokenizer_dir = tokenizer_dir
+    choice, pooler = _pooling_choice(spec, runner, convert, pooler_config)
     default_seqs, default_tokens = DEFAULT_LIMITS.get(spec.model_type, DEFAULT_REAL_LIMITS)
-    default_len = spec.max_position if spec.is_real else DEFAULT_MAX_MODEL_LEN[spec.model_type]
+    real = spec.is_real or spec.is_encoder
+    default_len = spec.max_position if real else DEFAULT_MAX_MODEL_LEN[spec.model_type]
+    if spec.is_encoder and sentence_transformers_max_len(spec.source):
+        default_len = min(default_len, sentence_transformers_max_len(spec.source))
     max_len = max_model_len or min(default_len, spec.max_position)
+    if choice.is_pooling:
+        # Each input is computed whole in one step: the step holds the longest.
+        default_tokens = max(default_tokens, max_len)
     checks: list[tuple[str, Any, bool]] = [
         ("--max-model-len", max_len, 1 <= max_len <= spec.max_position),
         ("--max-num-seqs", max_num_seqs, max_num_seqs is None or max_num_seqs >= 1),
@@ -230,7 +256,12 @@ def make_engine_config(
         if not ok:
             limit = f" (the model holds at most {spec.max_position} positions)" if name == "--max-model-len" else ""
             raise EngineConfigError(f"{name}: invalid value {value!r}{limit}")
-    if spec.is_real and device == "auto":
+    if choice.is_pooling and max_num_batched_tokens is not None and max_num_batched_tokens < max_len:
+        raise EngineConfigError(
+            f"--max-num-batched-tokens {max_num_batched_tokens}: a pooling model computes each input whole, "
+            f"so it must be at least --max-model-len {max_len}"
+        )
+    if real and device == "auto":
         device = "cuda" if cuda_available() else "cpu"
     resolved_dtype = resolve_dtype(dtype, spec, device)
     resolved_quantization = resolve_quantization(quantization, spec, device, resolved_dtype)
@@ -247,7 +278,9 @@ def make_engine_config(
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         cache_dtype=kv_cache_dtype,
     )
-    if spec.model_type != "echo":
+    if choice.is_pooling:
+        cache.enable_prefix_caching = False  # no KV cache to share
+    elif spec.model_type != "echo":
         cache.num_gpu_blocks = size_kv_cache(
             spec, cache, scheduler, max_len, resolved_dtype, device, data_parallel_size, resolved_quantization
         )
@@ -260,6 +293,8 @@ def make_engine_config(
             seed=seed,
             quantization=resolved_quantization,
             enforce_eager=enforce_eager,
+            runner=choice,
+            pooler=pooler,
         ),
         cache_config=cache,
         scheduler_config=scheduler,
@@ -268,6 +303,28 @@ def make_engine_config(
         clients=list(clients or []),
         log_stats=log_stats,
     )
+
+
+def _pooling_choice(
+    spec: ModelSpec, runner: str, convert: str, pooler_config: PoolerConfig | None
+) -> tuple[RunnerChoice, PoolerConfig | None]:
+    """The runner for `spec` and, when it pools, its pooler: `--pooler-config`
+    over the sentence-transformers folder's, over the architecture's default."""
+    if spec.architecture is None:
+        if runner == "pooling" or convert in ("embed", "classify"):
+            raise EngineConfigError(f"--runner pooling: the {spec.model_type} model cannot pool")
+        return RunnerChoice("generate"), None
+    try:
+        choice = resolve_runner(runner, convert, spec.architecture)
+    except PoolerConfigError as e:
+        raise EngineConfigError(str(e)) from None
+    if not choice.is_pooling:
+        return choice, None
+    if spec.is_gguf or (spec.transformer is not None and spec.transformer.model_type == "gemma3_text"):
+        raise EngineConfigError(f"--runner pooling: {spec.architecture} from this checkpoint cannot pool")
+    own = sentence_transformers_pooler(spec.source) or PoolerConfig()
+    pooler = (pooler_config or PoolerConfig()).over(own.over(PoolerConfig(default_pooling_type(spec.architecture))))
+    return choice, pooler
 
 
 def resolve_dtype(dtype: str, spec: ModelSpec, device: str) -> str:

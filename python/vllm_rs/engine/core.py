@@ -11,6 +11,8 @@ from typing import Any
 
 from vllm_rs.engine.block_pool import BlockPool
 from vllm_rs.engine.config import EngineConfig
+from vllm_rs.engine.pooler_config import SUPPORTED_TASKS
+from vllm_rs.engine.pooling_params import PoolingParams, tensor_wire
 from vllm_rs.engine.protocol import (
     VLLM_PROTOCOL_VERSION,
     EngineCoreOutput,
@@ -61,6 +63,10 @@ class WhenIdle:
 
 def make_runner(config: EngineConfig) -> Any:
     """The model runner for the configured model type."""
+    if config.model_config.runner.is_pooling:
+        from vllm_rs.engine.pooling_runner import PoolingRunner
+
+        return PoolingRunner(config)
     if config.model_config.spec.model_type == "echo":
         from vllm_rs.engine.echo_runner import EchoRunner
 
@@ -88,6 +94,7 @@ class EngineCore:
             config.cache_config.block_size,
             self.runner.block_hasher(),
             record_events=config.log_stats,
+            whole_prompts=config.model_config.runner.is_pooling,
         )
         self.pause_state = PauseState.UNPAUSED
         self.weight_version = "default"
@@ -155,7 +162,8 @@ class EngineCore:
         """Queues a request; returns an ERROR output (with a `validation_error`
         RequestError, as vLLM) when it cannot run."""
         try:
-            sampling = SamplingParams.from_wire(wire.sampling_params)
+            pooling = self._pooling_params(wire)
+            sampling = SamplingParams.from_wire(wire.sampling_params or {})
             prompt = wire.prompt_token_ids
             vocab = self.config.model_config.spec.vocab_size
             if prompt and (set(map(type, prompt)) != {int} or min(prompt) < 0 or max(prompt) >= vocab):
@@ -170,6 +178,7 @@ class EngineCore:
                 client_index=wire.client_index,
                 arrival_time=wire.arrival_time,
                 cache_salt=wire.cache_salt,
+                pooling_params=pooling,
             )
             if sampling.structured_outputs is not None:
                 if not self.runner.follows_grammars:
@@ -188,6 +197,20 @@ class EngineCore:
             )
         self.totals["requests_added"] += 1
         return None
+
+    def _pooling_params(self, wire: EngineCoreRequest) -> PoolingParams | None:
+        """A pooling request's checked params; raises InvalidRequestError
+        when the request and the model's runner do not match."""
+        pools = self.config.model_config.runner.is_pooling
+        if wire.pooling_params is None:
+            if pools:
+                raise InvalidRequestError("This model only supports pooling tasks, not generation")
+            return None
+        if not pools:
+            raise InvalidRequestError("This model does not support pooling tasks (it runs with --runner generate)")
+        params = PoolingParams.from_wire(wire.pooling_params)
+        self.runner.check(params)
+        return params
 
     def abort_requests(self, request_ids: list[str]) -> int:
         """Aborts these requests; returns how many were in the engine."""
@@ -234,6 +257,8 @@ class EngineCore:
                 if rows is not None and not request.output_token_ids:
                     request.pending_prompt_logprobs.append(rows)
         advanced = self.scheduler.update(plan, model_output.sampled)
+        if model_output.pooled:
+            return self._pooled_outputs(plan, model_output.pooled, mark)
         for request in advanced:
             if request.grammar is not None:
                 request.grammar.accept(request.output_token_ids[-1])
@@ -254,6 +279,23 @@ class EngineCore:
                 prefill_stats=None if request.sent_prefill_stats else self._take_prefill_stats(request),
             )
             outputs.append((request.client_index, output))
+        if mark is not None:
+            self._step_log.record(mark, len(plan.requests), plan.total_num_scheduled_tokens)
+        return outputs
+
+    def _pooled_outputs(self, plan: Any, pooled: dict[str, Any], mark: Any) -> list[tuple[int, EngineCoreOutput]]:
+        """The one output of each pooled request (its vector, finished)."""
+        done = [r for r in plan.requests if r.request_id in pooled]
+        self.scheduler.finish_pooled(done)
+        self.totals["steps"] += 1
+        self.totals["requests_finished"] += len(done)
+        outputs = [
+            (r.client_index, EngineCoreOutput(
+                r.request_id, [], FinishReason.STOP, events=r.take_events(),
+                prefill_stats=self._take_prefill_stats(r), pooling_output=tensor_wire(pooled[r.request_id]),
+            ))
+            for r in done
+        ]  # fmt: skip
         if mark is not None:
             self._step_log.record(mark, len(plan.requests), plan.total_num_scheduled_tokens)
         return outputs
@@ -383,7 +425,8 @@ class EngineCore:
 
     def get_supported_tasks(self) -> list[str]:
         """The tasks this engine runs (vLLM returns a tuple; msgpack sends an array)."""
-        return ["generate"]
+        runner = self.config.model_config.runner
+        return list(SUPPORTED_TASKS[runner.task]) if runner.is_pooling else ["generate"]
 
     def list_loras(self) -> list[int]:
         """LoRA adapters loaded: none (vLLM returns a set; msgpack sends an array)."""

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_rs.engine.bert_config import BertConfig, bert_config_from_hf
 from vllm_rs.engine.checkpoint import (
     CheckpointError,
     TransformerConfig,
@@ -62,6 +63,8 @@ class ModelSpec:
     weights_path: str | None = None
     #: A real model's decoder config (None for toy and echo).
     transformer: TransformerConfig | None = None
+    #: An encoder's config (BERT), None for every other model.
+    encoder: BertConfig | None = None
     #: A real model's safetensors files, in load order.
     weight_files: list[str] = field(default_factory=list)
     #: The directory holding the model's `tokenizer.json` (the model
@@ -83,6 +86,17 @@ class ModelSpec:
         return self.transformer is not None
 
     @property
+    def is_encoder(self) -> bool:
+        """True for an encoder (BERT): a pooling model without a KV cache."""
+        return self.encoder is not None
+
+    @property
+    def architecture(self) -> str | None:
+        """The Hugging Face architecture of a real model or an encoder."""
+        model = self.transformer or self.encoder
+        return model.architecture if model is not None else None
+
+    @property
     def is_gguf(self) -> bool:
         """True when the weights are a GGUF file."""
         return self.is_real and self.weights_path is not None
@@ -90,7 +104,8 @@ class ModelSpec:
     @property
     def vocab_size(self) -> int:
         """Token ids the model knows."""
-        return self.transformer.vocab_size if self.transformer else BYTE_VOCAB_SIZE
+        model = self.transformer or self.encoder
+        return model.vocab_size if model is not None else BYTE_VOCAB_SIZE
 
     @property
     def max_position(self) -> int:
@@ -102,6 +117,8 @@ class ModelSpec:
                 # LongRoPE's short factors hold within the original context; the long ones are not run.
                 longest = min(longest, c.rope_scaling["original_max_position_embeddings"])
             return longest
+        if self.encoder is not None:
+            return self.encoder.max_position_embeddings
         if self.model_type == "toy":
             return int(self.hparams["max_position_embeddings"])
         return 1 << 20
@@ -149,13 +166,16 @@ def resolve_model(model: str) -> ModelSpec:
 
 
 def _resolve_real(model: str, config: dict[str, Any]) -> ModelSpec:
+    where = os.path.join(model, CONFIG_FILE)
     try:
-        transformer = config_from_hf(config, os.path.join(model, CONFIG_FILE))
+        encoder = bert_config_from_hf(config, where)
+        transformer = None if encoder is not None else config_from_hf(config, where)
         files = safetensors_files(model)
     except CheckpointError as e:
         raise ModelPathError(f"--model: {e}") from None
     tokenizer = model if os.path.isfile(os.path.join(model, "tokenizer.json")) else None
-    return ModelSpec(transformer.model_type, os.path.abspath(model), transformer=transformer, weight_files=files,
+    model_type = (encoder or transformer).model_type
+    return ModelSpec(model_type, os.path.abspath(model), transformer=transformer, encoder=encoder, weight_files=files,
                      tokenizer_dir=tokenizer and os.path.abspath(tokenizer))  # fmt: skip
 
 

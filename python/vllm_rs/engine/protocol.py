@@ -137,6 +137,8 @@ class EngineCoreRequest:
     external_req_id: str | None = None
     #: The data-parallel request wave the frontend saw (the coordinator's; 0 without one).
     current_wave: int = 0
+    #: vLLM's PoolingParams as sent (an array), for a pooling request; None to generate.
+    pooling_params: Any = None
 
     def to_wire(self) -> list[Any]:
         """The msgpack array, through slot 16 (`external_req_id`)."""
@@ -144,8 +146,8 @@ class EngineCoreRequest:
             self.request_id,
             self.prompt_token_ids,
             None,  # mm_features
-            self.sampling_params,
-            None,  # pooling_params
+            None if self.pooling_params is not None else self.sampling_params,
+            self.pooling_params,
             float(self.arrival_time),
             None,  # lora_request
             self.cache_salt,
@@ -172,6 +174,7 @@ class EngineCoreRequest:
             raise ProtocolError(f"prompt_token_ids of {request_id} must be an array")
         if params is not None and not isinstance(params, dict):
             raise ProtocolError(f"sampling_params of {request_id} must be a map")
+        pooling = _slot(items, 4)
         return cls(
             request_id=request_id,
             prompt_token_ids=list(prompt),
@@ -182,6 +185,7 @@ class EngineCoreRequest:
             client_index=int(_slot(items, 11, 0)),
             external_req_id=_slot(items, 16),
             current_wave=_wave(_slot(items, 12, 0)),
+            pooling_params=pooling,
         )
 
 
@@ -256,6 +260,8 @@ class EngineCoreOutput:
     new_prompt_logprobs: LogprobsRows | None = None
     #: How the prompt was filled, with the first token.
     prefill_stats: PrefillStats | None = None
+    #: A pooling request's result, as vLLM encodes a torch tensor: `[dtype, shape, data]`.
+    pooling_output: list[Any] | None = None
 
     def to_wire(self) -> list[Any]:
         """vLLM's 19-slot array without its trailing default slots (vLLM's
@@ -284,7 +290,7 @@ class EngineCoreOutput:
             self.new_token_ids,
             None if self.new_logprobs is None else self.new_logprobs.to_lists_wire(),
             None if self.new_prompt_logprobs is None else self.new_prompt_logprobs.to_tensors_wire(),
-            None,  # pooling_output
+            self.pooling_output,
             None if self.finish_reason is None else int(self.finish_reason),
             self.stop_reason,
             None if not self.events else [e.to_wire() for e in self.events],

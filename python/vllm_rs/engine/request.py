@@ -151,6 +151,8 @@ class Request:
     grammar: Any = None
     #: Prompt logprobs computed but not sent yet (prefill may take several steps).
     pending_prompt_logprobs: list[LogprobsRows] = field(default_factory=list)
+    #: A pooling request's `pooling_params.PoolingParams` (None: generation).
+    pooling_params: Any = None
 
     def record_event(self, event_type: EngineCoreEventType) -> None:
         """Stamps an event now; it goes out with the request's next output."""

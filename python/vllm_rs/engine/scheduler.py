@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from vllm_rs.engine.block_pool import BlockHasher, BlockPool
 from vllm_rs.engine.logprobs import LogprobsRows
@@ -74,6 +75,8 @@ class ModelOutput:
     sampled: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, LogprobsRows] = field(default_factory=dict)
     prompt_logprobs: dict[str, LogprobsRows] = field(default_factory=dict)
+    #: A pooling model's vector of each request it finished (a torch tensor).
+    pooled: dict[str, Any] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -88,6 +91,7 @@ class Scheduler:
         block_size: int,
         block_hasher: BlockHasher | None = None,
         record_events: bool = True,
+        whole_prompts: bool = False,
     ):
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -100,6 +104,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         #: Whether requests get QUEUED/SCHEDULED events (vLLM: with log_stats).
         self.record_events = record_events
+        #: A pooling model's inputs are scheduled whole, never in chunks.
+        self.whole_prompts = whole_prompts
         #: Prefix-cache lookups since the last `take_prefix_cache_stats`.
         self.prefix_cache_stats = PrefixCacheStats()
         #: Ids finished (any reason) since the last `take_finished`, by client.
@@ -127,7 +133,8 @@ class Scheduler:
             raise InvalidRequestError(f"request id {request.request_id} is already in the engine")
         if request.num_prompt_tokens == 0:
             raise InvalidRequestError("the prompt is empty")
-        if request.num_prompt_tokens >= self.max_model_len:
+        # A pooled input may fill the model; a generated one needs room for a token.
+        if request.num_prompt_tokens >= self.max_model_len + self.whole_prompts:
             raise InvalidRequestError(
                 f"the prompt has {request.num_prompt_tokens} tokens; max_model_len is {self.max_model_len}"
             )
@@ -179,6 +186,8 @@ class Scheduler:
             budget -= n
         while admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if self.whole_prompts and request.num_tokens > budget:
+                break  # the next step has the budget for it
             if not self._allocate(request):
                 break  # first come, first served: nobody overtakes
             self.waiting.popleft()
@@ -215,6 +224,13 @@ class Scheduler:
         if any(r.status == RequestStatus.FINISHED for r in advanced):
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
         return advanced
+
+    def finish_pooled(self, requests: Iterable[Request]) -> None:
+        """Ends pooled requests (their one output is out) and removes them."""
+        for request in requests:
+            request.finish(FinishReason.STOP)
+            self._free(request)
+        self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
 
     def reset_prefix_cache(self) -> bool:
         """Forgets the prefix cache; True when done."""

@@ -1,0 +1,160 @@
+"""BERT encoders: `BertModel` (sentence embeddings) and
+`BertForSequenceClassification` (cross-encoder rerankers). Parameter names
+are the Hugging Face checkpoints' (`encoder.layer.N.attention.self.query.weight`,
+with or without the `bert.` prefix), so safetensors load by name. A batch is
+padded to its longest input and every token attends to every other token
+of its own input (bidirectional, no KV cache). The arithmetic follows
+transformers' modeling code, so fp32 outputs agree to rounding."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm_rs.engine.bert_config import BertConfig
+from vllm_rs.engine.checkpoint import CheckpointError
+
+#: transformers' name of each activation -> the function.
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+class BertEmbeddings(nn.Module):
+    """Word, position and token-type embeddings, summed and normed."""
+
+    def __init__(self, c: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size)
+        self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        """`[batch, length, hidden]` for `[batch, length]` ids."""
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        return self.LayerNorm(x + self.position_embeddings(positions)[None])
+
+
+class BertLayer(nn.Module):
+    """Post-norm self-attention and feed-forward blocks (transformers'
+    module names flattened into this one class)."""
+
+    def __init__(self, c: BertConfig):
+        super().__init__()
+        h = c.hidden_size
+        self.num_heads, self.head_dim = c.num_heads, h // c.num_heads
+        self.query, self.key, self.value = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
+        self.attention_dense = nn.Linear(h, h)
+        self.attention_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
+        self.intermediate = nn.Linear(h, c.intermediate_size)
+        self.output_dense = nn.Linear(c.intermediate_size, h)
+        self.output_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
+        self.act = _ACTIVATIONS[c.hidden_act]
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`x`: `[batch, length, hidden]`; `mask`: `[batch, 1, 1, length]`, True for real tokens."""
+        b, n, h = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, h)
+        x = self.attention_norm(self.attention_dense(attended) + x)
+        return self.output_norm(self.output_dense(self.act(self.intermediate(x))) + x)
+
+
+#: Checkpoint names of a layer's parameters -> this module's.
+_LAYER_NAMES = {
+    "attention.self.query": "query",
+    "attention.self.key": "key",
+    "attention.self.value": "value",
+    "attention.output.dense": "attention_dense",
+    "attention.output.LayerNorm": "attention_norm",
+    "intermediate.dense": "intermediate",
+    "output.dense": "output_dense",
+    "output.LayerNorm": "output_norm",
+}
+
+
+class BertEncoder(nn.Module):
+    """The encoder, and for a classifier its pooler and classification head."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_layers))
+        if config.num_labels:
+            self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+            self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+    @classmethod
+    def build(cls, config: BertConfig) -> BertEncoder:
+        """The module with meta (storage-free) parameters."""
+        with torch.device("meta"):
+            return cls(config)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Hidden states `[batch, length, hidden]` of a padded batch whose
+        inputs have `lengths` real tokens."""
+        real = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :] < lengths[:, None]
+        mask = real[:, None, None, :]
+        x = self.embeddings(input_ids, token_type_ids)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+    def classify(self, cls_hidden: torch.Tensor) -> torch.Tensor:
+        """Logits `[batch, num_labels]` of the first ([CLS]) token's hidden states."""
+        return self.classifier(torch.tanh(self.pooler(cls_hidden)))
+
+
+def checkpoint_name_to_module(name: str) -> str | None:
+    """This module's parameter name for a checkpoint tensor's, None for a
+    tensor it has no use for (`position_ids`, an embedding model's pooler)."""
+    name = name.removeprefix("bert.")
+    if name.startswith("embeddings."):
+        return None if name.endswith("position_ids") else name
+    if name.startswith("encoder.layer."):
+        index, rest = name.removeprefix("encoder.layer.").split(".", 1)
+        module, _, kind = rest.rpartition(".")
+        return f"layers.{index}.{_LAYER_NAMES[module]}.{kind}" if module in _LAYER_NAMES else None
+    if name.startswith("pooler.dense."):
+        return "pooler." + name.removeprefix("pooler.dense.")
+    if name.startswith("classifier."):
+        return name
+    return None
+
+
+def load_bert(config: BertConfig, files: list[str], dtype: torch.dtype, device: torch.device) -> BertEncoder:
+    """The encoder with its weights from safetensors `files`; raises
+    CheckpointError naming the files when a tensor is missing or misshapen."""
+    from safetensors import safe_open
+
+    model = BertEncoder.build(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                target = checkpoint_name_to_module(name)
+                if target is None or target not in expected:
+                    continue
+                tensor = f.get_tensor(name)
+                if tuple(tensor.shape) != expected[target]:
+                    raise CheckpointError(f"{path}: tensor {name} has shape {tuple(tensor.shape)}, "
+                                          f"the config needs {expected[target]}")  # fmt: skip
+                state[target] = tensor.to(device=device, dtype=dtype)
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        where = ", ".join(files)
+        raise CheckpointError(f"{where}: missing tensors {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    model.load_state_dict(state, assign=True)
+    return model.eval()
