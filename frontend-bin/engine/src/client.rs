@@ -29,7 +29,7 @@ use vllm_rs_config::DEFAULT_STALL_TIMEOUT;
 use vllm_rs_metrics::{EngineTimes, Metrics, SharedTimes};
 use vllm_rs_wire::codec::{decode_outputs, encode_abort, encode_add, encode_utility, DecodeError};
 use vllm_rs_wire::protocol::{
-    engine_identity, EngineCoreOutput, EngineRequest, FinishReason, Logprobs, OutputsMessage, SchedulerStats,
+    engine_identity, EngineCoreOutput, EngineRequest, FinishReason, Logprobs, OutputsMessage, Pooled, SchedulerStats,
     UtilityOutput, REQUEST_ABORT, REQUEST_ADD, REQUEST_UTILITY,
 };
 
@@ -545,8 +545,13 @@ impl Shared {
             computed +=
                 times.observe_output(series, timestamp, tokens.len(), &output.events, output.prefill_stats.as_ref());
             drop(times);
-            let prompt_logprobs = output.new_prompt_logprobs_tensors.and_then(Logprobs::into_rows);
-            entry.inbox.push_scored_output(tokens, logprobs, prompt_logprobs, finish_reason, stop_reason);
+            match output.pooling_output.and_then(Pooled::into_values) {
+                Some(values) => entry.inbox.push_pooled(values),
+                None => {
+                    let prompt_logprobs = output.new_prompt_logprobs_tensors.and_then(Logprobs::into_rows);
+                    entry.inbox.push_scored_output(tokens, logprobs, prompt_logprobs, finish_reason, stop_reason);
+                }
+            }
             if finish_reason.is_some() {
                 if let Some(entry) = requests.remove(output.request_id) {
                     self.balancer.engine(entry.slot).finished();
@@ -693,7 +698,7 @@ impl RequestStream {
     fn note(&mut self, event: Option<RequestEvent>) -> Option<RequestEvent> {
         match &event {
             None
-            | Some(RequestEvent::Failed(_) | RequestEvent::Rejected(_))
+            | Some(RequestEvent::Failed(_) | RequestEvent::Rejected(_) | RequestEvent::Pooled(_))
             | Some(RequestEvent::Output { finish_reason: Some(_), .. }) => self.done = true,
             Some(RequestEvent::Output { .. }) => {}
         }

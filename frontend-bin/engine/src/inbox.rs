@@ -32,6 +32,8 @@ pub enum RequestEvent {
     Failed(String),
     /// The engine finished the request with ERROR and said why.
     Rejected(RequestError),
+    /// A pooling request's result (its one output, the request finished).
+    Pooled(Vec<f32>),
 }
 
 /// Logprobs of the outputs in one event.
@@ -71,6 +73,7 @@ struct Pending {
     outputs: VecDeque<Queued>,
     failure: Option<String>,
     rejection: Option<RequestError>,
+    pooled: Option<Vec<f32>>,
     /// The producer is gone: after what is pending, nothing more comes.
     closed: bool,
     waiting: Option<Waker>,
@@ -104,6 +107,11 @@ impl Inbox {
             finish: finish_reason.map(|reason| (reason, stop_reason)),
         };
         self.update(|pending| pending.outputs.push_back(queued));
+    }
+
+    /// Ends a pooling request with its result: the handler's next event is `Pooled(values)`.
+    pub fn push_pooled(&self, values: Vec<f32>) {
+        self.update(|pending| pending.pooled = Some(values));
     }
 
     /// Ends the request as the engine refused it: the handler's next event is `Rejected(error)`.
@@ -146,6 +154,9 @@ impl Inbox {
         }
         if let Some(error) = pending.rejection.take() {
             return Poll::Ready(Some(RequestEvent::Rejected(error)));
+        }
+        if let Some(values) = pending.pooled.take() {
+            return Poll::Ready(Some(RequestEvent::Pooled(values)));
         }
         if let Some(first) = pending.outputs.pop_front() {
             let merged = match take {

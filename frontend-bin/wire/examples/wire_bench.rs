@@ -35,6 +35,7 @@ fn request(i: usize) -> EngineRequest {
         data_parallel_rank: None,
         client_index: 0,
         external_request_id: format!("cmpl-{i:016x}"),
+        pooling: None,
     }
 }
 

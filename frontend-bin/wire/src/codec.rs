@@ -85,6 +85,9 @@ pub fn decode_outputs<'a>(frame: &'a [u8], aux: &'a [Bytes]) -> Result<OutputsMe
                 logprobs.resolve(aux, what).map_err(|e| malformed(e.to_string()))?;
             }
         }
+        if let Some(pooled) = &mut output.pooling_output {
+            pooled.resolve(aux, "pooling_output").map_err(|e| malformed(e.to_string()))?;
+        }
     }
     classify(message)
 }
@@ -201,6 +204,7 @@ mod tests {
             data_parallel_rank: Some(1),
             client_index: 0,
             external_request_id: "x".into(),
+            pooling: None,
         };
         let expected = cat(&[
             &[0xdc, 0x00, 0x16], // array16 of 22

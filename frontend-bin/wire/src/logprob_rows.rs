@@ -339,3 +339,38 @@ impl WireLogprobs<'_> {
         Ok(LogprobRows { width, token_ids, logprobs: logprobs.floats().collect(), ranks: ranks.ints().collect() })
     }
 }
+
+/// A pooling request's result: the tensor as decoded (borrowed), or once
+/// `decode_outputs` resolved it, its values as float32.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Pooled<'a> {
+    /// The array as sent.
+    Wire(Box<WireArray<'a>>),
+    /// The checked values, flattened.
+    Values(Vec<f32>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Pooled<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        WireArray::deserialize(deserializer).map(|wire| Pooled::Wire(Box::new(wire)))
+    }
+}
+
+impl Pooled<'_> {
+    /// Checks the array (a float dtype, data that fits its shape) and reads
+    /// its values (`aux` the message's frames after the first).
+    pub fn resolve(&mut self, aux: &[Bytes], what: &str) -> Result<(), RowsError> {
+        if let Pooled::Wire(wire) = self {
+            *self = Pooled::Values(wire.check(aux, float_dtype, what)?.floats().collect());
+        }
+        Ok(())
+    }
+
+    /// The values, once resolved.
+    pub fn into_values(self) -> Option<Vec<f32>> {
+        match self {
+            Pooled::Values(values) => Some(values),
+            Pooled::Wire(_) => None,
+        }
+    }
+}

@@ -6,7 +6,7 @@
 //! (sampling params, dataclasses) are plain derives whose field names are the
 //! keys, unknown keys skipped. Each type names the vLLM 0.33 definition it mirrors.
 
-pub use super::logprob_rows::{LogprobRows, Logprobs};
+pub use super::logprob_rows::{LogprobRows, Logprobs, Pooled};
 use serde::de::{self, Deserializer, IgnoredAny, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_tuple::{Deserialize_tuple, Serialize_tuple};
@@ -174,6 +174,51 @@ pub struct EngineRequest {
     pub client_index: u32,
     /// The id the client sees (`cmpl-X`, `chatcmpl-X`).
     pub external_request_id: String,
+    /// A pooling request's parameters (then `sampling` is not sent).
+    pub pooling: Option<PoolingParams>,
+}
+
+/// vLLM 0.33's `vllm/pooling_params.py::PoolingParams` (array_like, trailing
+/// defaults omitted): the slots through `extra_kwargs`; the internal ones
+/// after it keep vLLM's defaults.
+#[derive(Clone, Debug, Default, PartialEq, Serialize_tuple, Deserialize_tuple)]
+pub struct PoolingParams {
+    /// Truncation of the prompt (done by the frontend before sending).
+    #[serde(default)]
+    pub truncate_prompt_tokens: Option<i64>,
+    /// Matryoshka output size of an embedding.
+    #[serde(default)]
+    pub dimensions: Option<u32>,
+    /// L2-normalize an embedding (None: the model's default).
+    #[serde(default)]
+    pub normalize: Option<bool>,
+    /// Deprecated name of `use_activation`: never sent.
+    #[serde(default)]
+    pub softmax: Option<bool>,
+    /// Deprecated name of `use_activation`: never sent.
+    #[serde(default)]
+    pub activation: Option<bool>,
+    /// Apply the classifier's activation (None: the model's default).
+    #[serde(default)]
+    pub use_activation: Option<bool>,
+    /// Step pooling: not used.
+    #[serde(default)]
+    pub step_tag_id: Option<i64>,
+    /// Step pooling: not used.
+    #[serde(default)]
+    pub returned_token_ids: Option<Vec<u32>>,
+    /// `embed`, `classify`, `score`, `token_embed` or `token_classify`.
+    #[serde(default)]
+    pub task: Option<String>,
+    /// Whether outputs need the prompt's token ids: never.
+    #[serde(default)]
+    pub requires_token_ids: bool,
+    /// Skip the prefix cache: the engine's default.
+    #[serde(default)]
+    pub skip_reading_prefix_cache: Option<bool>,
+    /// `compressed_token_type_ids` of a cross-encoder pair: where the second text starts.
+    #[serde(default)]
+    pub extra_kwargs: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 /// vLLM 0.33's `vllm/v1/engine/__init__.py::EngineCoreRequest` (array_like:
@@ -188,10 +233,10 @@ pub struct EngineCoreRequest<'a> {
     pub prompt_token_ids: Cow<'a, [u32]>,
     /// Multimodal inputs: none from this frontend.
     pub mm_features: Unused,
-    /// How to sample.
-    pub sampling_params: Cow<'a, SamplingParams>,
-    /// Pooling requests: not served.
-    pub pooling_params: Unused,
+    /// How to sample (nil for a pooling request).
+    pub sampling_params: Option<Cow<'a, SamplingParams>>,
+    /// How to pool (nil for a generation request).
+    pub pooling_params: Option<Cow<'a, PoolingParams>>,
     /// When the request arrived (unix seconds).
     pub arrival_time: f64,
     /// LoRA adapters: not served.
@@ -248,8 +293,8 @@ impl<'a> EngineCoreRequest<'a> {
             request_id: Cow::Borrowed(&request.request_id),
             prompt_token_ids: Cow::Borrowed(&request.prompt_token_ids),
             mm_features: Unused,
-            sampling_params: Cow::Borrowed(&request.sampling),
-            pooling_params: Unused,
+            sampling_params: request.pooling.is_none().then_some(Cow::Borrowed(&request.sampling)),
+            pooling_params: request.pooling.as_ref().map(Cow::Borrowed),
             arrival_time: request.arrival_time,
             lora_request: Unused,
             cache_salt: None,
@@ -386,9 +431,9 @@ pub struct EngineCoreOutput<'a> {
     /// The prompt's logprobs, once, when asked for (vLLM's `LogprobsTensors`).
     #[serde(default, borrow)]
     pub new_prompt_logprobs_tensors: Option<Logprobs<'a>>,
-    /// Pooling results: not served.
-    #[serde(default)]
-    pub pooling_output: Unused,
+    /// A pooling request's result (a float tensor), resolved by `decode_outputs`.
+    #[serde(default, borrow)]
+    pub pooling_output: Option<Pooled<'a>>,
     /// Set on the last output of the request.
     #[serde(default)]
     pub finish_reason: Option<FinishReason>,

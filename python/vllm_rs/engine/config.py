@@ -322,6 +322,8 @@ def _pooling_choice(
         return choice, None
     if spec.is_gguf or (spec.transformer is not None and spec.transformer.model_type == "gemma3_text"):
         raise EngineConfigError(f"--runner pooling: {spec.architecture} from this checkpoint cannot pool")
+    if spec.transformer is not None and choice.task == "classify":
+        raise EngineConfigError(f"--convert classify: {spec.architecture} has no classification head here")
     own = sentence_transformers_pooler(spec.source) or PoolerConfig()
     pooler = (pooler_config or PoolerConfig()).over(own.over(PoolerConfig(default_pooling_type(spec.architecture))))
     return choice, pooler

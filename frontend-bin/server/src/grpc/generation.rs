@@ -124,6 +124,9 @@ impl Choice {
                 }
                 Some(RequestEvent::Failed(why)) => return Some(Err(self.fail(Status::unavailable(why)))),
                 Some(RequestEvent::Rejected(error)) => return Some(Err(self.fail(rejection_status(error)))),
+                Some(RequestEvent::Pooled(_)) => {
+                    return Some(Err(self.fail(Status::internal("the engine pooled a generation request"))))
+                }
                 None => return Some(Err(self.fail(Status::unavailable("the engine client stopped")))),
             };
             self.clock.tokens(token_ids.len());

@@ -98,6 +98,7 @@ impl Servicer {
             data_parallel_rank: None,
             client_index: 0,
             external_request_id: request_id.to_string(),
+            pooling: None,
         };
         if state.config.enable_log_requests {
             tracing::info!(request_id = %request.request_id, prompt_tokens = prompt_len, "received gRPC request");

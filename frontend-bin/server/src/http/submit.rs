@@ -185,6 +185,7 @@ pub fn submit(
         data_parallel_rank: None,
         client_index: 0,
         external_request_id: id.clone(),
+        pooling: None,
     };
     let scored = request.sampling.logprobs.is_some() || request.sampling.prompt_logprobs.is_some();
     // As vLLM: a request may raise the server's stream interval, never lower it.
