@@ -376,6 +376,10 @@ def plan_stack(args: argparse.Namespace) -> StackPlan:
     nothing left open."""
     config, binary = _validate(args)
     spec, served = config.model_config.spec, args._served
+    runner = config.model_config.runner
+    if runner.is_pooling:
+        # Resolved here, so the frontend knows the model's task (`--args-json`).
+        args.runner, args.convert = "pooling", runner.task
     args.served_model_name = args.served_model_name or [served.name]
     frontend_model = _generation_config_dir(served) or served.engine_model
     if served.tokenizer_dir is not None:

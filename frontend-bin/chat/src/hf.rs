@@ -143,11 +143,15 @@ fn wait_for_holds() {
     }
 }
 
-/// `file` in `fastokens`; `None` where it does not support the file.
+/// `file` in `fastokens`; `None` where it does not support the file. Its
+/// padding and truncation are dropped, as for the `tokenizers` one (`load`).
 fn load_fastokens(file: &Path) -> Option<fastokens::Tokenizer> {
-    fastokens::Tokenizer::from_file(file)
+    let mut tokenizer = fastokens::Tokenizer::from_file(file)
         .inspect_err(|e| tracing::debug!("{}: prompts are encoded without fastokens: {e}", file.display()))
-        .ok()
+        .ok()?;
+    tokenizer.set_padding(None);
+    tokenizer.set_truncation(None);
+    Some(tokenizer)
 }
 
 impl HfTokenizer {
@@ -163,7 +167,13 @@ impl HfTokenizer {
         if !file.is_file() {
             return Err(anyhow!("{} does not exist", file.display()));
         }
-        let inner = tokenizers::Tokenizer::from_file(&file).map_err(|e| anyhow!("loading {}: {e}", file.display()))?;
+        let mut inner =
+            tokenizers::Tokenizer::from_file(&file).map_err(|e| anyhow!("loading {}: {e}", file.display()))?;
+        // A tokenizer.json may pad or cut every encoding (sentence-transformers'
+        // all-MiniLM-L6-v2 pads to 128); transformers drops both on load, so
+        // prompts are whole and unpadded, as vLLM tokenizes them.
+        inner.with_padding(None);
+        inner.with_truncation(None).map_err(|e| anyhow!("loading {}: {e}", file.display()))?;
         let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
         let token_id = |name: Option<String>| name.and_then(|t| inner.token_to_id(&t));
         let eos_token_id = token_id(special_token(&config, "eos_token"));
@@ -235,6 +245,12 @@ impl Tokenizer for HfTokenizer {
         }
         let encoding = self.inner.encode_fast(text, add_special_tokens).map_err(|e| anyhow!("{e}"))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    fn encode_pair(&self, first: &str, second: &str) -> Result<(Vec<u32>, usize)> {
+        let encoding = self.inner.encode((first, second), true).map_err(|e| anyhow!("{e}"))?;
+        let start = encoding.get_type_ids().iter().position(|&t| t == 1).unwrap_or(encoding.len());
+        Ok((encoding.get_ids().to_vec(), start))
     }
 
     fn decoder(&self, prompt: &[u32], options: DecodeOptions) -> Box<dyn TextDecoder> {

@@ -72,6 +72,12 @@ pub trait Tokenizer: Send + Sync {
     ) -> Result<String, ChatTemplateError> {
         self.apply_chat_template(messages, add_generation_prompt)
     }
+    /// Token ids of a text pair as the tokenizer joins them (a cross-encoder's
+    /// query and document, special tokens added), and where the second
+    /// text's tokens start (token type 1 from there on).
+    fn encode_pair(&self, _first: &str, _second: &str) -> Result<(Vec<u32>, usize)> {
+        Err(anyhow::anyhow!("this tokenizer cannot encode text pairs"))
+    }
     /// The text of the model's own chat template, when it has one in that form.
     fn chat_template_source(&self) -> Option<&str> {
         None

@@ -43,6 +43,10 @@ impl Tokenizer for TemplatedTokenizer {
         self.inner.encode(text, add_special_tokens)
     }
 
+    fn encode_pair(&self, first: &str, second: &str) -> Result<(Vec<u32>, usize)> {
+        self.inner.encode_pair(first, second)
+    }
+
     fn decoder(&self, prompt: &[u32], options: DecodeOptions) -> Box<dyn TextDecoder> {
         self.inner.decoder(prompt, options)
     }

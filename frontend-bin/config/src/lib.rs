@@ -118,6 +118,34 @@ pub struct ServerConfig {
     /// Where the model's files are found: `revision`, `tokenizer_revision`,
     /// `download_dir`, `generation_config`, `override_generation_config`.
     pub model_files: ModelFilesConfig,
+    /// What the model serves: generation, or a pooling task (`runner`, `convert`).
+    pub task: ModelTask,
+}
+
+/// What the served model does, from vLLM's `runner` and `convert` keys as
+/// `serve` resolves them: generate text, or pool inputs into embeddings or
+/// class scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelTask {
+    /// `--runner generate` (the default).
+    Generate,
+    /// `--runner pooling --convert embed`: embeddings, `/pooling`, scores by cosine.
+    Embed,
+    /// `--runner pooling --convert classify`: class scores, cross-encoder scores.
+    Classify,
+}
+
+impl ModelTask {
+    fn load(keys: &Keys) -> Result<ModelTask, ExitError> {
+        match (keys.string("runner")?.as_deref(), keys.string("convert")?.as_deref()) {
+            (Some("pooling"), Some("classify")) => Ok(ModelTask::Classify),
+            (Some("pooling"), _) => Ok(ModelTask::Embed),
+            (None | Some("generate" | "auto"), _) => Ok(ModelTask::Generate),
+            (Some(other), _) => {
+                Err(ExitError::usage(format!("--args-json: `runner` is {other:?}: use \"generate\" or \"pooling\"")))
+            }
+        }
+    }
 }
 
 impl fmt::Debug for ServerConfig {
@@ -150,6 +178,7 @@ impl fmt::Debug for ServerConfig {
             .field("return_tokens_as_token_ids", &self.return_tokens_as_token_ids)
             .field("stream_interval", &self.stream_interval)
             .field("model_files", &self.model_files)
+            .field("task", &self.task)
             .finish()
     }
 }
@@ -249,6 +278,7 @@ impl ServerConfig {
             // Capped where it could not matter: no request streams more tokens.
             stream_interval: keys.positive_int("stream_interval")?.map_or(1, |n| n.min(u32::MAX as u64) as usize),
             model_files: ModelFilesConfig::load(&keys)?,
+            task: ModelTask::load(&keys)?,
             model_tag,
         })
     }

@@ -542,8 +542,11 @@ impl Shared {
             }
             let mut times = entry.times.lock().unwrap();
             times.note_nans(output.num_nans_in_logits);
-            computed +=
-                times.observe_output(series, timestamp, tokens.len(), &output.events, output.prefill_stats.as_ref());
+            computed += if output.pooling_output.is_some() {
+                times.observe_pooled(series, timestamp, &output.events, output.prefill_stats.as_ref())
+            } else {
+                times.observe_output(series, timestamp, tokens.len(), &output.events, output.prefill_stats.as_ref())
+            };
             drop(times);
             match output.pooling_output.and_then(Pooled::into_values) {
                 Some(values) => entry.inbox.push_pooled(values),

@@ -335,7 +335,9 @@ impl Generation {
                 Some(RequestEvent::Failed(reason)) => return Some(self.fail(GenerationError::Unavailable(reason))),
                 Some(RequestEvent::Rejected(error)) => return Some(self.fail(GenerationError::Rejected(error))),
                 Some(RequestEvent::Pooled(_)) => {
-                    return Some(self.fail(GenerationError::Unavailable("the engine pooled a generation request".into())))
+                    return Some(
+                        self.fail(GenerationError::Unavailable("the engine pooled a generation request".into())),
+                    )
                 }
                 Some(RequestEvent::Output { token_ids, finish_reason, stop_reason, logprobs }) => {
                     (token_ids, finish_reason, stop_reason, logprobs)

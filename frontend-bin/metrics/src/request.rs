@@ -91,6 +91,22 @@ impl EngineTimes {
         computed
     }
 
+    /// A pooling request's one output (nothing generated): counts its events
+    /// and its prompt, and marks its end as its first "token" for the
+    /// latency series. Returns the prompt tokens it computed.
+    pub fn observe_pooled(
+        &mut self,
+        series: &EngineSeries,
+        batch_timestamp: f64,
+        events: &[EngineEvent],
+        prefill: Option<&PrefillStats>,
+    ) -> u64 {
+        self.observe_output(series, batch_timestamp, 0, events, prefill);
+        self.prefilling = false;
+        (self.first_token, self.last_token) = (batch_timestamp, batch_timestamp);
+        self.count_prompt(series, prefill)
+    }
+
     /// The engine found `nans` NaNs in the logits of an output: the request
     /// counts as corrupted when it finishes.
     pub fn note_nans(&mut self, nans: u32) {

@@ -33,12 +33,14 @@ def limit_cpu_threads(config: EngineConfig) -> None:
     """Gives each engine on the CPU its share of the cores (`OMP_NUM_THREADS`
     when set), for torch and the kernels alike. The toy model's ops are tiny,
     and oversubscribed intra-op threads spin against the frontend and each
-    other, so it leaves a core's share to the frontend; a real model's
-    matmuls are the work, so its engines share all the cores."""
+    other, so it leaves a core's share to the frontend; a real model's (or
+    an encoder's) matmuls are the work, so its engines share all the cores."""
     threads = omp_num_threads()
     if threads is None:
         engines = config.parallel_config.data_parallel_size
-        threads = max(1, (os.cpu_count() or 1) // (engines if config.model_config.spec.is_real else engines + 1))
+        spec = config.model_config.spec
+        heavy = spec.is_real or spec.is_encoder
+        threads = max(1, (os.cpu_count() or 1) // (engines if heavy else engines + 1))
     torch.set_num_threads(threads)
     set_kernel_threads(threads)
 

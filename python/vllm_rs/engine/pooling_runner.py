@@ -26,6 +26,9 @@ from vllm_rs.tensor_utils import compute_iteration_details
 
 logger = init_logger(__name__)
 
+#: Inputs per padded encoder batch (sentence-transformers' default batch size).
+ENCODE_BATCH = 32
+
 
 def pool(hidden: torch.Tensor, pooling_type: str) -> torch.Tensor:
     """One input's vector from its hidden states `[tokens, hidden]`."""
@@ -139,10 +142,21 @@ class PoolingRunner:
         return out
 
     def _encode(self, requests: list[Request]) -> list[torch.Tensor]:
+        """Each request's hidden states: the requests sorted by length and
+        run in padded BERT batches of `ENCODE_BATCH` neighbours, so little
+        of each batch is padding (as sentence-transformers batches)."""
+        order = sorted(range(len(requests)), key=lambda i: requests[i].num_prompt_tokens)
+        rows: list[torch.Tensor | None] = [None] * len(requests)
+        for first in range(0, len(order), ENCODE_BATCH):
+            chunk = order[first : first + ENCODE_BATCH]
+            for i, hidden in zip(chunk, self._encode_batch([requests[i] for i in chunk]), strict=True):
+                rows[i] = hidden
+        return rows
+
+    def _encode_batch(self, requests: list[Request]) -> list[torch.Tensor]:
         """Each request's hidden states from one padded BERT batch."""
         lengths = [r.num_prompt_tokens for r in requests]
-        width = max(lengths)
-        ids = torch.zeros(len(requests), width, dtype=torch.int64)
+        ids = torch.zeros(len(requests), max(lengths), dtype=torch.int64)
         types = torch.zeros_like(ids)
         for i, request in enumerate(requests):
             ids[i, : lengths[i]] = torch.tensor(request.prompt_token_ids)

@@ -62,6 +62,8 @@ pub const HONOURED_KEYS: &[&str] = &[
     "max_logprobs",
     "return_tokens_as_token_ids",
     "stream_interval",
+    "runner",
+    "convert",
 ];
 
 /// Server keys (vLLM's `FrontendArgs` and the `serve` command's own) that are
@@ -90,7 +92,7 @@ pub const IGNORED_KEYS: &[(&str, &str)] = &[
     ("enable_log_outputs", "outputs are not logged: request logs show counts only"),
     ("trust_request_mm_kwargs", "it only permits more: multimodal input is not served"),
     ("enable_server_load_tracking", "/load always reports the requests in flight"),
-    ("enable_flash_late_interaction", "pooling and scoring endpoints are not served"),
+    ("enable_flash_late_interaction", "late-interaction (multi-vector) scoring is not served"),
     ("cohere_is_reasoning_model", "the Cohere endpoints are not served"),
     ("cohere_format", "the Cohere endpoints are not served"),
     ("anthropic_disabled_thinking_effort", "the Anthropic endpoints are not served"),

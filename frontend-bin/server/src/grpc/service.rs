@@ -1,10 +1,11 @@
-//! The `VllmEngine` servicer: Generate over the frontend's engine client,
+//! The `VllmEngine` servicer: Generate and Embed (a pooling model) over the frontend's engine client,
 //! HealthCheck, Abort, GetModelInfo, GetServerInfo and GetLoads; the other
 //! RPCs answer UNIMPLEMENTED.
 
 use super::generation::{responses, Call, Choice, GenerateStream, Running, RunningEntry};
 use super::logprobs::ChoiceLogprobs;
 use super::request::{invalid, map_request, rule_status, MappedRequest, Prompt};
+use crate::http::pooling::run::{params, pool_all, PoolError, Pooling};
 use crate::http::state::{unix_now_f64, AppState};
 use crate::http::submit::{check_logprobs, child_requests};
 use futures_util::Stream;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tonic::{Request, Response, Status};
 use vllm_rs_chat::DecodeOptions;
+use vllm_rs_config::ModelTask;
 use vllm_rs_engine::ids::random_hex;
 use vllm_rs_engine::{RequestStream, SubmitError};
 use vllm_rs_generate::stop::StopStrings;
@@ -50,6 +52,9 @@ impl Servicer {
         let state = &self.state;
         if let Some(reason) = state.engines.failure() {
             return Err(Status::unavailable(reason.to_string()));
+        }
+        if state.config.task != ModelTask::Generate {
+            return Err(Status::invalid_argument("The model does not support Generate API"));
         }
         let (prompt_token_ids, field) = match mapped.prompt {
             Prompt::Tokens(ids) => (ids, "tokenized.input_ids"),
@@ -154,8 +159,39 @@ impl VllmEngine for Servicer {
         Ok(Response::new(responses(choices.collect(), streaming)))
     }
 
-    async fn embed(&self, _: Request<EmbedRequest>) -> Result<Response<EmbedResponse>, Status> {
-        Err(unimplemented("Embed"))
+    async fn embed(&self, request: Request<EmbedRequest>) -> Result<Response<EmbedResponse>, Status> {
+        let request = request.into_inner();
+        let state = &self.state;
+        if state.config.task != ModelTask::Embed {
+            return Err(Status::invalid_argument("The model does not support Embeddings API"));
+        }
+        let token_ids = request.tokenized.map(|t| t.input_ids).unwrap_or_default();
+        if token_ids.is_empty() {
+            return Err(invalid("tokenized.input_ids", "the prompt must not be empty"));
+        }
+        let vocab_size = state.tokenizer.vocab_size();
+        if let Some(bad) = token_ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(invalid(
+                "tokenized.input_ids",
+                format!("token id {bad} is out of vocabulary (vocab size {vocab_size})"),
+            ));
+        }
+        let prompt_tokens = token_ids.len();
+        if let Some(max_len) = state.max_model_len.filter(|&max_len| prompt_tokens as u64 > max_len) {
+            return Err(invalid(
+                "tokenized.input_ids",
+                format!("the prompt has {prompt_tokens} tokens, the model's maximum context length is {max_len}"),
+            ));
+        }
+        let inputs = vec![Pooling { token_ids, params: params("embed", None, None, None) }];
+        let embedding = match pool_all(state, &request.request_id, inputs, None).await {
+            Ok(mut vectors) => vectors.remove(0),
+            Err(PoolError::Invalid(error)) => return Err(Status::invalid_argument(error.message)),
+            Err(PoolError::Unavailable(why)) => return Err(Status::unavailable(why)),
+            Err(other) => return Err(Status::internal(other.to_string())),
+        };
+        let embedding_dim = embedding.len() as u32;
+        Ok(Response::new(EmbedResponse { embedding, prompt_tokens: prompt_tokens as u32, embedding_dim }))
     }
 
     async fn health_check(&self, _: Request<HealthCheckRequest>) -> Result<Response<HealthCheckResponse>, Status> {

@@ -11,7 +11,7 @@ use super::rules::RULES;
 use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::{AppState, SharedState};
 use super::structured::{read_structured_outputs, wire_params};
-use super::submit::{check_model, stop_reason_json, submit, Endpoint};
+use super::submit::{check_generates, check_model, stop_reason_json, submit, Endpoint};
 use super::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs, thinking_enabled};
 use super::tools::{
     finish_reason, output_parser, read_chat_tools, reasoning_parser, template_extra, whole_message, ChatTools,
@@ -296,6 +296,7 @@ pub fn prepare_chat(state: &AppState, body: ChatBody) -> Result<PreparedChat, Ap
         request.common.sampling.structured_outputs = Some(wire_params(constraint));
     }
     check_model(state, request.common.model.as_deref())?;
+    check_generates(state, Endpoint::Chat)?;
     let prompt = render_prompt(state, &request, tools.tools.as_ref(), &template_kwargs)?;
     let prompt_token_ids = state
         .tokenizer

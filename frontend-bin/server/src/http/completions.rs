@@ -7,7 +7,7 @@ use super::rules::RULES;
 use super::sse::{ChunkHeader, ChunkWriter};
 use super::state::{AppState, SharedState};
 use super::structured::{read_structured_outputs, wire_params};
-use super::submit::{check_model, stop_reason_json, submit, Endpoint};
+use super::submit::{check_generates, check_model, stop_reason_json, submit, Endpoint};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -171,6 +171,7 @@ pub(crate) async fn completion(
 ) -> Result<Response, ApiError> {
     let CompletionRequest { common, prompt, echo, prompt_only } = body.validate()?;
     check_model(&state, common.model.as_deref())?;
+    check_generates(&state, Endpoint::Completions)?;
     let (prompt_text, prompt_token_ids) = prompt_token_ids(&state, prompt)?;
     let rendering =
         (echo || common.sampling.logprobs.is_some() || common.sampling.prompt_logprobs.is_some()).then(|| {

@@ -13,7 +13,7 @@ use super::error::ApiError;
 use super::params::{parse_body, CommonParams, JsonBody};
 use super::rules::RULES;
 use super::state::{AppState, SharedState};
-use super::submit::{check_model, submit, Endpoint};
+use super::submit::{check_generates, check_model, submit, Endpoint};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -101,6 +101,8 @@ pub async fn generative_scoring(
     let answer = async {
         let body: ScoringBody = parse_body(&body?.0)?;
         check_model(&state, body.model.as_deref())?;
+        // Scoring runs the model as a generator: a pooling model has no next-token logprobs.
+        check_generates(&state, Endpoint::Completions)?;
         let request_id = body.request_id.clone();
         let plan = plan(&state, body)?;
         score(&state, &headers, plan, request_id).await

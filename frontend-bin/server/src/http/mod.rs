@@ -17,6 +17,7 @@ pub mod message;
 pub mod messages;
 pub mod misc;
 pub mod params;
+pub mod pooling;
 pub mod request_id;
 pub mod responses;
 pub mod root_path;
@@ -68,6 +69,14 @@ pub fn routes(state: SharedState) -> Router {
         .route("/generative_scoring", post(generative_scoring::generative_scoring))
         .route("/v1/messages", post(messages::create_message))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route("/v1/embeddings", post(pooling::create_embedding))
+        .route("/pooling", post(pooling::create_pooling))
+        .route("/classify", post(pooling::create_classify))
+        .route("/score", post(pooling::create_score))
+        .route("/v1/score", post(pooling::create_score))
+        .route("/rerank", post(pooling::create_rerank))
+        .route("/v1/rerank", post(pooling::create_rerank))
+        .route("/v2/rerank", post(pooling::create_rerank))
         .route("/reset_prefix_cache", post(misc::reset_prefix_cache))
         .route("/sleep", post(misc::sleep))
         .route("/wake_up", post(misc::wake_up))

