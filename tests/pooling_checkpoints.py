@@ -17,14 +17,25 @@ SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 def write_tokenizer(path: str) -> None:
-    """A BERT WordPiece tokenizer over `WORDS`, saved with its tokenizer.json."""
-    from transformers import BertTokenizerFast
+    """A BERT WordPiece tokenizer over `WORDS` (lowercasing, [CLS] text
+    [SEP], pairs with token type 1), saved with its tokenizer.json."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
 
+    vocab = {token: i for i, token in enumerate(SPECIAL + WORDS)}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls, sep = vocab["[CLS]"], vocab["[SEP]"]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]",
+        mask_token="[MASK]", model_max_length=64, model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )  # fmt: skip
     os.makedirs(path, exist_ok=True)
-    vocab = os.path.join(path, "vocab.txt")
-    with open(vocab, "w", encoding="utf-8") as f:
-        f.write("\n".join(SPECIAL + WORDS) + "\n")
-    BertTokenizerFast(vocab_file=vocab, model_max_length=64).save_pretrained(path)
+    wrapped.save_pretrained(path)
 
 
 def bert_config(**extra):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.wait import wait_until
-from tests.test_serve import Serve, rust_frontend_available
+from tests.test_serve import Serve, rust_frontend_available, serving
 
 grpc = pytest.importorskip("grpc")
 grpc_tools = pytest.importorskip("grpc_tools")
@@ -195,7 +195,36 @@ def test_bad_requests_are_invalid_argument(client):
         assert field in error.value.details()
     with pytest.raises(grpc.RpcError) as error:
         stub.Embed(pb2.EmbedRequest(), timeout=10)
-    assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED and "Embed" in error.value.details()
+    # A generating model (echo) has no embeddings, as in vLLM's servicer.
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "does not support Embeddings" in error.value.details()
+
+
+def test_embed_on_a_pooling_model(stubs, tmp_path):
+    """Embed on a BERT embedding model: the vector `/v1/embeddings` gives for the same token ids."""
+    pytest.importorskip("transformers")
+    from tests.pooling_checkpoints import write_bert
+
+    pb2, pb2_grpc = stubs
+    model = write_bert(str(tmp_path / "bert"), st_pooling="mean_tokens", normalize=True)
+    port = free_port()
+    with serving("--model", model, "--port", "0", "--grpc-port", str(port), "--host", "127.0.0.1") as serve:
+        ids = [2, 10, 11, 12, 3]
+        status, body = serve.http("POST", "/v1/embeddings", {"input": [ids]})
+        assert status == 200, body
+        want = json.loads(body)["data"][0]["embedding"]
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb2_grpc.VllmEngineStub(channel)
+            tokenized = pb2.TokenizedInput(input_ids=ids)
+            answer = stub.Embed(pb2.EmbedRequest(request_id="e1", tokenized=tokenized), timeout=60)
+            assert (answer.prompt_tokens, answer.embedding_dim) == (len(ids), len(want))
+            assert list(answer.embedding) == pytest.approx(want, abs=1e-6)
+            with pytest.raises(grpc.RpcError) as error:
+                stub.Embed(pb2.EmbedRequest(request_id="e2"), timeout=10)
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(grpc.RpcError) as error:
+                list(stub.Generate(tokens_request(pb2, "g1", ids, max_tokens=2), timeout=10))
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def wait_until_idle(pb2, stub) -> None:
