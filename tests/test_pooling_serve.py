@@ -89,3 +89,32 @@ def test_cross_encoder_scores_reranks_and_classifies(tmp_path):
         assert [d["num_classes"] for d in classified["data"]] == [1, 1]
         status, data = serve.http("POST", "/v1/embeddings", {"input": "hi"})
         assert status == 400 and json.loads(data)["error"]["message"] == "The model does not support Embeddings API"
+
+
+def test_a_decoder_embeds_chat_messages_with_runner_pooling(tmp_path):
+    """Qwen3 with `--runner pooling`: a chat conversation embeds as its
+    rendered template's tokens do, and equals transformers' last hidden
+    state of the last token, normalized."""
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    from tests.pooling_checkpoints import write_qwen3
+
+    path = write_qwen3(str(tmp_path / "qwen3"))
+    with open(f"{path}/tokenizer_config.json", encoding="utf-8") as f:
+        config = json.load(f)
+    config["chat_template"] = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+    with open(f"{path}/tokenizer_config.json", "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    messages = [{"role": "user", "content": "the cat sat"}, {"role": "assistant", "content": "on the mat"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    model = Qwen3ForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = torch.nn.functional.normalize(model.model(torch.tensor([ids])).last_hidden_state[0, -1], dim=-1)
+    with serving("--model", path, "--runner", "pooling", "--port", "0", "--host", "127.0.0.1") as serve:
+        by_chat = post(serve, "/v1/embeddings", {"messages": messages})
+        by_ids = post(serve, "/v1/embeddings", {"input": [ids]})
+        assert by_chat["usage"]["prompt_tokens"] == len(ids)
+        assert by_chat["data"][0]["embedding"] == by_ids["data"][0]["embedding"]
+        np.testing.assert_allclose(by_chat["data"][0]["embedding"], want.numpy(), atol=1e-5, rtol=0)
