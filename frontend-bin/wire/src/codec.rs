@@ -179,8 +179,8 @@ pub fn decode_registration(payload: &[u8]) -> Result<Registration, RegistrationE
 mod tests {
     use super::*;
     use crate::protocol::{
-        EngineEventKind, FinishReason, Logprobs, PrefillStats, PrefixCacheStats, SamplingParams, SchedulerStats,
-        StopReason, Unused, UtilityOutput, UtilityResult,
+        EngineEventKind, FinishReason, Logprobs, Pooled, PoolingParams, PrefillStats, PrefixCacheStats, SamplingParams,
+        SchedulerStats, StopReason, Unused, UtilityOutput, UtilityResult,
     };
 
     /// `b"ab"` as a msgpack fixstr.
@@ -514,6 +514,67 @@ mod tests {
             let bytes = message(Value::Array(rows));
             assert!(matches!(decode_outputs(&bytes, &[]), Err(DecodeError::Malformed(_))), "{bytes:x?}");
         }
+    }
+
+    #[test]
+    fn a_pooling_request_sends_pooling_params_and_no_sampling_params() {
+        let pooling = PoolingParams {
+            task: Some("score".into()),
+            use_activation: Some(false),
+            extra_kwargs: Some([("compressed_token_type_ids".to_string(), 4)].into()),
+            ..PoolingParams::default()
+        };
+        let req = EngineRequest {
+            request_id: "p".into(),
+            prompt_token_ids: vec![1],
+            sampling: SamplingParams::default(),
+            arrival_time: 0.0,
+            data_parallel_rank: None,
+            client_index: 0,
+            external_request_id: "p".into(),
+            pooling: Some(pooling),
+        };
+        let Value::Array(slots) = rmpv::decode::read_value(&mut &encode_add(&req, 0)[..]).unwrap() else { panic!() };
+        assert_eq!(slots[3], Value::Nil);
+        let Value::Array(params) = &slots[4] else { panic!("pooling_params is {}", slots[4]) };
+        // vLLM's slot order: ..., use_activation (5), ..., task (8), ..., extra_kwargs (11).
+        assert_eq!((&params[5], &params[8]), (&Value::Boolean(false), &Value::from("score")));
+        assert_eq!(params[11], Value::Map(vec![(Value::from("compressed_token_type_ids"), Value::from(4))]));
+    }
+
+    #[test]
+    fn pooling_output_is_read_inline_or_from_an_aux_frame() {
+        let values = [0.5f32, -1.25, 3.0];
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let message = |data: Value, dtype: &str| {
+            let tensor = Value::Array(vec![Value::from(dtype), Value::Array(vec![Value::from(3)]), data]);
+            let output = Value::Array(vec![
+                Value::from("r"),
+                Value::Array(vec![]),
+                Value::Nil,
+                Value::Nil,
+                tensor,
+                Value::from(0),
+            ]);
+            let mut out = Vec::new();
+            rmpv::encode::write_value(&mut out, &Value::Array(vec![Value::from(0), Value::Array(vec![output])]))
+                .unwrap();
+            out
+        };
+        let aux = [Bytes::from(bytes.clone())];
+        for (frame, aux) in [
+            (message(Value::Ext(3, bytes.clone()), "float32"), &[][..]),
+            (message(Value::from(1), "float32"), &aux[..]),
+        ] {
+            let OutputsMessage::Batch { outputs, .. } = decode_outputs(&frame, aux).unwrap() else { panic!() };
+            let output = outputs.into_iter().next().unwrap();
+            assert_eq!(output.finish_reason, Some(FinishReason::Stop));
+            assert_eq!(output.pooling_output.and_then(Pooled::into_values), Some(values.to_vec()));
+        }
+        let bad = message(Value::Ext(3, bytes[..8].to_vec()), "float32");
+        assert!(matches!(decode_outputs(&bad, &[]), Err(DecodeError::Malformed(_))));
+        let ints = message(Value::Ext(3, bytes), "int32");
+        assert!(matches!(decode_outputs(&ints, &[]), Err(DecodeError::Malformed(_))));
     }
 
     #[test]
