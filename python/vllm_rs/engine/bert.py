@@ -1,10 +1,11 @@
 """BERT encoders: `BertModel` (sentence embeddings) and
 `BertForSequenceClassification` (cross-encoder rerankers). Parameter names
 are the Hugging Face checkpoints' (`encoder.layer.N.attention.self.query.weight`,
-with or without the `bert.` prefix), so safetensors load by name. A batch is
-padded to its longest input and every token attends to every other token
-of its own input (bidirectional, no KV cache). The arithmetic follows
-transformers' modeling code, so fp32 outputs agree to rounding."""
+with or without the `bert.` prefix), so safetensors load by name. A batch is the inputs' tokens
+one after another, unpadded: the linear layers (most of the work) see no
+padding, and each input's tokens attend to every token of that input alone
+(bidirectional, no KV cache). The arithmetic follows transformers' modeling
+code, so fp32 outputs agree to rounding."""
 
 from __future__ import annotations
 
@@ -34,11 +35,10 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        """`[batch, length, hidden]` for `[batch, length]` ids."""
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`[tokens, hidden]` for `[tokens]` ids, token types and positions."""
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
-        return self.LayerNorm(x + self.position_embeddings(positions)[None])
+        return self.LayerNorm(x + self.position_embeddings(positions))
 
 
 class BertLayer(nn.Module):
@@ -57,16 +57,18 @@ class BertLayer(nn.Module):
         self.output_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
         self.act = _ACTIVATIONS[c.hidden_act]
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """`x`: `[batch, length, hidden]`; `mask`: `[batch, 1, 1, length]`, True for real tokens."""
-        b, n, h = x.shape
+    def forward(self, x: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
+        """`x`: `[tokens, hidden]`, the inputs one after another; `bounds`: each input's rows."""
+        n, h = x.shape
 
         def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+            return t.view(n, self.num_heads, self.head_dim).transpose(0, 1)
 
         q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, h)
-        x = self.attention_norm(self.attention_dense(attended) + x)
+        attended = torch.empty(self.num_heads, n, self.head_dim, dtype=x.dtype, device=x.device)
+        for start, end in bounds:
+            attended[:, start:end] = F.scaled_dot_product_attention(q[:, start:end], k[:, start:end], v[:, start:end])
+        x = self.attention_norm(self.attention_dense(attended.transpose(0, 1).reshape(n, h)) + x)
         return self.output_norm(self.output_dense(self.act(self.intermediate(x))) + x)
 
 
@@ -101,14 +103,18 @@ class BertEncoder(nn.Module):
         with torch.device("meta"):
             return cls(config)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Hidden states `[batch, length, hidden]` of a padded batch whose
-        inputs have `lengths` real tokens."""
-        real = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :] < lengths[:, None]
-        mask = real[:, None, None, :]
-        x = self.embeddings(input_ids, token_type_ids)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        positions: torch.Tensor,
+        bounds: list[tuple[int, int]],
+    ) -> torch.Tensor:
+        """Hidden states `[tokens, hidden]` of inputs laid one after another
+        (`bounds`: each input's rows; `positions` restart at 0 in each)."""
+        x = self.embeddings(input_ids, token_type_ids, positions)
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, bounds)
         return x
 
     def classify(self, cls_hidden: torch.Tensor) -> torch.Tensor:

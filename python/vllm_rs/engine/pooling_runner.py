@@ -26,9 +26,6 @@ from vllm_rs.tensor_utils import compute_iteration_details
 
 logger = init_logger(__name__)
 
-#: Inputs per padded encoder batch (sentence-transformers' default batch size).
-ENCODE_BATCH = 32
-
 
 def pool(hidden: torch.Tensor, pooling_type: str) -> torch.Tensor:
     """One input's vector from its hidden states `[tokens, hidden]`."""
@@ -142,29 +139,18 @@ class PoolingRunner:
         return out
 
     def _encode(self, requests: list[Request]) -> list[torch.Tensor]:
-        """Each request's hidden states: the requests sorted by length and
-        run in padded BERT batches of `ENCODE_BATCH` neighbours, so little
-        of each batch is padding (as sentence-transformers batches)."""
-        order = sorted(range(len(requests)), key=lambda i: requests[i].num_prompt_tokens)
-        rows: list[torch.Tensor | None] = [None] * len(requests)
-        for first in range(0, len(order), ENCODE_BATCH):
-            chunk = order[first : first + ENCODE_BATCH]
-            for i, hidden in zip(chunk, self._encode_batch([requests[i] for i in chunk]), strict=True):
-                rows[i] = hidden
-        return rows
-
-    def _encode_batch(self, requests: list[Request]) -> list[torch.Tensor]:
-        """Each request's hidden states from one padded BERT batch."""
-        lengths = [r.num_prompt_tokens for r in requests]
-        ids = torch.zeros(len(requests), max(lengths), dtype=torch.int64)
-        types = torch.zeros_like(ids)
-        for i, request in enumerate(requests):
-            ids[i, : lengths[i]] = torch.tensor(request.prompt_token_ids)
-            start = request.pooling_params.token_type_start
-            if start is not None:
-                types[i, start : lengths[i]] = 1
-        hidden = self.model(ids.to(self.device), types.to(self.device), torch.tensor(lengths, device=self.device))
-        return [hidden[i, :n] for i, n in enumerate(lengths)]
+        """Each request's hidden states from one unpadded BERT pass."""
+        ids, types, positions, bounds = [], [], [], []
+        for request in requests:
+            n, start = request.num_prompt_tokens, request.pooling_params.token_type_start
+            first = len(ids)
+            ids.extend(request.prompt_token_ids)
+            types.extend([0] * n if start is None else [0] * start + [1] * (n - start))
+            positions.extend(range(n))
+            bounds.append((first, first + n))
+        tensors = [torch.tensor(t, device=self.device) for t in (ids, types, positions)]
+        hidden = self.model(*tensors, bounds)
+        return [hidden[a:b] for a, b in bounds]
 
     def _decode(self, requests: list[Request]) -> list[torch.Tensor]:
         """Each request's final-normed hidden states from one flattened decoder pass."""
