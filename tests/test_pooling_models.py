@@ -217,3 +217,18 @@ def test_runner_choice():
     assert resolve_runner("pooling", "auto", "Qwen3ForCausalLM").task == "embed"
     with pytest.raises(PoolerConfigError, match="--runner generate"):
         resolve_runner("generate", "auto", "BertModel")
+
+
+def test_pooler_config_and_limits_are_checked(bert_dir):
+    from vllm_rs.engine.config import EngineConfigError
+    from vllm_rs.engine.pooler_config import PoolerConfigError, parse_pooler_config
+
+    assert parse_pooler_config('{"seq_pooling_type": "MEAN", "normalize": false}') == PoolerConfig("MEAN", False)
+    for bad, flaw in [('{"pooling_type": "MAX"}', "MAX"), ('{"softmax": true}', "softmax"), ("[1]", "object"),
+                      ('{"normalize": 1}', "normalize"), ('{"dimensions": 0}', "dimensions")]:  # fmt: skip
+        with pytest.raises(PoolerConfigError, match=flaw):
+            parse_pooler_config(bad)
+    with pytest.raises(EngineConfigError, match="--max-num-batched-tokens 16"):
+        make_engine_config(bert_dir, device="cpu", max_num_batched_tokens=16)
+    with pytest.raises(EngineConfigError, match="cannot pool"):
+        make_engine_config("echo", runner="pooling")
