@@ -2,7 +2,7 @@
 every route vLLM serves answers here with something other than the router's
 own 404 (`Not Found`: no such route), unless the table
 (`tests/fixtures/vllm-0.33/routes.json`) says why not: a model kind this
-server does not run, a flag it does not take, pooling routes still to come,
+server does not run, a flag it does not take,
 or a known gap (a strict known difference, so that serving the route makes
 the test fail until the table says `served`)."""
 
