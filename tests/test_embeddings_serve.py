@@ -2,12 +2,14 @@
 sentence-transformers folder) through `python -m vllm_rs serve` and the
 `openai` client: embeddings equal sentence-transformers' `encode`, base64
 and float answers decode to the same vectors, `/score` and the rerank routes
-order documents as sentence-transformers' similarities do, and bad input is
-a 400 naming what was wrong. Skipped, saying why, when the model package,
+order documents as sentence-transformers' similarities do, Cohere's
+`/v2/embed` answers `/v1/embeddings`' vectors in each of its encodings, and
+bad input is a 400 naming what was wrong. Skipped, saying why, when the model package,
 sentence-transformers or the frontend binary is missing."""
 
 from __future__ import annotations
 
+import base64
 import json
 import zipfile
 
@@ -163,3 +165,86 @@ def test_a_generate_model_refuses_embeddings():
         status, data = serve.http("POST", "/v1/embeddings", {"input": "hi"})
         assert status == 400
         assert json.loads(data)["error"]["message"] == "The model does not support Embeddings API"
+        status, data = serve.http("POST", "/v2/embed", {"texts": ["hi"]})
+        assert status == 400
+        assert json.loads(data)["error"]["message"] == "The model does not support Embeddings API"
+
+
+def cohere_typed(vectors: list[list[float]]) -> dict:
+    """vLLM's `build_typed_embeddings` of `vectors`, written again: bits set
+    for values >= 0, packed MSB-first (signed: each byte less 128), base64
+    of the little-endian float32 bytes."""
+    bits = np.packbits(np.asarray(vectors, dtype=np.float64) >= 0, axis=-1)
+    return {
+        "float": vectors,
+        "ubinary": bits.tolist(),
+        "binary": (bits.astype(np.int16) - 128).tolist(),
+        "base64": [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() for v in vectors],
+    }
+
+
+def test_cohere_embed_answers_the_embeddings_in_every_type(server):
+    texts = SENTENCES[:5]
+    status, openai = post(server, "/v1/embeddings", {"input": texts})
+    assert status == 200, openai
+    vectors = [item["embedding"] for item in openai["data"]]
+    body = {"texts": texts, "embedding_types": ["float", "binary", "ubinary", "base64"]}
+    status, answer = post(server, "/v2/embed", body, {"X-Request-Id": "cohere-1"})
+    assert status == 200, answer
+    assert answer["id"] == "embd-cohere-1"
+    assert answer["response_type"] == "embeddings_by_type"
+    assert answer["texts"] == texts
+    assert answer["meta"] == {
+        "api_version": {"version": "2"},
+        "billed_units": {"input_tokens": openai["usage"]["prompt_tokens"], "image_tokens": 0},
+    }
+    # The engine may batch the two requests differently, which moves floats by float32 rounding.
+    embeddings = answer["embeddings"]
+    np.testing.assert_allclose(embeddings["float"], vectors, atol=1e-5)
+    assert embeddings == cohere_typed(embeddings["float"])
+    # Only what is asked is answered; float when nothing is.
+    status, answer = post(server, "/v2/embed", {"texts": texts[:1], "embedding_types": ["ubinary"]})
+    assert status == 200 and list(answer["embeddings"]) == ["ubinary"]
+    status, answer = post(server, "/v2/embed", {"texts": texts[:1]})
+    assert status == 200 and list(answer["embeddings"]) == ["float"]
+    np.testing.assert_allclose(answer["embeddings"]["float"], vectors[:1], atol=1e-5)
+    assert answer["id"].startswith("embd-")
+
+
+def test_cohere_embed_truncates_as_asked(server):
+    long_text = " ".join(["word"] * 600)
+    cut = {}
+    for truncate in ("END", "START"):
+        status, answer = post(
+            server, "/v2/embed", {"texts": [long_text + " end"], "truncate": truncate, "max_tokens": 10}
+        )
+        assert status == 200, answer
+        assert answer["meta"]["billed_units"]["input_tokens"] == 10
+        cut[truncate] = answer["embeddings"]["float"][0]
+    assert cut["END"] != cut["START"]
+    status, answer = post(server, "/v2/embed", {"texts": [long_text]})
+    assert status == 200 and answer["meta"]["billed_units"]["input_tokens"] == 256
+    assert "maximum context length is 256 tokens" in refused(
+        server, "/v2/embed", {"texts": [long_text], "truncate": "NONE"}
+    )
+    message = refused(server, "/v2/embed", {"texts": ["a b c d e"], "truncate": "NONE", "max_tokens": 3})
+    assert message.startswith("Input of 7 tokens exceeds max_tokens=3 with truncate=NONE.")
+
+
+def test_cohere_embed_refuses_bad_input(server):
+    exactly_one = "Exactly one of texts, images, or inputs must be provided, and it must be non-empty"
+    assert refused(server, "/v2/embed", {}) == exactly_one
+    assert refused(server, "/v2/embed", {"texts": []}) == exactly_one
+    assert refused(server, "/v2/embed", {"texts": ["a"], "images": ["data:,"]}) == exactly_one
+    no_images = "Resolving modality {'image'} requires a multimodal processor but none is available."
+    assert refused(server, "/v2/embed", {"images": ["data:image/png;base64,AAAA"]}) == no_images
+    image_part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    assert refused(server, "/v2/embed", {"inputs": [{"content": [image_part]}]}) == no_images
+    assert refused(server, "/v2/embed", {"texts": ["a"], "input_type": "search_query"}) == (
+        "Unsupported input_type 'search_query'. This model does not define any input_type task instructions."
+    )
+    assert "does not support matryoshka" in refused(server, "/v2/embed", {"texts": ["a"], "output_dimension": 128})
+    status, _ = post(server, "/v2/embed", {"texts": ["a"], "embedding_types": ["int8"]})
+    assert status == 400
+    status, _ = post(server, "/v2/embed", {"texts": ["a"], "truncate": "MIDDLE"})
+    assert status == 400

@@ -77,6 +77,7 @@ pub fn routes(state: SharedState) -> Router {
         .route("/rerank", post(pooling::create_rerank))
         .route("/v1/rerank", post(pooling::create_rerank))
         .route("/v2/rerank", post(pooling::create_rerank))
+        .route("/v2/embed", post(pooling::cohere::create_cohere_embedding))
         .route("/reset_prefix_cache", post(misc::reset_prefix_cache))
         .route("/sleep", post(misc::sleep))
         .route("/wake_up", post(misc::wake_up))

@@ -1,7 +1,8 @@
 //! Pooled vectors made answers: embeddings as float lists or base64,
 //! scores by cosine or a cross-encoder's classifier, class labels, and
-//! reranked documents.
+//! reranked documents, and `/v2/embed`'s encodings.
 
+use super::types::{CohereEmbeddingType, CohereEmbeddings};
 use base64::Engine;
 use serde_json::Value;
 
@@ -65,6 +66,52 @@ pub fn ranking(scores: &[f32], top_n: Option<usize>) -> Vec<usize> {
     order
 }
 
+/// Why embeddings cannot be bit-packed.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PackError {
+    /// Packing needs whole bytes of values.
+    #[error("Embedding dimension must be a multiple of 8 for binary embedding types, but got {0}.")]
+    NotWholeBytes(usize),
+}
+
+/// `vector` as bits, one per value (set when >= 0, so NaN is 0), eight to a
+/// byte, first value in the high bit: NumPy's `packbits(v >= 0)`, as vLLM
+/// packs `binary` and `ubinary`.
+pub fn pack_bits(vector: &[f32]) -> Result<Vec<u8>, PackError> {
+    if !vector.len().is_multiple_of(8) {
+        return Err(PackError::NotWholeBytes(vector.len()));
+    }
+    Ok(vector
+        .chunks_exact(8)
+        .map(|byte| byte.iter().fold(0u8, |packed, &x| (packed << 1) | u8::from(x >= 0.0)))
+        .collect())
+}
+
+/// Each vector in every requested encoding (vLLM's `build_typed_embeddings`;
+/// an encoding asked twice is answered once).
+pub fn typed_embeddings(vectors: &[Vec<f32>], types: &[CohereEmbeddingType]) -> Result<CohereEmbeddings, PackError> {
+    let mut embeddings = CohereEmbeddings::default();
+    for kind in types {
+        match kind {
+            CohereEmbeddingType::Float => {
+                embeddings.float = Some(vectors.iter().map(|v| Encoding::Float.write(v)).collect());
+            }
+            CohereEmbeddingType::Base64 => {
+                embeddings.base64 = Some(vectors.iter().map(|v| Encoding::Base64.write(v)).collect());
+            }
+            CohereEmbeddingType::Ubinary => {
+                embeddings.ubinary = Some(vectors.iter().map(|v| pack_bits(v)).collect::<Result<_, _>>()?);
+            }
+            CohereEmbeddingType::Binary => {
+                // vLLM's signed bytes: the unsigned byte less 128, not its two's complement.
+                let signed = |v: &Vec<f32>| Ok(pack_bits(v)?.into_iter().map(|b| i16::from(b) - 128).collect());
+                embeddings.binary = Some(vectors.iter().map(signed).collect::<Result<_, PackError>>()?);
+            }
+        }
+    }
+    Ok(embeddings)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,5 +131,30 @@ mod tests {
         assert_eq!(ranking(&[0.1, 0.9, 0.5], None), vec![1, 2, 0]);
         assert_eq!(ranking(&[0.1, 0.9, 0.5], Some(2)), vec![1, 2]);
         assert_eq!(label(&[0.2, 0.7, 0.1]), "LABEL_1");
+    }
+
+    #[test]
+    fn bits_pack_msb_first_with_zero_set_and_nan_clear() {
+        let v = [1.0, -1.0, 0.0, -0.0, f32::NAN, -3.0, 2.0, -0.5, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, 5.0];
+        assert_eq!(pack_bits(&v), Ok(vec![0b1011_0010, 0b0000_0001]));
+        assert_eq!(pack_bits(&[1.0; 12]), Err(PackError::NotWholeBytes(12)));
+        assert_eq!(
+            PackError::NotWholeBytes(12).to_string(),
+            "Embedding dimension must be a multiple of 8 for binary embedding types, but got 12."
+        );
+    }
+
+    #[test]
+    fn typed_embeddings_answer_only_what_was_asked() {
+        let vectors = vec![vec![1.0; 8], vec![-1.0; 8]];
+        let typed = typed_embeddings(&vectors, &[CohereEmbeddingType::Binary, CohereEmbeddingType::Ubinary]).unwrap();
+        assert_eq!(typed.binary, Some(vec![vec![127], vec![-128]]));
+        assert_eq!(typed.ubinary, Some(vec![vec![255], vec![0]]));
+        assert!(typed.float.is_none() && typed.base64.is_none());
+        let typed = typed_embeddings(&vectors, &[CohereEmbeddingType::Float, CohereEmbeddingType::Base64]).unwrap();
+        assert_eq!(typed.float.unwrap()[1], Encoding::Float.write(&vectors[1]));
+        assert_eq!(typed.base64.unwrap()[0], Encoding::Base64.write(&vectors[0]));
+        let odd = typed_embeddings(&[vec![1.0; 3]], &[CohereEmbeddingType::Float, CohereEmbeddingType::Binary]);
+        assert_eq!(odd, Err(PackError::NotWholeBytes(3)));
     }
 }

@@ -1,10 +1,11 @@
 //! vLLM 0.33's pooling API over a pooling model: `/v1/embeddings`,
 //! `/pooling`, `/classify`, `/score` (and `/v1/score`), `/rerank` (and
-//! `/v1/rerank`, `/v2/rerank`). Inputs are tokenized and checked here
+//! `/v1/rerank`, `/v2/rerank`), and Cohere's `/v2/embed` (`cohere`). Inputs are tokenized and checked here
 //! (`validate`), pooled in the engines (`run`), and answered (`convert`).
 //! A model that generates answers these routes with vLLM's 400, as a
 //! pooling model answers the generating routes (`submit.rs`).
 
+pub mod cohere;
 pub mod convert;
 pub mod run;
 pub mod types;
@@ -25,8 +26,9 @@ use types::{
     ClassifyData, EmbeddingData, ListResponse, PoolRequest, PoolingData, RerankDocument, RerankRequest, RerankResponse,
     RerankResult, ScoreData, ScoreRequest, Usage,
 };
-use validate::{chat_prompt, encode, fit_prompts, input_prompts, texts, Purpose};
+use validate::{chat_prompt, encode, fit_prompts, input_prompts, texts, Cut, Purpose};
 use vllm_rs_config::ModelTask;
+use vllm_rs_wire::protocol::PoolingParams;
 
 /// Handles `POST /v1/embeddings`.
 pub async fn create_embedding(
@@ -115,7 +117,7 @@ fn body_prompts(state: &AppState, body: &mut PoolRequest, purpose: Purpose) -> R
         )?],
         (None, None) => return Err(ApiError::invalid_param("input", "`input` or `messages` is required")),
     };
-    fit_prompts(state, &mut prompts, body.truncate_prompt_tokens, purpose)?;
+    fit_prompts(state, &mut prompts, (body.truncate_prompt_tokens, Cut::End), purpose)?;
     Ok(prompts)
 }
 
@@ -145,11 +147,8 @@ async fn embed(state: &AppState, headers: &HeaderMap, mut body: PoolRequest, poo
     let client_id = client_request_id(headers, body.request_id.take());
     let prefix = if pooling { "pool" } else { "embd" };
     let id = format!("{prefix}-{client_id}");
-    let inputs = prompts
-        .into_iter()
-        .map(|token_ids| Pooling { token_ids, params: params(task, dimensions, body.normalize, body.use_activation) })
-        .collect();
-    let vectors = pool_all(state, &id, inputs, pinned_rank(headers)?).await?;
+    let settings = params(task, dimensions, body.normalize, body.use_activation);
+    let vectors = pool_prompts(state, headers, &id, prompts, &settings).await?;
     let (created, model) = (unix_now(), state.config.primary_model_name().to_string());
     let usage = Usage::of(prompt_tokens);
     let value = if pooling {
@@ -168,6 +167,19 @@ async fn embed(state: &AppState, headers: &HeaderMap, mut body: PoolRequest, poo
         serde_json::to_value(ListResponse { id, object: "list", created, model, data, usage })
     };
     value.map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// Pools every prompt with the same `settings` (the embedding step of
+/// `/v1/embeddings`, `/pooling` and `/v2/embed`).
+async fn pool_prompts(
+    state: &AppState,
+    headers: &HeaderMap,
+    id: &str,
+    prompts: Vec<Vec<u32>>,
+    settings: &PoolingParams,
+) -> Result<Vec<Vec<f32>>, ApiError> {
+    let inputs = prompts.into_iter().map(|token_ids| Pooling { token_ids, params: settings.clone() }).collect();
+    Ok(pool_all(state, id, inputs, pinned_rank(headers)?).await?)
 }
 
 /// `/classify`.
@@ -219,7 +231,7 @@ async fn pair_scores(
             prompts.push(ids);
             starts.push(start);
         }
-        fit_prompts(state, &mut prompts, truncate, Purpose::Score)?;
+        fit_prompts(state, &mut prompts, (truncate, Cut::End), Purpose::Score)?;
         let prompt_tokens = prompts.iter().map(Vec::len).sum();
         let inputs = prompts
             .into_iter()
@@ -235,7 +247,7 @@ async fn pair_scores(
     }
     let texts: Vec<&String> = first.iter().chain(second).collect();
     let mut prompts = texts.iter().map(|t| encode(state, t, true, "text_1")).collect::<Result<Vec<_>, _>>()?;
-    fit_prompts(state, &mut prompts, truncate, Purpose::Score)?;
+    fit_prompts(state, &mut prompts, (truncate, Cut::End), Purpose::Score)?;
     let prompt_tokens = prompts.iter().map(Vec::len).sum();
     let inputs =
         prompts.into_iter().map(|token_ids| Pooling { token_ids, params: params("embed", None, None, None) }).collect();

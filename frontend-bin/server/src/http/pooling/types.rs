@@ -1,6 +1,6 @@
 //! The request and response bodies of the pooling routes, with vLLM 0.33's
-//! field names: `/v1/embeddings`, `/pooling`, `/classify`, `/score` and
-//! `/rerank`.
+//! field names: `/v1/embeddings`, `/pooling`, `/classify`, `/score`,
+//! `/rerank`, and Cohere's `/v2/embed`.
 
 use super::super::chat::MessageInput;
 use serde::de::IgnoredAny;
@@ -221,4 +221,139 @@ pub struct RerankResult {
 pub struct RerankDocument {
     /// The text.
     pub text: String,
+}
+
+/// A `/v2/embed` body (vLLM's `CohereEmbedRequest`): exactly one of
+/// `texts`, `images` and `inputs`, non-empty.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct CohereEmbedRequest {
+    /// A served model name, when given.
+    pub model: Option<String>,
+    /// A task whose instruction prefixes the texts (`search_query`, ...).
+    pub input_type: Option<String>,
+    /// Texts to embed, echoed back in the answer.
+    pub texts: Option<Vec<String>>,
+    /// Images (data URIs or URLs) to embed.
+    pub images: Option<Vec<String>>,
+    /// Inputs of text and image parts, each rendered as one chat message.
+    pub inputs: Option<Vec<CohereEmbedInput>>,
+    /// Matryoshka output size (models that allow it).
+    pub output_dimension: Option<i64>,
+    /// The encodings to answer (absent or empty: `float`).
+    pub embedding_types: Option<Vec<CohereEmbeddingType>>,
+    /// Which end of a too-long input is cut (default `END`).
+    pub truncate: CohereTruncate,
+    /// The most tokens an input may keep (absent: the model length).
+    pub max_tokens: Option<i64>,
+    /// The scheduling priority: accepted, as vLLM's default scheduler ignores it.
+    pub priority: Option<IgnoredAny>,
+}
+
+/// One of `/v2/embed`'s encodings of an embedding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CohereEmbeddingType {
+    /// The floats.
+    Float,
+    /// One bit per value (set when >= 0), packed MSB-first, each byte less 128.
+    Binary,
+    /// One bit per value, packed MSB-first, each byte as is.
+    Ubinary,
+    /// Base64 of the little-endian float32 bytes.
+    Base64,
+}
+
+/// `/v2/embed`'s `truncate`: where a too-long input is cut.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum CohereTruncate {
+    /// Never: a too-long input is refused.
+    None,
+    /// Drop its first tokens.
+    Start,
+    /// Drop its last tokens.
+    #[default]
+    End,
+}
+
+/// One `/v2/embed` input of several parts.
+#[derive(Debug, Deserialize)]
+pub struct CohereEmbedInput {
+    /// Its parts, in order.
+    pub content: Vec<CohereEmbedContent>,
+}
+
+/// One part of a `/v2/embed` input.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CohereEmbedContent {
+    /// Text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// An image.
+    ImageUrl {
+        /// Where it is (`url`).
+        image_url: Map<String, Value>,
+    },
+}
+
+/// The `/v2/embed` answer (vLLM's `CohereEmbedResponse`).
+#[derive(Debug, Serialize)]
+pub struct CohereEmbedResponse {
+    /// `embd-` and the request id.
+    pub id: String,
+    /// The embeddings in each requested encoding.
+    pub embeddings: CohereEmbeddings,
+    /// The request's `texts`, when it sent texts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub texts: Option<Vec<String>>,
+    /// The API version and the tokens billed.
+    pub meta: CohereMeta,
+    /// Always `embeddings_by_type`.
+    pub response_type: &'static str,
+}
+
+/// The embeddings by encoding, each present only when requested.
+#[derive(Debug, Default, PartialEq, Serialize)]
+pub struct CohereEmbeddings {
+    /// The floats.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub float: Option<Vec<Value>>,
+    /// Packed bits, signed bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub binary: Option<Vec<Vec<i16>>>,
+    /// Packed bits, unsigned bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ubinary: Option<Vec<Vec<u8>>>,
+    /// Base64 of the little-endian float32 bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base64: Option<Vec<Value>>,
+}
+
+/// `/v2/embed`'s `meta`.
+#[derive(Debug, Serialize)]
+pub struct CohereMeta {
+    /// Always version `2`.
+    pub api_version: CohereApiVersion,
+    /// The tokens pooled.
+    pub billed_units: CohereBilledUnits,
+}
+
+/// `meta.api_version`.
+#[derive(Debug, Serialize)]
+pub struct CohereApiVersion {
+    /// Always `2`.
+    pub version: &'static str,
+}
+
+/// `meta.billed_units`.
+#[derive(Debug, Serialize)]
+pub struct CohereBilledUnits {
+    /// Text tokens pooled.
+    pub input_tokens: usize,
+    /// Image tokens pooled: always 0, as images are refused here.
+    pub image_tokens: usize,
 }

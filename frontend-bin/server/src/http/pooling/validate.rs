@@ -97,12 +97,22 @@ pub fn encode(state: &AppState, text: &str, add_special_tokens: bool, param: &st
         .map_err(|e| ApiError::invalid_param(param, format!("cannot tokenize the {param}: {e}")))
 }
 
-/// Cuts each prompt to `truncate_prompt_tokens` (its first tokens; -1: the
-/// model length), then refuses an empty prompt or one longer than the model.
+/// Which end of a prompt truncation drops (vLLM's `truncation_side`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// Keep the first tokens (vLLM's default, `right`).
+    End,
+    /// Keep the last tokens (`left`: Cohere's `truncate: START`).
+    Start,
+}
+
+/// Cuts each prompt to `truncate_prompt_tokens` tokens (-1: the model
+/// length) at the `cut` end, then refuses an empty prompt or one longer
+/// than the model.
 pub fn fit_prompts(
     state: &AppState,
     prompts: &mut [Vec<u32>],
-    truncate_prompt_tokens: Option<i64>,
+    (truncate_prompt_tokens, cut): (Option<i64>, Cut),
     purpose: Purpose,
 ) -> Result<(), ApiError> {
     let keep = match (truncate_prompt_tokens, state.max_model_len) {
@@ -124,7 +134,11 @@ pub fn fit_prompts(
     };
     for (index, prompt) in prompts.iter_mut().enumerate() {
         if let Some(keep) = keep {
-            prompt.truncate(usize::try_from(keep).unwrap_or(usize::MAX));
+            let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+            match cut {
+                Cut::End => prompt.truncate(keep),
+                Cut::Start => drop(prompt.drain(..prompt.len().saturating_sub(keep))),
+            }
         }
         if prompt.is_empty() {
             return Err(ApiError::invalid_param("input", format!("The prompt (input {index}) is empty")));
