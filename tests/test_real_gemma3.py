@@ -16,11 +16,11 @@ frontend binary is missing."""
 from __future__ import annotations
 
 import os
-import threading
 
 import openai
 import pytest
 
+from tests.support.concurrent import run_together
 from tests.support.gemma3_270m import GEMMA_TURNS_TEMPLATE, gemma3_270m_path
 from tests.test_serve import rust_frontend_available, serving
 
@@ -171,21 +171,7 @@ def _stream(client, prompt: str) -> str:
 
 
 def test_concurrent_streams_equal_their_solo_output(client):
-    results: dict[int, str | BaseException] = {}
-    start = threading.Barrier(len(STREAM_PROMPTS))
-
-    def run(i: int) -> None:
-        try:
-            start.wait(30)
-            results[i] = _stream(client, STREAM_PROMPTS[i])
-        except BaseException as e:  # reported below, in the test's thread
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(STREAM_PROMPTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    together = run_together([lambda p=p: _stream(client, p) for p in STREAM_PROMPTS])
     solo = [_stream(client, prompt) for prompt in STREAM_PROMPTS]
     assert len(set(solo)) == len(STREAM_PROMPTS), solo
-    assert [results.get(i) for i in range(len(STREAM_PROMPTS))] == solo
+    assert together == solo

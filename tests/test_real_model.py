@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 
 import jsonschema
 import pytest
 from vllm_rs.model_files import PACKAGED_MODEL_NAME, ModelNotFoundError, packaged_model_path
 
+from tests.support.concurrent import run_together
 from tests.test_serve import rust_frontend_available, serving
 
 try:
@@ -108,22 +108,7 @@ def stream_text(client, prompt: str, max_tokens: int) -> str:
 def test_concurrent_streams_equal_their_solo_greedy_output(client):
     solo = [chat(client, p, max_tokens=24).choices[0].message.content for p in PROMPTS]
     assert len(set(solo)) == len(PROMPTS), solo
-    results: dict[int, str | BaseException] = {}
-    start = threading.Barrier(len(PROMPTS))
-
-    def run(i: int) -> None:
-        try:
-            start.wait(30)
-            results[i] = stream_text(client, PROMPTS[i], 24)
-        except BaseException as e:  # reported below, in the test's thread
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert [results.get(i) for i in range(len(PROMPTS))] == solo
+    assert run_together([lambda p=p: stream_text(client, p, 24) for p in PROMPTS]) == solo
 
 
 def test_a_json_schema_answer_validates(client):
