@@ -12,7 +12,7 @@ requests and emits one token for each running request, in one message.
     the engine, for reference).
 
 The streams are read by a native one-thread client
-(`frontend-bin/examples/stream_load.rs`, built here with cargo): a Python
+(`bench/clients/src/stream_load.rs`, built here with cargo): a Python
 client costs as much CPU per token as the frontend itself. Its connections
 are opened and warmed up (`GET /health`) before the clock starts.
 
@@ -267,11 +267,11 @@ class HttpConnection:
         self.writer.close()
 
 
-def build_example(name: str) -> Path:
-    """Builds the `vllm-rs` crate's example `name` (release); returns the path of its executable."""
+def build_client(name: str) -> Path:
+    """Builds the bench client `name` (bench/clients, release); returns the path of its executable."""
     cache = Path(os.environ.get("VLLM_RS_CACHE") or Path.home() / ".cache" / "vllm-rs")
     env = {**os.environ, "CARGO_TARGET_DIR": os.environ.get("CARGO_TARGET_DIR") or str(cache / "target")}
-    command = ["cargo", "build", "--release", "-p", "vllm-rs", "--example", name, "--message-format=json"]
+    command = ["cargo", "build", "--release", "-p", "vllm-rs-bench-clients", "--bin", name, "--message-format=json"]
     built = subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.PIPE, text=True)
     for line in built.stdout.splitlines():
         artifact = json.loads(line)
@@ -282,7 +282,7 @@ def build_example(name: str) -> Path:
 
 def build_stream_load() -> Path:
     """Builds the native streaming client; returns the path of its executable."""
-    return build_example("stream_load")
+    return build_client("stream_load")
 
 
 def stream_round(stream_load: Path, port: int, streams: int, tokens: int, logprobs: int | None = None) -> dict:

@@ -19,7 +19,7 @@ between rounds, so neither always runs first), then measured at 16
 concurrent streams (one request each) and at 1 stream (`--one-stream-
 requests` one after another), with random prompts of normal token ids
 (fresh each round, the same for both servers), greedy, `ignore_eos`, every
-request producing exactly `--output-tokens` tokens (frontend-bin/examples/
+request producing exactly `--output-tokens` tokens (bench/clients/src/
 model_load.rs streams them). Then the whole-process RSS of every process of
 each server (for serve: the supervisor, frontend and engine). The
 memory-bandwidth bound of a batch-1 step (the bytes of weights a token reads

@@ -12,7 +12,7 @@ head's namespace, to the head's HTTP port on its loopback.
 
 Where the kernel has no `sch_netem` (`tc` says "Specified qdisc kind is
 unknown"), or with `--relay`, the delay comes from a userspace relay instead
-(the `delay_relay` example of the `vllm-rs` crate): the second namespace
+(the `delay_relay` bench client, bench/clients): the second namespace
 holds the head's address on its loopback, so the node's connections (its
 node channel, its engine's frontend and coordinator sockets) reach
 listeners the bench made there, and the relay, running in the head's
@@ -55,7 +55,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_frontend import build_example, build_stream_load, frontend_requests, frontend_streaming  # noqa: E402
+from bench.bench_frontend import build_client, build_stream_load, frontend_requests, frontend_streaming  # noqa: E402
 from bench.bench_serve import WRK_SCRIPT, run, wrk_requests  # noqa: E402
 from bench.model_servers import served_port  # noqa: E402
 from tests.support import netns  # noqa: E402
@@ -215,7 +215,7 @@ def main() -> int:
                 print(f"  tc netem is unavailable here ({e.stderr.strip()}): delaying with a userspace relay")
                 opts.relay = True
         if opts.relay:
-            relay = build_example("delay_relay")
+            relay = build_client("delay_relay")
             # The node's connections to the head's address end at its own loopback, where the relay listens.
             subprocess.run(
                 ["ip", "-n", hosts.names[1], "addr", "add", f"{hosts.address(0)}/32", "dev", "lo"], check=True

@@ -11,7 +11,7 @@ median round and the ratio ours / vLLM's:
     frontend process spends per 1000 requests (on a small machine the
     frontend's CPU is taken from the engines'), and the engines' (both
     processes together: what the frontend's writes and batching cost them);
-  * 64 streams of 256 tokens (the native client, frontend-bin/examples/
+  * 64 streams of 256 tokens (the native client, bench/clients/src/
     stream_load.rs), `--stream-repeats` times back to back (a round is
     about 0.1 s on a 2-core machine): streamed tokens/s, the frontend's CPU milliseconds per
     1000 streamed tokens and SSE events per stream, both frontends at their

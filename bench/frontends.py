@@ -7,7 +7,7 @@ Both are started as vLLM starts its frontend (`RustFrontendProcessManager`:
 the HTTP socket and both engine listeners inherited), in front of this
 project's reference engines (`echo`, so the engines cost the same whichever
 frontend asks), serving one model directory: a byte-level BPE tokenizer
-(`frontend-bin/tests/fixtures/byte-bpe`, no BOS) under the name `toy`.
+(`tests/fixtures/tokenizers/byte-bpe`, no BOS) under the name `toy`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from unittest import mock
 import zmq
 
 ROOT = Path(__file__).resolve().parents[1]
-TOKENIZER_FIXTURE = ROOT / "frontend-bin" / "tests" / "fixtures" / "byte-bpe"
+TOKENIZER_FIXTURE = ROOT / "tests" / "fixtures" / "tokenizers" / "byte-bpe"
 #: Where the throwaway vLLM 0.33 venv is (tests/compat/README.md), unless VLLM033_VENV says.
 VLLM033_VENV = Path(os.environ.get("VLLM033_VENV") or Path.home() / ".cache" / "vllm033")
 #: Connections each engine opens to a frontend's listeners: DEALER to input, PUSH to output.

@@ -115,11 +115,11 @@ class GgufFacts:
 
 @functools.cache
 def native_client() -> Path:
-    """The native streaming client (frontend-bin/examples/model_load.rs),
+    """The native streaming client (bench/clients/src/model_load.rs),
     built once per process; returns its executable."""
-    from bench.bench_frontend import build_example
+    from bench.bench_frontend import build_client
 
-    return build_example("model_load")
+    return build_client("model_load")
 
 
 #: How long one level may take before the server is taken for hung (a

@@ -18,3 +18,5 @@ echo "lint: ruff check"
 "$venv/bin/ruff" check .
 echo "lint: ruff format --check"
 "$venv/bin/ruff" format --check .
+echo "lint: no import circles (python/vllm_rs and every Rust crate)"
+"$venv/bin/python" scripts/check_import_cycles.py

@@ -12,7 +12,7 @@ Each case is parsed by vLLM's own parser classes, found by name through
 as vLLM's chat endpoint feeds them (`extract_tool_calls_streaming` /
 `extract_reasoning_streaming` with previous, current and delta text and token
 ids, then `finish_streaming` where the parser has it). Both results go into the
-fixture, so the Rust tests (`frontend-bin/parsers/tests/vllm_fixtures.rs`) and
+fixture, so the Rust tests (`rust/parsers/tests/vllm_fixtures.rs`) and
 the Python tests check this project's parsers against vLLM without vLLM
 installed. Tool call ids are random in vLLM; the fixture keeps their shape
 (`chatcmpl-tool-` + 16 hex digits, or Mistral's 9 letters and digits).

@@ -19,7 +19,7 @@ def test_bench_script_imports(name: str) -> None:
 
 
 def test_stream_load_reports_how_events_reached_it(tmp_path):
-    """The native streaming client (frontend-bin/examples/stream_load.rs)
+    """The native streaming client (bench/clients/src/stream_load.rs)
     against this project's frontend on echo engines: every token counted,
     each read bringing at least one event, and the gaps between a stream's
     events ordered."""

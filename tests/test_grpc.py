@@ -24,7 +24,7 @@ grpc = pytest.importorskip("grpc")
 grpc_tools = pytest.importorskip("grpc_tools")
 from grpc_tools import protoc  # noqa: E402
 
-PROTO_DIR = Path(__file__).resolve().parent.parent / "frontend-bin" / "grpc" / "proto"
+PROTO_DIR = Path(__file__).resolve().parent.parent / "rust" / "grpc" / "proto"
 MAX_MODEL_LEN = 8192
 
 pytestmark = pytest.mark.skipif(not rust_frontend_available(), reason="vllm-rs binary not built")

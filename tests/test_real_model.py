@@ -189,7 +189,7 @@ def test_seeded_n2_sampling_is_reproducible(client):
 def test_the_benchmarks_request_gives_the_same_tokens_through_serve_and_in_process(server, client):
     """bench_models.py compares `serve` with the engine driven in-process on
     "the same requests": its token-id prompts, greedy, `min_tokens` and
-    `ignore_eos` through the frontend (as frontend-bin/examples/model_load.rs
+    `ignore_eos` through the frontend (as bench/clients/src/model_load.rs
     sends them) must reach the engine as the in-process path's parameters
     (bench/model_inproc.py) do, and so produce the same tokens."""
     from vllm_rs.engine import make_engine_config
@@ -228,7 +228,7 @@ def test_the_benchmarks_request_gives_the_same_tokens_through_serve_and_in_proce
 
 def test_the_benchmarks_native_client_times_every_token_and_names_a_bad_answer(server):
     """bench_models.py's load (the native client, bench/model_load.py and
-    frontend-bin/examples/model_load.rs) streams from the real server: every
+    bench/clients/src/model_load.rs) streams from the real server: every
     request yields exactly the tokens asked for, each timed; an answer that
     is not a stream of them fails the level, naming the status."""
     import asyncio

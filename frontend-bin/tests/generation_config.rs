@@ -22,7 +22,7 @@ fn fixtures() -> PathBuf {
 /// `generation` as its generation_config.json (none when null).
 fn model_dir(dir: &Path, generation: &Value) -> PathBuf {
     fs::create_dir_all(dir).unwrap();
-    let tokenizer = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/byte-bpe");
+    let tokenizer = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizers/byte-bpe");
     for file in ["tokenizer.json", "tokenizer_config.json"] {
         fs::copy(tokenizer.join(file), dir.join(file)).unwrap();
     }

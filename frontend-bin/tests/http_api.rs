@@ -305,7 +305,7 @@ async fn models_version_load_and_metrics() {
 }
 
 fn fixture_dir() -> String {
-    format!("{}/tests/fixtures/byte-bpe", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/../tests/fixtures/tokenizers/byte-bpe", env!("CARGO_MANIFEST_DIR"))
 }
 
 #[tokio::test]

@@ -139,7 +139,7 @@ fn tables_thread_syscall(fe: &Frontend) -> Option<String> {
 
 #[tokio::test]
 async fn tokenizer_tables_are_built_once_the_first_answer_is_ready() {
-    let tokenizer = format!("{}/tests/fixtures/byte-bpe", env!("CARGO_MANIFEST_DIR"));
+    let tokenizer = format!("{}/../tests/fixtures/tokenizers/byte-bpe", env!("CARGO_MANIFEST_DIR"));
     let fe = Frontend::spawn(Options {
         args: json!({"model_tag": "my-model", "tokenizer": tokenizer}),
         ..Default::default()

@@ -30,7 +30,7 @@ impl FakeHub {
     fn start(root: &Path) -> FakeHub {
         let repo = root.join("Org/Name");
         fs::create_dir_all(&repo).unwrap();
-        let tokenizer = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/byte-bpe");
+        let tokenizer = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizers/byte-bpe");
         for file in ["tokenizer.json", "tokenizer_config.json"] {
             fs::copy(tokenizer.join(file), repo.join(file)).unwrap();
         }

@@ -37,7 +37,7 @@ EFFORT_MAP = {"medium": "none", "xhigh": "max"}
 def model_dir(tmp_path_factory) -> Path:
     """A tokenizer directory: the byte-level BPE tokenizer with `TEMPLATE`."""
     directory = tmp_path_factory.mktemp("kwargs-echo")
-    fixture = Path(__file__).parents[2] / "frontend-bin/tests/fixtures/byte-bpe"
+    fixture = Path(__file__).parents[2] / "tests/fixtures/tokenizers/byte-bpe"
     shutil.copy(fixture / "tokenizer.json", directory)
     config = json.loads((fixture / "tokenizer_config.json").read_text())
     config["chat_template"] = TEMPLATE

@@ -195,7 +195,8 @@ mod tests {
     use std::path::Path;
 
     fn fixture() -> (Arc<tokenizers::Tokenizer>, AddedTokens) {
-        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/byte-bpe/tokenizer.json");
+        let file =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizers/byte-bpe/tokenizer.json");
         let tokenizer = tokenizers::Tokenizer::from_file(file).unwrap();
         let added = tokenizer.get_added_tokens_decoder().into_iter().map(|(id, t)| (id, t.content)).collect();
         (Arc::new(tokenizer), Arc::new(added))
@@ -232,7 +233,8 @@ mod tests {
 
     #[test]
     fn other_decoders_have_no_table() {
-        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/metaspace/tokenizer.json");
+        let file =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizers/metaspace/tokenizer.json");
         let tokenizer = tokenizers::Tokenizer::from_file(file).unwrap();
         assert!(TokenBytes::of(&tokenizer, tokenizer.get_vocab_size(true)).is_none());
     }

@@ -315,7 +315,8 @@ mod tests {
     use super::*;
 
     fn fixture() -> HfTokenizer {
-        HfTokenizer::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/byte-bpe")).unwrap()
+        HfTokenizer::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizers/byte-bpe"))
+            .unwrap()
     }
 
     #[test]
@@ -346,7 +347,7 @@ mod tests {
 
     #[test]
     fn prompts_are_encoded_as_the_tokenizers_crate_does_with_or_without_fastokens() {
-        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizers");
         // fastokens refuses the Metaspace fixture: there `tokenizers` encodes.
         for (name, fast) in [("byte-bpe", true), ("metaspace", false)] {
             let t = HfTokenizer::load(&fixtures.join(name)).unwrap();
@@ -362,7 +363,8 @@ mod tests {
     }
 
     fn metaspace() -> HfTokenizer {
-        HfTokenizer::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/metaspace")).unwrap()
+        HfTokenizer::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizers/metaspace"))
+            .unwrap()
     }
 
     /// Decodes `outputs` after `prompt` one id per push, as the engine sends them.
@@ -460,7 +462,7 @@ mod tests {
     fn model_with(tag: &str, config: bool, extra: &[(&str, &str)]) -> (Dir, HfTokenizer) {
         let dir = Dir(std::env::temp_dir().join(format!("vllm-rs-hf-{tag}-{}", std::process::id())));
         std::fs::create_dir_all(&dir.0).unwrap();
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/byte-bpe");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizers/byte-bpe");
         let names: &[&str] = if config { &["tokenizer.json", "tokenizer_config.json"] } else { &["tokenizer.json"] };
         for name in names {
             std::fs::copy(src.join(name), dir.0.join(name)).unwrap();

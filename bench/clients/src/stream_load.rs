@@ -15,7 +15,7 @@
 //! how smoothly the tokens reached the client. Exits non-zero on any non-200
 //! answer or a stream that ends early.
 //!
-//! Build: `cargo build --release -p vllm-rs --example stream_load`.
+//! Build: `cargo build --release -p vllm-rs-bench-clients --bin stream_load`.
 
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

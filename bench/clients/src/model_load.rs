@@ -23,7 +23,7 @@
 //! an error chunk, a stream that ends early or a token count other than
 //! `output_tokens`.
 //!
-//! Build: `cargo build --release -p vllm-rs --example model_load`.
+//! Build: `cargo build --release -p vllm-rs-bench-clients --bin model_load`.
 
 use serde_json::{json, Value};
 use std::io::Read;

@@ -16,7 +16,7 @@
 //! to a whole millisecond, twice the delay measured. `--delay-us 0` forwards
 //! at once: the relay's own cost.
 //!
-//! Build: `cargo build --release -p vllm-rs --example delay_relay`.
+//! Build: `cargo build --release -p vllm-rs-bench-clients --bin delay_relay`.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
