@@ -151,8 +151,16 @@ def test_bad_input_is_a_400_naming_it(server):
     assert "maximum context length is 256 tokens" in refused(server, "/v1/embeddings", {"input": long_text})
     status, cut = post(server, "/v1/embeddings", {"input": long_text, "truncate_prompt_tokens": -1})
     assert status == 200 and cut["usage"]["prompt_tokens"] == 256
-    assert "does not support matryoshka" in refused(server, "/v1/embeddings", {"input": "hi", "dimensions": 128})
+    assert "does not support Matryoshka embeddings" in refused(
+        server, "/v1/embeddings", {"input": "hi", "dimensions": 128}
+    )
     assert "encoding_format" in refused(server, "/v1/embeddings", {"input": "hi", "encoding_format": "hex"})
+    removed = "Parameter `normalize` was removed; use `use_activation` instead."
+    assert refused(server, "/v1/embeddings", {"input": "hi", "normalize": False}) == removed
+    assert (
+        refused(server, "/pooling", {"input": "hi", "task": "score"})
+        == "`score` task was removed; use `classify` instead."
+    )
     assert "vocabulary" in refused(server, "/v1/embeddings", {"input": [[10**6]]})
     assert refused(server, "/v1/completions", {"prompt": "hi"}) == "The model does not support Completions API"
     assert refused(server, "/classify", {"input": "hi"}) == "The model does not support Classification API"
@@ -243,7 +251,9 @@ def test_cohere_embed_refuses_bad_input(server):
     assert refused(server, "/v2/embed", {"texts": ["a"], "input_type": "search_query"}) == (
         "Unsupported input_type 'search_query'. This model does not define any input_type task instructions."
     )
-    assert "does not support matryoshka" in refused(server, "/v2/embed", {"texts": ["a"], "output_dimension": 128})
+    assert "does not support Matryoshka embeddings" in refused(
+        server, "/v2/embed", {"texts": ["a"], "output_dimension": 128}
+    )
     status, _ = post(server, "/v2/embed", {"texts": ["a"], "embedding_types": ["int8"]})
     assert status == 400
     status, _ = post(server, "/v2/embed", {"texts": ["a"], "truncate": "MIDDLE"})

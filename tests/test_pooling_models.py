@@ -32,10 +32,9 @@ TOLERANCE = 1e-5
 
 
 def pooling_params(task: str, **fields) -> list:
-    """vLLM's PoolingParams array, trailing defaults left out."""
-    slots = ["truncate_prompt_tokens", "dimensions", "normalize", "softmax", "activation", "use_activation",
-             "step_tag_id", "returned_token_ids", "task", "requires_token_ids", "skip_reading_prefix_cache",
-             "extra_kwargs"]  # fmt: skip
+    """vLLM 0.33's PoolingParams array, trailing defaults left out."""
+    slots = ["use_activation", "dimensions", "step_tag_id", "returned_token_ids", "task", "requires_token_ids",
+             "skip_reading_prefix_cache", "late_interaction_params", "extra_kwargs"]  # fmt: skip
     fields["task"] = task
     last = max(slots.index(k) for k in fields)
     return [fields.get(k) for k in slots[: last + 1]]
@@ -94,7 +93,7 @@ def st_model(path: str, mode: str | None, normalize: bool):
 @pytest.mark.parametrize("pooling_type", ["CLS", "MEAN", "LAST"])
 def test_bert_embeddings_equal_sentence_transformers(bert_dir, pooling_type, normalize):
     reference = st_model(bert_dir, ST_MODES[pooling_type].split("_")[0], normalize).encode(TEXTS, convert_to_numpy=True)
-    pooler = PoolerConfig(pooling_type=pooling_type, normalize=normalize)
+    pooler = PoolerConfig(pooling_type=pooling_type, use_activation=normalize)
     core = EngineCore(make_engine_config(bert_dir, device="cpu", pooler_config=pooler))
     ours = run_pooled(core, [(ids, pooling_params("embed")) for ids in tokenize(bert_dir, TEXTS)])
     for got, want in zip(ours, reference, strict=True):
@@ -108,18 +107,18 @@ def test_sentence_transformers_folder_sets_the_pooling(tmp_path, mode, normalize
     reference = st.SentenceTransformer(path, device="cpu").encode(TEXTS, convert_to_numpy=True)
     core = EngineCore(make_engine_config(path, device="cpu"))
     assert core.config.model_config.pooler == PoolerConfig(
-        pooling_type={v: k for k, v in ST_MODES.items()}[mode], normalize=normalize
+        pooling_type={v: k for k, v in ST_MODES.items()}[mode], use_activation=normalize
     )
     ours = run_pooled(core, [(ids, pooling_params("embed")) for ids in tokenize(path, TEXTS)])
     for got, want in zip(ours, reference, strict=True):
         np.testing.assert_allclose(vector(got), want, atol=TOLERANCE, rtol=0)
 
 
-def test_request_normalize_false_overrides_the_model(tmp_path):
+def test_request_use_activation_false_skips_the_models_normalization(tmp_path):
     path = write_bert(str(tmp_path / "st"), st_pooling="mean_tokens", normalize=True)
     reference = st_model(path, "mean", False).encode(TEXTS, convert_to_numpy=True)
     core = EngineCore(make_engine_config(path, device="cpu"))
-    ours = run_pooled(core, [(ids, pooling_params("embed", normalize=False)) for ids in tokenize(path, TEXTS)])
+    ours = run_pooled(core, [(ids, pooling_params("embed", use_activation=False)) for ids in tokenize(path, TEXTS)])
     for got, want in zip(ours, reference, strict=True):
         np.testing.assert_allclose(vector(got), want, atol=TOLERANCE, rtol=0)
 
@@ -149,7 +148,8 @@ def test_cross_encoder_scores_equal_its_logits(tmp_path, num_labels):
 
     path = write_cross_encoder(str(tmp_path / "ce"), num_labels=num_labels)
     core = EngineCore(make_engine_config(path, device="cpu"))
-    assert core.get_supported_tasks() == ["classify", "score"]
+    assert core.get_supported_tasks() == ["classify"]
+    assert "does not support ['dimensions']" in refusal(core, pooling_params("classify", dimensions=8))
     tokenizer = AutoTokenizer.from_pretrained(path)
     encoded = [tokenizer(q, d) for q, d in PAIRS]
     inputs = []
@@ -178,8 +178,10 @@ def refusal(core: EngineCore, params: list, ids=(2, 10, 3)) -> str:
 def test_wrong_task_and_parameters_are_refused(bert_dir):
     core = EngineCore(make_engine_config(bert_dir, device="cpu"))
     assert "classify" in refusal(core, pooling_params("classify"))
-    assert "does not support matryoshka" in refusal(core, pooling_params("embed", dimensions=8))
-    assert "does not support ['use_activation']" in refusal(core, pooling_params("embed", use_activation=True))
+    assert "does not support Matryoshka embeddings; dimensions must be unset (received dimensions=8)" in refusal(
+        core, pooling_params("embed", dimensions=8)
+    )
+    assert "Unknown pooling task: 'score'" in refusal(core, pooling_params("score"))
     assert "only supports pooling" in refusal(core, None)
 
 
@@ -202,10 +204,13 @@ def test_matryoshka_dimensions_cut_the_vector(tmp_path):
         json.dump(config, f)
     core = EngineCore(make_engine_config(path, device="cpu"))
     ids = tokenize(path, TEXTS[:1])[0]
-    full, cut = run_pooled(core, [(ids, pooling_params("embed", normalize=False)),
-                                  (ids, pooling_params("embed", normalize=False, dimensions=8))])  # fmt: skip
+    full, cut = run_pooled(core, [(ids, pooling_params("embed", use_activation=False)),
+                                  (ids, pooling_params("embed", use_activation=False, dimensions=8))])  # fmt: skip
     np.testing.assert_array_equal(vector(cut), vector(full)[:8])
-    assert "only supports [8, 16, 32]" in refusal(core, pooling_params("embed", dimensions=12))
+    assert "only supports Matryoshka dimensions [8, 16, 32], got 12" in refusal(
+        core, pooling_params("embed", dimensions=12)
+    )
+    assert "only supports dimensions in range [1, 32], got 64" in refusal(core, pooling_params("embed", dimensions=64))
 
 
 def test_runner_choice():
@@ -223,9 +228,10 @@ def test_pooler_config_and_limits_are_checked(bert_dir):
     from vllm_rs.engine.config import EngineConfigError
     from vllm_rs.engine.pooler_config import PoolerConfigError, parse_pooler_config
 
-    assert parse_pooler_config('{"seq_pooling_type": "MEAN", "normalize": false}') == PoolerConfig("MEAN", False)
+    assert parse_pooler_config('{"seq_pooling_type": "MEAN", "use_activation": false}') == PoolerConfig("MEAN", False)
     for bad, flaw in [('{"pooling_type": "MAX"}', "MAX"), ('{"softmax": true}', "softmax"), ("[1]", "object"),
-                      ('{"normalize": 1}', "normalize"), ('{"dimensions": 0}', "dimensions")]:  # fmt: skip
+                      ('{"normalize": true}', "`normalize` was removed; use `use_activation`"),
+                      ('{"use_activation": 1}', "use_activation"), ('{"dimensions": 0}', "dimensions")]:  # fmt: skip
         with pytest.raises(PoolerConfigError, match=flaw):
             parse_pooler_config(bad)
     with pytest.raises(EngineConfigError, match="--max-num-batched-tokens 16"):

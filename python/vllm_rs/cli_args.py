@@ -168,7 +168,7 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         "--pooler-config",
         type=_json_object,
         default=None,
-        help='JSON object overriding the pooler, e.g. \'{"pooling_type": "MEAN", "normalize": false}\'',
+        help='JSON object overriding the pooler, e.g. \'{"pooling_type": "MEAN", "use_activation": false}\'',
     )
     parser.add_argument(
         "--kv-cache-memory-bytes",

@@ -21,7 +21,7 @@ CONVERTS = ("auto", "none", "embed", "classify")
 #: serves without `--convert`.
 ENCODER_ARCHITECTURES = {"BertModel": "embed", "BertForSequenceClassification": "classify"}
 #: The tasks an engine reports (`get_supported_tasks`) for each pooling task.
-SUPPORTED_TASKS = {"embed": ["embed", "token_embed"], "classify": ["classify", "score"]}
+SUPPORTED_TASKS = {"embed": ["embed", "token_embed"], "classify": ["classify"]}
 #: sentence-transformers' pooling modes -> vLLM's pooling types.
 _ST_MODES = {"cls_token": "CLS", "mean_tokens": "MEAN", "lasttoken": "LAST"}
 _ST_POOLING = "sentence_transformers.models.Pooling"
@@ -37,7 +37,7 @@ class PoolerConfig:
     """vLLM's `PoolerConfig` fields the engine honours; None: the model's default."""
 
     pooling_type: str | None = None
-    normalize: bool | None = None
+    #: An embedding's L2 normalization, a classifier's sigmoid or softmax.
     use_activation: bool | None = None
     dimensions: int | None = None
 
@@ -56,37 +56,40 @@ def parse_pooler_config(value: str | dict[str, Any]) -> PoolerConfig:
             raise PoolerConfigError(f"--pooler-config: not JSON: {e}") from None
     if not isinstance(value, dict):
         raise PoolerConfigError("--pooler-config: must be a JSON object")
-    known = {"pooling_type", "seq_pooling_type", "normalize", "use_activation", "dimensions", "task"}
+    if "normalize" in value:
+        # Removed in vLLM 0.33, with this message.
+        raise PoolerConfigError("--pooler-config: Parameter `normalize` was removed; use `use_activation` instead.")
+    known = {"pooling_type", "seq_pooling_type", "use_activation", "dimensions", "task"}
     unknown = sorted(set(value) - known)
     if unknown:
         raise PoolerConfigError(f"--pooler-config: unsupported keys {', '.join(unknown)}")
     pooling = value.get("pooling_type") or value.get("seq_pooling_type")
     if pooling is not None and pooling not in POOLING_TYPES:
         raise PoolerConfigError(f"--pooler-config: pooling_type {pooling!r} is not one of {', '.join(POOLING_TYPES)}")
-    for key in ("normalize", "use_activation"):
-        if value.get(key) is not None and not isinstance(value[key], bool):
-            raise PoolerConfigError(f"--pooler-config: {key} must be true or false")
+    if value.get("use_activation") is not None and not isinstance(value["use_activation"], bool):
+        raise PoolerConfigError("--pooler-config: use_activation must be true or false")
     dims = value.get("dimensions")
     if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
         raise PoolerConfigError("--pooler-config: dimensions must be a positive integer")
-    return PoolerConfig(pooling, value.get("normalize"), value.get("use_activation"), dims)
+    return PoolerConfig(pooling, value.get("use_activation"), dims)
 
 
 def sentence_transformers_pooler(model_dir: str) -> PoolerConfig | None:
     """The pooling a sentence-transformers folder declares, read as vLLM
     reads it: the first mode set true in the Pooling module's config, and
-    normalize when a Normalize module follows; None without `modules.json`."""
+    `use_activation` (normalize) when a Normalize module follows; None
+    without `modules.json`."""
     modules = _read_json(os.path.join(model_dir, "modules.json"))
     if not isinstance(modules, list):
         return None
     pooling = next((m for m in modules if isinstance(m, dict) and m.get("type") == _ST_POOLING), None)
     normalize = any(isinstance(m, dict) and m.get("type") == _ST_NORMALIZE for m in modules)
     if pooling is None:
-        return PoolerConfig(normalize=normalize)
+        return PoolerConfig(use_activation=normalize)
     settings = _read_json(os.path.join(model_dir, str(pooling.get("path", "")), "config.json"))
     mode = next((k for k, v in (settings or {}).items() if v is True), None)
     name = _ST_MODES.get(mode.removeprefix("pooling_mode_")) if mode else None
-    return PoolerConfig(pooling_type=name, normalize=normalize)
+    return PoolerConfig(pooling_type=name, use_activation=normalize)
 
 
 def sentence_transformers_max_len(model_dir: str) -> int | None:

@@ -13,17 +13,18 @@ from vllm_rs.engine.logprobs import RAW_VIEW_EXT
 from vllm_rs.engine.pooler_config import PoolerConfig
 from vllm_rs.engine.request import InvalidRequestError
 
-#: The slots of vLLM's PoolingParams, in order (the rest are internal).
+#: The slots of vLLM 0.33's PoolingParams, in order, through the ones the
+#: engine reads (the rest are internal).
 _SLOTS = (
-    "truncate_prompt_tokens", "dimensions", "normalize", "softmax", "activation", "use_activation",
-    "step_tag_id", "returned_token_ids", "task", "requires_token_ids", "skip_reading_prefix_cache", "extra_kwargs",
+    "use_activation", "dimensions", "step_tag_id", "returned_token_ids", "task", "requires_token_ids",
+    "skip_reading_prefix_cache", "late_interaction_params", "extra_kwargs",
 )  # fmt: skip
-#: Parameters each task takes (vLLM's `valid_parameters`).
+#: The tasks the engine runs and the parameters each takes (vLLM's
+#: `valid_parameters`, less late chunking).
 _VALID = {
-    "embed": ("dimensions", "normalize"),
-    "token_embed": ("dimensions", "normalize"),
+    "embed": ("dimensions", "use_activation"),
+    "token_embed": ("dimensions", "use_activation"),
     "classify": ("use_activation",),
-    "score": ("use_activation",),
 }
 #: The key of `extra_kwargs` that says where a cross-encoder pair's second
 #: text starts (token type 1 from there on), as vLLM compresses `token_type_ids`.
@@ -36,7 +37,7 @@ class PoolingParams:
 
     task: str
     dimensions: int | None = None
-    normalize: bool | None = None
+    #: An embedding's L2 normalization, a classifier's sigmoid or softmax.
     use_activation: bool | None = None
     #: Where token type 1 starts (a cross-encoder pair), when given.
     token_type_start: int | None = None
@@ -52,31 +53,27 @@ class PoolingParams:
             raise InvalidRequestError("pooling_params must be an array")
         task = values.get("task")
         if task not in _VALID:
-            raise InvalidRequestError(f"Unknown pooling task: {task}")
-        # `softmax` and `activation` are vLLM's deprecated names of use_activation.
-        activation = next(
-            (values.get(k) for k in ("use_activation", "softmax", "activation") if values.get(k) is not None), None
-        )
+            raise InvalidRequestError(f"Unknown pooling task: {task!r}")
+        activation = values.get("use_activation")
+        if activation is not None and not isinstance(activation, bool):
+            raise InvalidRequestError("use_activation must be a boolean")
         extra = values.get("extra_kwargs") or {}
         start = extra.get(TOKEN_TYPE_KEY) if isinstance(extra, dict) else None
-        params = cls(task, values.get("dimensions"), values.get("normalize"), activation, start)
+        params = cls(task, values.get("dimensions"), activation, start)
         for key in ("dimensions", "token_type_start"):
             value = getattr(params, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise InvalidRequestError(f"{key} must be an integer")
         return params
 
-    def verify(
-        self, model_task: str, pooler: PoolerConfig, model_name: str, matryoshka: tuple[bool, tuple[int, ...]]
-    ) -> None:
+    def verify(self, model_task: str, pooler: PoolerConfig, model_name: str, matryoshka: Matryoshka) -> None:
         """Fills the pooler's and vLLM's defaults; raises InvalidRequestError
-        (vLLM's words) for a task the model does not run or a parameter the
-        task or model refuses. `matryoshka`: whether the model may be cut
-        short, and to which sizes (empty: any)."""
+        (vLLM 0.33's words) for a task the model does not run or a parameter
+        the task or model refuses."""
         family = "embed" if self.task in ("embed", "token_embed") else "classify"
         if family != model_task:
             raise InvalidRequestError(f"The model does not support the {self.task} task (it serves {model_task})")
-        invalid = [k for k in ("dimensions", "normalize", "use_activation")
+        invalid = [k for k in ("dimensions", "use_activation")
                    if k not in _VALID[self.task] and getattr(self, k) is not None]  # fmt: skip
         if invalid:
             raise InvalidRequestError(
@@ -86,25 +83,39 @@ class PoolingParams:
         for key in _VALID[self.task]:
             if getattr(self, key) is None:
                 setattr(self, key, getattr(pooler, key))
-        if family == "embed":
-            if self.normalize is None:
-                self.normalize = True
-            if self.dimensions is not None:
-                allowed, sizes = matryoshka
-                if not allowed:
-                    raise InvalidRequestError(
-                        f'Model "{model_name}" does not support matryoshka representation, '
-                        "changing output dimensions will lead to poor results."
-                    )
-                if sizes and self.dimensions not in sizes:
-                    raise InvalidRequestError(
-                        f'Model "{model_name}" only supports {list(sizes)} matryoshka dimensions, '
-                        "use other output dimensions will lead to poor results."
-                    )
-                if self.dimensions < 1:
-                    raise InvalidRequestError("Dimensions must be greater than 0")
-        elif self.use_activation is None:
+        if self.use_activation is None:
             self.use_activation = True
+        if family == "embed" and self.dimensions is not None:
+            matryoshka.check(model_name, self.dimensions)
+
+
+@dataclass(frozen=True)
+class Matryoshka:
+    """Which output sizes an embedding model may be cut to."""
+
+    #: Whether it may be cut at all (`is_matryoshka` or `matryoshka_dimensions`).
+    allowed: bool
+    #: The sizes it may be cut to; empty: any in [1, embedding_size].
+    sizes: tuple[int, ...]
+    #: The full embedding's size.
+    embedding_size: int
+
+    def check(self, model_name: str, dimensions: int) -> None:
+        """Raises InvalidRequestError, with vLLM 0.33's message, unless the
+        model may be cut to `dimensions`."""
+        if not self.allowed:
+            raise InvalidRequestError(
+                f"Model {model_name!r} does not support Matryoshka embeddings; "
+                f"dimensions must be unset (received dimensions={dimensions})."
+            )
+        if not 1 <= dimensions <= self.embedding_size:
+            raise InvalidRequestError(
+                f"Model {model_name!r} only supports dimensions in range [1, {self.embedding_size}], got {dimensions}."
+            )
+        if self.sizes and dimensions not in self.sizes:
+            raise InvalidRequestError(
+                f"Model {model_name!r} only supports Matryoshka dimensions {list(self.sizes)}, got {dimensions}."
+            )
 
 
 def tensor_wire(vector: Any) -> list[Any]:

@@ -18,7 +18,7 @@ from vllm_rs.engine.config import EngineConfig
 from vllm_rs.engine.cpu_threads import limit_cpu_threads
 from vllm_rs.engine.llama import rope_tables
 from vllm_rs.engine.model_runner import resolve_device
-from vllm_rs.engine.pooling_params import PoolingParams
+from vllm_rs.engine.pooling_params import Matryoshka, PoolingParams
 from vllm_rs.engine.request import Request
 from vllm_rs.engine.scheduler import ModelOutput, StepPlan
 from vllm_rs.logger import init_logger
@@ -40,7 +40,7 @@ def embed_head(pooled: torch.Tensor, params: PoolingParams) -> torch.Tensor:
     """An embedding: cut to `dimensions` (Matryoshka), then normalized when asked."""
     if params.dimensions is not None:
         pooled = pooled[: params.dimensions]
-    return F.normalize(pooled, p=2, dim=-1) if params.normalize else pooled
+    return F.normalize(pooled, p=2, dim=-1) if params.use_activation else pooled
 
 
 def classify_activation(logits: torch.Tensor, params: PoolingParams) -> torch.Tensor:
@@ -89,7 +89,9 @@ class PoolingRunner:
         self.model_name = model_config.model
         if spec.is_encoder:
             self.model: nn.Module = load_bert(spec.encoder, spec.weight_files, self.dtype, self.device)
-            self.matryoshka = (spec.encoder.is_matryoshka, spec.encoder.matryoshka_dimensions)
+            self.matryoshka = Matryoshka(
+                spec.encoder.is_matryoshka, spec.encoder.matryoshka_dimensions, spec.encoder.hidden_size
+            )
             self.num_labels = spec.encoder.num_labels
         else:
             from vllm_rs.engine.weights import load_model
@@ -97,11 +99,11 @@ class PoolingRunner:
             self.model = load_model(spec, self.dtype, self.device, model_config.quantization)
             for layer in self.model.model.layers:
                 layer.self_attn.attn = CausalAttention(spec.transformer.num_heads, spec.transformer.num_kv_heads)
-            self.matryoshka = (False, ())
+            self.matryoshka = Matryoshka(False, (), spec.transformer.hidden_size)
             self.num_labels = 0
         logger.info(
-            "%s (%s) pooling for %s on %s (%s, normalize %s)", model_config.architecture, model_config.dtype,
-            self.task, self.device, self.pooler.pooling_type, self.pooler.normalize,
+            "%s (%s) pooling for %s on %s (%s, activation %s)", model_config.architecture, model_config.dtype,
+            self.task, self.device, self.pooler.pooling_type, self.pooler.use_activation,
         )  # fmt: skip
 
     def check(self, params: PoolingParams) -> None:

@@ -519,7 +519,7 @@ mod tests {
     #[test]
     fn a_pooling_request_sends_pooling_params_and_no_sampling_params() {
         let pooling = PoolingParams {
-            task: Some("score".into()),
+            task: Some("classify".into()),
             use_activation: Some(false),
             extra_kwargs: Some([("compressed_token_type_ids".to_string(), 4)].into()),
             ..PoolingParams::default()
@@ -537,9 +537,12 @@ mod tests {
         let Value::Array(slots) = rmpv::decode::read_value(&mut &encode_add(&req, 0)[..]).unwrap() else { panic!() };
         assert_eq!(slots[3], Value::Nil);
         let Value::Array(params) = &slots[4] else { panic!("pooling_params is {}", slots[4]) };
-        // vLLM's slot order: ..., use_activation (5), ..., task (8), ..., extra_kwargs (11).
-        assert_eq!((&params[5], &params[8]), (&Value::Boolean(false), &Value::from("score")));
-        assert_eq!(params[11], Value::Map(vec![(Value::from("compressed_token_type_ids"), Value::from(4))]));
+        // vLLM 0.33's slot order: use_activation (0), dimensions (1), ..., task (4),
+        // ..., extra_kwargs (8), output_kind (9, FINAL_ONLY), late_chunking_params (10).
+        assert_eq!(params.len(), 11);
+        assert_eq!((&params[0], &params[4]), (&Value::Boolean(false), &Value::from("classify")));
+        assert_eq!(params[8], Value::Map(vec![(Value::from("compressed_token_type_ids"), Value::from(4))]));
+        assert_eq!((&params[9], &params[10]), (&Value::from(2), &Value::Nil));
     }
 
     #[test]

@@ -178,36 +178,26 @@ pub struct EngineRequest {
     pub pooling: Option<PoolingParams>,
 }
 
-/// vLLM 0.33's `vllm/pooling_params.py::PoolingParams` (array_like, trailing
-/// defaults omitted): the slots through `extra_kwargs`; the internal ones
-/// after it keep vLLM's defaults.
-#[derive(Clone, Debug, Default, PartialEq, Serialize_tuple, Deserialize_tuple)]
+/// vLLM 0.33's `vllm/pooling_params.py::PoolingParams` (array_like, all 11
+/// slots sent as vLLM's encoder sends them). vLLM 0.33 removed `normalize`
+/// (an embedding's `use_activation` is its L2 normalization) and
+/// `truncate_prompt_tokens` (the frontend cuts prompts before sending).
+#[derive(Clone, Debug, PartialEq, Serialize_tuple, Deserialize_tuple)]
 pub struct PoolingParams {
-    /// Truncation of the prompt (done by the frontend before sending).
+    /// Apply the pooler's activation: L2 normalization of an embedding, the
+    /// classifier's sigmoid or softmax (None: the model's default).
     #[serde(default)]
-    pub truncate_prompt_tokens: Option<i64>,
+    pub use_activation: Option<bool>,
     /// Matryoshka output size of an embedding.
     #[serde(default)]
     pub dimensions: Option<u32>,
-    /// L2-normalize an embedding (None: the model's default).
-    #[serde(default)]
-    pub normalize: Option<bool>,
-    /// Deprecated name of `use_activation`: never sent.
-    #[serde(default)]
-    pub softmax: Option<bool>,
-    /// Deprecated name of `use_activation`: never sent.
-    #[serde(default)]
-    pub activation: Option<bool>,
-    /// Apply the classifier's activation (None: the model's default).
-    #[serde(default)]
-    pub use_activation: Option<bool>,
     /// Step pooling: not used.
     #[serde(default)]
     pub step_tag_id: Option<i64>,
     /// Step pooling: not used.
     #[serde(default)]
     pub returned_token_ids: Option<Vec<u32>>,
-    /// `embed`, `classify`, `score`, `token_embed` or `token_classify`.
+    /// `embed`, `classify`, `token_embed` or `token_classify`.
     #[serde(default)]
     pub task: Option<String>,
     /// Whether outputs need the prompt's token ids: never.
@@ -216,9 +206,43 @@ pub struct PoolingParams {
     /// Skip the prefix cache: the engine's default.
     #[serde(default)]
     pub skip_reading_prefix_cache: Option<bool>,
+    /// Late-interaction scoring: not used.
+    #[serde(default)]
+    pub late_interaction_params: Unused,
     /// `compressed_token_type_ids` of a cross-encoder pair: where the second text starts.
     #[serde(default)]
     pub extra_kwargs: Option<std::collections::BTreeMap<String, u64>>,
+    /// vLLM's `RequestOutputKind`: the final output only.
+    #[serde(default = "final_only")]
+    pub output_kind: u8,
+    /// Late chunking of token embeddings: not used.
+    #[serde(default)]
+    pub late_chunking_params: Unused,
+}
+
+/// `RequestOutputKind.FINAL_ONLY`, vLLM's default for pooling.
+const FINAL_ONLY: u8 = 2;
+
+fn final_only() -> u8 {
+    FINAL_ONLY
+}
+
+impl Default for PoolingParams {
+    fn default() -> Self {
+        Self {
+            use_activation: None,
+            dimensions: None,
+            step_tag_id: None,
+            returned_token_ids: None,
+            task: None,
+            requires_token_ids: false,
+            skip_reading_prefix_cache: None,
+            late_interaction_params: Unused,
+            extra_kwargs: None,
+            output_kind: FINAL_ONLY,
+            late_chunking_params: Unused,
+        }
+    }
 }
 
 /// vLLM 0.33's `vllm/v1/engine/__init__.py::EngineCoreRequest` (array_like:

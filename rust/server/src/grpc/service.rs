@@ -183,7 +183,7 @@ impl VllmEngine for Servicer {
                 format!("the prompt has {prompt_tokens} tokens, the model's maximum context length is {max_len}"),
             ));
         }
-        let inputs = vec![Pooling { token_ids, params: params("embed", None, None, None) }];
+        let inputs = vec![Pooling { token_ids, params: params("embed", None, None) }];
         let embedding = match pool_all(state, &request.request_id, inputs, None).await {
             Ok(mut vectors) => vectors.remove(0),
             Err(PoolError::Invalid(error)) => return Err(Status::invalid_argument(error.message)),

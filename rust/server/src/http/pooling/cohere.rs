@@ -121,7 +121,7 @@ async fn cohere_embed(
     }
     let input_tokens = prompts.iter().map(Vec::len).sum();
     let id = format!("embd-{}", client_request_id(headers, None));
-    let vectors = pool_prompts(state, headers, &id, prompts, &params("embed", dimensions, None, None)).await?;
+    let vectors = pool_prompts(state, headers, &id, prompts, &params("embed", dimensions, None)).await?;
     let types = match body.embedding_types {
         Some(types) if !types.is_empty() => types,
         _ => vec![CohereEmbeddingType::Float],

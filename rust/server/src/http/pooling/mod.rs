@@ -121,8 +121,27 @@ fn body_prompts(state: &AppState, body: &mut PoolRequest, purpose: Purpose) -> R
     Ok(prompts)
 }
 
+/// vLLM 0.33's 400s for what it removed from pooling bodies
+/// (`reject_removed_pooling_parameters`): `normalize`, and the `score` and
+/// `encode` tasks.
+fn reject_removed(body: &PoolRequest) -> Result<(), ApiError> {
+    if body.normalize.is_some() {
+        return Err(ApiError::invalid_param(
+            "normalize",
+            "Parameter `normalize` was removed; use `use_activation` instead.",
+        ));
+    }
+    let removed = match body.task.as_deref() {
+        Some("score") => "`score` task was removed; use `classify` instead.",
+        Some("encode") => "`encode` task was removed; use `token_embed` or `token_classify` instead.",
+        _ => return Ok(()),
+    };
+    Err(ApiError::invalid_param("task", removed))
+}
+
 /// `/v1/embeddings` and (with `pooling`) `/pooling`.
 async fn embed(state: &AppState, headers: &HeaderMap, mut body: PoolRequest, pooling: bool) -> Result<Value, ApiError> {
+    reject_removed(&body)?;
     let api = if pooling { "Pooling" } else { "Embeddings" };
     let allowed: &[ModelTask] = if pooling { &[ModelTask::Embed, ModelTask::Classify] } else { &[ModelTask::Embed] };
     require(state, allowed, api)?;
@@ -147,7 +166,7 @@ async fn embed(state: &AppState, headers: &HeaderMap, mut body: PoolRequest, poo
     let client_id = client_request_id(headers, body.request_id.take());
     let prefix = if pooling { "pool" } else { "embd" };
     let id = format!("{prefix}-{client_id}");
-    let settings = params(task, dimensions, body.normalize, body.use_activation);
+    let settings = params(task, dimensions, body.use_activation);
     let vectors = pool_prompts(state, headers, &id, prompts, &settings).await?;
     let (created, model) = (unix_now(), state.config.primary_model_name().to_string());
     let usage = Usage::of(prompt_tokens);
@@ -188,6 +207,7 @@ async fn classify(
     headers: &HeaderMap,
     mut body: PoolRequest,
 ) -> Result<ListResponse<ClassifyData>, ApiError> {
+    reject_removed(&body)?;
     require(state, &[ModelTask::Classify], "Classification")?;
     check_model(state, body.model.as_deref())?;
     let prompts = body_prompts(state, &mut body, Purpose::Classification)?;
@@ -195,7 +215,7 @@ async fn classify(
     let id = format!("classify-{}", client_request_id(headers, body.request_id.take()));
     let inputs = prompts
         .into_iter()
-        .map(|token_ids| Pooling { token_ids, params: params("classify", None, None, body.use_activation) })
+        .map(|token_ids| Pooling { token_ids, params: params("classify", None, body.use_activation) })
         .collect();
     let vectors = pool_all(state, &id, inputs, pinned_rank(headers)?).await?;
     let data = vectors
@@ -237,7 +257,7 @@ async fn pair_scores(
             .into_iter()
             .zip(starts)
             .map(|(token_ids, start)| {
-                let mut params = params("score", None, None, use_activation);
+                let mut params = params("classify", None, use_activation);
                 params.extra_kwargs = Some([("compressed_token_type_ids".to_string(), start as u64)].into());
                 Pooling { token_ids, params }
             })
@@ -250,7 +270,7 @@ async fn pair_scores(
     fit_prompts(state, &mut prompts, (truncate, Cut::End), Purpose::Score)?;
     let prompt_tokens = prompts.iter().map(Vec::len).sum();
     let inputs =
-        prompts.into_iter().map(|token_ids| Pooling { token_ids, params: params("embed", None, None, None) }).collect();
+        prompts.into_iter().map(|token_ids| Pooling { token_ids, params: params("embed", None, None) }).collect();
     let vectors = pool_all(state, id, inputs, rank).await?;
     let scores = pairs.iter().map(|&(a, b)| cosine(&vectors[a], &vectors[first.len() + b])).collect();
     Ok((scores, prompt_tokens))

@@ -92,11 +92,6 @@ pub async fn pool_all(
 }
 
 /// A pooling task's params with the request's settings.
-pub fn params(
-    task: &str,
-    dimensions: Option<u32>,
-    normalize: Option<bool>,
-    use_activation: Option<bool>,
-) -> PoolingParams {
-    PoolingParams { task: Some(task.to_string()), dimensions, normalize, use_activation, ..PoolingParams::default() }
+pub fn params(task: &str, dimensions: Option<u32>, use_activation: Option<bool>) -> PoolingParams {
+    PoolingParams { task: Some(task.to_string()), dimensions, use_activation, ..PoolingParams::default() }
 }

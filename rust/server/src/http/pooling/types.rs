@@ -38,9 +38,10 @@ pub struct PoolRequest {
     pub dimensions: Option<i64>,
     /// Keep this many tokens (-1: the model length).
     pub truncate_prompt_tokens: Option<i64>,
-    /// L2-normalize the embeddings (None: the model's default).
-    pub normalize: Option<bool>,
-    /// Apply the classifier's activation (None: the model's default).
+    /// Removed in vLLM 0.33 (`use_activation` replaces it): refused with vLLM's 400.
+    pub normalize: Option<IgnoredAny>,
+    /// Apply the pooler's activation: L2-normalize an embedding, the
+    /// classifier's sigmoid or softmax (None: the model's default).
     pub use_activation: Option<bool>,
     /// Add the tokenizer's special tokens (default: true for `input`, false for `messages`).
     pub add_special_tokens: Option<bool>,
