@@ -20,3 +20,5 @@ echo "lint: ruff format --check"
 "$venv/bin/ruff" format --check .
 echo "lint: no import circles (python/vllm_rs and every Rust crate)"
 "$venv/bin/python" scripts/check_import_cycles.py
+echo "lint: every pointer into docs/ names a file and section that exist"
+"$venv/bin/python" scripts/check_doc_refs.py
