@@ -1,6 +1,6 @@
 """Checks that every pointer into docs/ names a file and a section that exist.
 
-A pointer is `docs/NAME.md` in a tracked source, script, test, manifest or
+A pointer is `docs/<name>.md` in a tracked source, script, test, manifest or
 document (or `NAME.md` as a Markdown link target inside docs/), optionally
 followed by a section: `, "Section"`, ` ("Section")` or, unquoted, `, Section)`.
 A section exists when a heading of the named file is that text, or starts

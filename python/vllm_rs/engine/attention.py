@@ -7,7 +7,7 @@ the step's windowed view instead, whose sequences hold only the keys some
 query of theirs sees and mask the older ones. The one-query sequences (decodes) of a float32 cache on the
 CPU attend without a gather: the Rust kernel
 `vllm_rs._core.paged_decode_attention` reads each key and value where it
-lies in the cache (docs/real-model-speed.md, "Lever 4")."""
+lies in the cache (docs/real-model-speed.md, "Attention over the paged cache")."""
 
 from __future__ import annotations
 

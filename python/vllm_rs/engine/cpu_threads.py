@@ -61,5 +61,5 @@ def keep_torch_on_one_thread() -> None:
     kernels keep their threads. Measured faster at batch 1 and 16 with 2
     threads than torch on both: torch's operators of a step are too small
     to split, and its idle OpenMP threads spin on the CPU that the kernel's
-    second worker needs (docs/real-model-speed.md, "Lever 3: threads")."""
+    second worker needs (docs/real-model-speed.md, "Threads")."""
     torch.set_num_threads(1)

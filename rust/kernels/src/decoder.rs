@@ -4,7 +4,9 @@
 //! embedded tokens, positions and cache slots once, and gets the logits of
 //! the rows it samples. A batch-1 step of a 30-layer model is about 400
 //! small operations; run one by one from Python they cost more than the
-//! weights take to read (docs/real-model-speed.md, "The native step").
+//! weights take to read: in one call a batch-1 SmolLM2 step went from 17.9
+//! to 9.4 ms (the engine driven directly; docs/real-model-speed.md, "The
+//! native step").
 //!
 //! The arithmetic is the torch path's (`engine/llama.py`), operation for
 //! operation, in float32: RMSNorm (`x * rsqrt(mean(x²) + eps) * w`), the

@@ -7,7 +7,11 @@
 //! result equals "dequantize to float32, then multiply" up to summation order.
 //! An AVX-512 path, else an AVX2+FMA+F16C one, is chosen at run time; the
 //! portable scalar path serves every other CPU and is the tests' reference.
-//! N is split across threads. Why a kernel of our own: docs/real-model-speed.md.
+//! N is split across threads. Why a kernel of our own: torch's weight-only
+//! int8/int4 kernels ran 10-20x slower than float32 on these CPUs, and held
+//! this way the packaged SmolLM2 decodes 1.7x faster at batch 1 than as
+//! fp16 packs, which read 4x the bytes (`bench/bench_quantization.py`;
+//! docs/real-model-speed.md, "The matmul kernel").
 //!
 //! Beside it, `decode_attention`: one query per sequence attending over its
 //! keys and values where they lie in a paged KV cache (`attention.rs`); and
@@ -216,7 +220,10 @@ pub(crate) fn parts_for(threads: usize) -> usize {
     }
 }
 
-/// See `parts_for`: measured in docs/real-model-speed.md, "Parts taken, not given".
+/// See `parts_for`. 4 took 4-6% off a batch-16 decode step beside a noisy
+/// neighbour against 1 (the layout of fixed halves), and 2 gained less; quiet,
+/// and at batch 1, the count made no difference (one engine, the count
+/// switched step by step: docs/real-model-speed.md, "Parts taken, not given").
 const PARTS_PER_THREAD: usize = 4;
 
 /// One checked call, as each thread's part of it sees it.
