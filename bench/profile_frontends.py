@@ -3,8 +3,10 @@
 max_tokens=1 completions from 64 connections to this project's frontend and to
 vLLM 0.33's bundled one (bench/frontends.py), each on fresh `echo` engines.
 Prints the top symbols by self time of each (flat profile: the share of the
-frontend's samples spent in the function itself), grouped into the costs
-docs/frontend-performance.md names, and writes the reports to
+frontend's samples spent in the function itself), grouped into costs
+(`GROUPS`: the kernel, allocation, JSON, HTTP, the runtime, the tokenizer,
+the engine protocol, metrics, copies; docs/frontend-performance.md, "The
+fast paths", says which were cut), and writes the reports to
 bench/results/profile-*.txt.
 
 Both binaries keep their symbol tables; neither needs frame pointers for a

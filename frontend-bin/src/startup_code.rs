@@ -8,7 +8,9 @@
 //! MiB), while serving runs a fraction of it. Advising those mappings away
 //! (`MADV_DONTNEED`) unmaps their pages; what serving runs faults back in from
 //! the page cache (minor faults, once), the rest stays unmapped page cache,
-//! which the kernel reclaims first under memory pressure
+//! which the kernel reclaims first under memory pressure. The binary's
+//! resident pages after `bench/bench_serve.py`'s load went from 11.6-11.8
+//! to 6.9-7.0 MiB, and from 11.2 to 2.1 MiB idle
 //! (docs/frontend-performance.md, "Where the memory goes").
 //!
 //! The same goes for the shared libraries' code (libc, libm, the loader).

@@ -5,8 +5,9 @@
 //!
 //! The `tokenizers` decode stream ([`super::incremental`]) gives the same text
 //! but decodes the context twice per token (a vocabulary lookup, a string per
-//! token and the decoder chain each time), which was a tenth of the frontend's
-//! CPU at `max_tokens=1` (docs/frontend-performance.md).
+//! token and the decoder chain each time), which was 9.3% of the frontend's
+//! samples at `max_tokens=1` (`bench/profile_frontends.py`;
+//! docs/frontend-performance.md, "The fast paths").
 
 use super::incremental::{joined_added_tokens, AddedTokens, PROMPT_CONTEXT};
 use super::{DecodeOptions, TextDecoder};

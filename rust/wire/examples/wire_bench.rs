@@ -6,7 +6,7 @@
 //! prints the best time per item over ROUNDS rounds (default 7). It uses only
 //! `encode_add` and `decode_outputs`, so the same file times other versions
 //! of the codec; on a shared machine only ratios measured in one run mean
-//! anything (docs/frontend-performance.md).
+//! anything (docs/frontend-performance.md, "The engine-core codec").
 
 use rmpv::Value;
 use std::hint::black_box;
