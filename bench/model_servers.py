@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -160,13 +160,14 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, log_dir: Path):
+def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, log_dir: Path, extra: Sequence[str] = ()):
     """llama.cpp's server on the same GGUF and threads, `parallel` slots of
-    LLAMA_SLOT_CTX tokens; its log goes to models-llama-server.log."""
+    LLAMA_SLOT_CTX tokens, with `extra` options (e.g. `--embedding`); its
+    log goes to models-llama-server.log."""
     port = _free_port()
     command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
                "-tb", str(threads), "--parallel", str(parallel), "-c", str(parallel * LLAMA_SLOT_CTX),
-               "--alias", "smollm2", "--no-webui"]  # fmt: skip
+               "--alias", "smollm2", "--no-webui", *extra]  # fmt: skip
     log_path = log_dir / "models-llama-server.log"
     listening = threading.Event()
     with open(log_path, "wb") as log:
