@@ -135,7 +135,7 @@ def llama_1b_source(convert: Path) -> Path:
         return out
     import torch
     import transformers
-    from vllm_rs.gguf_tokenizer import tokenizer_dir
+    from vllm_rs.tokenizer.gguf import tokenizer_dir
 
     checkpoint = MODELS_DIR / "llama1b-hf"
     print("  writing a random-init 1B Llama-shaped checkpoint (bfloat16)", flush=True)

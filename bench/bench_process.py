@@ -32,7 +32,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402  (baseline only)
-from vllm_rs.process import PreparedTarget, kill_process_tree, spawn_executable, spawn_executables, start_targets, wait  # noqa: E402
+from vllm_rs.process.core import (  # noqa: E402
+    PreparedTarget,
+    kill_process_tree,
+    spawn_executable,
+    spawn_executables,
+    start_targets,
+    wait,
+)
 
 from tests.support.trees import TREE_SCRIPT, survivors, wait_built  # noqa: E402
 

@@ -50,7 +50,7 @@ def vllm033_frontend() -> tuple[Path | None, str]:
 
 def our_frontend() -> Path:
     """This project's `vllm-rs` binary (VLLM_RS_FRONTEND_PATH, else the installed one)."""
-    from vllm_rs.frontend import frontend_binary
+    from vllm_rs.serving.frontend_binary import frontend_binary
 
     return Path(frontend_binary())
 
@@ -146,7 +146,7 @@ def frontend_stack(binary: Path, model_dir: Path, engines: Engines, log_path: Pa
     manager's call to `spawn_executable`, once it has built the command line,
     which costs the same whichever binary it names) to the first 200 on
     /health, as `HealthProbe` reads it."""
-    from vllm_rs import process_managers
+    from vllm_rs.process import rust_frontend
     from vllm_rs.utils import RustFrontendProcessManager
 
     http = socket.socket()
@@ -158,14 +158,14 @@ def frontend_stack(binary: Path, model_dir: Path, engines: Engines, log_path: Pa
     )
     probe = HealthProbe(port)
     spawned: list[float] = []
-    spawn = process_managers.spawn_executable
+    spawn = rust_frontend.spawn_executable
 
     def timed_spawn(*spawn_args: Any, **spawn_kwargs: Any) -> Any:
         spawned.append(time.perf_counter())
         return spawn(*spawn_args, **spawn_kwargs)
 
     saved = os.dup(2)
-    with open(log_path, "ab") as log, mock.patch.object(process_managers, "spawn_executable", timed_spawn):
+    with open(log_path, "ab") as log, mock.patch.object(rust_frontend, "spawn_executable", timed_spawn):
         os.dup2(log.fileno(), 2)
         try:
             frontend = RustFrontendProcessManager(

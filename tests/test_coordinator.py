@@ -1,4 +1,4 @@
-"""The data-parallel coordinator (`vllm_rs.coordinator`): its wave rules on
+"""The data-parallel coordinator (`vllm_rs.serving.coordinator`): its wave rules on
 real engine messages, and the process on its real sockets with real ZeroMQ
 peers playing two engines and a frontend."""
 
@@ -9,10 +9,10 @@ import signal
 import msgpack
 import pytest
 import zmq
-from vllm_rs.coordinator import Coordinator, CoordinatorListeners, CoordinatorProcManager
 from vllm_rs.engine.protocol import REQUEST_START_DP_WAVE, EngineCoreOutputs, ProtocolError, encode_outputs
 from vllm_rs.engine.stats import SchedulerStats
 from vllm_rs.network_utils import PrivateSocketDir
+from vllm_rs.serving.coordinator import Coordinator, CoordinatorListeners, CoordinatorProcManager
 
 from tests.thread_signals import signal_another_thread, wait_for_thread
 

@@ -150,8 +150,8 @@ def test_grammars_on_a_real_vocabulary_allow_exactly_the_valid_tokens(tmp_path):
     would break the JSON is masked out."""
     from tokenizers import Tokenizer
     from vllm_rs.engine.structured_output import GrammarMatcher, compile_grammar, grammar_vocabulary
-    from vllm_rs.gguf_tokenizer import tokenizer_dir
     from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
+    from vllm_rs.tokenizer.gguf import tokenizer_dir
 
     try:
         gguf = packaged_model_path()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import vllm_rs
-from vllm_rs import frontend
+from vllm_rs.serving import frontend_binary as frontend
 
 
 def test_installed_binary_is_native_and_on_the_environment_path():
@@ -60,9 +60,9 @@ def test_another_vllm_rs_on_path_is_never_used(monkeypatch, tmp_path):
 
 
 def test_importing_the_package_stays_cheap():
-    code = "import sys, vllm_rs; print('vllm_rs.frontend' in sys.modules, 'sysconfig' in sys.modules)"
+    code = "import sys, vllm_rs; print('vllm_rs.serving.frontend_binary' in sys.modules, 'sysconfig' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ})
     assert out.stdout.split() == ["False", "False"]
-    code = "import sys, vllm_rs; vllm_rs.frontend_binary; print('vllm_rs.frontend' in sys.modules)"
+    code = "import sys, vllm_rs; vllm_rs.frontend_binary; print('vllm_rs.serving.frontend_binary' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"

@@ -1,5 +1,5 @@
 """The tokenizer and chat template rebuilt from a GGUF's metadata
-(`vllm_rs.gguf_tokenizer`), against transformers' own GGUF tokenizer
+(`vllm_rs.tokenizer.gguf`), against transformers' own GGUF tokenizer
 (`AutoTokenizer.from_pretrained(dir, gguf_file=...)`) on the packaged
 SmolLM2 GGUF (byte-level BPE) and the packaged Gemma 3 270M GGUF
 (SentencePiece): the same ids and decoded text for a varied set of strings
@@ -25,9 +25,9 @@ import stat
 import struct
 
 import pytest
-from vllm_rs.gguf_sentencepiece import GEMMA_ARCHITECTURES
-from vllm_rs.gguf_tokenizer import SUPPORTED_PRE, GGUFTokenizerError, tokenizer_dir
 from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
+from vllm_rs.tokenizer.gguf import SUPPORTED_PRE, GGUFTokenizerError, tokenizer_dir
+from vllm_rs.tokenizer.gguf_sentencepiece import GEMMA_ARCHITECTURES
 
 from tests.support.gemma3_270m import GEMMA_TURNS_TEMPLATE, gemma3_270m_path
 

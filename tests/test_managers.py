@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import zmq
 from vllm_rs.network_utils import make_zmq_listener, make_zmq_socket
-from vllm_rs.process import spawn_executable
+from vllm_rs.process.core import spawn_executable
 from vllm_rs.utils import (
     APIServerProcessManager,
     CoreEngineProcManager,
@@ -486,14 +486,86 @@ def test_rust_frontend_manager_missing_binary_cleans_up(tmp_path):
     http.close()
 
 
-def test_rust_frontend_manager_refuses_keys_it_cannot_keep_off_the_command_line(tmp_path):
+def _patched_vllm_manager(monkeypatch) -> type:
+    """`vllm_patch`'s manager for vLLM, built on stand-ins for the three vLLM
+    names it uses (vLLM itself is not installed here; tests/compat runs it
+    against vLLM's own)."""
+    import types
+
+    from vllm_rs import vllm_patch
+    from vllm_rs.process.shutdown import shutdown_and_cleanup_listeners, shutdown_subprocesses
+    from vllm_rs.serving.cli_args import redact_sensitive_args
+
+    startup = types.ModuleType("vllm.entrypoints.common.startup")
+    startup.jsonify_non_default_args = lambda args, *, exclude=None: {
+        key: value for key, value in vars(args).items() if key not in (exclude or ()) and value is not None
+    }
+    startup.redact_sensitive_args = redact_sensitive_args
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.common.startup", startup)
+    vllm_utils = types.SimpleNamespace(
+        logger=logging.getLogger("vllm_rs.tests.vllm"),
+        _shutdown_subprocesses_and_cleanup_listeners=lambda procs, listeners, timeout=None: (
+            shutdown_and_cleanup_listeners(procs, listeners, timeout, shutdown_subprocesses)
+        ),
+    )
+    vllm_envs = types.SimpleNamespace(VLLM_ENGINE_READY_TIMEOUT_S=600, VLLM_HTTP_TIMEOUT_KEEP_ALIVE=5)
+    return vllm_patch._make_rust_frontend_manager(vllm_utils, vllm_envs)
+
+
+@pytest.mark.parametrize("keys", [["sk-one"], ["sk-one", "sk-two"]])
+@pytest.mark.parametrize("entry_point", ["vllm_rs.utils", "vllm_patch"])
+def test_rust_frontend_manager_follows_the_one_api_key_rule(tmp_path, monkeypatch, caplog, keys, entry_point):
+    """vLLM 0.33 passes every key to its Rust frontend in `--args-json`; one
+    key goes in the environment instead (`VLLM_API_KEY`), several stay in
+    `--args-json`, with a warning (`frontend_secrets`), whether the manager
+    is this package's or vLLM's patched one."""
+    import socket
+
+    from vllm_rs.process import rust_frontend
+
+    manager_class = RustFrontendProcessManager if entry_point == "vllm_rs.utils" else _patched_vllm_manager(monkeypatch)
+    spawned = {}
+
+    class Exited:
+        name, pid, exitcode = "RustFrontend", 4321, 0
+
+        def is_alive(self):
+            return False
+
+    def fake_spawn_executable(cmd, *, name, env=None, pass_fds=()):
+        spawned.update(cmd=list(cmd), env=env)
+        return Exited()
+
+    monkeypatch.setattr(rust_frontend, "spawn_executable", fake_spawn_executable)
+    http = socket.socket()
+    inp = make_zmq_listener(f"ipc://{tmp_path}/in.sock", zmq.ROUTER)
+    outp = make_zmq_listener(f"ipc://{tmp_path}/out.sock", zmq.PULL)
+    args = argparse.Namespace(model="m", api_key=keys)
+    try:
+        with caplog.at_level(logging.WARNING, logger="vllm_rs"):
+            manager_class(sys.executable, http, args, inp, outp, 0, 1, 1).shutdown()
+    finally:
+        http.close()
+    args_json = json.loads(spawned["cmd"][spawned["cmd"].index("--args-json") + 1])
+    if len(keys) == 1:
+        assert "api_key" not in args_json and spawned["env"]["VLLM_API_KEY"] == "sk-one"
+        assert not any("sk-one" in arg for arg in spawned["cmd"])
+        assert "API keys" not in caplog.text
+    else:
+        assert args_json["api_key"] == keys and spawned["env"] is None
+        assert "2 API keys: the environment (VLLM_API_KEY) holds one" in caplog.text
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("api_key", [12345, ["sk-one", 2]])
+def test_rust_frontend_manager_refuses_an_api_key_that_is_not_a_string(tmp_path, api_key):
     import socket
 
     http = socket.socket()
     inp = make_zmq_listener(f"ipc://{tmp_path}/in.sock", zmq.ROUTER)
     outp = make_zmq_listener(f"ipc://{tmp_path}/out.sock", zmq.PULL)
-    args = argparse.Namespace(model="m", api_key=["sk-one", "sk-two"])
-    with pytest.raises(ValueError, match=r"api_key: the Rust frontend takes one key \(through VLLM_API_KEY\), got 2"):
+    args = argparse.Namespace(model="m", api_key=api_key)
+    with pytest.raises(ValueError, match=r"api_key: expected a non-empty string, got (int|list)"):
         RustFrontendProcessManager(sys.executable, http, args, inp, outp, 0, 1, 1)
     assert not list(tmp_path.iterdir())
     http.close()
@@ -605,7 +677,7 @@ SOCKET_FILES_THEN_WAIT = """
 import socket, sys, time, zmq
 from vllm_rs import _core
 from vllm_rs.network_utils import make_zmq_listener
-from vllm_rs.process import remove_on_exit
+from vllm_rs.process.core import remove_on_exit
 listener = make_zmq_listener(sys.argv[1], zmq.ROUTER)
 uds = socket.socket(socket.AF_UNIX)
 uds.bind(sys.argv[2])
@@ -637,7 +709,7 @@ def test_socket_files_go_even_when_their_creator_is_sigkilled(tmp_path):
 REGISTER_THEN_SIGKILL_SELF = """
 import os, signal, socket, sys
 from vllm_rs import _core
-from vllm_rs.process import remove_on_exit
+from vllm_rs.process.core import remove_on_exit
 paths = [os.path.join(sys.argv[1], f"s{i}.sock") for i in range(20)]
 socks = [socket.socket(socket.AF_UNIX) for _ in paths]
 for sock, path in zip(socks, paths):
@@ -675,7 +747,7 @@ def test_a_registration_holds_as_soon_as_remove_on_exit_returns(tmp_path):
 PRIVATE_DIRECTORIES_THEN_WAIT = """
 import os, socket, sys, time
 from vllm_rs import _core
-from vllm_rs.process import remove_on_exit
+from vllm_rs.process.core import remove_on_exit
 socks = []
 for name in ("private", "kept"):
     directory = os.path.join(sys.argv[1], name)
@@ -703,7 +775,7 @@ def test_a_registered_directory_goes_with_its_sockets_but_never_with_other_files
 CANCELLED_THEN_WAIT = """
 import socket, sys, time
 from vllm_rs import _core
-from vllm_rs.process import cancel_remove_on_exit, remove_on_exit
+from vllm_rs.process.core import cancel_remove_on_exit, remove_on_exit
 uds = socket.socket(socket.AF_UNIX)
 uds.bind(sys.argv[1])
 remove_on_exit(sys.argv[1])
@@ -722,7 +794,7 @@ def test_a_cancelled_registration_leaves_the_path_alone(tmp_path):
 REPLACE_AFTER_REGISTERING = """
 import os, socket, sys
 from vllm_rs import _core
-from vllm_rs.process import remove_on_exit
+from vllm_rs.process.core import remove_on_exit
 s = socket.socket(socket.AF_UNIX)
 s.bind(sys.argv[1])
 remove_on_exit(sys.argv[1])

@@ -15,7 +15,7 @@ from multiprocessing import connection
 
 import pytest
 from vllm_rs import _core
-from vllm_rs.process import kill_process_tree, spawn_executable, start_target, wait
+from vllm_rs.process.core import kill_process_tree, spawn_executable, start_target, wait
 
 from tests.support.trees import TREE_SCRIPT, descendants, is_running, read_pids, survivors, wait_built
 from tests.support.wait import wait_until
@@ -86,7 +86,7 @@ def test_exec_failures_name_the_path_and_leave_nothing_running(tmp_path):
 
 
 def test_os_failures_carry_errno_and_filename(tmp_path):
-    from vllm_rs.process import remove_on_exit
+    from vllm_rs.process.core import remove_on_exit
 
     missing = tmp_path / "no-such-program"
     with pytest.raises(FileNotFoundError) as err:
@@ -344,7 +344,7 @@ def test_non_linux_platforms_import_but_refuse_to_spawn(monkeypatch):
 
 
 def test_spawn_executables_starts_many_and_cleans_up_on_failure(tmp_path):
-    from vllm_rs.process import spawn_executables
+    from vllm_rs.process.core import spawn_executables
 
     procs = spawn_executables([["sh", "-c", f"exit {i}"] for i in range(40)], names=[f"n{i}" for i in range(40)])
     for proc in procs:

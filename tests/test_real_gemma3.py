@@ -76,7 +76,7 @@ def client(server):
 @pytest.fixture(scope="module")
 def folder(server, gguf, cache) -> str:
     """The tokenizer folder the server rebuilt (it exists once the server is up)."""
-    from vllm_rs.gguf_tokenizer import tokenizer_dir
+    from vllm_rs.tokenizer.gguf import tokenizer_dir
 
     return tokenizer_dir(gguf, cache=os.path.join(cache, "gguf-tokenizers"))
 

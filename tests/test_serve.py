@@ -33,7 +33,7 @@ SOCKET_DIR_LINE = re.compile(r"engine sockets in (\S+) ")
 
 def rust_frontend_available() -> bool:
     try:
-        from vllm_rs.frontend import frontend_binary
+        from vllm_rs.serving.frontend_binary import frontend_binary
 
         frontend_binary()
         return True

@@ -70,7 +70,7 @@ def test_the_model_positionally(tmp_path):
 
 def _binary_in(folder) -> str:
     """A copy of the built `vllm-rs` in `folder` (a venv's `bin/` stand-in)."""
-    from vllm_rs.frontend import frontend_binary
+    from vllm_rs.serving.frontend_binary import frontend_binary
 
     folder.mkdir(exist_ok=True)
     return str(shutil.copy(frontend_binary(), folder / "vllm-rs"))

@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # `vllm_rs.frontend_binary`, imported on first use to keep `import vllm_rs` cheap.
     if name == "frontend_binary":
-        from vllm_rs.frontend import frontend_binary
+        from vllm_rs.serving.frontend_binary import frontend_binary
 
         return frontend_binary
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

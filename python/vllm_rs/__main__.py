@@ -1,4 +1,4 @@
-"""`python -m vllm_rs serve [options]`: see `vllm_rs.serve` (and `--help`)."""
+"""`python -m vllm_rs serve [options]`: see `vllm_rs.serving.serve` (and `--help`)."""
 
 import sys
 
@@ -13,7 +13,7 @@ def main(argv: list[str]) -> int:
     if argv[0] != "serve":
         print(f"python -m vllm_rs: error: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
-    from vllm_rs.serve import main as serve_main
+    from vllm_rs.serving.serve import main as serve_main
 
     return serve_main(argv[1:])
 

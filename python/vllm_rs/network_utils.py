@@ -152,7 +152,7 @@ class PrivateSocketDir:
         self.path = tempfile.mkdtemp(prefix=prefix, dir=base or default_socket_dir_base())
         self._owner = os.getpid()
         if sys.platform.startswith("linux"):
-            from vllm_rs.process import remove_on_exit
+            from vllm_rs.process.core import remove_on_exit
 
             try:
                 remove_on_exit(self.path)
@@ -184,7 +184,7 @@ class PrivateSocketDir:
             logger.warning("socket directory %s not removed: %s", self.path, e.strerror)
             return
         if sys.platform.startswith("linux"):
-            from vllm_rs.process import cancel_remove_on_exit
+            from vllm_rs.process.core import cancel_remove_on_exit
 
             cancel_remove_on_exit(self.path)  # removed here: a later directory there is not ours
 
@@ -287,7 +287,7 @@ class ZmqListener:
         if path:
             _unlink_socket_file(path)
             if sys.platform.startswith("linux"):
-                from vllm_rs.process import cancel_remove_on_exit
+                from vllm_rs.process.core import cancel_remove_on_exit
 
                 cancel_remove_on_exit(path)  # removed here: the guardian must not touch a later file there
 
@@ -317,7 +317,7 @@ def make_zmq_listener(addr: str, socket_type: int) -> ZmqListener:
                 os.chmod(host, PRIVATE_SOCKET_MODE)
             sock.listen(LISTEN_BACKLOG)
             if sys.platform.startswith("linux") and not abstract:
-                from vllm_rs.process import remove_on_exit
+                from vllm_rs.process.core import remove_on_exit
 
                 remove_on_exit(host)  # no socket file left even if we are SIGKILLed
         except BaseException:

@@ -14,15 +14,10 @@ from typing import Any, Generic, TypeVar, overload
 
 from vllm_rs.logger import init_logger
 from vllm_rs.network_utils import ZmqListener, get_open_zmq_ipc_path, get_tcp_uri
-from vllm_rs.process import kill_process_tree
-from vllm_rs.process_managers import (
-    APIServerProcessManager,
-    CoreEngineProcManager,
-    RustFrontendProcessManager,
-    shutdown,
-    wait_for_completion_or_failure,
-)
-from vllm_rs.process_setup import run_api_server_worker_proc
+from vllm_rs.process.core import kill_process_tree
+from vllm_rs.process.managers import APIServerProcessManager, CoreEngineProcManager, wait_for_completion_or_failure
+from vllm_rs.process.rust_frontend import RustFrontendProcessManager, run_api_server_worker_proc
+from vllm_rs.process.shutdown import shutdown
 
 logger = init_logger(__name__)
 

@@ -14,7 +14,9 @@ and behaviour otherwise:
   through the Rust core instead of `subprocess.Popen`, except that a single
   API key goes to the frontend in its environment (`VLLM_API_KEY`), not on
   its command line, which every local user can read (`ps`, `/proc`);
-  several keys stay in `--args-json` as in vLLM, with a warning.
+  several keys stay in `--args-json` as in vLLM, with a warning. It is the
+  project's own launch of the frontend (`vllm_rs.process.rust_frontend`)
+  with vLLM's `--args-json` and shutdown, so both follow one rule.
 - `kill_process_tree` and `shutdown` are this project's: no survivor, even
   among descendants that fork meanwhile or detach with `setsid`.
 - `ipc://` socket files of the handshake and of the frontends' listeners are
@@ -31,7 +33,6 @@ import argparse
 import json
 import os
 import sys
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -75,7 +76,7 @@ class RustCoreProcess:
 
     def start(self) -> None:
         """Starts the child through the Rust core."""
-        from vllm_rs.process import start_target
+        from vllm_rs.process.core import start_target
 
         if self._proc is not None:
             raise AssertionError("cannot start a process twice")
@@ -159,7 +160,7 @@ class _MultiprocessingWithRustCore:
 
 def _remove_ipc_file_on_exit(address: str | None) -> None:
     """Has the guardian unlink an `ipc://` socket file when we are gone."""
-    from vllm_rs.process import remove_on_exit
+    from vllm_rs.process.core import remove_on_exit
 
     if not address or not address.startswith("ipc://") or address.startswith("ipc://@"):
         return
@@ -183,108 +184,56 @@ def _rebind(original: Any, replacement: Any) -> None:
                 setattr(module, name, replacement)
 
 
-#: The environment variable the vllm-rs frontend reads the API key from
-#: (`api_key` in `--args-json` wins when present).
-API_KEY_ENV = "VLLM_API_KEY"
-
-
-def _api_keys(api_key: Any) -> list[str]:
-    """vLLM's `args.api_key` (None, a string or a list of them) as a list of
-    the non-empty keys."""
-    if not api_key:
-        return []
-    keys = [api_key] if isinstance(api_key, str) else list(api_key)
-    return [key for key in keys if isinstance(key, str) and key]
-
-
 def _make_rust_frontend_manager(vllm_utils: Any, envs: Any) -> type:
-    """vLLM's `RustFrontendProcessManager`, started through the Rust core."""
+    """vLLM's `RustFrontendProcessManager` on this project's launch of the
+    frontend (`vllm_rs.process.rust_frontend`): vLLM's `--args-json` and
+    shutdown, the secrets rule and the Rust core's start."""
+    from vllm.entrypoints.common.startup import jsonify_non_default_args, redact_sensitive_args
 
-    class RustFrontendProcessManager:
+    from vllm_rs.process import rust_frontend
+
+    class RustFrontendProcessManager(rust_frontend.RustFrontendProcessManager):
         """Runs vLLM's Rust frontend command (same arguments and
         `--args-json` as vLLM builds them, less a single `api_key`, which
-        goes in the environment as `VLLM_API_KEY`) through the Rust core;
-        the handle in `.processes` is named `RustFrontend`."""
+        goes in the environment as `VLLM_API_KEY`: `frontend_secrets`)
+        through the Rust core; the handle in `.processes` is named
+        `RustFrontend`. The listeners' `ipc://` files are removed by the
+        guardian once this process is gone."""
 
-        def __init__(
-            self,
-            binary_path: str,
-            sock: Any,
-            args: argparse.Namespace,
-            input_listener: Any,
-            output_listener: Any,
-            engine_start_index: int,
-            engine_count: int,
-            data_parallel_size: int,
-            stats_update_address: str | None = None,
-            grpc_sock: Any | None = None,
-        ):
-            from vllm.entrypoints.common.startup import jsonify_non_default_args, redact_sensitive_args
+        _stop = staticmethod(vllm_utils._shutdown_subprocesses_and_cleanup_listeners)
 
-            from vllm_rs.process import spawn_executable
-            from vllm_rs.process_managers import rust_frontend_command
+        def __init__(self, binary_path: str, sock: Any, args: argparse.Namespace, input_listener: Any,
+                     output_listener: Any, *rest: Any, **kwargs: Any):  # fmt: skip
+            for listener in (input_listener, output_listener):
+                _remove_ipc_file_on_exit(listener.address)
+            super().__init__(binary_path, sock, args, input_listener, output_listener, *rest, **kwargs)
 
-            self._listeners = [input_listener, output_listener]
-            try:
-                cmd, inherited_fds = rust_frontend_command(
-                    binary_path,
-                    sock,
-                    input_listener,
-                    output_listener,
-                    engine_start_index,
-                    engine_count,
-                    data_parallel_size,
-                    stats_update_address,
-                    grpc_sock,
-                )
-                exclude = {
+        def _frontend_args(self, args: argparse.Namespace) -> dict[str, Any]:
+            """vLLM's `--args-json` (`api_key` included: `frontend_secrets` takes it out)."""
+            args_dict = jsonify_non_default_args(
+                args,
+                exclude={
                     "api_server_count",
                     "data_parallel_rank",
                     "data_parallel_external_lb",
                     "data_parallel_hybrid_lb",
-                }
-                env = None
-                api_keys = _api_keys(getattr(args, "api_key", None))
-                if len(api_keys) == 1:
-                    # Through the environment, which only this user and root can read.
-                    exclude.add("api_key")
-                    env = {**os.environ, API_KEY_ENV: api_keys[0]}
-                elif len(api_keys) > 1:
-                    logger.warning(
-                        "%d API keys: the environment (%s) holds one, so they go in --args-json, "
-                        "on the frontend's command line, which every local user can read",
-                        len(api_keys), API_KEY_ENV,
-                    )  # fmt: skip
-                args_dict = jsonify_non_default_args(args, exclude=exclude)
-                model_tag = getattr(args, "model_tag", None) or getattr(args, "model", None)
-                if model_tag is not None:
-                    args_dict["model_tag"] = model_tag
-                args_dict["engine_ready_timeout_secs"] = envs.VLLM_ENGINE_READY_TIMEOUT_S
-                args_dict["http_timeout_keep_alive"] = envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
-                cmd.extend(["--args-json", json.dumps(args_dict, sort_keys=True)])
-                redacted = json.dumps(redact_sensitive_args(args_dict), sort_keys=True)
-                vllm_utils.logger.info("Launching Rust frontend: %s", " ".join(cmd[:-1] + [redacted]))
-                for listener in self._listeners:
-                    _remove_ipc_file_on_exit(listener.address)
-                proc = spawn_executable(cmd, name="RustFrontend", env=env, pass_fds=inherited_fds)
-            except BaseException:
-                for listener in self._listeners:
-                    listener.cleanup()
-                raise
-            input_listener.close()
-            output_listener.close()
-            self.processes: list[Any] = [proc]
-            self._finalizer = weakref.finalize(
-                self, vllm_utils._shutdown_subprocesses_and_cleanup_listeners, self.processes, self._listeners
+                },
             )
+            model_tag = getattr(args, "model_tag", None) or getattr(args, "model", None)
+            if model_tag is not None:
+                args_dict["model_tag"] = model_tag
+            args_dict["engine_ready_timeout_secs"] = envs.VLLM_ENGINE_READY_TIMEOUT_S
+            args_dict["http_timeout_keep_alive"] = envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+            return args_dict
 
-        def shutdown(self, timeout: float | None = None) -> None:
-            """Stops the frontend (vLLM's at-least-5-s grace) and cleans up
-            the listeners; idempotent."""
-            if self._finalizer.detach() is not None:
-                vllm_utils._shutdown_subprocesses_and_cleanup_listeners(
-                    self.processes, self._listeners, timeout=timeout
-                )
+        def _hf_token(self, args: argparse.Namespace) -> None:
+            """None: vLLM keeps `hf_token` in `--args-json`."""
+            return None
+
+        def _log_launch(self, cmd: list[str], args_dict: dict[str, Any]) -> None:
+            """vLLM's log line, through vLLM's logger and redaction."""
+            redacted = json.dumps(redact_sensitive_args(args_dict), sort_keys=True)
+            vllm_utils.logger.info("Launching Rust frontend: %s", " ".join(cmd[:-1] + [redacted]))
 
     return RustFrontendProcessManager
 
@@ -342,8 +291,8 @@ def apply() -> bool:
     import vllm.v1.engine.utils as engine_utils
     import vllm.v1.utils as v1_utils
 
-    from vllm_rs.process import kill_process_tree
-    from vllm_rs.process_managers import shutdown
+    from vllm_rs.process.core import kill_process_tree
+    from vllm_rs.process.shutdown import shutdown
 
     original_get_mp_context = system_utils.get_mp_context
 

@@ -217,7 +217,7 @@ def test_external_process_monitoring(caplog):
 def test_rust_frontend_launch_log_redacts_credentials(monkeypatch, caplog):
     """No secret in the launch log line or on the frontend's command line;
     they reach it in its environment."""
-    import vllm_rs.process_managers as process_managers
+    import vllm_rs.process.rust_frontend as rust_frontend
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm_rs.utils import RustFrontendProcessManager
@@ -238,7 +238,7 @@ def test_rust_frontend_launch_log_redacts_credentials(monkeypatch, caplog):
         spawned.update(cmd=list(cmd), env=dict(env or {}))
         return FakeProc()
 
-    monkeypatch.setattr(process_managers, "spawn_executable", fake_spawn_executable)
+    monkeypatch.setattr(rust_frontend, "spawn_executable", fake_spawn_executable)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     input_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
     output_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)

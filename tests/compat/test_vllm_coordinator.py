@@ -60,7 +60,7 @@ def vllms_coordinator_with_our_stack(tmp_path):
     from vllm.v1.utils import RustFrontendProcessManager
     from vllm_rs.engine import make_engine_config, run_engine_core
     from vllm_rs.engine.config import ClientAddresses, CoordinatorAddresses
-    from vllm_rs.frontend import frontend_binary
+    from vllm_rs.serving.frontend_binary import frontend_binary
     from vllm_rs.utils import CoreEngineProcManager
 
     try:

@@ -34,8 +34,8 @@ def test_vllms_names_now_point_at_the_process_core(patched):
     import vllm.utils.system_utils as system_utils
     import vllm.v1.engine.utils as engine_utils
     import vllm.v1.utils as v1_utils
-    from vllm_rs.process import kill_process_tree
-    from vllm_rs.process_managers import shutdown
+    from vllm_rs.process.core import kill_process_tree
+    from vllm_rs.process.shutdown import shutdown
 
     assert system_utils.kill_process_tree is kill_process_tree and v1_utils.kill_process_tree is kill_process_tree
     assert v1_utils.shutdown is shutdown and engine_utils.shutdown is shutdown
@@ -46,7 +46,7 @@ def test_vllms_names_now_point_at_the_process_core(patched):
 @pytest.mark.parametrize("kind", ["forking", "daemons"])
 def test_vllms_kill_process_tree_leaves_no_survivor(patched, tmp_path, kind):
     from vllm.utils.system_utils import kill_process_tree
-    from vllm_rs.process import spawn_executable
+    from vllm_rs.process.core import spawn_executable
 
     pidfile = tmp_path / "pids"
     root = spawn_executable(["sh", str(TREE_SCRIPT), kind, str(pidfile)], name=f"tree-{kind}")
@@ -124,7 +124,7 @@ def vllms_rust_frontend_serving_echo(tmp_path, argv=()):
     from vllm.v1.utils import RustFrontendProcessManager
     from vllm_rs.engine import make_engine_config, run_engine_core
     from vllm_rs.engine.config import ClientAddresses
-    from vllm_rs.frontend import frontend_binary
+    from vllm_rs.serving.frontend_binary import frontend_binary
     from vllm_rs.utils import CoreEngineProcManager
 
     try:
@@ -168,7 +168,7 @@ def vllms_rust_frontend_serving_echo(tmp_path, argv=()):
 
 def test_vllms_rust_frontend_manager_serves_our_engine_through_the_core(patched, tmp_path):
     import openai
-    from vllm_rs.process import Process
+    from vllm_rs.process.core import Process
 
     with vllms_rust_frontend_serving_echo(tmp_path) as (frontend, port):
         assert isinstance(frontend.processes[0], Process) and frontend.processes[0].name == "RustFrontend"
@@ -211,7 +211,7 @@ print("shutdown from", vllm.v1.utils.shutdown.__module__)
 """
 
 
-@pytest.mark.parametrize(("switch", "expected"), [("1", "vllm_rs.process_managers"), ("0", "vllm.v1.utils")])
+@pytest.mark.parametrize(("switch", "expected"), [("1", "vllm_rs.process.shutdown"), ("0", "vllm.v1.utils")])
 def test_vllms_plugin_loader_applies_the_declared_entry_point(tmp_path, switch, expected):
     """vLLM's own `load_general_plugins` in a fresh interpreter, with the
     entry point from pyproject.toml installed as package metadata."""
@@ -239,7 +239,7 @@ def test_vllms_rust_frontend_manager_passes_one_key_in_the_environment(patched, 
     import json
     import socket
 
-    import vllm_rs.process
+    import vllm_rs.process.rust_frontend
     import zmq
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -259,7 +259,7 @@ def test_vllms_rust_frontend_manager_passes_one_key_in_the_environment(patched, 
         spawned.update(cmd=list(cmd), env=env)
         return Exited()
 
-    monkeypatch.setattr(vllm_rs.process, "spawn_executable", fake_spawn_executable)
+    monkeypatch.setattr(vllm_rs.process.rust_frontend, "spawn_executable", fake_spawn_executable)
     sock = socket.socket()
     inp = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
     out = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)

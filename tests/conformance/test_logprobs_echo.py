@@ -13,7 +13,7 @@ import json
 import math
 
 import pytest
-from vllm_rs.frontend import frontend_binary
+from vllm_rs.serving.frontend_binary import frontend_binary
 
 from tests.support.hf_tokenizers import bytes_only_tokenizer, write_model_dir
 from tests.support.http import request as send

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from vllm_rs.frontend import frontend_binary
+from vllm_rs.serving.frontend_binary import frontend_binary
 
 from tests.conformance.support import serving
 from tests.support import metrics_traffic

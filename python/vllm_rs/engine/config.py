@@ -156,7 +156,7 @@ class ClientAddresses:
 
 @dataclass
 class CoordinatorAddresses:
-    """Where engines reach the data-parallel coordinator (`vllm_rs.coordinator`)."""
+    """Where engines reach the data-parallel coordinator (`vllm_rs.serving.coordinator`)."""
 
     #: The engine connects an XSUB here: READY, then START_DP_WAVE messages.
     engine_publish: str

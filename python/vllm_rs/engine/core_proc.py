@@ -43,7 +43,7 @@ from vllm_rs.engine.protocol import (
 )
 from vllm_rs.logger import init_logger
 from vllm_rs.network_utils import make_zmq_socket
-from vllm_rs.signal_wakeup import drain, signal_wakeup
+from vllm_rs.process.signal_wakeup import drain, signal_wakeup
 
 logger = init_logger(__name__)
 
@@ -76,7 +76,7 @@ def run_engine_core(
     come from `vllm_config.clients`; `input_address` is not used."""
     signal.signal(signal.SIGTERM, _raise_shutdown)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from vllm_rs.process_setup import set_process_title
+    from vllm_rs.process.child_setup import set_process_title
 
     set_process_title("EngineCore", str(dp_rank))
     with signal_wakeup() as wakeup:
@@ -120,7 +120,7 @@ class EngineCoreProc:
         #: Utility calls answered (None) once no request runs: (client, call id).
         self._replies_when_idle: list[tuple[int, int]] = []
         #: Polled with the engine sockets, so that SIGTERM ends a blocking poll
-        #: whichever thread the kernel gave it to (`vllm_rs.signal_wakeup`).
+        #: whichever thread the kernel gave it to (`vllm_rs.process.signal_wakeup`).
         self.wakeup = wakeup
 
     def run(self) -> None:

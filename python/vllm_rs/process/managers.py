@@ -1,7 +1,9 @@
-"""Process managers of `vllm_rs.utils`: engine cores, API server processes
-(vLLM's manager, each child by default the Rust frontend) and the Rust frontend, with vLLM's shutdown and failure-watching semantics.
+"""Process managers of `vllm_rs.utils`: engine cores and API server processes
+(vLLM's manager, each child by default the Rust frontend), and the wait on
+them all, with vLLM's shutdown and failure-watching semantics (the Rust
+frontend's own manager is in `rust_frontend.py`, stopping in `shutdown.py`).
 
-All children are started by the Rust core (see `vllm_rs.process`), so they
+All children are started by the Rust core (see `vllm_rs.process.core`), so they
 die with this process and take their descendants along, their sentinels are
 pid fds, and waiting never needs a thread per process.
 """
@@ -9,72 +11,21 @@ pid fds, and waiting never needs a thread per process.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from multiprocessing import connection
 from typing import Any
 
-from vllm_rs import envs
-from vllm_rs.cli_args import jsonify_non_default_args, redact_sensitive_args
 from vllm_rs.logger import init_logger
 from vllm_rs.network_utils import ZmqListener
-from vllm_rs.process import PreparedTarget, Process, kill_process_tree, spawn_executable, start_targets, wait
-from vllm_rs.process_setup import run_api_server_worker_proc
-from vllm_rs.signal_wakeup import drain, signal_wakeup
+from vllm_rs.process.core import PreparedTarget, Process, start_targets, wait
+from vllm_rs.process.rust_frontend import RustFrontendProcessManager, run_api_server_worker_proc
+from vllm_rs.process.shutdown import shutdown, shutdown_and_cleanup_listeners
+from vllm_rs.process.signal_wakeup import drain, signal_wakeup
 
 logger = init_logger("vllm_rs.utils")
-
-#: Least time `RustFrontendProcessManager.shutdown` gives before the kill.
-SUBPROCESS_MIN_SHUTDOWN_S = 5.0
-
-
-def shutdown(procs: list[Any], timeout: float | None = None) -> None:
-    """SIGTERMs every live process, joins them all against one shared deadline
-    (`timeout`, default 5 s), then kill-trees the survivors. Total time is
-    bounded by the timeout plus the kill, however many processes there are."""
-    if timeout is None:
-        timeout = 5.0
-    logger.debug(
-        "[shutdown] Process manager: start process_count=%d timeout=%ss names=%s",
-        len(procs),
-        timeout,
-        ",".join(proc.name for proc in procs),
-    )
-    _terminate_join_kill(procs, timeout, "Process manager", announce_sigterm=True)
-    logger.debug("[shutdown] Process manager: complete")
-
-
-def _terminate_join_kill(procs: list[Any], timeout: float, who: str, announce_sigterm: bool) -> None:
-    for proc in procs:
-        if proc.is_alive():
-            if announce_sigterm:
-                logger.info("[shutdown] %s: send sigterm to process %s", who, proc.name)
-            proc.terminate()
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        if proc.is_alive():
-            proc.join(remaining)
-    survivors = [proc for proc in procs if proc.is_alive() and proc.pid is not None]
-    if survivors:
-        logger.warning("[shutdown] %s: force killing remaining processes count=%d", who, len(survivors))
-    for proc in survivors:
-        logger.warning("[shutdown] %s: force killing remaining process %s pid %d", who, proc.name, proc.pid)
-        kill_process_tree(proc.pid)
-
-
-def _shutdown_subprocesses(procs: list[Any], timeout: float | None = None) -> None:
-    """`shutdown` for executables: never less than 5 s before the kill."""
-    timeout = max(timeout or 0.0, SUBPROCESS_MIN_SHUTDOWN_S)
-    logger.debug("[shutdown] Subprocess manager: start process_count=%d timeout=%ss", len(procs), timeout)
-    _terminate_join_kill(procs, timeout, "Subprocess manager", announce_sigterm=False)
-    logger.debug("[shutdown] Subprocess manager: complete")
 
 
 def _remove_ipc_socket_file(address: str | None) -> None:
@@ -92,19 +43,6 @@ def _shutdown_engines(
     stopping.set()
     shutdown(procs, timeout)
     _remove_ipc_socket_file(input_address)
-
-
-def _shutdown_and_cleanup_listeners(
-    procs: list[Any],
-    listeners: list[ZmqListener],
-    timeout: float | None = None,
-    stop: Callable[[list[Any], float | None], None] = shutdown,
-) -> None:
-    try:
-        stop(procs, timeout)
-    finally:
-        for listener in listeners:
-            listener.cleanup()
 
 
 class CoreEngineProcManager:
@@ -250,164 +188,16 @@ class APIServerProcessManager:
             for listener in listeners:
                 listener.close()
         except BaseException:
-            _shutdown_and_cleanup_listeners(self.processes, listeners)
+            shutdown_and_cleanup_listeners(self.processes, listeners)
             raise
         logger.info("Started %d API server processes", len(self.processes))
-        self._finalizer = weakref.finalize(self, _shutdown_and_cleanup_listeners, self.processes, listeners)
+        self._finalizer = weakref.finalize(self, shutdown_and_cleanup_listeners, self.processes, listeners)
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stops the API servers (SIGTERM, `timeout`, kill-tree) and cleans up
         the listeners; idempotent."""
         if self._finalizer.detach() is not None:
-            _shutdown_and_cleanup_listeners(self.processes, self._listeners, timeout=timeout)
-
-
-#: The environment variable that carries the API key to a frontend (vLLM's name).
-API_KEY_ENV = "VLLM_API_KEY"
-#: The environment variable that carries a Hugging Face token (its hub's name).
-HF_TOKEN_ENV = "HF_TOKEN"
-
-
-def rust_frontend_command(
-    binary_path: str | os.PathLike,
-    sock: Any,
-    input_listener: Any,
-    output_listener: Any,
-    engine_start_index: int,
-    engine_count: int,
-    data_parallel_size: int,
-    stats_update_address: str | None,
-    grpc_sock: Any | None,
-) -> tuple[list[str], list[int]]:
-    """The `vllm-rs frontend` command line up to `--args-json`, and the fds it
-    must inherit (HTTP, input, output, and gRPC when given). The listeners
-    are anything with a `.socket` (a `ZmqListener`, or vLLM's own)."""
-    listen_fd = sock.fileno()
-    input_fd = input_listener.socket.fileno()
-    output_fd = output_listener.socket.fileno()
-    inherited_fds = [listen_fd, input_fd, output_fd]
-    cmd = [
-        os.fspath(binary_path),
-        "frontend",
-        "--listen-fd", str(listen_fd),
-        "--input-listener-fd", str(input_fd),
-        "--output-listener-fd", str(output_fd),
-        "--engine-start-index", str(engine_start_index),
-        "--engine-count", str(engine_count),
-        "--data-parallel-size", str(data_parallel_size),
-    ]  # fmt: skip
-    if grpc_sock is not None:
-        cmd.extend(["--grpc-listen-fd", str(grpc_sock.fileno())])
-        inherited_fds.append(grpc_sock.fileno())
-    if stats_update_address is not None:
-        cmd.extend(["--coordinator-address", stats_update_address])
-    return cmd, inherited_fds
-
-
-def rust_frontend_args(args: argparse.Namespace) -> dict[str, Any]:
-    """What `--args-json` holds: the arguments of `args` that differ from
-    their defaults, less secrets and what only concerns the Python side,
-    plus `model_tag`, `engine_ready_timeout_secs` and `http_timeout_keep_alive`."""
-    args_dict = jsonify_non_default_args(
-        args,
-        exclude={
-            "api_key",
-            "hf_token",
-            "api_server_count",
-            "grpc_port",
-            "data_parallel_rank",
-            "data_parallel_external_lb",
-            "data_parallel_hybrid_lb",
-        },
-    )
-    model_tag = getattr(args, "model_tag", None) or getattr(args, "model", None)
-    if model_tag is not None:
-        args_dict["model_tag"] = model_tag
-    args_dict["engine_ready_timeout_secs"] = envs.engine_ready_timeout_s()
-    args_dict["http_timeout_keep_alive"] = envs.http_timeout_keep_alive()
-    return args_dict
-
-
-class RustFrontendProcessManager:
-    """Runs the Rust frontend (`binary_path frontend ...`, the bundled
-    `vllm-rs` when None) with exactly the HTTP socket and the two listener fds
-    inherited; `.processes` is one handle named `RustFrontend`. Secrets reach
-    the frontend in its environment (`args.api_key` as `VLLM_API_KEY`,
-    `args.hf_token` as `HF_TOKEN`), never on its command line, which every
-    local user can read."""
-
-    def __init__(
-        self,
-        binary_path: str | None,
-        sock: Any,
-        args: argparse.Namespace,
-        input_listener: ZmqListener,
-        output_listener: ZmqListener,
-        engine_start_index: int,
-        engine_count: int,
-        data_parallel_size: int,
-        stats_update_address: str | None = None,
-        grpc_sock: Any | None = None,
-    ):
-        self._listeners = [input_listener, output_listener]
-        try:
-            if binary_path is None:
-                from vllm_rs.frontend import frontend_binary
-
-                binary_path = frontend_binary()
-            cmd, inherited_fds = rust_frontend_command(
-                binary_path,
-                sock,
-                input_listener,
-                output_listener,
-                engine_start_index,
-                engine_count,
-                data_parallel_size,
-                stats_update_address,
-                grpc_sock,
-            )
-            args_dict = rust_frontend_args(args)
-            env = frontend_environment(getattr(args, "api_key", None), getattr(args, "hf_token", None))
-            cmd.extend(["--args-json", json.dumps(args_dict, sort_keys=True)])
-            redacted = json.dumps(redact_sensitive_args(args_dict), sort_keys=True)
-            logger.info("Launching Rust frontend: %s", " ".join(cmd[:-1] + [redacted]))
-            proc = spawn_executable(cmd, name="RustFrontend", env=env, pass_fds=inherited_fds)
-        except BaseException:
-            for listener in self._listeners:
-                listener.cleanup()
-            raise
-        input_listener.close()
-        output_listener.close()
-        self.processes: list[Process] = [proc]
-        self._finalizer = weakref.finalize(
-            self, _shutdown_and_cleanup_listeners, self.processes, self._listeners, None, _shutdown_subprocesses
-        )
-
-    def shutdown(self, timeout: float | None = None) -> None:
-        """Stops the frontend (at least 5 s before the kill) and cleans up the
-        listeners; idempotent."""
-        if self._finalizer.detach() is not None:
-            _shutdown_and_cleanup_listeners(self.processes, self._listeners, timeout, _shutdown_subprocesses)
-
-
-def frontend_environment(api_key: Any, hf_token: Any) -> dict[str, str] | None:
-    """This process's environment plus the secrets given (`VLLM_API_KEY`,
-    `HF_TOKEN`), or None (inherit it as is) when there are none."""
-    secrets: dict[str, str] = {}
-    if api_key:
-        if isinstance(api_key, (list, tuple)):  # vLLM's parser gives a list
-            if len(api_key) != 1:
-                # The environment holds one key; more would need the command line.
-                raise ValueError(
-                    f"api_key: the Rust frontend takes one key (through {API_KEY_ENV}), got {len(api_key)}"
-                )
-            api_key = api_key[0]
-        if not isinstance(api_key, str) or not api_key:
-            raise ValueError(f"api_key: expected a non-empty string, got {type(api_key).__name__}")
-        secrets[API_KEY_ENV] = api_key
-    if isinstance(hf_token, str) and hf_token:  # vLLM's `--hf-token` without a value means "use the login's"
-        secrets[HF_TOKEN_ENV] = hf_token
-    return {**os.environ, **secrets} if secrets else None
+            shutdown_and_cleanup_listeners(self.processes, self._listeners, timeout=timeout)
 
 
 def _wait_on_sentinels(

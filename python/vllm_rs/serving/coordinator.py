@@ -38,9 +38,9 @@ import zmq
 from vllm_rs.engine.config import CoordinatorAddresses
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD, REQUEST_START_DP_WAVE, ProtocolError, pack
 from vllm_rs.logger import init_logger
-from vllm_rs.multinode import tcp_endpoint
+from vllm_rs.multinode.topology import tcp_endpoint
 from vllm_rs.network_utils import PrivateSocketDir, ZmqListener, make_zmq_listener, make_zmq_socket
-from vllm_rs.signal_wakeup import drain, signal_wakeup
+from vllm_rs.process.signal_wakeup import drain, signal_wakeup
 
 logger = init_logger(__name__)
 
@@ -224,7 +224,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def run_coordinator(engine_count: int, listeners: CoordinatorListeners) -> None:
     """Process target: adopts `listeners` and coordinates `engine_count`
     engines until SIGTERM (exit 0)."""
-    from vllm_rs.process_setup import decorate_logs, set_process_title
+    from vllm_rs.process.child_setup import decorate_logs, set_process_title
 
     set_process_title("DPCoordinator", "0")
     decorate_logs("DPCoordinator")
@@ -241,7 +241,7 @@ def run_coordinator(engine_count: int, listeners: CoordinatorListeners) -> None:
             sockets.append(make_zmq_socket(ctx, listener.address, kind, linger=0, listener=listener))
         front, back_publish, back_output = sockets
         # The wakeup socket ends a wait however the kernel routed SIGTERM
-        # (`vllm_rs.signal_wakeup`); the handler then raises here.
+        # (`vllm_rs.process.signal_wakeup`); the handler then raises here.
         with signal_wakeup() as wakeup:
             _serve(Coordinator(engine_count), front, back_publish, back_output, wakeup)
     except KeyboardInterrupt:
@@ -309,7 +309,7 @@ class CoordinatorProcManager:
     stops it. `proc` is what `wait_for_completion_or_failure` watches."""
 
     def __init__(self, engine_count: int, listeners: CoordinatorListeners):
-        from vllm_rs.process import PreparedTarget
+        from vllm_rs.process.core import PreparedTarget
 
         self.addresses = listeners.addresses()
         self.proc = PreparedTarget(run_coordinator, name="DPCoordinator", args=(engine_count, listeners)).start()
@@ -319,6 +319,6 @@ class CoordinatorProcManager:
 
     def shutdown(self, timeout: float | None = None) -> None:
         """SIGTERM, then the kill-tree after `timeout` (idempotent)."""
-        from vllm_rs.process_managers import shutdown
+        from vllm_rs.process.shutdown import shutdown
 
         shutdown([self.proc], timeout=timeout)

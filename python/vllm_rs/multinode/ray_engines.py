@@ -21,9 +21,9 @@ from typing import Any
 
 from vllm_rs.engine.config import EngineConfig
 from vllm_rs.logger import init_logger
-from vllm_rs.multinode import Topology
+from vllm_rs.multinode.topology import Topology
 
-logger = init_logger("vllm_rs.ray_engines")
+logger = init_logger("vllm_rs.multinode.ray_engines")
 
 #: How long placement groups and the actors' start may take.
 PLACEMENT_TIMEOUT_S = 120.0

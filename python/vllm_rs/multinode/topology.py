@@ -1,44 +1,27 @@
 """Engines on more than one host: the data-parallel flags' meaning (vLLM's),
-checked before anything starts, and the control channel between the head
-node and its `serve --headless` engine nodes.
+checked before anything starts.
 
 Topology: the head runs the frontends and ranks `0 .. --data-parallel-size-local`;
 each headless node runs `--data-parallel-size-local` ranks from
 `--data-parallel-start-rank`. The head binds its frontends' engine sockets
 as TCP on `--data-parallel-address` (never on every interface) and the node
-channel on `--data-parallel-address:--data-parallel-rpc-port`; a headless node
-connects there, says which ranks it runs, and gets the engine socket
-addresses back. The channel then carries heartbeats both ways, so either
+channel (`node_channel.py`) on `--data-parallel-address:--data-parallel-rpc-port`;
+a headless node connects there, says which ranks it runs, and gets the engine
+socket addresses back. The channel then carries heartbeats both ways, so either
 side notices the other's loss (a closed connection at once, a cut link
 within `host_heartbeat_timeout_s()`).
-
-The channel is newline-delimited JSON objects over TCP, each with a
-`"type"`: `hello` (node: ranks, model, data_parallel_size), `welcome`
-(head: inputs, outputs, heartbeat_timeout_s) or `refused` (reason), `ping`,
-`engine_died` (node: rank, name, exitcode), `bye` (node stopping on
-purpose), `shutdown` (head stopping on purpose). Like the engine sockets it
-has no authentication: bind it to a trusted network only.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 import os
 import socket
-import time
 from dataclasses import dataclass
-from typing import Any
 
 #: vLLM's default `--data-parallel-rpc-port`.
 DEFAULT_RPC_PORT = 29550
-#: Both ends of the node channel send a ping this often.
-HEARTBEAT_INTERVAL_S = 1.0
-#: A line on the node channel may hold at most this many bytes.
-MAX_LINE_BYTES = 1 << 20
-#: A message that cannot be sent within this means the peer is lost.
-SEND_TIMEOUT_S = 2.0
 #: Environment variable for the heartbeat timeout.
 HEARTBEAT_TIMEOUT_ENV = "VLLM_RS_HOST_HEARTBEAT_TIMEOUT_S"
 DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
@@ -169,73 +152,3 @@ def _ray_node_ip() -> str:
 def tcp_endpoint(address: str, port: int) -> str:
     """`tcp://address:port`, brackets around an IPv6 address."""
     return f"tcp://[{address}]:{port}" if ":" in address else f"tcp://{address}:{port}"
-
-
-class ChannelClosed(Exception):
-    """The peer closed the node channel, or broke its framing."""
-
-
-class NodeChannel:
-    """One end of the node channel: JSON objects, one a line, over a TCP
-    socket; `last_heard` is when anything last arrived."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        # Sends are small and rare: a send that cannot go out within this is a lost peer.
-        self.sock.settimeout(SEND_TIMEOUT_S)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._buffer = b""
-        self.last_heard = time.monotonic()
-        self.peer = _peer_name(sock)
-
-    def fileno(self) -> int:
-        """The socket's fd (for select/poll)."""
-        return self.sock.fileno()
-
-    def send(self, message: dict[str, Any]) -> None:
-        """Sends one message; ChannelClosed when the connection is gone.
-        Messages are small, so a blocking send with a short timeout suffices."""
-        try:
-            self.sock.sendall(json.dumps(message).encode() + b"\n")
-        except OSError as e:
-            raise ChannelClosed(f"sending failed: {e.strerror or e}") from None
-
-    def receive(self) -> list[dict[str, Any]]:
-        """Reads what has arrived (call when the socket is readable) and
-        returns the complete messages; ChannelClosed on end of stream, a
-        reset, a line over `MAX_LINE_BYTES` or a line that is not a JSON object."""
-        try:
-            chunk = self.sock.recv(65536)
-        except (BlockingIOError, InterruptedError, TimeoutError):
-            return []
-        except OSError as e:
-            raise ChannelClosed(f"connection error: {e.strerror or e}") from None
-        if not chunk:
-            raise ChannelClosed("connection closed")
-        self.last_heard = time.monotonic()
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
-        if len(self._buffer) > MAX_LINE_BYTES:
-            raise ChannelClosed(f"a line of more than {MAX_LINE_BYTES} bytes")
-        messages = []
-        for line in lines:
-            try:
-                message = json.loads(line)
-            except ValueError:
-                raise ChannelClosed("a line that is not JSON") from None
-            if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-                raise ChannelClosed("a message that is not an object with a type")
-            messages.append(message)
-        return messages
-
-    def close(self) -> None:
-        """Closes the socket."""
-        self.sock.close()
-
-
-def _peer_name(sock: socket.socket) -> str:
-    try:
-        host, port = sock.getpeername()[:2]
-    except OSError:
-        return "?"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

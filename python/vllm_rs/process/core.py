@@ -36,7 +36,7 @@ _GUARDIAN_BOOT = (
     "spec.loader.exec_module(core)\n"
     "core.guardian_main(int(sys.argv[2]), int(sys.argv[3]))\n"
 )
-_CHILD_BOOT = "from vllm_rs._child import main; main()"
+_CHILD_BOOT = "from vllm_rs.process.child_entry import main; main()"
 _configured = False
 
 

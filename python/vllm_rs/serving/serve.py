@@ -42,8 +42,6 @@ from typing import Any
 
 import zmq
 
-from vllm_rs.cli_args import make_arg_parser
-from vllm_rs.coordinator import CoordinatorListeners, CoordinatorProcManager
 from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigError, make_engine_config
 from vllm_rs.engine.cuda_probe import cuda_available
 from vllm_rs.engine.models import ModelPathError
@@ -51,14 +49,16 @@ from vllm_rs.engine.pooler_config import PoolerConfigError, parse_pooler_config
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 from vllm_rs.generation_config import GenerationConfig, GenerationConfigError
 from vllm_rs.logger import init_logger
-from vllm_rs.multinode import Topology, TopologyError, host_heartbeat_timeout_s, plan_topology, tcp_endpoint
+from vllm_rs.multinode.topology import Topology, TopologyError, host_heartbeat_timeout_s, plan_topology, tcp_endpoint
 from vllm_rs.network_utils import PrivateSocketDir, ZmqListener, is_valid_ipv6_address, make_zmq_listener
-from vllm_rs.process import remove_on_exit
-from vllm_rs.process import wait as wait_fds
-from vllm_rs.process_managers import API_KEY_ENV
-from vllm_rs.serve_model import ModelArgumentError, ServedModel, model_argument, resolve_served_model
+from vllm_rs.process.core import remove_on_exit
+from vllm_rs.process.core import wait as wait_fds
+from vllm_rs.process.rust_frontend import API_KEY_ENV
+from vllm_rs.serving.cli_args import make_arg_parser
+from vllm_rs.serving.coordinator import CoordinatorListeners, CoordinatorProcManager
+from vllm_rs.serving.serve_model import ModelArgumentError, ServedModel, model_argument, resolve_served_model
 
-logger = init_logger("vllm_rs.serve")
+logger = init_logger("vllm_rs.serving.serve")
 
 PROG = "python -m vllm_rs serve"
 
@@ -362,7 +362,7 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
     config.heartbeat_ttl_s = heartbeat_timeout_s
     binary = None
     if not args.headless:
-        from vllm_rs.frontend import frontend_binary
+        from vllm_rs.serving.frontend_binary import frontend_binary
 
         try:
             binary = frontend_binary()
@@ -612,7 +612,7 @@ def run_stack(plan: StackPlan) -> int:
         nodes = _start_node_registry(plan)
         topology = plan.topology
         if topology is not None and topology.backend == "ray":
-            from vllm_rs.ray_engines import RayEngineActorManager
+            from vllm_rs.multinode.ray_engines import RayEngineActorManager
 
             engines = RayEngineActorManager(plan.engine_config, topology, not args.disable_log_stats)
         else:
@@ -665,7 +665,7 @@ def _start_node_registry(plan: StackPlan) -> Any:
     stops the stack like a lost engine (`FrontendHealthWatch.STOP_SIGNAL`)."""
     if plan.node_listener is None or plan.topology is None:
         return None
-    from vllm_rs.node_registry import NodeRegistry
+    from vllm_rs.multinode.node_registry import NodeRegistry
 
     registry = NodeRegistry(
         plan.node_listener, plan.topology.remote_ranks, plan.topology.data_parallel_size, plan.args.model,
@@ -701,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return 2
     if args.headless:
-        from vllm_rs.headless import run_headless
+        from vllm_rs.multinode.headless import run_headless
 
         _set_child_environment(args)
         return run_headless(args, args._topology, config, PROG)

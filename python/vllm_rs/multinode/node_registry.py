@@ -1,4 +1,4 @@
-"""The head node's side of the node channel (`vllm_rs.multinode`): accepts
+"""The head node's side of the node channel (`vllm_rs.multinode.node_channel`): accepts
 `serve --headless` nodes on `--data-parallel-rpc-port`, hands each the
 engine socket addresses (the frontends', and the DP coordinator's), and
 watches them. A node that goes away (its
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from vllm_rs.engine.config import CoordinatorAddresses
 from vllm_rs.logger import init_logger
-from vllm_rs.multinode import HEARTBEAT_INTERVAL_S, ChannelClosed, NodeChannel
+from vllm_rs.multinode.node_channel import HEARTBEAT_INTERVAL_S, ChannelClosed, NodeChannel
 
-logger = init_logger("vllm_rs.node_registry")
+logger = init_logger("vllm_rs.multinode.node_registry")
 
 #: A connection that has not said hello within this is dropped.
 HELLO_TIMEOUT_S = 10.0

@@ -1,4 +1,4 @@
-"""Entry point of a Python target's fresh interpreter (see `process.py`).
+"""Entry point of a Python target's fresh interpreter (see `core.py`).
 
 Reads the preparation data and the pickled process object from the fd given
 as the last argument, exactly as `multiprocessing`'s spawn start method does,

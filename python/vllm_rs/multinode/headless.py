@@ -1,6 +1,6 @@
 """`serve --headless`: an engine-only node. It connects to the head's node
 channel (`--data-parallel-address:--data-parallel-rpc-port`, see
-`vllm_rs.multinode`), says which ranks it runs, starts those engine cores
+`vllm_rs.multinode.node_channel`), says which ranks it runs, starts those engine cores
 with the frontends' engine socket addresses it gets back, and then watches
 both sides:
 
@@ -26,9 +26,10 @@ from typing import Any
 from vllm_rs import envs
 from vllm_rs.engine.config import ClientAddresses, CoordinatorAddresses, EngineConfig
 from vllm_rs.logger import init_logger
-from vllm_rs.multinode import HEARTBEAT_INTERVAL_S, ChannelClosed, NodeChannel, Topology
+from vllm_rs.multinode.node_channel import HEARTBEAT_INTERVAL_S, ChannelClosed, NodeChannel
+from vllm_rs.multinode.topology import Topology
 
-logger = init_logger("vllm_rs.headless")
+logger = init_logger("vllm_rs.multinode.headless")
 
 #: How often a refused connection to the head is retried while it starts.
 CONNECT_RETRY_S = 0.5

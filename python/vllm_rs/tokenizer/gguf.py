@@ -26,8 +26,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_rs.gguf_sentencepiece import GEMMA_ARCHITECTURES, build_gemma_tokenizer, gemma_tokens
 from vllm_rs.logger import init_logger
+from vllm_rs.tokenizer.gguf_sentencepiece import GEMMA_ARCHITECTURES, build_gemma_tokenizer, gemma_tokens
 
 logger = init_logger(__name__)
 
