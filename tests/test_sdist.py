@@ -96,7 +96,15 @@ def test_sdist_holds_the_build_backend(sdist):
 
 def test_sdist_holds_the_python_package(sdist):
     _, files = sdist
-    for path in ["__init__.py", "_core.pyi", "py.typed", "utils.py", "serving/serve.py", "process/core.py", "engine/__init__.py"]:
+    for path in [
+        "__init__.py",
+        "_core.pyi",
+        "py.typed",
+        "utils.py",
+        "serving/serve.py",
+        "process/core.py",
+        "engine/__init__.py",
+    ]:
         assert f"python/vllm_rs/{path}" in files, path
     # Built in place by `maturin develop`: never shipped.
     assert not [path for path in files if path.endswith(".so")]

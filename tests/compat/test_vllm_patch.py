@@ -34,8 +34,8 @@ def test_vllms_names_now_point_at_the_process_core(patched):
     import vllm.utils.system_utils as system_utils
     import vllm.v1.engine.utils as engine_utils
     import vllm.v1.utils as v1_utils
-    from vllm_rs.process.core import kill_process_tree
     from vllm_rs.process import rust_frontend
+    from vllm_rs.process.core import kill_process_tree
     from vllm_rs.process.shutdown import shutdown
 
     assert system_utils.kill_process_tree is kill_process_tree and v1_utils.kill_process_tree is kill_process_tree
