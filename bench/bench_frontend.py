@@ -47,7 +47,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,10 +60,10 @@ sys.path.insert(0, str(ROOT))
 
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
-from vllm_rs.network_utils import make_zmq_listener  # noqa: E402
 from vllm_rs.utils import CoreEngineProcManager, RustFrontendProcessManager  # noqa: E402
 
 from tests.support.engine_peer import connect_as_engine  # noqa: E402
+from tests.support.frontend_stack import engine_listeners, rust_frontend  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog. "
 STREAM_GOAL = 0.90
@@ -372,31 +371,13 @@ def frontend_stack(log_path: Path, workers: int | None = None):
     itself to the machine."""
     import argparse as _argparse
 
-    http = socket.socket()
-    http.bind(("127.0.0.1", 0))
-    http.listen(1024)
-    port = http.getsockname()[1]
-    input_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
-    output_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
-    with engine_process(input_listener.address, output_listener.address) as engine:
+    listeners = engine_listeners()
+    with engine_process(listeners.input.address, listeners.output.address) as engine:
         args = _argparse.Namespace(model="toy", disable_log_stats=True)
-        saved = os.dup(2)
-        with open(log_path, "ab") as log:
-            os.dup2(log.fileno(), 2)
-            if workers is not None:
-                os.environ["TOKIO_WORKER_THREADS"] = str(workers)
-            try:
-                frontend = RustFrontendProcessManager(None, http, args, input_listener, output_listener, 0, 1, 1)
-            finally:
-                os.environ.pop("TOKIO_WORKER_THREADS", None)
-                os.dup2(saved, 2)
-                os.close(saved)
-        http.close()
-        try:
-            wait_healthy(port, frontend)
-            yield port, frontend.processes[0].pid, engine.processes[0].pid
-        finally:
-            frontend.shutdown()
+        env = {"TOKIO_WORKER_THREADS": str(workers)} if workers is not None else None
+        with rust_frontend(args, listeners, backlog=1024, log_path=log_path, env=env) as frontend:
+            wait_healthy(frontend.port, frontend.manager)
+            yield frontend.port, frontend.process.pid, engine.processes[0].pid
 
 
 def wait_healthy(port: int, frontend: RustFrontendProcessManager) -> None:

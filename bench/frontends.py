@@ -24,10 +24,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-import zmq
+if TYPE_CHECKING:
+    from tests.support.frontend_stack import EngineListeners
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_FIXTURE = ROOT / "tests" / "fixtures" / "tokenizers" / "byte-bpe"
@@ -80,8 +81,7 @@ class Engines:
     """Reference `echo` engines waiting on a pair of listeners."""
 
     manager: object
-    input_listener: object
-    output_listener: object
+    listeners: EngineListeners
     count: int
 
 
@@ -91,23 +91,23 @@ def echo_engines(model_dir: Path, count: int) -> Iterator[Engines]:
     the backlog) on a fresh pair of TCP listeners no frontend accepts yet."""
     from vllm_rs.engine import run_engine_core
     from vllm_rs.engine.config import ClientAddresses, make_engine_config
-    from vllm_rs.network_utils import make_zmq_listener
     from vllm_rs.utils import CoreEngineProcManager
 
-    input_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
-    output_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    from tests.support.frontend_stack import engine_listeners
+
+    listeners = engine_listeners()
     config = make_engine_config(str(model_dir), data_parallel_size=count, log_stats=False)
-    config.clients = [ClientAddresses(input_listener.address, output_listener.address)]
+    config.clients = [ClientAddresses(listeners.input.address, listeners.output.address)]
     manager = CoreEngineProcManager(
-        run_engine_core, count, 0, 0, config, True, input_listener.address, None, False
+        run_engine_core, count, 0, 0, config, True, listeners.input.address, None, False
     )  # fmt: skip
     try:
-        for listener in (input_listener, output_listener):
+        for listener in (listeners.input, listeners.output):
             wait_backlog(listener.address, count * ENGINE_CONNECTIONS, deadline=time.monotonic() + 120)
-        yield Engines(manager, input_listener, output_listener, count)
+        yield Engines(manager, listeners, count)
     finally:
         manager.shutdown()
-        for listener in (input_listener, output_listener):
+        for listener in (listeners.input, listeners.output):
             listener.cleanup()
 
 
@@ -146,42 +146,33 @@ def frontend_stack(binary: Path, model_dir: Path, engines: Engines, log_path: Pa
     manager's call to `spawn_executable`, once it has built the command line,
     which costs the same whichever binary it names) to the first 200 on
     /health, as `HealthProbe` reads it."""
-    from vllm_rs.process import rust_frontend
-    from vllm_rs.utils import RustFrontendProcessManager
+    from vllm_rs.process import rust_frontend as launch
 
-    http = socket.socket()
-    http.bind(("127.0.0.1", 0))
-    http.listen(1024)
-    port = http.getsockname()[1]
+    from tests.support.frontend_stack import rust_frontend
+
     namespace = argparse.Namespace(
         model=str(model_dir), served_model_name=["toy"], disable_log_stats=True, max_model_len=4096, **args
     )
-    probe = HealthProbe(port)
+    probes: list[HealthProbe] = []
     spawned: list[float] = []
-    spawn = rust_frontend.spawn_executable
+    spawn = launch.spawn_executable
 
     def timed_spawn(*spawn_args: Any, **spawn_kwargs: Any) -> Any:
         spawned.append(time.perf_counter())
         return spawn(*spawn_args, **spawn_kwargs)
 
-    saved = os.dup(2)
-    with open(log_path, "ab") as log, mock.patch.object(rust_frontend, "spawn_executable", timed_spawn):
-        os.dup2(log.fileno(), 2)
+    with (
+        mock.patch.object(launch, "spawn_executable", timed_spawn),
+        rust_frontend(
+            namespace, engines.listeners, binary=binary, engine_count=engines.count, backlog=1024, log_path=log_path,
+            before_start=lambda port: probes.append(HealthProbe(port)),
+        ) as frontend,
+    ):  # fmt: skip
         try:
-            frontend = RustFrontendProcessManager(
-                str(binary), http, namespace, engines.input_listener, engines.output_listener, 0, engines.count,
-                engines.count,
-            )  # fmt: skip
+            healthy = probes[0].wait(frontend.process)
+            yield Stack(frontend.port, frontend.process.pid, healthy - spawned[0])
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-    http.close()
-    try:
-        healthy = probe.wait(frontend.processes[0])
-        yield Stack(port, frontend.processes[0].pid, healthy - spawned[0])
-    finally:
-        probe.close()
-        frontend.shutdown()
+            probes[0].close()
 
 
 class HealthProbe:

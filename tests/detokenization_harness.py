@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import openai
-import zmq
-from vllm_rs.network_utils import make_zmq_listener
-from vllm_rs.utils import RustFrontendProcessManager
 
 from tests.support.engine_peer import ScriptedEngine
+from tests.support.frontend_stack import engine_listeners, rust_frontend
 from tests.support.http import in_background
 from tests.support.wait import DEADLINE_S, wait_until
 
@@ -54,24 +51,17 @@ class Served:
 @contextlib.contextmanager
 def serve(model_dir: Path) -> Iterator[Served]:
     """The frontend serving the tokenizer in `model_dir`, engine 0 played by the test."""
-    http = socket.socket()
-    http.bind(("127.0.0.1", 0))
-    http.listen(128)
-    port = http.getsockname()[1]
-    input_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
-    output_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    listeners = engine_listeners()
     namespace = argparse.Namespace(model="toy", tokenizer=str(model_dir))
-    frontend = RustFrontendProcessManager(None, http, namespace, input_listener, output_listener, 0, 1, 1)
-    http.close()
-    served = Served(port, input_listener.address, output_listener.address)
-    try:
-        served.engine = ScriptedEngine(served)
-        served.wait_ready(frontend.processes[0].is_alive)
-        yield served
-    finally:
-        if served.engine is not None:
-            served.engine.close()
-        frontend.shutdown()
+    with rust_frontend(namespace, listeners) as frontend:
+        served = Served(frontend.port, listeners.input.address, listeners.output.address)
+        try:
+            served.engine = ScriptedEngine(served)
+            served.wait_ready(frontend.process.is_alive)
+            yield served
+        finally:
+            if served.engine is not None:
+                served.engine.close()
 
 
 @dataclass

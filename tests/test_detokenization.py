@@ -9,15 +9,12 @@ decode computed here with `tokenizers`."""
 from __future__ import annotations
 
 import argparse
-import socket
 
 import pytest
-import zmq
 from tokenizers.decoders import DecodeStream
-from vllm_rs.network_utils import make_zmq_listener
-from vllm_rs.utils import RustFrontendProcessManager
 
 from tests.detokenization_harness import FINISH_STOP, complete, serve
+from tests.support.frontend_stack import rust_frontend
 from tests.support.hf_tokenizers import (
     byte_ids,
     byte_level_tokenizer,
@@ -157,19 +154,9 @@ def test_the_frontend_exits_naming_a_tokenizer_it_cannot_load(tmp_path, capfd, b
     if broken == "not_json":
         location.mkdir()
         (location / "tokenizer.json").write_text("{not json")
-    http = socket.socket()
-    http.bind(("127.0.0.1", 0))
-    http.listen(1)
-    inputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
-    outputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
     namespace = argparse.Namespace(model="toy", tokenizer=str(location))
-    frontend = RustFrontendProcessManager(None, http, namespace, inputs, outputs, 0, 1, 1)
-    http.close()
-    try:
-        process = frontend.processes[0]
-        process.join(DEADLINE_S)
-        assert process.exitcode not in (None, 0)
-    finally:
-        frontend.shutdown()
+    with rust_frontend(namespace, backlog=1) as frontend:
+        frontend.process.join(DEADLINE_S)
+        assert frontend.process.exitcode not in (None, 0)
     captured = capfd.readouterr()
     assert str(location) in captured.out + captured.err

@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
-import socket
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -18,29 +16,15 @@ from pathlib import Path
 
 import openai
 import pytest
-import zmq
 from vllm_rs.engine import make_engine_config, run_engine_core
 from vllm_rs.engine.config import ClientAddresses
 from vllm_rs.engine.core import FAIL_AT_STEP_ENV
-from vllm_rs.network_utils import make_zmq_listener
 from vllm_rs.utils import CoreEngineProcManager, RustFrontendProcessManager, wait_for_completion_or_failure
 
+from tests.support.frontend_stack import engine_listeners, rust_frontend
 from tests.support.wait import WaitTimeout, wait_until
 
 READY_TIMEOUT_S = 60
-
-
-@contextlib.contextmanager
-def stderr_to(path: Path):
-    """Points fd 2 at `path` while children are started, so they log there."""
-    saved = os.dup(2)
-    with open(path, "ab") as f:
-        os.dup2(f.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 @dataclass
@@ -88,33 +72,22 @@ class Stack:
 def serving(tmp_path: Path, engine_count: int = 1, start_engines: bool = True, **args):
     """A frontend for the `echo` model with `engine_count` reference engines
     (their log goes to the test's fd 2); `args` become the server arguments."""
-    http = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    http.bind(("127.0.0.1", 0))
-    http.listen(128)
-    port = http.getsockname()[1]
-    input_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
-    output_listener = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
+    listeners = engine_listeners()
     engines = None
-    frontend = None
     try:
         if start_engines:
             config = make_engine_config(
-                "echo", clients=[ClientAddresses(input_listener.address, output_listener.address)]
+                "echo", clients=[ClientAddresses(listeners.input.address, listeners.output.address)]
             )
             engines = CoreEngineProcManager(
-                run_engine_core, engine_count, 0, 0, config, True, input_listener.address, None, True
+                run_engine_core, engine_count, 0, 0, config, True, listeners.input.address, None, True
             )
         namespace = argparse.Namespace(model="echo", **args)
-        with stderr_to(tmp_path / "frontend.log"):
-            frontend = RustFrontendProcessManager(
-                None, http, namespace, input_listener, output_listener, 0, engine_count, engine_count
-            )
-        http.close()
-        yield Stack(frontend, engines, port, tmp_path)
+        with rust_frontend(
+            namespace, listeners, engine_count=engine_count, log_path=tmp_path / "frontend.log"
+        ) as frontend:
+            yield Stack(frontend.manager, engines, frontend.port, tmp_path)
     finally:
-        http.close()
-        if frontend is not None:
-            frontend.shutdown()
         if engines is not None:
             engines.shutdown()
 

@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,11 +23,10 @@ from typing import Any
 
 import msgpack
 import pytest
-import zmq
-from vllm_rs.network_utils import make_zmq_listener
-from vllm_rs.utils import RustFrontendProcessManager
 
+from tests.support import frontend_stack
 from tests.support.engine_peer import ScriptedEngine
+from tests.support.frontend_stack import engine_listeners
 from tests.support.http import assert_error_shape, in_background, request
 from tests.support.wait import DEADLINE_S, wait_until
 
@@ -47,25 +45,11 @@ def rust_frontend(log_path: Path) -> Iterator[SimpleNamespace]:
     """The `vllm-rs frontend` binary for the built-in `toy` model, its engine
     left to the test (the frontend's stderr goes to `log_path`)."""
     os.environ.setdefault("VLLM_ENGINE_READY_TIMEOUT_S", "60")
-    http = socket.socket()
-    http.bind(("127.0.0.1", 0))
-    http.listen(128)
-    port = http.getsockname()[1]
-    inputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
-    outputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
-    saved = os.dup(2)
-    with open(log_path, "ab") as log:
-        os.dup2(log.fileno(), 2)
-    try:
-        frontend = RustFrontendProcessManager(None, http, argparse.Namespace(model="toy"), inputs, outputs, 0, 1, 1)
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        http.close()
-    try:
-        yield SimpleNamespace(port=port, input_address=inputs.address, output_address=outputs.address)
-    finally:
-        frontend.shutdown()
+    listeners = engine_listeners()
+    with frontend_stack.rust_frontend(argparse.Namespace(model="toy"), listeners, log_path=log_path) as frontend:
+        yield SimpleNamespace(
+            port=frontend.port, input_address=listeners.input.address, output_address=listeners.output.address
+        )
 
 
 def healthy(port: int) -> bool:

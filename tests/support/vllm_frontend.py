@@ -10,18 +10,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq
 from vllm_rs.engine import make_engine_config, run_engine_core
 from vllm_rs.engine.config import ClientAddresses
-from vllm_rs.network_utils import make_zmq_listener
-from vllm_rs.utils import CoreEngineProcManager, RustFrontendProcessManager
+from vllm_rs.utils import CoreEngineProcManager
 
+from tests.support.frontend_stack import engine_listeners, rust_frontend
 from tests.support.http import request
 from tests.support.wait import wait_until
 
@@ -62,32 +60,22 @@ def frontend_before_echo(
     `model_dir` (a `config.json` and a Hugging Face tokenizer) as its model
     and tokenizer, `args` added to its `--args-json`; yields the HTTP port
     once `/health` answers 200."""
-    http = socket.socket()
-    http.bind(("127.0.0.1", 0))
-    http.listen(128)
-    port = http.getsockname()[1]
-    inputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.ROUTER)
-    outputs = make_zmq_listener("tcp://127.0.0.1:0", zmq.PULL)
-    clients = [ClientAddresses(inputs.address, outputs.address)]
+    listeners = engine_listeners()
+    clients = [ClientAddresses(listeners.input.address, listeners.output.address)]
     config = make_engine_config(engine_model, clients=clients, **(engine_options or {}))
-    engines = CoreEngineProcManager(run_engine_core, 1, 0, 0, config, True, inputs.address, None, False)
-    frontend = None
+    engines = CoreEngineProcManager(run_engine_core, 1, 0, 0, config, True, listeners.input.address, None, False)
     try:
         namespace = argparse.Namespace(model=str(model_dir), model_tag=str(model_dir), tokenizer=str(model_dir), **args)
-        frontend = RustFrontendProcessManager(str(binary), http, namespace, inputs, outputs, 0, 1, 1)
-        http.close()
+        with rust_frontend(namespace, listeners, binary=binary) as frontend:
 
-        def healthy() -> bool:
-            assert frontend.processes[0].is_alive(), f"{binary} exited"
-            try:
-                return request("GET", port, "/health", timeout_s=5)[0] == 200
-            except OSError:
-                return False
+            def healthy() -> bool:
+                assert frontend.process.is_alive(), f"{binary} exited"
+                try:
+                    return request("GET", frontend.port, "/health", timeout_s=5)[0] == 200
+                except OSError:
+                    return False
 
-        wait_until(healthy, f"{binary} to serve")
-        yield port
+            wait_until(healthy, f"{binary} to serve")
+            yield frontend.port
     finally:
-        http.close()
-        if frontend is not None:
-            frontend.shutdown()
         engines.shutdown()
