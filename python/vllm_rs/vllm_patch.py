@@ -202,11 +202,34 @@ def _make_rust_frontend_manager(vllm_utils: Any, envs: Any) -> type:
 
         _stop = staticmethod(vllm_utils._shutdown_subprocesses_and_cleanup_listeners)
 
-        def __init__(self, binary_path: str, sock: Any, args: argparse.Namespace, input_listener: Any,
-                     output_listener: Any, *rest: Any, **kwargs: Any):  # fmt: skip
+        def __init__(
+            self,
+            binary_path: str,
+            sock: Any,
+            args: argparse.Namespace,
+            input_listener: Any,
+            output_listener: Any,
+            engine_start_index: int,
+            engine_count: int,
+            data_parallel_size: int,
+            stats_update_address: str | None = None,
+            grpc_sock: Any | None = None,
+        ):
+            # vLLM's listeners do not hand their files to the guardian; ours do.
             for listener in (input_listener, output_listener):
                 _remove_ipc_file_on_exit(listener.address)
-            super().__init__(binary_path, sock, args, input_listener, output_listener, *rest, **kwargs)
+            super().__init__(
+                binary_path,
+                sock,
+                args,
+                input_listener,
+                output_listener,
+                engine_start_index,
+                engine_count,
+                data_parallel_size,
+                stats_update_address,
+                grpc_sock,
+            )
 
         def _frontend_args(self, args: argparse.Namespace) -> dict[str, Any]:
             """vLLM's `--args-json` (`api_key` included: `frontend_secrets` takes it out)."""
