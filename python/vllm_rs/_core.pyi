@@ -1,6 +1,6 @@
 """Typed stubs of the native module `vllm_rs._core` (rust/python/, the binding of the process core in rust/core/)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 #: False on platforms other than Linux, where every function raises NotImplementedError.
 SUPPORTED: bool
@@ -230,3 +230,26 @@ def gguf_dequantize(rows: object, out: object, quant_type: int) -> None:
     released. TypeError for a buffer of the wrong type, ValueError for an
     unknown type, a partial block, a misshapen, read-only or overlapping
     `out`."""
+
+class ModelNotFoundError(LookupError):
+    """A model that is neither a directory, nor in the hub cache, nor downloaded."""
+
+def locate_model(
+    name: str,
+    revision: str | None,
+    download_dir: str | None,
+    env: dict[str, str],
+    weights: bool,
+    announce: Callable[[str], object],
+) -> str:
+    """The directory holding `name`'s files, as the frontend finds it
+    (rust/model-files): a directory as given, else the hub cache snapshot
+    of `revision` (None: `main`), else downloaded unless `env` has
+    `HF_HUB_OFFLINE`; with `weights`, a hub model's safetensors too.
+    `announce` is called with a line before each download starts; the GIL
+    is released meanwhile. ModelNotFoundError naming the model and every
+    place looked in."""
+
+def hub_cache_roots(env: dict[str, str], download_dir: str | None) -> list[str]:
+    """The hub cache folders searched, in order: the Hugging Face default
+    from `env`, then `download_dir`."""

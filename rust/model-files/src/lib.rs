@@ -2,17 +2,24 @@
 //! given; else a snapshot in the Hugging Face hub cache (`HF_HUB_CACHE`, else
 //! `HF_HOME/hub`, else `~/.cache/huggingface/hub`; then `download_dir`) for
 //! the requested revision; else, unless `HF_HUB_OFFLINE` is set, the files
-//! this frontend reads are downloaded from the hub (`HF_ENDPOINT`, default
-//! `https://huggingface.co`) into the cache. A model found in none of these
-//! is an error naming it and every place looked in. The built-in models
-//! (`toy`, `echo`) have no files: they are never looked for or downloaded.
+//! of `HUB_FILES` are downloaded from the hub (`HF_ENDPOINT`, default
+//! `https://huggingface.co`) into the cache, and on request the safetensors
+//! weights too (`weights.rs`). A model found in none of these is an error
+//! naming it and every place looked in. The built-in models (`toy`, `echo`)
+//! have no files: they are never looked for or downloaded. The frontend and
+//! `serve` (through `vllm_rs._core`) both find models here.
 
 pub mod generation_config;
+pub mod weights;
 
-use hf_hub::api::sync::{ApiBuilder, ApiError};
+use hf_hub::api::sync::{Api, ApiBuilder, ApiError, ApiRepo};
 use hf_hub::{Cache, Repo, RepoType};
+use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use vllm_rs_config::EnvLookup;
+
+pub use weights::WeightsError;
 
 /// Model names served with the byte-level tokenizer: they have no files.
 pub const BUILTIN_MODELS: &[&str] = &["toy", "echo"];
@@ -21,8 +28,8 @@ pub const BUILTIN_MODELS: &[&str] = &["toy", "echo"];
 pub const DEFAULT_REVISION: &str = "main";
 /// The hub vLLM downloads from when `HF_ENDPOINT` is not set.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
-/// The files this frontend reads from a model, downloaded when present
-/// (weights stay with the engines, which fetch their own).
+/// The files the frontends and the reference engine read from a model,
+/// downloaded when the hub has them (weights only on request: `locate_with_weights`).
 pub const HUB_FILES: &[&str] = &[
     "config.json",
     "generation_config.json",
@@ -35,12 +42,7 @@ pub const HUB_FILES: &[&str] = &[
 
 /// Why a model's files could not be found: where it was looked for, and
 /// why it was not downloaded or the download failed.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "{name:?} is not a directory and revision {revision:?} of it is not in the Hugging Face cache \
-     (looked in {}){why}",
-    list(.looked)
-)]
+#[derive(Debug)]
 pub struct LocateError {
     /// The model name or path as given.
     pub name: String,
@@ -51,6 +53,28 @@ pub struct LocateError {
     /// Why the cache could not be filled from the hub.
     pub why: Unavailable,
 }
+
+impl LocateError {
+    /// The message, with the name and revision quoted by `quote` (Rust's
+    /// `{:?}` in the frontend's log, Python's `repr` in `serve`'s errors).
+    pub fn describe(&self, quote: &dyn Fn(&str) -> String) -> String {
+        format!(
+            "{} is not a directory and revision {} of it is not in the Hugging Face cache (looked in {}){}",
+            quote(&self.name),
+            quote(&self.revision),
+            list(&self.looked),
+            self.why
+        )
+    }
+}
+
+impl fmt::Display for LocateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe(&|s| format!("{s:?}")))
+    }
+}
+
+impl std::error::Error for LocateError {}
 
 /// Why a model missing from the cache was not downloaded.
 #[derive(Debug, thiserror::Error)]
@@ -91,15 +115,59 @@ fn list(paths: &[PathBuf]) -> String {
 enum Download {
     /// `HF_HUB_OFFLINE` is set: only the cache is used.
     Offline,
-    /// From `endpoint` into the cache folder `into`.
+    /// From `hub` into the cache folder `into`.
     From {
-        /// The hub's base URL (`HF_ENDPOINT`).
-        endpoint: String,
+        /// The hub asked.
+        hub: Hub,
         /// The hub cache the files go to: `download_dir` when given, else the default one.
         into: PathBuf,
-        /// `HF_TOKEN`, for private and gated models (never logged).
-        token: Option<String>,
     },
+}
+
+/// A hub to download from.
+#[derive(Clone, Debug)]
+struct Hub {
+    /// The hub's base URL (`HF_ENDPOINT`).
+    endpoint: String,
+    /// `HF_TOKEN`, for private and gated models (never logged).
+    token: Option<String>,
+}
+
+impl Hub {
+    /// `name` at `revision` on this hub, its files downloaded into the cache `into`.
+    fn repo(&self, name: &str, revision: &str, into: &Path) -> Result<ApiRepo, ApiError> {
+        let api: Api = ApiBuilder::from_cache(Cache::new(into.to_path_buf()))
+            .with_endpoint(self.endpoint.clone())
+            .with_token(self.token.clone())
+            .with_progress(false)
+            .build()?;
+        Ok(api.repo(Repo::with_revision(name.to_owned(), RepoType::Model, revision.to_owned())))
+    }
+}
+
+/// Where a download is announced before it starts: the frontend logs it
+/// (`tracing`), `serve` hands it to Python's logging.
+#[derive(Clone)]
+pub struct Announce(Arc<dyn Fn(&str) + Send + Sync>);
+
+impl Announce {
+    /// Announces with `f`.
+    pub fn new(f: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        Announce(Arc::new(f))
+    }
+}
+
+impl Default for Announce {
+    /// Logs at info level.
+    fn default() -> Self {
+        Announce::new(|message| tracing::info!("{message}"))
+    }
+}
+
+impl fmt::Debug for Announce {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Announce")
+    }
 }
 
 /// The hub cache folders to search, in order, and how to download what they lack.
@@ -107,18 +175,26 @@ enum Download {
 pub struct HubCache {
     roots: Vec<PathBuf>,
     download: Download,
+    announce: Announce,
 }
 
 impl Default for HubCache {
     /// A cache with no folders that never downloads.
     fn default() -> Self {
-        HubCache { roots: Vec::new(), download: Download::Offline }
+        HubCache { roots: Vec::new(), download: Download::Offline, announce: Announce::default() }
     }
 }
 
 /// `HF_HUB_OFFLINE` as `huggingface_hub` reads it: 1, ON, YES or TRUE (any case).
 fn truthy(value: &str) -> bool {
     matches!(value.trim().to_ascii_uppercase().as_str(), "1" | "ON" | "YES" | "TRUE")
+}
+
+/// A model's folder as found: the folder, and the hub cache holding it
+/// (None for a directory given as the model).
+struct Found {
+    dir: PathBuf,
+    cache: Option<PathBuf>,
 }
 
 impl HubCache {
@@ -140,26 +216,69 @@ impl HubCache {
             _ if text("HF_HUB_OFFLINE").is_some_and(|v| truthy(&v)) => Download::Offline,
             None => Download::Offline,
             Some(into) => Download::From {
-                endpoint: text("HF_ENDPOINT")
-                    .map_or_else(|| DEFAULT_ENDPOINT.to_owned(), |e| e.trim_end_matches('/').to_owned()),
+                hub: Hub {
+                    endpoint: text("HF_ENDPOINT")
+                        .map_or_else(|| DEFAULT_ENDPOINT.to_owned(), |e| e.trim_end_matches('/').to_owned()),
+                    token: text("HF_TOKEN"),
+                },
                 into,
-                token: text("HF_TOKEN"),
             },
         };
         let roots = default_root.into_iter().chain(download_dir.map(PathBuf::from)).collect();
-        HubCache { roots, download }
+        HubCache { roots, download, announce: Announce::default() }
+    }
+
+    /// This cache, its downloads announced by `announce` instead of the log.
+    pub fn announcing(self, announce: Announce) -> Self {
+        HubCache { announce, ..self }
+    }
+
+    /// The hub cache folders searched, in order.
+    pub fn roots(&self) -> &[PathBuf] {
+        &self.roots
     }
 
     /// The directory holding `name`'s files: `name` itself when it is a
-    /// directory, else the cached snapshot of `revision` (default `main`): a
-    /// branch or tag under `refs/`, or a commit hash under `snapshots/`;
-    /// else the snapshot the files in `HUB_FILES` are downloaded into. A
-    /// built-in model name (`toy`, `echo`) that is not a directory is an
-    /// error at once: neither the cache nor the hub is asked for it.
+    /// directory, else the cached snapshot of `revision` (default `main`,
+    /// also when empty): a branch or tag under `refs/`, or a commit hash
+    /// under `snapshots/`; else the snapshot the files in `HUB_FILES` are
+    /// downloaded into. A built-in model name (`toy`, `echo`) that is not a
+    /// directory is an error at once: neither the cache nor the hub is asked for it.
     pub fn locate(&self, name: &str, revision: Option<&str>) -> Result<PathBuf, Box<LocateError>> {
-        let revision = revision.unwrap_or(DEFAULT_REVISION);
+        self.find(name, revision).map(|found| found.dir)
+    }
+
+    /// `locate`, and a hub model's safetensors weights fetched too when its
+    /// snapshot lacks them (never with `HF_HUB_OFFLINE`: then that is an
+    /// error); a directory given as the model is taken as it is.
+    pub fn locate_with_weights(&self, name: &str, revision: Option<&str>) -> Result<PathBuf, ModelFilesError> {
+        let Found { dir, cache } = self.find(name, revision).map_err(ModelFilesError::NotFound)?;
+        let Some(cache) = cache else { return Ok(dir) };
+        let Some(missing) = weights::missing(&dir) else { return Ok(dir) };
+        let hub = match &self.download {
+            Download::Offline => {
+                return Err(WeightsError::Offline { name: name.to_owned(), snapshot: dir, missing }.into())
+            }
+            Download::From { hub, .. } => hub,
+        };
+        self.announce(&format!(
+            "downloading the weights of {name} (revision {}) from {} into {}",
+            revision_or_default(revision),
+            hub.endpoint,
+            cache.display()
+        ));
+        weights::download(name, revision_or_default(revision), hub, &cache, missing)?;
+        Ok(dir)
+    }
+
+    fn announce(&self, message: &str) {
+        (self.announce.0)(message);
+    }
+
+    fn find(&self, name: &str, revision: Option<&str>) -> Result<Found, Box<LocateError>> {
+        let revision = revision_or_default(revision);
         if Path::new(name).is_dir() {
-            return Ok(PathBuf::from(name));
+            return Ok(Found { dir: PathBuf::from(name), cache: None });
         }
         let folder = format!("models--{}", name.replace('/', "--"));
         let mut looked = Vec::new();
@@ -177,8 +296,8 @@ impl HubCache {
         if plausible {
             for root in &self.roots {
                 let repo = root.join(&folder);
-                if let Some(snapshot) = snapshot(&repo, revision) {
-                    return Ok(snapshot);
+                if let Some(dir) = snapshot(&repo, revision) {
+                    return Ok(Found { dir, cache: Some(root.clone()) });
                 }
                 looked.push(repo);
             }
@@ -187,12 +306,51 @@ impl HubCache {
             _ if builtin => Unavailable::NotDownloaded("the name of a built-in model, which has no Hugging Face files"),
             _ if !plausible => Unavailable::NotDownloaded("not a Hugging Face model id"),
             Download::Offline => Unavailable::NotDownloaded("HF_HUB_OFFLINE is set (or there is no cache folder)"),
-            Download::From { endpoint, into, token } => match download(name, revision, endpoint, into, token.clone()) {
-                Ok(snapshot) => return Ok(snapshot),
-                Err(why) => why,
-            },
+            Download::From { hub, into } => {
+                self.announce(&format!(
+                    "downloading the tokenizer and config files of {name} (revision {revision}) from {} into {}",
+                    hub.endpoint,
+                    into.display()
+                ));
+                match download(name, revision, hub, into) {
+                    Ok(dir) => return Ok(Found { dir, cache: Some(into.clone()) }),
+                    Err(why) => why,
+                }
+            }
         };
         Err(Box::new(LocateError { name: name.to_owned(), revision: revision.to_owned(), looked, why }))
+    }
+}
+
+/// `revision`, else `main` (an empty one too).
+fn revision_or_default(revision: Option<&str>) -> &str {
+    revision.filter(|r| !r.is_empty()).unwrap_or(DEFAULT_REVISION)
+}
+
+/// Why a model's files, weights included, could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelFilesError {
+    /// Its folder is nowhere.
+    #[error(transparent)]
+    NotFound(Box<LocateError>),
+    /// Its folder is there, its weights are not and could not be downloaded.
+    #[error(transparent)]
+    Weights(Box<WeightsError>),
+}
+
+impl From<WeightsError> for ModelFilesError {
+    fn from(e: WeightsError) -> Self {
+        ModelFilesError::Weights(Box::new(e))
+    }
+}
+
+impl ModelFilesError {
+    /// The message, with names quoted by `quote` (as `LocateError::describe`).
+    pub fn describe(&self, quote: &dyn Fn(&str) -> String) -> String {
+        match self {
+            ModelFilesError::NotFound(e) => e.describe(quote),
+            ModelFilesError::Weights(e) => e.describe(quote),
+        }
     }
 }
 
@@ -203,39 +361,22 @@ fn snapshot(repo: &Path, revision: &str) -> Option<PathBuf> {
         Ok(text) => text.trim().to_owned(),
         Err(_) => revision.to_owned(),
     };
-    if commit.is_empty() || commit.contains('/') || commit == ".." {
+    if commit.is_empty() || commit.contains('/') || commit == ".." || commit == "." {
         return None;
     }
     let dir = repo.join("snapshots").join(commit);
     dir.is_dir().then_some(dir)
 }
 
-/// Downloads the files of `HUB_FILES` that the hub at `endpoint` has for
-/// `name` at `revision` into the cache `into`, and returns their snapshot
-/// folder.
-fn download(
-    name: &str,
-    revision: &str,
-    endpoint: &str,
-    into: &Path,
-    token: Option<String>,
-) -> Result<PathBuf, Unavailable> {
-    tracing::info!(
-        "downloading the tokenizer and config files of {name} (revision {revision}) from {endpoint} into {}",
-        into.display()
-    );
+/// Downloads the files of `HUB_FILES` that `hub` has for `name` at
+/// `revision` into the cache `into`, and returns their snapshot folder.
+fn download(name: &str, revision: &str, hub: &Hub, into: &Path) -> Result<PathBuf, Unavailable> {
     let failed = |file: &'static str, e: &ApiError| Unavailable::Download {
-        endpoint: endpoint.to_owned(),
+        endpoint: hub.endpoint.clone(),
         file,
         reason: e.to_string(),
     };
-    let api = ApiBuilder::from_cache(Cache::new(into.to_path_buf()))
-        .with_endpoint(endpoint.to_owned())
-        .with_token(token)
-        .with_progress(false)
-        .build()
-        .map_err(|e| failed("", &e))?;
-    let repo = api.repo(Repo::with_revision(name.to_owned(), RepoType::Model, revision.to_owned()));
+    let repo = hub.repo(name, revision, into).map_err(|e| failed("", &e))?;
     let (mut snapshot, mut refused) = (None, false);
     for file in HUB_FILES {
         match repo.download(file) {
@@ -247,7 +388,7 @@ fn download(
             },
         }
     }
-    snapshot.ok_or_else(|| Unavailable::NotOnHub { endpoint: endpoint.to_owned(), refused })
+    snapshot.ok_or_else(|| Unavailable::NotOnHub { endpoint: hub.endpoint.clone(), refused })
 }
 
 /// The HTTP status of a hub answer that was an error status.
@@ -377,7 +518,7 @@ mod tests {
         };
         let target = |h: HubCache| match h.download {
             Download::Offline => None,
-            Download::From { endpoint, into, .. } => Some((endpoint, into)),
+            Download::From { hub, into } => Some((hub.endpoint, into)),
         };
         assert_eq!(
             target(HubCache::from_env(&env(&[("HF_HOME", "/b"), ("HF_ENDPOINT", "http://hub.test/")]), None)),
