@@ -234,6 +234,9 @@ def gguf_dequantize(rows: object, out: object, quant_type: int) -> None:
 class ModelNotFoundError(LookupError):
     """A model that is neither a directory, nor in the hub cache, nor downloaded."""
 
+class GenerationConfigError(ValueError):
+    """A generation config that cannot be used; the message names the key and its source."""
+
 def locate_model(
     name: str,
     revision: str | None,
@@ -253,3 +256,13 @@ def locate_model(
 def hub_cache_roots(env: dict[str, str], download_dir: str | None) -> list[str]:
     """The hub cache folders searched, in order: the Hugging Face default
     from `env`, then `download_dir`."""
+
+def load_generation_config(
+    mode: str, overrides_json: str, model_dir: str | None, env: dict[str, str]
+) -> tuple[dict[str, float | int], int | None, list[int]]:
+    """The generation config as the frontend applies it (rust/model-files
+    generation_config.rs): `mode` `auto`, `vllm` or a folder (found as
+    `locate_model` finds one, with the Hugging Face variables of `env`),
+    `overrides_json` a JSON object merged over the sampling defaults;
+    `(defaults, max_tokens_cap, eos_token_ids)`. GenerationConfigError
+    naming the key (or `serve`'s flag) and where it came from."""

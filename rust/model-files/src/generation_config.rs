@@ -9,6 +9,9 @@
 //! takes the model's EOS ids, as vLLM does; any other value is a folder (or
 //! cached hub model) to read instead. `override_generation_config` is merged
 //! over the sampling defaults (a `null` removes one).
+//!
+//! The frontend applies it to requests; `serve` loads it too (through
+//! `vllm_rs._core`), only to refuse a bad one before anything starts.
 
 use crate::{HubCache, BUILTIN_MODELS};
 use serde_json::{Map, Value};
@@ -69,6 +72,36 @@ pub struct GenerationConfigSource<'a> {
     pub overrides: &'a Map<String, Value>,
     /// The model's directory, when it could be found.
     pub model_dir: Option<&'a Path>,
+    /// How errors name the two options.
+    pub names: OptionNames,
+}
+
+/// How errors name `generation_config` and `override_generation_config`:
+/// as the frontend's `--args-json` keys, or as `serve`'s flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptionNames {
+    /// `--args-json: \`generation_config\``, `--args-json: \`override_generation_config.KEY\``.
+    ArgsJson,
+    /// `--generation-config`, `override_generation_config.KEY`.
+    ServeFlags,
+}
+
+impl OptionNames {
+    /// The name of `generation_config`.
+    fn folder(self) -> &'static str {
+        match self {
+            OptionNames::ArgsJson => "--args-json: `generation_config`",
+            OptionNames::ServeFlags => "--generation-config",
+        }
+    }
+
+    /// The name of the override of `key`.
+    fn overridden(self, key: &str) -> String {
+        match self {
+            OptionNames::ArgsJson => format!("--args-json: `override_generation_config.{key}`"),
+            OptionNames::ServeFlags => format!("override_generation_config.{key}"),
+        }
+    }
 }
 
 impl GenerationConfig {
@@ -92,6 +125,7 @@ impl GenerationConfig {
             mode: &files.generation_config,
             overrides: &files.override_generation_config,
             model_dir: model_dir.as_deref(),
+            names: OptionNames::ArgsJson,
         };
         Self::load(&source, hub)
     }
@@ -107,12 +141,13 @@ impl GenerationConfig {
             },
             folder => {
                 // vLLM passes no revision for a folder of its own.
-                let dir = hub.locate(folder, None).map_err(|e| {
-                    ExitError::usage(format!("--args-json: `generation_config`: {e}; or use `auto` or `vllm`"))
-                })?;
+                let option = source.names.folder();
+                let dir = hub
+                    .locate(folder, None)
+                    .map_err(|e| ExitError::usage(format!("{option}: {e}; or use `auto` or `vllm`")))?;
                 let keys = read_config_dir(&dir)?.ok_or_else(|| {
                     ExitError::usage(format!(
-                        "--args-json: `generation_config`: {} holds neither {GENERATION_CONFIG_FILE} nor {MODEL_CONFIG_FILE}",
+                        "{option}: {} holds neither {GENERATION_CONFIG_FILE} nor {MODEL_CONFIG_FILE}",
                         dir.display()
                     ))
                 })?;
@@ -128,7 +163,7 @@ impl GenerationConfig {
         let from_override = |key: &str| source.overrides.get(key).is_some_and(|v| !v.is_null());
         let name = |key: &str| {
             if from_override(key) {
-                format!("--args-json: `override_generation_config.{key}`")
+                source.names.overridden(key)
             } else {
                 format!("generation config of {origin}: `{key}`")
             }
@@ -327,7 +362,7 @@ mod tests {
     fn load(mode: &str, overrides: Value, dir: Option<&Path>) -> Result<GenerationConfig, ExitError> {
         let overrides = overrides.as_object().unwrap().clone();
         GenerationConfig::load(
-            &GenerationConfigSource { mode, overrides: &overrides, model_dir: dir },
+            &GenerationConfigSource { mode, overrides: &overrides, model_dir: dir, names: OptionNames::ArgsJson },
             &HubCache::default(),
         )
     }
@@ -393,6 +428,20 @@ mod tests {
         assert!(usage(load("auto", json!({}), Some(&dir.0))).contains("not valid JSON"));
         std::fs::write(dir.0.join(GENERATION_CONFIG_FILE), r#"{"eos_token_id": [-1]}"#).unwrap();
         assert!(usage(load("auto", json!({}), Some(&dir.0))).contains("eos_token_id"));
+    }
+
+    #[test]
+    fn errors_name_serves_flags_for_serve() {
+        let load = |mode: &str, overrides: Value| {
+            let overrides = overrides.as_object().unwrap().clone();
+            let source =
+                GenerationConfigSource { mode, overrides: &overrides, model_dir: None, names: OptionNames::ServeFlags };
+            usage(GenerationConfig::load(&source, &HubCache::default()))
+        };
+        let m = load("auto", json!({"top_p": 2}));
+        assert!(m.starts_with("override_generation_config.top_p must be"), "{m}");
+        let m = load("/nonexistent/genconfig", json!({}));
+        assert!(m.starts_with("--generation-config: ") && m.contains("/nonexistent/genconfig"), "{m}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! conversion and error mapping only. Processes are the process core's
 //! (`vllm-rs-core`), parsers are `vllm-rs-parsers`'; nothing here decides
 //! anything on its own; the GGUF matmul kernel is `vllm-rs-kernels`', model
-//! files are `vllm-rs-model-files`'.
+//! files and the generation config are `vllm-rs-model-files`'.
 //! `python/vllm_rs/_core.pyi` types what it exports.
 
 mod decoder;
