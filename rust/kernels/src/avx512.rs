@@ -1,6 +1,6 @@
 //! The AVX-512 path (x86-64 with AVX-512F and VL beside the AVX2 path's
-//! features): the AVX2 path's panels (`x86.rs`) with vectors of 16 floats
-//! and 32 registers, from two activation rows on; one row runs the AVX2
+//! features): the panel loop the AVX2 path runs (`panel.rs`) with vectors
+//! of 16 floats and 32 registers, from two activation rows on; one row runs the AVX2
 //! path's register tile. Q8_0, Q4_0 and Q4_1 blocks decode 16 weights at a
 //! time; the other types decode into the panel with the AVX2 path's code.
 //! On a CPU with two 512-bit FMA units that is twice the FMAs per
@@ -13,8 +13,10 @@
 
 use std::arch::x86_64::*;
 
+use crate::operands::{block_bytes, Args};
+use crate::panel::{panel_tile, Width, PANEL_ROWS};
 use crate::quant::{QuantType, BLOCK};
-use crate::x86::{block_bytes, decode_row, for_type, quant, store_sums, sum4, Args, PANEL_ROWS, PANEL_X_BYTES};
+use crate::x86::{decode_row, for_type, sum4};
 use crate::x86::{Q4_0, Q4_1, Q8_0};
 use crate::{Dims, Job};
 
@@ -46,96 +48,91 @@ pub(crate) unsafe fn matmul(job: &Job<'_>, cols: std::ops::Range<usize>) {
 /// activation vectors and one weight vector take 31 of the 32 registers.
 const PANEL_TILE_M: usize = 6;
 
-/// Columns `cols` for two activation rows or more: PANEL_ROWS weight rows
-/// at a time decoded once into a float32 scratch that stays in L1, then
-/// multiplied by register tiles of up to PANEL_TILE_M activation rows (as
-/// the AVX2 path's `panels`); weight rows outermost, each read from memory
-/// once per call (per block of activation rows that stays in L2).
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
-    let bytes = block_bytes(Q);
-    let row_bytes = quant(Q).row_bytes(a.k);
-    // Rows past the end of `cols` stay zero: a last panel of fewer rows is
-    // computed whole and only its own columns are stored.
-    let mut scratch = vec![0.0f32; PANEL_ROWS * a.k];
-    let block_rows = (PANEL_X_BYTES / (4 * a.k)).clamp(PANEL_TILE_M, 256) / PANEL_TILE_M * PANEL_TILE_M;
-    let mut i0 = 0;
-    while i0 < a.m {
-        let i1 = (i0 + block_rows).min(a.m);
-        let mut j = cols.start;
-        while j < cols.end {
-            let rows = PANEL_ROWS.min(cols.end - j);
-            // SAFETY: j + rows <= n, so every block read is inside w; the
-            // scratch holds PANEL_ROWS rows of k floats; i1 <= m.
-            unsafe {
-                if rows < PANEL_ROWS {
-                    scratch.fill(0.0);
-                }
-                for r in 0..rows {
-                    let row = a.w.add((j + r) * row_bytes);
-                    let dst = scratch.as_mut_ptr().add(r * a.k);
-                    if !matches!(Q, Q8_0 | Q4_0 | Q4_1) {
-                        // The other types decode with the AVX2 path's code.
-                        decode_row::<Q>(row, a.k, dst);
-                        continue;
-                    }
-                    for b in 0..a.k / BLOCK {
-                        let (lo, hi) = decode_block::<Q>(row.add(b * bytes));
-                        _mm512_storeu_ps(dst.add(b * BLOCK), lo);
-                        _mm512_storeu_ps(dst.add(b * BLOCK + 16), hi);
-                    }
-                }
-                let w = scratch.as_ptr();
-                let mut i = i0;
-                while i + PANEL_TILE_M <= i1 {
-                    panel_tile::<PANEL_TILE_M>(a, w, i, j, rows);
-                    i += PANEL_TILE_M;
-                }
-                match i1 - i {
-                    0 => {}
-                    1 => panel_tile::<1>(a, w, i, j, rows),
-                    2 => panel_tile::<2>(a, w, i, j, rows),
-                    3 => panel_tile::<3>(a, w, i, j, rows),
-                    4 => panel_tile::<4>(a, w, i, j, rows),
-                    _ => panel_tile::<5>(a, w, i, j, rows),
-                }
-            }
-            j += rows;
+/// The AVX-512 width of the panel loop (`panel.rs`): 16 lanes, 32 registers.
+struct Avx512;
+
+impl Width for Avx512 {
+    type V = __m512;
+    const LANES: usize = 16;
+    const TILE_M: usize = PANEL_TILE_M;
+    const MIN_BLOCK_ROWS: usize = PANEL_TILE_M;
+
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn zero() -> __m512 {
+        _mm512_setzero_ps()
+    }
+
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn load(p: *const f32) -> __m512 {
+        // SAFETY: the caller's 16 floats at p.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+
+    /// Each accumulator's 16 lanes folded into 8 (`halves`), then the AVX2
+    /// path's `sum4`.
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn sums(v: &[__m512; PANEL_ROWS]) -> __m128 {
+        let mut folded = [_mm256_setzero_ps(); PANEL_ROWS];
+        for (f, v) in folded.iter_mut().zip(v) {
+            *f = halves(*v);
         }
-        i0 = i1;
+        sum4(&folded)
+    }
+
+    /// Q8_0, Q4_0 and Q4_1 16 weights at a time (`decode_block`); the other
+    /// types with the AVX2 path's code.
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode_row<const Q: u8>(row: *const u8, k: usize, dst: *mut f32) {
+        // SAFETY: the caller's bounds: k / BLOCK whole blocks at row, k floats at dst.
+        unsafe {
+            if !matches!(Q, Q8_0 | Q4_0 | Q4_1) {
+                return decode_row::<Q>(row, k, dst);
+            }
+            for b in 0..k / BLOCK {
+                let (lo, hi) = decode_block::<Q>(row.add(b * block_bytes(Q)));
+                _mm512_storeu_ps(dst.add(b * BLOCK), lo);
+                _mm512_storeu_ps(dst.add(b * BLOCK + 16), hi);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    unsafe fn tiles(a: &Args, w: *const f32, i0: usize, i1: usize, j: usize, cols: usize) {
+        let mut i = i0;
+        // SAFETY: every tile lies in i0..i1; the rest is the caller's.
+        unsafe {
+            while i + PANEL_TILE_M <= i1 {
+                panel_tile::<Self, PANEL_TILE_M>(a, w, i, j, cols);
+                i += PANEL_TILE_M;
+            }
+            match i1 - i {
+                0 => {}
+                1 => panel_tile::<Self, 1>(a, w, i, j, cols),
+                2 => panel_tile::<Self, 2>(a, w, i, j, cols),
+                3 => panel_tile::<Self, 3>(a, w, i, j, cols),
+                4 => panel_tile::<Self, 4>(a, w, i, j, cols),
+                _ => panel_tile::<Self, 5>(a, w, i, j, cols),
+            }
+        }
     }
 }
 
-/// `y[i..i+MR, j..j+cols]` from the PANEL_ROWS decoded weight rows at `w`
-/// (k floats each). Every output has one accumulator, summed over k in
-/// order and reduced the same way whatever MR and `cols`: an output's bits
-/// do not depend on its place in the batch or on the thread split.
+/// Columns `cols` for two activation rows or more: the panel loop
+/// (`panel.rs`) at 16 lanes, tiles of up to PANEL_TILE_M activation rows.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn panel_tile<const MR: usize>(a: &Args, w: *const f32, i: usize, j: usize, cols: usize) {
-    let mut acc = [[_mm512_setzero_ps(); PANEL_ROWS]; MR];
-    // SAFETY: i + MR <= m, j + cols <= n, and w holds PANEL_ROWS rows of k floats.
-    unsafe {
-        let x = a.x.add(i * a.k);
-        for kc in (0..a.k).step_by(16) {
-            let mut xv = [_mm512_setzero_ps(); MR];
-            for (row, v) in xv.iter_mut().enumerate() {
-                *v = _mm512_loadu_ps(x.add(row * a.k + kc));
-            }
-            for r in 0..PANEL_ROWS {
-                let wv = _mm512_loadu_ps(w.add(r * a.k + kc));
-                for (acc_row, xr) in acc.iter_mut().zip(&xv) {
-                    acc_row[r] = _mm512_fmadd_ps(*xr, wv, acc_row[r]);
-                }
-            }
-        }
-        for (row, acc_row) in acc.iter().enumerate() {
-            let mut folded = [_mm256_setzero_ps(); PANEL_ROWS];
-            for (f, v) in folded.iter_mut().zip(acc_row) {
-                *f = halves(*v);
-            }
-            store_sums(a, sum4(&folded), i + row, j, cols);
-        }
-    }
+unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
+    // SAFETY: forwarded; this function enables the AVX-512 path's features.
+    unsafe { crate::panel::panels::<Avx512, Q>(a, cols) }
 }
 
 /// The 16 lanes of `v` added pairwise into 8 (lane l + lane l + 8).

@@ -24,6 +24,10 @@ mod attention;
 mod avx512;
 mod decoder;
 mod kv_cache;
+#[cfg(target_arch = "x86_64")]
+mod operands;
+#[cfg(target_arch = "x86_64")]
+mod panel;
 mod pool;
 mod quant;
 mod scalar;

@@ -43,7 +43,7 @@ const fn sub_blocks(q: u8) -> usize {
 #[inline]
 pub(crate) unsafe fn scales<const Q: u8>(block: *const u8) -> Scales {
     // SAFETY: the caller's block is whole: these are its scale bytes.
-    let b = unsafe { std::slice::from_raw_parts(block, crate::x86::block_bytes(Q)) };
+    let b = unsafe { std::slice::from_raw_parts(block, crate::operands::block_bytes(Q)) };
     let mut s = Scales { scale: [0.0; 16], min: [0.0; 16] };
     // The super-block's f16 scale and minimum, converted once.
     let (d, dmin) = match Q {

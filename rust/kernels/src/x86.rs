@@ -11,6 +11,8 @@
 
 use std::arch::x86_64::*;
 
+use crate::operands::{block_bytes, quant, Args};
+use crate::panel::{panel_tile, Width, PANEL_ROWS};
 use crate::quant::{QuantType, BLOCK, IQ4_LEVELS, SUPER_BLOCK};
 use crate::{Dims, Job};
 
@@ -67,26 +69,6 @@ pub(crate) unsafe fn matmul(job: &Job<'_>, cols: std::ops::Range<usize>) {
     let args = Args { x: job.x.as_ptr(), w: job.w.as_ptr(), y: job.y.0, m, n, k };
     // SAFETY: forwarded from the caller.
     unsafe { for_type!(job.quant, columns(&args, cols)) }
-}
-
-/// The operands: `x` is `m x k`, `w` `n` rows of blocks, `y` `m x n`.
-pub(crate) struct Args {
-    pub(crate) x: *const f32,
-    pub(crate) w: *const u8,
-    pub(crate) y: *mut f32,
-    pub(crate) m: usize,
-    pub(crate) n: usize,
-    pub(crate) k: usize,
-}
-
-/// The type of const id `q`.
-pub(crate) const fn quant(q: u8) -> QuantType {
-    QuantType::ALL[q as usize]
-}
-
-/// Bytes of a block of the type of const id `q`.
-pub(crate) const fn block_bytes(q: u8) -> usize {
-    quant(q).block_bytes()
 }
 
 /// Weight rows outermost, each read from memory once per call and
@@ -150,61 +132,79 @@ pub(crate) fn prefetch(p: *const u8, len: usize) {
 /// panel (`panels`) rather than in registers per tile of 4 rows (measured:
 /// 5 to 7 rows run 10-15% faster in panels, 4 rows 20% slower).
 pub(crate) const PANEL_MIN_M: usize = 5;
-/// Weight rows per panel: the 4 outputs of an activation row are reduced
-/// together and stored as one vector.
-pub(crate) const PANEL_ROWS: usize = 4;
 /// Activation rows per register tile of a panel: 3 x 4 accumulators, 3
 /// activation vectors and one weight vector fill the 16 registers; 3 + 4
 /// loads feed 12 FMAs.
 const PANEL_TILE_M: usize = 3;
-/// Bytes of activations a panel pass keeps hot (half a 512 KiB L2).
-pub(crate) const PANEL_X_BYTES: usize = 256 << 10;
 
-/// `columns` for many activation rows (see there).
+/// The AVX2 width of the panel loop (`panel.rs`): 8 lanes, 16 registers.
+struct Avx2;
+
+impl Width for Avx2 {
+    type V = __m256;
+    const LANES: usize = 8;
+    const TILE_M: usize = PANEL_TILE_M;
+    const MIN_BLOCK_ROWS: usize = PANEL_MIN_M;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn load(p: *const f32) -> __m256 {
+        // SAFETY: the caller's 8 floats at p.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn sums(v: &[__m256; PANEL_ROWS]) -> __m128 {
+        sum4(v)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode_row<const Q: u8>(row: *const u8, k: usize, dst: *mut f32) {
+        // SAFETY: forwarded.
+        unsafe { decode_row::<Q>(row, k, dst) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tiles(a: &Args, w: *const f32, i0: usize, i1: usize, j: usize, cols: usize) {
+        // Tiles of 3 rows; a remainder of 4 goes as 2 + 2, not 3 + 1
+        // (a 1-row tile's 4 FMA chains wait on the FMA latency).
+        let mut i = i0;
+        // SAFETY: every tile lies in i0..i1; the rest is the caller's.
+        unsafe {
+            while i + PANEL_TILE_M <= i1 && i1 - i != 4 {
+                panel_tile::<Self, PANEL_TILE_M>(a, w, i, j, cols);
+                i += PANEL_TILE_M;
+            }
+            while i + 2 <= i1 {
+                panel_tile::<Self, 2>(a, w, i, j, cols);
+                i += 2;
+            }
+            if i < i1 {
+                panel_tile::<Self, 1>(a, w, i, j, cols);
+            }
+        }
+    }
+}
+
+/// `columns` for many activation rows (see there): the panel loop at 8 lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn panels<const Q: u8>(a: &Args, cols: std::ops::Range<usize>) {
-    let row_bytes = quant(Q).row_bytes(a.k);
-    // Rows past the end of `cols` stay zero: a last panel of fewer rows is
-    // computed whole and only its own columns are stored.
-    let mut scratch = vec![0.0f32; PANEL_ROWS * a.k];
-    // Activation rows in blocks that stay in L2 while every weight row of
-    // `cols` passes: prefill's thousands of rows would otherwise stream from
-    // memory once per panel.
-    let block_rows = (PANEL_X_BYTES / (4 * a.k)).clamp(PANEL_MIN_M, 256) / PANEL_TILE_M * PANEL_TILE_M;
-    let mut i0 = 0;
-    while i0 < a.m {
-        let i1 = (i0 + block_rows).min(a.m);
-        let mut j = cols.start;
-        while j < cols.end {
-            let rows = PANEL_ROWS.min(cols.end - j);
-            // SAFETY: j + rows <= n, so every block read is inside w; the
-            // scratch holds PANEL_ROWS rows of k floats; i1 <= m.
-            unsafe {
-                if rows < PANEL_ROWS {
-                    scratch.fill(0.0);
-                }
-                for r in 0..rows {
-                    decode_row::<Q>(a.w.add((j + r) * row_bytes), a.k, scratch.as_mut_ptr().add(r * a.k));
-                }
-                // Tiles of 3 rows; a remainder of 4 goes as 2 + 2, not 3 + 1
-                // (a 1-row tile's 4 FMA chains wait on the FMA latency).
-                let mut i = i0;
-                while i + PANEL_TILE_M <= i1 && i1 - i != 4 {
-                    panel_tile::<PANEL_TILE_M>(a, scratch.as_ptr(), i, j, rows);
-                    i += PANEL_TILE_M;
-                }
-                while i + 2 <= i1 {
-                    panel_tile::<2>(a, scratch.as_ptr(), i, j, rows);
-                    i += 2;
-                }
-                if i < i1 {
-                    panel_tile::<1>(a, scratch.as_ptr(), i, j, rows);
-                }
-            }
-            j += rows;
-        }
-        i0 = i1;
-    }
+    // SAFETY: forwarded; this function enables the AVX2 path's features.
+    unsafe { crate::panel::panels::<Avx2, Q>(a, cols) }
 }
 
 /// The `k` weights of the row of blocks at `row` into `dst`, as float32.
@@ -285,55 +285,6 @@ unsafe fn super_tile<const Q: u8, const MR: usize, const A: usize>(a: &Args, i: 
                 lanes = _mm256_add_ps(lanes, *part);
             }
             *a.y.add((i + r) * a.n + j) = sum(lanes);
-        }
-    }
-}
-
-/// `y[i..i+MR, j..j+cols]` from the PANEL_ROWS decoded weight rows at `w`
-/// (k floats each). Every output has one accumulator, summed over k in
-/// order and reduced by `sum4`, whatever MR and `cols`: an output's bits do
-/// not depend on its place in the batch or on the thread split.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn panel_tile<const MR: usize>(a: &Args, w: *const f32, i: usize, j: usize, cols: usize) {
-    let mut acc = [[_mm256_setzero_ps(); PANEL_ROWS]; MR];
-    // SAFETY: i + MR <= m, j + cols <= n, and w holds PANEL_ROWS rows of k floats.
-    unsafe {
-        let x = a.x.add(i * a.k);
-        for kc in (0..a.k).step_by(8) {
-            let mut xv = [_mm256_setzero_ps(); MR];
-            for (row, v) in xv.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(x.add(row * a.k + kc));
-            }
-            for r in 0..PANEL_ROWS {
-                let wv = _mm256_loadu_ps(w.add(r * a.k + kc));
-                for (acc_row, xr) in acc.iter_mut().zip(&xv) {
-                    acc_row[r] = _mm256_fmadd_ps(*xr, wv, acc_row[r]);
-                }
-            }
-        }
-        for (row, acc_row) in acc.iter().enumerate() {
-            store_sums(a, sum4(acc_row), i + row, j, cols);
-        }
-    }
-}
-
-/// `y[i, j..j+cols]` from the first `cols` lanes of `sums` (a panel's
-/// outputs of one activation row).
-///
-/// # Safety
-/// i < m and j + cols <= n, cols <= PANEL_ROWS.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(crate) unsafe fn store_sums(a: &Args, sums: __m128, i: usize, j: usize, cols: usize) {
-    // SAFETY: the caller's bounds keep the stores inside y.
-    unsafe {
-        let dst = a.y.add(i * a.n + j);
-        if cols == PANEL_ROWS {
-            _mm_storeu_ps(dst, sums);
-        } else {
-            let mut lanes = [0.0f32; PANEL_ROWS];
-            _mm_storeu_ps(lanes.as_mut_ptr(), sums);
-            std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, cols);
         }
     }
 }
