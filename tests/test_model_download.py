@@ -1,5 +1,6 @@
 """Model files downloaded from the hub as vLLM does when the cache lacks
-them, with `huggingface_hub`, against a local stand-in for the Hugging Face
+them (by rust/model-files with `hf-hub`, through `vllm_rs._core`, as the
+frontend downloads them), against a local stand-in for the Hugging Face
 Hub (`tests/fake_hub.py`, pointed to by `HF_ENDPOINT`), never the internet:
 `serve --model Org/Name` with an empty `HF_HOME` downloads the config and
 tokenizer files into the cache layout and serves with them;
