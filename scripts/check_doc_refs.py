@@ -113,7 +113,8 @@ def problems_in(path: Path) -> list[str]:
             found.append(f"{where}: {shown} does not exist")
         elif section and not names_section(section, headings(target)):
             found.append(f'{where}: {shown} has no section "{_plain(section)}"')
-    if rel.startswith("docs/") or rel == "README.md":
+    # Markdown only: an SVG's namespace (xmlns="http://www.w3.org/...") names, it does not link.
+    if rel.endswith(".md") and (rel.startswith("docs/") or rel == "README.md"):
         for match in _REMOTE.finditer(raw):
             found.append(
                 f"{rel}:{raw.count(chr(10), 0, match.start()) + 1}: links outside the repository: {match.group()}"
