@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from vllm_rs.engine.models import write_model_dir
+from vllm_rs.engine.model_loader.registry import write_model_dir
 
 from tests.support import metrics_traffic as traffic
 from tests.support.prometheus_text import parse

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 from vllm_rs.engine import make_engine_config
 from vllm_rs.engine.core import EngineCore
-from vllm_rs.engine.models import BYTE_EOS_TOKEN_ID
+from vllm_rs.engine.model_loader.registry import BYTE_EOS_TOKEN_ID
 from vllm_rs.engine.protocol import EngineCoreRequest, FinishReason
 
 SCHEMAS = {

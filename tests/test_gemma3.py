@@ -23,7 +23,7 @@ gguf = pytest.importorskip("gguf")
 
 from vllm_rs.engine import make_engine_config, model_runner  # noqa: E402
 from vllm_rs.engine.core import EngineCore  # noqa: E402
-from vllm_rs.engine.models import resolve_model  # noqa: E402
+from vllm_rs.engine.model_loader.registry import resolve_model  # noqa: E402
 from vllm_rs.engine.packed_weights import PackedLinear  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
 
@@ -117,7 +117,7 @@ def test_multimodal_checkpoints_text_part_matches_transformers(gemma3, tmp_path)
 def test_sparse_text_config_takes_transformers_defaults():
     """The `text_config` of Gemma 3 4B lists 5 keys; the rest are
     transformers' Gemma3TextConfig defaults."""
-    from vllm_rs.engine.checkpoint import config_from_hf
+    from vllm_rs.engine.model_loader.checkpoint import config_from_hf
 
     text = {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
             "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}  # fmt: skip

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_rs.engine.models import write_model_dir
+from vllm_rs.engine.model_loader.registry import write_model_dir
 from vllm_rs.generation_config import GenerationConfig, GenerationConfigError
 from vllm_rs.model_files import ModelNotFoundError, hub_cache_roots, locate_model
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from vllm_rs import _core
-from vllm_rs.engine.gguf_file import read_header
+from vllm_rs.engine.model_loader.gguf_file import read_header
 from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 
 Q4_0, Q4_1, Q8_0 = 2, 3, 8

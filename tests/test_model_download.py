@@ -16,7 +16,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from vllm_rs.engine.models import write_model_dir
+from vllm_rs.engine.model_loader.registry import write_model_dir
 from vllm_rs.model_files import ModelNotFoundError, locate_model
 
 from tests.fake_hub import COMMIT, FakeHub

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 from vllm_rs.engine.config import make_engine_config  # noqa: E402
 from vllm_rs.engine.core import EngineCore  # noqa: E402
-from vllm_rs.engine.pooler_config import PoolerConfig  # noqa: E402
+from vllm_rs.engine.model_loader.pooler_config import PoolerConfig  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest, FinishReason  # noqa: E402
 
 from tests.pooling_checkpoints import write_bert, write_cross_encoder, write_qwen3  # noqa: E402
@@ -214,7 +214,7 @@ def test_matryoshka_dimensions_cut_the_vector(tmp_path):
 
 
 def test_runner_choice():
-    from vllm_rs.engine.pooler_config import PoolerConfigError, resolve_runner
+    from vllm_rs.engine.model_loader.pooler_config import PoolerConfigError, resolve_runner
 
     assert resolve_runner("auto", "auto", "BertModel").task == "embed"
     assert resolve_runner("auto", "auto", "BertForSequenceClassification").task == "classify"
@@ -226,7 +226,7 @@ def test_runner_choice():
 
 def test_pooler_config_and_limits_are_checked(bert_dir):
     from vllm_rs.engine.config import EngineConfigError
-    from vllm_rs.engine.pooler_config import PoolerConfigError, parse_pooler_config
+    from vllm_rs.engine.model_loader.pooler_config import PoolerConfigError, parse_pooler_config
 
     assert parse_pooler_config('{"seq_pooling_type": "MEAN", "use_activation": false}') == PoolerConfig("MEAN", False)
     for bad, flaw in [('{"pooling_type": "MAX"}', "MAX"), ('{"softmax": true}', "softmax"), ("[1]", "object"),

@@ -25,10 +25,10 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from vllm_rs.engine import make_engine_config  # noqa: E402
-from vllm_rs.engine.checkpoint import GGUF_TYPES  # noqa: E402
 from vllm_rs.engine.config import EngineConfigError  # noqa: E402
 from vllm_rs.engine.core import EngineCore  # noqa: E402
-from vllm_rs.engine.models import ModelPathError, resolve_model  # noqa: E402
+from vllm_rs.engine.model_loader.checkpoint import GGUF_TYPES  # noqa: E402
+from vllm_rs.engine.model_loader.registry import ModelPathError, resolve_model  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
 
 from tests.support.greedy import run_to_completion  # noqa: E402

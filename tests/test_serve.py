@@ -21,7 +21,7 @@ import urllib.request
 import openai
 import psutil
 import pytest
-from vllm_rs.engine.models import write_model_dir
+from vllm_rs.engine.model_loader.registry import write_model_dir
 
 from tests.support.wait import WaitTimeout, wait_until
 

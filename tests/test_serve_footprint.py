@@ -14,7 +14,7 @@ import os
 
 import pytest
 from vllm_rs.engine.config import kv_bytes_per_token
-from vllm_rs.engine.models import resolve_model
+from vllm_rs.engine.model_loader.registry import resolve_model
 from vllm_rs.model_files import PACKAGED_MODEL_NAME, ModelNotFoundError, packaged_model_path
 
 from tests.test_serve import rust_frontend_available, serving

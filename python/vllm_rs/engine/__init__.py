@@ -11,7 +11,7 @@ supervisor imports it to configure and start engines, and stays light.
 from typing import Any
 
 from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigError, make_engine_config
-from vllm_rs.engine.models import ModelPathError, resolve_model
+from vllm_rs.engine.model_loader.registry import ModelPathError, resolve_model
 
 __all__ = [
     "ClientAddresses",

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_rs.engine.bert_config import BertConfig
-from vllm_rs.engine.checkpoint import CheckpointError
+from vllm_rs.engine.model_loader.bert_config import BertConfig
+from vllm_rs.engine.model_loader.checkpoint import CheckpointError
 
 #: transformers' name of each activation -> the function.
 _ACTIVATIONS = {

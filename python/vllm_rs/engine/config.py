@@ -9,10 +9,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_rs.engine.checkpoint import DTYPE_BYTES
 from vllm_rs.engine.cuda_probe import cuda_available
-from vllm_rs.engine.models import DEFAULT_MAX_MODEL_LEN, ModelSpec, resolve_model
-from vllm_rs.engine.pooler_config import (
+from vllm_rs.engine.model_loader.checkpoint import DTYPE_BYTES
+from vllm_rs.engine.model_loader.pooler_config import (
     PoolerConfig,
     PoolerConfigError,
     RunnerChoice,
@@ -21,6 +20,7 @@ from vllm_rs.engine.pooler_config import (
     sentence_transformers_max_len,
     sentence_transformers_pooler,
 )
+from vllm_rs.engine.model_loader.registry import DEFAULT_MAX_MODEL_LEN, ModelSpec, resolve_model
 
 #: Scheduler limits by model type: (max_num_seqs, max_num_batched_tokens);
 #: real models get `DEFAULT_REAL_LIMITS`.

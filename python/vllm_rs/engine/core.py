@@ -11,7 +11,7 @@ from typing import Any
 
 from vllm_rs.engine.block_pool import BlockPool
 from vllm_rs.engine.config import EngineConfig
-from vllm_rs.engine.pooler_config import SUPPORTED_TASKS
+from vllm_rs.engine.model_loader.pooler_config import SUPPORTED_TASKS
 from vllm_rs.engine.pooling_params import PoolingParams, tensor_wire
 from vllm_rs.engine.protocol import (
     VLLM_PROTOCOL_VERSION,

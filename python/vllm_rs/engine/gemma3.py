@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_rs.engine.attention import AttentionMetadata, PagedAttention
-from vllm_rs.engine.checkpoint import TransformerConfig
 from vllm_rs.engine.llama import CausalLM, apply_rope, rope_inv_freq, rope_tables
+from vllm_rs.engine.model_loader.checkpoint import TransformerConfig
 
 
 class GemmaRMSNorm(nn.Module):

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_rs.engine.attention import AttentionMetadata, PagedAttention
-from vllm_rs.engine.checkpoint import TransformerConfig
+from vllm_rs.engine.model_loader.checkpoint import TransformerConfig
 
 
 class RMSNorm(nn.Module):

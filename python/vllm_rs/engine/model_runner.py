@@ -124,7 +124,7 @@ class ModelRunner:
     def _load_model(self, config: EngineConfig) -> torch.nn.Module:
         spec = config.model_config.spec
         if spec.is_real:
-            from vllm_rs.engine.weights import load_model
+            from vllm_rs.engine.model_loader.weights import load_model
 
             return load_model(spec, self.dtype, self.device, config.model_config.quantization)
         model = ToyDecoder(ToyConfig.from_hparams(spec.hparams))

@@ -22,7 +22,7 @@ from torch import nn
 
 from vllm_rs import _core
 from vllm_rs.engine.cpu_threads import kernel_threads
-from vllm_rs.engine.gguf_file import KERNEL_BLOCKS, GgufTensor
+from vllm_rs.engine.model_loader.gguf_file import KERNEL_BLOCKS, GgufTensor
 
 
 def kernel_reads(ggml_type: int, in_features: int) -> bool:

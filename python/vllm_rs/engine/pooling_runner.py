@@ -94,7 +94,7 @@ class PoolingRunner:
             )
             self.num_labels = spec.encoder.num_labels
         else:
-            from vllm_rs.engine.weights import load_model
+            from vllm_rs.engine.model_loader.weights import load_model
 
             self.model = load_model(spec, self.dtype, self.device, model_config.quantization)
             for layer in self.model.model.layers:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_rs.engine.models import BYTE_EOS_TOKEN_ID, BYTE_VOCAB_SIZE
+from vllm_rs.engine.model_loader.registry import BYTE_EOS_TOKEN_ID, BYTE_VOCAB_SIZE
 from vllm_rs.engine.request import InvalidRequestError
 
 #: The constraint keys of vLLM's StructuredOutputsParams (exactly one is set).

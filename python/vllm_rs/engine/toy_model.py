@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_rs.engine.attention import AttentionMetadata, PagedAttention
-from vllm_rs.engine.models import BYTE_VOCAB_SIZE
+from vllm_rs.engine.model_loader.registry import BYTE_VOCAB_SIZE
 
 #: Byte ids of printable ASCII, and the logit bias they get at initialization.
 PRINTABLE_ASCII = slice(0x20, 0x7F)

@@ -44,8 +44,8 @@ import zmq
 
 from vllm_rs.engine.config import ClientAddresses, EngineConfig, EngineConfigError, make_engine_config
 from vllm_rs.engine.cuda_probe import cuda_available
-from vllm_rs.engine.models import ModelPathError
-from vllm_rs.engine.pooler_config import PoolerConfigError, parse_pooler_config
+from vllm_rs.engine.model_loader.pooler_config import PoolerConfigError, parse_pooler_config
+from vllm_rs.engine.model_loader.registry import ModelPathError
 from vllm_rs.engine.protocol import ENGINE_CORE_DEAD
 from vllm_rs.generation_config import GenerationConfig, GenerationConfigError
 from vllm_rs.logger import init_logger

@@ -16,7 +16,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from vllm_rs.engine.models import MODEL_TYPES
+from vllm_rs.engine.model_loader.registry import MODEL_TYPES
 from vllm_rs.model_files import PACKAGED_MODEL_NAME, ModelNotFoundError, locate_model, packaged_model_path
 from vllm_rs.tokenizer.gguf import GGUFTokenizerError, tokenizer_dir
 

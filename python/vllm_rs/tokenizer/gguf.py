@@ -87,7 +87,7 @@ class GGUFVocab:
 def read_vocab(path: str) -> GGUFVocab:
     """The tokenizer metadata of the GGUF file at `path`; GGUFTokenizerError
     when it cannot be read or has no vocabulary."""
-    from vllm_rs.engine.gguf_file import GgufFormatError, read_header
+    from vllm_rs.engine.model_loader.gguf_file import GgufFormatError, read_header
 
     try:
         meta = read_header(path, read_arrays=True).metadata

@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vllm_rs.engine.gguf_file import GGML_TYPES, GgufArray, GgufFormatError, GgufHeader, read_header
+from vllm_rs.engine.model_loader.gguf_file import GGML_TYPES, GgufArray, GgufFormatError, GgufHeader, read_header
 
 #: Hugging Face architecture -> its `model_type`; Gemma 3 runs `gemma3.py`,
 #: the others `llama.py`.

@@ -15,15 +15,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_rs.engine.bert_config import BertConfig, bert_config_from_hf
-from vllm_rs.engine.checkpoint import (
+from vllm_rs.engine.model_loader.bert_config import BertConfig, bert_config_from_hf
+from vllm_rs.engine.model_loader.checkpoint import (
     CheckpointError,
     TransformerConfig,
     config_from_hf,
     read_gguf,
     safetensors_files,
 )
-from vllm_rs.engine.gguf_file import KERNEL_BLOCKS
+from vllm_rs.engine.model_loader.gguf_file import KERNEL_BLOCKS
 
 #: Model types the reference engine runs.
 MODEL_TYPES = ("toy", "echo")

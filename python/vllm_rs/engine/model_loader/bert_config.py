@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_rs.engine.checkpoint import CheckpointError
-from vllm_rs.engine.pooler_config import ENCODER_ARCHITECTURES
+from vllm_rs.engine.model_loader.checkpoint import CheckpointError
+from vllm_rs.engine.model_loader.pooler_config import ENCODER_ARCHITECTURES
 
 #: transformers' activation names -> what `bert.py` computes.
 BERT_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")

@@ -19,12 +19,12 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from vllm_rs.engine.checkpoint import CheckpointError
 from vllm_rs.engine.config import HALF_IN_PLACE
 from vllm_rs.engine.gemma3 import Gemma3ForCausalLM
-from vllm_rs.engine.gguf_file import read_header
 from vllm_rs.engine.llama import CausalLM
-from vllm_rs.engine.models import ModelSpec
+from vllm_rs.engine.model_loader.checkpoint import CheckpointError
+from vllm_rs.engine.model_loader.gguf_file import read_header
+from vllm_rs.engine.model_loader.registry import ModelSpec
 from vllm_rs.engine.packed_weights import (
     GgufBlocks,
     HalfEmbedding,
