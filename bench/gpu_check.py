@@ -251,8 +251,8 @@ def _default_model(tmp: str) -> str:
         if os.path.isfile(path):
             return path
     from safetensors.torch import save_file
-    from vllm_rs.engine.llama import CausalLM
     from vllm_rs.engine.model_loader.checkpoint import config_from_hf
+    from vllm_rs.engine.models.llama import CausalLM
 
     hf = {"architectures": ["LlamaForCausalLM"], "vocab_size": 4096, "hidden_size": 256, "intermediate_size": 768,
           "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "max_position_embeddings": 1024,

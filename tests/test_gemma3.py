@@ -23,8 +23,8 @@ gguf = pytest.importorskip("gguf")
 
 from vllm_rs.engine import make_engine_config, model_runner  # noqa: E402
 from vllm_rs.engine.core import EngineCore  # noqa: E402
+from vllm_rs.engine.layers.packed_weights import PackedLinear  # noqa: E402
 from vllm_rs.engine.model_loader.registry import resolve_model  # noqa: E402
-from vllm_rs.engine.packed_weights import PackedLinear  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
 
 from tests.support.gemma3_270m import gemma3_270m_path  # noqa: E402

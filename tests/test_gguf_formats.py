@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from vllm_rs import _core
 from vllm_rs.engine import make_engine_config
 from vllm_rs.engine.core import EngineCore
-from vllm_rs.engine.packed_weights import GgufBlocks, PackedLinear
+from vllm_rs.engine.layers.packed_weights import GgufBlocks, PackedLinear
 
 from tests.support.gguf_blocks import KERNEL_TYPES, random_blocks
 from tests.support.greedy import greedy_with_rows

@@ -18,7 +18,7 @@ import pytest
 import torch
 from vllm_rs.engine import make_engine_config
 from vllm_rs.engine.core import EngineCore
-from vllm_rs.engine.packed_weights import GgufBlocks, PackedLinear
+from vllm_rs.engine.layers.packed_weights import GgufBlocks, PackedLinear
 from vllm_rs.engine.protocol import EngineCoreRequest
 from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from vllm_rs.engine import make_engine_config
 from vllm_rs.engine.config import EngineConfigError
 from vllm_rs.engine.core import EngineCore
-from vllm_rs.engine.packed_weights import GgufBlocks, GgufEmbedding, PackedLinear
+from vllm_rs.engine.layers.packed_weights import GgufBlocks, GgufEmbedding, PackedLinear
 
 from tests.support.greedy import greedy_with_rows
 

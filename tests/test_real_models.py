@@ -276,7 +276,7 @@ def test_half_safetensors_multiplied_as_stored_match_transformers(tmp_path, arch
     of a weight), and it matches transformers on the same weights."""
     import copy
 
-    from vllm_rs.engine.packed_weights import GgufBlocks, HalfEmbedding, PackedLinear
+    from vllm_rs.engine.layers.packed_weights import GgufBlocks, HalfEmbedding, PackedLinear
 
     model = make_hf_model(arch, seed=1)
     path = save_safetensors(copy.deepcopy(model).to(dtype), str(tmp_path / "half"))

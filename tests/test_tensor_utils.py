@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from vllm_rs import tensor_utils as tu  # noqa: E402
-from vllm_rs.engine.attention import AttentionMetadata, PagedAttention, SequenceSlice  # noqa: E402
+from vllm_rs.engine.layers.attention import AttentionMetadata, PagedAttention, SequenceSlice  # noqa: E402
 from vllm_rs.tensor_utils import (  # noqa: E402
     PIN_MEMORY,
     CachedRequestData,

@@ -19,8 +19,10 @@ from torch import nn
 
 from vllm_rs import _core
 from vllm_rs.engine.cpu_threads import kernel_threads
-from vllm_rs.engine.llama import CausalLM, RMSNorm, rope_attention_factor
-from vllm_rs.engine.packed_weights import PackedLinear
+from vllm_rs.engine.layers.layernorm import RMSNorm
+from vllm_rs.engine.layers.packed_weights import PackedLinear
+from vllm_rs.engine.layers.rotary_embedding import rope_attention_factor
+from vllm_rs.engine.models.llama import CausalLM
 
 
 def native_step_unsupported(model: nn.Module, device: torch.device, dtype: torch.dtype) -> str | None:

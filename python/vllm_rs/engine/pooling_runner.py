@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_rs.engine.bert import BertEncoder, load_bert
 from vllm_rs.engine.config import EngineConfig
 from vllm_rs.engine.cpu_threads import limit_cpu_threads
-from vllm_rs.engine.llama import rope_tables
+from vllm_rs.engine.layers.rotary_embedding import rope_tables
 from vllm_rs.engine.model_runner import resolve_device
+from vllm_rs.engine.models.bert import BertEncoder, load_bert
 from vllm_rs.engine.pooling_params import Matryoshka, PoolingParams
 from vllm_rs.engine.request import Request
 from vllm_rs.engine.scheduler import ModelOutput, StepPlan

@@ -8,7 +8,7 @@
 //! to 9.4 ms (the engine driven directly; docs/real-model-speed.md, "The
 //! native step").
 //!
-//! The arithmetic is the torch path's (`engine/llama.py`), operation for
+//! The arithmetic is the torch path's (`engine/models/llama.py`), operation for
 //! operation, in float32: RMSNorm (`x * rsqrt(mean(x²) + eps) * w`), the
 //! projections (with their biases), the per-head q/k RMSNorms, RoPE in
 //! transformers' rotate-half layout (`x·cos + rotate_half(x)·sin`), the

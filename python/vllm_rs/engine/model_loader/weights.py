@@ -20,12 +20,7 @@ import numpy as np
 import torch
 
 from vllm_rs.engine.config import HALF_IN_PLACE
-from vllm_rs.engine.gemma3 import Gemma3ForCausalLM
-from vllm_rs.engine.llama import CausalLM
-from vllm_rs.engine.model_loader.checkpoint import CheckpointError
-from vllm_rs.engine.model_loader.gguf_file import read_header
-from vllm_rs.engine.model_loader.registry import ModelSpec
-from vllm_rs.engine.packed_weights import (
+from vllm_rs.engine.layers.packed_weights import (
     GgufBlocks,
     HalfEmbedding,
     PackedLinear,
@@ -33,6 +28,11 @@ from vllm_rs.engine.packed_weights import (
     kernel_reads,
     pack_linears,
 )
+from vllm_rs.engine.model_loader.checkpoint import CheckpointError
+from vllm_rs.engine.model_loader.gguf_file import read_header
+from vllm_rs.engine.model_loader.registry import ModelSpec
+from vllm_rs.engine.models.gemma3 import Gemma3ForCausalLM
+from vllm_rs.engine.models.llama import CausalLM
 
 logger = logging.getLogger(__name__)
 

@@ -21,26 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_rs.engine.attention import AttentionMetadata, PagedAttention
-from vllm_rs.engine.llama import CausalLM, apply_rope, rope_inv_freq, rope_tables
+from vllm_rs.engine.layers.attention import AttentionMetadata, PagedAttention
+from vllm_rs.engine.layers.layernorm import GemmaRMSNorm
+from vllm_rs.engine.layers.rotary_embedding import apply_rope, rope_inv_freq, rope_tables
 from vllm_rs.engine.model_loader.checkpoint import TransformerConfig
-
-
-class GemmaRMSNorm(nn.Module):
-    """`x / rms(x) * (1 + weight)`, in float32 and then cast back, as
-    transformers' Gemma3RMSNorm computes it (the weight is stored as the
-    offset from 1)."""
-
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalizes the last dimension."""
-        out = x.float()
-        out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (out * (1.0 + self.weight.float())).to(x.dtype)
+from vllm_rs.engine.models.llama import CausalLM
 
 
 class Attention(nn.Module):

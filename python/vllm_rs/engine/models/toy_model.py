@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_rs.engine.attention import AttentionMetadata, PagedAttention
+from vllm_rs.engine.layers.attention import AttentionMetadata, PagedAttention
 from vllm_rs.engine.model_loader.registry import BYTE_VOCAB_SIZE
 
 #: Byte ids of printable ASCII, and the logit bias they get at initialization.
