@@ -18,7 +18,6 @@ import zmq
 from vllm_rs.engine import make_engine_config, run_engine_core
 from vllm_rs.engine.config import ClientAddresses
 from vllm_rs.engine.core import FAIL_AT_STEP_ENV, EngineCore
-from vllm_rs.engine.logprobs import LogprobsRows
 from vllm_rs.engine.model_loader.registry import BYTE_EOS_TOKEN_ID, ModelPathError, resolve_model, write_model_dir
 from vllm_rs.engine.protocol import (
     ENGINE_CORE_DEAD,
@@ -42,6 +41,7 @@ from vllm_rs.engine.protocol import (
     unpack,
 )
 from vllm_rs.engine.request import SamplingParams
+from vllm_rs.engine.sample.logprobs import LogprobsRows
 from vllm_rs.network_utils import make_zmq_listener, make_zmq_socket
 from vllm_rs.utils import CoreEngineProcManager
 

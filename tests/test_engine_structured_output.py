@@ -149,7 +149,7 @@ def test_grammars_on_a_real_vocabulary_allow_exactly_the_valid_tokens(tmp_path):
     answer's tokens are each allowed in turn, then only EOS; a token that
     would break the JSON is masked out."""
     from tokenizers import Tokenizer
-    from vllm_rs.engine.structured_output import GrammarMatcher, compile_grammar, grammar_vocabulary
+    from vllm_rs.engine.sample.structured_output import GrammarMatcher, compile_grammar, grammar_vocabulary
     from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
     from vllm_rs.tokenizer.gguf import tokenizer_dir
 

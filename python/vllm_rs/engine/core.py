@@ -22,10 +22,10 @@ from vllm_rs.engine.protocol import (
     RequestError,
 )
 from vllm_rs.engine.request import InvalidRequestError, Request, SamplingParams
+from vllm_rs.engine.sample.structured_output import GrammarMatcher, compile_grammar, grammar_vocabulary
 from vllm_rs.engine.scheduler import Scheduler
 from vllm_rs.engine.stats import PrefillStats, SchedulerIterationDetails, SchedulerStats
 from vllm_rs.engine.step_log import StepLog
-from vllm_rs.engine.structured_output import GrammarMatcher, compile_grammar, grammar_vocabulary
 from vllm_rs.logger import init_logger
 
 logger = init_logger(__name__)

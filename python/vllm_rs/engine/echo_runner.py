@@ -6,8 +6,8 @@ included (`logprobs.echo_rows`: every scored token has logprob -ln 2, rank 1).""
 
 from __future__ import annotations
 
-from vllm_rs.engine.logprobs import echo_rows, num_columns
 from vllm_rs.engine.model_loader.registry import BYTE_VOCAB_SIZE
+from vllm_rs.engine.sample.logprobs import echo_rows, num_columns
 from vllm_rs.engine.scheduler import ModelOutput, StepPlan
 
 

@@ -23,7 +23,7 @@ from vllm_rs.engine.stats import PrefillStats
 if TYPE_CHECKING:
     # Only annotations: importing logprobs (numpy) here would load numpy in
     # `serve`'s supervisor, which reads this module for its constants.
-    from vllm_rs.engine.logprobs import LogprobsRows
+    from vllm_rs.engine.sample.logprobs import LogprobsRows
 
 #: Frontend -> engine type bytes.
 REQUEST_ADD = b"\x00"

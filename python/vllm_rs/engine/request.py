@@ -7,8 +7,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_rs.engine.logprobs import LogprobsRows
 from vllm_rs.engine.protocol import EngineCoreEvent, EngineCoreEventType, FinishReason
+from vllm_rs.engine.sample.logprobs import LogprobsRows
 
 #: Temperatures below this sample greedily.
 GREEDY_TEMPERATURE = 1e-5

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_rs.engine.block_pool import BlockHasher, BlockPool
-from vllm_rs.engine.logprobs import LogprobsRows
 from vllm_rs.engine.protocol import EngineCoreEventType, FinishReason
 from vllm_rs.engine.request import InvalidRequestError, Request, RequestStatus
+from vllm_rs.engine.sample.logprobs import LogprobsRows
 from vllm_rs.engine.stats import PrefixCacheStats
 
 
