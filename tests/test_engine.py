@@ -40,8 +40,8 @@ from vllm_rs.engine.protocol import (
     pack,
     unpack,
 )
-from vllm_rs.engine.request import SamplingParams
 from vllm_rs.engine.sample.logprobs import LogprobsRows
+from vllm_rs.engine.sched.request import SamplingParams
 from vllm_rs.network_utils import make_zmq_listener, make_zmq_socket
 from vllm_rs.utils import CoreEngineProcManager
 
@@ -274,12 +274,12 @@ def test_toy_chunked_prefill_and_prefix_cache_do_not_change_the_result():
             core.add_request(request(f"r{i}", prompt + bytes([65 + i]), max_tokens=20, temperature=0.0))
         results.append({k: tokens(v) for k, v in run_to_end(core).items()})
     assert results[0] == results[1]
-    assert chunked.scheduler.block_pool.hits > 0
+    assert chunked.scheduler.kv_cache_manager.block_pool.hits > 0
     assert chunked.call_utility("reset_prefix_cache", []) is True
     chunked.add_request(request("again", prompt, max_tokens=1, temperature=0.0))
-    hits_before = chunked.scheduler.block_pool.hits
+    hits_before = chunked.scheduler.kv_cache_manager.block_pool.hits
     run_to_end(chunked)
-    assert chunked.scheduler.block_pool.hits == hits_before  # nothing cached any more
+    assert chunked.scheduler.kv_cache_manager.block_pool.hits == hits_before  # nothing cached any more
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # the Rust decode kernel; torch's masked batch
@@ -314,7 +314,7 @@ def test_attention_reads_only_the_slots_its_sequences_wrote(dtype):
 
 def test_toy_abort_frees_the_blocks(toy_config):
     core = EngineCore(toy_config)
-    pool = core.scheduler.block_pool
+    pool = core.scheduler.kv_cache_manager.block_pool
     free = pool.num_free_blocks
     core.add_request(request("a", b"hello", max_tokens=100))
     core.step()
@@ -326,7 +326,7 @@ def test_toy_abort_frees_the_blocks(toy_config):
 def test_freed_blocks_are_reused_before_blocks_never_used():
     """A freed block's pages are resident already; a never-used one's are
     not until written: the pool hands out freed ones first."""
-    from vllm_rs.engine.block_pool import BlockPool
+    from vllm_rs.engine.kv_cache.block_pool import BlockPool
 
     pool = BlockPool(16, enable_caching=True)
     first = pool.allocate([], 3)
@@ -344,7 +344,7 @@ def test_requests_one_after_another_write_only_the_blocks_one_of_them_needs(toy_
     ever written are what one request held (+ its prefix-cache neighbours),
     not the pool, whose never-used blocks stay untouched memory."""
     core = EngineCore(toy_config)
-    pool = core.scheduler.block_pool
+    pool = core.scheduler.kv_cache_manager.block_pool
     block_size = toy_config.cache_config.block_size
     for i in range(10):
         core.add_request(request(f"r{i}", bytes([65 + i]) * 40, max_tokens=24, temperature=0.0))

@@ -52,7 +52,7 @@ def assert_same_step(path: str, prompts: list[list[int]], quantization: str | No
     native_out, native_logits, native = run_engine(path, prompts, quantization=quantization)
     eager_out, eager_logits, eager = run_engine(path, prompts, quantization=quantization, enforce_eager=True)
     assert native.runner.native_step is not None and eager.runner.native_step is None
-    assert native.scheduler.block_pool.hits >= 2, "the last prompt should reuse two cached blocks"
+    assert native.scheduler.kv_cache_manager.block_pool.hits >= 2, "the last prompt should reuse two cached blocks"
     assert native_out == eager_out
     for request_id, rows in eager_logits.items():
         ours = torch.stack(native_logits[request_id])

@@ -124,7 +124,7 @@ def run_engine(
 def _check_against_transformers(model, path: str, seed: int, quantization: str | None = "none") -> EngineCore:
     prompts = _prompts(model.config.vocab_size, seed)
     outputs, logits, core = run_engine(path, prompts, quantization=quantization)
-    assert core.scheduler.block_pool.hits >= 2, "the last prompt should reuse two cached blocks"
+    assert core.scheduler.kv_cache_manager.block_pool.hits >= 2, "the last prompt should reuse two cached blocks"
     ids = ["r0", "r1", "r2", "r3", "cached"]
     for request_id, prompt in zip(ids, prompts, strict=True):
         generated = outputs[request_id]
@@ -314,7 +314,7 @@ def test_preemption_when_blocks_run_out_keeps_greedy_output(checkpoints):
         for i, prompt in enumerate(prompts):
             core.add_request(EngineCoreRequest(f"r{i}", prompt, {"temperature": 0.0, "max_tokens": 20}))
         outputs = run_to_completion(core)
-        assert core.scheduler.block_pool.num_free_blocks == num_gpu_blocks
+        assert core.scheduler.kv_cache_manager.block_pool.num_free_blocks == num_gpu_blocks
         return outputs, core.scheduler.num_preemptions
 
     roomy, none = generate(256)

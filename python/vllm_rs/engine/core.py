@@ -9,8 +9,9 @@ import os
 import time
 from typing import Any
 
-from vllm_rs.engine.block_pool import BlockPool
 from vllm_rs.engine.config import EngineConfig
+from vllm_rs.engine.kv_cache.block_pool import BlockPool
+from vllm_rs.engine.kv_cache.kv_cache_manager import KVCacheManager
 from vllm_rs.engine.model_loader.pooler_config import SUPPORTED_TASKS
 from vllm_rs.engine.pooling_params import PoolingParams, tensor_wire
 from vllm_rs.engine.protocol import (
@@ -21,9 +22,9 @@ from vllm_rs.engine.protocol import (
     ReadyResponse,
     RequestError,
 )
-from vllm_rs.engine.request import InvalidRequestError, Request, SamplingParams
 from vllm_rs.engine.sample.structured_output import GrammarMatcher, compile_grammar, grammar_vocabulary
-from vllm_rs.engine.scheduler import Scheduler
+from vllm_rs.engine.sched.request import InvalidRequestError, Request, SamplingParams
+from vllm_rs.engine.sched.scheduler import Scheduler
 from vllm_rs.engine.stats import PrefillStats, SchedulerIterationDetails, SchedulerStats
 from vllm_rs.engine.step_log import StepLog
 from vllm_rs.logger import init_logger
@@ -85,14 +86,15 @@ class EngineCore:
         self.max_model_len = config.model_config.max_model_len
         self.runner = make_runner(config)
         blocks = self.runner.num_gpu_blocks
-        pool = BlockPool(blocks, config.cache_config.enable_prefix_caching) if blocks else None
+        kv_cache_manager = None
+        if blocks:
+            pool = BlockPool(blocks, config.cache_config.enable_prefix_caching)
+            kv_cache_manager = KVCacheManager(pool, config.cache_config.block_size, self.runner.block_hasher())
         self.scheduler = Scheduler(
             config.scheduler_config.max_num_seqs,
             config.scheduler_config.max_num_batched_tokens,
             self.max_model_len,
-            pool,
-            config.cache_config.block_size,
-            self.runner.block_hasher(),
+            kv_cache_manager,
             record_events=config.log_stats,
             whole_prompts=config.model_config.runner.is_pooling,
         )
@@ -316,13 +318,13 @@ class EngineCore:
     def scheduler_stats(self) -> SchedulerStats:
         """vLLM's SchedulerStats for now: counts, KV usage, the last step's
         details, and the prefix-cache lookups since the previous call."""
-        pool = self.scheduler.block_pool
+        kv = self.scheduler.kv_cache_manager
         iteration, self.last_iteration = self.last_iteration, None
         return SchedulerStats(
             num_running_reqs=self.scheduler.num_running,
             num_waiting_reqs=self.scheduler.num_waiting,
             step_counter=self.step_counter,
-            kv_cache_usage=pool.usage if pool else 0.0,
+            kv_cache_usage=kv.usage if kv else 0.0,
             iteration_details=iteration,
             prefix_cache_stats=self.scheduler.take_prefix_cache_stats(),
         )
@@ -355,7 +357,8 @@ class EngineCore:
     def get_stats(self) -> dict[str, Any]:
         """This project's extension: cumulative counters, the prefix-cache
         totals (in blocks) and the current counts."""
-        pool = self.scheduler.block_pool
+        kv = self.scheduler.kv_cache_manager
+        pool = kv.block_pool if kv else None
         return {
             "engine_index": self.engine_index,
             "model": self.config.model_config.model,

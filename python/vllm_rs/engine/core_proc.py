@@ -184,8 +184,8 @@ class EngineCoreProc:
     def _publish_counts(self) -> None:
         if self.coordinator is not None:
             scheduler = self.core.scheduler
-            pool = scheduler.block_pool
-            self.coordinator.publish_counts(scheduler.num_running, scheduler.num_waiting, pool.usage if pool else 0.0)
+            kv = scheduler.kv_cache_manager
+            self.coordinator.publish_counts(scheduler.num_running, scheduler.num_waiting, kv.usage if kv else 0.0)
 
     def _handle(self, frames: list[bytes]) -> None:
         if len(frames) < 2:

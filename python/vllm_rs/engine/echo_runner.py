@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from vllm_rs.engine.model_loader.registry import BYTE_VOCAB_SIZE
 from vllm_rs.engine.sample.logprobs import echo_rows, num_columns
-from vllm_rs.engine.scheduler import ModelOutput, StepPlan
+from vllm_rs.engine.sched.output import ModelOutput, StepPlan
 
 
 class EchoRunner:

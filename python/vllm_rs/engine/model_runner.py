@@ -14,15 +14,15 @@ import torch
 
 from vllm_rs.engine.config import EngineConfig, kv_bytes_per_token, kv_cache_dtype
 from vllm_rs.engine.cpu_threads import keep_torch_on_one_thread, kernel_threads, limit_cpu_threads
+from vllm_rs.engine.kv_cache.prefix_hash import hash_block_tokens
 from vllm_rs.engine.layers.attention import AttentionMetadata, DecodeBatch, SequenceSlice, attends_in_place
 from vllm_rs.engine.layers.packed_weights import every_matmul_in_kernels
 from vllm_rs.engine.models.toy_model import ToyConfig, ToyDecoder
 from vllm_rs.engine.native_step import NativeStep, native_step_unsupported
-from vllm_rs.engine.prefix_hash import hash_block_tokens
-from vllm_rs.engine.request import Request
 from vllm_rs.engine.sample.logprobs import gather, num_columns
 from vllm_rs.engine.sample.sampler import Sampler
-from vllm_rs.engine.scheduler import ModelOutput, StepPlan
+from vllm_rs.engine.sched.output import ModelOutput, StepPlan
+from vllm_rs.engine.sched.request import Request
 from vllm_rs.logger import init_logger
 from vllm_rs.tensor_utils import CpuGpuBuffer, bind_kv_cache, compute_iteration_details
 

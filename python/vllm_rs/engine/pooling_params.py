@@ -10,8 +10,8 @@ from typing import Any
 import msgpack
 
 from vllm_rs.engine.model_loader.pooler_config import PoolerConfig
-from vllm_rs.engine.request import InvalidRequestError
 from vllm_rs.engine.sample.logprobs import RAW_VIEW_EXT
+from vllm_rs.engine.sched.request import InvalidRequestError
 
 #: The slots of vLLM 0.33's PoolingParams, in order, through the ones the
 #: engine reads (the rest are internal).

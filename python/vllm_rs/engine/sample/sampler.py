@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from vllm_rs.engine.request import Request
+from vllm_rs.engine.sched.request import Request
 
 
 class Sampler:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from vllm_rs.engine.model_loader.registry import BYTE_EOS_TOKEN_ID, BYTE_VOCAB_SIZE
-from vllm_rs.engine.request import InvalidRequestError
+from vllm_rs.engine.sched.request import InvalidRequestError
 
 #: The constraint keys of vLLM's StructuredOutputsParams (exactly one is set).
 CONSTRAINT_KEYS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")

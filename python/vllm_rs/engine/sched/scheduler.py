@@ -3,102 +3,42 @@ the next chunk of their prompt) first, then waiting requests join while
 `max_num_seqs` and the `max_num_batched_tokens` budget allow and their KV
 blocks can be had. Long prompts are prefilled in chunks.
 
-KV blocks are taken as the tokens that fill them are scheduled, as vLLM's
-scheduler takes them. When a running request's next tokens find no free
-block, the most recently admitted running request is preempted (its blocks
-freed, to be computed again from its prompt and output so far when it is
-admitted again, first in line), with a PREEMPTED event.
-
-A step's plan has the attributes `compute_iteration_details` reads
-(`scheduled_new_reqs`, `scheduled_cached_reqs`, `num_scheduled_tokens`,
-`scheduled_encoder_input_stats`), so it can be measured without copying.
+KV blocks come from the KV cache manager (`kv_cache.kv_cache_manager`), as
+the tokens that fill them are scheduled. When a running request's next
+tokens find no free block, the most recently admitted running request is
+preempted (its blocks freed, to be computed again from its prompt and output
+so far when it is admitted again, first in line), with a PREEMPTED event.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
 
-from vllm_rs.engine.block_pool import BlockHasher, BlockPool
+from vllm_rs.engine.kv_cache.kv_cache_manager import KVCacheManager
 from vllm_rs.engine.protocol import EngineCoreEventType, FinishReason
-from vllm_rs.engine.request import InvalidRequestError, Request, RequestStatus
-from vllm_rs.engine.sample.logprobs import LogprobsRows
+from vllm_rs.engine.sched.output import CachedRequests, NewRequest, StepPlan
+from vllm_rs.engine.sched.request import InvalidRequestError, Request, RequestStatus
 from vllm_rs.engine.stats import PrefixCacheStats
 
 
-@dataclass(frozen=True)
-class NewRequest:
-    """A request scheduled for the first time."""
-
-    req_id: str
-    num_computed_tokens: int
-
-
-@dataclass(frozen=True)
-class CachedRequests:
-    """Requests scheduled before; `context_phase_req_ids` have no output yet
-    (a later prefill chunk)."""
-
-    req_ids: list[str]
-    context_phase_req_ids: frozenset[str]
-
-    def is_context_phase(self, req_id: str) -> bool:
-        """True when `req_id` is still prefilling."""
-        return req_id in self.context_phase_req_ids
-
-
-@dataclass
-class StepPlan:
-    """What one step computes: tokens per request id, in batch order."""
-
-    scheduled_new_reqs: list[NewRequest] = field(default_factory=list)
-    scheduled_cached_reqs: CachedRequests = field(default_factory=lambda: CachedRequests([], frozenset()))
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    scheduled_encoder_input_stats: None = None
-    #: The scheduled requests, in the order of `num_scheduled_tokens`.
-    requests: list[Request] = field(default_factory=list)
-
-    @property
-    def total_num_scheduled_tokens(self) -> int:
-        """Tokens computed this step."""
-        return sum(self.num_scheduled_tokens.values())
-
-
-@dataclass
-class ModelOutput:
-    """What a runner computed in one step: the sampled token of each request
-    that reached the end of its known tokens and, for requests that asked,
-    the sampled token's logprobs and the prompt logprobs computed this step."""
-
-    sampled: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, LogprobsRows] = field(default_factory=dict)
-    prompt_logprobs: dict[str, LogprobsRows] = field(default_factory=dict)
-    #: A pooling model's vector of each request it finished (a torch tensor).
-    pooled: dict[str, Any] = field(default_factory=dict)
-
-
 class Scheduler:
-    """Waiting and running requests, the block pool, and the step plan."""
+    """Waiting and running requests and the step plan; their KV blocks
+    through `kv_cache_manager` (None for a model without a KV cache)."""
 
     def __init__(
         self,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
-        block_pool: BlockPool | None,
-        block_size: int,
-        block_hasher: BlockHasher | None = None,
+        kv_cache_manager: KVCacheManager | None,
         record_events: bool = True,
         whole_prompts: bool = False,
     ):
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
-        self.block_pool = block_pool
-        self.block_size = block_size
-        self.block_hasher = block_hasher if block_pool is not None and block_pool.enable_caching else None
+        self.kv_cache_manager = kv_cache_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -106,8 +46,6 @@ class Scheduler:
         self.record_events = record_events
         #: A pooling model's inputs are scheduled whole, never in chunks.
         self.whole_prompts = whole_prompts
-        #: Prefix-cache lookups since the last `take_prefix_cache_stats`.
-        self.prefix_cache_stats = PrefixCacheStats()
         #: Ids finished (any reason) since the last `take_finished`, by client.
         self.finished_ids: dict[int, list[str]] = {}
         #: Preemptions so far.
@@ -138,9 +76,10 @@ class Scheduler:
             raise InvalidRequestError(
                 f"the prompt has {request.num_prompt_tokens} tokens; max_model_len is {self.max_model_len}"
             )
-        if self.block_pool is not None and self._blocks_needed(request) > self.block_pool.num_blocks:
+        kv = self.kv_cache_manager
+        if kv is not None and self._blocks_needed(request) > kv.num_blocks:
             raise InvalidRequestError(
-                f"the request needs {self._blocks_needed(request)} KV blocks; the cache has {self.block_pool.num_blocks}"
+                f"the request needs {self._blocks_needed(request)} KV blocks; the cache has {kv.num_blocks}"
             )
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -176,7 +115,7 @@ class Scheduler:
                 break
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             # (A model without a KV cache, `echo`, takes no blocks: its step stays bookkeeping only.)
-            if self.block_pool is not None and not self._make_room(request, request.num_computed_tokens + n):
+            if self.kv_cache_manager is not None and not self._make_room(request, request.num_computed_tokens + n):
                 break  # it was preempted itself, and every request after it
             plan.num_scheduled_tokens[request.request_id] = n
             plan.requests.append(request)
@@ -188,7 +127,7 @@ class Scheduler:
             request = self.waiting[0]
             if self.whole_prompts and request.num_tokens > budget:
                 break  # the next step has the budget for it
-            if not self._allocate(request):
+            if self.kv_cache_manager is not None and not self.kv_cache_manager.allocate(request):
                 break  # first come, first served: nobody overtakes
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
@@ -214,7 +153,8 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING:
                 continue
             request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
-            self._register_full_blocks(request)
+            if self.kv_cache_manager is not None:
+                self.kv_cache_manager.cache_full_blocks(request)
             token = sampled.get(request.request_id)
             if token is None:
                 continue
@@ -234,15 +174,15 @@ class Scheduler:
 
     def reset_prefix_cache(self) -> bool:
         """Forgets the prefix cache; True when done."""
-        if self.block_pool is None:
+        if self.kv_cache_manager is None:
             return True
-        self.prefix_cache_stats.reset = True
-        return self.block_pool.reset_prefix_cache()
+        return self.kv_cache_manager.reset_prefix_cache()
 
     def take_prefix_cache_stats(self) -> PrefixCacheStats:
         """The prefix-cache lookups since the last call (vLLM reports deltas)."""
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
-        return stats
+        if self.kv_cache_manager is None:
+            return PrefixCacheStats()
+        return self.kv_cache_manager.take_prefix_cache_stats()
 
     def take_finished(self, client_index: int) -> list[str]:
         """Ids of `client_index`'s requests finished since the last call."""
@@ -253,30 +193,20 @@ class Scheduler:
         self.finished_ids.setdefault(client_index, []).append(request_id)
 
     def _blocks_needed(self, request: Request) -> int:
-        total = min(request.max_total_tokens, self.max_model_len)
-        return -(-total // self.block_size)
+        return self.kv_cache_manager.blocks_for(min(request.max_total_tokens, self.max_model_len))
 
     def _grow(self, request: Request, num_tokens: int) -> bool:
-        """Gives `request` blocks for its first `num_tokens` tokens; False
-        (nothing taken) when there are not enough free blocks."""
-        pool = self.block_pool
-        if pool is None:
-            return True
-        needed = -(-num_tokens // self.block_size) - len(request.block_ids)
-        if needed <= 0:
-            return True
-        if not pool.can_allocate([], needed):
-            return False
-        request.block_ids.extend(pool.allocate([], needed))
-        return True
+        """Gives `request` blocks for its first `num_tokens` tokens (always
+        True without a KV cache)."""
+        return self.kv_cache_manager is None or self.kv_cache_manager.grow(request, num_tokens)
 
     def _make_room(self, request: Request, num_tokens: int) -> bool:
         """Gives running `request` blocks for `num_tokens` tokens, preempting
         the most recently admitted running requests while blocks are short;
         False when `request` itself had to be preempted."""
-        if num_tokens <= len(request.block_ids) * self.block_size:
+        if num_tokens <= len(request.block_ids) * self.kv_cache_manager.block_size:
             return True  # a decode inside its last block: most steps
-        while not self._grow(request, num_tokens):
+        while not self.kv_cache_manager.grow(request, num_tokens):
             victim = self.running.pop()
             self._preempt(victim)
             if victim is request:
@@ -286,10 +216,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         """Frees a running request's blocks and puts it first in line, to be
         computed again from scratch (its output so far kept)."""
-        if self.block_pool is not None and request.block_ids:
-            self.block_pool.release(request.block_ids)
-        request.block_ids = []
-        request.block_hashes = []
+        self.kv_cache_manager.free_preempted(request)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
@@ -298,63 +225,8 @@ class Scheduler:
             request.record_event(EngineCoreEventType.PREEMPTED)
         self.waiting.appendleft(request)
 
-    def _allocate(self, request: Request) -> bool:
-        """Gives a request its cached prefix blocks and blocks for the rest of
-        its known tokens (its prompt, and its output after a preemption);
-        False when there are not enough free blocks yet. Blocks for the tokens
-        it generates come with `_grow`, step by step."""
-        pool = self.block_pool
-        if pool is None:
-            return True
-        cached: list[int] = []
-        hashes: list[bytes] = []
-        if self.block_hasher is not None:
-            # At least the last prompt token is computed again: it yields the first sample.
-            full_blocks = (request.num_prompt_tokens - 1) // self.block_size
-            hashes = self._prompt_block_hashes(request, full_blocks)
-            # Prompt logprobs need every prompt position computed, so such a
-            # request reads nothing from the cache (as vLLM skips it).
-            if request.sampling.prompt_logprobs is None:
-                cached = pool.find_cached_prefix(hashes)
-        needed = -(-request.num_tokens // self.block_size) - len(cached)
-        if not pool.can_allocate(cached, needed):
-            return False
-        request.block_ids = pool.allocate(cached, needed)
-        request.block_hashes = hashes[: len(cached)]
-        request.num_computed_tokens = len(cached) * self.block_size
-        if request.num_preemptions:
-            if self.block_hasher is not None:
-                self.prefix_cache_stats.record_preempted(request.num_prompt_tokens, request.num_computed_tokens)
-            return True
-        request.num_cached_tokens = request.num_computed_tokens
-        if self.block_hasher is not None:
-            self.prefix_cache_stats.record(request.num_prompt_tokens, request.num_cached_tokens)
-        return True
-
-    def _prompt_block_hashes(self, request: Request, count: int) -> list[bytes]:
-        hashes: list[bytes] = []
-        parent = None
-        for i in range(count):
-            tokens = request.prompt_token_ids[i * self.block_size : (i + 1) * self.block_size]
-            parent = self.block_hasher(parent, tokens, request.cache_salt)
-            hashes.append(parent)
-        return hashes
-
-    def _register_full_blocks(self, request: Request) -> None:
-        if self.block_hasher is None:
-            return
-        full = request.num_computed_tokens // self.block_size
-        while len(request.block_hashes) < full:
-            i = len(request.block_hashes)
-            parent = request.block_hashes[-1] if request.block_hashes else None
-            tokens = request.tokens(i * self.block_size, (i + 1) * self.block_size)
-            block_hash = self.block_hasher(parent, tokens, request.cache_salt)
-            request.block_hashes.append(block_hash)
-            self.block_pool.register(request.block_ids[i], block_hash)
-
     def _free(self, request: Request) -> None:
         if self.requests.pop(request.request_id, None) is not None:
             self.note_finished(request.client_index, request.request_id)
-        if self.block_pool is not None and request.block_ids:
-            self.block_pool.release(request.block_ids)
-            request.block_ids = []
+        if self.kv_cache_manager is not None:
+            self.kv_cache_manager.free(request)
