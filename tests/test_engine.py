@@ -312,6 +312,25 @@ def test_attention_reads_only_the_slots_its_sequences_wrote(dtype):
     assert generate(poison=True) == generate(poison=False)
 
 
+def test_runner_keeps_its_own_state_of_each_request_until_it_finishes(toy_config):
+    """The runner's state of a request (its seeded generator, the prompt
+    positions scored) is made when the request is first scheduled and
+    dropped once a plan says it finished or was aborted."""
+    core = EngineCore(toy_config)
+    core.add_request(request("seeded", b"hello", max_tokens=3, temperature=1.0, seed=7))
+    core.add_request(request("aborted", b"world", max_tokens=100, prompt_logprobs=1))
+    core.step()
+    states = core.runner.requests
+    assert set(states) == {"seeded", "aborted"}
+    assert states["seeded"].generator is not None and states["aborted"].generator is None
+    assert states["aborted"].num_prompt_scored == len(b"world") - 1
+    core.abort_requests(["aborted"])
+    run_to_end(core)
+    assert "aborted" not in core.runner.requests
+    core.step()  # nothing to compute; the plan still tells the runner "seeded" finished
+    assert core.runner.requests == {}
+
+
 def test_toy_abort_frees_the_blocks(toy_config):
     core = EngineCore(toy_config)
     pool = core.scheduler.kv_cache_manager.block_pool

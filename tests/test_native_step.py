@@ -1,4 +1,4 @@
-"""The native step (`engine/native_step.py`: the whole decoder in one call
+"""The native step (`engine/worker/native_step.py`: the whole decoder in one call
 of `_core.DecoderStack`) against the torch step (`--enforce-eager`) on the
 same weights: every architecture it runs (Llama with Llama 3 RoPE scaling,
 Mistral, Qwen2 with q/k/v biases and tied embeddings, Qwen3 with q/k norms,

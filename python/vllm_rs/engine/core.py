@@ -65,14 +65,14 @@ class WhenIdle:
 def make_runner(config: EngineConfig) -> Any:
     """The model runner for the configured model type."""
     if config.model_config.runner.is_pooling:
-        from vllm_rs.engine.pooling_runner import PoolingRunner
+        from vllm_rs.engine.worker.pooling_runner import PoolingRunner
 
         return PoolingRunner(config)
     if config.model_config.spec.model_type == "echo":
-        from vllm_rs.engine.echo_runner import EchoRunner
+        from vllm_rs.engine.worker.echo_runner import EchoRunner
 
         return EchoRunner()
-    from vllm_rs.engine.model_runner import ModelRunner
+    from vllm_rs.engine.worker.model_runner import ModelRunner
 
     return ModelRunner(config)
 
@@ -226,6 +226,8 @@ class EngineCore:
         mark = self._step_log.mark() if self._step_log is not None else None
         plan = self.scheduler.schedule(admit=self.pause_state == PauseState.UNPAUSED)
         if not plan.requests:
+            if plan.finished_req_ids:
+                self.runner.execute(plan)  # computes nothing: the runner forgets the finished
             return []
         self.step_counter += 1
         if self._fail_at_step is not None and self.step_counter >= self._fail_at_step:

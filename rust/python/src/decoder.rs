@@ -1,7 +1,7 @@
 //! `vllm_rs._core.DecoderStack`: a Llama-family model's weights (GGUF blocks
 //! or float16/bfloat16 rows, read in place) and its KV cache, held by the
 //! kernels' `Decoder`, so that one call runs a whole step
-//! (`engine/native_step.py` builds it from a loaded model).
+//! (`engine/worker/native_step.py` builds it from a loaded model).
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;

@@ -1,15 +1,20 @@
 """Sampling the next token from logits: greedy at temperature 0, else
 temperature, top-k, top-p and min-p, drawn from the request's own generator
-(seeded when the request has a seed, so the same seed gives the same text
-whatever else is in the batch). Stop tokens are masked until `min_tokens`."""
+when it has a seed (kept in the runner's state of the request, so the same
+seed gives the same text whatever else is in the batch), else from one
+shared generator. Stop tokens are masked until `min_tokens`."""
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
-from vllm_rs.engine.sched.request import Request
+from vllm_rs.engine.sched.request import SamplingParams
+
+if TYPE_CHECKING:
+    from vllm_rs.engine.worker.request_state import CachedRequestState
 
 
 class Sampler:
@@ -19,28 +24,26 @@ class Sampler:
         self.device = device
         self._unseeded = torch.Generator(device=device).manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
 
-    def generator_for(self, request: Request) -> torch.Generator:
-        """The request's generator: its own when seeded, else the shared one."""
-        if request.sampling.seed is None:
-            return self._unseeded
-        if request.runner_state is None:
-            request.runner_state = torch.Generator(device=self.device).manual_seed(request.sampling.seed)
-        return request.runner_state
+    def seeded_generator(self, sampling: SamplingParams) -> torch.Generator | None:
+        """A new request's own generator: seeded with its seed, None without one."""
+        if sampling.seed is None:
+            return None
+        return torch.Generator(device=self.device).manual_seed(sampling.seed)
 
-    def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
-        """One token id per row of `logits` (`[len(requests), vocab]`)."""
+    def sample(self, logits: torch.Tensor, states: list[CachedRequestState]) -> list[int]:
+        """One token id per row of `logits` (`[len(states), vocab]`: one row per request)."""
         logits = logits.float()
-        for row, request in enumerate(requests):
-            if len(request.output_token_ids) < request.sampling.min_tokens:
-                stop_ids = [t for t in request.sampling.stop_ids_for_min_tokens() if 0 <= t < logits.shape[1]]
+        for row, state in enumerate(states):
+            if state.num_output_tokens < state.sampling.min_tokens:
+                stop_ids = [t for t in state.sampling.stop_ids_for_min_tokens() if 0 <= t < logits.shape[1]]
                 if stop_ids:
                     logits[row, stop_ids] = float("-inf")
-        if all(r.sampling.is_greedy for r in requests):
+        if all(s.sampling.is_greedy for s in states):
             return logits.argmax(dim=-1).tolist()
-        return [self._sample_row(logits[row], request) for row, request in enumerate(requests)]
+        return [self._sample_row(logits[row], state) for row, state in enumerate(states)]
 
-    def _sample_row(self, logits: torch.Tensor, request: Request) -> int:
-        params = request.sampling
+    def _sample_row(self, logits: torch.Tensor, state: CachedRequestState) -> int:
+        params = state.sampling
         if params.is_greedy:
             return int(logits.argmax())
         logits = logits / params.temperature
@@ -56,5 +59,7 @@ class Sampler:
         if params.min_p > 0.0:
             probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
         # The exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
-        noise = torch.empty_like(probs).exponential_(generator=self.generator_for(request))
+        noise = torch.empty_like(probs).exponential_(
+            generator=self._unseeded if state.generator is None else state.generator
+        )
         return int((probs / noise).argmax())

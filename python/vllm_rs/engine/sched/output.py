@@ -1,6 +1,6 @@
 """What passes between the scheduler and a model runner each step: the plan
-(`StepPlan`: which requests compute how many tokens) and what the runner
-computed (`ModelOutput`).
+(`StepPlan`: which requests compute how many tokens, and which left since
+the last plan) and what the runner computed (`ModelOutput`).
 
 A step's plan has the attributes `compute_iteration_details` reads
 (`scheduled_new_reqs`, `scheduled_cached_reqs`, `num_scheduled_tokens`,
@@ -48,6 +48,9 @@ class StepPlan:
     #: The scheduled requests, in the order of `num_scheduled_tokens` (the
     #: runner reads them and never changes them).
     requests: list[Request] = field(default_factory=list)
+    #: Requests that left the scheduler (finished, aborted) since the last
+    #: plan: the runner drops what it keeps of them (vLLM's `finished_req_ids`).
+    finished_req_ids: set[str] = field(default_factory=set)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -140,11 +140,6 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
-    #: Set by the model runner (e.g. a seeded torch.Generator).
-    runner_state: Any = None
-    #: Prompt positions scored for prompt logprobs so far (a preempted
-    #: request's recomputation does not score them again).
-    num_prompt_scored: int = 0
     #: Lifecycle events not yet sent (recorded only when stats are logged).
     events: list[EngineCoreEvent] = field(default_factory=list)
     #: The request's `structured_output.GrammarMatcher`, when it has structured outputs.

@@ -48,6 +48,8 @@ class Scheduler:
         self.whole_prompts = whole_prompts
         #: Ids finished (any reason) since the last `take_finished`, by client.
         self.finished_ids: dict[int, list[str]] = {}
+        #: Ids of requests removed since the last plan (the runner forgets them).
+        self._finished_req_ids: set[str] = set()
         #: Preemptions so far.
         self.num_preemptions = 0
 
@@ -105,7 +107,8 @@ class Scheduler:
     def schedule(self, admit: bool = True) -> StepPlan:
         """Plans the next step (empty when there is nothing to do); waiting
         requests join only when `admit` (False while paused)."""
-        plan = StepPlan()
+        plan = StepPlan(finished_req_ids=self._finished_req_ids)
+        self._finished_req_ids = set()
         budget = self.max_num_batched_tokens
         cached_ids: list[str] = []
         context_ids: set[str] = set()
@@ -228,5 +231,6 @@ class Scheduler:
     def _free(self, request: Request) -> None:
         if self.requests.pop(request.request_id, None) is not None:
             self.note_finished(request.client_index, request.request_id)
+            self._finished_req_ids.add(request.request_id)
         if self.kv_cache_manager is not None:
             self.kv_cache_manager.free(request)

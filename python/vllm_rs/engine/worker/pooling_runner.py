@@ -12,15 +12,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from vllm_rs.engine.config import EngineConfig
 from vllm_rs.engine.cpu_threads import limit_cpu_threads
 from vllm_rs.engine.layers.rotary_embedding import rope_tables
-from vllm_rs.engine.model_runner import resolve_device
 from vllm_rs.engine.models.bert import BertEncoder, load_bert
 from vllm_rs.engine.pooling_params import Matryoshka, PoolingParams
 from vllm_rs.engine.sched.output import ModelOutput, StepPlan
 from vllm_rs.engine.sched.request import Request
+from vllm_rs.engine.worker.model_runner import resolve_device
 from vllm_rs.logger import init_logger
 from vllm_rs.tensor_utils import compute_iteration_details
 

@@ -2,7 +2,10 @@
 engine: allocates the KV cache per layer and binds it with `bind_kv_cache`,
 stages each step's inputs (token ids, positions, cache slots) in
 `CpuGpuBuffer`s, runs one forward pass over every scheduled request (prefill
-chunks and decodes together) and samples. CUDA when there is one (or
+chunks and decodes together) and samples. What it keeps of each request (the
+prompt positions scored, the seeded generator) is its own
+(`request_state.CachedRequestState`), dropped when the plan says the request
+finished. CUDA when there is one (or
 `--device cuda`), else the CPU; the same code on both."""
 
 from __future__ import annotations
@@ -11,18 +14,18 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
 from vllm_rs.engine.config import EngineConfig, kv_bytes_per_token, kv_cache_dtype
 from vllm_rs.engine.cpu_threads import keep_torch_on_one_thread, kernel_threads, limit_cpu_threads
 from vllm_rs.engine.kv_cache.prefix_hash import hash_block_tokens
 from vllm_rs.engine.layers.attention import AttentionMetadata, DecodeBatch, SequenceSlice, attends_in_place
 from vllm_rs.engine.layers.packed_weights import every_matmul_in_kernels
 from vllm_rs.engine.models.toy_model import ToyConfig, ToyDecoder
-from vllm_rs.engine.native_step import NativeStep, native_step_unsupported
 from vllm_rs.engine.sample.logprobs import gather, num_columns
 from vllm_rs.engine.sample.sampler import Sampler
 from vllm_rs.engine.sched.output import ModelOutput, StepPlan
 from vllm_rs.engine.sched.request import Request
+from vllm_rs.engine.worker.native_step import NativeStep, native_step_unsupported
+from vllm_rs.engine.worker.request_state import CachedRequestState
 from vllm_rs.logger import init_logger
 from vllm_rs.tensor_utils import CpuGpuBuffer, bind_kv_cache, compute_iteration_details
 
@@ -46,8 +49,8 @@ class StagedStep:
     prompt positions scored and the key slots staged (`num_keys`)."""
 
     ranges: list[tuple[int, int, int, int, int]]
-    sample_requests: list[Request]
-    prompt_scores: list[tuple[Request, list[int]]]
+    sample_requests: list[CachedRequestState]
+    prompt_scores: list[tuple[CachedRequestState, list[int]]]
     num_keys: int
 
 
@@ -106,6 +109,8 @@ class ModelRunner:
         layers = self.model.attention_layers().values()
         self._windows = sorted({layer.sliding_window for layer in layers if layer.sliding_window is not None})
         self.sampler = Sampler(self.device)
+        #: The runner's state of each request it has seen and not yet seen finish.
+        self.requests: dict[str, CachedRequestState] = {}
         self.native_step: NativeStep | None = None
         why_not = "--enforce-eager" if config.model_config.enforce_eager else None
         why_not = why_not or native_step_unsupported(self.model, self.device, self.dtype)
@@ -177,7 +182,10 @@ class ModelRunner:
         """Runs one step; samples a token for each request that reached the
         end of its known tokens, with the logprobs requests asked for (raw:
         the model's distribution before temperature and the other sampling
-        settings, vLLM's default `logprobs_mode`)."""
+        settings, vLLM's default `logprobs_mode`). First forgets the requests
+        the plan says finished."""
+        for request_id in plan.finished_req_ids:
+            self.requests.pop(request_id, None)
         num_tokens = plan.total_num_scheduled_tokens
         if num_tokens == 0:
             return ModelOutput()
@@ -199,25 +207,26 @@ class ModelRunner:
             )
         vocab = logits.shape[-1]
         sample_logits = logits[: len(sample_requests)]
-        for i, request in enumerate(sample_requests):
-            if request.grammar is not None:
+        for i, state in enumerate(sample_requests):
+            grammar = state.request.grammar
+            if grammar is not None:
                 # Masked before logprobs too: vLLM applies the grammar bitmask to the logits first.
-                banned = torch.from_numpy(~request.grammar.allowed(vocab)).to(sample_logits.device)
+                banned = torch.from_numpy(~grammar.allowed(vocab)).to(sample_logits.device)
                 sample_logits[i].masked_fill_(banned, float("-inf"))
         wanted = [i for i, r in enumerate(sample_requests) if r.sampling.logprobs is not None]
         raw = torch.log_softmax(sample_logits[wanted].float(), dim=-1) if wanted else None
         tokens = self.sampler.sample(sample_logits, sample_requests)
         out = ModelOutput({r.request_id: t for r, t in zip(sample_requests, tokens, strict=True)})
         for row, i in enumerate(wanted):
-            request = sample_requests[i]
-            k = num_columns(request.sampling.logprobs, vocab)
-            out.logprobs[request.request_id] = gather(raw[row : row + 1], [tokens[i]], k)
+            state = sample_requests[i]
+            k = num_columns(state.sampling.logprobs, vocab)
+            out.logprobs[state.request_id] = gather(raw[row : row + 1], [tokens[i]], k)
         offset = len(sample_requests)
-        for request, targets in prompt_scores:
+        for state, targets in prompt_scores:
             rows = torch.log_softmax(logits[offset : offset + len(targets)].float(), dim=-1)
             offset += len(targets)
-            k = num_columns(request.sampling.prompt_logprobs, vocab)
-            out.prompt_logprobs[request.request_id] = gather(rows, targets, k)
+            k = num_columns(state.sampling.prompt_logprobs, vocab)
+            out.prompt_logprobs[state.request_id] = gather(rows, targets, k)
         return out
 
     def _stage_inputs(self, plan: StepPlan, num_tokens: int) -> StagedStep:
@@ -231,10 +240,11 @@ class ModelRunner:
         sample_requests = []
         # (request, prompt tokens scored): the logits rows of prompt positions
         # go after the sampled rows, so sampling sees a contiguous block.
-        prompt_scores: list[tuple[Request, list[int]]] = []
+        prompt_scores: list[tuple[CachedRequestState, list[int]]] = []
         prompt_rows: list[np.ndarray] = []
         row = key_row = 0
         for request in plan.requests:
+            state = self._state(request)
             n = plan.num_scheduled_tokens[request.request_id]
             start_pos = request.num_computed_tokens
             end_pos = start_pos + n
@@ -248,20 +258,28 @@ class ModelRunner:
             ranges.append((row, row + n, key_row, end_pos, start_pos))
             if end_pos == request.num_tokens:
                 self.logits_indices.np[len(sample_requests)] = row + n - 1
-                sample_requests.append(request)
-            first = max(start_pos, request.num_prompt_scored)
+                sample_requests.append(state)
+            first = max(start_pos, state.num_prompt_scored)
             last = min(end_pos, request.num_prompt_tokens - 1)
             if request.sampling.prompt_logprobs is not None and first < last:
                 # Position p scores prompt token p + 1.
-                prompt_scores.append((request, request.prompt_token_ids[first + 1 : last + 1]))
+                prompt_scores.append((state, request.prompt_token_ids[first + 1 : last + 1]))
                 prompt_rows.append(np.arange(row + first - start_pos, row + last - start_pos))
-                request.num_prompt_scored = last
+                state.num_prompt_scored = last
             row += n
             key_row += end_pos
         if prompt_rows:
             extra = np.concatenate(prompt_rows)
             self.logits_indices.np[len(sample_requests) : len(sample_requests) + len(extra)] = extra
         return StagedStep(ranges, sample_requests, prompt_scores, key_row)
+
+    def _state(self, request: Request) -> CachedRequestState:
+        """The runner's state of `request`, made when it first appears."""
+        state = self.requests.get(request.request_id)
+        if state is None:
+            generator = self.sampler.seeded_generator(request.sampling)
+            state = self.requests[request.request_id] = CachedRequestState(request.request_id, request, generator)
+        return state
 
     def _attention_metadata(self, staged: StagedStep, num_tokens: int) -> AttentionMetadata:
         """The torch path's view of a staged step: each sequence's keys and
