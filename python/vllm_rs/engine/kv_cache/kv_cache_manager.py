@@ -10,9 +10,13 @@ the prefix cache once its tokens are computed (`cache_full_blocks`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vllm_rs.engine.kv_cache.block_pool import BlockHasher, BlockPool
-from vllm_rs.engine.sched.request import Request
 from vllm_rs.engine.stats import PrefixCacheStats
+
+if TYPE_CHECKING:
+    from vllm_rs.engine.sched.request import Request
 
 
 class KVCacheManager:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from vllm_rs.engine.config import EngineConfig, kv_bytes_per_token, kv_cache_dtype
 from vllm_rs.engine.cpu_threads import keep_torch_on_one_thread, kernel_threads, limit_cpu_threads
 from vllm_rs.engine.kv_cache.prefix_hash import hash_block_tokens

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import nn
+
 from vllm_rs import _core
 from vllm_rs.engine.cpu_threads import kernel_threads
 from vllm_rs.engine.layers.layernorm import RMSNorm

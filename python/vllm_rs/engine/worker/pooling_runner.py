@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from vllm_rs.engine.config import EngineConfig
 from vllm_rs.engine.cpu_threads import limit_cpu_threads
 from vllm_rs.engine.layers.rotary_embedding import rope_tables

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from vllm_rs.engine.sched.request import Request, SamplingParams
 
 
