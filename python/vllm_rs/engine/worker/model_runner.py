@@ -2,11 +2,12 @@
 engine: allocates the KV cache per layer and binds it with `bind_kv_cache`,
 stages each step's inputs (token ids, positions, cache slots) in
 `CpuGpuBuffer`s, runs one forward pass over every scheduled request (prefill
-chunks and decodes together) and samples. What it keeps of each request (the
-prompt positions scored, the seeded generator) is its own
-(`request_state.CachedRequestState`), dropped when the plan says the request
-finished. CUDA when there is one (or
-`--device cuda`), else the CPU; the same code on both."""
+chunks and decodes together) and samples. CUDA when there is one (or
+`--device cuda`), else the CPU; the same code on both.
+
+What it keeps of each request (the prompt positions scored, the seeded
+generator) is its own (`request_state.CachedRequestState`), dropped when a
+step's plan says the request finished; the scheduler's requests are only read."""
 
 from __future__ import annotations
 
