@@ -9,7 +9,7 @@ from typing import Any
 from vllm_rs.engine.model_loader.checkpoint import CheckpointError
 from vllm_rs.engine.model_loader.pooler_config import ENCODER_ARCHITECTURES
 
-#: transformers' activation names -> what `bert.py` computes.
+#: transformers' activation names -> what `models/bert.py` computes.
 BERT_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from vllm_rs.engine.model_loader.gguf_file import GGML_TYPES, GgufArray, GgufFormatError, GgufHeader, read_header
 
-#: Hugging Face architecture -> its `model_type`; Gemma 3 runs `gemma3.py`,
-#: the others `llama.py`.
+#: Hugging Face architecture -> its `model_type`; Gemma 3 runs `models/gemma3.py`,
+#: the others `models/llama.py`.
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",

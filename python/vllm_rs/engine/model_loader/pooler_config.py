@@ -17,7 +17,7 @@ POOLING_TYPES = ("CLS", "LAST", "MEAN")
 #: `--runner` and `--convert` choices, as vLLM 0.33's.
 RUNNERS = ("auto", "generate", "pooling")
 CONVERTS = ("auto", "none", "embed", "classify")
-#: Encoder architectures the engine runs (`bert.py`), and the task each
+#: Encoder architectures the engine runs (`models/bert.py`), and the task each
 #: serves without `--convert`.
 ENCODER_ARCHITECTURES = {"BertModel": "embed", "BertForSequenceClassification": "classify"}
 #: The tasks an engine reports (`get_supported_tasks`) for each pooling task.

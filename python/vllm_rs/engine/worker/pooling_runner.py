@@ -3,7 +3,7 @@ whole in one forward pass (no KV cache is kept) and pooled into one vector
 as vLLM pools it: the first token (CLS), the mean of all tokens (MEAN) or
 the last token (LAST), then for an embedding cut to `dimensions` and
 L2-normalized, for a classifier its logits with the activation (sigmoid for
-one label, softmax for more). The model is a BERT encoder (`bert.py`,
+one label, softmax for more). The model is a BERT encoder (`models/bert.py`,
 bidirectional) or a decoder (`llama.CausalLM`, causal) whose final-normed
 hidden states are pooled."""
 
