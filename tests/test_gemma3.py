@@ -21,11 +21,12 @@ import torch
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
-from vllm_rs.engine import make_engine_config, model_runner  # noqa: E402
+from vllm_rs.engine import make_engine_config  # noqa: E402
 from vllm_rs.engine.core import EngineCore  # noqa: E402
 from vllm_rs.engine.layers.packed_weights import PackedLinear  # noqa: E402
 from vllm_rs.engine.model_loader.registry import resolve_model  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
+from vllm_rs.engine.worker import model_runner  # noqa: E402
 
 from tests.support.gemma3_270m import gemma3_270m_path  # noqa: E402
 from tests.support.tiny_models import gemma3_gguf_model, make_hf_model, save_gguf, save_safetensors  # noqa: E402

@@ -16,9 +16,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from vllm_rs import _core
-from vllm_rs.engine import make_engine_config, model_runner
+from vllm_rs.engine import make_engine_config
 from vllm_rs.engine.core import EngineCore
 from vllm_rs.engine.protocol import EngineCoreRequest
+from vllm_rs.engine.worker import model_runner
 from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 
 BLOCK = 16
