@@ -266,3 +266,44 @@ def load_generation_config(
     `overrides_json` a JSON object merged over the sampling defaults;
     `(defaults, max_tokens_cap, eos_token_ids)`. GenerationConfigError
     naming the key (or `serve`'s flag) and where it came from."""
+
+class DecoderStack:
+    """A Llama-family model's decoder layers, final norm and output head over
+    the GGUF kernels (rust/kernels decoder.rs), with its KV cache written in
+    place, run a step at a time. TypeError for a buffer of the wrong type,
+    ValueError for shapes that do not fit together."""
+
+    def __init__(
+        self,
+        shape: tuple[int, int, int, int, int, int, float, float, float, int, float],
+        inv_freq: object,
+        layers: Sequence[tuple[object, object, object | None, object | None, Sequence[object], int | None, bool]],
+        norm: object,
+        head: tuple[int, object, int, int, object | None],
+        caches: Sequence[tuple[object, object]],
+        cache_dtype: str = "float32",
+        precision: str = "exact",
+    ) -> None:
+        """`shape` is `(hidden, heads, kv_heads, head_dim, intermediate,
+        vocab, eps, scale, residual_scale, rotary_dim, rope_scale)`; a linear
+        is `(ggml type id, rows (uint8), out features, in features, bias or
+        None)`; `caches` one `(keys, values)` per layer of `cache_dtype`;
+        `precision` `exact` (float32 products of the dequantized weights) or
+        `int8` (activations quantized to int8 per block for Q8_0, Q4_0, Q4_K
+        and Q6_K weights; its error bound is `Precision::Int8Activations`')."""
+
+    def forward(
+        self,
+        x: object,
+        positions: object,
+        slot_mapping: object,
+        key_starts: object,
+        key_slots: object,
+        logits_rows: object,
+        logits: object,
+        threads: int,
+    ) -> None:
+        """One step: `x` (float32 `[tokens, hidden]`, overwritten) through
+        every layer, keys and values written at `slot_mapping`, the logits of
+        `logits_rows` into `logits`; the GIL released. ValueError for a bad
+        shape or index (nothing written then)."""

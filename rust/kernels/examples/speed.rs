@@ -1,5 +1,6 @@
 //! Times the kernel alone (no Python): `cargo run --release -p vllm-rs-kernels
-//! --example speed -- [M] [N] [K] [TYPE (Q8_0, Q4_K, ...)] [threads]`; prints
+//! --example speed -- [M] [N] [K] [TYPE (Q8_0, Q4_K, ...)] [threads]
+//! [exact|int8]`; prints
 //! milliseconds per call and the weight bytes read per second, for each path.
 //! On a shared machine the wall clock counts the time other processes held
 //! the CPU, so the figures are from the thread's own on-CPU time (Linux's
@@ -7,7 +8,7 @@
 
 use std::time::Instant;
 
-use vllm_rs_kernels::{matmul, Dims, Path, QuantType};
+use vllm_rs_kernels::{matmul, Dims, Path, Precision, QuantType};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -16,6 +17,11 @@ fn main() {
     let name = args.get(3).map_or("Q8_0", String::as_str);
     let quant = QuantType::ALL.into_iter().find(|q| q.name() == name).expect("a type name: Q8_0, Q4_K, IQ4_NL, ...");
     let threads = num(4, 1);
+    let precision = match args.get(5).map_or("exact", String::as_str) {
+        "exact" => Precision::Exact,
+        "int8" => Precision::Int8Activations,
+        other => panic!("precision {other:?} is not exact or int8"),
+    };
     // Blocks with scale 2^-8 (f16 0x1c00) and varied quants.
     let mut w = vec![0u8; n * quant.row_bytes(k)];
     for (i, block) in w.chunks_exact_mut(quant.block_bytes()).enumerate() {
@@ -28,18 +34,18 @@ fn main() {
     let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
     let mut y = vec![0.0f32; m * n];
     for path in Path::supported() {
-        matmul(path, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
+        matmul(path, precision, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
         // At least 0.3 s of calls: schedstat advances at the scheduler's ticks.
         let (start, cpu_start) = (Instant::now(), on_cpu_secs());
         let mut reps = 0u32;
         while reps < 3 || start.elapsed().as_secs_f64() < 0.3 {
-            matmul(path, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
+            matmul(path, precision, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
             reps += 1;
         }
         let wall = start.elapsed().as_secs_f64() / f64::from(reps);
         let secs = cpu_start.map_or(wall, |c0| on_cpu_secs().map_or(wall, |c1| (c1 - c0) / f64::from(reps)));
         println!(
-            "{path:?} {quant:?} m={m} n={n} k={k} threads={threads}: {:.3} ms on CPU ({:.3} wall), {:.2} GB/s of weights, {:.1} GFLOP/s",
+            "{path:?} {precision:?} {quant:?} m={m} n={n} k={k} threads={threads}: {:.3} ms on CPU ({:.3} wall), {:.2} GB/s of weights, {:.1} GFLOP/s",
             secs * 1e3,
             wall * 1e3,
             w.len() as f64 / secs / 1e9,

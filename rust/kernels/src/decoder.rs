@@ -23,7 +23,9 @@ use std::ops::Range;
 
 use crate::attention::{attend, check_attention};
 use crate::kv_cache::{KvCache, KvCacheMut};
-use crate::{matmuls, AttentionDims, AttentionError, DecodeInputs, Dims, Matmul, Out, Path, QuantType, ShapeError};
+use crate::{
+    matmuls, AttentionDims, AttentionError, DecodeInputs, Dims, Matmul, Out, Path, Precision, QuantType, ShapeError,
+};
 
 /// A step or a model whose buffers do not fit together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -171,6 +173,9 @@ pub struct Decoder<'a> {
     pub head: Linear<'a>,
     /// RoPE's inverse frequencies.
     pub inv_freq: &'a [f32],
+    /// How the projections and the output head multiply (`Exact`, or int8
+    /// activations for the weight types that path reads).
+    pub precision: Precision,
 }
 
 /// One layer's KV cache, each half `[slots, kv_heads, head_dim]`, both of one type.
@@ -302,6 +307,7 @@ impl Decoder<'_> {
             let m = tokens;
             matmuls(
                 path,
+                self.precision,
                 &mut [
                     product(&layer.q, &h, &mut q, m),
                     product(&layer.k, &h, &mut k, m),
@@ -352,13 +358,18 @@ impl Decoder<'_> {
             // SAFETY: `check_step` checked every slot, start and length
             // these inputs hold (`Keys` only narrows a token's keys).
             unsafe { attend(path, &attention, &mut attended, dims, threads) };
-            matmuls(path, &mut [product(&layer.o, &attended, &mut residual, m)], threads)?;
+            matmuls(path, self.precision, &mut [product(&layer.o, &attended, &mut residual, m)], threads)?;
             add_bias(&layer.o, &mut residual);
             add_rows(x, &residual, s.residual_scale);
             rms_norm_rows(x, &mut h, layer.post_attention_norm, s.eps, parallel);
-            matmuls(path, &mut [product(&layer.gate, &h, &mut gate, m), product(&layer.up, &h, &mut up, m)], threads)?;
+            matmuls(
+                path,
+                self.precision,
+                &mut [product(&layer.gate, &h, &mut gate, m), product(&layer.up, &h, &mut up, m)],
+                threads,
+            )?;
             swiglu(&mut gate, &up, parallel);
-            matmuls(path, &mut [product(&layer.down, &gate, &mut residual, m)], threads)?;
+            matmuls(path, self.precision, &mut [product(&layer.down, &gate, &mut residual, m)], threads)?;
             add_rows(x, &residual, s.residual_scale);
         }
         let rows = inputs.logits_rows.len();
@@ -372,7 +383,7 @@ impl Decoder<'_> {
                 s.eps,
             );
         }
-        matmuls(path, &mut [product(&self.head, &last, logits, rows)], threads)?;
+        matmuls(path, self.precision, &mut [product(&self.head, &last, logits, rows)], threads)?;
         add_bias(&self.head, logits);
         Ok(())
     }

@@ -13,6 +13,12 @@
 //! fp16 packs, which read 4x the bytes (`bench/bench_quantization.py`;
 //! docs/real-model-speed.md, "The matmul kernel").
 //!
+//! Opt-in beside it, `Precision::Int8Activations`: for Q8_0, Q4_0, Q4_K and
+//! Q6_K weights the activations quantized to int8 once per call (`q8.rs`)
+//! and integer dot products per block (`int8.rs`, its AVX2 code
+//! `int8_x86.rs`), llama.cpp's arithmetic, within a stated bound of the
+//! exact result.
+//!
 //! Beside it, `decode_attention`: one query per sequence attending over its
 //! keys and values where they lie in a paged KV cache (`attention.rs`); and
 //! `Decoder`: a whole Llama-family decoder step (norms, RoPE, attention,
@@ -23,12 +29,16 @@ mod attention;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod decoder;
+mod int8;
+#[cfg(target_arch = "x86_64")]
+mod int8_x86;
 mod kv_cache;
 #[cfg(target_arch = "x86_64")]
 mod operands;
 #[cfg(target_arch = "x86_64")]
 mod panel;
 mod pool;
+mod q8;
 mod quant;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -119,6 +129,29 @@ impl Path {
     }
 }
 
+/// How a call multiplies: the float path, or int8 activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Weights dequantized to their exact float32 values, multiplied with
+    /// the float32 activations: "dequantize, then multiply" up to float32
+    /// summation order.
+    #[default]
+    Exact,
+    /// For Q8_0, Q4_0, Q4_K and Q6_K weights (every other type runs
+    /// `Exact`): each activation row quantized once per call to int8 in
+    /// blocks of the weight type's block (32, or 256 for the K-quants),
+    /// `q = round(x / d)`, `d = max|x| / 127` over the block, then integer
+    /// dot products per block with the weight quants and the scales applied
+    /// per block, in float32 (llama.cpp's `vec_dot_*_q8_*` arithmetic).
+    /// Each activation moves by at most `d / 2`, so an output differs from
+    /// the exact one by at most `sum over blocks b of max|x_b| / 254 *
+    /// sum |w_b|` (plus float32 summation error): about 0.4% of `sum |x|
+    /// |w|` where a block's activations are of one magnitude, more where
+    /// one outlier sets a block's scale. Its outputs do not depend on the
+    /// batch's other rows.
+    Int8Activations,
+}
+
 /// Checks that `x` is `m x k`, `w` is `n` rows of `k / block_elems` blocks
 /// of `quant` and `y` is `m x n`.
 pub fn check_shapes(quant: QuantType, x: usize, w: usize, y: usize, dims: Dims) -> Result<(), ShapeError> {
@@ -140,9 +173,13 @@ pub fn check_shapes(quant: QuantType, x: usize, w: usize, y: usize, dims: Dims) 
 }
 
 /// `y = x · W^T` on `path` (which must be supported: `Path::best()` is the
-/// fastest this CPU runs), N split across `threads` (at least 1).
+/// fastest this CPU runs) at `precision`, N split across `threads` (at
+/// least 1).
+// The operands of one product beside `matmuls`' three settings.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul(
     path: Path,
+    precision: Precision,
     quant: QuantType,
     x: &[f32],
     w: &[u8],
@@ -150,7 +187,7 @@ pub fn matmul(
     dims: Dims,
     threads: usize,
 ) -> Result<(), ShapeError> {
-    matmuls(path, &mut [Matmul { quant, x, w, y, dims }], threads)
+    matmuls(path, precision, &mut [Matmul { quant, x, w, y, dims }], threads)
 }
 
 /// One product of a `matmuls` call: `y = x · W^T`.
@@ -171,14 +208,24 @@ pub struct Matmul<'a, 'y> {
 /// projections of a layer; its gate and up projections), so the threads
 /// meet once for all of them, not once each: each product's N is cut into
 /// parts and the threads take the parts of every product. Each is checked
-/// as `matmul` checks it, before any is computed.
-pub fn matmuls(path: Path, calls: &mut [Matmul<'_, '_>], threads: usize) -> Result<(), ShapeError> {
+/// as `matmul` checks it, before any is computed; at `Int8Activations`,
+/// each product's activations are quantized once, before the threads meet.
+pub fn matmuls(
+    path: Path,
+    precision: Precision,
+    calls: &mut [Matmul<'_, '_>],
+    threads: usize,
+) -> Result<(), ShapeError> {
     for call in calls.iter() {
         check_shapes(call.quant, call.x.len(), call.w.len(), call.y.len(), call.dims)?;
     }
+    let int8 = |quant| precision == Precision::Int8Activations && int8::reads(quant);
+    let quantized: Vec<Option<q8::Q8Rows>> =
+        calls.iter().map(|c| int8(c.quant).then(|| q8::Q8Rows::quantize(c.x, c.quant.block_elems()))).collect();
     let jobs: Vec<Job<'_>> = calls
         .iter_mut()
-        .map(|c| Job { quant: c.quant, x: c.x, w: c.w, y: Out(c.y.as_mut_ptr()), dims: c.dims })
+        .zip(&quantized)
+        .map(|(c, x8)| Job { quant: c.quant, x: c.x, x8: x8.as_ref(), w: c.w, y: Out(c.y.as_mut_ptr()), dims: c.dims })
         .collect();
     let parts: Vec<(usize, std::ops::Range<usize>)> = jobs
         .iter()
@@ -192,6 +239,9 @@ pub fn matmuls(path: Path, calls: &mut [Matmul<'_, '_>], threads: usize) -> Resu
         // product are disjoint and each product has its own y, so no two
         // parts write one element.
         unsafe {
+            if let Some(x8) = job.x8 {
+                return int8::matmul(path, job, x8, cols.clone());
+            }
             match path {
                 Path::Scalar => scalar::matmul(job, cols.clone()),
                 #[cfg(target_arch = "x86_64")]
@@ -234,6 +284,8 @@ const PARTS_PER_THREAD: usize = 4;
 pub(crate) struct Job<'a> {
     pub(crate) quant: QuantType,
     pub(crate) x: &'a [f32],
+    /// `x` quantized, where the call runs the int8 path.
+    pub(crate) x8: Option<&'a q8::Q8Rows>,
     pub(crate) w: &'a [u8],
     pub(crate) y: Out,
     pub(crate) dims: Dims,

@@ -11,7 +11,7 @@ use crate::{Dims, Job};
 /// The shapes are checked (`check_shapes`), `y` points to `m * n` floats and
 /// no other thread writes columns `cols` of it.
 pub(crate) unsafe fn matmul(job: &Job<'_>, cols: std::ops::Range<usize>) {
-    let Job { quant, x, w, y, dims } = *job;
+    let Job { quant, x, w, y, dims, .. } = *job;
     let (y, Dims { m, n, k }) = (y.0, dims);
     let row_bytes = quant.row_bytes(k);
     let mut weights = vec![0.0f32; k];

@@ -9,7 +9,8 @@ mod common;
 
 use common::{paths, Rng};
 use vllm_rs_kernels::{
-    dequantize_row, Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, QuantType, Shape, StepError, StepInputs,
+    dequantize_row, Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, Precision, QuantType, Shape, StepError,
+    StepInputs,
 };
 
 const HIDDEN: usize = 64;
@@ -169,6 +170,7 @@ impl Model {
             norm: &self.norm,
             head: self.head.linear(),
             inv_freq: &self.inv_freq,
+            precision: Precision::Exact,
         }
     }
 

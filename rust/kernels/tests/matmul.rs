@@ -3,54 +3,15 @@
 //! "dequantize each row, then a float64 dot product", on random blocks and
 //! shapes (odd M, N; K a multiple of the type's block) and 1 to 4 threads.
 
+mod blocks;
 mod common;
 
-use common::{paths, Rng};
+use blocks::operands;
+use common::paths;
 use proptest::prelude::*;
-use vllm_rs_kernels::{check_shapes, dequantize_row, matmul, Dims, Path, QuantType, ShapeError};
+use vllm_rs_kernels::{check_shapes, dequantize_row, matmul, Dims, Path, Precision, QuantType, ShapeError};
 
 const TYPES: [QuantType; 14] = QuantType::ALL;
-
-/// Where a block of `quant` keeps its f16 scales (and minimums).
-fn scale_offsets(quant: QuantType) -> &'static [usize] {
-    match quant {
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q2K => &[80, 82],
-        QuantType::Q3K => &[108],
-        QuantType::Q6K => &[208],
-        QuantType::F16 | QuantType::Bf16 => &[],
-        _ => &[0],
-    }
-}
-
-/// A random block: finite f16 scales in a realistic range, random quants;
-/// F16 and BF16 blocks are 32 random finite values.
-fn block(quant: QuantType, rng: &mut Rng) -> Vec<u8> {
-    let half = |rng: &mut Rng| {
-        // Sign, exponent 5..=19 (about 2^-10 .. 2^4), random mantissa.
-        let bits = (rng.below(2) << 15) | ((5 + rng.below(15)) << 10) | rng.below(1024);
-        (bits as u16).to_le_bytes()
-    };
-    let mut out: Vec<u8> = (0..quant.block_bytes()).map(|_| rng.next() as u8).collect();
-    match quant {
-        QuantType::F16 => out.chunks_exact_mut(2).for_each(|v| v.copy_from_slice(&half(rng))),
-        // Sign, exponent 2^-10 .. 2^4, 7 random mantissa bits.
-        QuantType::Bf16 => out.chunks_exact_mut(2).for_each(|v| {
-            let bits = (rng.below(2) << 15) | ((117 + rng.below(15)) << 7) | rng.below(128);
-            v.copy_from_slice(&(bits as u16).to_le_bytes());
-        }),
-        _ => scale_offsets(quant).iter().for_each(|&at| out[at..at + 2].copy_from_slice(&half(rng))),
-    }
-    out
-}
-
-/// `x[m,k]` and `w` (n rows of blocks) from a seed.
-fn operands(quant: QuantType, m: usize, n: usize, k: usize, seed: u64) -> (Vec<f32>, Vec<u8>) {
-    let mut rng = Rng(seed);
-    let x = (0..m * k).map(|_| rng.float()).collect();
-    let w = (0..n * k / quant.block_elems()).flat_map(|_| block(quant, &mut rng)).collect();
-    (x, w)
-}
 
 /// The reference: rows dequantized, dot products in float64; also the sum of
 /// |x * w| of each output, which bounds float32 summation error.
@@ -71,7 +32,7 @@ fn reference(quant: QuantType, x: &[f32], w: &[u8], m: usize, n: usize, k: usize
 
 fn run(path: Path, quant: QuantType, x: &[f32], w: &[u8], dims: Dims, threads: usize) -> Vec<f32> {
     let mut y = vec![f32::NAN; dims.m * dims.n];
-    matmul(path, quant, x, w, &mut y, dims, threads).unwrap();
+    matmul(path, Precision::Exact, quant, x, w, &mut y, dims, threads).unwrap();
     y
 }
 
@@ -168,15 +129,25 @@ fn known_weights_give_known_products() {
     let mut w = vec![0x00, 0x38];
     w.extend(0..32u8);
     let mut y = [0.0];
-    matmul(Path::best(), QuantType::Q8_0, &[1.0; 32], &w, &mut y, Dims { m: 1, n: 1, k: 32 }, 1).unwrap();
+    matmul(Path::best(), Precision::Exact, QuantType::Q8_0, &[1.0; 32], &w, &mut y, Dims { m: 1, n: 1, k: 32 }, 1)
+        .unwrap();
     assert_eq!(y[0], 248.0);
 }
 
 #[test]
 fn mismatched_buffers_are_refused_not_read() {
     let mut y = [0.0; 2];
-    let err =
-        matmul(Path::best(), QuantType::Q4_0, &[0.0; 32], &[0; 18], &mut y, Dims { m: 1, n: 2, k: 32 }, 1).unwrap_err();
+    let err = matmul(
+        Path::best(),
+        Precision::Exact,
+        QuantType::Q4_0,
+        &[0.0; 32],
+        &[0; 18],
+        &mut y,
+        Dims { m: 1, n: 2, k: 32 },
+        1,
+    )
+    .unwrap_err();
     assert_eq!(err, ShapeError::Len { what: "w", got: 18, need: 36, unit: "bytes", m: 1, n: 2, k: 32 });
     assert!(check_shapes(QuantType::Q4_0, 16, 9, 1, Dims { m: 1, n: 1, k: 16 }).is_err());
 }

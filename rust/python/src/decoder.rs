@@ -7,7 +7,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use vllm_rs_kernels::{Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, Shape, StepInputs};
+use vllm_rs_kernels::{Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, Precision, Shape, StepInputs};
 
 use crate::kernels::{check_out, flat_for, quant_type_for, slice, slice_mut, span};
 
@@ -145,9 +145,13 @@ impl DecoderStack {
     /// `shape` is `(hidden, heads, kv_heads, head_dim, intermediate, vocab,
     /// eps, scale, residual_scale, rotary_dim, rope_scale)`; `layers` as `LayerArg` says; `head` a linear as
     /// `LinearArg` says; `caches` one `(keys, values)` per layer, of
-    /// `cache_dtype` (`float32`, `float16` or `bfloat16`).
+    /// `cache_dtype` (`float32`, `float16` or `bfloat16`); `precision`
+    /// `exact` (the float path) or `int8` (int8 activations, see
+    /// `Precision::Int8Activations` for its error bound).
     #[new]
-    #[pyo3(signature = (shape, inv_freq, layers, norm, head, caches, cache_dtype = "float32"))]
+    #[pyo3(signature = (shape, inv_freq, layers, norm, head, caches, cache_dtype = "float32", precision = "exact"))]
+    // Python's constructor: its arguments are the keyword arguments callers see.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         shape: (usize, usize, usize, usize, usize, usize, f32, f32, f32, usize, f32),
         inv_freq: &Bound<'_, PyAny>,
@@ -156,7 +160,15 @@ impl DecoderStack {
         head: LinearArg<'_>,
         caches: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
         cache_dtype: &str,
+        precision: &str,
     ) -> PyResult<DecoderStack> {
+        let precision = match precision {
+            "exact" => Precision::Exact,
+            "int8" => Precision::Int8Activations,
+            other => {
+                return Err(PyValueError::new_err(format!("{NAME}: precision {other:?} is not \"exact\" or \"int8\"")))
+            }
+        };
         let (
             hidden,
             heads,
@@ -214,6 +226,7 @@ impl DecoderStack {
             norm: exports.floats(norm, "norm")?,
             head: exports.linear(&head, "head")?,
             inv_freq: exports.floats(inv_freq, "inv_freq")?,
+            precision,
         };
         decoder.check().map_err(|e| PyValueError::new_err(format!("{NAME}: {e}")))?;
         let mut held = Vec::with_capacity(caches.len());

@@ -9,7 +9,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use vllm_rs_kernels::{
-    decode_attention, dequantize_row, matmul, AttentionDims, DecodeInputs, Dims, KvCache, Path, QuantType,
+    decode_attention, dequantize_row, matmul, AttentionDims, DecodeInputs, Dims, KvCache, Path, Precision, QuantType,
 };
 
 /// A buffer `func` can read as a flat C-contiguous array, or the
@@ -131,7 +131,7 @@ fn gguf_matmul(
     // SAFETY: the buffers stay exported (held) until the end of this call
     // and out overlaps neither input (checked above).
     let (xs, ws, os) = unsafe { (slice(&xb), slice(&wb), slice_mut(&ob)) };
-    py.detach(|| matmul(Path::best(), quant, xs, ws, os, dims, threads))
+    py.detach(|| matmul(Path::best(), Precision::Exact, quant, xs, ws, os, dims, threads))
         .map_err(|e| PyValueError::new_err(format!("gguf_matmul: {e}")))
 }
 

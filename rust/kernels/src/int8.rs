@@ -1,0 +1,116 @@
+//! The int8 path (`Precision::Int8Activations`): the activation rows
+//! quantized once per call (`Q8Rows`), then each weight block's quants
+//! multiplied with the activation quants in integers, exactly, and the
+//! block's scales (weight's and activation's) applied to that integer sum
+//! in float32, as llama.cpp's `ggml_vec_dot_*_q8_*` do. One activation row
+//! times one weight row at a time, so an output does not depend on the
+//! other rows of the batch. This file holds the portable reference of that
+//! arithmetic (every CPU runs it; the tests take it as the reference of the
+//! AVX2 code, `int8_x86.rs`) and picks the path.
+
+use crate::q8::Q8Rows;
+use crate::quant::{f16_to_f32, scale_min_k4, QuantType};
+use crate::{Dims, Job, Path};
+
+/// Whether the int8 path reads weights of `quant` (other types run the
+/// exact path whatever the precision asked for).
+pub(crate) fn reads(quant: QuantType) -> bool {
+    matches!(quant, QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q4K | QuantType::Q6K)
+}
+
+/// Columns `cols` of `y = x · W^T` with `x` as `x8`, on `path`.
+///
+/// # Safety
+/// As `scalar::matmul`; `x8` is the job's `x` quantized in blocks of the
+/// type's `block_elems`, the type is one the path `reads`, and the CPU runs
+/// `path`.
+pub(crate) unsafe fn matmul(path: Path, job: &Job<'_>, x8: &Q8Rows, cols: std::ops::Range<usize>) {
+    match path {
+        Path::Scalar => {
+            let Dims { m, n, k } = job.dims;
+            let row_bytes = job.quant.row_bytes(k);
+            for j in cols {
+                let w = &job.w[j * row_bytes..(j + 1) * row_bytes];
+                for i in 0..m {
+                    // SAFETY: i < m and j < n, and column j is this thread's.
+                    unsafe { *job.y.0.add(i * n + j) = row_dot(job.quant, w, x8, i, k) };
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 | Path::Avx512 => {
+            assert!(crate::x86::supported(), "the int8 path's SIMD code needs AVX2, FMA and F16C");
+            // SAFETY: forwarded; an AVX-512 CPU of this crate has AVX2.
+            unsafe { crate::int8_x86::matmul(job, x8, cols) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Path::Avx2 | Path::Avx512 => panic!("the SIMD paths need an x86-64 CPU"),
+    }
+}
+
+/// Weight row `w` times activation row `i` of `x8` (rows of `k`): each
+/// block's float32 result added in block order.
+pub(crate) fn row_dot(quant: QuantType, w: &[u8], x8: &Q8Rows, i: usize, k: usize) -> f32 {
+    let elems = quant.block_elems();
+    let blocks = k / elems;
+    let qs = &x8.qs[i * k..(i + 1) * k];
+    let mut acc = 0.0f32;
+    for b in 0..blocks {
+        let block = &w[b * quant.block_bytes()..(b + 1) * quant.block_bytes()];
+        let q = &qs[b * elems..(b + 1) * elems];
+        let dx = x8.d[i * blocks + b];
+        let sums = &x8.sums[(i * k + b * elems) / 32..(i * k + (b + 1) * elems) / 32];
+        acc += block_dot(quant, block, q, dx, sums);
+    }
+    acc
+}
+
+/// One weight block times its activation block (quants `q`, scale `dx`,
+/// sums of each 32 quants `sums`): integer sums, then the scales.
+fn block_dot(quant: QuantType, block: &[u8], q: &[i8], dx: f32, sums: &[i16]) -> f32 {
+    let half = |at: usize| f16_to_f32(u16::from_le_bytes([block[at], block[at + 1]]));
+    let dot = |w: &mut dyn Iterator<Item = i32>, q: &[i8]| -> i32 { w.zip(q).map(|(w, &q)| w * i32::from(q)).sum() };
+    match quant {
+        QuantType::Q8_0 => {
+            let sumi = dot(&mut block[2..34].iter().map(|&b| i32::from(b as i8)), q);
+            half(0) * dx * sumi as f32
+        }
+        QuantType::Q4_0 => {
+            // Low nibbles are weights 0..16, high ones 16..32.
+            let nibbles = block[2..18]
+                .iter()
+                .map(|&b| i32::from(b & 0x0f))
+                .chain(block[2..18].iter().map(|&b| i32::from(b >> 4)));
+            let sumi = dot(&mut nibbles.map(|v| v - 8), q);
+            half(0) * dx * sumi as f32
+        }
+        QuantType::Q4K => {
+            // Sub-blocks of 32: 2s and 2s + 1 share 32 bytes, low and high nibbles.
+            let (mut sumi, mut summ) = (0i32, 0i32);
+            for s in 0..8 {
+                let (sc, m) = scale_min_k4(&block[4..16], s);
+                let bytes = &block[16 + (s / 2) * 32..16 + (s / 2) * 32 + 32];
+                let sub =
+                    dot(&mut bytes.iter().map(|&b| i32::from((b >> (4 * (s % 2))) & 0x0f)), &q[s * 32..s * 32 + 32]);
+                sumi += i32::from(sc) * sub;
+                summ += i32::from(m) * i32::from(sums[s]);
+            }
+            half(0) * dx * sumi as f32 - half(2) * dx * summ as f32
+        }
+        QuantType::Q6K => {
+            let mut sumi = 0i32;
+            for e16 in 0..16 {
+                let six = (e16 * 16..e16 * 16 + 16).map(|e| {
+                    let (group, t, l) = (e / 128, (e / 32) % 4, e % 32);
+                    let low = (block[group * 64 + (t % 2) * 32 + l] >> (4 * (t / 2))) & 0x0f;
+                    let high = (block[128 + group * 32 + l] >> (2 * t)) & 3;
+                    i32::from(low | (high << 4)) - 32
+                });
+                let sub = dot(&mut six.into_iter(), &q[e16 * 16..e16 * 16 + 16]);
+                sumi += i32::from(block[192 + e16] as i8) * sub;
+            }
+            half(208) * dx * sumi as f32
+        }
+        _ => unreachable!("the int8 path reads only the types `reads` names"),
+    }
+}

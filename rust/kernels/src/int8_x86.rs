@@ -1,0 +1,223 @@
+//! The int8 path on AVX2 (`int8.rs` says what it computes): per block,
+//! `_mm256_maddubs_epi16` (unsigned x signed bytes, pairs summed into i16,
+//! never saturating for these quants) and `_mm256_madd_epi16` (the block's
+//! or sub-block's integer scale, pairs summed into i32) give the integer
+//! sums exactly as the scalar reference does; the float32 scales then
+//! multiply them in 8 lanes, reduced at the end of the row, so only the
+//! float32 summation order differs from the reference.
+
+use std::arch::x86_64::*;
+
+use crate::q8::Q8Rows;
+use crate::quant::{scale_min_k4, QuantType};
+use crate::x86::{prefetch, PREFETCH_BYTES};
+use crate::{Dims, Job};
+
+/// Columns `cols` of `y = x · W^T` with `x` as `x8`.
+///
+/// # Safety
+/// As `int8::matmul`, and the CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn matmul(job: &Job<'_>, x8: &Q8Rows, cols: std::ops::Range<usize>) {
+    let Dims { m, n, k } = job.dims;
+    let row_bytes = job.quant.row_bytes(k);
+    let blocks = k / job.quant.block_elems();
+    let ahead = PREFETCH_BYTES.div_ceil(row_bytes);
+    for j in cols.clone() {
+        // SAFETY: j < n, so the row is inside w; the row prefetched is
+        // inside w too (j + ahead < cols.end <= n); every activation row i < m
+        // has k quants, k / block scales and k / 32 sums in x8.
+        unsafe {
+            let w = job.w.as_ptr().add(j * row_bytes);
+            if j + ahead < cols.end {
+                prefetch(job.w.as_ptr().add((j + ahead) * row_bytes), row_bytes);
+            }
+            for i in 0..m {
+                let q = x8.qs.as_ptr().add(i * k);
+                let d = x8.d.as_ptr().add(i * blocks);
+                let dot = match job.quant {
+                    QuantType::Q8_0 => dot_q8_0(w, q, d, blocks),
+                    QuantType::Q4_0 => dot_q4_0(w, q, d, blocks),
+                    QuantType::Q4K => dot_q4_k(w, q, d, x8.sums.as_ptr().add(i * k / 32), blocks),
+                    QuantType::Q6K => dot_q6_k(w, q, d, blocks),
+                    _ => unreachable!("the int8 path reads only the types `int8::reads` names"),
+                };
+                *job.y.0.add(i * n + j) = dot;
+            }
+        }
+    }
+}
+
+/// The f16 at `p` as float32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn half(p: *const u8) -> f32 {
+    // SAFETY: the caller's `p` holds two bytes.
+    let bits = unsafe { p.cast::<u16>().read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// The sum of the 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lane_sum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// 32 signed weights times 32 activation quants, as 8 i32 partial sums.
+/// The weights' signs move onto the activations (which are never -128) so
+/// that `maddubs` multiplies the weights' magnitudes, unsigned.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn signed_dot(w: __m256i, x: __m256i) -> __m256i {
+    let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+}
+
+/// A row of `blocks` Q8_0 blocks at `w` times quants `q` with scales `d`.
+///
+/// # Safety
+/// `w` holds the blocks, `q` and `d` their activations' quants and scales.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0(w: *const u8, q: *const i8, d: *const f32, blocks: usize) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..blocks {
+        // SAFETY: the caller's bounds.
+        unsafe {
+            let block = w.add(b * 34);
+            let wq = _mm256_loadu_si256(block.add(2).cast());
+            let xq = _mm256_loadu_si256(q.add(b * 32).cast());
+            let scale = _mm256_set1_ps(half(block) * *d.add(b));
+            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(signed_dot(wq, xq)), acc);
+        }
+    }
+    lane_sum(acc)
+}
+
+/// A row of `blocks` Q4_0 blocks at `w` times quants `q` with scales `d`.
+///
+/// # Safety
+/// As `dot_q8_0`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0(w: *const u8, q: *const i8, d: *const f32, blocks: usize) -> f32 {
+    let low = _mm256_set1_epi8(0x0f);
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..blocks {
+        // SAFETY: the caller's bounds.
+        unsafe {
+            let block = w.add(b * 18);
+            let bytes = _mm_loadu_si128(block.add(2).cast());
+            // Low nibbles are weights 0..16, high ones 16..32.
+            let nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(bytes), bytes), low);
+            let wq = _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
+            let xq = _mm256_loadu_si256(q.add(b * 32).cast());
+            let scale = _mm256_set1_ps(half(block) * *d.add(b));
+            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(signed_dot(wq, xq)), acc);
+        }
+    }
+    lane_sum(acc)
+}
+
+/// A row of `blocks` Q4_K super-blocks at `w` times quants `q` with scales
+/// `d` and sums of 32 `sums`.
+///
+/// # Safety
+/// As `dot_q8_0`, and `sums` holds 8 per super-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k(w: *const u8, q: *const i8, d: *const f32, sums: *const i16, blocks: usize) -> f32 {
+    let low = _mm256_set1_epi8(0x0f);
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0.0f32;
+    for b in 0..blocks {
+        // SAFETY: the caller's bounds.
+        unsafe {
+            let block = w.add(b * 144);
+            let xq = q.add(b * 256);
+            let dx = *d.add(b);
+            let packed = std::slice::from_raw_parts(block.add(4), 12);
+            let mut scales = [0i16; 8];
+            let mut summ = 0i32;
+            for (s, scale) in scales.iter_mut().enumerate() {
+                let (sc, m) = scale_min_k4(packed, s);
+                *scale = i16::from(sc);
+                summ += i32::from(m) * i32::from(*sums.add(b * 8 + s));
+            }
+            let mut sumi = _mm256_setzero_si256();
+            for pair in 0..4 {
+                // Sub-blocks 2 pair and 2 pair + 1: the low and high nibbles of 32 bytes.
+                let bits = _mm256_loadu_si256(block.add(16 + 32 * pair).cast());
+                let w_low = _mm256_and_si256(bits, low);
+                let w_high = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), low);
+                let x_low = _mm256_loadu_si256(xq.add(64 * pair).cast());
+                let x_high = _mm256_loadu_si256(xq.add(64 * pair + 32).cast());
+                let p_low = _mm256_madd_epi16(_mm256_set1_epi16(scales[2 * pair]), _mm256_maddubs_epi16(w_low, x_low));
+                let p_high =
+                    _mm256_madd_epi16(_mm256_set1_epi16(scales[2 * pair + 1]), _mm256_maddubs_epi16(w_high, x_high));
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_low, p_high));
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(half(block) * dx), _mm256_cvtepi32_ps(sumi), acc);
+            mins += half(block.add(2)) * dx * summ as f32;
+        }
+    }
+    lane_sum(acc) - mins
+}
+
+/// A row of `blocks` Q6_K super-blocks at `w` times quants `q` with scales `d`.
+///
+/// # Safety
+/// As `dot_q8_0`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k(w: *const u8, q: *const i8, d: *const f32, blocks: usize) -> f32 {
+    let (low, two) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..blocks {
+        // SAFETY: the caller's bounds.
+        unsafe {
+            let block = w.add(b * 210);
+            let xq = q.add(b * 256);
+            let scales = block.add(192).cast::<i8>();
+            let mut sumi = _mm256_setzero_si256();
+            for group in 0..2 {
+                // Weights 128 group + 32 t + l: 4 low bits from ql (bytes 0..32
+                // for t = 0, 2; 32..64 for t = 1, 3; the high nibble for t >= 2),
+                // 2 high bits from qh's bits 2t, 2t + 1; stored unsigned (q + 32).
+                let ql0 = _mm256_loadu_si256(block.add(64 * group).cast());
+                let ql1 = _mm256_loadu_si256(block.add(64 * group + 32).cast());
+                let qh = _mm256_loadu_si256(block.add(128 + 32 * group).cast());
+                let high = |shift: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(shift, two));
+                let six = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, low), high(qh)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, low), high(_mm256_srli_epi16::<2>(qh))),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low),
+                        high(_mm256_srli_epi16::<4>(qh)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low),
+                        high(_mm256_srli_epi16::<6>(qh)),
+                    ),
+                ];
+                for (t, w6) in six.into_iter().enumerate() {
+                    let x = _mm256_loadu_si256(xq.add(128 * group + 32 * t).cast());
+                    // (q + 32) x - 32 x: the weights' offset taken off in i16.
+                    let pairs =
+                        _mm256_sub_epi16(_mm256_maddubs_epi16(w6, x), _mm256_maddubs_epi16(_mm256_set1_epi8(32), x));
+                    let sub = 8 * group + 2 * t;
+                    let scale = _mm256_set_m128i(
+                        _mm_set1_epi16(i16::from(*scales.add(sub + 1))),
+                        _mm_set1_epi16(i16::from(*scales.add(sub))),
+                    );
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale, pairs));
+                }
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(half(block.add(208)) * *d.add(b)), _mm256_cvtepi32_ps(sumi), acc);
+        }
+    }
+    lane_sum(acc)
+}

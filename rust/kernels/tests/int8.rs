@@ -1,0 +1,182 @@
+//! The int8 path (`Precision::Int8Activations`) against references, for
+//! each weight type it reads: every path within float32 rounding of a
+//! float64 reference of its own arithmetic (the activations quantized as
+//! the path quantizes them, times the dequantized weights), and within the
+//! error bound its documentation states of the exact float64 product; the
+//! types it does not read run the exact path.
+
+mod blocks;
+mod common;
+
+use blocks::operands;
+use common::paths;
+use proptest::prelude::*;
+use vllm_rs_kernels::{dequantize_row, matmul, Dims, Path, Precision, QuantType};
+
+/// The types the int8 path reads.
+const INT8_TYPES: [QuantType; 4] = [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4K, QuantType::Q6K];
+
+fn run(
+    path: Path,
+    precision: Precision,
+    quant: QuantType,
+    x: &[f32],
+    w: &[u8],
+    dims: Dims,
+    threads: usize,
+) -> Vec<f32> {
+    let mut y = vec![f32::NAN; dims.m * dims.n];
+    matmul(path, precision, quant, x, w, &mut y, dims, threads).unwrap();
+    y
+}
+
+/// `x` as the int8 path sees it: each block of `block` rounded to the
+/// multiples of `max|x| / 127`, back in float64.
+fn quantized(x: &[f32], block: usize) -> Vec<f64> {
+    x.chunks_exact(block)
+        .flat_map(|xs| {
+            let d = xs.iter().fold(0.0f32, |a, v| a.max(v.abs())) / 127.0;
+            let inverse = if d == 0.0 { 0.0 } else { 1.0 / d };
+            xs.iter().map(move |v| f64::from((v * inverse).round()) * f64::from(d))
+        })
+        .collect()
+}
+
+/// Each weight row dequantized, and the magnitudes the int8 arithmetic adds
+/// per weight: `|w|`, but for Q4_K `|d sc q| + |dmin m|`, the two products
+/// it sums apart (the block with d made positive and dmin negative).
+fn weight_rows(quant: QuantType, w: &[u8], k: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut values = vec![0.0f32; w.len() / quant.block_bytes() * quant.block_elems()];
+    dequantize_row(quant, w, &mut values);
+    let magnitudes = if quant == QuantType::Q4K {
+        let mut parts = w.to_vec();
+        for block in parts.chunks_exact_mut(quant.block_bytes()) {
+            block[1] &= 0x7f;
+            block[3] |= 0x80;
+        }
+        let mut out = vec![0.0f32; values.len()];
+        dequantize_row(quant, &parts, &mut out);
+        out
+    } else {
+        values.iter().map(|v| v.abs()).collect()
+    };
+    assert_eq!(values.len() % k, 0);
+    (values, magnitudes)
+}
+
+/// Checks `got` (int8 path) against the float64 product of the quantized
+/// activations (within float32 rounding) and of the exact ones (within the
+/// documented bound, `sum over blocks of max|x_b| / 254 * sum |w_b|`).
+fn check(quant: QuantType, x: &[f32], w: &[u8], dims: Dims, got: &[f32]) {
+    let Dims { m, n, k } = dims;
+    let block = quant.block_elems();
+    let xq = quantized(x, block);
+    let (weights, magnitudes) = weight_rows(quant, w, k);
+    for i in 0..m {
+        for j in 0..n {
+            let (xs, xqs) = (&x[i * k..(i + 1) * k], &xq[i * k..(i + 1) * k]);
+            let (ws, mags) = (&weights[j * k..(j + 1) * k], &magnitudes[j * k..(j + 1) * k]);
+            let own: f64 = xqs.iter().zip(ws).map(|(a, b)| a * f64::from(*b)).sum();
+            let scale: f64 = xqs.iter().zip(mags).map(|(a, b)| (a * f64::from(*b)).abs()).sum();
+            let rounding = scale * f64::from(f32::EPSILON) * (k as f64).sqrt() * 4.0 + 1e-30;
+            let g = f64::from(got[i * n + j]);
+            assert!((g - own).abs() <= rounding, "{quant:?} ({i}, {j}): {g} vs {own} (bound {rounding})");
+            let exact: f64 = xs.iter().zip(ws).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+            let documented: f64 = xs
+                .chunks_exact(block)
+                .zip(ws.chunks_exact(block))
+                .map(|(xb, wb)| {
+                    let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                    f64::from(amax) / 254.0 * wb.iter().map(|v| f64::from(v.abs())).sum::<f64>()
+                })
+                .sum();
+            assert!(
+                (g - exact).abs() <= documented * 1.001 + rounding,
+                "{quant:?} ({i}, {j}): {g} vs exact {exact} (bound {documented})"
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn every_path_keeps_to_its_arithmetic_and_the_documented_bound(
+        quant in prop::sample::select(INT8_TYPES.to_vec()),
+        m in 1usize..6,
+        n in 1usize..24,
+        blocks in 1usize..6,
+        threads in 1usize..4,
+        seed in any::<u64>(),
+    ) {
+        let k = if quant.is_super_block() { blocks.div_ceil(2) } else { blocks } * quant.block_elems();
+        let (x, w) = operands(quant, m, n, k, seed);
+        for path in paths() {
+            let got = run(path, Precision::Int8Activations, quant, &x, &w, Dims { m, n, k }, threads);
+            check(quant, &x, &w, Dims { m, n, k }, &got);
+        }
+    }
+}
+
+#[test]
+fn a_1b_model_row_keeps_to_the_bound() {
+    // A 1B Llama's K (2048), with one outlier activation per row, which sets its block's scale.
+    for quant in INT8_TYPES {
+        let (m, n, k) = (2, 64, 2048);
+        let (mut x, w) = operands(quant, m, n, k, 23);
+        x[5] = 40.0;
+        x[k + 300] = -25.0;
+        for path in paths() {
+            check(
+                quant,
+                &x,
+                &w,
+                Dims { m, n, k },
+                &run(path, Precision::Int8Activations, quant, &x, &w, Dims { m, n, k }, 2),
+            );
+        }
+    }
+}
+
+#[test]
+fn an_output_keeps_its_bits_whatever_the_batch_and_threads() {
+    for quant in INT8_TYPES {
+        let (m, n, k) = (4, 37, 512);
+        let (x, w) = operands(quant, m, n, k, 29);
+        for path in paths() {
+            let all = run(path, Precision::Int8Activations, quant, &x, &w, Dims { m, n, k }, 3);
+            for i in 0..m {
+                let one =
+                    run(path, Precision::Int8Activations, quant, &x[i * k..(i + 1) * k], &w, Dims { m: 1, n, k }, 1);
+                assert_eq!(one, all[i * n..(i + 1) * n], "{quant:?} row {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn types_it_does_not_read_run_the_exact_path() {
+    for quant in QuantType::ALL.into_iter().filter(|q| !INT8_TYPES.contains(q)) {
+        let (m, n, k) = (3, 19, 512);
+        let (x, w) = operands(quant, m, n, k, 31);
+        for path in paths() {
+            let exact = run(path, Precision::Exact, quant, &x, &w, Dims { m, n, k }, 2);
+            assert_eq!(run(path, Precision::Int8Activations, quant, &x, &w, Dims { m, n, k }, 2), exact, "{quant:?}");
+        }
+    }
+}
+
+#[test]
+fn zero_activations_give_zero() {
+    for quant in INT8_TYPES {
+        let (n, k) = (5, 256);
+        let (_, w) = operands(quant, 0, n, k, 37);
+        for path in paths() {
+            assert_eq!(
+                run(path, Precision::Int8Activations, quant, &[0.0; 256], &w, Dims { m: 1, n, k }, 1),
+                vec![0.0; n]
+            );
+        }
+    }
+}
