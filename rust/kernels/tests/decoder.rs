@@ -2,7 +2,8 @@
 //! model's definition (RMSNorm, RoPE in rotate-half layout, grouped-query
 //! causal attention, a sliding window, q/k norms, biases, SwiGLU, the
 //! head), on a tiny random model with F16 weights: a prefill, then decodes,
-//! two sequences in one step, on every path and 1 to 3 threads; and the
+//! two sequences in one step, on every path and 1 to 3 threads; a Q8_0
+//! model at int8 activations within their looser bound; and the
 //! checks that refuse a bad step before the cache is written.
 
 mod common;
@@ -39,12 +40,21 @@ fn f16_rows(rng: &mut Rng, n: usize, k: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Random Q8_0 rows: each block's scale 2^-9, its quants random, so weights
+/// in [-0.25, 0.25).
+fn q8_0_rows(rng: &mut Rng, n: usize, k: usize) -> Vec<u8> {
+    (0..n * k / 32)
+        .flat_map(|_| [0x00, 0x18].into_iter().chain((0..32).map(|_| rng.next() as u8)).collect::<Vec<u8>>())
+        .collect()
+}
+
 fn floats(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.float() * scale).collect()
 }
 
 /// A linear layer's weights (row-major `[n, k]`) and bias, owned.
 struct Weights {
+    quant: QuantType,
     rows: Vec<u8>,
     dense: Vec<f64>,
     n: usize,
@@ -53,17 +63,18 @@ struct Weights {
 }
 
 impl Weights {
-    fn new(rng: &mut Rng, n: usize, k: usize, bias: bool) -> Weights {
-        let rows = f16_rows(rng, n, k);
+    /// F16 or Q8_0 weights.
+    fn new(rng: &mut Rng, quant: QuantType, n: usize, k: usize, bias: bool) -> Weights {
+        let rows = if quant == QuantType::Q8_0 { q8_0_rows(rng, n, k) } else { f16_rows(rng, n, k) };
         let mut dense = vec![0.0f32; n * k];
-        dequantize_row(QuantType::F16, &rows, &mut dense);
+        dequantize_row(quant, &rows, &mut dense);
         let bias = bias.then(|| floats(rng, n, 0.1));
-        Weights { rows, dense: dense.iter().map(|&w| w as f64).collect(), n, k, bias }
+        Weights { quant, rows, dense: dense.iter().map(|&w| w as f64).collect(), n, k, bias }
     }
 
     fn linear(&self) -> Linear<'_> {
         Linear {
-            quant: QuantType::F16,
+            quant: self.quant,
             rows: &self.rows,
             out_features: self.n,
             in_features: self.k,
@@ -100,16 +111,22 @@ struct LayerWeights {
 /// Two layers: the first with q/k/v biases and a window of 3 keys, the
 /// second with q/k norms and no RoPE (as SmolLM3's NoPE layers); untied
 /// head; residuals scaled by RESIDUAL_SCALE; RoPE on ROTARY dimensions of
-/// each head, its cosines and sines scaled by ROPE_SCALE.
+/// each head, its cosines and sines scaled by ROPE_SCALE. Its linear layers
+/// are of one type, F16 or Q8_0, multiplied at `precision`.
 struct Model {
     layers: Vec<LayerWeights>,
     norm: Vec<f32>,
     head: Weights,
     inv_freq: Vec<f32>,
+    precision: Precision,
 }
 
 impl Model {
     fn new(seed: u64) -> Model {
+        Model::of(seed, QuantType::F16)
+    }
+
+    fn of(seed: u64, quant: QuantType) -> Model {
         let mut rng = Rng(seed);
         let norm = |rng: &mut Rng, n| (0..n).map(|_| 1.0 + 0.2 * rng.float()).collect::<Vec<f32>>();
         let layers = (0..2)
@@ -118,19 +135,20 @@ impl Model {
                 post_norm: norm(&mut rng, HIDDEN),
                 q_norm: (i == 1).then(|| norm(&mut rng, HEAD_DIM)),
                 k_norm: (i == 1).then(|| norm(&mut rng, HEAD_DIM)),
-                q: Weights::new(&mut rng, HEADS * HEAD_DIM, HIDDEN, i == 0),
-                k: Weights::new(&mut rng, KV_HEADS * HEAD_DIM, HIDDEN, i == 0),
-                v: Weights::new(&mut rng, KV_HEADS * HEAD_DIM, HIDDEN, i == 0),
-                o: Weights::new(&mut rng, HIDDEN, HEADS * HEAD_DIM, false),
-                gate: Weights::new(&mut rng, INTER, HIDDEN, false),
-                up: Weights::new(&mut rng, INTER, HIDDEN, false),
-                down: Weights::new(&mut rng, HIDDEN, INTER, false),
+                q: Weights::new(&mut rng, quant, HEADS * HEAD_DIM, HIDDEN, i == 0),
+                k: Weights::new(&mut rng, quant, KV_HEADS * HEAD_DIM, HIDDEN, i == 0),
+                v: Weights::new(&mut rng, quant, KV_HEADS * HEAD_DIM, HIDDEN, i == 0),
+                o: Weights::new(&mut rng, quant, HIDDEN, HEADS * HEAD_DIM, false),
+                gate: Weights::new(&mut rng, quant, INTER, HIDDEN, false),
+                up: Weights::new(&mut rng, quant, INTER, HIDDEN, false),
+                down: Weights::new(&mut rng, quant, HIDDEN, INTER, false),
                 window: (i == 0).then_some(3),
                 rope: i == 0,
             })
             .collect();
         let inv_freq = (0..ROTARY / 2).map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / ROTARY as f32)).collect();
-        Model { layers, norm: norm(&mut rng, HIDDEN), head: Weights::new(&mut rng, VOCAB, HIDDEN, false), inv_freq }
+        let head = Weights::new(&mut rng, quant, VOCAB, HIDDEN, false);
+        Model { layers, norm: norm(&mut rng, HIDDEN), head, inv_freq, precision: Precision::Exact }
     }
 
     fn decoder(&self) -> Decoder<'_> {
@@ -170,7 +188,7 @@ impl Model {
             norm: &self.norm,
             head: self.head.linear(),
             inv_freq: &self.inv_freq,
-            precision: Precision::Exact,
+            precision: self.precision,
         }
     }
 
@@ -313,6 +331,35 @@ fn prefill_then_decodes_equal_the_reference_on_every_path() {
             for (p, want) in want.iter().enumerate().skip(6) {
                 let logits = step(&model, path, threads, &mut cache, &[&embedded], &[(0, p)], &slots).unwrap();
                 assert_close(&logits, want, &format!("{path:?} x{threads} decode {p}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn int8_activations_reach_every_product_within_their_bound() {
+    // Q8_0 weights: at Int8Activations every projection and the head quantize
+    // their activations, each within about 0.4% of its exact product, so
+    // the logits move, but stay within 3e-2 (1 + |logit|) of the reference
+    // (a logit of 0.14 came out 0.018 off).
+    let mut model = Model::of(5, QuantType::Q8_0);
+    let mut rng = Rng(6);
+    let embedded: Vec<f64> = floats(&mut rng, 4 * HIDDEN, 1.0).iter().map(|&v| v as f64).collect();
+    let want = model.reference(&embedded.chunks(HIDDEN).map(<[f64]>::to_vec).collect::<Vec<_>>());
+    let slots = vec![vec![8, 9, 10, 11]];
+    let tokens: Vec<(usize, usize)> = (0..4).map(|p| (0, p)).collect();
+    for path in paths() {
+        model.precision = Precision::Exact;
+        let exact = step(&model, path, 2, &mut caches(), &[&embedded], &tokens, &slots).unwrap();
+        model.precision = Precision::Int8Activations;
+        let int8 = step(&model, path, 2, &mut caches(), &[&embedded], &tokens, &slots).unwrap();
+        assert_ne!(int8, exact, "{path:?}: the precision reached no product");
+        for (p, want) in want.iter().enumerate() {
+            for (i, (&g, &w)) in int8[p * VOCAB..(p + 1) * VOCAB].iter().zip(want).enumerate() {
+                assert!(
+                    (g as f64 - w).abs() <= 3e-2 * (1.0 + w.abs()),
+                    "{path:?} token {p} logit {i}: {g}, the reference {w}"
+                );
             }
         }
     }
