@@ -289,8 +289,9 @@ class DecoderStack:
         is `(ggml type id, rows (uint8), out features, in features, bias or
         None)`; `caches` one `(keys, values)` per layer of `cache_dtype`;
         `precision` `exact` (float32 products of the dequantized weights) or
-        `int8` (activations quantized to int8 per block for Q8_0, Q4_0, Q4_K
-        and Q6_K weights; its error bound is `Precision::Int8Activations`')."""
+        `int8` (activations quantized to int8 per block for Q8_0, Q4_0, Q4_1,
+        Q5_0, Q4_K, Q5_K and Q6_K weights; its error bound is
+        `Precision::Int8Activations`')."""
 
     def forward(
         self,

@@ -15,7 +15,16 @@ use crate::{Dims, Job, Path};
 /// Whether the int8 path reads weights of `quant` (other types run the
 /// exact path whatever the precision asked for).
 pub(crate) fn reads(quant: QuantType) -> bool {
-    matches!(quant, QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q4K | QuantType::Q6K)
+    matches!(
+        quant,
+        QuantType::Q8_0
+            | QuantType::Q4_0
+            | QuantType::Q4_1
+            | QuantType::Q5_0
+            | QuantType::Q4K
+            | QuantType::Q5K
+            | QuantType::Q6K
+    )
 }
 
 /// Columns `cols` of `y = x · W^T` with `x` as `x8`, on `path`.
@@ -84,14 +93,36 @@ fn block_dot(quant: QuantType, block: &[u8], q: &[i8], dx: f32, sums: &[i16]) ->
             let sumi = dot(&mut nibbles.map(|v| v - 8), q);
             half(0) * dx * sumi as f32
         }
-        QuantType::Q4K => {
-            // Sub-blocks of 32: 2s and 2s + 1 share 32 bytes, low and high nibbles.
+        QuantType::Q4_1 => {
+            // w = q d + m: the minimum multiplies the sum of the activations.
+            let nibbles = block[4..20]
+                .iter()
+                .map(|&b| i32::from(b & 0x0f))
+                .chain(block[4..20].iter().map(|&b| i32::from(b >> 4)));
+            let sumi = dot(&mut nibbles.into_iter(), q);
+            half(0) * dx * sumi as f32 + half(2) * dx * f32::from(sums[0])
+        }
+        QuantType::Q5_0 => {
+            // The fifth bit of weight e is bit e of the 32 bits at 2.
+            let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+            let low = (0..32).map(|e| i32::from((block[6 + e % 16] >> (4 * (e / 16))) & 0x0f));
+            let sumi = dot(&mut low.enumerate().map(|(e, v)| (v | (((qh >> e) & 1) << 4) as i32) - 16), q);
+            half(0) * dx * sumi as f32
+        }
+        QuantType::Q4K | QuantType::Q5K => {
+            // Sub-blocks of 32: 2s and 2s + 1 share 32 bytes, low and high
+            // nibbles; Q5_K's fifth bit of sub-block s is bit s of byte 16 + l.
+            let five = quant == QuantType::Q5K;
+            let qs = if five { 48 } else { 16 };
             let (mut sumi, mut summ) = (0i32, 0i32);
             for s in 0..8 {
                 let (sc, m) = scale_min_k4(&block[4..16], s);
-                let bytes = &block[16 + (s / 2) * 32..16 + (s / 2) * 32 + 32];
-                let sub =
-                    dot(&mut bytes.iter().map(|&b| i32::from((b >> (4 * (s % 2))) & 0x0f)), &q[s * 32..s * 32 + 32]);
+                let bytes = &block[qs + (s / 2) * 32..qs + (s / 2) * 32 + 32];
+                let value = |l: usize, b: u8| {
+                    let high = if five { ((block[16 + l] >> s) & 1) << 4 } else { 0 };
+                    i32::from(((b >> (4 * (s % 2))) & 0x0f) | high)
+                };
+                let sub = dot(&mut bytes.iter().enumerate().map(|(l, &b)| value(l, b)), &q[s * 32..s * 32 + 32]);
                 sumi += i32::from(sc) * sub;
                 summ += i32::from(m) * i32::from(sums[s]);
             }

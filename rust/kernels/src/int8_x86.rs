@@ -38,7 +38,10 @@ pub(crate) unsafe fn matmul(job: &Job<'_>, x8: &Q8Rows, cols: std::ops::Range<us
                 let dot = match job.quant {
                     QuantType::Q8_0 => dot_q8_0(w, q, d, blocks),
                     QuantType::Q4_0 => dot_q4_0(w, q, d, blocks),
-                    QuantType::Q4K => dot_q4_k(w, q, d, x8.sums.as_ptr().add(i * k / 32), blocks),
+                    QuantType::Q4_1 => dot_q4_1(w, q, d, x8.sums.as_ptr().add(i * k / 32), blocks),
+                    QuantType::Q5_0 => dot_q5_0(w, q, d, blocks),
+                    QuantType::Q4K => dot_q45_k::<false>(w, q, d, x8.sums.as_ptr().add(i * k / 32), blocks),
+                    QuantType::Q5K => dot_q45_k::<true>(w, q, d, x8.sums.as_ptr().add(i * k / 32), blocks),
                     QuantType::Q6K => dot_q6_k(w, q, d, blocks),
                     _ => unreachable!("the int8 path reads only the types `int8::reads` names"),
                 };
@@ -107,16 +110,12 @@ unsafe fn dot_q8_0(w: *const u8, q: *const i8, d: *const f32, blocks: usize) -> 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_0(w: *const u8, q: *const i8, d: *const f32, blocks: usize) -> f32 {
-    let low = _mm256_set1_epi8(0x0f);
     let mut acc = _mm256_setzero_ps();
     for b in 0..blocks {
         // SAFETY: the caller's bounds.
         unsafe {
             let block = w.add(b * 18);
-            let bytes = _mm_loadu_si128(block.add(2).cast());
-            // Low nibbles are weights 0..16, high ones 16..32.
-            let nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(bytes), bytes), low);
-            let wq = _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
+            let wq = _mm256_sub_epi8(nibbles(block.add(2)), _mm256_set1_epi8(8));
             let xq = _mm256_loadu_si256(q.add(b * 32).cast());
             let scale = _mm256_mul_ps(half8(block), _mm256_set1_ps(*d.add(b)));
             acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(signed_dot(wq, xq)), acc);
@@ -125,14 +124,88 @@ unsafe fn dot_q4_0(w: *const u8, q: *const i8, d: *const f32, blocks: usize) -> 
     lane_sum(acc)
 }
 
-/// A row of `blocks` Q4_K super-blocks at `w` times quants `q` with scales
-/// `d` and sums of 32 `sums`.
+/// The 16 bytes at `p` as 32 nibbles: low ones (weights 0..16), then high.
+///
+/// # Safety
+/// `p` holds 16 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    // SAFETY: the caller's bounds.
+    let bytes = unsafe { _mm_loadu_si128(p.cast()) };
+    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(bytes), bytes), _mm256_set1_epi8(0x0f))
+}
+
+/// A row of `blocks` Q4_1 blocks at `w` times quants `q` with scales `d`
+/// and sums `sums`: the nibbles unsigned, the minimum times the sum.
+///
+/// # Safety
+/// As `dot_q8_0`, and `sums` holds one per block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1(w: *const u8, q: *const i8, d: *const f32, sums: *const i16, blocks: usize) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    // Every lane the same: the minimums' sum, block by block.
+    let mut mins = _mm256_setzero_ps();
+    for b in 0..blocks {
+        // SAFETY: the caller's bounds.
+        unsafe {
+            let block = w.add(b * 20);
+            let xq = _mm256_loadu_si256(q.add(b * 32).cast());
+            let sumi = _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles(block.add(4)), xq), _mm256_set1_epi16(1));
+            let dx = _mm256_set1_ps(*d.add(b));
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(half8(block), dx), _mm256_cvtepi32_ps(sumi), acc);
+            let sum = _mm256_set1_ps(f32::from(*sums.add(b)));
+            mins = _mm256_fmadd_ps(_mm256_mul_ps(half8(block.add(2)), dx), sum, mins);
+        }
+    }
+    lane_sum(acc) + _mm256_cvtss_f32(mins)
+}
+
+/// A row of `blocks` Q5_0 blocks at `w` times quants `q` with scales `d`.
+///
+/// # Safety
+/// As `dot_q8_0`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0(w: *const u8, q: *const i8, d: *const f32, blocks: usize) -> f32 {
+    // Byte e of the shuffled bits holds byte e / 8 of qh; OR-ing all bits but
+    // bit e % 8 leaves 0xff exactly where weight e's fifth bit is set.
+    let spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..blocks {
+        // SAFETY: the caller's bounds.
+        unsafe {
+            let block = w.add(b * 22);
+            let qh = block.add(2).cast::<i32>().read_unaligned();
+            let bytes = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread), others);
+            let set = _mm256_cmpeq_epi8(bytes, _mm256_set1_epi8(-1));
+            // (q | 16) - 16 is q where the bit is set, else q - 16 is q | 0xf0.
+            let wq = _mm256_or_si256(nibbles(block.add(6)), _mm256_andnot_si256(set, _mm256_set1_epi8(0xf0u8 as i8)));
+            let xq = _mm256_loadu_si256(q.add(b * 32).cast());
+            let scale = _mm256_mul_ps(half8(block), _mm256_set1_ps(*d.add(b)));
+            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(signed_dot(wq, xq)), acc);
+        }
+    }
+    lane_sum(acc)
+}
+
+/// A row of `blocks` Q4_K (`FIVE` false) or Q5_K super-blocks at `w` times
+/// quants `q` with scales `d` and sums of 32 `sums`.
 ///
 /// # Safety
 /// As `dot_q8_0`, and `sums` holds 8 per super-block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_k(w: *const u8, q: *const i8, d: *const f32, sums: *const i16, blocks: usize) -> f32 {
+unsafe fn dot_q45_k<const FIVE: bool>(
+    w: *const u8,
+    q: *const i8,
+    d: *const f32,
+    sums: *const i16,
+    blocks: usize,
+) -> f32 {
+    let (bytes, qs) = if FIVE { (176, 48) } else { (144, 16) };
     let low = _mm256_set1_epi8(0x0f);
     let mut acc = _mm256_setzero_ps();
     // Every lane the same: the minimums' sum, block by block.
@@ -140,9 +213,10 @@ unsafe fn dot_q4_k(w: *const u8, q: *const i8, d: *const f32, sums: *const i16, 
     for b in 0..blocks {
         // SAFETY: the caller's bounds.
         unsafe {
-            let block = w.add(b * 144);
+            let block = w.add(b * bytes);
             let xq = q.add(b * 256);
             let dx = *d.add(b);
+            let fifth = if FIVE { _mm256_loadu_si256(block.add(16).cast()) } else { _mm256_setzero_si256() };
             let packed = std::slice::from_raw_parts(block.add(4), 12);
             let mut scales = [0i16; 8];
             let mut summ = 0i32;
@@ -154,9 +228,18 @@ unsafe fn dot_q4_k(w: *const u8, q: *const i8, d: *const f32, sums: *const i16, 
             let mut sumi = _mm256_setzero_si256();
             for pair in 0..4 {
                 // Sub-blocks 2 pair and 2 pair + 1: the low and high nibbles of 32 bytes.
-                let bits = _mm256_loadu_si256(block.add(16 + 32 * pair).cast());
-                let w_low = _mm256_and_si256(bits, low);
-                let w_high = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), low);
+                let bits = _mm256_loadu_si256(block.add(qs + 32 * pair).cast());
+                let mut w_low = _mm256_and_si256(bits, low);
+                let mut w_high = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), low);
+                if FIVE {
+                    // Sub-block s's fifth bit is bit s of byte 16 + l: 16 where set.
+                    let sixteen = |s: usize| {
+                        let bit = _mm256_set1_epi8((1u8 << s) as i8);
+                        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(fifth, bit), bit), _mm256_set1_epi8(16))
+                    };
+                    w_low = _mm256_or_si256(w_low, sixteen(2 * pair));
+                    w_high = _mm256_or_si256(w_high, sixteen(2 * pair + 1));
+                }
                 let x_low = _mm256_loadu_si256(xq.add(64 * pair).cast());
                 let x_high = _mm256_loadu_si256(xq.add(64 * pair + 32).cast());
                 let p_low = _mm256_madd_epi16(_mm256_set1_epi16(scales[2 * pair]), _mm256_maddubs_epi16(w_low, x_low));

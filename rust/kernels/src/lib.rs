@@ -13,8 +13,8 @@
 //! fp16 packs, which read 4x the bytes (`bench/bench_quantization.py`;
 //! docs/real-model-speed.md, "The matmul kernel").
 //!
-//! Opt-in beside it, `Precision::Int8Activations`: for Q8_0, Q4_0, Q4_K and
-//! Q6_K weights the activations quantized to int8 once per call (`q8.rs`)
+//! Opt-in beside it, `Precision::Int8Activations`: for Q8_0, Q4_0, Q4_1,
+//! Q5_0, Q4_K, Q5_K and Q6_K weights the activations quantized to int8 once per call (`q8.rs`)
 //! and integer dot products per block (`int8.rs`, its AVX2 code
 //! `int8_x86.rs`), llama.cpp's arithmetic, within a stated bound of the
 //! exact result.
@@ -137,8 +137,8 @@ pub enum Precision {
     /// summation order.
     #[default]
     Exact,
-    /// For Q8_0, Q4_0, Q4_K and Q6_K weights (every other type runs
-    /// `Exact`): each activation row quantized once per call to int8 in
+    /// For Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K weights (every
+    /// other type runs `Exact`): each activation row quantized once per call to int8 in
     /// blocks of the weight type's block (32, or 256 for the K-quants),
     /// `q = round(x / d)`, `d = max|x| / 127` over the block, then integer
     /// dot products per block with the weight quants and the scales applied

@@ -14,7 +14,15 @@ use proptest::prelude::*;
 use vllm_rs_kernels::{dequantize_row, matmul, Dims, Path, Precision, QuantType};
 
 /// The types the int8 path reads.
-const INT8_TYPES: [QuantType; 4] = [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4K, QuantType::Q6K];
+const INT8_TYPES: [QuantType; 7] = [
+    QuantType::Q8_0,
+    QuantType::Q4_0,
+    QuantType::Q4_1,
+    QuantType::Q5_0,
+    QuantType::Q4K,
+    QuantType::Q5K,
+    QuantType::Q6K,
+];
 
 fn run(
     path: Path,
@@ -43,16 +51,21 @@ fn quantized(x: &[f32], block: usize) -> Vec<f64> {
 }
 
 /// Each weight row dequantized, and the magnitudes the int8 arithmetic adds
-/// per weight: `|w|`, but for Q4_K `|d sc q| + |dmin m|`, the two products
-/// it sums apart (the block with d made positive and dmin negative).
+/// per weight: `|w|`, but `|d q| + |m|` for the types with a minimum, the
+/// two products it sums apart (the block with d made positive and the
+/// minimum's sign set so that it adds: Q4_1's `m`, the K-quants' `-dmin`).
 fn weight_rows(quant: QuantType, w: &[u8], k: usize) -> (Vec<f32>, Vec<f32>) {
     let mut values = vec![0.0f32; w.len() / quant.block_bytes() * quant.block_elems()];
     dequantize_row(quant, w, &mut values);
-    let magnitudes = if quant == QuantType::Q4K {
+    let magnitudes = if matches!(quant, QuantType::Q4_1 | QuantType::Q4K | QuantType::Q5K) {
         let mut parts = w.to_vec();
         for block in parts.chunks_exact_mut(quant.block_bytes()) {
             block[1] &= 0x7f;
-            block[3] |= 0x80;
+            if quant == QuantType::Q4_1 {
+                block[3] &= 0x7f;
+            } else {
+                block[3] |= 0x80;
+            }
         }
         let mut out = vec![0.0f32; values.len()];
         dequantize_row(quant, &parts, &mut out);
@@ -99,7 +112,7 @@ fn check(quant: QuantType, x: &[f32], w: &[u8], dims: Dims, got: &[f32]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
     fn every_path_keeps_to_its_arithmetic_and_the_documented_bound(
