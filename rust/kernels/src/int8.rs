@@ -2,9 +2,9 @@
 //! quantized once per call (`Q8Rows`), then each weight block's quants
 //! multiplied with the activation quants in integers, exactly, and the
 //! block's scales (weight's and activation's) applied to that integer sum
-//! in float32, as llama.cpp's `ggml_vec_dot_*_q8_*` do. One activation row
-//! times one weight row at a time, so an output does not depend on the
-//! other rows of the batch. This file holds the portable reference of that
+//! in float32, as llama.cpp's `ggml_vec_dot_*_q8_*` do. Every output is
+//! summed on its own, in block order, so it does not depend on the other
+//! rows of the batch. This file holds the portable reference of that
 //! arithmetic (every CPU runs it; the tests take it as the reference of the
 //! AVX2 code, `int8_x86.rs`) and picks the path.
 

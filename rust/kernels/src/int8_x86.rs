@@ -4,7 +4,10 @@
 //! or sub-block's integer scale, pairs summed into i32) give the integer
 //! sums exactly as the scalar reference does; the float32 scales then
 //! multiply them in 8 lanes, reduced at the end of the row, so only the
-//! float32 summation order differs from the reference.
+//! float32 summation order differs from the reference. A weight block is
+//! unpacked once for a tile of up to 4 activation rows, each with its own
+//! accumulators, summed in the same order whatever the tile: an output's
+//! bits do not depend on the rest of its batch.
 
 use std::arch::x86_64::*;
 
@@ -19,34 +22,68 @@ use crate::{Dims, Job};
 /// As `int8::matmul`, and the CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn matmul(job: &Job<'_>, x8: &Q8Rows, cols: std::ops::Range<usize>) {
-    let Dims { m, n, k } = job.dims;
+    let Dims { m, k, .. } = job.dims;
     let row_bytes = job.quant.row_bytes(k);
-    let blocks = k / job.quant.block_elems();
     let ahead = PREFETCH_BYTES.div_ceil(row_bytes);
     for j in cols.clone() {
         // SAFETY: j < n, so the row is inside w; the row prefetched is
-        // inside w too (j + ahead < cols.end <= n); every activation row i < m
-        // has k quants, k / block scales and k / 32 sums in x8.
+        // inside w too (j + ahead < cols.end <= n); i + MR <= m.
         unsafe {
-            let w = job.w.as_ptr().add(j * row_bytes);
             if j + ahead < cols.end {
                 prefetch(job.w.as_ptr().add((j + ahead) * row_bytes), row_bytes);
             }
-            for i in 0..m {
-                let q = x8.qs.as_ptr().add(i * k);
-                let d = x8.d.as_ptr().add(i * blocks);
-                let dot = match job.quant {
-                    QuantType::Q8_0 => dot_q8_0(w, q, d, blocks),
-                    QuantType::Q4_0 => dot_q4_0(w, q, d, blocks),
-                    QuantType::Q4_1 => dot_q4_1(w, q, d, x8.sums.as_ptr().add(i * k / 32), blocks),
-                    QuantType::Q5_0 => dot_q5_0(w, q, d, blocks),
-                    QuantType::Q4K => dot_q45_k::<false>(w, q, d, x8.sums.as_ptr().add(i * k / 32), blocks),
-                    QuantType::Q5K => dot_q45_k::<true>(w, q, d, x8.sums.as_ptr().add(i * k / 32), blocks),
-                    QuantType::Q6K => dot_q6_k(w, q, d, blocks),
-                    _ => unreachable!("the int8 path reads only the types `int8::reads` names"),
-                };
-                *job.y.0.add(i * n + j) = dot;
+            let mut i = 0;
+            while i + 4 <= m {
+                tile::<4>(job, x8, i, j);
+                i += 4;
             }
+            match m - i {
+                0 => {}
+                1 => tile::<1>(job, x8, i, j),
+                2 => tile::<2>(job, x8, i, j),
+                _ => tile::<3>(job, x8, i, j),
+            }
+        }
+    }
+}
+
+/// A tile's activation rows: each one's quants, block scales and sums of 32.
+struct Rows<const MR: usize> {
+    q: [*const i8; MR],
+    d: [*const f32; MR],
+    sums: [*const i16; MR],
+}
+
+/// `y[i..i + MR, j]`: weight row j times activation rows `i..i + MR`.
+///
+/// # Safety
+/// i + MR <= m, j < n, column j is this thread's; as `matmul`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<const MR: usize>(job: &Job<'_>, x8: &Q8Rows, i: usize, j: usize) {
+    let Dims { n, k, .. } = job.dims;
+    let blocks = k / job.quant.block_elems();
+    // SAFETY: every activation row below m has k quants, k / block scales
+    // and k / 32 sums in x8; row j of w is inside it; the caller's bounds.
+    unsafe {
+        let w = job.w.as_ptr().add(j * job.quant.row_bytes(k));
+        let x = Rows::<MR> {
+            q: std::array::from_fn(|r| x8.qs.as_ptr().add((i + r) * k)),
+            d: std::array::from_fn(|r| x8.d.as_ptr().add((i + r) * blocks)),
+            sums: std::array::from_fn(|r| x8.sums.as_ptr().add((i + r) * k / 32)),
+        };
+        let dots = match job.quant {
+            QuantType::Q8_0 => dot_q8_0(w, &x, blocks),
+            QuantType::Q4_0 => dot_q4_0(w, &x, blocks),
+            QuantType::Q4_1 => dot_q4_1(w, &x, blocks),
+            QuantType::Q5_0 => dot_q5_0(w, &x, blocks),
+            QuantType::Q4K => dot_q45_k::<false, MR>(w, &x, blocks),
+            QuantType::Q5K => dot_q45_k::<true, MR>(w, &x, blocks),
+            QuantType::Q6K => dot_q6_k(w, &x, blocks),
+            _ => unreachable!("the int8 path reads only the types `int8::reads` names"),
+        };
+        for (r, dot) in dots.into_iter().enumerate() {
+            *job.y.0.add((i + r) * n + j) = dot;
         }
     }
 }
@@ -72,56 +109,64 @@ fn lane_sum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
-/// 32 signed weights times 32 activation quants, as 8 i32 partial sums.
-/// The weights' signs move onto the activations (which are never -128) so
-/// that `maddubs` multiplies the weights' magnitudes, unsigned.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn signed_dot(w: __m256i, x: __m256i) -> __m256i {
-    let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
-}
-
-/// A row of `blocks` Q8_0 blocks at `w` times quants `q` with scales `d`.
+/// The quants of a legacy block (32 signed weights, `wq`, scale `dw`) times
+/// each row's block `b`, into `acc`.
 ///
 /// # Safety
-/// `w` holds the blocks, `q` and `d` their activations' quants and scales.
+/// Each row of `x` holds block `b`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0(w: *const u8, q: *const i8, d: *const f32, blocks: usize) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+unsafe fn legacy_block<const MR: usize>(wq: __m256i, dw: __m256, x: &Rows<MR>, b: usize, acc: &mut [__m256; MR]) {
+    let magnitudes = _mm256_sign_epi8(wq, wq);
+    for (r, acc) in acc.iter_mut().enumerate() {
+        // SAFETY: the caller's bounds.
+        unsafe {
+            let xq = _mm256_loadu_si256(x.q[r].add(b * 32).cast());
+            // The weights' signs moved onto the activations (never -128),
+            // so that maddubs multiplies the weights' magnitudes, unsigned.
+            let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(xq, wq));
+            let sumi = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*x.d[r].add(b)));
+            *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sumi), *acc);
+        }
+    }
+}
+
+/// A row of `blocks` Q8_0 blocks at `w` times the rows of `x`.
+///
+/// # Safety
+/// `w` holds the blocks, each row of `x` their activations.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0<const MR: usize>(w: *const u8, x: &Rows<MR>, blocks: usize) -> [f32; MR] {
+    let mut acc = [_mm256_setzero_ps(); MR];
     for b in 0..blocks {
         // SAFETY: the caller's bounds.
         unsafe {
             let block = w.add(b * 34);
-            let wq = _mm256_loadu_si256(block.add(2).cast());
-            let xq = _mm256_loadu_si256(q.add(b * 32).cast());
-            let scale = _mm256_mul_ps(half8(block), _mm256_set1_ps(*d.add(b)));
-            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(signed_dot(wq, xq)), acc);
+            legacy_block(_mm256_loadu_si256(block.add(2).cast()), half8(block), x, b, &mut acc);
         }
     }
-    lane_sum(acc)
+    std::array::from_fn(|r| lane_sum(acc[r]))
 }
 
-/// A row of `blocks` Q4_0 blocks at `w` times quants `q` with scales `d`.
+/// A row of `blocks` Q4_0 blocks at `w` times the rows of `x`.
 ///
 /// # Safety
 /// As `dot_q8_0`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0(w: *const u8, q: *const i8, d: *const f32, blocks: usize) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+unsafe fn dot_q4_0<const MR: usize>(w: *const u8, x: &Rows<MR>, blocks: usize) -> [f32; MR] {
+    let mut acc = [_mm256_setzero_ps(); MR];
     for b in 0..blocks {
         // SAFETY: the caller's bounds.
         unsafe {
             let block = w.add(b * 18);
             let wq = _mm256_sub_epi8(nibbles(block.add(2)), _mm256_set1_epi8(8));
-            let xq = _mm256_loadu_si256(q.add(b * 32).cast());
-            let scale = _mm256_mul_ps(half8(block), _mm256_set1_ps(*d.add(b)));
-            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(signed_dot(wq, xq)), acc);
+            legacy_block(wq, half8(block), x, b, &mut acc);
         }
     }
-    lane_sum(acc)
+    std::array::from_fn(|r| lane_sum(acc[r]))
 }
 
 /// The 16 bytes at `p` as 32 nibbles: low ones (weights 0..16), then high.
@@ -136,44 +181,47 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
     _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(bytes), bytes), _mm256_set1_epi8(0x0f))
 }
 
-/// A row of `blocks` Q4_1 blocks at `w` times quants `q` with scales `d`
-/// and sums `sums`: the nibbles unsigned, the minimum times the sum.
-///
-/// # Safety
-/// As `dot_q8_0`, and `sums` holds one per block.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1(w: *const u8, q: *const i8, d: *const f32, sums: *const i16, blocks: usize) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    // Every lane the same: the minimums' sum, block by block.
-    let mut mins = _mm256_setzero_ps();
-    for b in 0..blocks {
-        // SAFETY: the caller's bounds.
-        unsafe {
-            let block = w.add(b * 20);
-            let xq = _mm256_loadu_si256(q.add(b * 32).cast());
-            let sumi = _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles(block.add(4)), xq), _mm256_set1_epi16(1));
-            let dx = _mm256_set1_ps(*d.add(b));
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(half8(block), dx), _mm256_cvtepi32_ps(sumi), acc);
-            let sum = _mm256_set1_ps(f32::from(*sums.add(b)));
-            mins = _mm256_fmadd_ps(_mm256_mul_ps(half8(block.add(2)), dx), sum, mins);
-        }
-    }
-    lane_sum(acc) + _mm256_cvtss_f32(mins)
-}
-
-/// A row of `blocks` Q5_0 blocks at `w` times quants `q` with scales `d`.
+/// A row of `blocks` Q4_1 blocks at `w` times the rows of `x`: the nibbles
+/// unsigned, the minimum times the activations' sum.
 ///
 /// # Safety
 /// As `dot_q8_0`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_0(w: *const u8, q: *const i8, d: *const f32, blocks: usize) -> f32 {
+unsafe fn dot_q4_1<const MR: usize>(w: *const u8, x: &Rows<MR>, blocks: usize) -> [f32; MR] {
+    let mut acc = [_mm256_setzero_ps(); MR];
+    // Every lane the same: the minimums' sum, block by block.
+    let mut mins = [_mm256_setzero_ps(); MR];
+    for b in 0..blocks {
+        // SAFETY: the caller's bounds.
+        unsafe {
+            let block = w.add(b * 20);
+            let (wq, dw, m) = (nibbles(block.add(4)), half8(block), half8(block.add(2)));
+            for r in 0..MR {
+                let xq = _mm256_loadu_si256(x.q[r].add(b * 32).cast());
+                let sumi = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), _mm256_set1_epi16(1));
+                let dx = _mm256_set1_ps(*x.d[r].add(b));
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sumi), acc[r]);
+                let sum = _mm256_set1_ps(f32::from(*x.sums[r].add(b)));
+                mins[r] = _mm256_fmadd_ps(_mm256_mul_ps(m, dx), sum, mins[r]);
+            }
+        }
+    }
+    std::array::from_fn(|r| lane_sum(acc[r]) + _mm256_cvtss_f32(mins[r]))
+}
+
+/// A row of `blocks` Q5_0 blocks at `w` times the rows of `x`.
+///
+/// # Safety
+/// As `dot_q8_0`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0<const MR: usize>(w: *const u8, x: &Rows<MR>, blocks: usize) -> [f32; MR] {
     // Byte e of the shuffled bits holds byte e / 8 of qh; OR-ing all bits but
     // bit e % 8 leaves 0xff exactly where weight e's fifth bit is set.
     let spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
     let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); MR];
     for b in 0..blocks {
         // SAFETY: the caller's bounds.
         unsafe {
@@ -183,49 +231,41 @@ unsafe fn dot_q5_0(w: *const u8, q: *const i8, d: *const f32, blocks: usize) -> 
             let set = _mm256_cmpeq_epi8(bytes, _mm256_set1_epi8(-1));
             // (q | 16) - 16 is q where the bit is set, else q - 16 is q | 0xf0.
             let wq = _mm256_or_si256(nibbles(block.add(6)), _mm256_andnot_si256(set, _mm256_set1_epi8(0xf0u8 as i8)));
-            let xq = _mm256_loadu_si256(q.add(b * 32).cast());
-            let scale = _mm256_mul_ps(half8(block), _mm256_set1_ps(*d.add(b)));
-            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(signed_dot(wq, xq)), acc);
+            legacy_block(wq, half8(block), x, b, &mut acc);
         }
     }
-    lane_sum(acc)
+    std::array::from_fn(|r| lane_sum(acc[r]))
 }
 
 /// A row of `blocks` Q4_K (`FIVE` false) or Q5_K super-blocks at `w` times
-/// quants `q` with scales `d` and sums of 32 `sums`.
+/// the rows of `x`.
 ///
 /// # Safety
-/// As `dot_q8_0`, and `sums` holds 8 per super-block.
+/// As `dot_q8_0`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q45_k<const FIVE: bool>(
-    w: *const u8,
-    q: *const i8,
-    d: *const f32,
-    sums: *const i16,
-    blocks: usize,
-) -> f32 {
+unsafe fn dot_q45_k<const FIVE: bool, const MR: usize>(w: *const u8, x: &Rows<MR>, blocks: usize) -> [f32; MR] {
     let (bytes, qs) = if FIVE { (176, 48) } else { (144, 16) };
     let low = _mm256_set1_epi8(0x0f);
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); MR];
     // Every lane the same: the minimums' sum, block by block.
-    let mut mins = _mm256_setzero_ps();
+    let mut mins = [_mm256_setzero_ps(); MR];
     for b in 0..blocks {
         // SAFETY: the caller's bounds.
         unsafe {
             let block = w.add(b * bytes);
-            let xq = q.add(b * 256);
-            let dx = *d.add(b);
-            let fifth = if FIVE { _mm256_loadu_si256(block.add(16).cast()) } else { _mm256_setzero_si256() };
             let packed = std::slice::from_raw_parts(block.add(4), 12);
             let mut scales = [0i16; 8];
-            let mut summ = 0i32;
+            let mut summ = [0i32; MR];
             for (s, scale) in scales.iter_mut().enumerate() {
                 let (sc, m) = scale_min_k4(packed, s);
                 *scale = i16::from(sc);
-                summ += i32::from(m) * i32::from(*sums.add(b * 8 + s));
+                for (r, summ) in summ.iter_mut().enumerate() {
+                    *summ += i32::from(m) * i32::from(*x.sums[r].add(b * 8 + s));
+                }
             }
-            let mut sumi = _mm256_setzero_si256();
+            let fifth = if FIVE { _mm256_loadu_si256(block.add(16).cast()) } else { _mm256_setzero_si256() };
+            let mut sumi = [_mm256_setzero_si256(); MR];
             for pair in 0..4 {
                 // Sub-blocks 2 pair and 2 pair + 1: the low and high nibbles of 32 bytes.
                 let bits = _mm256_loadu_si256(block.add(qs + 32 * pair).cast());
@@ -240,37 +280,42 @@ unsafe fn dot_q45_k<const FIVE: bool>(
                     w_low = _mm256_or_si256(w_low, sixteen(2 * pair));
                     w_high = _mm256_or_si256(w_high, sixteen(2 * pair + 1));
                 }
-                let x_low = _mm256_loadu_si256(xq.add(64 * pair).cast());
-                let x_high = _mm256_loadu_si256(xq.add(64 * pair + 32).cast());
-                let p_low = _mm256_madd_epi16(_mm256_set1_epi16(scales[2 * pair]), _mm256_maddubs_epi16(w_low, x_low));
-                let p_high =
-                    _mm256_madd_epi16(_mm256_set1_epi16(scales[2 * pair + 1]), _mm256_maddubs_epi16(w_high, x_high));
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_low, p_high));
+                let (sc_low, sc_high) = (_mm256_set1_epi16(scales[2 * pair]), _mm256_set1_epi16(scales[2 * pair + 1]));
+                for (r, sumi) in sumi.iter_mut().enumerate() {
+                    let xq = x.q[r].add(b * 256);
+                    let x_low = _mm256_loadu_si256(xq.add(64 * pair).cast());
+                    let x_high = _mm256_loadu_si256(xq.add(64 * pair + 32).cast());
+                    let p_low = _mm256_madd_epi16(sc_low, _mm256_maddubs_epi16(w_low, x_low));
+                    let p_high = _mm256_madd_epi16(sc_high, _mm256_maddubs_epi16(w_high, x_high));
+                    *sumi = _mm256_add_epi32(*sumi, _mm256_add_epi32(p_low, p_high));
+                }
             }
-            let dx = _mm256_set1_ps(dx);
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(half8(block), dx), _mm256_cvtepi32_ps(sumi), acc);
-            mins = _mm256_fmadd_ps(_mm256_mul_ps(half8(block.add(2)), dx), _mm256_set1_ps(summ as f32), mins);
+            let (dw, dmin) = (half8(block), half8(block.add(2)));
+            for r in 0..MR {
+                let dx = _mm256_set1_ps(*x.d[r].add(b));
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                mins[r] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_set1_ps(summ[r] as f32), mins[r]);
+            }
         }
     }
-    lane_sum(acc) - _mm256_cvtss_f32(mins)
+    std::array::from_fn(|r| lane_sum(acc[r]) - _mm256_cvtss_f32(mins[r]))
 }
 
-/// A row of `blocks` Q6_K super-blocks at `w` times quants `q` with scales `d`.
+/// A row of `blocks` Q6_K super-blocks at `w` times the rows of `x`.
 ///
 /// # Safety
 /// As `dot_q8_0`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6_k(w: *const u8, q: *const i8, d: *const f32, blocks: usize) -> f32 {
+unsafe fn dot_q6_k<const MR: usize>(w: *const u8, x: &Rows<MR>, blocks: usize) -> [f32; MR] {
     let (low, two) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); MR];
     for b in 0..blocks {
         // SAFETY: the caller's bounds.
         unsafe {
             let block = w.add(b * 210);
-            let xq = q.add(b * 256);
             let scales = block.add(192).cast::<i8>();
-            let mut sumi = _mm256_setzero_si256();
+            let mut sumi = [_mm256_setzero_si256(); MR];
             for group in 0..2 {
                 // Weights 128 group + 32 t + l: 4 low bits from ql (bytes 0..32
                 // for t = 0, 2; 32..64 for t = 1, 3; the high nibble for t >= 2),
@@ -292,21 +337,28 @@ unsafe fn dot_q6_k(w: *const u8, q: *const i8, d: *const f32, blocks: usize) -> 
                     ),
                 ];
                 for (t, w6) in six.into_iter().enumerate() {
-                    let x = _mm256_loadu_si256(xq.add(128 * group + 32 * t).cast());
-                    // (q + 32) x - 32 x: the weights' offset taken off in i16.
-                    let pairs =
-                        _mm256_sub_epi16(_mm256_maddubs_epi16(w6, x), _mm256_maddubs_epi16(_mm256_set1_epi8(32), x));
                     let sub = 8 * group + 2 * t;
                     let scale = _mm256_set_m128i(
                         _mm_set1_epi16(i16::from(*scales.add(sub + 1))),
                         _mm_set1_epi16(i16::from(*scales.add(sub))),
                     );
-                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale, pairs));
+                    for (r, sumi) in sumi.iter_mut().enumerate() {
+                        let xv = _mm256_loadu_si256(x.q[r].add(b * 256 + 128 * group + 32 * t).cast());
+                        // (q + 32) x - 32 x: the weights' offset taken off in i16.
+                        let pairs = _mm256_sub_epi16(
+                            _mm256_maddubs_epi16(w6, xv),
+                            _mm256_maddubs_epi16(_mm256_set1_epi8(32), xv),
+                        );
+                        *sumi = _mm256_add_epi32(*sumi, _mm256_madd_epi16(scale, pairs));
+                    }
                 }
             }
-            let scale = _mm256_mul_ps(half8(block.add(208)), _mm256_set1_ps(*d.add(b)));
-            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sumi), acc);
+            let dw = half8(block.add(208));
+            for r in 0..MR {
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*x.d[r].add(b)));
+                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            }
         }
     }
-    lane_sum(acc)
+    std::array::from_fn(|r| lane_sum(acc[r]))
 }

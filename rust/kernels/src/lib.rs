@@ -148,10 +148,10 @@ pub enum Precision {
     /// sum |w_b|` (plus float32 summation error): about 0.4% of `sum |x|
     /// |w|` where a block's activations are of one magnitude, more where
     /// one outlier sets a block's scale. Its outputs do not depend on the
-    /// batch's other rows. Written for decode's few rows (one activation
-    /// row times one weight row at a time): at 16 rows the exact path's
-    /// panels run faster (Q4_K 2048 x 2048, one thread: about 3.9 against
-    /// 2.9 ms).
+    /// batch's other rows. Written for decode's few rows (a weight row
+    /// unpacked once for up to 4 activation rows): at 16 rows it is no
+    /// faster than the exact path's panels (even for Q4_K and Q6_K, 20%
+    /// slower for Q4_0, measured at 2048 x 2048).
     Int8Activations,
 }
 
