@@ -26,7 +26,7 @@ use vllm_rs_engine::EngineClient;
 use vllm_rs_metrics::Metrics;
 use vllm_rs_model_files::generation_config::GenerationConfig;
 use vllm_rs_model_files::HubCache;
-use vllm_rs_server::http::first_response::on_first_response;
+use vllm_rs_server::http::middleware::first_response::on_first_response;
 use vllm_rs_server::http::server::{serve, ServeOptions};
 use vllm_rs_server::http::state::{unix_now, AppState};
 

@@ -1,11 +1,11 @@
 //! Answering a submitted completion or chat request: a server-sent-event
 //! stream, or one JSON body once the generation finished.
 
-use super::error::ApiError;
-use super::params::CommonParams;
-use super::sse::{choices_sse_response, sse_response, ChunkHeader, ChunkWriter, StreamUsage};
-use super::state::AppState;
-use super::submit::{stop_reason_json, Submitted};
+use crate::http::error::ApiError;
+use crate::http::params::CommonParams;
+use crate::http::sse::{choices_sse_response, sse_response, ChunkHeader, ChunkWriter, StreamUsage};
+use crate::http::state::AppState;
+use crate::http::submit::{stop_reason_json, Submitted};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::future::try_join_all;

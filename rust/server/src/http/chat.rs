@@ -1,19 +1,21 @@
 //! `POST /v1/chat/completions`.
 
-use super::answer::{
+use crate::http::answer::{
     answer, stream_choices, stream_usage, whole_answer, whole_choices, AnswerFormat, ChatExtras, ChoiceBody, Fields,
     UsageInfo,
 };
-use super::error::ApiError;
-use super::message::ResponseMessage;
-use super::params::{parse_body, sampling_request, CommonParams, JsonRequest};
-use super::rules::RULES;
-use super::sse::{ChunkHeader, ChunkWriter};
-use super::state::{AppState, SharedState};
-use super::structured::{read_structured_outputs, wire_params};
-use super::submit::{check_generates, check_model, stop_reason_json, submit, Endpoint};
-use super::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs, thinking_enabled};
-use super::tools::{
+use crate::http::error::ApiError;
+use crate::http::message::ResponseMessage;
+use crate::http::params::{parse_body, sampling_request, CommonParams, JsonRequest};
+use crate::http::rules::RULES;
+use crate::http::sse::{ChunkHeader, ChunkWriter};
+use crate::http::state::{AppState, SharedState};
+use crate::http::structured::{read_structured_outputs, wire_params};
+use crate::http::submit::{check_generates, check_model, stop_reason_json, submit, Endpoint};
+use crate::http::template_kwargs::{
+    apply_reasoning_effort, read_reasoning_effort, read_template_kwargs, thinking_enabled,
+};
+use crate::http::tools::{
     finish_reason, output_parser, read_chat_tools, reasoning_parser, template_extra, whole_message, ChatTools,
     ParsedChatChunks, ToolsInput,
 };

@@ -6,11 +6,11 @@
 //! the usage summed. Not streamed, no tools, `n` 1 and no beam search, as
 //! in vLLM.
 
-use super::chat::{chat_completion, prepare_chat, ChatBody};
-use super::error::ApiError;
-use super::params::{parse_body, JsonBody};
-use super::rules::RULES;
-use super::state::SharedState;
+use crate::http::chat::{chat_completion, prepare_chat, ChatBody};
+use crate::http::error::ApiError;
+use crate::http::params::{parse_body, JsonBody};
+use crate::http::rules::RULES;
+use crate::http::state::SharedState;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};

@@ -3,12 +3,12 @@
 //! completions first, then completions; this server runs no pooling models,
 //! so those kinds are never candidates).
 
-use super::chat::chat_completion;
-use super::completions::completion;
-use super::error::ApiError;
-use super::params::{parse_body, JsonBody};
-use super::rules::RULES;
-use super::state::SharedState;
+use crate::http::chat::chat_completion;
+use crate::http::completions::completion;
+use crate::http::error::ApiError;
+use crate::http::params::{parse_body, JsonBody};
+use crate::http::rules::RULES;
+use crate::http::state::SharedState;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};

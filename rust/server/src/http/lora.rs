@@ -2,9 +2,9 @@
 //! answers them on a server started without LoRA support: a 400 saying why,
 //! whatever the body (this server has no LoRA support to start with).
 
-use super::error::ApiError;
-use super::rules::RULES;
-use super::state::SharedState;
+use crate::http::error::ApiError;
+use crate::http::rules::RULES;
+use crate::http::state::SharedState;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;

@@ -1,9 +1,9 @@
 //! The small routes: health (and ping), models, load, version, metrics, KV-event sources, and the engine
 //! utility calls (`/reset_prefix_cache`, `/sleep`, `/wake_up`).
 
-use super::error::ApiError;
-use super::state::SharedState;
-use super::submit::check_model;
+use crate::http::error::ApiError;
+use crate::http::state::SharedState;
+use crate::http::submit::check_model;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};

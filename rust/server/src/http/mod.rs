@@ -1,26 +1,20 @@
 //! The OpenAI-compatible HTTP API.
 
 pub mod answer;
-pub mod auth;
-pub mod body_deadline;
 pub mod chat;
 pub mod chat_batch;
 pub mod completions;
-pub mod connections;
-pub mod cors;
 pub mod error;
-pub mod first_response;
 pub mod generative_scoring;
 pub mod invocations;
 pub mod lora;
 pub mod message;
 pub mod messages;
+pub mod middleware;
 pub mod misc;
 pub mod params;
 pub mod pooling;
-pub mod request_id;
 pub mod responses;
-pub mod root_path;
 pub mod rules;
 pub mod scale_out;
 pub mod server;
@@ -37,8 +31,9 @@ pub mod unsupported_apis;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use axum::{middleware, Router};
+use axum::Router;
 use error::ApiError;
+use middleware::{auth, body_deadline, cors, request_id, root_path};
 use state::SharedState;
 
 /// All routes, with authentication and the body deadline (the size limit is the
@@ -89,13 +84,13 @@ pub fn routes(state: SharedState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed").into_response()
         })
-        .layer(middleware::from_fn_with_state(cors, cors::apply_cors))
-        .layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key))
-        .layer(middleware::from_fn_with_state(state.clone(), body_deadline::limit_body_time))
-        .layer(middleware::from_fn_with_state(state.metrics.clone(), vllm_rs_metrics::http::record_http))
+        .layer(axum::middleware::from_fn_with_state(cors, cors::apply_cors))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_api_key))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), body_deadline::limit_body_time))
+        .layer(axum::middleware::from_fn_with_state(state.metrics.clone(), vllm_rs_metrics::http::record_http))
         .with_state(state);
     if request_id_headers {
-        app = app.layer(middleware::from_fn(request_id::add_request_id));
+        app = app.layer(axum::middleware::from_fn(request_id::add_request_id));
     }
     match root_path {
         // Rewritten before routing, so routes and middleware see the path without it.

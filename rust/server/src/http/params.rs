@@ -4,9 +4,9 @@
 //! ([`RULES`]) on every value that reaches an engine, so an engine never
 //! receives a request vLLM's `SamplingParams` would refuse.
 
-use super::body_deadline::is_body_timeout;
-use super::error::ApiError;
-use super::rules::RULES;
+use crate::http::error::ApiError;
+use crate::http::middleware::body_deadline::is_body_timeout;
+use crate::http::rules::RULES;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;

@@ -6,13 +6,13 @@
 //! do (tools, background mode, stored responses, structured output) is a 400
 //! naming the field, never dropped.
 
-use super::answer::generation_error;
-use super::error::ApiError;
-use super::params::{sampling_request, CommonParams, JsonRequest, SamplingInput};
-use super::rules::RULES;
-use super::state::{AppState, SharedState};
-use super::submit::{check_generates, check_model, submit, Endpoint, Submitted};
-use super::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs};
+use crate::http::answer::generation_error;
+use crate::http::error::ApiError;
+use crate::http::params::{sampling_request, CommonParams, JsonRequest, SamplingInput};
+use crate::http::rules::RULES;
+use crate::http::state::{AppState, SharedState};
+use crate::http::submit::{check_generates, check_model, submit, Endpoint, Submitted};
+use crate::http::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};
@@ -798,8 +798,8 @@ fn stream_events(submitted: Submitted, answer: Answer) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::super::params::parse_body;
     use super::*;
+    use crate::http::params::parse_body;
     use serde_json::json;
 
     fn parse(body: &Value) -> Result<ResponsesRequest, ApiError> {

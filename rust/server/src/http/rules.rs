@@ -2,7 +2,7 @@
 //! checks with vLLM's messages, plus this project's limits), embedded at build
 //! time; one table, so a rule and its message are changed in one place.
 
-use super::error::ApiError;
+use crate::http::error::ApiError;
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::LazyLock;

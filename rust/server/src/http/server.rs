@@ -3,7 +3,7 @@
 //! (`connections`), keep-alive timeout, graceful shutdown (stop accepting, let
 //! requests in flight finish, bounded drain).
 
-use super::connections::{Admitted, ConnectionTable};
+use crate::http::middleware::connections::{Admitted, ConnectionTable};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};

@@ -3,9 +3,9 @@
 //! the only way this server runs): no response is ever stored, so every id
 //! is unknown and both routes answer vLLM's 404 for an unknown response.
 
-use super::error::ApiError;
-use super::rules::RULES;
-use super::state::SharedState;
+use crate::http::error::ApiError;
+use crate::http::rules::RULES;
+use crate::http::state::SharedState;
 use axum::extract::Path;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};

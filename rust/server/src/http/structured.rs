@@ -5,8 +5,8 @@
 //! encoder writes its `StructuredOutputsParams`. The Python API server does
 //! the same (`structured_outputs.py`) with the same rule-table messages.
 
-use super::error::ApiError;
-use super::rules::RULES;
+use crate::http::error::ApiError;
+use crate::http::rules::RULES;
 use serde_json::{json, Map, Value};
 
 /// The constraint kinds of vLLM's `StructuredOutputsParams`.

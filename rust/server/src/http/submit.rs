@@ -1,10 +1,10 @@
 //! The part of `/v1/completions` and `/v1/chat/completions` that is the same:
 //! model check, length checks, ids, EOS handling, submission to an engine.
 
-use super::error::ApiError;
-use super::params::{check_min_tokens, CommonParams};
-use super::rules::RULES;
-use super::state::{unix_now, unix_now_f64, AppState};
+use crate::http::error::ApiError;
+use crate::http::params::{check_min_tokens, CommonParams};
+use crate::http::rules::RULES;
+use crate::http::state::{unix_now, unix_now_f64, AppState};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;
 use std::time::Instant;

@@ -5,8 +5,8 @@
 //! filters the rest to the variables the template uses. A requested
 //! reasoning effort joins them as vLLM's `build_chat_params` puts it.
 
-use super::error::ApiError;
-use super::rules::RULES;
+use crate::http::error::ApiError;
+use crate::http::rules::RULES;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use vllm_rs_config::serve_args::chat::REASONING_EFFORTS;

@@ -2,13 +2,13 @@
 //! chat messages to token ids (with the count and the model length), and
 //! token ids back to text.
 
-use super::chat::{messages, MessageInput};
-use super::error::ApiError;
-use super::params::JsonRequest;
-use super::rules::RULES;
-use super::state::SharedState;
-use super::submit::check_model;
-use super::template_kwargs::read_template_kwargs;
+use crate::http::chat::{messages, MessageInput};
+use crate::http::error::ApiError;
+use crate::http::params::JsonRequest;
+use crate::http::rules::RULES;
+use crate::http::state::SharedState;
+use crate::http::submit::check_model;
+use crate::http::template_kwargs::read_template_kwargs;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;

@@ -7,13 +7,13 @@
 //! `mistral`, which reads them as `auto`); the output read by
 //! [`ChatOutputParser`], whole and streamed.
 
-use super::answer::{Fields, UsageInfo};
-use super::chat::ChatOpening;
-use super::error::ApiError;
-use super::message::ResponseMessage;
-use super::rules::RULES;
-use super::sse::{ChunkHeader, ChunkWriter};
-use super::submit::stop_reason_json;
+use crate::http::answer::{Fields, UsageInfo};
+use crate::http::chat::ChatOpening;
+use crate::http::error::ApiError;
+use crate::http::message::ResponseMessage;
+use crate::http::rules::RULES;
+use crate::http::sse::{ChunkHeader, ChunkWriter};
+use crate::http::submit::stop_reason_json;
 use axum::body::Bytes;
 use serde_json::{json, Map, Value};
 use std::sync::{Arc, Mutex};
@@ -331,8 +331,8 @@ pub fn template_extra(message: &Map<String, Value>) -> Option<Map<String, Value>
 
 #[cfg(test)]
 mod tests {
-    use super::super::chat::ChatBody;
     use super::*;
+    use crate::http::chat::ChatBody;
     use vllm_rs_chat::chat_template::ChatTemplate;
     use vllm_rs_chat::ChatMessage;
 

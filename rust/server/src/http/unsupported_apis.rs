@@ -4,9 +4,9 @@
 //! it has a decision reader for). vLLM answers them on any other model with
 //! a 501 naming the API; so does this server, whatever the body.
 
-use super::error::ApiError;
-use super::rules::RULES;
-use super::state::SharedState;
+use crate::http::error::ApiError;
+use crate::http::rules::RULES;
+use crate::http::state::SharedState;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;

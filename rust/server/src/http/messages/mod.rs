@@ -11,10 +11,10 @@ pub mod stream;
 pub mod types;
 pub mod validate;
 
-use super::chat::{chat_completion, prepare_chat};
-use super::error::ApiError;
-use super::params::JsonBody;
-use super::state::SharedState;
+use crate::http::chat::{chat_completion, prepare_chat};
+use crate::http::error::ApiError;
+use crate::http::params::JsonBody;
+use crate::http::state::SharedState;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};

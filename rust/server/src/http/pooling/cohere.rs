@@ -3,10 +3,6 @@
 //! `max_tokens` say, pooled through the `/v1/embeddings` step, and answered
 //! in each of `embedding_types` (`float`, `binary`, `ubinary`, `base64`).
 
-use super::super::error::ApiError;
-use super::super::params::JsonRequest;
-use super::super::state::{AppState, SharedState};
-use super::super::submit::{check_model, client_request_id};
 use super::convert::typed_embeddings;
 use super::run::params;
 use super::types::{
@@ -15,6 +11,10 @@ use super::types::{
 };
 use super::validate::{chat_prompt, encode, fit_prompts, Cut, Purpose};
 use super::{answer, pool_prompts, require};
+use crate::http::error::ApiError;
+use crate::http::params::JsonRequest;
+use crate::http::state::{AppState, SharedState};
+use crate::http::submit::{check_model, client_request_id};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;

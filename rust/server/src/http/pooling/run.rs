@@ -3,7 +3,7 @@
 //! together, each answered with its vector. Shared by the HTTP routes and
 //! the gRPC `Embed` call.
 
-use super::super::state::{unix_now_f64, AppState};
+use crate::http::state::{unix_now_f64, AppState};
 use futures_util::future::try_join_all;
 use std::time::Instant;
 use vllm_rs_engine::ids::random_hex;

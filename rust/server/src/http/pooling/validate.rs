@@ -2,11 +2,11 @@
 //! reaches an engine, each refusal a 400 naming the parameter at fault, in
 //! vLLM's words where vLLM has them.
 
-use super::super::chat::{messages, MessageInput};
-use super::super::error::ApiError;
-use super::super::state::AppState;
-use super::super::template_kwargs::read_template_kwargs;
 use super::types::{PoolInput, TextOrTexts};
+use crate::http::chat::{messages, MessageInput};
+use crate::http::error::ApiError;
+use crate::http::state::AppState;
+use crate::http::template_kwargs::read_template_kwargs;
 use serde_json::{Map, Value};
 
 /// What the inputs are for, as vLLM's length error names it.

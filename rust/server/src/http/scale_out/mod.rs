@@ -21,9 +21,9 @@ pub mod generate;
 pub mod render;
 pub mod types;
 
-use super::error::ApiError;
-use super::rules::RULES;
-use super::state::SharedState;
+use crate::http::error::ApiError;
+use crate::http::rules::RULES;
+use crate::http::state::SharedState;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};

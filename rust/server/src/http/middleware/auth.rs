@@ -3,8 +3,8 @@
 //! `x-api-key: <key>`. `/health`, `/ping` and `/metrics` stay open, and so do
 //! `OPTIONS` requests (CORS preflights carry no credentials), as in vLLM.
 
-use super::error::ApiError;
-use super::state::SharedState;
+use crate::http::error::ApiError;
+use crate::http::state::SharedState;
 use axum::extract::{Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
@@ -33,7 +33,7 @@ pub async fn require_api_key(State(state): State<SharedState>, request: Request,
     }
     let error = ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized: a valid API key is required");
     if request.uri().path().starts_with("/v1/messages") {
-        super::messages::error::anthropic_error(error)
+        crate::http::messages::error::anthropic_error(error)
     } else {
         error.into_response()
     }

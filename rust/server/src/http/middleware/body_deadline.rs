@@ -4,7 +4,7 @@
 //! [`BodyTimedOut`] (the JSON extractor answers 408 and closes the connection;
 //! a handler that never reads the body leaves hyper to drop the connection).
 
-use super::state::SharedState;
+use crate::http::state::SharedState;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
