@@ -295,8 +295,10 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         engines.stop_accepting();
     };
     let drain_timeout = options.drain_timeout;
-    let routes =
-        on_first_response(vllm_rs_server::http::routes(state.clone()), build_tables_after_first_answer(tables_hold));
+    let routes = on_first_response(
+        vllm_rs_server::http::routes::routes(state.clone()),
+        build_tables_after_first_answer(tables_hold),
+    );
     let mut drained = serve(listener, routes, options, tls, stopping).await;
     if let Some(grpc) = grpc {
         drained &= vllm_rs_server::grpc::server::drained(grpc, drain_timeout).await;

@@ -12,10 +12,10 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Value};
 use std::time::Duration;
-use vllm_rs_server::http::chat::parse_chat_request;
-use vllm_rs_server::http::completions::parse_completion_request;
 use vllm_rs_server::http::error::ApiError;
 use vllm_rs_server::http::params::parse_body;
+use vllm_rs_server::http::routes::openai::chat_completions::parse_chat_request;
+use vllm_rs_server::http::routes::openai::completions::parse_completion_request;
 
 /// Parameter names the parsers read, so random objects hit them often.
 const FIELDS: &[&str] = &[

@@ -2,8 +2,8 @@
 //! vLLM's gRPC servicer maps it onto its `SamplingParams`.
 
 use crate::http::error::ApiError;
+use crate::http::generation::structured::single_constraint;
 use crate::http::rules::RULES;
-use crate::http::structured::single_constraint;
 use serde_json::Value;
 use tonic::Status;
 use vllm_rs_grpc::engine::{generate_request, sampling_params::Constraint, GenerateRequest};

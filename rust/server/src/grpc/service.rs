@@ -5,9 +5,9 @@
 use super::generation::{responses, Call, Choice, GenerateStream, Running, RunningEntry};
 use super::logprobs::ChoiceLogprobs;
 use super::request::{invalid, map_request, rule_status, MappedRequest, Prompt};
-use crate::http::pooling::run::{params, pool_all, PoolError, Pooling};
+use crate::http::generation::submit::{check_logprobs, child_requests};
+use crate::http::routes::openai::pooling::run::{params, pool_all, PoolError, Pooling};
 use crate::http::state::{unix_now_f64, AppState};
-use crate::http::submit::{check_logprobs, child_requests};
 use futures_util::Stream;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -33,7 +33,7 @@ pub async fn require_api_key(State(state): State<SharedState>, request: Request,
     }
     let error = ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized: a valid API key is required");
     if request.uri().path().starts_with("/v1/messages") {
-        crate::http::messages::error::anthropic_error(error)
+        crate::http::routes::anthropic::messages::error::anthropic_error(error)
     } else {
         error.into_response()
     }

@@ -11,9 +11,9 @@ use super::types::{
     ToolIn,
 };
 use super::validate::normalized_role;
-use crate::http::chat::ChatBody;
 use crate::http::error::ApiError;
 use crate::http::params::parse_body;
+use crate::http::routes::openai::chat_completions::ChatBody;
 use serde_json::{json, Map, Value};
 use vllm_rs_engine::ids::random_hex;
 

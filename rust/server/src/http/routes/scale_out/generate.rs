@@ -4,11 +4,11 @@
 use super::answer;
 use super::convert;
 use super::types::{AbortBody, GenerateBody};
-use crate::http::completions::completion;
 use crate::http::error::ApiError;
+use crate::http::generation::submit::chat_default_max_tokens;
 use crate::http::params::{parse_body, JsonBody, JsonRequest};
+use crate::http::routes::openai::completions::completion;
 use crate::http::state::SharedState;
-use crate::http::submit::chat_default_max_tokens;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};

@@ -11,9 +11,9 @@ pub mod stream;
 pub mod types;
 pub mod validate;
 
-use crate::http::chat::{chat_completion, prepare_chat};
 use crate::http::error::ApiError;
 use crate::http::params::JsonBody;
+use crate::http::routes::openai::chat_completions::{chat_completion, prepare_chat};
 use crate::http::state::SharedState;
 use axum::extract::State;
 use axum::http::HeaderMap;

@@ -1,13 +1,13 @@
 //! `POST /v1/completions`.
 
-use crate::http::answer::{answer, stream_usage, AnswerFormat, ChoiceBody, Fields, UsageInfo};
 use crate::http::error::ApiError;
+use crate::http::generation::answer::{answer, stream_usage, AnswerFormat, ChoiceBody, Fields, UsageInfo};
+use crate::http::generation::sse::{ChunkHeader, ChunkWriter};
+use crate::http::generation::structured::{read_structured_outputs, wire_params};
+use crate::http::generation::submit::{check_generates, check_model, stop_reason_json, submit, Endpoint};
 use crate::http::params::{parse_body, sampling_request, CommonParams, JsonRequest};
 use crate::http::rules::RULES;
-use crate::http::sse::{ChunkHeader, ChunkWriter};
 use crate::http::state::{AppState, SharedState};
-use crate::http::structured::{read_structured_outputs, wire_params};
-use crate::http::submit::{check_generates, check_model, stop_reason_json, submit, Endpoint};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;

@@ -3,10 +3,10 @@
 //! vLLM's words where vLLM has them.
 
 use super::types::{PoolInput, TextOrTexts};
-use crate::http::chat::{messages, MessageInput};
 use crate::http::error::ApiError;
+use crate::http::generation::template_kwargs::read_template_kwargs;
+use crate::http::routes::openai::chat_completions::{messages, MessageInput};
 use crate::http::state::AppState;
-use crate::http::template_kwargs::read_template_kwargs;
 use serde_json::{Map, Value};
 
 /// What the inputs are for, as vLLM's length error names it.

@@ -6,13 +6,15 @@
 //! do (tools, background mode, stored responses, structured output) is a 400
 //! naming the field, never dropped.
 
-use crate::http::answer::generation_error;
+pub mod stored;
+
 use crate::http::error::ApiError;
+use crate::http::generation::answer::generation_error;
+use crate::http::generation::submit::{check_generates, check_model, submit, Endpoint, Submitted};
+use crate::http::generation::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs};
 use crate::http::params::{sampling_request, CommonParams, JsonRequest, SamplingInput};
 use crate::http::rules::RULES;
 use crate::http::state::{AppState, SharedState};
-use crate::http::submit::{check_generates, check_model, submit, Endpoint, Submitted};
-use crate::http::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};

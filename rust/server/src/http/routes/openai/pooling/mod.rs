@@ -12,9 +12,9 @@ pub mod types;
 pub mod validate;
 
 use crate::http::error::ApiError;
+use crate::http::generation::submit::{check_model, client_request_id, pinned_rank, DATA_PARALLEL_RANK_HEADER};
 use crate::http::params::JsonRequest;
 use crate::http::state::{unix_now, AppState, SharedState};
-use crate::http::submit::{check_model, client_request_id, pinned_rank, DATA_PARALLEL_RANK_HEADER};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};

@@ -4,9 +4,9 @@
 //! on), and the completions answer as a generate answer.
 
 use super::types::{GenerateBody, GenerateChoice, GenerateResponse};
-use crate::http::completions::CompletionBody;
 use crate::http::error::ApiError;
 use crate::http::params::{parse_body, CommonParams};
+use crate::http::routes::openai::completions::CompletionBody;
 use serde_json::{json, Map, Value};
 use vllm_rs_engine::ids::random_hex;
 

@@ -3,15 +3,15 @@
 
 use super::answer;
 use super::types::{DerenderChatBody, DerenderCompletionBody};
-use crate::http::chat::ChatBody;
-use crate::http::completions::CompletionBody;
 use crate::http::error::ApiError;
-use crate::http::message::ResponseMessage;
+use crate::http::generation::message::ResponseMessage;
+use crate::http::generation::submit::check_model;
+use crate::http::generation::tools::{finish_reason, output_parser, read_chat_tools, whole_message};
 use crate::http::params::{parse_body, JsonRequest};
+use crate::http::routes::openai::chat_completions::ChatBody;
+use crate::http::routes::openai::completions::CompletionBody;
 use crate::http::rules::RULES;
 use crate::http::state::{unix_now, AppState, SharedState};
-use crate::http::submit::check_model;
-use crate::http::tools::{finish_reason, output_parser, read_chat_tools, whole_message};
 use axum::extract::State;
 use axum::response::Response;
 use serde_json::{json, Value};

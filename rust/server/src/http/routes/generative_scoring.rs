@@ -8,12 +8,12 @@
 //! `--max-logprobs` does not limit (the label count is checked against it,
 //! as vLLM's request for that many logprobs is).
 
-use crate::http::answer::generation_error;
 use crate::http::error::ApiError;
+use crate::http::generation::answer::generation_error;
+use crate::http::generation::submit::{check_generates, check_model, submit, Endpoint};
 use crate::http::params::{parse_body, CommonParams, JsonBody};
 use crate::http::rules::RULES;
 use crate::http::state::{AppState, SharedState};
-use crate::http::submit::{check_generates, check_model, submit, Endpoint};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};

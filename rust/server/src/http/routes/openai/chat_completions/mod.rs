@@ -1,24 +1,26 @@
 //! `POST /v1/chat/completions`.
 
-use crate::http::answer::{
+pub mod batch;
+
+use crate::http::error::ApiError;
+use crate::http::generation::answer::{
     answer, stream_choices, stream_usage, whole_answer, whole_choices, AnswerFormat, ChatExtras, ChoiceBody, Fields,
     UsageInfo,
 };
-use crate::http::error::ApiError;
-use crate::http::message::ResponseMessage;
-use crate::http::params::{parse_body, sampling_request, CommonParams, JsonRequest};
-use crate::http::rules::RULES;
-use crate::http::sse::{ChunkHeader, ChunkWriter};
-use crate::http::state::{AppState, SharedState};
-use crate::http::structured::{read_structured_outputs, wire_params};
-use crate::http::submit::{check_generates, check_model, stop_reason_json, submit, Endpoint};
-use crate::http::template_kwargs::{
+use crate::http::generation::message::ResponseMessage;
+use crate::http::generation::sse::{ChunkHeader, ChunkWriter};
+use crate::http::generation::structured::{read_structured_outputs, wire_params};
+use crate::http::generation::submit::{check_generates, check_model, stop_reason_json, submit, Endpoint};
+use crate::http::generation::template_kwargs::{
     apply_reasoning_effort, read_reasoning_effort, read_template_kwargs, thinking_enabled,
 };
-use crate::http::tools::{
+use crate::http::generation::tools::{
     finish_reason, output_parser, read_chat_tools, reasoning_parser, template_extra, whole_message, ChatTools,
     ParsedChatChunks, ToolsInput,
 };
+use crate::http::params::{parse_body, sampling_request, CommonParams, JsonRequest};
+use crate::http::rules::RULES;
+use crate::http::state::{AppState, SharedState};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;

@@ -2,10 +2,10 @@
 //! stream, or one JSON body once the generation finished.
 
 use crate::http::error::ApiError;
+use crate::http::generation::sse::{choices_sse_response, sse_response, ChunkHeader, ChunkWriter, StreamUsage};
+use crate::http::generation::submit::{stop_reason_json, Submitted};
 use crate::http::params::CommonParams;
-use crate::http::sse::{choices_sse_response, sse_response, ChunkHeader, ChunkWriter, StreamUsage};
 use crate::http::state::AppState;
-use crate::http::submit::{stop_reason_json, Submitted};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::future::try_join_all;

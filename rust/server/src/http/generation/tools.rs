@@ -7,13 +7,13 @@
 //! `mistral`, which reads them as `auto`); the output read by
 //! [`ChatOutputParser`], whole and streamed.
 
-use crate::http::answer::{Fields, UsageInfo};
-use crate::http::chat::ChatOpening;
 use crate::http::error::ApiError;
-use crate::http::message::ResponseMessage;
+use crate::http::generation::answer::{Fields, UsageInfo};
+use crate::http::generation::message::ResponseMessage;
+use crate::http::generation::sse::{ChunkHeader, ChunkWriter};
+use crate::http::generation::submit::stop_reason_json;
+use crate::http::routes::openai::chat_completions::ChatOpening;
 use crate::http::rules::RULES;
-use crate::http::sse::{ChunkHeader, ChunkWriter};
-use crate::http::submit::stop_reason_json;
 use axum::body::Bytes;
 use serde_json::{json, Map, Value};
 use std::sync::{Arc, Mutex};
@@ -332,7 +332,7 @@ pub fn template_extra(message: &Map<String, Value>) -> Option<Map<String, Value>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::chat::ChatBody;
+    use crate::http::routes::openai::chat_completions::ChatBody;
     use vllm_rs_chat::chat_template::ChatTemplate;
     use vllm_rs_chat::ChatMessage;
 

@@ -1,0 +1,3 @@
+//! Anthropic's APIs: the Messages API (`messages/`).
+
+pub mod messages;
