@@ -2,8 +2,10 @@
 //! stream, or one JSON body once the generation finished.
 
 use crate::http::error::ApiError;
+use crate::http::generation::failure::generation_error;
 use crate::http::generation::sse::{choices_sse_response, sse_response, ChunkHeader, ChunkWriter, StreamUsage};
 use crate::http::generation::submit::{stop_reason_json, Submitted};
+use crate::http::generation::usage::UsageInfo;
 use crate::http::params::CommonParams;
 use crate::http::state::AppState;
 use axum::response::{IntoResponse, Response};
@@ -11,7 +13,7 @@ use axum::Json;
 use futures_util::future::try_join_all;
 use serde::{Serialize, Serializer};
 use serde_json::value::{to_raw_value, RawValue};
-use vllm_rs_generate::{Generation, GenerationError, Usage, Whole};
+use vllm_rs_generate::{Generation, Usage, Whole};
 
 /// A JSON object written with its keys in the order they were put (values
 /// already JSON: logprobs are written as the Python server writes them).
@@ -51,57 +53,6 @@ pub struct ChoiceBody {
     pub response_prompt_logprobs: Option<Box<RawValue>>,
 }
 
-/// vLLM's `PromptTokenUsageInfo`.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct PromptTokensDetails {
-    /// Prompt tokens the engine found in its prefix cache.
-    pub cached_tokens: Option<usize>,
-}
-
-/// vLLM's `UsageInfo` as its frontend sends it: the details are always
-/// there. `prompt_tokens_details` is `{"cached_tokens": N}` on a whole
-/// answer and on a stream's last usage chunk when the server has
-/// `enable_prompt_tokens_details`, null otherwise (and on the running usage
-/// of every chunk); `completion_tokens_details` is `{"reasoning_tokens": N}`,
-/// N the tokens the reasoning parser classified as reasoning (0 without
-/// one).
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct UsageInfo {
-    /// Tokens in the prompt.
-    pub prompt_tokens: usize,
-    /// Prompt and completion tokens.
-    pub total_tokens: usize,
-    /// Tokens generated.
-    pub completion_tokens: usize,
-    /// Details of the prompt tokens.
-    pub prompt_tokens_details: Option<PromptTokensDetails>,
-    /// Details of the generated tokens (`{"reasoning_tokens": N}`).
-    pub completion_tokens_details: Option<CompletionTokensDetails>,
-}
-
-/// vLLM's `CompletionTokenUsageInfo`.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct CompletionTokensDetails {
-    /// Generated tokens that were reasoning.
-    pub reasoning_tokens: usize,
-}
-
-impl UsageInfo {
-    /// `usage` as vLLM's frontend shows it, with `prompt_tokens_details`
-    /// when `prompt_details` (the server reports them, and this is a whole
-    /// answer or a stream's last usage chunk).
-    pub fn of(usage: Usage, prompt_details: bool) -> Self {
-        UsageInfo {
-            prompt_tokens: usage.prompt_tokens,
-            total_tokens: usage.total_tokens,
-            completion_tokens: usage.completion_tokens,
-            prompt_tokens_details: prompt_details
-                .then_some(PromptTokensDetails { cached_tokens: Some(usage.cached_tokens) }),
-            completion_tokens_details: Some(CompletionTokensDetails { reasoning_tokens: usage.reasoning_tokens }),
-        }
-    }
-}
-
 /// What a whole chat answer has on the response itself, null when not asked for.
 #[derive(Debug, Serialize)]
 pub struct ChatExtras {
@@ -138,21 +89,6 @@ pub struct AnswerFormat<MakeWriter, Content> {
     pub content: Content,
     /// Chat: `prompt_logprobs` and `prompt_token_ids` go on the response.
     pub chat: bool,
-}
-
-/// The HTTP error for a generation that failed after it started, as vLLM's
-/// frontend maps it: a `RequestError` with code `validation_error` is a 400,
-/// a retryable one a 503, any other a 500, each with the engine's message;
-/// ERROR without a reason is a 500; engines that became unusable (dead, hung,
-/// disconnected) a 503.
-pub fn generation_error(error: &GenerationError) -> ApiError {
-    match error {
-        GenerationError::Engine => ApiError::internal(error.to_string()),
-        GenerationError::Rejected(e) if e.code == "validation_error" => ApiError::bad_request(e.message.clone()),
-        GenerationError::Rejected(e) if e.retryable => ApiError::unavailable(e.message.clone()),
-        GenerationError::Rejected(e) => ApiError::internal(e.message.clone()),
-        GenerationError::Unavailable(reason) => ApiError::unavailable(reason.clone()),
-    }
 }
 
 /// Where a stream of `common` carries usage, as vLLM's `should_include_usage`

@@ -2,7 +2,8 @@
 //! error chunk if the generation fails, then `data: [DONE]`. Dropping the
 //! body (client gone) drops the generation, which aborts the request.
 
-use crate::http::generation::answer::{generation_error, UsageInfo};
+use crate::http::generation::failure::generation_error;
+use crate::http::generation::usage::UsageInfo;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;

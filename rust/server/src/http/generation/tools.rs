@@ -8,11 +8,12 @@
 //! [`ChatOutputParser`], whole and streamed.
 
 use crate::http::error::ApiError;
-use crate::http::generation::answer::{Fields, UsageInfo};
+use crate::http::generation::answer::Fields;
+use crate::http::generation::chat_stream::ChatOpening;
 use crate::http::generation::message::ResponseMessage;
 use crate::http::generation::sse::{ChunkHeader, ChunkWriter};
 use crate::http::generation::submit::stop_reason_json;
-use crate::http::routes::openai::chat_completions::ChatOpening;
+use crate::http::generation::usage::UsageInfo;
 use crate::http::rules::RULES;
 use axum::body::Bytes;
 use serde_json::{json, Map, Value};
@@ -332,39 +333,11 @@ pub fn template_extra(message: &Map<String, Value>) -> Option<Map<String, Value>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::routes::openai::chat_completions::ChatBody;
     use vllm_rs_chat::chat_template::ChatTemplate;
     use vllm_rs_chat::ChatMessage;
 
-    fn options(parser: Option<&str>) -> ChatOptions {
-        ChatOptions { auto_tool_parser: parser.map(str::to_owned), ..ChatOptions::default() }
-    }
-
     fn body(value: Value) -> Map<String, Value> {
         value.as_object().unwrap().clone()
-    }
-
-    #[test]
-    fn tool_choice_modes_and_refusals_follow_vllm() {
-        let tool = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}});
-        let read = |b: Value, parser: Option<&str>| {
-            let mut body: ChatBody = serde_json::from_value(b).unwrap();
-            read_chat_tools(&body.take_tools(), &options(parser))
-        };
-        assert_eq!(read(json!({"tools": [tool]}), Some("hermes")).unwrap().mode, "auto");
-        let e = read(json!({"tools": [tool]}), None).unwrap_err();
-        assert_eq!(e.message, RULES.message("auto_tool_choice_disabled", &[]));
-        let named = read(
-            json!({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "f"}}}),
-            Some("hermes"),
-        )
-        .unwrap();
-        assert_eq!((named.mode, named.constraint.unwrap()["json"].clone()), ("named", json!({"type": "object"})));
-        let required = read(json!({"tools": [tool], "tool_choice": "required"}), Some("hermes")).unwrap();
-        assert_eq!(required.constraint.unwrap()["json"]["minItems"], 1);
-        assert_eq!(read(json!({"tools": [tool], "tool_choice": "required"}), Some("mistral")).unwrap().mode, "auto");
-        assert_eq!(read(json!({"tools": []}), None).unwrap_err().param.as_deref(), Some("tools"));
-        assert_eq!(read(json!({"tool_choice": "auto"}), None).unwrap_err().param.as_deref(), Some("tool_choice"));
     }
 
     #[test]

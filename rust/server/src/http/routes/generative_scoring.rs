@@ -9,7 +9,7 @@
 //! as vLLM's request for that many logprobs is).
 
 use crate::http::error::ApiError;
-use crate::http::generation::answer::generation_error;
+use crate::http::generation::failure::generation_error;
 use crate::http::generation::submit::{check_generates, check_model, submit, Endpoint};
 use crate::http::params::{parse_body, CommonParams, JsonBody};
 use crate::http::rules::RULES;

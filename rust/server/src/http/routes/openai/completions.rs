@@ -1,10 +1,11 @@
 //! `POST /v1/completions`.
 
 use crate::http::error::ApiError;
-use crate::http::generation::answer::{answer, stream_usage, AnswerFormat, ChoiceBody, Fields, UsageInfo};
+use crate::http::generation::answer::{answer, stream_usage, AnswerFormat, ChoiceBody, Fields};
 use crate::http::generation::sse::{ChunkHeader, ChunkWriter};
 use crate::http::generation::structured::{read_structured_outputs, wire_params};
 use crate::http::generation::submit::{check_generates, check_model, stop_reason_json, submit, Endpoint};
+use crate::http::generation::usage::UsageInfo;
 use crate::http::params::{parse_body, sampling_request, CommonParams, JsonRequest};
 use crate::http::rules::RULES;
 use crate::http::state::{AppState, SharedState};

@@ -5,10 +5,10 @@ pub mod batch;
 use crate::http::error::ApiError;
 use crate::http::generation::answer::{
     answer, stream_choices, stream_usage, whole_answer, whole_choices, AnswerFormat, ChatExtras, ChoiceBody, Fields,
-    UsageInfo,
 };
+use crate::http::generation::chat_stream::{ChatChunks, ChatOpening};
 use crate::http::generation::message::ResponseMessage;
-use crate::http::generation::sse::{ChunkHeader, ChunkWriter};
+use crate::http::generation::sse::ChunkHeader;
 use crate::http::generation::structured::{read_structured_outputs, wire_params};
 use crate::http::generation::submit::{check_generates, check_model, stop_reason_json, submit, Endpoint};
 use crate::http::generation::template_kwargs::{
@@ -18,22 +18,21 @@ use crate::http::generation::tools::{
     finish_reason, output_parser, read_chat_tools, reasoning_parser, template_extra, whole_message, ChatTools,
     ParsedChatChunks, ToolsInput,
 };
+use crate::http::generation::usage::UsageInfo;
 use crate::http::params::{parse_body, sampling_request, CommonParams, JsonRequest};
 use crate::http::rules::RULES;
 use crate::http::state::{AppState, SharedState};
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::de::IgnoredAny;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use vllm_rs_chat::chat_template::ChatTemplate;
 use vllm_rs_chat::{ChatMessage, ChatTemplateError};
 use vllm_rs_generate::logprobs::{Rendering, TokenStrings};
-use vllm_rs_generate::Delta;
 
 /// Handles a chat completion request, streamed or not.
 pub async fn create_chat_completion(
@@ -451,101 +450,17 @@ pub(crate) fn messages(items: Option<Vec<MessageInput>>) -> Result<Vec<ChatMessa
         .collect()
 }
 
-/// vLLM's `ChatCompletionResponseStreamChoice` as it streams it.
-#[derive(Serialize)]
-struct ChunkChoice<'a> {
-    index: u32,
-    delta: ChunkDelta<'a>,
-    logprobs: Option<Box<RawValue>>,
-    finish_reason: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stop_reason: Option<Value>,
-    /// Set on every chunk after the opening ones, null unless asked for.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    token_ids: Option<Option<&'a [u32]>>,
-}
-
-#[derive(Serialize)]
-struct ChunkDelta<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    role: Option<&'a str>,
-    /// Left out of a chunk that only carries logprobs (vLLM's empty `DeltaMessage`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    content: Option<&'a str>,
-}
-
-/// The first chunks of every choice of a streamed chat answer, as vLLM sends
-/// them: the role (with the prompt's token ids when asked for), then the
-/// echoed last message (`echo`).
-pub struct ChatOpening {
-    /// The role of the answer.
-    pub role: String,
-    /// The echoed text, when there is some.
-    pub echo: Option<String>,
-    /// The prompt's token ids (`return_token_ids`).
-    pub prompt_token_ids: Option<Arc<[u32]>>,
-}
-
-impl ChatOpening {
-    /// The opening chunks of choice `index`; `usage` (prompt only) when
-    /// every chunk carries usage.
-    pub fn chunks(&self, header: &ChunkHeader, index: u32, usage: Option<UsageInfo>) -> Bytes {
-        let opening = |delta| ChunkChoice {
-            index,
-            delta,
-            logprobs: None,
-            finish_reason: None,
-            stop_reason: None,
-            token_ids: None,
-        };
-        let role = opening(ChunkDelta { role: Some(&self.role), content: Some("") });
-        let first = header.event_with_prompt(&[role], usage, self.prompt_token_ids.as_deref());
-        let Some(echo) = &self.echo else { return first };
-        let mut both = first.to_vec();
-        both.extend_from_slice(&header.event(&[opening(ChunkDelta { role: None, content: Some(echo) })], usage));
-        Bytes::from(both)
-    }
-}
-
-/// The chunks of one choice of a streamed chat answer.
-struct ChatChunks {
-    header: ChunkHeader,
-    /// The first chunks.
-    opening: Arc<ChatOpening>,
-    /// The choice's index (streams of n > 1 choices interleave them).
-    index: u32,
-    /// How logprobs are shown, when the request asked for them.
-    rendering: Option<Arc<Rendering>>,
-}
-
-impl ChunkWriter for ChatChunks {
-    fn opening(&self, usage: Option<UsageInfo>) -> Option<Bytes> {
-        Some(self.opening.chunks(&self.header, self.index, usage))
-    }
-
-    fn delta(&self, delta: &Delta, usage: Option<UsageInfo>) -> Bytes {
-        let choice = ChunkChoice {
-            index: self.index,
-            // The finish comes alone, with an empty delta (as vLLM's frontend sends it).
-            delta: ChunkDelta { role: None, content: (!delta.text.is_empty()).then_some(delta.text.as_str()) },
-            logprobs: self.rendering.as_ref().and_then(|r| r.chat_logprobs(delta.scored.as_deref())),
-            finish_reason: delta.finish.as_ref().map(|f| f.reason.as_str()),
-            stop_reason: delta.finish.as_ref().map(|f| stop_reason_json(&f.stop_reason)),
-            token_ids: Some(delta.token_ids.as_deref()),
-        };
-        self.header.event(&[choice], usage)
-    }
-
-    fn usage(&self, usage: UsageInfo) -> Bytes {
-        self.header.event::<ChunkChoice>(&[], Some(usage))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::generation::tools::read_chat_tools;
     use axum::http::StatusCode;
     use serde_json::json;
+    use vllm_rs_config::ChatOptions;
+
+    fn options(parser: Option<&str>) -> ChatOptions {
+        ChatOptions { auto_tool_parser: parser.map(str::to_owned), ..ChatOptions::default() }
+    }
 
     #[test]
     fn continue_final_message_cuts_where_transformers_cuts() {
@@ -648,5 +563,28 @@ mod tests {
         assert_eq!(request.tools.tool_choice, Some(json!("auto")));
         assert!(request.tools.parallel_tool_calls == Some(false) && request.tools.constrained);
         assert_eq!(request.chat_template_kwargs.unwrap()["enable_thinking"], json!(false));
+    }
+
+    #[test]
+    fn tool_choice_modes_and_refusals_follow_vllm() {
+        let tool = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}});
+        let read = |b: Value, parser: Option<&str>| {
+            let mut body: ChatBody = serde_json::from_value(b).unwrap();
+            read_chat_tools(&body.take_tools(), &options(parser))
+        };
+        assert_eq!(read(json!({"tools": [tool]}), Some("hermes")).unwrap().mode, "auto");
+        let e = read(json!({"tools": [tool]}), None).unwrap_err();
+        assert_eq!(e.message, RULES.message("auto_tool_choice_disabled", &[]));
+        let named = read(
+            json!({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+            Some("hermes"),
+        )
+        .unwrap();
+        assert_eq!((named.mode, named.constraint.unwrap()["json"].clone()), ("named", json!({"type": "object"})));
+        let required = read(json!({"tools": [tool], "tool_choice": "required"}), Some("hermes")).unwrap();
+        assert_eq!(required.constraint.unwrap()["json"]["minItems"], 1);
+        assert_eq!(read(json!({"tools": [tool], "tool_choice": "required"}), Some("mistral")).unwrap().mode, "auto");
+        assert_eq!(read(json!({"tools": []}), None).unwrap_err().param.as_deref(), Some("tools"));
+        assert_eq!(read(json!({"tool_choice": "auto"}), None).unwrap_err().param.as_deref(), Some("tool_choice"));
     }
 }

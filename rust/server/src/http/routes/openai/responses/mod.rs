@@ -9,7 +9,7 @@
 pub mod stored;
 
 use crate::http::error::ApiError;
-use crate::http::generation::answer::generation_error;
+use crate::http::generation::failure::generation_error;
 use crate::http::generation::submit::{check_generates, check_model, submit, Endpoint, Submitted};
 use crate::http::generation::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs};
 use crate::http::params::{sampling_request, CommonParams, JsonRequest, SamplingInput};
