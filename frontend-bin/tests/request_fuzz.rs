@@ -12,8 +12,8 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Value};
 use std::time::Duration;
+use vllm_rs_server::http::body::parse_body;
 use vllm_rs_server::http::error::ApiError;
-use vllm_rs_server::http::params::parse_body;
 use vllm_rs_server::http::routes::openai::chat_completions::parse_chat_request;
 use vllm_rs_server::http::routes::openai::completions::parse_completion_request;
 

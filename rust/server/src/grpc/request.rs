@@ -1,9 +1,12 @@
 //! A `GenerateRequest` checked and mapped onto an engine request the way
-//! vLLM's gRPC servicer maps it onto its `SamplingParams`.
+//! vLLM's gRPC servicer maps it onto its `SamplingParams`: its values become
+//! the [`SamplingFields`] the HTTP routes read, and the engine's parameters
+//! are theirs ([`SamplingFields::engine_params`]).
 
 use crate::http::error::ApiError;
 use crate::http::generation::structured::single_constraint;
 use crate::http::rules::RULES;
+use crate::http::sampling::SamplingFields;
 use serde_json::Value;
 use tonic::Status;
 use vllm_rs_grpc::engine::{generate_request, sampling_params::Constraint, GenerateRequest};
@@ -154,7 +157,7 @@ pub fn map_request(request: &GenerateRequest) -> Result<MappedRequest, Status> {
             ));
         }
     }
-    let sampling = SamplingParams {
+    let fields = SamplingFields {
         temperature: Some(f64::from(temperature)),
         top_p: Some(f64::from(top_p)),
         top_k: Some(if params.top_k == 0 { -1 } else { i64::from(params.top_k) }),
@@ -162,15 +165,18 @@ pub fn map_request(request: &GenerateRequest) -> Result<MappedRequest, Status> {
         frequency_penalty: Some(f64::from(params.frequency_penalty)),
         presence_penalty: Some(f64::from(params.presence_penalty)),
         repetition_penalty: Some(f64::from(repetition_penalty)),
-        max_tokens: params.max_tokens.map(u64::from),
-        min_tokens: Some(u64::from(params.min_tokens)),
+        max_tokens: params.max_tokens.map(i64::from),
+        min_tokens: Some(i64::from(params.min_tokens)),
         seed: params.seed.map(i64::from),
+        ignore_eos: Some(params.ignore_eos),
+        prompt_logprobs: params.prompt_logprobs.map(i64::from),
+        ..SamplingFields::default()
+    };
+    let sampling = SamplingParams {
         stop_token_ids: params.stop_token_ids.clone(),
-        ignore_eos: params.ignore_eos,
         structured_outputs,
         logprobs: params.logprobs.map(i64::from),
-        prompt_logprobs: params.prompt_logprobs.map(i64::from),
-        ..SamplingParams::default()
+        ..fields.engine_params()
     };
     Ok(MappedRequest { prompt, sampling, stop: params.stop, stream: request.stream, n, data_parallel_rank })
 }

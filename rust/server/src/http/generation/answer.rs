@@ -6,7 +6,7 @@ use crate::http::generation::failure::generation_error;
 use crate::http::generation::sse::{choices_sse_response, sse_response, ChunkHeader, ChunkWriter, StreamUsage};
 use crate::http::generation::submit::{stop_reason_json, Submitted};
 use crate::http::generation::usage::UsageInfo;
-use crate::http::params::CommonParams;
+use crate::http::sampling::CommonParams;
 use crate::http::state::AppState;
 use axum::response::{IntoResponse, Response};
 use axum::Json;

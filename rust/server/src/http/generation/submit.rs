@@ -2,8 +2,8 @@
 //! model check, length checks, ids, EOS handling, submission to an engine.
 
 use crate::http::error::ApiError;
-use crate::http::params::{check_min_tokens, CommonParams};
 use crate::http::rules::RULES;
+use crate::http::sampling::{check_min_tokens, CommonParams};
 use crate::http::state::{unix_now, unix_now_f64, AppState};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;

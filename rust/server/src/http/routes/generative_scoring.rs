@@ -8,11 +8,12 @@
 //! `--max-logprobs` does not limit (the label count is checked against it,
 //! as vLLM's request for that many logprobs is).
 
+use crate::http::body::{parse_body, JsonBody};
 use crate::http::error::ApiError;
 use crate::http::generation::failure::generation_error;
 use crate::http::generation::submit::{check_generates, check_model, submit, Endpoint};
-use crate::http::params::{parse_body, CommonParams, JsonBody};
 use crate::http::rules::RULES;
+use crate::http::sampling::CommonParams;
 use crate::http::state::{AppState, SharedState};
 use axum::extract::State;
 use axum::http::HeaderMap;

@@ -3,8 +3,8 @@
 //! completions first, then completions; this server runs no pooling models,
 //! so those kinds are never candidates).
 
+use crate::http::body::{parse_body, JsonBody};
 use crate::http::error::ApiError;
-use crate::http::params::{parse_body, JsonBody};
 use crate::http::routes::openai::chat_completions::chat_completion;
 use crate::http::routes::openai::completions::completion;
 use crate::http::rules::RULES;

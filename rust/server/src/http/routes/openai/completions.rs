@@ -1,13 +1,14 @@
 //! `POST /v1/completions`.
 
+use crate::http::body::{parse_body, JsonRequest, SamplingRequest};
 use crate::http::error::ApiError;
 use crate::http::generation::answer::{answer, stream_usage, AnswerFormat, ChoiceBody, Fields};
 use crate::http::generation::sse::{ChunkHeader, ChunkWriter};
 use crate::http::generation::structured::{read_structured_outputs, wire_params};
 use crate::http::generation::submit::{check_generates, check_model, stop_reason_json, submit, Endpoint};
 use crate::http::generation::usage::UsageInfo;
-use crate::http::params::{parse_body, sampling_request, CommonParams, JsonRequest};
 use crate::http::rules::RULES;
+use crate::http::sampling::CommonParams;
 use crate::http::state::{AppState, SharedState};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -58,24 +59,27 @@ pub enum PromptInput {
     TokenIdLists(Vec<Vec<u32>>),
 }
 
-sampling_request! {
-    /// A `/v1/completions` body as sent.
-    pub struct CompletionBody {
-        /// The prompt.
-        prompt: Option<PromptInput>,
-        /// Show the prompt before the completion.
-        echo: Option<bool>,
-        /// Refused: vLLM has no suffix support either.
-        suffix: Option<String>,
-        /// Top logprobs per generated token (-1: the whole vocabulary).
-        logprobs: Option<i64>,
-        /// Refused: this frontend serves no prompt embeddings (vLLM without `--enable-prompt-embeds`).
-        prompt_embeds: Option<IgnoredAny>,
-        /// `json_object` / `json_schema`: a structured-outputs constraint.
-        response_format: Option<Map<String, Value>>,
-        /// vLLM's structured-outputs constraint.
-        structured_outputs: Option<Map<String, Value>>,
-    }
+/// A `/v1/completions` body as sent: the shared sampling fields and [`CompletionFields`].
+pub type CompletionBody = SamplingRequest<CompletionFields>;
+
+/// The fields of a `/v1/completions` body its own, as sent (the sampling fields aside).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct CompletionFields {
+    /// The prompt.
+    pub prompt: Option<PromptInput>,
+    /// Show the prompt before the completion.
+    pub echo: Option<bool>,
+    /// Refused: vLLM has no suffix support either.
+    pub suffix: Option<String>,
+    /// Top logprobs per generated token (-1: the whole vocabulary).
+    pub logprobs: Option<i64>,
+    /// Refused: this frontend serves no prompt embeddings (vLLM without `--enable-prompt-embeds`).
+    pub prompt_embeds: Option<IgnoredAny>,
+    /// `json_object` / `json_schema`: a structured-outputs constraint.
+    pub response_format: Option<Map<String, Value>>,
+    /// vLLM's structured-outputs constraint.
+    pub structured_outputs: Option<Map<String, Value>>,
 }
 
 /// A completion request whose parameters are all read and checked.
@@ -101,12 +105,12 @@ pub fn parse_completion_request(body: &[u8]) -> Result<CompletionRequest, ApiErr
 impl CompletionBody {
     /// Checks every parameter by the rule table, or a 4xx naming the first bad one.
     pub fn validate(mut self) -> Result<CompletionRequest, ApiError> {
-        let mut sampling = self.take_sampling();
+        let mut sampling = std::mem::take(&mut self.sampling);
         let input = self;
-        if let Some(logprobs) = input.logprobs {
+        if let Some(logprobs) = input.route.logprobs {
             RULES.check_int("logprobs", logprobs)?;
         }
-        let echo = input.echo == Some(true);
+        let echo = input.route.echo == Some(true);
         // vLLM's `echo_without_generation`: the engine is asked for one token;
         // without echo, 0 stays a 400 (max_tokens must be at least 1).
         let prompt_only = echo && sampling.max_tokens == Some(0);
@@ -115,24 +119,24 @@ impl CompletionBody {
         }
         let max_tokens = sampling.max_tokens.map(|n| ("max_tokens", n));
         let mut common = sampling.check(max_tokens)?;
-        common.sampling.logprobs = input.logprobs;
+        common.sampling.logprobs = input.route.logprobs;
         if echo && common.sampling.prompt_logprobs.is_none() {
             // vLLM scores an echoed prompt as it scores the completion.
-            common.sampling.prompt_logprobs = input.logprobs;
+            common.sampling.prompt_logprobs = input.route.logprobs;
         }
         common.sampling.structured_outputs =
-            read_structured_outputs(input.structured_outputs.as_ref(), input.response_format.as_ref())?
+            read_structured_outputs(input.route.structured_outputs.as_ref(), input.route.response_format.as_ref())?
                 .map(|fields| wire_params(&fields));
-        if input.suffix.is_some() {
+        if input.route.suffix.is_some() {
             return Err(RULES.refuse("suffix", "suffix_unsupported", &[]));
         }
-        if input.prompt_embeds.is_some() {
+        if input.route.prompt_embeds.is_some() {
             return Err(ApiError::invalid_param(
                 "prompt_embeds",
                 "prompt_embeds is not supported: this server takes text or token id prompts only",
             ));
         }
-        let prompt = match input.prompt {
+        let prompt = match input.route.prompt {
             None => return Err(RULES.refuse("prompt", "prompt_missing", &[])),
             Some(PromptInput::Text(text)) if text.is_empty() => {
                 return Err(RULES.refuse("prompt", "prompt_missing", &[]))

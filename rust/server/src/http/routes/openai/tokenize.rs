@@ -2,10 +2,10 @@
 //! chat messages to token ids (with the count and the model length), and
 //! token ids back to text.
 
+use crate::http::body::JsonRequest;
 use crate::http::error::ApiError;
 use crate::http::generation::submit::check_model;
 use crate::http::generation::template_kwargs::read_template_kwargs;
-use crate::http::params::JsonRequest;
 use crate::http::routes::openai::chat_completions::{messages, MessageInput};
 use crate::http::rules::RULES;
 use crate::http::state::SharedState;

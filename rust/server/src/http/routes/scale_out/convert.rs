@@ -4,9 +4,10 @@
 //! on), and the completions answer as a generate answer.
 
 use super::types::{GenerateBody, GenerateChoice, GenerateResponse};
+use crate::http::body::parse_body;
 use crate::http::error::ApiError;
-use crate::http::params::{parse_body, CommonParams};
 use crate::http::routes::openai::completions::CompletionBody;
+use crate::http::sampling::CommonParams;
 use serde_json::{json, Map, Value};
 use vllm_rs_engine::ids::random_hex;
 
@@ -174,13 +175,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(id, "r1");
-        let sampling = completion.take_sampling();
+        let sampling = std::mem::take(&mut completion.sampling);
         assert_eq!((sampling.max_tokens, sampling.temperature), (Some(3), Some(0.0)));
         assert_eq!((sampling.return_token_ids, sampling.request_id.as_deref()), (Some(true), Some("r1")));
         let (_, mut defaulted) =
             completion_body(body(json!({"token_ids": [5, 6, 7], "sampling_params": {}})), |len| Some(100 - len))
                 .unwrap();
-        assert_eq!(defaulted.take_sampling().max_tokens, Some(97));
+        assert_eq!(std::mem::take(&mut defaulted.sampling).max_tokens, Some(97));
     }
 
     #[test]

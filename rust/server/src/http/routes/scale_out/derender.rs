@@ -3,11 +3,11 @@
 
 use super::answer;
 use super::types::{DerenderChatBody, DerenderCompletionBody};
+use crate::http::body::{parse_body, JsonRequest};
 use crate::http::error::ApiError;
 use crate::http::generation::message::ResponseMessage;
 use crate::http::generation::submit::check_model;
 use crate::http::generation::tools::{finish_reason, output_parser, read_chat_tools, whole_message};
-use crate::http::params::{parse_body, JsonRequest};
 use crate::http::routes::openai::chat_completions::ChatBody;
 use crate::http::routes::openai::completions::CompletionBody;
 use crate::http::rules::RULES;
@@ -74,7 +74,8 @@ pub async fn derender_chat(
             None => ChatBody::default(),
         };
         let tools = read_chat_tools(&chat.take_tools(), &state.config.chat)?;
-        let decode_options = decode_options(chat.skip_special_tokens, chat.spaces_between_special_tokens);
+        let decode_options =
+            decode_options(chat.sampling.skip_special_tokens, chat.sampling.spaces_between_special_tokens);
         let parser = output_parser(&tools, &state.config.chat, true);
         let mut completion_tokens = 0;
         let mut choices = Vec::new();
@@ -128,7 +129,8 @@ pub async fn derender_completion(
             Some(request) => parse_body::<CompletionBody>(&serde_json::to_vec(&request).expect("JSON serializes"))?,
             None => CompletionBody::default(),
         };
-        let decode_options = decode_options(request.skip_special_tokens, request.spaces_between_special_tokens);
+        let decode_options =
+            decode_options(request.sampling.skip_special_tokens, request.sampling.spaces_between_special_tokens);
         let mut choices = Vec::new();
         let mut completion_tokens = 0;
         for response in &generated {

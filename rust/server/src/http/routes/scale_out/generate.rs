@@ -4,9 +4,9 @@
 use super::answer;
 use super::convert;
 use super::types::{AbortBody, GenerateBody};
+use crate::http::body::{parse_body, JsonBody, JsonRequest};
 use crate::http::error::ApiError;
 use crate::http::generation::submit::chat_default_max_tokens;
-use crate::http::params::{parse_body, JsonBody, JsonRequest};
 use crate::http::routes::openai::completions::completion;
 use crate::http::state::SharedState;
 use axum::extract::State;

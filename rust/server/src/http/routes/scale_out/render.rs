@@ -4,15 +4,16 @@
 use super::answer;
 use super::convert;
 use super::types::RenderedRequest;
+use crate::http::body::{JsonBody, JsonRequest};
 use crate::http::error::ApiError;
 use crate::http::generation::submit::{chat_default_max_tokens, check_model, DEFAULT_COMPLETION_MAX_TOKENS};
-use crate::http::params::{CommonParams, JsonBody, JsonRequest};
 use crate::http::routes::anthropic::messages::{
     convert as messages_convert, error::anthropic_error, validate as messages_validate,
 };
 use crate::http::routes::openai::chat_completions::{prepare_chat, ChatBody};
 use crate::http::routes::openai::completions::{prompt_token_ids, CompletionBody};
 use crate::http::routes::openai::responses::{render_response, ResponsesBody};
+use crate::http::sampling::CommonParams;
 use crate::http::state::{AppState, SharedState};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};

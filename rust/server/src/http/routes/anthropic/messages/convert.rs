@@ -11,8 +11,8 @@ use super::types::{
     ToolIn,
 };
 use super::validate::normalized_role;
+use crate::http::body::parse_body;
 use crate::http::error::ApiError;
-use crate::http::params::parse_body;
 use crate::http::routes::openai::chat_completions::ChatBody;
 use serde_json::{json, Map, Value};
 use vllm_rs_engine::ids::random_hex;
@@ -315,7 +315,7 @@ mod tests {
             "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]});
         let parsed: MessagesBody = super::super::validate::parse(&serde_json::to_vec(&body).unwrap()).unwrap();
         let mut chat = chat_body(parsed).unwrap();
-        let sampling = chat.take_sampling();
+        let sampling = std::mem::take(&mut chat.sampling);
         assert_eq!((sampling.max_tokens, sampling.top_k, sampling.stream), (Some(7), Some(3), Some(true)));
         assert_eq!((sampling.temperature, sampling.top_p), (Some(0.5), Some(0.9)));
         assert_eq!(sampling.stream_options.unwrap()["continuous_usage_stats"], json!(true));

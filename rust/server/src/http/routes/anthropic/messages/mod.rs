@@ -11,8 +11,8 @@ pub mod stream;
 pub mod types;
 pub mod validate;
 
+use crate::http::body::JsonBody;
 use crate::http::error::ApiError;
-use crate::http::params::JsonBody;
 use crate::http::routes::openai::chat_completions::{chat_completion, prepare_chat};
 use crate::http::state::SharedState;
 use axum::extract::State;

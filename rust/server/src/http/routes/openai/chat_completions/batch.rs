@@ -6,8 +6,8 @@
 //! the usage summed. Not streamed, no tools, `n` 1 and no beam search, as
 //! in vLLM.
 
+use crate::http::body::{parse_body, JsonBody};
 use crate::http::error::ApiError;
-use crate::http::params::{parse_body, JsonBody};
 use crate::http::routes::openai::chat_completions::{chat_completion, prepare_chat, ChatBody};
 use crate::http::rules::RULES;
 use crate::http::state::SharedState;

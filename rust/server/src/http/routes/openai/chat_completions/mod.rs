@@ -2,6 +2,7 @@
 
 pub mod batch;
 
+use crate::http::body::{parse_body, JsonRequest, SamplingRequest};
 use crate::http::error::ApiError;
 use crate::http::generation::answer::{
     answer, stream_choices, stream_usage, whole_answer, whole_choices, AnswerFormat, ChatExtras, ChoiceBody, Fields,
@@ -19,8 +20,8 @@ use crate::http::generation::tools::{
     ParsedChatChunks, ToolsInput,
 };
 use crate::http::generation::usage::UsageInfo;
-use crate::http::params::{parse_body, sampling_request, CommonParams, JsonRequest};
 use crate::http::rules::RULES;
+use crate::http::sampling::CommonParams;
 use crate::http::state::{AppState, SharedState};
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -98,42 +99,45 @@ struct PartInput {
     text: Option<String>,
 }
 
-sampling_request! {
-    /// A `/v1/chat/completions` body as sent.
-    pub struct ChatBody {
-        /// The conversation.
-        messages: Option<Vec<MessageInput>>,
-        /// The token limit; wins over `max_tokens`.
-        max_completion_tokens: Option<i64>,
-        /// Return logprobs of the generated tokens.
-        logprobs: Option<bool>,
-        /// Top logprobs per generated token (with `logprobs`).
-        top_logprobs: Option<i64>,
-        /// Functions the model may call.
-        tools: Option<Vec<Value>>,
-        /// `none`, `auto`, `required` or a named function.
-        tool_choice: Option<Value>,
-        /// Let the model call several functions at once (default true).
-        parallel_tool_calls: Option<bool>,
-        /// `json_object` / `json_schema`: a structured-outputs constraint.
-        response_format: Option<Map<String, Value>>,
-        /// vLLM's structured-outputs constraint.
-        structured_outputs: Option<Map<String, Value>>,
-        /// End the prompt with the assistant's turn.
-        add_generation_prompt: Option<bool>,
-        /// Leave the final message open for the model to continue.
-        continue_final_message: Option<bool>,
-        /// The reasoning effort the template gets.
-        reasoning_effort: Option<Value>,
-        /// Put the last message before the answer.
-        echo: Option<bool>,
-        /// The request's own chat template.
-        chat_template: Option<String>,
-        /// Variables for the chat template.
-        chat_template_kwargs: Option<Map<String, Value>>,
-        /// Refused: there is no multimodal processor here.
-        mm_processor_kwargs: Option<IgnoredAny>,
-    }
+/// A `/v1/chat/completions` body as sent: the shared sampling fields and [`ChatFields`].
+pub type ChatBody = SamplingRequest<ChatFields>;
+
+/// The fields of a `/v1/chat/completions` body its own, as sent (the sampling fields aside).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ChatFields {
+    /// The conversation.
+    pub messages: Option<Vec<MessageInput>>,
+    /// The token limit; wins over `max_tokens`.
+    pub max_completion_tokens: Option<i64>,
+    /// Return logprobs of the generated tokens.
+    pub logprobs: Option<bool>,
+    /// Top logprobs per generated token (with `logprobs`).
+    pub top_logprobs: Option<i64>,
+    /// Functions the model may call.
+    pub tools: Option<Vec<Value>>,
+    /// `none`, `auto`, `required` or a named function.
+    pub tool_choice: Option<Value>,
+    /// Let the model call several functions at once (default true).
+    pub parallel_tool_calls: Option<bool>,
+    /// `json_object` / `json_schema`: a structured-outputs constraint.
+    pub response_format: Option<Map<String, Value>>,
+    /// vLLM's structured-outputs constraint.
+    pub structured_outputs: Option<Map<String, Value>>,
+    /// End the prompt with the assistant's turn.
+    pub add_generation_prompt: Option<bool>,
+    /// Leave the final message open for the model to continue.
+    pub continue_final_message: Option<bool>,
+    /// The reasoning effort the template gets.
+    pub reasoning_effort: Option<Value>,
+    /// Put the last message before the answer.
+    pub echo: Option<bool>,
+    /// The request's own chat template.
+    pub chat_template: Option<String>,
+    /// Variables for the chat template.
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// Refused: there is no multimodal processor here.
+    pub mm_processor_kwargs: Option<IgnoredAny>,
 }
 
 /// The message of a refused untrusted `chat_template`: vLLM's words.
@@ -149,48 +153,48 @@ impl ChatBody {
     /// Checks every parameter by the rule table, or a 4xx naming the first
     /// bad one; tools and template kwargs are left for the server's options.
     pub fn validate(mut self) -> Result<ChatRequest, ApiError> {
-        let sampling = self.take_sampling();
-        if let Some(top) = self.top_logprobs {
+        let sampling = std::mem::take(&mut self.sampling);
+        if let Some(top) = self.route.top_logprobs {
             RULES.check_int("top_logprobs", top)?;
-            if (top == -1 || top > 0) && self.logprobs != Some(true) {
+            if (top == -1 || top > 0) && self.route.logprobs != Some(true) {
                 return Err(RULES.refuse("top_logprobs", "top_logprobs_without_logprobs", &[]));
             }
         }
-        let continue_final_message = self.continue_final_message == Some(true);
-        if continue_final_message && self.add_generation_prompt == Some(true) {
+        let continue_final_message = self.route.continue_final_message == Some(true);
+        if continue_final_message && self.route.add_generation_prompt == Some(true) {
             return Err(RULES.refuse("continue_final_message", "continue_with_generation_prompt", &[]));
         }
-        if self.mm_processor_kwargs.is_some() {
+        if self.route.mm_processor_kwargs.is_some() {
             return Err(ApiError::invalid_param(
                 "mm_processor_kwargs",
                 "mm_processor_kwargs is not supported: this server has no multimodal processor",
             ));
         }
         // vLLM reads max_completion_tokens when given, else max_tokens.
-        let max_tokens = match (self.max_completion_tokens, sampling.max_tokens) {
+        let max_tokens = match (self.route.max_completion_tokens, sampling.max_tokens) {
             (Some(n), _) => Some(("max_completion_tokens", n)),
             (None, n) => n.map(|n| ("max_tokens", n)),
         };
         let mut common = sampling.check(max_tokens)?;
-        if self.logprobs == Some(true) {
-            common.sampling.logprobs = Some(self.top_logprobs.unwrap_or(0));
+        if self.route.logprobs == Some(true) {
+            common.sampling.logprobs = Some(self.route.top_logprobs.unwrap_or(0));
         }
         common.sampling.structured_outputs =
-            read_structured_outputs(self.structured_outputs.as_ref(), self.response_format.as_ref())?
+            read_structured_outputs(self.route.structured_outputs.as_ref(), self.route.response_format.as_ref())?
                 .map(|fields| wire_params(&fields));
         let tools = self.take_tools();
-        let messages = messages(self.messages)?;
-        let reasoning_effort = read_reasoning_effort(self.reasoning_effort.as_ref(), "reasoning_effort")?;
+        let messages = messages(self.route.messages)?;
+        let reasoning_effort = read_reasoning_effort(self.route.reasoning_effort.as_ref(), "reasoning_effort")?;
         Ok(ChatRequest {
             common,
             messages,
-            add_generation_prompt: self.add_generation_prompt.unwrap_or(!continue_final_message),
+            add_generation_prompt: self.route.add_generation_prompt.unwrap_or(!continue_final_message),
             continue_final_message,
-            echo: self.echo == Some(true),
-            chat_template: self.chat_template,
+            echo: self.route.echo == Some(true),
+            chat_template: self.route.chat_template,
             reasoning_effort,
             tools,
-            chat_template_kwargs: self.chat_template_kwargs,
+            chat_template_kwargs: self.route.chat_template_kwargs,
         })
     }
 
@@ -198,13 +202,14 @@ impl ChatBody {
     pub fn take_tools(&mut self) -> ToolsInput {
         // vLLM refuses its own json/regex/choice constraints next to a named choice.
         let constrained = self
+            .route
             .structured_outputs
             .as_ref()
             .is_some_and(|c| ["json", "regex", "choice"].iter().any(|k| c.get(*k).is_some_and(|v| !v.is_null())));
         ToolsInput {
-            tools: self.tools.take(),
-            tool_choice: self.tool_choice.take(),
-            parallel_tool_calls: self.parallel_tool_calls,
+            tools: self.route.tools.take(),
+            tool_choice: self.route.tool_choice.take(),
+            parallel_tool_calls: self.route.parallel_tool_calls,
             constrained,
         }
     }

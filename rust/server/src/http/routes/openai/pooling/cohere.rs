@@ -11,9 +11,9 @@ use super::types::{
 };
 use super::validate::{chat_prompt, encode, fit_prompts, Cut, Purpose};
 use super::{answer, pool_prompts, require};
+use crate::http::body::JsonRequest;
 use crate::http::error::ApiError;
 use crate::http::generation::submit::{check_model, client_request_id};
-use crate::http::params::JsonRequest;
 use crate::http::state::{AppState, SharedState};
 use axum::extract::State;
 use axum::http::HeaderMap;

@@ -11,9 +11,9 @@ pub mod run;
 pub mod types;
 pub mod validate;
 
+use crate::http::body::JsonRequest;
 use crate::http::error::ApiError;
 use crate::http::generation::submit::{check_model, client_request_id, pinned_rank, DATA_PARALLEL_RANK_HEADER};
-use crate::http::params::JsonRequest;
 use crate::http::state::{unix_now, AppState, SharedState};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

@@ -8,12 +8,13 @@
 
 pub mod stored;
 
+use crate::http::body::{JsonRequest, SamplingRequest};
 use crate::http::error::ApiError;
 use crate::http::generation::failure::generation_error;
 use crate::http::generation::submit::{check_generates, check_model, submit, Endpoint, Submitted};
 use crate::http::generation::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs};
-use crate::http::params::{sampling_request, CommonParams, JsonRequest, SamplingInput};
 use crate::http::rules::RULES;
+use crate::http::sampling::{CommonParams, SamplingFields};
 use crate::http::state::{AppState, SharedState};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -44,66 +45,69 @@ pub async fn create_response(
     }
 }
 
-sampling_request! {
-    /// A `/v1/responses` body as sent.
-    pub struct ResponsesBody {
-        /// Text, or a list of input items.
-        input: Option<Value>,
-        /// The system message.
-        instructions: Option<String>,
-        /// The token limit.
-        max_output_tokens: Option<i64>,
-        /// Refused when not empty.
-        tools: Option<Vec<IgnoredAny>>,
-        /// Only `auto` or `none` (there are no tools).
-        tool_choice: Option<Value>,
-        /// Refused: there is no response store.
-        background: Option<bool>,
-        /// Read with `background`.
-        store: Option<bool>,
-        /// Not found: there is no response store.
-        previous_response_id: Option<String>,
-        /// Refused when it names anything.
-        include: Option<Vec<String>>,
-        /// Only the `text` format.
-        text: Option<TextConfig>,
-        /// `disabled`, or refused `auto`.
-        truncation: Option<String>,
-        /// Repeated in the response object.
-        metadata: Option<BTreeMap<String, String>>,
-        /// Repeated in the response object.
-        user: Option<String>,
-        /// Repeated in the response object.
-        parallel_tool_calls: Option<bool>,
-        /// Repeated in the response object.
-        max_tool_calls: Option<i64>,
-        /// Repeated in the response object.
-        service_tier: Option<String>,
-        /// Repeated in the response object.
-        prompt_cache_key: Option<String>,
-        /// Repeated in the response object.
-        safety_identifier: Option<String>,
-        /// Refused when true.
-        enable_response_messages: Option<bool>,
-        /// Checked and repeated; its `effort` reaches the template.
-        reasoning: Option<Value>,
-        /// Variables for the chat template.
-        chat_template_kwargs: Option<Map<String, Value>>,
-        /// Refused when present and non-null (see `unsupported`).
-        prompt: Option<IgnoredAny>,
-        /// Refused when present and non-null.
-        previous_input_messages: Option<IgnoredAny>,
-        /// Refused when present and non-null.
-        structured_outputs: Option<IgnoredAny>,
-        /// Refused when present and non-null.
-        kv_transfer_params: Option<IgnoredAny>,
-        /// Refused when present and non-null.
-        vllm_xargs: Option<IgnoredAny>,
-        /// Refused when present and non-null.
-        mm_processor_kwargs: Option<IgnoredAny>,
-        /// Refused when present and non-null.
-        media_io_kwargs: Option<IgnoredAny>,
-    }
+/// A `/v1/responses` body as sent: the shared sampling fields and [`ResponsesFields`].
+pub type ResponsesBody = SamplingRequest<ResponsesFields>;
+
+/// The fields of a `/v1/responses` body its own, as sent (the sampling fields aside).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ResponsesFields {
+    /// Text, or a list of input items.
+    pub input: Option<Value>,
+    /// The system message.
+    pub instructions: Option<String>,
+    /// The token limit.
+    pub max_output_tokens: Option<i64>,
+    /// Refused when not empty.
+    pub tools: Option<Vec<IgnoredAny>>,
+    /// Only `auto` or `none` (there are no tools).
+    pub tool_choice: Option<Value>,
+    /// Refused: there is no response store.
+    pub background: Option<bool>,
+    /// Read with `background`.
+    pub store: Option<bool>,
+    /// Not found: there is no response store.
+    pub previous_response_id: Option<String>,
+    /// Refused when it names anything.
+    pub include: Option<Vec<String>>,
+    /// Only the `text` format.
+    pub text: Option<TextConfig>,
+    /// `disabled`, or refused `auto`.
+    pub truncation: Option<String>,
+    /// Repeated in the response object.
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// Repeated in the response object.
+    pub user: Option<String>,
+    /// Repeated in the response object.
+    pub parallel_tool_calls: Option<bool>,
+    /// Repeated in the response object.
+    pub max_tool_calls: Option<i64>,
+    /// Repeated in the response object.
+    pub service_tier: Option<String>,
+    /// Repeated in the response object.
+    pub prompt_cache_key: Option<String>,
+    /// Repeated in the response object.
+    pub safety_identifier: Option<String>,
+    /// Refused when true.
+    pub enable_response_messages: Option<bool>,
+    /// Checked and repeated; its `effort` reaches the template.
+    pub reasoning: Option<Value>,
+    /// Variables for the chat template.
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// Refused when present and non-null (see `unsupported`).
+    pub prompt: Option<IgnoredAny>,
+    /// Refused when present and non-null.
+    pub previous_input_messages: Option<IgnoredAny>,
+    /// Refused when present and non-null.
+    pub structured_outputs: Option<IgnoredAny>,
+    /// Refused when present and non-null.
+    pub kv_transfer_params: Option<IgnoredAny>,
+    /// Refused when present and non-null.
+    pub vllm_xargs: Option<IgnoredAny>,
+    /// Refused when present and non-null.
+    pub mm_processor_kwargs: Option<IgnoredAny>,
+    /// Refused when present and non-null.
+    pub media_io_kwargs: Option<IgnoredAny>,
 }
 
 /// `text`: only its format matters.
@@ -122,7 +126,7 @@ struct TextFormat {
 
 /// A responses request whose parameters are all read and checked.
 struct ResponsesRequest {
-    sampling: SamplingInput,
+    sampling: SamplingFields,
     input: ResponsesBody,
     messages: Vec<ChatMessage>,
     /// `reasoning` as the response object repeats it (null when not given).
@@ -181,34 +185,34 @@ fn parse_responses_request(
     mut input: ResponsesBody,
     default_kwargs: &Map<String, Value>,
 ) -> Result<ResponsesRequest, ApiError> {
-    let sampling = input.take_sampling();
-    if input.prompt.is_some() {
+    let sampling = std::mem::take(&mut input.sampling);
+    if input.route.prompt.is_some() {
         return Err(RULES.refuse("prompt", "prompt_template_unsupported", &[]));
     }
-    if input.background == Some(true) {
-        let key = if input.store == Some(false) { "background_store_false" } else { "background_without_store" };
+    if input.route.background == Some(true) {
+        let key = if input.route.store == Some(false) { "background_store_false" } else { "background_without_store" };
         return Err(RULES.refuse("background", key, &[]));
     }
-    if let Some(id) = &input.previous_response_id {
+    if let Some(id) = &input.route.previous_response_id {
         // vLLM without its response store finds no earlier response.
         return Err(ApiError::response_not_found(RULES.message("response_not_found", &[("response_id", id)])));
     }
     let unsupported = [
-        ("tools", input.tools.as_ref().is_some_and(|tools| !tools.is_empty())),
-        ("previous_input_messages", input.previous_input_messages.is_some()),
-        ("structured_outputs", input.structured_outputs.is_some()),
-        ("kv_transfer_params", input.kv_transfer_params.is_some()),
-        ("vllm_xargs", input.vllm_xargs.is_some()),
-        ("mm_processor_kwargs", input.mm_processor_kwargs.is_some()),
-        ("media_io_kwargs", input.media_io_kwargs.is_some()),
+        ("tools", input.route.tools.as_ref().is_some_and(|tools| !tools.is_empty())),
+        ("previous_input_messages", input.route.previous_input_messages.is_some()),
+        ("structured_outputs", input.route.structured_outputs.is_some()),
+        ("kv_transfer_params", input.route.kv_transfer_params.is_some()),
+        ("vllm_xargs", input.route.vllm_xargs.is_some()),
+        ("mm_processor_kwargs", input.route.mm_processor_kwargs.is_some()),
+        ("media_io_kwargs", input.route.media_io_kwargs.is_some()),
         ("include_stop_str_in_output", sampling.include_stop_str_in_output == Some(true)),
         ("return_token_ids", sampling.return_token_ids == Some(true)),
-        ("enable_response_messages", input.enable_response_messages == Some(true)),
+        ("enable_response_messages", input.route.enable_response_messages == Some(true)),
     ];
     if let Some((param, _)) = unsupported.iter().find(|(_, given)| *given) {
         return Err(RULES.refuse(param, "field_unsupported", &[("param", param)]));
     }
-    match &input.tool_choice {
+    match &input.route.tool_choice {
         None | Some(Value::Null) => {}
         Some(Value::String(choice)) if choice == "auto" || choice == "none" => {}
         Some(Value::String(choice)) => {
@@ -216,20 +220,20 @@ fn parse_responses_request(
         }
         Some(_) => return Err(RULES.refuse("tool_choice", "field_unsupported", &[("param", "tool_choice")])),
     }
-    if let Some(value) = input.include.iter().flatten().next() {
+    if let Some(value) = input.route.include.iter().flatten().next() {
         return Err(RULES.refuse("include", "include_unsupported", &[("value", &format!("{value:?}"))]));
     }
-    if input.text.as_ref().and_then(|text| text.format.as_ref()).is_some_and(|format| format.kind != "text") {
+    if input.route.text.as_ref().and_then(|text| text.format.as_ref()).is_some_and(|format| format.kind != "text") {
         return Err(RULES.refuse("text", "text_format_unsupported", &[]));
     }
-    match input.truncation.as_deref() {
+    match input.route.truncation.as_deref() {
         None | Some("disabled") => {}
         Some("auto") => return Err(RULES.refuse("truncation", "truncation_unsupported", &[])),
         Some(_) => return Err(RULES.wrong_type("truncation")),
     }
-    let messages = input_messages(input.instructions.as_deref(), input.input.as_ref())?;
-    let (reasoning, reasoning_effort) = read_reasoning(input.reasoning.as_ref())?;
-    let template_kwargs = read_template_kwargs(input.chat_template_kwargs.as_ref(), default_kwargs)?;
+    let messages = input_messages(input.route.instructions.as_deref(), input.route.input.as_ref())?;
+    let (reasoning, reasoning_effort) = read_reasoning(input.route.reasoning.as_ref())?;
+    let template_kwargs = read_template_kwargs(input.route.chat_template_kwargs.as_ref(), default_kwargs)?;
     Ok(ResponsesRequest { sampling, input, messages, reasoning, reasoning_effort, template_kwargs })
 }
 
@@ -292,12 +296,12 @@ fn prepare(state: &AppState, body: ResponsesBody) -> Result<(CommonParams, Vec<u
         parse_responses_request(body, &chat.default_template_kwargs)?;
     apply_reasoning_effort(
         &mut template_kwargs,
-        input.chat_template_kwargs.as_ref(),
+        input.route.chat_template_kwargs.as_ref(),
         reasoning_effort.as_deref(),
         &chat.reasoning_effort_map,
     );
     let echo = Echo::new(&sampling, &input, reasoning);
-    let max_output_tokens = input.max_output_tokens.map(|n| ("max_output_tokens", n));
+    let max_output_tokens = input.route.max_output_tokens.map(|n| ("max_output_tokens", n));
     let mut common = sampling.check(max_output_tokens)?;
     common.n = 1; // vLLM's Responses API has no `n`: one choice
     check_model(state, common.model.as_deref())?;
@@ -368,23 +372,23 @@ struct Echo {
 }
 
 impl Echo {
-    fn new(sampling: &SamplingInput, input: &ResponsesBody, reasoning: Option<ReasoningEcho>) -> Self {
+    fn new(sampling: &SamplingFields, input: &ResponsesBody, reasoning: Option<ReasoningEcho>) -> Self {
         Echo {
             reasoning,
-            instructions: input.instructions.clone(),
-            metadata: input.metadata.clone(),
+            instructions: input.route.instructions.clone(),
+            metadata: input.route.metadata.clone(),
             temperature: sampling.temperature.unwrap_or(1.0),
             top_p: sampling.top_p.unwrap_or(1.0),
             presence_penalty: sampling.presence_penalty.unwrap_or(0.0),
             frequency_penalty: sampling.frequency_penalty.unwrap_or(0.0),
-            parallel_tool_calls: input.parallel_tool_calls.unwrap_or(true),
-            max_tool_calls: input.max_tool_calls,
-            service_tier: input.service_tier.clone().unwrap_or_else(|| "auto".into()),
-            truncation: input.truncation.clone().unwrap_or_else(|| "disabled".into()),
-            user: input.user.clone(),
-            prompt_cache_key: input.prompt_cache_key.clone(),
-            safety_identifier: input.safety_identifier.clone(),
-            text: match &input.text {
+            parallel_tool_calls: input.route.parallel_tool_calls.unwrap_or(true),
+            max_tool_calls: input.route.max_tool_calls,
+            service_tier: input.route.service_tier.clone().unwrap_or_else(|| "auto".into()),
+            truncation: input.route.truncation.clone().unwrap_or_else(|| "disabled".into()),
+            user: input.route.user.clone(),
+            prompt_cache_key: input.route.prompt_cache_key.clone(),
+            safety_identifier: input.route.safety_identifier.clone(),
+            text: match &input.route.text {
                 Some(TextConfig { format: Some(_) }) => Some(TextEcho { format: OutputType { kind: "text" } }),
                 _ => None,
             },
@@ -801,7 +805,7 @@ fn stream_events(submitted: Submitted, answer: Answer) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::params::parse_body;
+    use crate::http::body::parse_body;
     use serde_json::json;
 
     fn parse(body: &Value) -> Result<ResponsesRequest, ApiError> {
