@@ -379,7 +379,7 @@ impl EngineClient {
 }
 
 /// The client-facing id of an engine request id: the id less the `-` and 8
-/// hex digits every request gets inside the engines (`server/src/http/submit.rs`).
+/// hex digits every request gets inside the engines (`server/src/http/generation/submit.rs`).
 fn external_id(engine_request_id: &str) -> &str {
     match engine_request_id.rsplit_once('-') {
         Some((external, suffix)) if suffix.len() == 8 && suffix.bytes().all(|b| b.is_ascii_hexdigit()) => external,

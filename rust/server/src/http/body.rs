@@ -1,22 +1,15 @@
 //! Request bodies: the body extractor (408 when it arrives too slowly, 413
-//! when too large), typed request models read with `serde` in one pass (400
-//! naming the field when one has the wrong type), and [`SamplingRequest`],
-//! the body of a generating route: the shared [`SamplingFields`] beside the
-//! route's own fields.
+//! when too large) and typed request models read with `serde` in one pass
+//! (400 naming the field when one has the wrong type).
 
 use crate::http::error::ApiError;
 use crate::http::middleware::body_deadline::is_body_timeout;
 use crate::http::rules::RULES;
-use crate::http::sampling::SamplingFields;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use http_body_util::LengthLimitError;
-use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
-use serde::de::{DeserializeOwned, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer};
-use std::borrow::Cow;
-use std::marker::PhantomData;
+use serde::de::DeserializeOwned;
 
 /// Largest request body accepted (bytes).
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -86,108 +79,10 @@ fn field_error(error: serde_path_to_error::Error<serde_json::Error>) -> ApiError
     }
 }
 
-/// The body of a generating route: the [`SamplingFields`] every generating
-/// route shares and the route's own fields `R` (a struct with
-/// `#[serde(default)]`), read in one pass in the body's order, so the first
-/// bad field is the one named, with its top-level key, as for one struct.
-/// Unknown fields are ignored. A body sent as a JSON array fills `R`'s
-/// fields, then the sampling fields, in order (as serde reads a struct).
-#[derive(Debug, Default)]
-pub struct SamplingRequest<R> {
-    /// The shared sampling fields.
-    pub sampling: SamplingFields,
-    /// The route's own fields.
-    pub route: R,
-}
-
-impl<'de, R: Deserialize<'de>> Deserialize<'de> for SamplingRequest<R> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_struct("SamplingRequest", &[], SamplingRequestVisitor(PhantomData))
-    }
-}
-
-struct SamplingRequestVisitor<R>(PhantomData<R>);
-
-impl<'de, R: Deserialize<'de>> Visitor<'de> for SamplingRequestVisitor<R> {
-    type Value = SamplingRequest<R>;
-
-    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-        formatter.write_str("a request body")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut sampling = SamplingFields::default();
-        let entries = RouteEntries { map: &mut map, sampling: &mut sampling, seen: 0 };
-        let route = R::deserialize(MapAccessDeserializer::new(entries))?;
-        Ok(SamplingRequest { sampling, route })
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let route = R::deserialize(SeqAccessDeserializer::new(&mut seq))?;
-        let sampling = SamplingFields::deserialize(SeqAccessDeserializer::new(&mut seq))?;
-        Ok(SamplingRequest { sampling, route })
-    }
-}
-
-/// A body's entries as the route's fields see them: the sampling fields are
-/// read into `sampling` as they come, every other entry passes through.
-struct RouteEntries<'a, A> {
-    map: &'a mut A,
-    sampling: &'a mut SamplingFields,
-    /// The sampling fields read so far (see [`SamplingFields::read_field`]).
-    seen: u64,
-}
-
-impl<'de, A: MapAccess<'de>> MapAccess<'de> for RouteEntries<'_, A> {
-    type Error = A::Error;
-
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, A::Error> {
-        while let Some(Key(key)) = self.map.next_key()? {
-            if !self.sampling.read_field(&key, self.map, &mut self.seen)? {
-                return seed.deserialize(key.into_deserializer()).map(Some);
-            }
-        }
-        Ok(None)
-    }
-
-    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
-        self.map.next_value_seed(seed)
-    }
-}
-
-/// A key, borrowed from the body when it has no escapes.
-struct Key<'de>(Cow<'de, str>);
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl<'de> Visitor<'de> for KeyVisitor {
-            type Value = Key<'de>;
-
-            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-                formatter.write_str("a field name")
-            }
-
-            fn visit_borrowed_str<E>(self, key: &'de str) -> Result<Self::Value, E> {
-                Ok(Key(Cow::Borrowed(key)))
-            }
-
-            fn visit_str<E>(self, key: &str) -> Result<Self::Value, E> {
-                Ok(Key(Cow::Owned(key.to_owned())))
-            }
-
-            fn visit_string<E>(self, key: String) -> Result<Self::Value, E> {
-                Ok(Key(Cow::Owned(key)))
-            }
-        }
-        deserializer.deserialize_identifier(KeyVisitor)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde::de::IgnoredAny;
+    use serde::Deserialize;
     use serde_json::{json, Map, Value};
 
     #[test]
@@ -211,30 +106,15 @@ mod tests {
         }
         assert!(parse_body::<Map<String, Value>>(&[b'{', 0xff, b'}']).is_err());
         assert_eq!(parse_body::<Map<String, Value>>(b"{\"a\": [1]}").unwrap()["a"], json!([1]));
-        let err = parse_body::<SamplingRequest<RouteFields>>(b"[1]").unwrap_err();
+        assert_eq!(parse_body::<OneField>(br#"{"model": "m"}"#).unwrap().model.as_deref(), Some("m"));
+        let err = parse_body::<OneField>(b"[1]").unwrap_err();
         assert_eq!(err.message, "the request body must be a JSON object");
     }
 
-    /// A route's own fields, for the tests.
+    /// A typed body, for the tests.
     #[derive(Debug, Default, Deserialize)]
     #[serde(default)]
-    struct RouteFields {
-        messages: Option<Vec<String>>,
-    }
-
-    #[test]
-    fn the_first_bad_field_in_the_body_is_named_and_duplicates_are_refused() {
-        let first = |body: &str| parse_body::<SamplingRequest<RouteFields>>(body.as_bytes()).unwrap_err().param;
-        assert_eq!(first(r#"{"max_tokens": "x", "messages": 5}"#).as_deref(), Some("max_tokens"));
-        assert_eq!(first(r#"{"messages": 5, "max_tokens": "x"}"#).as_deref(), Some("messages"));
-        let err = parse_body::<SamplingRequest<RouteFields>>(br#"{"n": 1, "n": 2}"#).unwrap_err();
-        assert!(err.message.contains("duplicate field `n`"), "{}", err.message);
-        let read: SamplingRequest<RouteFields> =
-            parse_body(br#"{"messages": ["a"], "unknown": {"x": 1}, "n": 3}"#).unwrap();
-        assert_eq!((read.route.messages, read.sampling.n), (Some(vec!["a".to_string()]), Some(3)));
-        // An array fills the route's fields, then the sampling fields, as serde reads a struct.
-        let read: SamplingRequest<RouteFields> = parse_body(br#"[null, "model"]"#).unwrap();
-        assert_eq!(read.sampling.model.as_deref(), Some("model"));
-        assert!(parse_body::<SamplingRequest<RouteFields>>(b"[]").is_ok());
+    struct OneField {
+        model: Option<String>,
     }
 }

@@ -1,6 +1,6 @@
 //! The sampling fields every generating request shares ([`SamplingFields`]:
-//! one typed struct, read from the HTTP routes' bodies and built from gRPC's
-//! `SamplingParams`), their checks by the shared rule table ([`RULES`], 400s
+//! one typed struct, read from the HTTP routes' bodies, [`SamplingRequest`]s,
+//! and built from gRPC's `SamplingParams`), their checks by the shared rule table ([`RULES`], 400s
 //! in vLLM's words) into [`CommonParams`], and the engine's
 //! [`SamplingParams`] of them ([`SamplingFields::engine_params`]), so an
 //! engine never receives a request vLLM's `SamplingParams` would refuse.
@@ -12,10 +12,13 @@
 
 use crate::http::error::ApiError;
 use crate::http::rules::RULES;
-use serde::de::{Error as _, MapAccess};
-use serde::Deserialize;
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{DeserializeSeed, Error as _, IntoDeserializer, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
 use vllm_rs_chat::DecodeOptions;
 use vllm_rs_wire::protocol::SamplingParams;
 
@@ -31,8 +34,7 @@ pub enum StopInput {
 
 /// The fields every generating route shares (completions, chat, responses;
 /// vLLM's sampling and request options), as sent: all optional (absent or
-/// null is `None`). A route's body is a [`crate::http::body::SamplingRequest`]
-/// of these and the route's own fields, read in one pass.
+/// null is `None`). A route's body is a [`SamplingRequest`] of these and the route's own fields, read in one pass.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct SamplingFields {
@@ -208,6 +210,104 @@ impl SamplingFields {
             prompt_logprobs: self.prompt_logprobs,
             ..SamplingParams::default()
         }
+    }
+}
+
+/// The body of a generating route: the [`SamplingFields`] every generating
+/// route shares and the route's own fields `R` (a struct with
+/// `#[serde(default)]`), read in one pass in the body's order, so the first
+/// bad field is the one named, with its top-level key, as for one struct.
+/// Unknown fields are ignored. A body sent as a JSON array fills `R`'s
+/// fields, then the sampling fields, in order (as serde reads a struct).
+#[derive(Debug, Default)]
+pub struct SamplingRequest<R> {
+    /// The shared sampling fields.
+    pub sampling: SamplingFields,
+    /// The route's own fields.
+    pub route: R,
+}
+
+impl<'de, R: Deserialize<'de>> Deserialize<'de> for SamplingRequest<R> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_struct("SamplingRequest", &[], SamplingRequestVisitor(PhantomData))
+    }
+}
+
+struct SamplingRequestVisitor<R>(PhantomData<R>);
+
+impl<'de, R: Deserialize<'de>> Visitor<'de> for SamplingRequestVisitor<R> {
+    type Value = SamplingRequest<R>;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("a request body")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut sampling = SamplingFields::default();
+        let entries = RouteEntries { map: &mut map, sampling: &mut sampling, seen: 0 };
+        let route = R::deserialize(MapAccessDeserializer::new(entries))?;
+        Ok(SamplingRequest { sampling, route })
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let route = R::deserialize(SeqAccessDeserializer::new(&mut seq))?;
+        let sampling = SamplingFields::deserialize(SeqAccessDeserializer::new(&mut seq))?;
+        Ok(SamplingRequest { sampling, route })
+    }
+}
+
+/// A body's entries as the route's fields see them: the sampling fields are
+/// read into `sampling` as they come, every other entry passes through.
+struct RouteEntries<'a, A> {
+    map: &'a mut A,
+    sampling: &'a mut SamplingFields,
+    /// The sampling fields read so far (see [`SamplingFields::read_field`]).
+    seen: u64,
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for RouteEntries<'_, A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, A::Error> {
+        while let Some(Key(key)) = self.map.next_key()? {
+            if !self.sampling.read_field(&key, self.map, &mut self.seen)? {
+                return seed.deserialize(key.into_deserializer()).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.map.next_value_seed(seed)
+    }
+}
+
+/// A key, borrowed from the body when it has no escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a field name")
+            }
+
+            fn visit_borrowed_str<E>(self, key: &'de str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Borrowed(key)))
+            }
+
+            fn visit_str<E>(self, key: &str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(key.to_owned())))
+            }
+
+            fn visit_string<E>(self, key: String) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(key)))
+            }
+        }
+        deserializer.deserialize_identifier(KeyVisitor)
     }
 }
 
@@ -567,7 +667,7 @@ fn python_int(text: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::body::{parse_body, SamplingRequest};
+    use crate::http::body::parse_body;
     use axum::http::StatusCode;
     use serde::de::IgnoredAny;
     use serde_json::json;
@@ -732,5 +832,30 @@ mod tests {
         let read: SamplingRequest<IgnoredAny> = parse_body(&serde_json::to_vec(&body).unwrap()).unwrap();
         let derived: SamplingFields = serde_json::from_value(body).unwrap();
         assert_eq!(format!("{:?}", read.sampling), format!("{derived:?}"));
+    }
+
+    /// A route's own fields, for the tests.
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(default)]
+    struct RouteFields {
+        messages: Option<Vec<String>>,
+    }
+
+    #[test]
+    fn the_first_bad_field_in_the_body_is_named_and_duplicates_are_refused() {
+        let first = |body: &str| parse_body::<SamplingRequest<RouteFields>>(body.as_bytes()).unwrap_err().param;
+        assert_eq!(first(r#"{"max_tokens": "x", "messages": 5}"#).as_deref(), Some("max_tokens"));
+        assert_eq!(first(r#"{"messages": 5, "max_tokens": "x"}"#).as_deref(), Some("messages"));
+        let err = parse_body::<SamplingRequest<RouteFields>>(br#"{"n": 1, "n": 2}"#).unwrap_err();
+        assert!(err.message.contains("duplicate field `n`"), "{}", err.message);
+        let read: SamplingRequest<RouteFields> =
+            parse_body(br#"{"messages": ["a"], "unknown": {"x": 1}, "n": 3}"#).unwrap();
+        assert_eq!((read.route.messages, read.sampling.n), (Some(vec!["a".to_string()]), Some(3)));
+        // An array fills the route's fields, then the sampling fields, as serde reads a struct.
+        let read: SamplingRequest<RouteFields> = parse_body(br#"[null, "model"]"#).unwrap();
+        assert_eq!(read.sampling.model.as_deref(), Some("model"));
+        assert!(parse_body::<SamplingRequest<RouteFields>>(b"[]").is_ok());
+        let err = parse_body::<SamplingRequest<RouteFields>>(b"[1]").unwrap_err();
+        assert_eq!(err.message, "the request body must be a JSON object");
     }
 }

@@ -1,6 +1,6 @@
 //! `POST /v1/completions`.
 
-use crate::http::body::{parse_body, JsonRequest, SamplingRequest};
+use crate::http::body::{parse_body, JsonRequest};
 use crate::http::error::ApiError;
 use crate::http::generation::answer::{answer, stream_usage, AnswerFormat, ChoiceBody, Fields};
 use crate::http::generation::sse::{ChunkHeader, ChunkWriter};
@@ -8,7 +8,7 @@ use crate::http::generation::structured::{read_structured_outputs, wire_params};
 use crate::http::generation::submit::{check_generates, check_model, stop_reason_json, submit, Endpoint};
 use crate::http::generation::usage::UsageInfo;
 use crate::http::rules::RULES;
-use crate::http::sampling::CommonParams;
+use crate::http::sampling::{CommonParams, SamplingRequest};
 use crate::http::state::{AppState, SharedState};
 use axum::body::Bytes;
 use axum::extract::State;

@@ -2,7 +2,7 @@
 
 pub mod batch;
 
-use crate::http::body::{parse_body, JsonRequest, SamplingRequest};
+use crate::http::body::{parse_body, JsonRequest};
 use crate::http::error::ApiError;
 use crate::http::generation::answer::{
     answer, stream_choices, stream_usage, whole_answer, whole_choices, AnswerFormat, ChatExtras, ChoiceBody, Fields,
@@ -21,7 +21,7 @@ use crate::http::generation::tools::{
 };
 use crate::http::generation::usage::UsageInfo;
 use crate::http::rules::RULES;
-use crate::http::sampling::CommonParams;
+use crate::http::sampling::{CommonParams, SamplingRequest};
 use crate::http::state::{AppState, SharedState};
 use axum::extract::State;
 use axum::http::HeaderMap;

@@ -8,13 +8,13 @@
 
 pub mod stored;
 
-use crate::http::body::{JsonRequest, SamplingRequest};
+use crate::http::body::JsonRequest;
 use crate::http::error::ApiError;
 use crate::http::generation::failure::generation_error;
 use crate::http::generation::submit::{check_generates, check_model, submit, Endpoint, Submitted};
 use crate::http::generation::template_kwargs::{apply_reasoning_effort, read_reasoning_effort, read_template_kwargs};
 use crate::http::rules::RULES;
-use crate::http::sampling::{CommonParams, SamplingFields};
+use crate::http::sampling::{CommonParams, SamplingFields, SamplingRequest};
 use crate::http::state::{AppState, SharedState};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
