@@ -122,6 +122,34 @@ def test_preempted_requests_resume_natively_as_in_torch(tmp_path):
     assert native == eager
 
 
+def test_int8_kernel_precision_stays_near_the_exact_step(smollm2):
+    """`--kernel-precision int8` reaches the products (the logits move) and
+    stays within its bound's reach: every first sampled row within 10% of the
+    row's largest logit, the first two greedy tokens equal."""
+    prompts = [list(range(1000, 1000 + n)) for n in (5, 37)]
+    exact_out, exact_logits, _ = run_engine(smollm2, prompts, quantization=None)
+    int8_out, int8_logits, core = run_engine(smollm2, prompts, quantization=None, kernel_precision="int8")
+    assert core.runner.native_step is not None
+    for request_id, rows in exact_logits.items():
+        moved = (int8_logits[request_id][0] - rows[0]).abs().max().item()
+        assert 0 < moved < 0.1 * rows[0].abs().max().item(), (request_id, moved)
+        assert int8_out[request_id][:2] == exact_out[request_id][:2]
+
+
+def test_int8_kernel_precision_without_the_native_step_is_refused(smollm2, tmp_path):
+    from vllm_rs.engine.config import EngineConfigError
+
+    needs = "--kernel-precision int8 needs the native step"
+    with pytest.raises(EngineConfigError, match=f"{needs}, which does not run --enforce-eager"):
+        make_engine_config(smollm2, device="cpu", kernel_precision="int8", enforce_eager=True)
+    with pytest.raises(EngineConfigError, match=f"{needs}, which does not run the toy model"):
+        make_engine_config("toy", kernel_precision="int8")
+    gemma = save_safetensors(make_hf_model("gemma3_text", seed=1).to(torch.bfloat16), str(tmp_path / "g"))
+    config = make_engine_config(gemma, device="cpu", max_model_len=64, num_gpu_blocks=8, kernel_precision="int8")
+    with pytest.raises(EngineConfigError, match=f"{needs}, which cannot run this model: Gemma3ForCausalLM"):
+        EngineCore(config)
+
+
 @pytest.mark.parametrize(
     ("case", "reason"),
     [

@@ -84,17 +84,19 @@ def run_engine(
     dtype: str = "float32",
     quantization: str | None = "none",
     enforce_eager: bool = False,
+    kernel_precision: str = "exact",
 ) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], EngineCore]:
     """Greedy outputs and the logits of every sampled position, per request
     (`r0`, `r1`, ..., then `cached`); the last prompt joins once the others
     finished (its prefix is cached). `quantization` "none" converts the
     weights to float32; "gguf" multiplies a GGUF's in place by the Rust
     kernel; None is the engine's default (in place where it can be).
-    `enforce_eager` runs the torch step where the native one could run."""
+    `enforce_eager` runs the torch step where the native one could run;
+    `kernel_precision` is the native step's (`--kernel-precision`)."""
     config = make_engine_config(
         path, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=CHUNK, block_size=8, dtype=dtype,
         kv_cache_memory_bytes=None if device == "cpu" else 1 << 24, device=device,
-        quantization=quantization, enforce_eager=enforce_eager,
+        quantization=quantization, enforce_eager=enforce_eager, kernel_precision=kernel_precision,
     )  # fmt: skip
     core = EngineCore(config)
     logits: dict[str, list[torch.Tensor]] = {}

@@ -64,6 +64,9 @@ KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "int8", "fp8", "fp8_e4m3", "fp
 #: 16-bit caches (values rounded to 16 bits when written: docs/real-models.md,
 #: "KV cache dtype").
 SUPPORTED_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16")
+#: `--kernel-precision`: the native step's products, exact (the default) or
+#: with int8 activations (rust/kernels, `Precision`).
+KERNEL_PRECISIONS = ("exact", "int8")
 
 
 class EngineConfigError(ValueError):
@@ -88,6 +91,8 @@ class ModelConfig:
     #: native step could run it (`--enforce-eager`, vLLM's name for "no
     #: captured or compiled step").
     enforce_eager: bool = False
+    #: The native step's products: "exact" or "int8" (`--kernel-precision`).
+    kernel_precision: str = "exact"
     #: What the engine runs the model as (`--runner`, `--convert`, resolved).
     runner: RunnerChoice = field(default_factory=lambda: RunnerChoice("generate"))
     #: A pooling model's pooler, resolved (the pooling type always set).
@@ -204,6 +209,7 @@ def make_engine_config(
     tokenizer_dir: str | None = None,
     quantization: str | None = None,
     enforce_eager: bool = False,
+    kernel_precision: str = "exact",
     kv_cache_dtype: str = "auto",
     runner: str = "auto",
     convert: str = "auto",
@@ -246,6 +252,7 @@ def make_engine_config(
         ("--dtype", dtype, dtype in DTYPES),
         ("--quantization", quantization, quantization is None or quantization in QUANTIZATIONS),
         ("--kv-cache-dtype", kv_cache_dtype, kv_cache_dtype in KV_CACHE_DTYPES),
+        ("--kernel-precision", kernel_precision, kernel_precision in KERNEL_PRECISIONS),
         (
             "--kv-cache-memory-bytes",
             kv_cache_memory_bytes,
@@ -265,6 +272,14 @@ def make_engine_config(
         device = "cuda" if cuda_available() else "cpu"
     resolved_dtype = resolve_dtype(dtype, spec, device)
     resolved_quantization = resolve_quantization(quantization, spec, device, resolved_dtype)
+    if kernel_precision == "int8":
+        # int8 products exist only in the native step: refuse where it cannot run.
+        why_not = (
+            "--enforce-eager" if enforce_eager else "a pooling model" if choice.is_pooling
+            else f"the {spec.model_type} model" if not real else f"on {device}" if device != "cpu" else None
+        )  # fmt: skip
+        if why_not is not None:
+            raise EngineConfigError(f"--kernel-precision int8 needs the native step, which does not run {why_not}")
     if kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
         raise EngineConfigError(
             f"--kv-cache-dtype {kv_cache_dtype}: not supported by this engine "
@@ -293,6 +308,7 @@ def make_engine_config(
             seed=seed,
             quantization=resolved_quantization,
             enforce_eager=enforce_eager,
+            kernel_precision=kernel_precision,
             runner=choice,
             pooler=pooler,
         ),

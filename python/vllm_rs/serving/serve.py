@@ -348,6 +348,7 @@ def _validate(args: argparse.Namespace) -> tuple[EngineConfig, str | None]:
             kv_cache_memory_bytes=args.kv_cache_memory_bytes,
             quantization=args.quantization,
             enforce_eager=args.enforce_eager,
+            kernel_precision=args.kernel_precision,
             kv_cache_dtype=args.kv_cache_dtype,
             runner=args.runner,
             convert=args.convert,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_rs.engine.config import EngineConfig, kv_bytes_per_token, kv_cache_dtype
+from vllm_rs.engine.config import EngineConfig, EngineConfigError, kv_bytes_per_token, kv_cache_dtype
 from vllm_rs.engine.cpu_threads import keep_torch_on_one_thread, kernel_threads, limit_cpu_threads
 from vllm_rs.engine.kv_cache.prefix_hash import hash_block_tokens
 from vllm_rs.engine.layers.attention import AttentionMetadata, DecodeBatch, SequenceSlice, attends_in_place
@@ -117,7 +117,12 @@ class ModelRunner:
         why_not = "--enforce-eager" if config.model_config.enforce_eager else None
         why_not = why_not or native_step_unsupported(self.model, self.device, self.dtype)
         if why_not is None:
-            self.native_step = NativeStep(self.model)
+            self.native_step = NativeStep(self.model, config.model_config.kernel_precision)
+        elif config.model_config.kernel_precision != "exact":
+            raise EngineConfigError(
+                f"--kernel-precision {config.model_config.kernel_precision} needs the native step, "
+                f"which cannot run this model: {why_not}"
+            )
         logger.info(
             "%s (%s%s) on %s (%d threads, kernels %d): %d KV blocks of %d tokens%s; %s",
             config.model_config.architecture, config.model_config.dtype,

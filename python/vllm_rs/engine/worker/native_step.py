@@ -56,10 +56,11 @@ def _linear(layer: PackedLinear) -> tuple[int, np.ndarray, int, int, np.ndarray 
 class NativeStep:
     """A `llama.CausalLM`'s decoder layers, final norm and output head bound
     to the layers' KV caches (bound already, `bind_kv_cache`), run one step
-    at a time by `forward`. Build only where `native_step_unsupported` is
-    None."""
+    at a time by `forward`, its products at `precision` ("exact" or
+    "int8", `--kernel-precision`). Build only where `native_step_unsupported`
+    is None."""
 
-    def __init__(self, model: CausalLM):
+    def __init__(self, model: CausalLM, precision: str = "exact"):
         c = model.config
         layers = []
         scale = None
@@ -84,7 +85,7 @@ class NativeStep:
         cache_dtype = str(model.model.layers[0].self_attn.attn.kv_cache.dtype).removeprefix("torch.")
         self._stack = _core.DecoderStack(
             shape, _floats(model.inv_freq), layers, _floats(model.model.norm.weight), _linear(model.lm_head), caches,
-            cache_dtype,
+            cache_dtype, precision,
         )  # fmt: skip
 
     def forward(
