@@ -233,21 +233,12 @@ def _make_rust_frontend_manager(vllm_utils: Any, envs: Any) -> type:
 
         def _frontend_args(self, args: argparse.Namespace) -> dict[str, Any]:
             """vLLM's `--args-json` (`api_key` included: `frontend_secrets` takes it out)."""
-            args_dict = jsonify_non_default_args(
+            return rust_frontend.args_json(
+                jsonify_non_default_args(args, exclude=set(rust_frontend.SERVE_ONLY_ARGS)),
                 args,
-                exclude={
-                    "api_server_count",
-                    "data_parallel_rank",
-                    "data_parallel_external_lb",
-                    "data_parallel_hybrid_lb",
-                },
+                envs.VLLM_ENGINE_READY_TIMEOUT_S,
+                envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
             )
-            model_tag = getattr(args, "model_tag", None) or getattr(args, "model", None)
-            if model_tag is not None:
-                args_dict["model_tag"] = model_tag
-            args_dict["engine_ready_timeout_secs"] = envs.VLLM_ENGINE_READY_TIMEOUT_S
-            args_dict["http_timeout_keep_alive"] = envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
-            return args_dict
 
         def _hf_token(self, args: argparse.Namespace) -> None:
             """None: vLLM keeps `hf_token` in `--args-json`."""

@@ -68,27 +68,36 @@ def rust_frontend_command(
     return cmd, inherited_fds
 
 
+#: Arguments that concern only the Python side, never the frontend.
+SERVE_ONLY_ARGS = frozenset(
+    {"api_server_count", "data_parallel_rank", "data_parallel_external_lb", "data_parallel_hybrid_lb"}
+)
+
+
 def rust_frontend_args(args: argparse.Namespace) -> dict[str, Any]:
     """What `--args-json` holds: the arguments of `args` that differ from
     their defaults, less secrets and what only concerns the Python side,
     plus `model_tag`, `engine_ready_timeout_secs` and `http_timeout_keep_alive`."""
-    args_dict = jsonify_non_default_args(
+    return args_json(
+        jsonify_non_default_args(args, exclude=SERVE_ONLY_ARGS | {"api_key", "hf_token", "grpc_port"}),
         args,
-        exclude={
-            "api_key",
-            "hf_token",
-            "api_server_count",
-            "grpc_port",
-            "data_parallel_rank",
-            "data_parallel_external_lb",
-            "data_parallel_hybrid_lb",
-        },
+        envs.engine_ready_timeout_s(),
+        envs.http_timeout_keep_alive(),
     )
+
+
+def args_json(
+    args_dict: dict[str, Any], args: argparse.Namespace, ready_timeout_s: float, keep_alive_s: float
+) -> dict[str, Any]:
+    """`args_dict` (the non-default arguments, as a `jsonify_non_default_args`
+    made them) completed as the frontend reads it: `model_tag` (the model
+    when no tag was given), `engine_ready_timeout_secs` and
+    `http_timeout_keep_alive`."""
     model_tag = getattr(args, "model_tag", None) or getattr(args, "model", None)
     if model_tag is not None:
         args_dict["model_tag"] = model_tag
-    args_dict["engine_ready_timeout_secs"] = envs.engine_ready_timeout_s()
-    args_dict["http_timeout_keep_alive"] = envs.http_timeout_keep_alive()
+    args_dict["engine_ready_timeout_secs"] = ready_timeout_s
+    args_dict["http_timeout_keep_alive"] = keep_alive_s
     return args_dict
 
 
