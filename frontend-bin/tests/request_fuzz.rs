@@ -15,7 +15,7 @@ use std::time::Duration;
 use vllm_rs_server::http::body::parse_body;
 use vllm_rs_server::http::error::ApiError;
 use vllm_rs_server::http::routes::openai::chat_completions::parse_chat_request;
-use vllm_rs_server::http::routes::openai::completions::parse_completion_request;
+use vllm_rs_server::http::routes::openai::completions::validate::parse_completion_request;
 
 /// Parameter names the parsers read, so random objects hit them often.
 const FIELDS: &[&str] = &[

@@ -6,7 +6,7 @@
 use super::types::{GenerateBody, GenerateChoice, GenerateResponse};
 use crate::http::body::parse_body;
 use crate::http::error::ApiError;
-use crate::http::routes::openai::completions::CompletionBody;
+use crate::http::routes::openai::completions::types::CompletionBody;
 use crate::http::sampling::CommonParams;
 use serde_json::{json, Map, Value};
 use vllm_rs_engine::ids::random_hex;

@@ -11,7 +11,8 @@ use crate::http::routes::anthropic::messages::{
     convert as messages_convert, error::anthropic_error, validate as messages_validate,
 };
 use crate::http::routes::openai::chat_completions::{prepare_chat, ChatBody};
-use crate::http::routes::openai::completions::{prompt_token_ids, CompletionBody};
+use crate::http::routes::openai::completions::convert::prompt_token_ids;
+use crate::http::routes::openai::completions::types::CompletionBody;
 use crate::http::routes::openai::responses::{render_response, ResponsesBody};
 use crate::http::sampling::CommonParams;
 use crate::http::state::{AppState, SharedState};
