@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use std::time::Duration;
 use vllm_rs_server::http::body::parse_body;
 use vllm_rs_server::http::error::ApiError;
-use vllm_rs_server::http::routes::openai::chat_completions::parse_chat_request;
+use vllm_rs_server::http::routes::openai::chat_completions::validate::parse_chat_request;
 use vllm_rs_server::http::routes::openai::completions::validate::parse_completion_request;
 
 /// Parameter names the parsers read, so random objects hit them often.

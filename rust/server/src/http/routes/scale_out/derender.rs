@@ -8,7 +8,7 @@ use crate::http::error::ApiError;
 use crate::http::generation::message::ResponseMessage;
 use crate::http::generation::submit::check_model;
 use crate::http::generation::tools::{finish_reason, output_parser, read_chat_tools, whole_message};
-use crate::http::routes::openai::chat_completions::ChatBody;
+use crate::http::routes::openai::chat_completions::types::ChatBody;
 use crate::http::routes::openai::completions::types::CompletionBody;
 use crate::http::rules::RULES;
 use crate::http::state::{unix_now, AppState, SharedState};

@@ -10,7 +10,8 @@ use crate::http::generation::submit::{chat_default_max_tokens, check_model, DEFA
 use crate::http::routes::anthropic::messages::{
     convert as messages_convert, error::anthropic_error, validate as messages_validate,
 };
-use crate::http::routes::openai::chat_completions::{prepare_chat, ChatBody};
+use crate::http::routes::openai::chat_completions::convert::prepare_chat;
+use crate::http::routes::openai::chat_completions::types::ChatBody;
 use crate::http::routes::openai::completions::convert::prompt_token_ids;
 use crate::http::routes::openai::completions::types::CompletionBody;
 use crate::http::routes::openai::responses::{render_response, ResponsesBody};

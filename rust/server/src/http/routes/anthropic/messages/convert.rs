@@ -13,7 +13,7 @@ use super::types::{
 use super::validate::normalized_role;
 use crate::http::body::parse_body;
 use crate::http::error::ApiError;
-use crate::http::routes::openai::chat_completions::ChatBody;
+use crate::http::routes::openai::chat_completions::types::ChatBody;
 use serde_json::{json, Map, Value};
 use vllm_rs_engine::ids::random_hex;
 

@@ -13,7 +13,8 @@ pub mod validate;
 
 use crate::http::body::JsonBody;
 use crate::http::error::ApiError;
-use crate::http::routes::openai::chat_completions::{chat_completion, prepare_chat};
+use crate::http::routes::openai::chat_completions::chat_completion;
+use crate::http::routes::openai::chat_completions::convert::prepare_chat;
 use crate::http::state::SharedState;
 use axum::extract::State;
 use axum::http::HeaderMap;

@@ -8,7 +8,9 @@
 
 use crate::http::body::{parse_body, JsonBody};
 use crate::http::error::ApiError;
-use crate::http::routes::openai::chat_completions::{chat_completion, prepare_chat, ChatBody};
+use crate::http::routes::openai::chat_completions::chat_completion;
+use crate::http::routes::openai::chat_completions::convert::prepare_chat;
+use crate::http::routes::openai::chat_completions::types::ChatBody;
 use crate::http::rules::RULES;
 use crate::http::state::SharedState;
 use axum::extract::State;

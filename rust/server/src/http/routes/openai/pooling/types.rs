@@ -2,7 +2,7 @@
 //! field names: `/v1/embeddings`, `/pooling`, `/classify`, `/score`,
 //! `/rerank`, and Cohere's `/v2/embed`.
 
-use crate::http::routes::openai::chat_completions::MessageInput;
+use crate::http::routes::openai::chat_completions::types::MessageInput;
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

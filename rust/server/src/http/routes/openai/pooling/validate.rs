@@ -5,7 +5,8 @@
 use super::types::{PoolInput, TextOrTexts};
 use crate::http::error::ApiError;
 use crate::http::generation::template_kwargs::read_template_kwargs;
-use crate::http::routes::openai::chat_completions::{messages, MessageInput};
+use crate::http::routes::openai::chat_completions::types::MessageInput;
+use crate::http::routes::openai::chat_completions::validate::messages;
 use crate::http::state::AppState;
 use serde_json::{Map, Value};
 
