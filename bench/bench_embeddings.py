@@ -46,8 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_models import MODELS_DIR, run  # noqa: E402
-from bench.model_servers import find_llama_server, llama_server  # noqa: E402
+from bench.bench_models import MODELS_DIR, BenchInputError, llama_tools, run  # noqa: E402
+from bench.model_servers import llama_server  # noqa: E402
 
 #: The load: clients at once, sentences per request, sentences in all.
 CLIENTS, PER_REQUEST, SENTENCES = 16, 16, 1024
@@ -190,12 +190,10 @@ def llama_gguf(model_dir: str, convert: Path) -> Path:
 
 def llama_side(opts: argparse.Namespace) -> tuple[Path, Path] | str:
     """(llama-server, convert_hf_to_gguf.py), or why that side cannot run."""
-    binary, why = find_llama_server(opts.llama_server)
-    if binary is None:
-        return why
-    convert = (opts.llama_cpp or binary.resolve().parents[2]) / "convert_hf_to_gguf.py"
-    if not convert.is_file():
-        return f"no {convert}: give llama.cpp's source tree with --llama-cpp"
+    try:
+        binary, _, convert = llama_tools(opts)
+    except BenchInputError as e:
+        return str(e)
     return binary, convert
 
 

@@ -28,6 +28,7 @@ from vllm_rs.engine.protocol import EngineCoreOutputs as OurOutputs  # noqa: E40
 from vllm_rs.engine.protocol import EngineCoreRequest as OurRequest  # noqa: E402
 from vllm_rs.engine.protocol import encode_outputs, unpack  # noqa: E402
 
+from tests.conformance.test_request_validation import healthy  # noqa: E402
 from tests.pooling_checkpoints import write_bert, write_cross_encoder  # noqa: E402
 from tests.support.engine_peer import ScriptedEngine  # noqa: E402
 from tests.support.frontend_stack import engine_listeners, rust_frontend  # noqa: E402
@@ -128,17 +129,10 @@ def pooling_frontend(request, tmp_path_factory):
             SimpleNamespace(input_address=listeners.input.address, output_address=listeners.output.address)
         )
         try:
-            wait_until(lambda: _healthy(frontend.port), "the frontend to become healthy")
+            wait_until(lambda: healthy(frontend.port), "the frontend to become healthy")
             yield SimpleNamespace(port=frontend.port, engine=engine, task=request.param)
         finally:
             engine.close()
-
-
-def _healthy(port: int) -> bool:
-    try:
-        return request("GET", port, "/health", timeout_s=5)[0] == 200
-    except OSError:
-        return False
 
 
 def answer_with_vllms_encoder(engine: ScriptedEngine, vectors: dict[str, list[float]]) -> list[EngineCoreRequest]:
