@@ -305,7 +305,7 @@ def run_model(device: str, model: str | None) -> None:
         def _():
             ours, _, core = generate(kind, "float32", 4, 16)
             assert str(core.runner.device).startswith(kind), core.runner.device
-            assert core.runner.kv_caches[0].device.type == kind
+            assert core.runner.executor.kv_caches[0].device.type == kind
             reference, _, _ = generate("cpu", "float32", 4, 16)
             assert ours == reference, (ours, reference)
 

@@ -232,12 +232,16 @@ def toy_config():
 def test_toy_binds_one_kv_cache_per_layer(toy_config):
     core = EngineCore(toy_config)
     runner = core.runner
-    layers = runner.model.attention_layers()
-    assert len(runner.kv_caches) == len(layers) == toy_config.model_config.spec.hparams["num_layers"]
+    layers = runner.executor.model.attention_layers()
+    assert len(runner.executor.kv_caches) == len(layers) == toy_config.model_config.spec.hparams["num_layers"]
     for index, (_, attention) in enumerate(sorted(layers.items())):
         # Bound through the layer's own bind_kv_cache: the tensor itself, as in vLLM 0.33.
-        assert attention.kv_cache is runner.kv_caches[index]
-        assert runner.kv_caches[index].shape[:3] == (2, runner.num_gpu_blocks, toy_config.cache_config.block_size)
+        assert attention.kv_cache is runner.executor.kv_caches[index]
+        assert runner.executor.kv_caches[index].shape[:3] == (
+            2,
+            runner.num_gpu_blocks,
+            toy_config.cache_config.block_size,
+        )
 
 
 def test_toy_seeded_sampling_is_reproducible_whatever_the_batch(toy_config):
@@ -296,7 +300,7 @@ def test_attention_reads_only_the_slots_its_sequences_wrote(dtype):
         core.add_request(request("warm-up", b"the first blocks", max_tokens=4, temperature=0.0))
         run_to_end(core)
         if poison:
-            for cache in core.runner.kv_caches:
+            for cache in core.runner.executor.kv_caches:
                 cache.fill_(math.nan)
         core.add_request(request("short", b"Hi", max_tokens=12, temperature=0.0))
         core.add_request(

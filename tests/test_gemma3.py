@@ -26,7 +26,7 @@ from vllm_rs.engine.core import EngineCore  # noqa: E402
 from vllm_rs.engine.layers.packed_weights import PackedLinear  # noqa: E402
 from vllm_rs.engine.model_loader.registry import resolve_model  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
-from vllm_rs.engine.worker import model_runner  # noqa: E402
+from vllm_rs.engine.worker import torch_executor  # noqa: E402
 
 from tests.support.gemma3_270m import gemma3_270m_path  # noqa: E402
 from tests.support.tiny_models import gemma3_gguf_model, make_hf_model, save_gguf, save_safetensors  # noqa: E402
@@ -68,7 +68,7 @@ def test_safetensors_logits_and_greedy_match_transformers(gemma3, monkeypatch, d
     by torch over gathered keys with a mask (a CUDA or half cache)."""
     model, _, paths = gemma3
     if decodes == "gathered":
-        monkeypatch.setattr(model_runner, "attends_in_place", lambda device, dtype: False)
+        monkeypatch.setattr(torch_executor, "attends_in_place", lambda device, dtype: False)
     _check_against_transformers(model, paths["safetensors"], seed=1)
 
 
@@ -90,7 +90,7 @@ def test_quantized_gguf_read_in_place_matches_transformers_reading_it(gemma3, tm
         str(tmp_path), gguf_file="quantized.gguf", config=gguf_model.config, dtype=torch.float32
     ).eval()
     core = _check_against_transformers(reference, path, seed=4, quantization="gguf")
-    layers = [m for m in core.runner.model.modules() if isinstance(m, PackedLinear)]
+    layers = [m for m in core.runner.executor.model.modules() if isinstance(m, PackedLinear)]
     assert layers and all(m.blocks is not None for m in layers)
 
 

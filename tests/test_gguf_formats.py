@@ -18,8 +18,10 @@ import torch.nn.functional as F
 from vllm_rs import _core
 from vllm_rs.engine import make_engine_config
 from vllm_rs.engine.core import EngineCore
-from vllm_rs.engine.layers.packed_weights import GgufBlocks, PackedLinear
+from vllm_rs.engine.layers.gguf_blocks import GgufBlocks
+from vllm_rs.engine.worker.native_executor import NativeExecutor
 
+from tests.support.executors import linear_blocks
 from tests.support.gguf_blocks import KERNEL_TYPES, random_blocks
 from tests.support.greedy import greedy_with_rows
 from tests.support.tiny_models import make_hf_model, save_gguf
@@ -114,12 +116,12 @@ def test_a_gguf_of_each_type_serves_in_place_as_dequantized(tiny_model, tmp_path
     with caplog.at_level(logging.INFO):
         in_place_tokens, in_place_rows, core = generate(path, "gguf")
     assert "dequantized to float32" not in caplog.text
-    layers = [m for m in core.runner.model.modules() if isinstance(m, PackedLinear)]
-    assert layers and all(isinstance(m.blocks, GgufBlocks) and m.dense is None for m in layers)
+    assert isinstance(core.runner.executor, NativeExecutor), "a file the kernel reads runs without torch"
+    layers = linear_blocks(core).values()
+    assert layers and all(isinstance(blocks, GgufBlocks) for blocks in layers)
     # Qwen2 has no Q/K row permutation: every weight is the file's own pages.
-    assert all(file_backed(m.blocks.rows) for m in layers)
-    assert not any(isinstance(m, torch.nn.Linear) for m in core.runner.model.modules())
-    types = {m.blocks.type for m in layers}
+    assert all(file_backed(blocks.rows) for blocks in layers)
+    types = {blocks.type for blocks in layers}
     assert types == {KERNEL_TYPES[kind][0] for kind in FILES[file].values()}
     tokens, rows, _ = generate(path, "none")
     assert in_place_tokens == tokens
@@ -160,9 +162,8 @@ def test_llama_q_and_k_rows_of_super_blocks_are_unpermuted(tmp_path):
     model = make_hf_model("llama", seed=6, **SIZES)
     path = save_gguf(model, str(tmp_path / "llama-q4_k.gguf"), quant={"": "Q4_K"})
     tokens, rows, core = generate(path, "gguf")
-    for name, module in core.runner.model.named_modules():
-        if isinstance(module, PackedLinear):
-            assert file_backed(module.blocks.rows) != name.endswith(("q_proj", "k_proj")), name
+    for name, blocks in linear_blocks(core).items():
+        assert file_backed(blocks.rows) != name.endswith(("q_proj.weight", "k_proj.weight")), name
     expected_tokens, expected_rows, _ = generate(path, "none")
     assert tokens == expected_tokens
     for request_id, expected in expected_rows.items():
@@ -179,8 +180,8 @@ def test_a_file_with_rows_of_2048_serves_in_place(tmp_path):
     quant = {"attn_v": "Q6_K", "ffn_down": "Q6_K", "output": "Q6_K", "": "Q4_K"}
     path = save_gguf(model, str(tmp_path / "rows-2048.gguf"), quant=quant)
     tokens, rows, core = generate(path, "gguf")
-    layers = [m for m in core.runner.model.modules() if isinstance(m, PackedLinear)]
-    assert {m.blocks.type for m in layers} == {12, 14} and core.runner.model.lm_head.blocks.type == 14
+    layers = linear_blocks(core)
+    assert {blocks.type for blocks in layers.values()} == {12, 14} and layers["lm_head.weight"].type == 14
     expected_tokens, expected_rows, _ = generate(path, "none")
     assert tokens == expected_tokens
     for request_id, expected in expected_rows.items():
@@ -196,7 +197,8 @@ def test_types_the_kernel_does_not_read_are_dequantized_with_one_log_line(tiny_m
         tokens, _, core = generate(path, "gguf")
     notes = [r.getMessage() for r in caplog.records if "dequantized to float32" in r.getMessage()]
     assert len(notes) == 1 and "TQ2_0" in notes[0], notes
-    down = core.runner.model.model.layers[0].mlp.down_proj
+    assert not isinstance(core.runner.executor, NativeExecutor)
+    down = core.runner.executor.model.model.layers[0].mlp.down_proj
     assert down.blocks is None and down.dense.dtype == torch.float32
-    assert core.runner.model.model.layers[0].mlp.up_proj.blocks is not None
+    assert core.runner.executor.model.model.layers[0].mlp.up_proj.blocks is not None
     assert tokens == generate(path, "none")[0]

@@ -66,7 +66,7 @@ def greedy(path: str, quantization: str) -> tuple[dict[str, list[int]], EngineCo
 def test_each_file_is_read_in_place_and_generates_as_dequantized(files, fmt):
     torch.set_num_threads(1)
     tokens, core = greedy(files[fmt], "gguf")
-    layers = [m for m in core.runner.model.modules() if isinstance(m, PackedLinear)]
+    layers = [m for m in core.runner.executor.model.modules() if isinstance(m, PackedLinear)]
     assert layers and all(isinstance(m.blocks, GgufBlocks) for m in layers), fmt
     assert tokens == greedy(files[fmt], "none")[0]
 

@@ -1,6 +1,7 @@
 """The native step (`engine/worker/native_step.py`: the whole decoder in one call
-of `_core.DecoderStack`) against the torch step (`--enforce-eager`) on the
-same weights: every architecture it runs (Llama with Llama 3 RoPE scaling,
+of `_core.DecoderStack`, built from the torch modules' weights or, for a
+GGUF, by the torch-free `native_executor` from the file) against the torch
+step (`--enforce-eager`) on the same weights: every architecture it runs (Llama with Llama 3 RoPE scaling,
 Mistral, Qwen2 with q/k/v biases and tied embeddings, Qwen3 with q/k norms,
 Granite with its multipliers, SmolLM3 with layers without RoPE, Phi-3
 with fused projections, partial rotary and LongRoPE),
@@ -26,7 +27,11 @@ pytest.importorskip("gguf")
 from vllm_rs import _core  # noqa: E402
 from vllm_rs.engine import make_engine_config  # noqa: E402
 from vllm_rs.engine.core import EngineCore  # noqa: E402
+from vllm_rs.engine.model_loader.checkpoint import config_from_hf  # noqa: E402
+from vllm_rs.engine.models.llama import CausalLM  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
+from vllm_rs.engine.worker.native_executor import NativeExecutor  # noqa: E402
+from vllm_rs.engine.worker.native_step import decoder_weight_shapes  # noqa: E402
 
 from tests.support.greedy import run_to_completion
 from tests.support.tiny_models import make_hf_model, save_gguf, save_safetensors  # noqa: E402
@@ -51,7 +56,7 @@ def assert_same_step(path: str, prompts: list[list[int]], quantization: str | No
     logits agree. Returns the native core."""
     native_out, native_logits, native = run_engine(path, prompts, quantization=quantization)
     eager_out, eager_logits, eager = run_engine(path, prompts, quantization=quantization, enforce_eager=True)
-    assert native.runner.native_step is not None and eager.runner.native_step is None
+    assert native.runner.executor.native_step is not None and eager.runner.executor.native_step is None
     assert native.scheduler.kv_cache_manager.block_pool.hits >= 2, "the last prompt should reuse two cached blocks"
     assert native_out == eager_out
     for request_id, rows in eager_logits.items():
@@ -97,6 +102,27 @@ def test_gguf_blocks_step_natively_as_in_torch(tmp_path, name):
     assert_same_step(path, _prompts(model.config.vocab_size, 6), quantization="gguf")
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "granite", "smollm3", "phi3"])
+def test_gguf_files_of_every_family_step_without_torch_as_in_torch(tmp_path, arch):
+    """A GGUF runs on the torch-free executor (`native_executor`), which
+    reads the file by itself: the same logits as the torch modules."""
+    # llama.cpp's smollm3 leaves RoPE out of every 4th layer.
+    sizes = {"num_hidden_layers": 4, "no_rope_layer_interval": 4} if arch == "smollm3" else {}
+    model = make_hf_model(arch, seed=4, **sizes)
+    path = save_gguf(model, str(tmp_path / f"{arch}.gguf"), f16=True)
+    native = assert_same_step(path, _prompts(model.config.vocab_size, 4), quantization="gguf")
+    assert isinstance(native.runner.executor, NativeExecutor)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "granite", "phi3"])
+def test_the_native_steps_weight_list_is_the_torch_modules(arch):
+    """`decoder_weight_shapes` (what the torch-free executor reads from a
+    file) names exactly the weights `llama.CausalLM` holds, with their shapes."""
+    config = config_from_hf(make_hf_model(arch, seed=0).config.to_dict(), arch)
+    module = CausalLM.build(config)
+    assert decoder_weight_shapes(config) == {name: tuple(t.shape) for name, t in module.state_dict().items()}
+
+
 def test_packaged_smollm2_steps_natively_as_in_torch(smollm2):
     prompts = [list(range(1000, 1000 + n)) for n in (5, 37, 64)] + [list(range(1000, 1024)) + [7, 8, 9]]
     assert_same_step(smollm2, prompts)
@@ -111,7 +137,7 @@ def test_preempted_requests_resume_natively_as_in_torch(tmp_path):
         config = make_engine_config(path, device="cpu", max_model_len=64, block_size=4, num_gpu_blocks=16,
                                     max_num_batched_tokens=16, enforce_eager=enforce_eager)  # fmt: skip
         core = EngineCore(config)
-        assert (core.runner.native_step is None) == enforce_eager
+        assert (core.runner.executor.native_step is None) == enforce_eager
         for i, prompt in enumerate(prompts):
             core.add_request(EngineCoreRequest(f"r{i}", prompt, {"temperature": 0.0, "max_tokens": 20}))
         outputs = run_to_completion(core)
@@ -129,7 +155,7 @@ def test_int8_kernel_precision_stays_near_the_exact_step(smollm2):
     prompts = [list(range(1000, 1000 + n)) for n in (5, 37)]
     exact_out, exact_logits, _ = run_engine(smollm2, prompts, quantization=None)
     int8_out, int8_logits, core = run_engine(smollm2, prompts, quantization=None, kernel_precision="int8")
-    assert core.runner.native_step is not None
+    assert core.runner.executor.native_step is not None
     for request_id, rows in exact_logits.items():
         moved = (int8_logits[request_id][0] - rows[0]).abs().max().item()
         assert 0 < moved < 0.1 * rows[0].abs().max().item(), (request_id, moved)
@@ -169,7 +195,7 @@ def test_where_the_native_step_does_not_run_the_engine_says_why(tmp_path, caplog
     with caplog.at_level(logging.INFO):
         config = make_engine_config(path, device="cpu", max_model_len=64, num_gpu_blocks=8, quantization=quantization)
         core = EngineCore(config)
-    assert core.runner.native_step is None
+    assert core.runner.executor.native_step is None
     assert "torch step (" in caplog.text and reason in caplog.text
 
 
@@ -180,7 +206,7 @@ def small_stack(tmp_path_factory):
     path = save_gguf(model, str(tmp_path_factory.mktemp("stack") / "q.gguf"), f16=True)
     assert model.config.hidden_size == HIDDEN
     core = EngineCore(make_engine_config(path, device="cpu", max_model_len=64, num_gpu_blocks=4, block_size=8))
-    return core.runner.native_step, core.runner.model
+    return core.runner.executor.native_step, core.runner.executor.kv_caches
 
 
 #: The tiny models' width.
@@ -225,8 +251,8 @@ def step_args(stack, tokens: int = 2) -> dict[str, np.ndarray]:
     ],
 )
 def test_bad_steps_are_refused_before_the_cache_is_written(small_stack, edit, message):
-    stack, model = small_stack
-    keys, _ = model.model.layers[0].self_attn.attn.cache_arrays()
+    stack, caches = small_stack
+    keys, _ = caches[0]
     keys.fill(7.0)
     args = step_args(stack)
     edit(args)

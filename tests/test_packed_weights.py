@@ -1,7 +1,8 @@
 """`--quantization gguf`: a GGUF's linear weights kept in the file's blocks
 for the Rust kernel (types it does not read held in float32), its
 embeddings read from the file. On the packaged SmolLM2 GGUF (Q4_1 layers,
-Q8_0 embeddings tied to the output head) it is the default on the CPU,
+Q8_0 embeddings tied to the output head) it is the default on the CPU (run
+without torch by the native executor),
 generates the same greedy tokens as the dequantized float32 path with
 logprobs equal up to float32 summation order, holds the blocks zero-copy
 (the permuted Q/K rows excepted) and no float32 copy of a weight, and looks
@@ -22,8 +23,11 @@ import torch.nn.functional as F
 from vllm_rs.engine import make_engine_config
 from vllm_rs.engine.config import EngineConfigError
 from vllm_rs.engine.core import EngineCore
-from vllm_rs.engine.layers.packed_weights import GgufBlocks, GgufEmbedding, PackedLinear
+from vllm_rs.engine.layers.gguf_blocks import GgufBlocks
+from vllm_rs.engine.layers.packed_weights import PackedLinear
+from vllm_rs.engine.worker.native_executor import NativeExecutor
 
+from tests.support.executors import linear_blocks
 from tests.support.greedy import greedy_with_rows
 
 #: SmolLM2 token ids: a chat-formatted question, then plain-text prompts.
@@ -88,17 +92,17 @@ def test_greedy_text_equals_the_dequantized_path(both):
 
 def test_no_float32_copy_of_a_weight_is_kept(both):
     (packed, _), _ = both
-    model = packed.runner.model
-    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
-    packed_layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    executor = packed.runner.executor
+    assert isinstance(executor, NativeExecutor), "the packaged GGUF runs without torch"
+    layers = linear_blocks(packed)
+    config = packed.config.model_config.spec.transformer
     # 7 per layer, and the output head (tied to the embeddings); all Q4_1 or
     # Q8_0 in this GGUF, so all read by the kernel.
-    assert len(packed_layers) == 7 * model.config.num_layers + 1
-    assert all(isinstance(m.blocks, GgufBlocks) and m.dense is None for m in packed_layers)
-    dense = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert len(layers) == 7 * config.num_layers + 1
+    assert all(isinstance(blocks, GgufBlocks) for blocks in layers.values())
+    dense = sum(a.nbytes for a in executor.weights.values() if not isinstance(a, GgufBlocks))
     # Only the RMSNorm weights remain: 2 per layer and the final norm.
-    assert dense == (2 * model.config.num_layers + 1) * model.config.hidden_size * 4
-    assert isinstance(model.model.embed_tokens, GgufEmbedding)
+    assert dense == (2 * config.num_layers + 1) * config.hidden_size * 4
 
 
 def file_backed(array: np.ndarray) -> bool:
@@ -111,10 +115,10 @@ def file_backed(array: np.ndarray) -> bool:
 def test_blocks_are_the_files_own_pages_but_the_permuted_rows(both):
     (packed, _), _ = both
     copied = 0
-    for name, module in packed.runner.model.named_modules():
-        if isinstance(module, PackedLinear):
-            rows = module.blocks.rows
-            permuted = name.endswith(("q_proj", "k_proj"))
+    for name, blocks in linear_blocks(packed).items():
+        if blocks is not None:
+            rows = blocks.rows
+            permuted = name.endswith(("q_proj.weight", "k_proj.weight"))
             assert file_backed(rows) != permuted, name
             copied += rows.nbytes if permuted else 0
     # The Q/K copies: (576 + 192) rows of 18 Q4_1 blocks in each of 30 layers.
@@ -127,12 +131,11 @@ def test_the_blocks_hold_exactly_the_dequantized_weights(both):
     import gguf
 
     (packed, _), (dequantized, _) = both
-    reference = dequantized.runner.model.state_dict()
-    for name, module in packed.runner.model.named_modules():
-        if isinstance(module, PackedLinear):
-            blocks = module.blocks
+    reference = dequantized.runner.executor.model.state_dict()
+    for name, blocks in linear_blocks(packed).items():
+        if blocks is not None:
             weight = gguf.quants.dequantize(blocks.rows, gguf.GGMLQuantizationType(blocks.type))
-            key = "model.embed_tokens.weight" if name == "lm_head" else f"{name}.weight"
+            key = "model.embed_tokens.weight" if name not in reference else name
             assert torch.equal(torch.from_numpy(weight.reshape(blocks.shape)), reference[key]), name
 
 
@@ -151,9 +154,8 @@ def test_a_dense_weight_is_held_in_float32_exactly():
 def test_embeddings_from_the_file_equal_the_dequantized_ones(both):
     (packed, _), (dequantized, _) = both
     ids = torch.tensor([0, 1, 504, 49151, 504, 12345])
-    with torch.inference_mode():
-        ours = packed.runner.model.model.embed_tokens(ids)
-    assert torch.equal(ours, dequantized.runner.model.model.embed_tokens.weight[ids])
+    ours = torch.from_numpy(packed.runner.executor.embeddings.lookup(ids.numpy()))
+    assert torch.equal(ours, dequantized.runner.executor.model.model.embed_tokens.weight[ids])
 
 
 def test_where_gguf_packing_cannot_run_it_is_refused(smollm2):

@@ -19,7 +19,7 @@ from vllm_rs import _core
 from vllm_rs.engine import make_engine_config
 from vllm_rs.engine.core import EngineCore
 from vllm_rs.engine.protocol import EngineCoreRequest
-from vllm_rs.engine.worker import model_runner
+from vllm_rs.engine.worker import torch_executor
 from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 
 BLOCK = 16
@@ -135,8 +135,10 @@ PROMPTS = [[504, 3575, 282, 4649, 314], [504, 2512, 282, 260, 1851, 359], list(r
 
 
 def greedy(path: str) -> dict[str, list[int]]:
+    """The torch step's greedy tokens (`--enforce-eager`: the attention
+    layers, not the native step, read the cache)."""
     config = make_engine_config(path, max_model_len=256, device="cpu", dtype="float32",
-                                kv_cache_memory_bytes=64 << 20)  # fmt: skip
+                                kv_cache_memory_bytes=64 << 20, enforce_eager=True)  # fmt: skip
     core = EngineCore(config)
     torch.set_num_threads(1)
     for i, prompt in enumerate(PROMPTS):
@@ -154,6 +156,6 @@ def test_smollm2_generates_the_gathered_paths_tokens(monkeypatch):
     except ModelNotFoundError as e:
         pytest.skip(f"the packaged SmolLM2 GGUF is not installed: {e}")
     in_place = greedy(path)
-    monkeypatch.setattr(model_runner, "attends_in_place", lambda device, dtype: False)
+    monkeypatch.setattr(torch_executor, "attends_in_place", lambda device, dtype: False)
     assert greedy(path) == in_place
     assert all(len(t) == 24 for t in in_place.values())

@@ -104,7 +104,7 @@ def run_engine(
 
     def recording_sample(rows, requests):
         for row, request in zip(rows, requests, strict=True):
-            logits.setdefault(request.request_id, []).append(row.detach().clone())
+            logits.setdefault(request.request_id, []).append(torch.from_numpy(row.copy()))
         return sample(rows, requests)
 
     core.runner.sampler.sample = recording_sample
@@ -173,7 +173,7 @@ def test_phi3_matches_transformers(tmp_path, fmt):
         path = save_gguf(model, str(tmp_path / "phi3.gguf"), f16=fmt == "gguf-f16")
     assert resolve_model(path).max_position == model.config.original_max_position_embeddings
     core = _check_against_transformers(model, path, seed=2, quantization=None if fmt == "gguf-f16" else "none")
-    assert (core.runner.native_step is not None) == (fmt == "gguf-f16")
+    assert (core.runner.executor.native_step is not None) == (fmt == "gguf-f16")
 
 
 @pytest.mark.parametrize("arch", ["granite", "smollm3"])
@@ -186,7 +186,7 @@ def test_granite_and_smollm3_ggufs_match_transformers(tmp_path, arch, quantizati
     model = make_hf_model(arch, seed=3, **sizes)
     core = _check_against_transformers(model, save_gguf(model, str(tmp_path / f"{arch}.gguf"), f16=True), seed=4,
                                        quantization=quantization)  # fmt: skip
-    assert (core.runner.native_step is not None) == (quantization == "gguf")
+    assert (core.runner.executor.native_step is not None) == (quantization == "gguf")
 
 
 def check_logprobs_against_transformers(model, path: str, quantization: str | None, seed: int) -> EngineCore:
@@ -286,7 +286,7 @@ def test_half_safetensors_multiplied_as_stored_match_transformers(tmp_path, arch
         for param in model.parameters():
             param.copy_(param.to(dtype).float())
     core = _check_against_transformers(model, path, seed=2, quantization=None)
-    ours = core.runner.model
+    ours = core.runner.executor.model
     assert core.config.model_config.quantization == "half"
     layers = [m for m in ours.modules() if isinstance(m, PackedLinear)]
     kind = 30 if dtype == torch.bfloat16 else 1
@@ -388,7 +388,7 @@ def test_smollm2_gguf_matches_transformers(smollm2):
     sample = core.runner.sampler.sample
 
     def recording_sample(logits, requests):
-        rows.append(logits[0].detach().clone())
+        rows.append(torch.from_numpy(logits[0].copy()))
         return sample(logits, requests)
 
     core.runner.sampler.sample = recording_sample

@@ -34,8 +34,8 @@ def test_cuda_greedy_equals_cpu_and_transformers(tmp_path, arch):
     model = make_hf_model(arch, seed=7)
     path = save_safetensors(model, str(tmp_path / arch), None)
     on_gpu, core = greedy(path, "cuda")
-    assert core.runner.kv_caches[0].device.type == "cuda", "the KV cache should live on the GPU"
-    assert next(core.runner.model.parameters()).device.type == "cuda"
+    assert core.runner.executor.kv_caches[0].device.type == "cuda", "the KV cache should live on the GPU"
+    assert next(core.runner.executor.model.parameters()).device.type == "cuda"
     on_cpu, _ = greedy(path, "cpu")
     assert on_gpu == on_cpu
     model = model.to("cuda").eval()
@@ -51,5 +51,5 @@ def test_cuda_greedy_equals_cpu_and_transformers(tmp_path, arch):
 def test_cuda_auto_dtype_is_the_checkpoints_half_dtype(tmp_path):
     path = save_safetensors(make_hf_model("llama", seed=3), str(tmp_path / "llama"), None)
     outputs, core = greedy(path, "cuda", dtype="auto")
-    assert next(core.runner.model.parameters()).dtype in (torch.float16, torch.bfloat16)
+    assert next(core.runner.executor.model.parameters()).dtype in (torch.float16, torch.bfloat16)
     assert all(len(tokens) == MAX_TOKENS for tokens in outputs.values())

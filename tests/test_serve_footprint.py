@@ -1,6 +1,7 @@
 """What `python -m vllm_rs serve` costs in memory with its defaults (the
 packaged SmolLM2 GGUF, one engine): the supervisor, which only supervises,
-maps neither torch nor numpy and stays small; the engine's KV cache becomes
+maps neither torch nor numpy and stays small; the engine serves the GGUF
+with the native step and never loads torch; the engine's KV cache becomes
 resident as blocks are written, so the engine holds far less than the KV
 budget after start and after an answer.
 
@@ -92,3 +93,14 @@ def test_the_engine_holds_far_less_than_its_kv_cache(server, engine):
     )
     assert "Paris" in answer.choices[0].message.content
     assert rss_bytes(pid) < kv_bytes * ENGINE_RSS_FRACTION_OF_KV, "after an answer"
+
+
+def test_the_engine_serves_the_gguf_without_torch(server, engine):
+    pid, _ = engine
+    server.wait_for_line(r"native step \(no torch\)")
+    answer = server.client().completions.create(model=PACKAGED_MODEL_NAME, prompt="The capital of France is",
+                                                temperature=0, max_tokens=4)  # fmt: skip
+    assert answer.choices[0].text.strip()
+    torch_dir = package_dir("torch")
+    loaded = sorted(f for f in mapped_files(pid) if os.path.realpath(f).startswith(torch_dir))
+    assert not loaded, f"the engine has torch mapped: {loaded[:5]}"

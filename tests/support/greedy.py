@@ -19,7 +19,7 @@ def greedy_with_rows(
 
     def recording_sample(logits, requests):
         for row, request in zip(logits, requests, strict=True):
-            rows.setdefault(request.request_id, []).append(torch.log_softmax(row.double(), -1))
+            rows.setdefault(request.request_id, []).append(torch.log_softmax(torch.from_numpy(row).double(), -1))
         return sample(logits, requests)
 
     core.runner.sampler.sample = recording_sample

@@ -1,12 +1,12 @@
 """The threads an engine process computes on, on the CPU: torch's intra-op
 threads and the Rust kernels' (`vllm_rs._core.gguf_matmul`,
-`paged_decode_attention`), whose workers stay up between calls."""
+`paged_decode_attention`), whose workers stay up between calls. Imports
+torch only where torch runs: the native runner's engine never loads it."""
 
 from __future__ import annotations
 
 import os
-
-import torch
+import sys
 
 from vllm_rs.engine.config import EngineConfig
 
@@ -17,7 +17,11 @@ def kernel_threads() -> int:
     """Threads each Rust kernel call is split across: what
     `set_kernel_threads` or `limit_cpu_threads` set, else torch's intra-op
     thread count."""
-    return _kernel_threads if _kernel_threads is not None else torch.get_num_threads()
+    if _kernel_threads is not None:
+        return _kernel_threads
+    import torch
+
+    return torch.get_num_threads()
 
 
 def set_kernel_threads(threads: int) -> None:
@@ -41,7 +45,12 @@ def limit_cpu_threads(config: EngineConfig) -> None:
         spec = config.model_config.spec
         heavy = spec.is_real or spec.is_encoder
         threads = max(1, (os.cpu_count() or 1) // (engines if heavy else engines + 1))
-    torch.set_num_threads(threads)
+    # torch's threads where this process runs torch (its runners import it
+    # before calling this); importing it here would cost a torch-free
+    # engine 6 s and 600 MiB.
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
     set_kernel_threads(threads)
 
 
@@ -62,4 +71,6 @@ def keep_torch_on_one_thread() -> None:
     threads than torch on both: torch's operators of a step are too small
     to split, and its idle OpenMP threads spin on the CPU that the kernel's
     second worker needs (docs/real-model-speed.md, "Threads")."""
+    import torch
+
     torch.set_num_threads(1)

@@ -13,8 +13,6 @@ Why these kernels, with the measurements: docs/real-model-speed.md."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -22,25 +20,8 @@ from torch import nn
 
 from vllm_rs import _core
 from vllm_rs.engine.cpu_threads import kernel_threads
-from vllm_rs.engine.model_loader.gguf_file import KERNEL_BLOCKS, GgufTensor
-
-
-def kernel_reads(ggml_type: int, in_features: int) -> bool:
-    """Whether the Rust kernel multiplies a weight of `ggml_type` with rows
-    of `in_features` in place (its type, rows of whole blocks)."""
-    block = KERNEL_BLOCKS.get(ggml_type)
-    return block is not None and in_features % block == 0
-
-
-@dataclass(frozen=True)
-class GgufBlocks:
-    """A 2-D GGUF tensor of a type the kernel reads, not dequantized: `rows`
-    is `[out, bytes per row]` uint8 (a view of the file's memory map, or a
-    row-permuted copy), `shape` the weight's `(out, in)`."""
-
-    type: int
-    shape: tuple[int, int]
-    rows: np.ndarray
+from vllm_rs.engine.layers.gguf_blocks import GgufBlocks, GgufRows, kernel_reads
+from vllm_rs.engine.model_loader.gguf_file import GgufTensor
 
 
 class PackedLinear(nn.Module):
@@ -103,35 +84,18 @@ def every_matmul_in_kernels(model: nn.Module) -> bool:
 
 
 class GgufEmbedding(nn.Module):
-    """Token embeddings looked up in the GGUF file itself: the rows asked
-    for are dequantized from the memory-mapped file (exactly as the
-    dequantized path loads them: by the Rust kernel's dequantization where
-    it reads the type, else the `gguf` package's), so only the pages of
-    tokens seen are resident, and they are the file's (shared,
+    """Token embeddings looked up in the GGUF file itself (`GgufRows`): only
+    the pages of tokens seen are resident, and they are the file's (shared,
     reclaimable) pages."""
 
     def __init__(self, path: str, tensor: GgufTensor):
         super().__init__()
-        import gguf
-
-        self._type = gguf.GGMLQuantizationType(tensor.type)
-        self.num_embeddings, self.embedding_dim = tensor.shape
-        data = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
-        self._rows = data[tensor.offset : tensor.offset + tensor.num_bytes].reshape(self.num_embeddings, -1)
+        self.rows = GgufRows(path, tensor)
+        self.num_embeddings, self.embedding_dim = self.rows.num_embeddings, self.rows.embedding_dim
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """`[tokens]` ids -> `[tokens, hidden]` float32 rows."""
-        import gguf
-
-        rows = self._rows[input_ids.numpy()]
-        if self._type == gguf.GGMLQuantizationType.F32:
-            values = rows.view(np.float32)
-        elif kernel_reads(self._type, self.embedding_dim):
-            values = np.empty((rows.shape[0], self.embedding_dim), np.float32)
-            _core.gguf_dequantize(rows, values, int(self._type))
-        else:
-            values = gguf.quants.dequantize(rows, self._type)
-        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).view(-1, self.embedding_dim)
+        return torch.from_numpy(self.rows.lookup(input_ids.numpy()))
 
 
 class HalfEmbedding(nn.Module):

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vllm_rs.engine.layers.attention import AttentionMetadata, PagedAttention
 from vllm_rs.engine.layers.layernorm import GemmaRMSNorm
-from vllm_rs.engine.layers.rotary_embedding import apply_rope, rope_inv_freq, rope_tables
+from vllm_rs.engine.layers.rope_frequencies import rope_inv_freq
+from vllm_rs.engine.layers.rotary_embedding import apply_rope, rope_tables
 from vllm_rs.engine.model_loader.checkpoint import TransformerConfig
 from vllm_rs.engine.models.llama import CausalLM
 
@@ -117,14 +119,14 @@ class Gemma3ForCausalLM(CausalLM):
         super().__init__(config)
         self.local_inv_freq: torch.Tensor | None = None
 
-    def init_rope(self, device: torch.device, factors: torch.Tensor | None = None) -> None:
+    def init_rope(self, device: torch.device, factors: np.ndarray | None = None) -> None:
         """Computes both layer kinds' RoPE inverse frequencies on `device`
         (float32): the global layers' with the config's scaling (or a GGUF's
         `factors`), the local layers' from `local_rope_theta`, unscaled."""
         c = self.config
-        self.inv_freq = rope_inv_freq(c, factors).to(device)
+        self.inv_freq = torch.from_numpy(rope_inv_freq(c, factors)).to(device)
         local = replace(c, rope_theta=c.local_rope_theta or c.rope_theta, rope_scaling=None)
-        self.local_inv_freq = rope_inv_freq(local).to(device)
+        self.local_inv_freq = torch.from_numpy(rope_inv_freq(local)).to(device)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, logits_indices: torch.Tensor

@@ -15,13 +15,15 @@ batch-1 decode step of SmolLM2 (docs/real-model-speed.md)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vllm_rs.engine.layers.attention import AttentionMetadata, PagedAttention
 from vllm_rs.engine.layers.layernorm import RMSNorm
-from vllm_rs.engine.layers.rotary_embedding import apply_rope, rope_attention_factor, rope_inv_freq, rope_tables
+from vllm_rs.engine.layers.rope_frequencies import rope_attention_factor, rope_inv_freq
+from vllm_rs.engine.layers.rotary_embedding import apply_rope, rope_tables
 from vllm_rs.engine.model_loader.checkpoint import TransformerConfig
 
 
@@ -129,9 +131,9 @@ class CausalLM(nn.Module):
         with torch.device("meta"):
             return cls(config)
 
-    def init_rope(self, device: torch.device, factors: torch.Tensor | None = None) -> None:
+    def init_rope(self, device: torch.device, factors: np.ndarray | None = None) -> None:
         """Computes RoPE's inverse frequencies on `device` (float32)."""
-        self.inv_freq = rope_inv_freq(self.config, factors).to(device)
+        self.inv_freq = torch.from_numpy(rope_inv_freq(self.config, factors)).to(device)
 
     def attention_layers(self) -> dict[str, PagedAttention]:
         """Layer name -> attention module (the forward context)."""

@@ -91,20 +91,32 @@ def _tensor(array: np.ndarray, torch_dtype: str) -> list[Any]:
     return [torch_dtype, list(array.shape), msgpack.ExtType(RAW_VIEW_EXT, array.tobytes())]
 
 
-def gather(logprobs: Any, token_ids: Any, k: int) -> LogprobsRows:
-    """vLLM's `gather_logprobs` for torch `logprobs` `[rows, vocab]` and the
-    scored `token_ids` `[rows]`: the scored token's logprob and rank, then
-    the top `k`."""
-    import torch
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """The log-probabilities of each row of float32 `logits` `[rows, vocab]`."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
-    token_ids = torch.as_tensor(token_ids, dtype=torch.int64, device=logprobs.device).unsqueeze(-1)
-    scored = logprobs.gather(-1, token_ids)
+
+def gather(logprobs: np.ndarray, token_ids: Any, k: int) -> LogprobsRows:
+    """vLLM's `gather_logprobs` for `logprobs` `[rows, vocab]` (float32) and
+    the scored `token_ids` `[rows]`: the scored token's logprob and rank,
+    then the top `k` (by logprob, ties by token id)."""
+    token_ids = np.asarray(token_ids, dtype=np.int64)[:, None]
+    scored = np.take_along_axis(logprobs, token_ids, axis=-1)
     ranks = (logprobs >= scored).sum(-1)
-    top_values, top_ids = torch.topk(logprobs, k, dim=-1)
+    vocab = logprobs.shape[-1]
+    if k < vocab:
+        top_ids = np.argpartition(-logprobs, k - 1, axis=-1)[:, :k] if k else np.empty((len(logprobs), 0), np.int64)
+        top_values = np.take_along_axis(logprobs, top_ids, axis=-1)
+        order = np.lexsort((top_ids, -top_values), axis=-1)
+        top_ids = np.take_along_axis(top_ids, order, axis=-1)
+    else:
+        top_ids = np.argsort(-logprobs, axis=-1, kind="stable")
+    top_values = np.take_along_axis(logprobs, top_ids, axis=-1)
     return LogprobsRows(
-        torch.cat((token_ids, top_ids), dim=1).cpu().numpy(),
-        torch.cat((scored, top_values), dim=1).float().cpu().numpy(),
-        ranks.cpu().numpy(),
+        np.concatenate((token_ids, top_ids), axis=1),
+        np.concatenate((scored, top_values), axis=1),
+        ranks,
     )
 
 

@@ -20,7 +20,7 @@ from vllm_rs.engine.models.bert import BertEncoder, load_bert
 from vllm_rs.engine.pooling_params import Matryoshka, PoolingParams
 from vllm_rs.engine.sched.output import ModelOutput, StepPlan
 from vllm_rs.engine.sched.request import Request
-from vllm_rs.engine.worker.model_runner import resolve_device
+from vllm_rs.engine.worker.torch_executor import resolve_device
 from vllm_rs.logger import init_logger
 from vllm_rs.tensor_utils import compute_iteration_details
 

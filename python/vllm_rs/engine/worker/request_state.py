@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from vllm_rs.engine.sched.request import Request, SamplingParams
 
@@ -20,7 +20,7 @@ class CachedRequestState:
     #: The scheduler's request: its tokens, blocks and sampling settings (read only).
     request: Request
     #: The request's own generator when it has a seed (None: the sampler's shared one).
-    generator: torch.Generator | None
+    generator: np.random.Generator | None
     #: Prompt positions whose logprobs were computed already (a preempted
     #: request computes its prompt again; they are not scored twice).
     num_prompt_scored: int = 0

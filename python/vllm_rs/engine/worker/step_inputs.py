@@ -1,0 +1,110 @@
+"""A step's inputs staged in host arrays (numpy, no torch): each scheduled
+token's id, position and cache slot, the key slots of every sequence from
+position 0 with each token's first key (`key_starts`), and the rows whose
+logits are wanted (one per sampled request, then the prompt positions whose
+logprobs were asked for). Both executors read the same staging: the native
+one hands the arrays to Rust, the torch one copies them to its device."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllm_rs.engine.sched.output import StepPlan
+from vllm_rs.engine.sched.request import Request
+from vllm_rs.engine.worker.request_state import CachedRequestState
+
+
+@dataclass
+class StagedStep:
+    """A step staged in the host arrays: each request's `(first row, end
+    row, first key, keys, first position)`, the requests sampled, the
+    prompt positions scored, the key slots staged (`num_keys`), the tokens
+    and the logits rows wanted."""
+
+    ranges: list[tuple[int, int, int, int, int]]
+    sample_requests: list[CachedRequestState]
+    prompt_scores: list[tuple[CachedRequestState, list[int]]]
+    num_keys: int
+    num_tokens: int
+    num_rows: int
+
+
+@dataclass
+class StepInputs:
+    """The host arrays (int64) a step is staged in, sized for the largest
+    step: `max_num_batched_tokens` tokens, `max_num_seqs` full sequences of
+    keys. An executor may pass arrays of its own (the host halves of its
+    device buffers)."""
+
+    block_size: int
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    key_slots: np.ndarray
+    key_starts: np.ndarray
+    logits_indices: np.ndarray
+
+    @classmethod
+    def allocate(cls, block_size: int, max_tokens: int, max_seqs: int, max_model_len: int) -> StepInputs:
+        """Fresh arrays for steps of at most `max_tokens` tokens over
+        `max_seqs` sequences of `max_model_len`."""
+        sizes = step_array_sizes(max_tokens, max_seqs, max_model_len)
+        return cls(block_size, *(np.empty(n, np.int64) for n in sizes))
+
+    def stage(self, plan: StepPlan, state_of: Callable[[Request], CachedRequestState]) -> StagedStep:
+        """Fills the arrays for `plan`; `state_of` gives the runner's state
+        of each request (a sampled request's logits row goes first, the
+        prompt positions scored after all of them)."""
+        ids, positions, slots = self.input_ids, self.positions, self.slot_mapping
+        key_slots, key_starts = self.key_slots, self.key_starts
+        block_offsets = np.arange(self.block_size, dtype=np.int64)
+        ranges = []
+        sample_requests = []
+        # (request, prompt tokens scored): the logits rows of prompt positions
+        # go after the sampled rows, so sampling sees a contiguous block.
+        prompt_scores: list[tuple[CachedRequestState, list[int]]] = []
+        prompt_rows: list[np.ndarray] = []
+        row = key_row = 0
+        for request in plan.requests:
+            state = state_of(request)
+            n = plan.num_scheduled_tokens[request.request_id]
+            start_pos = request.num_computed_tokens
+            end_pos = start_pos + n
+            ids[row : row + n] = request.tokens(start_pos, end_pos)
+            positions[row : row + n] = np.arange(start_pos, end_pos)
+            blocks = np.asarray(request.block_ids[: -(-end_pos // self.block_size)], dtype=np.int64)
+            all_slots = (blocks[:, None] * self.block_size + block_offsets).reshape(-1)[:end_pos]
+            slots[row : row + n] = all_slots[start_pos:end_pos]
+            key_slots[key_row : key_row + end_pos] = all_slots
+            key_starts[row : row + n] = key_row
+            ranges.append((row, row + n, key_row, end_pos, start_pos))
+            if end_pos == request.num_tokens:
+                self.logits_indices[len(sample_requests)] = row + n - 1
+                sample_requests.append(state)
+            first = max(start_pos, state.num_prompt_scored)
+            last = min(end_pos, request.num_prompt_tokens - 1)
+            if request.sampling.prompt_logprobs is not None and first < last:
+                # Position p scores prompt token p + 1.
+                prompt_scores.append((state, request.prompt_token_ids[first + 1 : last + 1]))
+                prompt_rows.append(np.arange(row + first - start_pos, row + last - start_pos))
+                state.num_prompt_scored = last
+            row += n
+            key_row += end_pos
+        num_rows = len(sample_requests)
+        if prompt_rows:
+            extra = np.concatenate(prompt_rows)
+            self.logits_indices[num_rows : num_rows + len(extra)] = extra
+            num_rows += len(extra)
+        return StagedStep(ranges, sample_requests, prompt_scores, key_row, row, num_rows)
+
+
+def step_array_sizes(max_tokens: int, max_seqs: int, max_model_len: int) -> tuple[int, ...]:
+    """The lengths of `StepInputs`' arrays after `block_size`: ids,
+    positions, slots (one per token), key slots (every sequence's keys), key
+    starts (one per token), logits rows (one per sampled request, plus
+    every prompt position when prompt logprobs are asked for)."""
+    max_keys = max_seqs * max_model_len
+    return (max_tokens, max_tokens, max_tokens, max_keys, max_tokens, max_seqs + max_tokens)
