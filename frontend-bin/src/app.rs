@@ -24,6 +24,7 @@ use vllm_rs_engine::sockets::{open_engine_listener, SocketSource};
 use vllm_rs_engine::zmtp::FrameLimits;
 use vllm_rs_engine::EngineClient;
 use vllm_rs_metrics::Metrics;
+use vllm_rs_model_files::class_labels::ClassLabels;
 use vllm_rs_model_files::generation_config::GenerationConfig;
 use vllm_rs_model_files::HubCache;
 use vllm_rs_server::http::middleware::first_response::on_first_response;
@@ -36,6 +37,7 @@ struct Startup {
     tls: Option<tokio_rustls::TlsAcceptor>,
     tokenizer: Arc<dyn Tokenizer>,
     generation_config: Arc<GenerationConfig>,
+    class_labels: ClassLabels,
     http: ListeningSocket,
     grpc: Option<ListeningSocket>,
     input: SocketSource,
@@ -137,6 +139,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
     let tokenizer = load_tokenizer(&config, &hub)?;
     let tls = config.http_layers.tls.as_ref().map(vllm_rs_server::tls::acceptor).transpose()?;
     let generation_config = Arc::new(GenerationConfig::for_server(&config, &hub)?);
+    let class_labels = ClassLabels::for_server(&config, &hub)?;
     let http = adopt_listening_socket(args.listen_fd, "listen-fd")?;
     let grpc = args.grpc_listen_fd.map(vllm_rs_server::grpc::server::adopt).transpose()?;
     let source = |fd: Option<i32>, address: Option<String>, flag: &str| -> Result<SocketSource, ExitError> {
@@ -153,6 +156,7 @@ fn validate(args: FrontendArgs) -> Result<Startup, ExitError> {
         tls,
         tokenizer,
         generation_config,
+        class_labels,
         http,
         grpc,
         input,
@@ -219,6 +223,7 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         tls,
         tokenizer,
         generation_config,
+        class_labels,
         http,
         grpc,
         input,
@@ -269,6 +274,7 @@ async fn run_server(startup: Startup) -> anyhow::Result<()> {
         config,
         tokenizer,
         generation_config,
+        class_labels,
         engines: engines.clone(),
         metrics,
         max_model_len,

@@ -13,7 +13,7 @@
 //! The frontend applies it to requests; `serve` loads it too (through
 //! `vllm_rs._core`), only to refuse a bad one before anything starts.
 
-use crate::{HubCache, BUILTIN_MODELS};
+use crate::{served_model_dir, HubCache};
 use serde_json::{Map, Value};
 use std::path::Path;
 use vllm_rs_config::error::ExitError;
@@ -112,15 +112,7 @@ impl GenerationConfig {
     /// found"), which is logged.
     pub fn for_server(config: &ServerConfig, hub: &HubCache) -> Result<Self, ExitError> {
         let files = &config.model_files;
-        let model = files.model.as_deref().unwrap_or(&config.model_tag);
-        let model_dir = match hub.locate(model, files.revision.as_deref()) {
-            Ok(dir) => Some(dir),
-            Err(_) if BUILTIN_MODELS.contains(&model) => None,
-            Err(e) => {
-                tracing::warn!("no generation config of the model: {e}");
-                None
-            }
-        };
+        let model_dir = served_model_dir(config, hub, "generation config");
         let source = GenerationConfigSource {
             mode: &files.generation_config,
             overrides: &files.override_generation_config,
@@ -279,7 +271,7 @@ fn read_config_dir(dir: &Path) -> Result<Option<Map<String, Value>>, ExitError> 
 }
 
 /// A JSON file, `None` when it does not exist.
-fn read_json(path: &Path) -> Result<Option<Value>, ExitError> {
+pub(crate) fn read_json(path: &Path) -> Result<Option<Value>, ExitError> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

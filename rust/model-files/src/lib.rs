@@ -9,6 +9,7 @@
 //! have no files: they are never looked for or downloaded. The frontend and
 //! `serve` (through `vllm_rs._core`) both find models here.
 
+pub mod class_labels;
 pub mod generation_config;
 pub mod weights;
 
@@ -17,7 +18,7 @@ use hf_hub::{Cache, Repo, RepoType};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use vllm_rs_config::EnvLookup;
+use vllm_rs_config::{EnvLookup, ServerConfig};
 
 pub use weights::WeightsError;
 
@@ -319,6 +320,23 @@ impl HubCache {
             }
         };
         Err(Box::new(LocateError { name: name.to_owned(), revision: revision.to_owned(), looked, why }))
+    }
+}
+
+/// The folder of the server's model (`model` of `--args-json`, else
+/// `model_tag`), located as the tokenizer is, at `revision`. None for a
+/// built-in model, which has no files, and for one that cannot be found,
+/// logged as a warning that its `what` is not read.
+pub fn served_model_dir(config: &ServerConfig, hub: &HubCache, what: &str) -> Option<PathBuf> {
+    let files = &config.model_files;
+    let model = files.model.as_deref().unwrap_or(&config.model_tag);
+    match hub.locate(model, files.revision.as_deref()) {
+        Ok(dir) => Some(dir),
+        Err(_) if BUILTIN_MODELS.contains(&model) => None,
+        Err(e) => {
+            tracing::warn!("no {what} of the model: {e}");
+            None
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use vllm_rs_chat::Tokenizer;
 use vllm_rs_config::ServerConfig;
 use vllm_rs_engine::EngineClient;
 use vllm_rs_metrics::Metrics;
+use vllm_rs_model_files::class_labels::ClassLabels;
 use vllm_rs_model_files::generation_config::GenerationConfig;
 
 /// The server's shared state.
@@ -15,6 +16,8 @@ pub struct AppState {
     pub tokenizer: Arc<dyn Tokenizer>,
     /// Sampling defaults, `max_tokens` cap and extra EOS ids of the model's generation config.
     pub generation_config: Arc<GenerationConfig>,
+    /// The class names `/classify` answers (the classifier's `id2label`).
+    pub class_labels: ClassLabels,
     /// The engines.
     pub engines: EngineClient,
     /// Request metrics.

@@ -5,6 +5,7 @@
 use super::types::{CohereEmbeddingType, CohereEmbeddings};
 use base64::Engine;
 use serde_json::Value;
+use vllm_rs_model_files::class_labels::ClassLabels;
 
 /// How embeddings are written (`encoding_format`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,10 +50,11 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
-/// The label of the most likely class (`LABEL_<n>`, transformers' default names).
-pub fn label(probs: &[f32]) -> String {
+/// The name of the most likely class (the first of equals, as NumPy's
+/// `argmax`) in `labels`, as vLLM 0.33 looks it up in `id2label`.
+pub fn label(probs: &[f32], labels: &ClassLabels) -> String {
     let best = probs.iter().enumerate().fold(0, |best, (i, &p)| if p > probs[best] { i } else { best });
-    format!("LABEL_{best}")
+    labels.name(best)
 }
 
 /// Document indices by score, best first (ties keep request order), cut to
@@ -130,7 +132,15 @@ mod tests {
         assert_eq!(cosine(&[0.0, 0.0], &[1.0, 0.0]), 0.0);
         assert_eq!(ranking(&[0.1, 0.9, 0.5], None), vec![1, 2, 0]);
         assert_eq!(ranking(&[0.1, 0.9, 0.5], Some(2)), vec![1, 2]);
-        assert_eq!(label(&[0.2, 0.7, 0.1]), "LABEL_1");
+    }
+
+    #[test]
+    fn the_best_class_is_named_from_id2label_else_label_n() {
+        let labels: ClassLabels = [(0, "negative".to_owned()), (1, "positive".to_owned())].into_iter().collect();
+        assert_eq!(label(&[0.2, 0.8], &labels), "positive");
+        assert_eq!(label(&[0.5, 0.5], &labels), "negative", "the first of equals");
+        assert_eq!(label(&[0.2, 0.1, 0.7], &labels), "LABEL_2", "a class id2label does not name");
+        assert_eq!(label(&[0.2, 0.7, 0.1], &ClassLabels::default()), "LABEL_1");
     }
 
     #[test]

@@ -221,7 +221,12 @@ async fn classify(
     let data = vectors
         .into_iter()
         .enumerate()
-        .map(|(index, probs)| ClassifyData { index, label: label(&probs), num_classes: probs.len(), probs })
+        .map(|(index, probs)| ClassifyData {
+            index,
+            label: label(&probs, &state.class_labels),
+            num_classes: probs.len(),
+            probs,
+        })
         .collect();
     let model = state.config.primary_model_name().to_string();
     Ok(ListResponse { id, object: "list", created: unix_now(), model, data, usage: Usage::of(prompt_tokens) })

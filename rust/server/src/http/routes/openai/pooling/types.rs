@@ -173,7 +173,7 @@ pub struct PoolingData {
 pub struct ClassifyData {
     /// The input's index.
     pub index: usize,
-    /// The most likely class's label (`LABEL_<n>`).
+    /// The most likely class's name: its `id2label` entry, else `LABEL_<n>`.
     pub label: String,
     /// Each class's score.
     pub probs: Vec<f32>,
