@@ -77,13 +77,15 @@ def write_bert(path: str, seed: int = 0, st_pooling: str | None = None, normaliz
     return path
 
 
-def write_cross_encoder(path: str, num_labels: int = 1, seed: int = 0) -> str:
-    """A BertForSequenceClassification folder with `num_labels` outputs."""
+def write_cross_encoder(path: str, num_labels: int = 1, seed: int = 0, id2label: dict[int, str] | None = None) -> str:
+    """A BertForSequenceClassification folder with `num_labels` outputs, or
+    one per class of `id2label` (the class names its config.json carries)."""
     import torch
     from transformers import BertForSequenceClassification
 
     torch.manual_seed(seed)
-    BertForSequenceClassification(bert_config(num_labels=num_labels)).eval().save_pretrained(path)
+    labels = {"num_labels": num_labels} if id2label is None else {"id2label": id2label}
+    BertForSequenceClassification(bert_config(**labels)).eval().save_pretrained(path)
     write_tokenizer(path)
     return path
 

@@ -91,6 +91,35 @@ def test_cross_encoder_scores_reranks_and_classifies(tmp_path):
         assert status == 400 and json.loads(data)["error"]["message"] == "The model does not support Embeddings API"
 
 
+def test_classify_names_the_best_class_from_id2label(tmp_path):
+    """A classifier whose config.json names its classes: `/classify`
+    answers transformers' softmax and the name of its best class, as vLLM
+    takes it from `id2label`."""
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    names = {0: "negative", 1: "positive"}
+    path = write_cross_encoder(str(tmp_path / "sentiment"), id2label=names)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = BertForSequenceClassification.from_pretrained(path).eval()
+    batch = [tokenizer(text, return_tensors="pt") for text in TEXTS]
+    # Random weights favour one class for every input, which a label that
+    # ignored the scores would pass: widen the classifier and move its bias
+    # to the middle of the inputs' logit differences, so they split.
+    with torch.no_grad():
+        model.classifier.weight *= 100
+        logits = torch.cat([model(**enc).logits for enc in batch])
+        margins = logits[:, 1] - logits[:, 0]
+        model.classifier.bias[1] -= (margins.max() + margins.min()) / 2
+        want = torch.cat([torch.softmax(model(**enc).logits, -1) for enc in batch]).numpy()
+    model.save_pretrained(path)
+    assert sorted(set(want.argmax(-1))) == [0, 1], want
+    with serving("--model", path, "--port", "0", "--host", "127.0.0.1") as serve:
+        classified = post(serve, "/classify", {"input": TEXTS})
+    np.testing.assert_allclose([d["probs"] for d in classified["data"]], want, atol=1e-5, rtol=0)
+    assert [d["label"] for d in classified["data"]] == [names[int(i)] for i in want.argmax(-1)]
+    assert [d["num_classes"] for d in classified["data"]] == [2] * len(TEXTS)
+
+
 def test_a_decoder_embeds_chat_messages_with_runner_pooling(tmp_path):
     """Qwen3 with `--runner pooling`: a chat conversation embeds as its
     rendered template's tokens do, and equals transformers' last hidden
