@@ -1,4 +1,5 @@
-"""Tiny random-init Llama, Qwen2, Qwen3, Granite, SmolLM3 and Gemma 3 checkpoints written with
+"""Tiny random-init Llama, Qwen2, Qwen3, Granite, SmolLM3, Gemma 3 and
+mixture-of-experts (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE) checkpoints written with
 `transformers` (the numeric reference), saved as safetensors and as GGUF
 (written with `gguf`'s GGUFWriter the way llama.cpp's converter writes them:
 its tensor names, its Q/K row permutation for the llama architecture, its
@@ -97,7 +98,29 @@ CONFIGS = {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         },
     ),
-}
+    # The mixtures of experts: several experts, top 2, each router's own
+    # normalization; Qwen-MoE with dense layers among the sparse ones.
+    "mixtral": dict(
+        architectures=["MixtralForCausalLM"], rope_theta=10000.0, tie_word_embeddings=False, sliding_window=None,
+        num_local_experts=6, num_experts_per_tok=2,
+    ),
+    "olmoe": dict(
+        architectures=["OlmoeForCausalLM"], rope_theta=10000.0, tie_word_embeddings=False, num_experts=6,
+        num_experts_per_tok=2, norm_topk_prob=False, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+    ),
+    # Layer 1 dense (`mlp_only_layers`); a shared expert with its gate; q/k/v bias.
+    "qwen2_moe": dict(
+        architectures=["Qwen2MoeForCausalLM"], rope_theta=1000000.0, tie_word_embeddings=False,
+        num_hidden_layers=3, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=48,
+        shared_expert_intermediate_size=80, norm_topk_prob=False, mlp_only_layers=[1], qkv_bias=True,
+    ),
+    # Every 2nd layer sparse (`decoder_sparse_step`), the first dense.
+    "qwen3_moe": dict(
+        architectures=["Qwen3MoeForCausalLM"], rope_theta=1000000.0, tie_word_embeddings=False, head_dim=32,
+        num_hidden_layers=3, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True,
+        decoder_sparse_step=2,
+    ),
+}  # fmt: skip
 #: Hugging Face names -> llama.cpp's (per layer after `model.layers.N.`).
 GGUF_LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",

@@ -17,7 +17,8 @@ from typing import Any
 from vllm_rs.engine.model_loader.gguf_file import GGML_TYPES, GgufArray, GgufFormatError, GgufHeader, read_header
 
 #: Hugging Face architecture -> its `model_type`; Gemma 3 runs `models/gemma3.py`,
-#: the others `models/llama.py`.
+#: the others `models/llama.py` (the mixtures of experts with its MLPs
+#: replaced by `layers/moe.py`'s routed experts).
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -29,7 +30,13 @@ ARCHITECTURES = {
     "Gemma3ForCausalLM": "gemma3_text",
     # Its text part only: `text_config`, the `language_model.` weights.
     "Gemma3ForConditionalGeneration": "gemma3_text",
+    "MixtralForCausalLM": "mixtral",
+    "OlmoeForCausalLM": "olmoe",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
+#: The mixture-of-experts `model_type`s (each runs with a `MoeConfig`).
+MOE_MODEL_TYPES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 #: transformers' Gemma3TextConfig defaults, which the `text_config` of a
 #: multimodal Gemma 3 checkpoint leaves out (the 4B model's lists 5 keys).
 GEMMA3_TEXT_DEFAULTS = {
@@ -54,6 +61,13 @@ GGUF_ARCHITECTURES = {
     "phi3": "Phi3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
 }
+#: llama.cpp's mixture-of-experts architectures (Mixtral is its `llama`
+#: with `llama.expert_count`), which the engine does not read from GGUF.
+GGUF_MOE_ARCHITECTURES = {
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+}
 #: llama.cpp runs every 4th layer of a `smollm3` GGUF without RoPE (its
 #: metadata does not say; transformers' default `no_rope_layer_interval`).
 GGUF_SMOLLM3_NO_ROPE_INTERVAL = 4
@@ -75,8 +89,32 @@ class CheckpointError(ValueError):
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """The routed experts of a mixture-of-experts decoder, as transformers'
+    modeling code of each defines them: the router's softmax over all
+    `num_experts`, the `top_k` largest kept (renormalized to sum to 1 when
+    `norm_topk_prob`), each expert a SwiGLU MLP of `intermediate_size`."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    #: Whether each layer's MLP is the routed experts (Qwen-MoE's
+    #: `decoder_sparse_step` and `mlp_only_layers`); False: a dense MLP of
+    #: the config's `intermediate_size`.
+    sparse_layers: tuple[bool, ...]
+    #: The MLP every token also runs, scaled by the sigmoid of its own gate
+    #: (Qwen2-MoE's `shared_expert` and `shared_expert_gate`); 0: none.
+    shared_expert_intermediate_size: int = 0
+    #: Mixtral keeps the routing weights in float32 (the others cast them
+    #: to the activations' dtype before scaling the experts' outputs).
+    float32_weights: bool = False
+
+
+@dataclass(frozen=True)
 class TransformerConfig:
-    """The hyperparameters of a Llama-shaped decoder (Llama, Mistral, Qwen2, Qwen3)."""
+    """The hyperparameters of a Llama-shaped decoder (Llama, Mistral, Qwen2,
+    Qwen3, ..., and the mixtures of experts: `moe`)."""
 
     architecture: str
     vocab_size: int
@@ -96,6 +134,9 @@ class TransformerConfig:
     o_bias: bool = False
     #: RMSNorm over each head of q and k (Qwen3).
     qk_norm: bool = False
+    #: With `qk_norm`: over the whole q and k projections instead, before
+    #: they are split into heads (OLMoE).
+    qk_norm_whole: bool = False
     #: `rope_scaling` of config.json (`rope_type` `llama3` or `linear`), or None.
     rope_scaling: dict[str, Any] | None = None
     #: The dtype the checkpoint was saved in (`torch_dtype`), when it says.
@@ -128,6 +169,9 @@ class TransformerConfig:
     #: `cap * tanh(logits / cap)` on the output logits (Gemma's
     #: `final_logit_softcapping`), when set.
     final_logit_softcapping: float | None = None
+    #: The routed experts that replace the MLPs (`MoeConfig.sparse_layers`);
+    #: None for a dense model.
+    moe: MoeConfig | None = None
 
     @property
     def model_type(self) -> str:
@@ -141,13 +185,21 @@ class TransformerConfig:
     def num_parameters(self) -> int:
         """Parameters of the decoder (for the memory check)."""
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attn = (
-            h * (q + 2 * kv) + q * h + (q + 2 * kv if self.qkv_bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
-        )
+        qk_norms = (q + kv if self.qk_norm_whole else 2 * self.head_dim) if self.qk_norm else 0
+        attn = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.qkv_bias else 0) + qk_norms
         # Gemma 3 norms the attention and MLP outputs too.
-        layer = attn + 3 * h * self.intermediate_size + (4 if self.model_type == "gemma3_text" else 2) * h
+        layer = attn + (4 if self.model_type == "gemma3_text" else 2) * h
+        dense = 3 * h * self.intermediate_size
+        moe = self.moe
+        if moe is None:
+            mlps = self.num_layers * dense
+        else:
+            sparse = moe.num_experts * (3 * h * moe.intermediate_size + h)
+            if moe.shared_expert_intermediate_size:
+                sparse += 3 * h * moe.shared_expert_intermediate_size + h
+            mlps = sum(sparse if s else dense for s in moe.sparse_layers)
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + embeddings + h
+        return self.num_layers * layer + mlps + embeddings + h
 
 
 def supported_architectures() -> str:
@@ -174,7 +226,7 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
         scaling = config.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         model_type = ARCHITECTURES[architecture]
         sliding = config.get("sliding_window")
-        if model_type == "qwen2" and not config.get("use_sliding_window", False):
+        if model_type in ("qwen2", "qwen2_moe", "qwen3_moe") and not config.get("use_sliding_window", False):
             sliding = None
         gemma = _gemma3_settings(config, where) if model_type == "gemma3_text" else {}
         if not gemma and (config.get("hidden_act", "silu") != "silu" or config.get("mlp_bias")):
@@ -193,8 +245,8 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
-            o_bias=model_type in ("llama", "qwen3") and bool(config.get("attention_bias", False)),
-            qk_norm=model_type == "qwen3",
+            o_bias=model_type in ("llama", "qwen3", "qwen3_moe", "olmoe") and bool(config.get("attention_bias", False)),
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "olmoe"),
             # Phi-3's LongRoPE is read by _phi3_settings.
             rope_scaling=None if model_type == "phi3" else _check_rope_scaling(scaling, where),
             checkpoint_dtype=config.get("torch_dtype") or config.get("dtype"),
@@ -212,6 +264,8 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
             settings.update(_phi3_settings(config, settings, where))
         if model_type == "smollm3":
             settings.update(_smollm3_settings(config, where), o_bias=bool(config.get("attention_bias", False)))
+        if model_type in MOE_MODEL_TYPES:
+            settings.update(_moe_settings(config, model_type, where))
         return TransformerConfig(**{**settings, **gemma})
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, CheckpointError):
@@ -260,6 +314,48 @@ def _smollm3_settings(config: dict[str, Any], where: str) -> dict[str, Any]:
     if len(flags) != layers:
         raise CheckpointError(f"{where}: no_rope_layers has {len(flags)} entries for {layers} layers")
     return {"rope_layers": tuple(bool(f) for f in flags), "sliding_window": None}
+
+
+def _moe_settings(config: dict[str, Any], model_type: str, where: str) -> dict[str, Any]:
+    """The TransformerConfig fields of a mixture of experts (`moe`, and the
+    attention's differences from the Llama reading), as transformers'
+    modeling code of each reads its config: Mixtral's routing weights
+    always renormalized, the others' by `norm_topk_prob`; Qwen-MoE's dense
+    layers (`decoder_sparse_step`, `mlp_only_layers`) and expert size
+    (`moe_intermediate_size`); Qwen2-MoE's shared expert and q/k/v bias
+    (`qkv_bias`); OLMoE's q/k norms over the whole projections."""
+    layers = int(config["num_hidden_layers"])
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    top_k = int(config["num_experts_per_tok"])
+    if not 0 < top_k <= experts:
+        raise CheckpointError(f"{where}: num_experts_per_tok {top_k} with {experts} experts")
+    out: dict[str, Any] = {}
+    sparse = [True] * layers
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        if config.get("use_sliding_window"):
+            raise CheckpointError(f"{where}: {model_type} with use_sliding_window is not supported")
+        step = int(config.get("decoder_sparse_step", 1))
+        if step < 1:
+            raise CheckpointError(f"{where}: decoder_sparse_step {step} is not a positive number of layers")
+        dense = {int(i) for i in config.get("mlp_only_layers") or ()}
+        sparse = [i not in dense and (i + 1) % step == 0 for i in range(layers)]
+    if model_type == "olmoe":
+        if config.get("clip_qkv") is not None:
+            raise CheckpointError(f"{where}: OLMoE with clip_qkv is not supported")
+        out["qk_norm_whole"] = True
+    if model_type == "qwen2_moe":
+        out["qkv_bias"] = bool(config.get("qkv_bias", True))
+    shared = int(config.get("shared_expert_intermediate_size") or 0) if model_type == "qwen2_moe" else 0
+    out["moe"] = MoeConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=int(config.get("moe_intermediate_size") or config["intermediate_size"]),
+        norm_topk_prob=model_type == "mixtral" or bool(config.get("norm_topk_prob", False)),
+        sparse_layers=tuple(sparse),
+        shared_expert_intermediate_size=shared,
+        float32_weights=model_type == "mixtral",
+    )
+    return out
 
 
 def _gemma3_settings(config: dict[str, Any], where: str) -> dict[str, Any]:
@@ -392,6 +488,12 @@ def read_gguf(path: str) -> GgufInfo:
             )
     metadata, tensors = header.metadata, header.tensors
     arch = metadata.get("general.architecture")
+    moe = GGUF_MOE_ARCHITECTURES.get(arch) or ("MixtralForCausalLM" if arch == "llama" and metadata.get("llama.expert_count") else None)
+    if moe is not None:
+        raise CheckpointError(
+            f"{path}: GGUF architecture {arch!r} ({moe}, a mixture of experts) is not supported for GGUF; "
+            "its safetensors checkpoint runs"
+        )
     if arch not in GGUF_ARCHITECTURES:
         raise CheckpointError(
             f"{path}: GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHITECTURES)})"

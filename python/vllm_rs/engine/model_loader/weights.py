@@ -1,6 +1,7 @@
 """Loading a real model's weights into its module (`llama.CausalLM`, or
 `gemma3.Gemma3ForCausalLM`): safetensors files
-(memory-mapped with `safetensors.safe_open`) by their Hugging Face names, or
+(memory-mapped with `safetensors.safe_open`) by their Hugging Face names
+(Mixtral's `block_sparse_moe.experts.E.w1` read as `mlp.experts.E.gate_proj`), or
 a GGUF file's tensors by the same names (`gguf_weights.gguf_tensors`).
 Every tensor is cast to the model dtype and moved to
 the device as it is read; with `--quantization gguf` the linear layers'
@@ -10,6 +11,7 @@ and the embeddings stay in the file."""
 from __future__ import annotations
 
 import ctypes
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -68,6 +70,8 @@ def load_model(
         tensors = _safetensors_tensors(spec.weight_files)
         if spec.transformer.architecture == "Gemma3ForConditionalGeneration":
             tensors = _text_part(tensors)
+        elif spec.transformer.model_type == "mixtral":
+            tensors = _mixtral_names(tensors)
         where = ", ".join(spec.weight_files)
     if spec.transformer.model_type == "phi3":
         tensors = split_fused(tensors, spec.transformer)
@@ -116,6 +120,23 @@ def load_model(
     model.init_rope(device, rope_factors)
     release_freed_memory()
     return model.eval()
+
+
+#: Mixtral's checkpoint names -> the decoder's (its experts are MLPs with
+#: w1 the gate, w3 the up and w2 the down projection).
+_MIXTRAL_NAMES = re.compile(r"(model\.layers\.\d+\.)block_sparse_moe\.(gate\.weight|experts\.\d+\.)(w[123]\.weight)?")
+_MIXTRAL_EXPERT_NAMES = {"w1.weight": "gate_proj.weight", "w2.weight": "down_proj.weight", "w3.weight": "up_proj.weight"}
+
+
+def _mixtral_names(tensors: Iterator[tuple[str, str, torch.Tensor]]) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """A Mixtral checkpoint's tensors by the names of the decoder's routed
+    experts (`block_sparse_moe.` -> `mlp.`)."""
+    for name, source, tensor in tensors:
+        match = _MIXTRAL_NAMES.fullmatch(name)
+        if match is not None:
+            layer, part, weight = match.groups()
+            name = f"{layer}mlp.{part}{_MIXTRAL_EXPERT_NAMES.get(weight, '')}"
+        yield name, source, tensor
 
 
 def release_freed_memory() -> None:

@@ -1,8 +1,10 @@
 """The real models: one decoder for Llama (Llama 2/3.x, SmolLM, TinyLlama),
-Mistral, Qwen2, Qwen3, Granite, SmolLM3 and Phi-3, which differ only in
+Mistral, Qwen2, Qwen3, Granite, SmolLM3 and Phi-3, and the mixtures of
+experts Mixtral, OLMoE, Qwen2-MoE and Qwen3-MoE, which differ only in
 flags of `TransformerConfig` (q/k/v bias, q/k RMSNorm, tied embeddings, RoPE
 scaling, Granite's multipliers, SmolLM3's layers without RoPE, Phi-3's
-partial rotary and LongRoPE; its fused projections are split when loaded). Parameter names
+partial rotary and LongRoPE, its fused projections split when loaded; the
+routed experts of `moe` in place of the MLP, `layers/moe.py`). Parameter names
 are the Hugging Face checkpoints' (`model.layers.N.self_attn.q_proj.weight`,
 ...), so safetensors load by name; attention runs over the paged KV cache
 (`attention.PagedAttention`). The arithmetic follows transformers' modeling
@@ -22,6 +24,7 @@ from torch import nn
 
 from vllm_rs.engine.layers.attention import AttentionMetadata, PagedAttention
 from vllm_rs.engine.layers.layernorm import RMSNorm
+from vllm_rs.engine.layers.moe import SparseMoeBlock
 from vllm_rs.engine.layers.rope_frequencies import rope_attention_factor, rope_inv_freq
 from vllm_rs.engine.layers.rotary_embedding import apply_rope, rope_tables
 from vllm_rs.engine.model_loader.checkpoint import TransformerConfig
@@ -39,9 +42,12 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
         if c.qk_norm:
-            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
-            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
-        self.qk_norm = c.qk_norm
+            # OLMoE's norms span the whole projections, the others' each head.
+            whole = c.qk_norm_whole
+            self.q_norm = RMSNorm(c.num_heads * c.head_dim if whole else c.head_dim, c.rms_norm_eps)
+            self.k_norm = RMSNorm(c.num_kv_heads * c.head_dim if whole else c.head_dim, c.rms_norm_eps)
+        self.qk_norm = c.qk_norm and not c.qk_norm_whole
+        self.qk_norm_whole = c.qk_norm and c.qk_norm_whole
         self.rope = not c.rope_layers or c.rope_layers[index]
         self.attn = PagedAttention(
             f"model.layers.{index}.self_attn.attn", c.num_heads, c.head_dim, c.num_kv_heads, c.attention_multiplier
@@ -49,8 +55,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """`x`: `[tokens, hidden]`; `cos`/`sin`: `[tokens, 1, head_dim]` (`rope_tables`)."""
-        q = self.q_proj.forward(x).view(-1, self.num_heads, self.head_dim)
-        k = self.k_proj.forward(x).view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.q_proj.forward(x), self.k_proj.forward(x)
+        if self.qk_norm_whole:
+            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
+        q, k = q.view(-1, self.num_heads, self.head_dim), k.view(-1, self.num_kv_heads, self.head_dim)
         v = self.v_proj.forward(x).view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm.forward(q), self.k_norm.forward(k)
@@ -60,13 +68,15 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), of the config's
+    `intermediate_size` unless given another (an expert's)."""
 
-    def __init__(self, config: TransformerConfig):
+    def __init__(self, config: TransformerConfig, intermediate_size: int | None = None):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        inter = intermediate_size or config.intermediate_size
+        self.gate_proj = nn.Linear(config.hidden_size, inter, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, inter, bias=False)
+        self.down_proj = nn.Linear(inter, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP of each row."""
@@ -75,14 +85,18 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks with residuals."""
+    """Pre-norm attention and MLP blocks with residuals; the MLP is the
+    routed experts (`SparseMoeBlock`) in a mixture of experts' sparse layers."""
 
     def __init__(self, config: TransformerConfig, index: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        if config.moe is not None and config.moe.sparse_layers[index]:
+            self.mlp = SparseMoeBlock(config.hidden_size, config.moe, lambda size: MLP(config, size))
+        else:
+            self.mlp = MLP(config)
         self.residual_multiplier = config.residual_multiplier
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
