@@ -26,7 +26,9 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.gate = nn.Linear(hidden_size, moe.num_experts, bias=False)
         self.experts = nn.ModuleList(expert(moe.intermediate_size) for _ in range(moe.num_experts))
-        self.shared_expert = expert(moe.shared_expert_intermediate_size) if moe.shared_expert_intermediate_size else None
+        self.shared_expert = (
+            expert(moe.shared_expert_intermediate_size) if moe.shared_expert_intermediate_size else None
+        )
         if self.shared_expert is not None:
             self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
         self.top_k, self.norm_topk_prob, self.float32_weights = moe.top_k, moe.norm_topk_prob, moe.float32_weights

@@ -488,7 +488,9 @@ def read_gguf(path: str) -> GgufInfo:
             )
     metadata, tensors = header.metadata, header.tensors
     arch = metadata.get("general.architecture")
-    moe = GGUF_MOE_ARCHITECTURES.get(arch) or ("MixtralForCausalLM" if arch == "llama" and metadata.get("llama.expert_count") else None)
+    moe = GGUF_MOE_ARCHITECTURES.get(arch) or (
+        "MixtralForCausalLM" if arch == "llama" and metadata.get("llama.expert_count") else None
+    )
     if moe is not None:
         raise CheckpointError(
             f"{path}: GGUF architecture {arch!r} ({moe}, a mixture of experts) is not supported for GGUF; "

@@ -125,7 +125,11 @@ def load_model(
 #: Mixtral's checkpoint names -> the decoder's (its experts are MLPs with
 #: w1 the gate, w3 the up and w2 the down projection).
 _MIXTRAL_NAMES = re.compile(r"(model\.layers\.\d+\.)block_sparse_moe\.(gate\.weight|experts\.\d+\.)(w[123]\.weight)?")
-_MIXTRAL_EXPERT_NAMES = {"w1.weight": "gate_proj.weight", "w2.weight": "down_proj.weight", "w3.weight": "up_proj.weight"}
+_MIXTRAL_EXPERT_NAMES = {
+    "w1.weight": "gate_proj.weight",
+    "w2.weight": "down_proj.weight",
+    "w3.weight": "up_proj.weight",
+}
 
 
 def _mixtral_names(tensors: Iterator[tuple[str, str, torch.Tensor]]) -> Iterator[tuple[str, str, torch.Tensor]]:
