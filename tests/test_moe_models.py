@@ -113,7 +113,7 @@ def test_logits_and_greedy_match_transformers(checkpoints, monkeypatch, arch):
     model, path = checkpoints[arch]
     routing = Routing(monkeypatch)
     core = _check_against_transformers(model, path, seed=1)
-    assert core.runner.native_step is None
+    assert core.runner.executor.native_step is None
     assert max(len(experts) for _, rows, experts in routing.routes if rows > 1) > 2
     expected = Counter(id(block.experts[e]) for block, _, experts in routing.routes for e in experts)
     experts = {id(m) for block, _, _ in routing.routes for m in block.experts}
@@ -144,8 +144,8 @@ def test_bfloat16_checkpoint_multiplies_the_experts_as_stored(tmp_path):
         for param in model.parameters():
             param.copy_(param.to(torch.bfloat16).float())
     core = _check_against_transformers(model, path, seed=2, quantization=None)
-    assert core.config.model_config.quantization == "half" and core.runner.native_step is None
-    block = core.runner.model.model.layers[0].mlp
+    assert core.config.model_config.quantization == "half" and core.runner.executor.native_step is None
+    block = core.runner.executor.model.model.layers[0].mlp
     assert isinstance(block, SparseMoeBlock)
     assert all(isinstance(m, PackedLinear) for m in (block.gate, block.shared_expert_gate, block.experts[0].up_proj))
 
