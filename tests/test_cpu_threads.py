@@ -63,7 +63,8 @@ def test_a_kernel_only_model_leaves_torch_on_one_thread(smollm2):
         from vllm_rs.engine import cpu_threads, make_engine_config
         from vllm_rs.engine.core import EngineCore
         for quantization in ("gguf", "none"):
-            config = make_engine_config({smollm2!r}, device="cpu", max_model_len=128,
+            # The torch executor (--enforce-eager): the native one runs no torch at all.
+            config = make_engine_config({smollm2!r}, device="cpu", max_model_len=128, enforce_eager=True,
                                         kv_cache_memory_bytes=16 << 20, quantization=quantization)
             EngineCore(config)
             print(quantization, torch.get_num_threads(), cpu_threads.kernel_threads())
