@@ -141,10 +141,24 @@ class _Cursor:
             return [self.value(elem, True) for _ in range(count)]
         if elem in _SCALARS:
             self.pos += count * struct.calcsize(_SCALARS[elem])
+        elif elem == _STRING:
+            self._skip_strings(count)
         else:
             for _ in range(count):
                 self.value(elem, False)
         return GgufArray(elem, count, start)
+
+    def _skip_strings(self, count: int) -> None:
+        # Lengths only, nothing decoded: a vocabulary is ~100k strings, and
+        # decoding each one tripled the time of reading a header.
+        data, pos, end, length = self.data, self.pos, len(self.data), struct.Struct("<Q")
+        for _ in range(count):
+            if pos + 8 > end:
+                raise GgufFormatError(f"the header ends early (a string at byte {pos})")
+            pos += 8 + length.unpack_from(data, pos)[0]
+        if pos > end:
+            raise GgufFormatError(f"the header ends early (a string array ending at byte {pos})")
+        self.pos = pos
 
 
 #: Headers read without their arrays, by the file's identity (real path,
