@@ -141,6 +141,17 @@ GGUF_LAYER_NAMES = {
     "self_attn.qkv_proj.weight": "attn_qkv.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
+#: A mixture of experts' router and Qwen2-MoE's shared expert (the routed
+#: experts are stacked: `_gguf_experts`).
+GGUF_MOE_LAYER_NAMES = {
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
+#: llama.cpp's architecture of each mixture of experts (Mixtral is its `llama`).
+GGUF_MOE_ARCHES = {"mixtral": "llama", "olmoe": "olmoe", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
 GGUF_GEMMA3_LAYER_NAMES = {
     **GGUF_LAYER_NAMES,
     "post_attention_layernorm.weight": "post_attention_norm.weight",
@@ -194,11 +205,12 @@ def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None = None) -> str:
-    """Writes `model` as one GGUF file (2-D weights F16 when `f16`, norms
-    and biases F32, as llama.cpp's converter does; `quant` maps a substring
-    of GGUF tensor names to the ggml type those 2-D weights get, e.g.
-    `{"ffn_": "Q4_0"}`, any type the kernel reads: types the `gguf` package
-    cannot quantize get random blocks, `gguf_blocks.quantize`); returns `path`."""
+    """Writes `model` as one GGUF file (2-D weights and 3-D stacked experts
+    F16 when `f16`, norms, biases and routers F32, as llama.cpp's converter
+    does; `quant` maps a substring of GGUF tensor names to the ggml type
+    those weights get, e.g. `{"ffn_": "Q4_0"}`, any type the kernel reads:
+    types the `gguf` package cannot quantize get random blocks,
+    `gguf_blocks.quantize`); returns `path`."""
     import gguf
 
     from tests.support.gguf_blocks import quantize
@@ -209,7 +221,7 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if gemma and config.query_pre_attn_scalar != head_dim:
         raise ValueError("a gemma3 GGUF scales attention by head_dim: query_pre_attn_scalar must equal it")
-    writer = gguf.GGUFWriter(path, "gemma3" if gemma else arch)
+    writer = gguf.GGUFWriter(path, "gemma3" if gemma else GGUF_MOE_ARCHES.get(arch, arch))
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -248,6 +260,14 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
         int((i + 1) % 4 != 0) for i in range(config.num_hidden_layers)
     ]:
         raise ValueError("a smollm3 GGUF runs every 4th layer without RoPE: no_rope_layer_interval must be 4")
+    if arch in GGUF_MOE_ARCHES:
+        # As llama.cpp's converter writes them (TextModel, Qwen2MoeModel).
+        writer.add_expert_count(getattr(config, "num_local_experts", None) or config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        if getattr(config, "moe_intermediate_size", None):
+            writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+        if getattr(config, "shared_expert_intermediate_size", None):
+            writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list([f"t{i}" for i in range(config.vocab_size)])
     tensors: dict[str, np.ndarray] = {}
@@ -261,17 +281,30 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
             if config.tie_word_embeddings:
                 continue
             gguf_name = "output.weight"
+        elif name.endswith(".mlp.experts.gate_up_proj"):
+            # transformers' fused experts ([experts, gate; up, hidden]) as
+            # llama.cpp's stacked ones, each [experts, out, in].
+            layer = name.split(".")[2]
+            gate, up = np.split(array, 2, axis=1)
+            tensors[f"blk.{layer}.ffn_gate_exps.weight"] = gate
+            tensors[f"blk.{layer}.ffn_up_exps.weight"] = up
+            continue
+        elif name.endswith(".mlp.experts.down_proj"):
+            gguf_name = f"blk.{name.split('.')[2]}.ffn_down_exps.weight"
         else:
             _, _, layer, rest = name.split(".", 3)
-            gguf_name = f"blk.{layer}.{(GGUF_GEMMA3_LAYER_NAMES if gemma else GGUF_LAYER_NAMES)[rest]}"
-            permuted = arch in ("llama", "granite", "smollm3")  # llama.cpp's LlamaModel and its subclasses
+            names = GGUF_GEMMA3_LAYER_NAMES if gemma else {**GGUF_LAYER_NAMES, **GGUF_MOE_LAYER_NAMES}
+            gguf_name = f"blk.{layer}.{names[rest]}"
+            # llama.cpp's LlamaModel and its subclasses (Mixtral's included).
+            permuted = arch in ("llama", "granite", "smollm3", "mixtral")
             if permuted and rest == "self_attn.q_proj.weight":
                 array = _permute(array, config.num_attention_heads)
             elif permuted and rest == "self_attn.k_proj.weight":
                 array = _permute(array, config.num_key_value_heads)
         if gemma and name.endswith("norm.weight"):
             array = array + 1  # llama.cpp's converter stores Gemma's norms as 1 + weight
-        tensors[gguf_name] = array
+        # The converter squeezes (Qwen2-MoE's shared expert gate: [hidden]).
+        tensors[gguf_name] = array.squeeze()
     if arch == "phi3" and rope.get("rope_type") == "longrope":
         tensors["rope_factors_long.weight"] = np.asarray(rope["long_factor"], np.float32)
         tensors["rope_factors_short.weight"] = np.asarray(rope["short_factor"], np.float32)
@@ -281,10 +314,15 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
         tensors["rope_freqs.weight"] = (base / model.model.rotary_emb.inv_freq.float()).numpy()
     for name, array in tensors.items():
         kind = next((k for part, k in (quant or {}).items() if part in name), None)
-        if kind is not None and array.ndim == 2:
-            data = quantize(kind, array.astype(np.float32))
+        if name.endswith("ffn_gate_inp.weight"):
+            # The routers stay float32 (the converter's and llama-quantize's rule).
+            writer.add_tensor(name, array.astype(np.float32))
+        elif kind is not None and array.ndim >= 2:
+            # Quantized by rows (each expert's rows, for stacked experts).
+            rows = quantize(kind, array.reshape(-1, array.shape[-1]).astype(np.float32))
+            data = rows.reshape(*array.shape[:-1], rows.shape[-1])
             writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType[kind])
-        elif f16 and array.ndim == 2:
+        elif f16 and array.ndim >= 2:
             writer.add_tensor(name, array.astype(np.float16))
         else:
             writer.add_tensor(name, array.astype(np.float32))

@@ -62,12 +62,20 @@ GGUF_ARCHITECTURES = {
     "gemma3": "Gemma3ForCausalLM",
 }
 #: llama.cpp's mixture-of-experts architectures (Mixtral is its `llama`
-#: with `llama.expert_count`), which the engine does not read from GGUF.
+#: with `llama.expert_count`: GGUF_MIXTRAL).
 GGUF_MOE_ARCHITECTURES = {
     "qwen2moe": "Qwen2MoeForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
 }
+GGUF_MIXTRAL = "MixtralForCausalLM"
+#: Whether llama.cpp renormalizes each architecture's top-k routing weights
+#: where the file has no `{arch}.expert_weights_norm` (its converter writes
+#: none for these: the choice is fixed in its code, as transformers' is for
+#: Mixtral and the checkpoints' `norm_topk_prob` of the others).
+GGUF_MOE_NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False}
+#: `{arch}.expert_gating_func` of a softmax router (gguf's ExpertGatingFuncType).
+GGUF_SOFTMAX_GATING = 1
 #: llama.cpp runs every 4th layer of a `smollm3` GGUF without RoPE (its
 #: metadata does not say; transformers' default `no_rope_layer_interval`).
 GGUF_SMOLLM3_NO_ROPE_INTERVAL = 4
@@ -488,18 +496,10 @@ def read_gguf(path: str) -> GgufInfo:
             )
     metadata, tensors = header.metadata, header.tensors
     arch = metadata.get("general.architecture")
-    moe = GGUF_MOE_ARCHITECTURES.get(arch) or (
-        "MixtralForCausalLM" if arch == "llama" and metadata.get("llama.expert_count") else None
-    )
-    if moe is not None:
-        raise CheckpointError(
-            f"{path}: GGUF architecture {arch!r} ({moe}, a mixture of experts) is not supported for GGUF; "
-            "its safetensors checkpoint runs"
-        )
-    if arch not in GGUF_ARCHITECTURES:
-        raise CheckpointError(
-            f"{path}: GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHITECTURES)})"
-        )
+    moe = GGUF_MOE_ARCHITECTURES.get(arch) or (GGUF_MIXTRAL if arch == "llama" and metadata.get("llama.expert_count") else None)  # fmt: skip
+    if moe is None and arch not in GGUF_ARCHITECTURES:
+        supported = ", ".join([*GGUF_ARCHITECTURES, *GGUF_MOE_ARCHITECTURES])
+        raise CheckpointError(f"{path}: GGUF architecture {arch!r} is not supported (supported: {supported})")
 
     def key(name: str, default: Any = None) -> Any:
         value = metadata.get(f"{arch}.{name}", default)
@@ -516,7 +516,7 @@ def read_gguf(path: str) -> GgufInfo:
     if metadata.get(f"{arch}.rope.scaling.type") == "linear":
         scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
     config = TransformerConfig(
-        architecture=GGUF_ARCHITECTURES[arch],
+        architecture=moe or GGUF_ARCHITECTURES[arch],
         vocab_size=tokens.count if isinstance(tokens, GgufArray) else int(embed.shape[0]),
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
@@ -534,7 +534,9 @@ def read_gguf(path: str) -> GgufInfo:
         rope_scaling=scaling,
         checkpoint_dtype=None,
     )
-    if arch == "gemma3":
+    if moe is not None:
+        config = replace(config, **_gguf_moe_settings(path, metadata, tensors, arch, config))
+    elif arch == "gemma3":
         config = replace(config, **_gguf_gemma3_settings(metadata, config))
     elif arch == "granite":
         scale = metadata.get("granite.attention.scale")
@@ -557,6 +559,47 @@ def read_gguf(path: str) -> GgufInfo:
         interval = GGUF_SMOLLM3_NO_ROPE_INTERVAL
         config = replace(config, rope_layers=tuple((i + 1) % interval != 0 for i in range(config.num_layers)))
     return GgufInfo(config, header, path)
+
+
+def _gguf_moe_settings(
+    path: str, metadata: dict[str, Any], tensors: dict[str, Any], arch: str, config: TransformerConfig
+) -> dict[str, Any]:
+    """A mixture of experts' settings as llama.cpp reads them from its GGUF:
+    `{arch}.expert_count` experts, `expert_used_count` per token, each of
+    `expert_feed_forward_length` (else `feed_forward_length`, Mixtral's and
+    OLMoE's); the layers with a router (`ffn_gate_inp`) sparse, the others
+    dense MLPs of `feed_forward_length`; Qwen2-MoE's shared expert of
+    `expert_shared_feed_forward_length` where the file holds one; the
+    top-k weights renormalized by `expert_weights_norm`, else by
+    llama.cpp's fixed choice (GGUF_MOE_NORM_TOPK); OLMoE's q/k norms over
+    the whole projections."""
+
+    def key(name: str, default: Any = None) -> int:
+        value = metadata.get(f"{arch}.{name}", default)
+        if value is None:
+            raise CheckpointError(f"{path}: GGUF metadata has no {arch}.{name}")
+        return int(value)
+
+    experts, top_k = key("expert_count"), key("expert_used_count")
+    if not 0 < top_k <= experts:
+        raise CheckpointError(f"{path}: {arch}.expert_used_count {top_k} with {experts} experts")
+    gating = metadata.get(f"{arch}.expert_gating_func", GGUF_SOFTMAX_GATING)
+    if gating != GGUF_SOFTMAX_GATING:
+        raise CheckpointError(f"{path}: {arch}.expert_gating_func {gating} is not supported (supported: softmax)")
+    sparse = tuple(f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(config.num_layers))
+    has_shared = any(f"blk.{i}.ffn_up_shexp.weight" in tensors for i in range(config.num_layers))
+    shared = key("expert_shared_feed_forward_length") if has_shared else 0
+    norm = metadata.get(f"{arch}.expert_weights_norm", GGUF_MOE_NORM_TOPK[arch])
+    moe = MoeConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=key("expert_feed_forward_length", config.intermediate_size),
+        norm_topk_prob=bool(norm),
+        sparse_layers=sparse,
+        shared_expert_intermediate_size=shared,
+        float32_weights=arch == "llama",
+    )
+    return {"moe": moe, "qk_norm_whole": arch == "olmoe"}
 
 
 def _gguf_gemma3_settings(metadata: dict[str, Any], config: TransformerConfig) -> dict[str, Any]:

@@ -60,6 +60,21 @@ GGUF_PHI3_LAYER_NAMES = {
     "attn_qkv.weight": "self_attn.qkv_proj.weight",
     "ffn_up.weight": "mlp.gate_up_proj.weight",
 }
+#: A mixture of experts' (`TransformerConfig.moe`): the router, Qwen2-MoE's
+#: shared expert and its gate, and each layer's experts stacked in one 3-D
+#: tensor per projection (`[experts, out, in]`), which `gguf_tensors` yields
+#: as each expert's own (`mlp.experts.E.gate_proj.weight`, ...).
+GGUF_MOE_LAYER_NAMES = {
+    **GGUF_LAYER_NAMES,
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.gate_proj.weight",
+    "ffn_up_exps.weight": "mlp.experts.up_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.down_proj.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+}
 #: A `phi3` GGUF's LongRoPE factors: the short ones are run, the long ones
 #: (beyond the original context, which the engine does not reach) are not.
 GGUF_ROPE_FACTORS_SHORT = "rope_factors_short.weight"
@@ -124,14 +139,15 @@ def gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, np.
     """The GGUF's tensors by Hugging Face name, dequantized (float32, or
     float16 as stored); those named in
     `raw` whose type the Rust kernel reads come as GgufBlocks instead (a view
-    of the file, or for the permuted Q/K rows a copy of the blocks). Logs
+    of the file, or for the permuted Q/K rows a copy of the blocks). A 3-D
+    tensor of experts comes as each expert's weight, in expert order: its
+    rows of the file's blocks, or dequantized one expert at a time. Logs
     once which types of `raw` tensors the kernel does not read (F32 aside)."""
-    import gguf
-
     path = spec.weights_path
     config = spec.transformer
-    # llama.cpp's converter permutes the Q/K rows of every LlamaModel it writes.
-    permute = config.model_type in ("llama", "mistral", "granite", "smollm3")
+    # llama.cpp's converter permutes the Q/K rows of every LlamaModel it
+    # writes (Mixtral is its `llama`).
+    permute = config.model_type in ("llama", "mistral", "granite", "smollm3", "mixtral")
     gemma = config.model_type == "gemma3_text"
     layer_names = gguf_layer_names(config)
     header = read_header(path)
@@ -143,6 +159,13 @@ def gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, np.
         if name is None:
             raise CheckpointError(f"{path}: unexpected tensor {tensor.name}")
         raw_bytes = data[tensor.offset : tensor.offset + tensor.num_bytes]
+        if len(tensor.shape) == 3 and ".experts." in name:
+            experts = [_expert_name(name, e) for e in range(tensor.shape[0])]
+            blocks = experts[0] in raw and kernel_reads(tensor.type, tensor.shape[2])
+            if experts[0] in raw and not blocks and tensor.type_name != "F32":
+                dequantized.add(tensor.type_name)
+            yield from ((n, path, w) for n, w in zip(experts, _experts(tensor, raw_bytes, blocks), strict=True))
+            continue
         blocks = name in raw and len(tensor.shape) == 2 and kernel_reads(tensor.type, tensor.shape[1])
         if name in raw and not blocks and tensor.type_name != "F32":
             dequantized.add(tensor.type_name)
@@ -150,15 +173,8 @@ def gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, np.
             # A row of blocks is a row of weights: the Q/K row permutation
             # below applies to it as it is.
             array = raw_bytes.reshape(tensor.shape[0], -1)
-        elif tensor.type_name == "F32":
-            array = raw_bytes.view(np.float32)
-        elif tensor.type_name == "F16":
-            array = raw_bytes.view(np.float16)
         else:
-            rows = tensor.num_elements // tensor.shape[-1]
-            array = gguf.quants.dequantize(raw_bytes.reshape(rows, -1), gguf.GGMLQuantizationType(tensor.type))
-        if not blocks:
-            array = array.reshape(tensor.shape)
+            array = _dequantize(tensor, raw_bytes).reshape(tensor.shape)
         if permute and tensor.name.endswith(".attn_q.weight"):
             array = unpermute_qk(array, config.num_heads)
         elif permute and tensor.name.endswith(".attn_k.weight"):
@@ -167,6 +183,9 @@ def gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, np.
             # llama.cpp stores Gemma's `1 + weight`; subtracting 1 in float32
             # gives the weight transformers loads from the same file.
             array = array.astype(np.float32) - 1.0
+        if name.endswith("mlp.shared_expert_gate.weight") and array.ndim == 1:
+            # llama.cpp's converter squeezes the `[1, hidden]` gate to 1-D.
+            array = array.reshape(1, -1)
         if blocks:
             # The file's own pages unless permuted (then a copy of the blocks).
             yield name, path, GgufBlocks(tensor.type, tensor.shape, np.ascontiguousarray(array))
@@ -180,8 +199,43 @@ def gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, np.
         )  # fmt: skip
 
 
+def _dequantize(tensor: Any, raw_bytes: np.ndarray) -> np.ndarray:
+    """`raw_bytes` (whole rows of `tensor`'s type) as float32, or float16
+    as stored; flat or `[rows, row]`."""
+    if tensor.type_name == "F32":
+        return raw_bytes.view(np.float32)
+    if tensor.type_name == "F16":
+        return raw_bytes.view(np.float16)
+    import gguf
+
+    rows = raw_bytes.size // (tensor.num_bytes // (tensor.num_elements // tensor.shape[-1]))
+    return gguf.quants.dequantize(raw_bytes.reshape(rows, -1), gguf.GGMLQuantizationType(tensor.type))
+
+
+def _experts(tensor: Any, raw_bytes: np.ndarray, blocks: bool) -> Iterator[np.ndarray | GgufBlocks]:
+    """Each expert's `[out, in]` weight of a 3-D `[experts, out, in]` tensor:
+    expert e is rows `[e * out, (e + 1) * out)` of its rows of blocks, kept
+    as the file's pages (`blocks`) or dequantized (a copy)."""
+    experts, out, width = tensor.shape
+    rows = raw_bytes.reshape(experts * out, -1)
+    for e in range(experts):
+        mine = rows[e * out : (e + 1) * out]
+        if blocks:
+            yield GgufBlocks(tensor.type, (out, width), mine)
+        else:
+            yield np.array(_dequantize(tensor, mine).reshape(out, width))
+
+
+def _expert_name(stacked: str, expert: int) -> str:
+    """`model.layers.L.mlp.experts.P.weight` -> `model.layers.L.mlp.experts.{expert}.P.weight`."""
+    prefix, _, projection = stacked.partition(".experts.")
+    return f"{prefix}.experts.{expert}.{projection}"
+
+
 def gguf_layer_names(config: TransformerConfig) -> dict[str, str]:
     """The per-layer GGUF -> Hugging Face name table of `config`'s architecture."""
+    if config.moe is not None:
+        return GGUF_MOE_LAYER_NAMES
     return {"gemma3_text": GGUF_GEMMA3_LAYER_NAMES, "phi3": GGUF_PHI3_LAYER_NAMES}.get(
         config.model_type, GGUF_LAYER_NAMES
     )
