@@ -9,12 +9,17 @@ prefix-cache hit: every sampled position's logits within 1e-4 of
 transformers' and greedy output equal to `generate`, the tokens of one step
 routed to several experts, and only the experts a token was routed to run.
 They run the torch step (the native one says why not), a bfloat16
-checkpoint's experts multiplied as stored, and a MoE GGUF is refused,
-naming its architecture."""
+checkpoint's experts multiplied as stored. The same models as GGUF files
+in llama.cpp's layout (`qwen3moe`, `qwen2moe`, `olmoe`, Mixtral as `llama`
+with `llama.expert_count`; experts stacked in `ffn_*_exps`), F16 and a
+Q4_0/Q8_0 mix, read in place (each expert its rows of the file's blocks)
+match transformers on the weights the file holds, on the torch executor
+(the native one refuses them); bad MoE metadata is named."""
 
 from __future__ import annotations
 
 import copy
+import logging
 from collections import Counter
 
 import pytest
@@ -23,12 +28,17 @@ import torch
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
+from vllm_rs.engine import make_engine_config  # noqa: E402
+from vllm_rs.engine.layers.gguf_blocks import GgufBlocks  # noqa: E402
 from vllm_rs.engine.layers.moe import SparseMoeBlock  # noqa: E402
 from vllm_rs.engine.model_loader.registry import ModelPathError, resolve_model  # noqa: E402
 from vllm_rs.engine.models import llama  # noqa: E402
-from vllm_rs.engine.worker.torch_executor import native_step_unsupported  # noqa: E402
+from vllm_rs.engine.worker.native_executor import NativeExecutor, NativeStepUnsupported  # noqa: E402
+from vllm_rs.engine.worker.torch_executor import TorchExecutor, native_step_unsupported  # noqa: E402
 
-from tests.support.tiny_models import make_hf_model, save_safetensors  # noqa: E402
+from tests.support.executors import linear_blocks  # noqa: E402
+from tests.support.tiny_models import make_hf_model, save_gguf, save_safetensors  # noqa: E402
+from tests.test_gguf_formats import file_backed  # noqa: E402
 from tests.test_real_models import _check_against_transformers, one_thread  # noqa: E402, F401
 
 ARCHS = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
@@ -150,10 +160,108 @@ def test_bfloat16_checkpoint_multiplies_the_experts_as_stored(tmp_path):
     assert all(isinstance(m, PackedLinear) for m in (block.gate, block.shared_expert_gate, block.experts[0].up_proj))
 
 
-def _gguf(path: str, arch: str, **metadata) -> str:
+def _rounded(model):
+    """A copy of `model` with the weights a Q4_0/Q8_0 GGUF of it holds
+    (GGUF_QUANT): the experts' rows through Q4_0, every other matrix but
+    the routers (which stay float32) through Q8_0. Rounding twice gives
+    the same bits, so the file written from the copy holds it exactly."""
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() < 2 or name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
+                continue
+            kind = gguf.GGMLQuantizationType["Q4_0" if ".mlp.experts." in name else "Q8_0"]
+            rows = param.reshape(-1, param.shape[-1]).numpy()
+            rounded = gguf.quants.dequantize(gguf.quants.quantize(rows, kind), kind)
+            param.copy_(torch.from_numpy(rounded).reshape(param.shape))
+    return model
+
+
+#: The quantized mix: the stacked experts Q4_0, the rest Q8_0 (the routers F32).
+GGUF_QUANT = {"_exps": "Q4_0", "": "Q8_0"}
+#: Qwen-MoE's expert rows made whole Q4_0/Q8_0 blocks (48 and 80 are not).
+QUANTIZABLE_SIZES = {"qwen2_moe": dict(moe_intermediate_size=64, shared_expert_intermediate_size=96),
+                     "qwen3_moe": dict(moe_intermediate_size=64)}  # fmt: skip
+
+
+def _experts(core) -> dict[str, GgufBlocks | None]:
+    """The routed experts' weights of the core's model: the blocks the
+    kernel reads, None where held dense."""
+    return {name: blocks for name, blocks in linear_blocks(core).items() if ".mlp.experts." in name}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gguf_config_reads_the_experts(checkpoints, tmp_path, arch):
+    """llama.cpp's metadata (`expert_count`, `expert_used_count`, the
+    expert and shared expert sizes) and tensors (a router per sparse layer)
+    give the config the safetensors checkpoint does."""
+    model, directory = checkpoints[arch]
+    ours = resolve_model(save_gguf(model, str(tmp_path / f"{arch}.gguf"), f16=True)).transformer
+    theirs = resolve_model(directory).transformer
+    assert ours.architecture == theirs.architecture and ours.moe == theirs.moe
+    fields = ("qkv_bias", "qk_norm", "qk_norm_whole", "intermediate_size", "num_layers", "tie_word_embeddings")
+    assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields]
+    assert ours.num_parameters() == theirs.num_parameters()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_f16_gguf_matches_transformers(checkpoints, tmp_path, arch, caplog):
+    """An F16 GGUF as llama.cpp's converter writes it (experts stacked,
+    Mixtral's Q/K rows permuted) holds the float16-exact model: every
+    sampled position's logits within 1e-4 of transformers', greedy output
+    its `generate`. The torch executor runs it and its start line says why;
+    each expert is rows of the file's own F16 blocks, read in place, where
+    its rows are whole 32-weight groups (Qwen-MoE's 48-wide down rows are
+    dequantized)."""
+    model, _ = checkpoints[arch]
+    path = save_gguf(model, str(tmp_path / f"{arch}.gguf"), f16=True)
+    with caplog.at_level(logging.INFO):
+        core = _check_against_transformers(model, path, seed=1, quantization=None)
+    assert isinstance(core.runner.executor, TorchExecutor) and core.runner.executor.native_step is None
+    assert "torch step (its mixture-of-experts layers are not in the kernel)" in caplog.text
+    experts = _experts(core)
+    assert len(experts) == 6 * 3 * sum(resolve_model(path).transformer.moe.sparse_layers)
+    for name, blocks in experts.items():
+        narrow = arch in ("qwen2_moe", "qwen3_moe") and name.endswith("down_proj.weight")
+        assert (blocks is None) == narrow, name
+        assert blocks is None or (blocks.type == 1 and file_backed(blocks.rows)), name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_quantized_gguf_matches_transformers_on_its_weights(tmp_path, arch):
+    """A Q4_0-experts, Q8_0-elsewhere GGUF read in place (`--quantization
+    gguf`): every sampled position's logits within 1e-4 of transformers'
+    on the same (rounded) weights, greedy output its `generate`; each
+    expert's weight is its rows of the file's Q4_0 blocks, the attention's
+    Q8_0, the routers float32."""
+    model = _rounded(make_hf_model(arch, seed=10 + ARCHS.index(arch), **QUANTIZABLE_SIZES.get(arch, {})))
+    path = save_gguf(model, str(tmp_path / f"{arch}-q4_0.gguf"), quant=GGUF_QUANT)
+    core = _check_against_transformers(model, path, seed=1, quantization="gguf")
+    assert isinstance(core.runner.executor, TorchExecutor)
+    layers = linear_blocks(core)
+    experts = _experts(core).values()
+    assert experts and all(b is not None and b.type == 2 and file_backed(b.rows) for b in experts)
+    assert all(b is not None and b.type == 8 for n, b in layers.items() if ".self_attn." in n)
+    assert all(b is None for n, b in layers.items() if n.endswith("mlp.gate.weight"))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_native_executor_refuses_a_moe_gguf(checkpoints, tmp_path, arch):
+    """The torch-free executor meets tensors it does not run (the router or
+    an expert; OLMoE's whole-projection q norm first) and refuses (the
+    runner then takes the torch executor)."""
+    model, _ = checkpoints[arch]
+    path = save_gguf(model, str(tmp_path / f"{arch}.gguf"), f16=True)
+    config = make_engine_config(path, max_model_len=64, device="cpu", dtype="float32", block_size=8,
+                                kv_cache_memory_bytes=1 << 20, quantization="gguf")  # fmt: skip
+    with pytest.raises(NativeStepUnsupported, match=r"model\.layers\.\d\.(mlp|self_attn\.q_norm)"):
+        NativeExecutor(config)
+
+
+def _gguf(path: str, arch: str, metadata: dict[str, int]) -> str:
     writer = gguf.GGUFWriter(path, arch)
-    writer.add_block_count(1)
-    for key, value in metadata.items():
+    dense = {"block_count": 1, "embedding_length": 4, "attention.head_count": 1, "feed_forward_length": 8}
+    for key, value in {**dense, **metadata}.items():
         writer.add_uint32(f"{arch}.{key}", value)
     writer.add_tensor("token_embd.weight", torch.zeros(8, 4).numpy())
     writer.write_header_to_file()
@@ -164,12 +272,14 @@ def _gguf(path: str, arch: str, **metadata) -> str:
 
 
 @pytest.mark.parametrize(
-    ("arch", "metadata", "named"),
-    [("qwen3moe", {}, "Qwen3MoeForCausalLM"), ("qwen2moe", {}, "Qwen2MoeForCausalLM"), ("olmoe", {}, "OlmoeForCausalLM"),
-     ("llama", {"expert_count": 8, "expert_used_count": 2}, "MixtralForCausalLM")],
+    ("arch", "metadata", "message"),
+    [("qwen3moe", {"expert_used_count": 2}, r"GGUF metadata has no qwen3moe\.expert_count"),
+     ("qwen2moe", {"expert_count": 4, "expert_used_count": 6}, r"qwen2moe\.expert_used_count 6 with 4 experts"),
+     ("olmoe", {"expert_count": 4, "expert_used_count": 2, "expert_gating_func": 2},
+      r"olmoe\.expert_gating_func 2 is not supported \(supported: softmax\)"),
+     ("llama", {"expert_count": 8}, r"GGUF metadata has no llama\.expert_used_count")],
 )  # fmt: skip
-def test_moe_gguf_is_refused_naming_the_architecture(tmp_path, arch, metadata, named):
-    path = _gguf(str(tmp_path / f"{arch}.gguf"), arch, **metadata)
-    message = rf"{arch}\.gguf: GGUF architecture '{arch}' \({named}, a mixture of experts\) is not supported for GGUF"
-    with pytest.raises(ModelPathError, match=message):
+def test_moe_gguf_metadata_errors_are_named(tmp_path, arch, metadata, message):
+    path = _gguf(str(tmp_path / f"{arch}.gguf"), arch, metadata)
+    with pytest.raises(ModelPathError, match=rf"{arch}\.gguf: {message}"):
         resolve_model(path)
