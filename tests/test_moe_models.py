@@ -277,7 +277,8 @@ def _gguf(path: str, arch: str, metadata: dict[str, int]) -> str:
      ("qwen2moe", {"expert_count": 4, "expert_used_count": 6}, r"qwen2moe\.expert_used_count 6 with 4 experts"),
      ("olmoe", {"expert_count": 4, "expert_used_count": 2, "expert_gating_func": 2},
       r"olmoe\.expert_gating_func 2 is not supported \(supported: softmax\)"),
-     ("llama", {"expert_count": 8}, r"GGUF metadata has no llama\.expert_used_count")],
+     ("llama", {"expert_count": 8}, r"GGUF metadata has no llama\.expert_used_count"),
+     ("deepseek2", {}, r"GGUF architecture 'deepseek2' is not supported \(supported: .*qwen2moe, qwen3moe, olmoe\)")],
 )  # fmt: skip
 def test_moe_gguf_metadata_errors_are_named(tmp_path, arch, metadata, message):
     path = _gguf(str(tmp_path / f"{arch}.gguf"), arch, metadata)

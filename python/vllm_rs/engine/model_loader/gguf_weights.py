@@ -1,8 +1,9 @@
 """A GGUF file's tensors by their Hugging Face names, with no torch: the
 name tables of each architecture, llama.cpp's Q/K row permutation undone,
-Gemma's `1 +` norms taken off, Phi-3's fused projections split; weights of
-a type the Rust kernel reads come as `GgufBlocks` (the file's own pages),
-the rest as float arrays. The torch loader (`weights.py`) and the
+Gemma's `1 +` norms taken off, Phi-3's fused projections split, a mixture
+of experts' stacked `ffn_*_exps` tensors split by expert; weights of a type
+the Rust kernel reads come as `GgufBlocks` (the file's own pages), the rest
+as float arrays. The torch loader (`weights.py`) and the
 torch-free native step (`worker/native_executor.py`) both read a GGUF
 through `gguf_tensors`."""
 
