@@ -227,18 +227,23 @@ def test_f16_gguf_matches_transformers(checkpoints, tmp_path, arch, caplog):
         assert blocks is None or (blocks.type == 1 and file_backed(blocks.rows)), name
 
 
+@pytest.mark.parametrize("quantization", ["gguf", "none"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_quantized_gguf_matches_transformers_on_its_weights(tmp_path, arch):
-    """A Q4_0-experts, Q8_0-elsewhere GGUF read in place (`--quantization
-    gguf`): every sampled position's logits within 1e-4 of transformers'
-    on the same (rounded) weights, greedy output its `generate`; each
-    expert's weight is its rows of the file's Q4_0 blocks, the attention's
-    Q8_0, the routers float32."""
+def test_quantized_gguf_matches_transformers_on_its_weights(tmp_path, arch, quantization):
+    """A Q4_0-experts, Q8_0-elsewhere GGUF, read in place (`--quantization
+    gguf`) or dequantized one expert at a time (`none`): every sampled
+    position's logits within 1e-4 of transformers' on the same (rounded)
+    weights, greedy output its `generate`; in place, each expert's weight
+    is its rows of the file's Q4_0 blocks, the attention's Q8_0, the
+    routers float32."""
     model = _rounded(make_hf_model(arch, seed=10 + ARCHS.index(arch), **QUANTIZABLE_SIZES.get(arch, {})))
     path = save_gguf(model, str(tmp_path / f"{arch}-q4_0.gguf"), quant=GGUF_QUANT)
-    core = _check_against_transformers(model, path, seed=1, quantization="gguf")
+    core = _check_against_transformers(model, path, seed=1, quantization=quantization)
     assert isinstance(core.runner.executor, TorchExecutor)
     layers = linear_blocks(core)
+    if quantization == "none":
+        assert not layers  # every weight a float32 tensor of torch's nn.Linear
+        return
     experts = _experts(core).values()
     assert experts and all(b is not None and b.type == 2 and file_backed(b.rows) for b in experts)
     assert all(b is not None and b.type == 8 for n, b in layers.items() if ".self_attn." in n)
