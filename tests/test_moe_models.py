@@ -12,8 +12,9 @@ They run the torch step (the native one says why not), a bfloat16
 checkpoint's experts multiplied as stored. The same models as GGUF files
 in llama.cpp's layout (`qwen3moe`, `qwen2moe`, `olmoe`, Mixtral as `llama`
 with `llama.expert_count`; experts stacked in `ffn_*_exps`), F16 and a
-Q4_0/Q8_0 mix, read in place (each expert its rows of the file's blocks)
-match transformers on the weights the file holds, on the torch executor
+Q4_0/Q8_0 mix, and llama.cpp's first Mixtral layout (a tensor per
+expert), read in place (each expert its rows of the file's blocks) and
+dequantized, match transformers on the weights the file holds, on the torch executor
 (the native one refuses them); bad MoE metadata is named."""
 
 from __future__ import annotations
@@ -160,9 +161,9 @@ def test_bfloat16_checkpoint_multiplies_the_experts_as_stored(tmp_path):
     assert all(isinstance(m, PackedLinear) for m in (block.gate, block.shared_expert_gate, block.experts[0].up_proj))
 
 
-def _rounded(model):
+def _rounded(model, experts: str = "Q4_0"):
     """A copy of `model` with the weights a Q4_0/Q8_0 GGUF of it holds
-    (GGUF_QUANT): the experts' rows through Q4_0, every other matrix but
+    (GGUF_QUANT): the experts' rows through `experts`, every other matrix but
     the routers (which stay float32) through Q8_0. Rounding twice gives
     the same bits, so the file written from the copy holds it exactly."""
     model = copy.deepcopy(model)
@@ -170,11 +171,15 @@ def _rounded(model):
         for name, param in model.named_parameters():
             if param.dim() < 2 or name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
                 continue
-            kind = gguf.GGMLQuantizationType["Q4_0" if ".mlp.experts." in name else "Q8_0"]
-            rows = param.reshape(-1, param.shape[-1]).numpy()
-            rounded = gguf.quants.dequantize(gguf.quants.quantize(rows, kind), kind)
-            param.copy_(torch.from_numpy(rounded).reshape(param.shape))
+            param.copy_(_rounded_rows(param, experts if ".mlp.experts." in name else "Q8_0"))
     return model
+
+
+def _rounded_rows(param: torch.Tensor, kind: str) -> torch.Tensor:
+    """`param`'s rows through the ggml type `kind` and back."""
+    ggml = gguf.GGMLQuantizationType[kind]
+    rows = param.detach().reshape(-1, param.shape[-1]).numpy()
+    return torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(rows, ggml), ggml)).reshape(param.shape)
 
 
 #: The quantized mix: the stacked experts Q4_0, the rest Q8_0 (the routers F32).
@@ -225,6 +230,16 @@ def test_f16_gguf_matches_transformers(checkpoints, tmp_path, arch, caplog):
         narrow = arch in ("qwen2_moe", "qwen3_moe") and name.endswith("down_proj.weight")
         assert (blocks is None) == narrow, name
         assert blocks is None or (blocks.type == 1 and file_backed(blocks.rows)), name
+
+
+def test_a_gguf_of_one_tensor_per_expert_matches_transformers(checkpoints, tmp_path):
+    """llama.cpp's first Mixtral layout (`blk.L.ffn_gate.E.weight`, one
+    Q8_0 tensor per expert), read in place: as the stacked one."""
+    model = _rounded(checkpoints["mixtral"][0], experts="Q8_0")
+    path = save_gguf(model, str(tmp_path / "mixtral-legacy.gguf"), quant={"": "Q8_0"}, stacked_experts=False)
+    core = _check_against_transformers(model, path, seed=1, quantization="gguf")
+    experts = _experts(core).values()
+    assert len(experts) == 2 * 6 * 3 and all(b is not None and b.type == 8 and file_backed(b.rows) for b in experts)
 
 
 @pytest.mark.parametrize("quantization", ["gguf", "none"])

@@ -204,13 +204,17 @@ def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None = None) -> str:
+def save_gguf(
+    model, path: str, f16: bool = False, quant: dict[str, str] | None = None, stacked_experts: bool = True
+) -> str:
     """Writes `model` as one GGUF file (2-D weights and 3-D stacked experts
     F16 when `f16`, norms, biases and routers F32, as llama.cpp's converter
     does; `quant` maps a substring of GGUF tensor names to the ggml type
     those weights get, e.g. `{"ffn_": "Q4_0"}`, any type the kernel reads:
     types the `gguf` package cannot quantize get random blocks,
-    `gguf_blocks.quantize`); returns `path`."""
+    `gguf_blocks.quantize`; `stacked_experts` False: one 2-D tensor per
+    expert, `blk.L.ffn_gate.E.weight`, as llama.cpp's first Mixtral GGUFs);
+    returns `path`."""
     import gguf
 
     from tests.support.gguf_blocks import quantize
@@ -308,6 +312,11 @@ def save_gguf(model, path: str, f16: bool = False, quant: dict[str, str] | None 
     if arch == "phi3" and rope.get("rope_type") == "longrope":
         tensors["rope_factors_long.weight"] = np.asarray(rope["long_factor"], np.float32)
         tensors["rope_factors_short.weight"] = np.asarray(rope["short_factor"], np.float32)
+    if not stacked_experts:
+        for name in [n for n in tensors if n.endswith("_exps.weight")]:
+            stacked = tensors.pop(name)
+            for e, weight in enumerate(stacked):
+                tensors[name.replace("_exps.weight", f".{e}.weight")] = weight
     if rope.get("rope_type") == "llama3":
         # llama.cpp stores Llama 3 scaling as per-frequency divisors.
         base = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))

@@ -83,6 +83,9 @@ GGUF_ROPE_FACTORS_LONG = "rope_factors_long.weight"
 #: llama.cpp's per-layer RoPE frequency factors (Llama 3.1's scaling).
 GGUF_ROPE_FREQS = "rope_freqs.weight"
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+#: The layout of llama.cpp's first Mixtral GGUFs (which it still reads):
+#: one 2-D tensor per expert and projection, `blk.L.ffn_gate.E.weight`.
+_LEGACY_EXPERT = re.compile(r"ffn_(gate|up|down)\.(\d+)\.weight")
 
 
 def fused_names(config: TransformerConfig, packed: set[str]) -> set[str]:
@@ -185,7 +188,8 @@ def gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, np.
             # gives the weight transformers loads from the same file.
             array = array.astype(np.float32) - 1.0
         if name.endswith("mlp.shared_expert_gate.weight") and array.ndim == 1:
-            # llama.cpp's converter squeezes the `[1, hidden]` gate to 1-D.
+            # llama.cpp's converter squeezed the `[1, hidden]` gate to 1-D
+            # (its later versions keep it 2-D).
             array = array.reshape(1, -1)
         if blocks:
             # The file's own pages unless permuted (then a copy of the blocks).
@@ -251,5 +255,8 @@ def hf_name(gguf_name: str, layer_names: dict[str, str]) -> str | None:
     name = GGUF_NAMES.get(gguf_name)
     if name is None and (match := _LAYER.fullmatch(gguf_name)):
         suffix = layer_names.get(match.group(2))
+        if suffix is None and layer_names is GGUF_MOE_LAYER_NAMES:
+            legacy = _LEGACY_EXPERT.fullmatch(match.group(2))
+            suffix = legacy and f"mlp.experts.{legacy.group(2)}.{legacy.group(1)}_proj.weight"
         name = suffix and f"model.layers.{match.group(1)}.{suffix}"
     return name
