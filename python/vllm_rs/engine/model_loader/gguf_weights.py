@@ -18,7 +18,7 @@ import numpy as np
 
 from vllm_rs.engine.layers.gguf_blocks import GgufBlocks, kernel_reads
 from vllm_rs.engine.model_loader.checkpoint import CheckpointError, TransformerConfig
-from vllm_rs.engine.model_loader.gguf_file import read_header
+from vllm_rs.engine.model_loader.gguf_file import GgufTensor, read_header
 from vllm_rs.engine.model_loader.registry import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ def gguf_tensors(spec: ModelSpec, raw: set[str]) -> Iterator[tuple[str, str, np.
         )  # fmt: skip
 
 
-def _dequantize(tensor: Any, raw_bytes: np.ndarray) -> np.ndarray:
+def _dequantize(tensor: GgufTensor, raw_bytes: np.ndarray) -> np.ndarray:
     """`raw_bytes` (whole rows of `tensor`'s type) as float32, or float16
     as stored; flat or `[rows, row]`."""
     if tensor.type_name == "F32":
@@ -217,7 +217,7 @@ def _dequantize(tensor: Any, raw_bytes: np.ndarray) -> np.ndarray:
     return gguf.quants.dequantize(raw_bytes.reshape(rows, -1), gguf.GGMLQuantizationType(tensor.type))
 
 
-def _experts(tensor: Any, raw_bytes: np.ndarray, blocks: bool) -> Iterator[np.ndarray | GgufBlocks]:
+def _experts(tensor: GgufTensor, raw_bytes: np.ndarray, blocks: bool) -> Iterator[np.ndarray | GgufBlocks]:
     """Each expert's `[out, in]` weight of a 3-D `[experts, out, in]` tensor:
     expert e is rows `[e * out, (e + 1) * out)` of its rows of blocks, kept
     as the file's pages (`blocks`) or dequantized (a copy)."""
