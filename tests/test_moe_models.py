@@ -267,14 +267,16 @@ def test_quantized_gguf_matches_transformers_on_its_weights(tmp_path, arch, quan
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_native_executor_refuses_a_moe_gguf(checkpoints, tmp_path, arch):
-    """The torch-free executor meets tensors it does not run (the router or
-    an expert; OLMoE's whole-projection q norm first) and refuses (the
-    runner then takes the torch executor)."""
+    """The torch-free executor finds tensors it does not run in the file's
+    header (the router, the experts; OLMoE's whole-projection q norm) and
+    refuses before reading any (the runner then takes the torch executor)."""
     model, _ = checkpoints[arch]
     path = save_gguf(model, str(tmp_path / f"{arch}.gguf"), f16=True)
     config = make_engine_config(path, max_model_len=64, device="cpu", dtype="float32", block_size=8,
                                 kv_cache_memory_bytes=1 << 20, quantization="gguf")  # fmt: skip
-    with pytest.raises(NativeStepUnsupported, match=r"model\.layers\.\d\.(mlp|self_attn\.q_norm)"):
+    with pytest.raises(
+        NativeStepUnsupported, match=r"the file holds blk\.\d\.\w+|model\.layers\.\d\.self_attn\.q_norm"
+    ):
         NativeExecutor(config)
 
 

@@ -37,6 +37,8 @@ from vllm_rs.logger import init_logger
 
 logger = init_logger(__name__)
 
+#: The RoPE factor tensors a GGUF may hold beside the weights.
+ROPE_FACTOR_NAMES = (GGUF_ROPE_FREQS, GGUF_ROPE_FACTORS_SHORT, GGUF_ROPE_FACTORS_LONG)
 #: numpy's view of each KV cache dtype: 16-bit caches are handed over as bits.
 _CACHE_ARRAY_DTYPES = {"float32": np.float32, "float16": np.uint16, "bfloat16": np.uint16}
 
@@ -130,8 +132,12 @@ class NativeExecutor:
         # Decided from the header, before any tensor is read (or dequantized
         # and logged, which the torch executor would then do again).
         layer_names = gguf_layer_names(c)
+        known = set(expected) | in_blocks | {"lm_head.weight", *ROPE_FACTOR_NAMES}
         for tensor in read_header(spec.weights_path).tensors.values():
-            if hf_name(tensor.name, layer_names) in in_blocks and not kernel_reads(tensor.type, tensor.shape[-1]):
+            name = hf_name(tensor.name, layer_names)
+            if name not in known:
+                raise NativeStepUnsupported(f"the file holds {tensor.name}, which the native step does not run")
+            if name in in_blocks and not kernel_reads(tensor.type, tensor.shape[-1]):
                 raise NativeStepUnsupported(f"the kernel does not read {tensor.name}'s {tensor.type_name} in place")
         # The embeddings stay in the file (GgufRows): never dequantized here.
         tensors = gguf_tensors(spec, in_blocks | {"model.embed_tokens.weight"})
@@ -140,7 +146,7 @@ class NativeExecutor:
         weights: dict[str, Any] = {}
         rope_factors = None
         for name, _, array in tensors:
-            if name in (GGUF_ROPE_FREQS, GGUF_ROPE_FACTORS_SHORT):
+            if name in ROPE_FACTOR_NAMES[:2]:
                 rope_factors = np.asarray(array, dtype=np.float32)
             elif name == GGUF_ROPE_FACTORS_LONG:
                 continue
