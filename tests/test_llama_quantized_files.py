@@ -18,10 +18,11 @@ import pytest
 import torch
 from vllm_rs.engine import make_engine_config
 from vllm_rs.engine.core import EngineCore
-from vllm_rs.engine.layers.packed_weights import GgufBlocks, PackedLinear
+from vllm_rs.engine.layers.gguf_blocks import GgufBlocks
 from vllm_rs.engine.protocol import EngineCoreRequest
 from vllm_rs.model_files import ModelNotFoundError, packaged_model_path
 
+from tests.support.executors import linear_blocks
 from tests.support.greedy import greedy_with_rows
 from tests.test_serve import rust_frontend_available, serving
 
@@ -66,8 +67,8 @@ def greedy(path: str, quantization: str) -> tuple[dict[str, list[int]], EngineCo
 def test_each_file_is_read_in_place_and_generates_as_dequantized(files, fmt):
     torch.set_num_threads(1)
     tokens, core = greedy(files[fmt], "gguf")
-    layers = [m for m in core.runner.executor.model.modules() if isinstance(m, PackedLinear)]
-    assert layers and all(isinstance(m.blocks, GgufBlocks) for m in layers), fmt
+    layers = linear_blocks(core).values()
+    assert layers and all(isinstance(blocks, GgufBlocks) for blocks in layers), fmt
     assert tokens == greedy(files[fmt], "none")[0]
 
 
