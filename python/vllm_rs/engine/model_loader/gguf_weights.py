@@ -82,6 +82,10 @@ GGUF_ROPE_FACTORS_SHORT = "rope_factors_short.weight"
 GGUF_ROPE_FACTORS_LONG = "rope_factors_long.weight"
 #: llama.cpp's per-layer RoPE frequency factors (Llama 3.1's scaling).
 GGUF_ROPE_FREQS = "rope_freqs.weight"
+#: The RoPE factor tensors the engine runs (at most one per file).
+GGUF_ROPE_FACTORS_RUN = (GGUF_ROPE_FREQS, GGUF_ROPE_FACTORS_SHORT)
+#: Every RoPE factor tensor a GGUF may hold beside its weights.
+GGUF_ROPE_FACTORS = (*GGUF_ROPE_FACTORS_RUN, GGUF_ROPE_FACTORS_LONG)
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 #: The layout of llama.cpp's first Mixtral GGUFs (which it still reads):
 #: one 2-D tensor per expert and projection, `blk.L.ffn_gate.E.weight`.
@@ -250,7 +254,7 @@ def hf_name(gguf_name: str, layer_names: dict[str, str]) -> str | None:
     """The Hugging Face name of a GGUF tensor (GGUF_ROPE_FREQS keeps its
     own; `layer_names`: the architecture's per-layer names), None for an
     unknown one."""
-    if gguf_name in (GGUF_ROPE_FREQS, GGUF_ROPE_FACTORS_SHORT, GGUF_ROPE_FACTORS_LONG):
+    if gguf_name in GGUF_ROPE_FACTORS:
         return gguf_name
     name = GGUF_NAMES.get(gguf_name)
     if name is None and (match := _LAYER.fullmatch(gguf_name)):

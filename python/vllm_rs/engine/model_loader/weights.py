@@ -28,8 +28,7 @@ from vllm_rs.engine.model_loader.checkpoint import CheckpointError
 from vllm_rs.engine.model_loader.gguf_file import read_header
 from vllm_rs.engine.model_loader.gguf_weights import (
     GGUF_ROPE_FACTORS_LONG,
-    GGUF_ROPE_FACTORS_SHORT,
-    GGUF_ROPE_FREQS,
+    GGUF_ROPE_FACTORS_RUN,
     fused_names,
     gguf_tensors,
     split_fused,
@@ -82,7 +81,7 @@ def load_model(
     state: dict[str, torch.Tensor] = {}
     loaded: set[str] = set()
     for name, source, array in tensors:
-        if name in (GGUF_ROPE_FREQS, GGUF_ROPE_FACTORS_SHORT):
+        if name in GGUF_ROPE_FACTORS_RUN:
             rope_factors = np.asarray(array, dtype=np.float32)
             continue
         if isinstance(array, np.ndarray):

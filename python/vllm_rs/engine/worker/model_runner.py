@@ -22,7 +22,7 @@ from vllm_rs.engine.sample.logprobs import gather, log_softmax, num_columns
 from vllm_rs.engine.sample.sampler import Sampler
 from vllm_rs.engine.sched.output import ModelOutput, StepPlan
 from vllm_rs.engine.sched.request import Request
-from vllm_rs.engine.worker.native_executor import NativeExecutor, NativeStepUnsupported, native_executor_unsupported
+from vllm_rs.engine.worker.native_executor import NativeExecutor, NativeStepUnsupported
 from vllm_rs.engine.worker.request_state import CachedRequestState
 from vllm_rs.iteration_details import compute_iteration_details
 from vllm_rs.logger import init_logger
@@ -32,13 +32,10 @@ logger = init_logger(__name__)
 
 def make_executor(config: EngineConfig) -> Any:
     """The native executor where it runs the model, else the torch one."""
-    why_not = native_executor_unsupported(config)
-    if why_not is None:
-        try:
-            return NativeExecutor(config)
-        except NativeStepUnsupported as e:
-            why_not = str(e)
-    logger.debug("torch executor: %s", why_not)
+    try:
+        return NativeExecutor(config)
+    except NativeStepUnsupported as e:
+        logger.debug("torch executor: %s", e)
     from vllm_rs.engine.worker.torch_executor import TorchExecutor
 
     return TorchExecutor(config)

@@ -22,9 +22,9 @@ from vllm_rs.engine.layers.gguf_blocks import GgufBlocks, GgufRows, kernel_reads
 from vllm_rs.engine.layers.rope_frequencies import rope_inv_freq
 from vllm_rs.engine.model_loader.gguf_file import read_header
 from vllm_rs.engine.model_loader.gguf_weights import (
+    GGUF_ROPE_FACTORS,
     GGUF_ROPE_FACTORS_LONG,
-    GGUF_ROPE_FACTORS_SHORT,
-    GGUF_ROPE_FREQS,
+    GGUF_ROPE_FACTORS_RUN,
     fused_names,
     gguf_layer_names,
     gguf_tensors,
@@ -37,8 +37,6 @@ from vllm_rs.logger import init_logger
 
 logger = init_logger(__name__)
 
-#: The RoPE factor tensors a GGUF may hold beside the weights.
-ROPE_FACTOR_NAMES = (GGUF_ROPE_FREQS, GGUF_ROPE_FACTORS_SHORT, GGUF_ROPE_FACTORS_LONG)
 #: numpy's view of each KV cache dtype: 16-bit caches are handed over as bits.
 _CACHE_ARRAY_DTYPES = {"float32": np.float32, "float16": np.uint16, "bfloat16": np.uint16}
 
@@ -47,7 +45,7 @@ class NativeStepUnsupported(Exception):
     """The model cannot run as a torch-free native step (says why)."""
 
 
-def native_executor_unsupported(config: EngineConfig) -> str | None:
+def _unsupported_by_config(config: EngineConfig) -> str | None:
     """Why the configuration rules the native executor out before any file
     is read (None when only the file's tensors can say)."""
     model = config.model_config
@@ -85,7 +83,7 @@ class NativeExecutor:
     device = "cpu"
 
     def __init__(self, config: EngineConfig):
-        why_not = native_executor_unsupported(config)
+        why_not = _unsupported_by_config(config)
         if why_not is not None:
             raise NativeStepUnsupported(why_not)
         model = config.model_config
@@ -132,7 +130,7 @@ class NativeExecutor:
         # Decided from the header, before any tensor is read (or dequantized
         # and logged, which the torch executor would then do again).
         layer_names = gguf_layer_names(c)
-        known = set(expected) | in_blocks | {"lm_head.weight", *ROPE_FACTOR_NAMES}
+        known = set(expected) | in_blocks | {"lm_head.weight", *GGUF_ROPE_FACTORS}
         for tensor in read_header(spec.weights_path).tensors.values():
             name = hf_name(tensor.name, layer_names)
             if name not in known:
@@ -146,7 +144,7 @@ class NativeExecutor:
         weights: dict[str, Any] = {}
         rope_factors = None
         for name, _, array in tensors:
-            if name in ROPE_FACTOR_NAMES[:2]:
+            if name in GGUF_ROPE_FACTORS_RUN:
                 rope_factors = np.asarray(array, dtype=np.float32)
             elif name == GGUF_ROPE_FACTORS_LONG:
                 continue

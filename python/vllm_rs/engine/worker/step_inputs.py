@@ -8,7 +8,7 @@ one hands the arrays to Rust, the torch one copies them to its device."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,6 +46,11 @@ class StepInputs:
     key_slots: np.ndarray
     key_starts: np.ndarray
     logits_indices: np.ndarray
+    #: 0 .. block_size - 1, made once: a block's slots are `block * block_size + this`.
+    block_offsets: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.block_offsets = np.arange(self.block_size, dtype=np.int64)
 
     @classmethod
     def allocate(cls, block_size: int, max_tokens: int, max_seqs: int, max_model_len: int) -> StepInputs:
@@ -60,7 +65,6 @@ class StepInputs:
         prompt positions scored after all of them)."""
         ids, positions, slots = self.input_ids, self.positions, self.slot_mapping
         key_slots, key_starts = self.key_slots, self.key_starts
-        block_offsets = np.arange(self.block_size, dtype=np.int64)
         ranges = []
         sample_requests = []
         # (request, prompt tokens scored): the logits rows of prompt positions
@@ -76,7 +80,7 @@ class StepInputs:
             ids[row : row + n] = request.tokens(start_pos, end_pos)
             positions[row : row + n] = np.arange(start_pos, end_pos)
             blocks = np.asarray(request.block_ids[: -(-end_pos // self.block_size)], dtype=np.int64)
-            all_slots = (blocks[:, None] * self.block_size + block_offsets).reshape(-1)[:end_pos]
+            all_slots = (blocks[:, None] * self.block_size + self.block_offsets).reshape(-1)[:end_pos]
             slots[row : row + n] = all_slots[start_pos:end_pos]
             key_slots[key_row : key_row + end_pos] = all_slots
             key_starts[row : row + n] = key_row
