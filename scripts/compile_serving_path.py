@@ -15,6 +15,7 @@ from __future__ import annotations
 import compileall
 import importlib.util
 import sys
+from pathlib import Path
 
 #: What a `serve` of a GGUF runs: the supervisor, the engine process and
 #: its torch-free runner.
@@ -28,6 +29,10 @@ SERVING_MODULES = (
 )
 #: The top-level packages outside the standard library that they import.
 SERVING_PACKAGES = ("vllm_rs", "numpy", "zmq", "msgpack")
+#: This checkout's own package, which the editable install serves: compiled
+#: where it lies, as setup.sh runs this before that install (on a fresh venv
+#: `vllm_rs` is not installed yet, or still points at another checkout).
+SOURCE_PACKAGE = Path(__file__).resolve().parent.parent / "python" / "vllm_rs"
 
 
 def main() -> int:
@@ -35,8 +40,11 @@ def main() -> int:
     failed to compile."""
     ok = True
     for name in SERVING_PACKAGES:
-        spec = importlib.util.find_spec(name)
-        folders = spec.submodule_search_locations if spec is not None else None
+        if name == "vllm_rs":
+            folders = [str(SOURCE_PACKAGE)]
+        else:
+            spec = importlib.util.find_spec(name)
+            folders = spec.submodule_search_locations if spec is not None else None
         if not folders:
             print(f"compile_serving_path.py: package {name} is not installed", file=sys.stderr)
             ok = False

@@ -23,11 +23,11 @@ gguf = pytest.importorskip("gguf")
 
 from vllm_rs.engine import make_engine_config  # noqa: E402
 from vllm_rs.engine.core import EngineCore  # noqa: E402
-from vllm_rs.engine.layers.packed_weights import PackedLinear  # noqa: E402
 from vllm_rs.engine.model_loader.registry import resolve_model  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
 from vllm_rs.engine.worker import torch_executor  # noqa: E402
 
+from tests.support.executors import linear_blocks  # noqa: E402
 from tests.support.gemma3_270m import gemma3_270m_path  # noqa: E402
 from tests.support.tiny_models import gemma3_gguf_model, make_hf_model, save_gguf, save_safetensors  # noqa: E402
 from tests.test_real_models import _check_against_transformers, one_thread  # noqa: E402, F401
@@ -90,8 +90,8 @@ def test_quantized_gguf_read_in_place_matches_transformers_reading_it(gemma3, tm
         str(tmp_path), gguf_file="quantized.gguf", config=gguf_model.config, dtype=torch.float32
     ).eval()
     core = _check_against_transformers(reference, path, seed=4, quantization="gguf")
-    layers = [m for m in core.runner.executor.model.modules() if isinstance(m, PackedLinear)]
-    assert layers and all(m.blocks is not None for m in layers)
+    blocks = linear_blocks(core)
+    assert blocks and all(b is not None for b in blocks.values())
 
 
 def test_multimodal_checkpoints_text_part_matches_transformers(gemma3, tmp_path):

@@ -4,7 +4,8 @@ GGUF, by the torch-free `native_executor` from the file) against the torch
 step (`--enforce-eager`) on the same weights: every architecture it runs (Llama with Llama 3 RoPE scaling,
 Mistral, Qwen2 with q/k/v biases and tied embeddings, Qwen3 with q/k norms,
 Granite with its multipliers, SmolLM3 with layers without RoPE, Phi-3
-with fused projections, partial rotary and LongRoPE),
+with fused projections, partial rotary and LongRoPE, Gemma 3 with its
+windowed layers, output norms, GeGLU and softcapping),
 weights read in place as F16/BF16 rows, GGUF blocks of several types and the
 packaged SmolLM2, through the paged cache with chunked prefill beside
 decodes, a prefix-cache hit and preemption: every sampled row's logits
@@ -28,13 +29,14 @@ from vllm_rs import _core  # noqa: E402
 from vllm_rs.engine import make_engine_config  # noqa: E402
 from vllm_rs.engine.core import EngineCore  # noqa: E402
 from vllm_rs.engine.model_loader.checkpoint import config_from_hf  # noqa: E402
+from vllm_rs.engine.models.gemma3 import Gemma3ForCausalLM  # noqa: E402
 from vllm_rs.engine.models.llama import CausalLM  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
 from vllm_rs.engine.worker.native_executor import NativeExecutor  # noqa: E402
 from vllm_rs.engine.worker.native_step import decoder_weight_shapes  # noqa: E402
 
 from tests.support.greedy import run_to_completion
-from tests.support.tiny_models import make_hf_model, save_gguf, save_safetensors  # noqa: E402
+from tests.support.tiny_models import gemma3_gguf_model, make_hf_model, save_gguf, save_safetensors  # noqa: E402
 from tests.test_real_models import _prompts, run_engine  # noqa: E402
 
 #: The two steps sum in different orders (the kernel's lanes and threads
@@ -75,6 +77,7 @@ def assert_same_step(path: str, prompts: list[list[int]], quantization: str | No
         ("granite", torch.bfloat16),
         ("smollm3", torch.float16),
         ("phi3", torch.bfloat16),
+        ("gemma3_text", torch.bfloat16),
     ],  # fmt: skip
 )
 def test_half_checkpoints_step_natively_as_in_torch(tmp_path, arch, dtype):
@@ -102,24 +105,25 @@ def test_gguf_blocks_step_natively_as_in_torch(tmp_path, name):
     assert_same_step(path, _prompts(model.config.vocab_size, 6), quantization="gguf")
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "granite", "smollm3", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "granite", "smollm3", "phi3", "gemma3_text"])
 def test_gguf_files_of_every_family_step_without_torch_as_in_torch(tmp_path, arch):
     """A GGUF runs on the torch-free executor (`native_executor`), which
     reads the file by itself: the same logits as the torch modules."""
     # llama.cpp's smollm3 leaves RoPE out of every 4th layer.
     sizes = {"num_hidden_layers": 4, "no_rope_layer_interval": 4} if arch == "smollm3" else {}
-    model = make_hf_model(arch, seed=4, **sizes)
+    model = gemma3_gguf_model(seed=4) if arch == "gemma3_text" else make_hf_model(arch, seed=4, **sizes)
     path = save_gguf(model, str(tmp_path / f"{arch}.gguf"), f16=True)
     native = assert_same_step(path, _prompts(model.config.vocab_size, 4), quantization="gguf")
     assert isinstance(native.runner.executor, NativeExecutor)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "granite", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "granite", "phi3", "gemma3_text"])
 def test_the_native_steps_weight_list_is_the_torch_modules(arch):
     """`decoder_weight_shapes` (what the torch-free executor reads from a
-    file) names exactly the weights `llama.CausalLM` holds, with their shapes."""
+    file) names exactly the weights `llama.CausalLM` (or Gemma 3's) holds,
+    with their shapes."""
     config = config_from_hf(make_hf_model(arch, seed=0).config.to_dict(), arch)
-    module = CausalLM.build(config)
+    module = (Gemma3ForCausalLM if arch == "gemma3_text" else CausalLM).build(config)
     assert decoder_weight_shapes(config) == {name: tuple(t.shape) for name, t in module.state_dict().items()}
 
 
@@ -170,9 +174,9 @@ def test_int8_kernel_precision_without_the_native_step_is_refused(smollm2, tmp_p
         make_engine_config(smollm2, device="cpu", kernel_precision="int8", enforce_eager=True)
     with pytest.raises(EngineConfigError, match=f"{needs}, which does not run the toy model"):
         make_engine_config("toy", kernel_precision="int8")
-    gemma = save_safetensors(make_hf_model("gemma3_text", seed=1).to(torch.bfloat16), str(tmp_path / "g"))
-    config = make_engine_config(gemma, device="cpu", max_model_len=64, num_gpu_blocks=8, kernel_precision="int8")
-    with pytest.raises(EngineConfigError, match=f"{needs}, which cannot run this model: Gemma3ForCausalLM"):
+    moe = save_safetensors(make_hf_model("qwen3_moe", seed=1).to(torch.bfloat16), str(tmp_path / "m"))
+    config = make_engine_config(moe, device="cpu", max_model_len=64, num_gpu_blocks=8, kernel_precision="int8")
+    with pytest.raises(EngineConfigError, match=f"{needs}, which cannot run this model: its mixture-of-experts"):
         EngineCore(config)
 
 
@@ -181,12 +185,12 @@ def test_int8_kernel_precision_without_the_native_step_is_refused(smollm2, tmp_p
     [
         ("float32 safetensors", "dense float32 weights"),
         ("dequantized gguf", "dense float32 weights"),
-        ("gemma3", "Gemma3ForCausalLM has layers of its own"),
+        ("mixture of experts", "its mixture-of-experts layers are not in the kernel"),
     ],
 )
 def test_where_the_native_step_does_not_run_the_engine_says_why(tmp_path, caplog, case, reason):
-    if case == "gemma3":
-        path = save_safetensors(make_hf_model("gemma3_text", seed=1).to(torch.bfloat16), str(tmp_path / "g"))
+    if case == "mixture of experts":
+        path = save_safetensors(make_hf_model("qwen3_moe", seed=1).to(torch.bfloat16), str(tmp_path / "m"))
     elif case == "float32 safetensors":
         path = save_safetensors(make_hf_model("qwen2", seed=1), str(tmp_path / "q"))
     else:
@@ -275,10 +279,16 @@ def test_a_model_whose_shapes_do_not_fit_is_refused():
     ones = np.ones(8, np.float32)
     rows = np.zeros((8, 2 * 32), np.uint8)  # F16 rows of 32 weights
     linear = (1, rows, 8, 32, None)
-    layer = (ones, ones, None, None, [linear] * 7, None, True)
+    layer = (ones, ones, None, None, [linear] * 7, None, 0, None, None)
     shape = (32, 2, 1, 4, 32, 8, 1e-6, 0.5, 1.0, 4, 1.0)
-    with pytest.raises(ValueError, match="inv_freq has 4 elements, the shapes need 2"):
-        _core.DecoderStack(shape, np.ones(4, np.float32), [layer], np.ones(32, np.float32), linear, [])
+    norm, table = np.ones(32, np.float32), np.ones(2, np.float32)
+    with pytest.raises(ValueError, match=re.escape("inv_freqs[0] has 4 elements, the shapes need 2")):
+        _core.DecoderStack(shape, [np.ones(4, np.float32)], [layer], norm, linear, [])
     with pytest.raises(ValueError, match="layer 0 has 6 linear layers, not 7"):
-        bad = (ones, ones, None, None, [linear] * 6, None, True)
-        _core.DecoderStack(shape, np.ones(2, np.float32), [bad], np.ones(32, np.float32), linear, [])
+        bad = (ones, ones, None, None, [linear] * 6, None, 0, None, None)
+        _core.DecoderStack(shape, [table], [bad], norm, linear, [])
+    with pytest.raises(ValueError, match="layer 0: RoPE table 1, but the model has 1"):
+        bad = (ones, ones, None, None, [linear] * 7, None, 1, None, None)
+        _core.DecoderStack(shape, [table], [bad], norm, linear, [])
+    with pytest.raises(ValueError, match='activation "relu" is not "silu" or "gelu_tanh"'):
+        _core.DecoderStack(shape, [table], [layer], norm, linear, [], activation="relu")

@@ -276,18 +276,29 @@ class DecoderStack:
     def __init__(
         self,
         shape: tuple[int, int, int, int, int, int, float, float, float, int, float],
-        inv_freq: object,
-        layers: Sequence[tuple[object, object, object | None, object | None, Sequence[object], int | None, bool]],
+        inv_freqs: Sequence[object],
+        layers: Sequence[
+            tuple[
+                object, object, object | None, object | None, Sequence[object], int | None, int | None,
+                object | None, object | None,
+            ]
+        ],
         norm: object,
         head: tuple[int, object, int, int, object | None],
         caches: Sequence[tuple[object, object]],
         cache_dtype: str = "float32",
         precision: str = "exact",
+        activation: str = "silu",
     ) -> None:
         """`shape` is `(hidden, heads, kv_heads, head_dim, intermediate,
-        vocab, eps, scale, residual_scale, rotary_dim, rope_scale)`; a linear
+        vocab, eps, scale, residual_scale, rotary_dim, rope_scale)`;
+        `inv_freqs` the RoPE tables; a layer is `(input_norm,
+        post_attention_norm (before the MLP), q_norm, k_norm, [q, k, v, o,
+        gate, up, down], window, its RoPE table's index or None,
+        attention_output_norm, mlp_output_norm)`; a linear
         is `(ggml type id, rows (uint8), out features, in features, bias or
         None)`; `caches` one `(keys, values)` per layer of `cache_dtype`;
+        `activation` the MLP gate's (`silu` or `gelu_tanh`);
         `precision` `exact` (float32 products of the dequantized weights) or
         `int8` (activations quantized to int8 per block for Q8_0, Q4_0, Q4_1,
         Q5_0, Q4_K, Q5_K and Q6_K weights; its error bound is

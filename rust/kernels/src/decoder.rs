@@ -15,6 +15,10 @@
 //! keys and values written to their cache slots, attention over the paged
 //! cache (causal, windowed for layers with a sliding window), SwiGLU
 //! (`silu(gate) · up`), the residuals, the final norm and the output head.
+//! Gemma 3's layers (`engine/models/gemma3.py`) are the same operations
+//! plus a norm of the attention's and of the MLP's output before each joins
+//! the residual stream, a tanh-GELU gate, and two RoPE tables (the windowed
+//! layers' base and the global layers').
 //! Only summation orders and the last bit of `exp`, `sin` and `cos` differ
 //! from torch's, so logits agree within float32 rounding (the engine's
 //! tests check it on every architecture and weight format).
@@ -126,6 +130,18 @@ pub struct Shape {
     pub rotary_dim: usize,
     /// The factor of RoPE's cosines and sines (LongRoPE's attention factor; 1 for the others).
     pub rope_scale: f32,
+    /// The MLP's gate activation.
+    pub activation: Activation,
+}
+
+/// The activation of the MLP's gate, multiplied by its up projection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(g) = g / (1 + exp(-g))` (SwiGLU: Llama and its kin).
+    Silu,
+    /// GELU's tanh approximation, `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))`
+    /// (GeGLU: Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
 }
 
 /// One decoder layer's weights.
@@ -145,7 +161,11 @@ pub struct Layer<'a> {
     pub q_norm: Option<&'a [f32]>,
     /// RMSNorm of each key head (Qwen3), if the model has it.
     pub k_norm: Option<&'a [f32]>,
-    /// The norm before the MLP.
+    /// The norm of the attention's output before it joins the residual
+    /// stream (Gemma 3's `post_attention_layernorm`), if the model has it.
+    pub attention_output_norm: Option<&'a [f32]>,
+    /// The norm before the MLP (Llama's `post_attention_layernorm`, Gemma 3's
+    /// `pre_feedforward_layernorm`).
     pub post_attention_norm: &'a [f32],
     /// The MLP's gate projection.
     pub gate: Linear<'a>,
@@ -153,14 +173,18 @@ pub struct Layer<'a> {
     pub up: Linear<'a>,
     /// The MLP's down projection.
     pub down: Linear<'a>,
+    /// The norm of the MLP's output before it joins the residual stream
+    /// (Gemma 3's `post_feedforward_layernorm`), if the model has it.
+    pub mlp_output_norm: Option<&'a [f32]>,
     /// A query sees only keys less than this many positions before it.
     pub window: Option<usize>,
-    /// Whether q and k are rotated by position (SmolLM3 leaves some layers without RoPE).
-    pub rope: bool,
+    /// Which of the decoder's `inv_freqs` rotates q and k by position; None
+    /// for a layer without RoPE (SmolLM3 leaves some out).
+    pub rope: Option<usize>,
 }
 
 /// The model: its layers, the final norm, the output head and RoPE's
-/// inverse frequencies (`head_dim / 2` of them, scaling applied).
+/// inverse frequencies (`rotary_dim / 2` of them per table, scaling applied).
 #[derive(Debug, Clone)]
 pub struct Decoder<'a> {
     /// Sizes and constants.
@@ -171,8 +195,9 @@ pub struct Decoder<'a> {
     pub norm: &'a [f32],
     /// The output head (the embeddings' blocks when they are tied).
     pub head: Linear<'a>,
-    /// RoPE's inverse frequencies.
-    pub inv_freq: &'a [f32],
+    /// RoPE's inverse frequencies, one table per base the layers use
+    /// (Gemma 3's global and windowed layers differ; one for the others).
+    pub inv_freqs: Vec<&'a [f32]>,
     /// How the projections and the output head multiply (`Exact`, or int8
     /// activations for the weight types that path reads).
     pub precision: Precision,
@@ -245,11 +270,19 @@ impl Decoder<'_> {
             vector(format!("{what} (bytes)"), l.rows.len(), need_out * l.quant.row_bytes(need_in))?;
             l.bias.map_or(Ok(()), |b| vector(format!("{what} bias"), b.len(), need_out))
         };
-        vector("inv_freq".into(), self.inv_freq.len(), rotary_dim / 2)?;
+        for (i, table) in self.inv_freqs.iter().enumerate() {
+            vector(format!("inv_freqs[{i}]"), table.len(), rotary_dim / 2)?;
+        }
         vector("norm".into(), self.norm.len(), hidden)?;
         linear("head".into(), &self.head, vocab, hidden)?;
         let (q_out, kv_out) = (heads * head_dim, kv_heads * head_dim);
         for (i, l) in self.layers.iter().enumerate() {
+            if let Some(table) = l.rope.filter(|&t| t >= self.inv_freqs.len()) {
+                return Err(StepError::Shape(format!(
+                    "layer {i}: RoPE table {table}, but the model has {}",
+                    self.inv_freqs.len()
+                )));
+            }
             let name = |what: &str| format!("layer {i} {what}");
             vector(name("input_norm"), l.input_norm.len(), hidden)?;
             vector(name("post_attention_norm"), l.post_attention_norm.len(), hidden)?;
@@ -262,6 +295,10 @@ impl Decoder<'_> {
             linear(name("down"), &l.down, hidden, intermediate)?;
             for (what, norm) in [("q_norm", l.q_norm), ("k_norm", l.k_norm)] {
                 norm.map_or(Ok(()), |n| vector(name(what), n.len(), head_dim))?;
+            }
+            for (what, norm) in [("attention_output_norm", l.attention_output_norm), ("mlp_output_norm", l.mlp_output_norm)]
+            {
+                norm.map_or(Ok(()), |n| vector(name(what), n.len(), hidden))?;
             }
             if l.window == Some(0) {
                 return Err(StepError::Shape(format!("layer {i}: a sliding window of 0 keys")));
@@ -292,7 +329,8 @@ impl Decoder<'_> {
             return Ok(());
         }
         let half = s.rotary_dim / 2;
-        let (cos, sin) = rope_tables(inputs.positions, self.inv_freq, s.rope_scale);
+        // Each table's cos and sin, made when a layer first uses it.
+        let mut ropes: Vec<Option<(Vec<f32>, Vec<f32>)>> = vec![None; self.inv_freqs.len()];
         let mut windows: Vec<(Option<usize>, Keys)> = Vec::new();
         let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
         let mut h = vec![0.0f32; tokens * s.hidden];
@@ -324,9 +362,11 @@ impl Decoder<'_> {
             if let Some(w) = layer.k_norm {
                 rms_norm_in_place(&mut k, w, s.eps);
             }
-            if layer.rope && half > 0 {
-                rope(&mut q, &cos, &sin, half, s.head_dim);
-                rope(&mut k, &cos, &sin, half, s.head_dim);
+            if let Some(table) = layer.rope.filter(|_| half > 0) {
+                let (cos, sin) = ropes[table]
+                    .get_or_insert_with(|| rope_tables(inputs.positions, self.inv_freqs[table], s.rope_scale));
+                rope(&mut q, cos, sin, half, s.head_dim);
+                rope(&mut k, cos, sin, half, s.head_dim);
             }
             for (t, &slot) in inputs.slot_mapping.iter().enumerate() {
                 cache.keys.write_row(slot, &k[t * kv_out..(t + 1) * kv_out]);
@@ -360,7 +400,7 @@ impl Decoder<'_> {
             unsafe { attend(path, &attention, &mut attended, dims, threads) };
             matmuls(path, self.precision, &mut [product(&layer.o, &attended, &mut residual, m)], threads)?;
             add_bias(&layer.o, &mut residual);
-            add_rows(x, &residual, s.residual_scale);
+            add_output(x, &residual, &mut h, layer.attention_output_norm, s, parallel);
             rms_norm_rows(x, &mut h, layer.post_attention_norm, s.eps, parallel);
             matmuls(
                 path,
@@ -368,9 +408,9 @@ impl Decoder<'_> {
                 &mut [product(&layer.gate, &h, &mut gate, m), product(&layer.up, &h, &mut up, m)],
                 threads,
             )?;
-            swiglu(&mut gate, &up, parallel);
+            gated(&mut gate, &up, s.activation, parallel);
             matmuls(path, self.precision, &mut [product(&layer.down, &gate, &mut residual, m)], threads)?;
-            add_rows(x, &residual, s.residual_scale);
+            add_output(x, &residual, &mut h, layer.mlp_output_norm, s, parallel);
         }
         let rows = inputs.logits_rows.len();
         let mut last = vec![0.0f32; rows * s.hidden];
@@ -514,6 +554,18 @@ fn add_bias(l: &Linear<'_>, out: &mut [f32]) {
     }
 }
 
+/// Adds a block's output `y` to the residual stream `x`: normed first
+/// (into `scratch`, as wide as `y`) when the block has an output norm.
+fn add_output(x: &mut [f32], y: &[f32], scratch: &mut [f32], norm: Option<&[f32]>, s: Shape, threads: usize) {
+    match norm {
+        Some(w) => {
+            rms_norm_rows(y, scratch, w, s.eps, threads);
+            add_rows(x, scratch, s.residual_scale);
+        }
+        None => add_rows(x, y, s.residual_scale),
+    }
+}
+
 /// `x += y * scale`, element by element (no multiply for 1: the same values).
 fn add_rows(x: &mut [f32], y: &[f32], scale: f32) {
     if scale == 1.0 {
@@ -599,19 +651,28 @@ fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], half: usize, head_dim: usize) {
     }
 }
 
-/// `gate = silu(gate) * up` (`silu(g) = g / (1 + exp(-g))`), rows split
-/// across `threads`.
-fn swiglu(gate: &mut [f32], up: &[f32], threads: usize) {
+/// `gate = activation(gate) * up`, rows split across `threads`.
+fn gated(gate: &mut [f32], up: &[f32], activation: Activation, threads: usize) {
     const CHUNK: usize = 4096;
     let gate_ptr = Out(gate.as_mut_ptr());
     for_row_ranges(gate.len().div_ceil(CHUNK), threads, &|chunks| {
         let range = chunks.start * CHUNK..(chunks.end * CHUNK).min(up.len());
         // SAFETY: each range of chunks is its own part of `gate`.
         let gate = unsafe { rows_of(gate_ptr, &range, 1) };
-        for (g, &u) in gate.iter_mut().zip(&up[range]) {
-            *g = *g / (1.0 + (-*g).exp()) * u;
+        match activation {
+            Activation::Silu => gate.iter_mut().zip(&up[range]).for_each(|(g, &u)| *g = *g / (1.0 + (-*g).exp()) * u),
+            Activation::GeluTanh => gate.iter_mut().zip(&up[range]).for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
         }
     });
+}
+
+/// GELU's tanh approximation as torch computes it in float32
+/// (`0.5·x·(1 + tanh(√2·(2/√π)·0.5·(x + 0.044715·x³)))`).
+fn gelu_tanh(x: f32) -> f32 {
+    const BETA: f32 = std::f32::consts::SQRT_2 * std::f32::consts::FRAC_2_SQRT_PI * 0.5;
+    const KAPPA: f32 = 0.044715;
+    let inner = BETA * (x + KAPPA * (x * x * x));
+    0.5 * x * (1.0 + inner.tanh())
 }
 
 /// Runs `f` over `0..rows` cut into ranges, on the pool's threads when

@@ -1,7 +1,8 @@
 //! The decoder step against a float64 reference written out here from the
 //! model's definition (RMSNorm, RoPE in rotate-half layout, grouped-query
 //! causal attention, a sliding window, q/k norms, biases, SwiGLU, the
-//! head), on a tiny random model with F16 weights: a prefill, then decodes,
+//! head; Gemma 3's output norms, GeGLU and second RoPE table), on a tiny
+//! random model with F16 weights: a prefill, then decodes,
 //! two sequences in one step, on every path and 1 to 3 threads; a Q8_0
 //! model at int8 activations within their looser bound; and the
 //! checks that refuse a bad step before the cache is written.
@@ -10,7 +11,7 @@ mod common;
 
 use common::{paths, Rng};
 use vllm_rs_kernels::{
-    dequantize_row, Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, Precision, QuantType, Shape, StepError,
+    dequantize_row, Activation, Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, Precision, QuantType, Shape, StepError,
     StepInputs,
 };
 
@@ -46,6 +47,11 @@ fn q8_0_rows(rng: &mut Rng, n: usize, k: usize) -> Vec<u8> {
     (0..n * k / 32)
         .flat_map(|_| [0x00, 0x18].into_iter().chain((0..32).map(|_| rng.next() as u8)).collect::<Vec<u8>>())
         .collect()
+}
+
+/// RoPE's inverse frequencies of `base` over ROTARY dimensions.
+fn inv_freq(base: f32) -> Vec<f32> {
+    (0..ROTARY / 2).map(|i| 1.0 / base.powf(2.0 * i as f32 / ROTARY as f32)).collect()
 }
 
 fn floats(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -104,26 +110,46 @@ struct LayerWeights {
     gate: Weights,
     up: Weights,
     down: Weights,
+    attention_output_norm: Option<Vec<f32>>,
+    mlp_output_norm: Option<Vec<f32>>,
     window: Option<usize>,
-    rope: bool,
+    rope: Option<usize>,
 }
 
 /// Two layers: the first with q/k/v biases and a window of 3 keys, the
 /// second with q/k norms and no RoPE (as SmolLM3's NoPE layers); untied
 /// head; residuals scaled by RESIDUAL_SCALE; RoPE on ROTARY dimensions of
 /// each head, its cosines and sines scaled by ROPE_SCALE. Its linear layers
-/// are of one type, F16 or Q8_0, multiplied at `precision`.
+/// are of one type, F16 or Q8_0, multiplied at `precision`. Its Gemma 3
+/// flavour (`Model::gemma`) norms both blocks' outputs, gates with GeGLU and
+/// rotates both layers, the windowed one by a table of its own base.
 struct Model {
     layers: Vec<LayerWeights>,
     norm: Vec<f32>,
     head: Weights,
-    inv_freq: Vec<f32>,
+    inv_freqs: Vec<Vec<f32>>,
+    activation: Activation,
     precision: Precision,
 }
 
 impl Model {
     fn new(seed: u64) -> Model {
         Model::of(seed, QuantType::F16)
+    }
+
+    fn gemma(seed: u64) -> Model {
+        let mut model = Model::of(seed, QuantType::F16);
+        let mut rng = Rng(seed + 100);
+        let norm = |rng: &mut Rng| Some((0..HIDDEN).map(|_| 1.0 + 0.2 * rng.float()).collect::<Vec<f32>>());
+        for l in &mut model.layers {
+            l.attention_output_norm = norm(&mut rng);
+            l.mlp_output_norm = norm(&mut rng);
+        }
+        model.layers[0].rope = Some(1);
+        model.layers[1].rope = Some(0);
+        model.inv_freqs.push(inv_freq(100.0));
+        model.activation = Activation::GeluTanh;
+        model
     }
 
     fn of(seed: u64, quant: QuantType) -> Model {
@@ -142,13 +168,21 @@ impl Model {
                 gate: Weights::new(&mut rng, quant, INTER, HIDDEN, false),
                 up: Weights::new(&mut rng, quant, INTER, HIDDEN, false),
                 down: Weights::new(&mut rng, quant, HIDDEN, INTER, false),
+                attention_output_norm: None,
+                mlp_output_norm: None,
                 window: (i == 0).then_some(3),
-                rope: i == 0,
+                rope: (i == 0).then_some(0),
             })
             .collect();
-        let inv_freq = (0..ROTARY / 2).map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / ROTARY as f32)).collect();
         let head = Weights::new(&mut rng, quant, VOCAB, HIDDEN, false);
-        Model { layers, norm: norm(&mut rng, HIDDEN), head, inv_freq, precision: Precision::Exact }
+        Model {
+            layers,
+            norm: norm(&mut rng, HIDDEN),
+            head,
+            inv_freqs: vec![inv_freq(10000.0)],
+            activation: Activation::Silu,
+            precision: Precision::Exact,
+        }
     }
 
     fn decoder(&self) -> Decoder<'_> {
@@ -165,6 +199,7 @@ impl Model {
                 residual_scale: RESIDUAL_SCALE,
                 rotary_dim: ROTARY,
                 rope_scale: ROPE_SCALE,
+                activation: self.activation,
             },
             layers: self
                 .layers
@@ -177,17 +212,19 @@ impl Model {
                     o: l.o.linear(),
                     q_norm: l.q_norm.as_deref(),
                     k_norm: l.k_norm.as_deref(),
+                    attention_output_norm: l.attention_output_norm.as_deref(),
                     post_attention_norm: &l.post_norm,
                     gate: l.gate.linear(),
                     up: l.up.linear(),
                     down: l.down.linear(),
+                    mlp_output_norm: l.mlp_output_norm.as_deref(),
                     window: l.window,
                     rope: l.rope,
                 })
                 .collect(),
             norm: &self.norm,
             head: self.head.linear(),
-            inv_freq: &self.inv_freq,
+            inv_freqs: self.inv_freqs.iter().map(Vec::as_slice).collect(),
             precision: self.precision,
         }
     }
@@ -198,10 +235,10 @@ impl Model {
             let scale = 1.0 / (v.iter().map(|a| a * a).sum::<f64>() / v.len() as f64 + EPS as f64).sqrt();
             v.iter().zip(w).map(|(a, &g)| a * scale * g as f64).collect::<Vec<f64>>()
         };
-        let rope = |v: &mut [f64], p: usize| {
+        let rope = |v: &mut [f64], p: usize, table: usize| {
             for head in v.chunks_exact_mut(HEAD_DIM) {
                 for i in 0..ROTARY / 2 {
-                    let angle = (p as f32 * self.inv_freq[i]) as f64;
+                    let angle = (p as f32 * self.inv_freqs[table][i]) as f64;
                     let (cos, sin) = (angle.cos() * ROPE_SCALE as f64, angle.sin() * ROPE_SCALE as f64);
                     let (a, b) = (head[i], head[i + ROTARY / 2]);
                     head[i] = a * cos - b * sin;
@@ -219,9 +256,9 @@ impl Model {
                     q = q.chunks(HEAD_DIM).flat_map(|c| rms(c, qn)).collect();
                     k = k.chunks(HEAD_DIM).flat_map(|c| rms(c, kn)).collect();
                 }
-                if l.rope {
-                    rope(&mut q, p);
-                    rope(&mut k, p);
+                if let Some(table) = l.rope {
+                    rope(&mut q, p, table);
+                    rope(&mut k, p, table);
                 }
                 qs.push(q);
                 ks.push(k);
@@ -248,12 +285,27 @@ impl Model {
                         }
                     }
                 }
-                let o = l.o.apply(&attended);
+                let mut o = l.o.apply(&attended);
+                if let Some(w) = &l.attention_output_norm {
+                    o = rms(&o, w);
+                }
                 x[p].iter_mut().zip(&o).for_each(|(a, b)| *a += b * RESIDUAL_SCALE as f64);
                 let h = rms(&x[p], &l.post_norm);
                 let (gate, up) = (l.gate.apply(&h), l.up.apply(&h));
-                let act: Vec<f64> = gate.iter().zip(&up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
-                let down = l.down.apply(&act);
+                let act: Vec<f64> = gate
+                    .iter()
+                    .zip(&up)
+                    .map(|(&g, u)| match self.activation {
+                        Activation::Silu => g / (1.0 + (-g).exp()) * u,
+                        Activation::GeluTanh => {
+                            0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh()) * u
+                        }
+                    })
+                    .collect();
+                let mut down = l.down.apply(&act);
+                if let Some(w) = &l.mlp_output_norm {
+                    down = rms(&down, w);
+                }
                 x[p].iter_mut().zip(&down).for_each(|(a, b)| *a += b * RESIDUAL_SCALE as f64);
             }
         }
@@ -308,7 +360,16 @@ fn assert_close(got: &[f32], want: &[f64], what: &str) {
 
 #[test]
 fn prefill_then_decodes_equal_the_reference_on_every_path() {
-    let model = Model::new(1);
+    prefill_then_decodes_equal_the_reference(&Model::new(1));
+}
+
+#[test]
+fn gemma3_layers_equal_the_reference_on_every_path() {
+    prefill_then_decodes_equal_the_reference(&Model::gemma(7));
+}
+
+/// A prefill of 6 tokens, then 3 decodes, on every path and 1 to 3 threads.
+fn prefill_then_decodes_equal_the_reference(model: &Model) {
     model.decoder().check().unwrap();
     let mut rng = Rng(2);
     let embedded: Vec<f64> = floats(&mut rng, 9 * HIDDEN, 1.0).iter().map(|&v| v as f64).collect();
@@ -320,7 +381,7 @@ fn prefill_then_decodes_equal_the_reference_on_every_path() {
         for threads in 1..=3 {
             let mut cache = caches();
             let prefill: Vec<(usize, usize)> = (0..6).map(|p| (0, p)).collect();
-            let logits = step(&model, path, threads, &mut cache, &[&embedded], &prefill, &slots).unwrap();
+            let logits = step(model, path, threads, &mut cache, &[&embedded], &prefill, &slots).unwrap();
             for p in 0..6 {
                 assert_close(
                     &logits[p * VOCAB..(p + 1) * VOCAB],
@@ -329,7 +390,7 @@ fn prefill_then_decodes_equal_the_reference_on_every_path() {
                 );
             }
             for (p, want) in want.iter().enumerate().skip(6) {
-                let logits = step(&model, path, threads, &mut cache, &[&embedded], &[(0, p)], &slots).unwrap();
+                let logits = step(model, path, threads, &mut cache, &[&embedded], &[(0, p)], &slots).unwrap();
                 assert_close(&logits, want, &format!("{path:?} x{threads} decode {p}"));
             }
         }
@@ -407,6 +468,9 @@ fn a_bad_step_is_refused_before_the_cache_is_written() {
     let mut bad = model.decoder();
     bad.shape.kv_heads = 3;
     assert!(bad.check().unwrap_err().to_string().contains("heads must be a positive multiple of kv_heads"));
+    let mut bad = model.decoder();
+    bad.layers[0].rope = Some(1);
+    assert_eq!(bad.check().unwrap_err().to_string(), "layer 0: RoPE table 1, but the model has 1");
     let mut bad = model.decoder();
     bad.layers[0].up.in_features = 32;
     assert_eq!(bad.check().unwrap_err().to_string(), "layer 0 up is 96 x 32, the model needs 96 x 64");

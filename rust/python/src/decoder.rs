@@ -7,7 +7,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use vllm_rs_kernels::{Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, Precision, Shape, StepInputs};
+use vllm_rs_kernels::{Activation, Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, Precision, Shape, StepInputs};
 
 use crate::kernels::{check_out, flat_for, quant_type_for, slice, slice_mut, span};
 
@@ -20,7 +20,8 @@ struct LinearArg<'py>(u32, Bound<'py, PyAny>, usize, usize, Option<Bound<'py, Py
 
 /// A layer as Python passes it: `(input_norm, post_attention_norm, q_norm
 /// or None, k_norm or None, [q, k, v, o, gate, up, down], window or None,
-/// whether it applies RoPE)`.
+/// its RoPE table (an index into `inv_freqs`) or None, attention_output_norm
+/// or None, mlp_output_norm or None)`.
 #[derive(FromPyObject)]
 struct LayerArg<'py>(
     Bound<'py, PyAny>,
@@ -29,7 +30,9 @@ struct LayerArg<'py>(
     Option<Bound<'py, PyAny>>,
     Vec<LinearArg<'py>>,
     Option<usize>,
-    bool,
+    Option<usize>,
+    Option<Bound<'py, PyAny>>,
+    Option<Bound<'py, PyAny>>,
 );
 
 /// The exported buffers a `DecoderStack` reads; held so that their memory
@@ -143,25 +146,39 @@ pub struct DecoderStack {
 #[pymethods]
 impl DecoderStack {
     /// `shape` is `(hidden, heads, kv_heads, head_dim, intermediate, vocab,
-    /// eps, scale, residual_scale, rotary_dim, rope_scale)`; `layers` as `LayerArg` says; `head` a linear as
+    /// eps, scale, residual_scale, rotary_dim, rope_scale)`; `inv_freqs` the
+    /// RoPE tables the layers use; `layers` as `LayerArg` says; `head` a linear as
     /// `LinearArg` says; `caches` one `(keys, values)` per layer, of
     /// `cache_dtype` (`float32`, `float16` or `bfloat16`); `precision`
     /// `exact` (the float path) or `int8` (int8 activations, see
-    /// `Precision::Int8Activations` for its error bound).
+    /// `Precision::Int8Activations` for its error bound); `activation` the
+    /// MLP gate's, `silu` or `gelu_tanh`.
     #[new]
-    #[pyo3(signature = (shape, inv_freq, layers, norm, head, caches, cache_dtype = "float32", precision = "exact"))]
+    #[pyo3(signature = (
+        shape, inv_freqs, layers, norm, head, caches, cache_dtype = "float32", precision = "exact", activation = "silu"
+    ))]
     // Python's constructor: its arguments are the keyword arguments callers see.
     #[allow(clippy::too_many_arguments)]
     fn new(
         shape: (usize, usize, usize, usize, usize, usize, f32, f32, f32, usize, f32),
-        inv_freq: &Bound<'_, PyAny>,
+        inv_freqs: Vec<Bound<'_, PyAny>>,
         layers: Vec<LayerArg<'_>>,
         norm: &Bound<'_, PyAny>,
         head: LinearArg<'_>,
         caches: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
         cache_dtype: &str,
         precision: &str,
+        activation: &str,
     ) -> PyResult<DecoderStack> {
+        let activation = match activation {
+            "silu" => Activation::Silu,
+            "gelu_tanh" => Activation::GeluTanh,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "{NAME}: activation {other:?} is not \"silu\" or \"gelu_tanh\""
+                )))
+            }
+        };
         let precision = match precision {
             "exact" => Precision::Exact,
             "int8" => Precision::Int8Activations,
@@ -184,7 +201,8 @@ impl DecoderStack {
         ) = shape;
         let mut exports = Exports::default();
         let mut built = Vec::with_capacity(layers.len());
-        for (i, LayerArg(input_norm, post_norm, q_norm, k_norm, linears, window, rope)) in layers.iter().enumerate() {
+        for (i, layer) in layers.iter().enumerate() {
+            let LayerArg(input_norm, post_norm, q_norm, k_norm, linears, window, rope, attention_out, mlp_out) = layer;
             let name = |what: &str| format!("layer {i} {what}");
             let [q, k, v, o, gate, up, down] = linears.as_slice() else {
                 return Err(PyValueError::new_err(format!(
@@ -200,10 +218,15 @@ impl DecoderStack {
                 o: exports.linear(o, &name("o"))?,
                 q_norm: q_norm.as_ref().map(|n| exports.floats(n, &name("q_norm"))).transpose()?,
                 k_norm: k_norm.as_ref().map(|n| exports.floats(n, &name("k_norm"))).transpose()?,
+                attention_output_norm: attention_out
+                    .as_ref()
+                    .map(|n| exports.floats(n, &name("attention_output_norm")))
+                    .transpose()?,
                 post_attention_norm: exports.floats(post_norm, &name("post_attention_norm"))?,
                 gate: exports.linear(gate, &name("gate"))?,
                 up: exports.linear(up, &name("up"))?,
                 down: exports.linear(down, &name("down"))?,
+                mlp_output_norm: mlp_out.as_ref().map(|n| exports.floats(n, &name("mlp_output_norm"))).transpose()?,
                 window: *window,
                 rope: *rope,
             });
@@ -221,11 +244,16 @@ impl DecoderStack {
                 residual_scale,
                 rotary_dim,
                 rope_scale,
+                activation,
             },
             layers: built,
             norm: exports.floats(norm, "norm")?,
             head: exports.linear(&head, "head")?,
-            inv_freq: exports.floats(inv_freq, "inv_freq")?,
+            inv_freqs: inv_freqs
+                .iter()
+                .enumerate()
+                .map(|(i, table)| exports.floats(table, &format!("inv_freqs[{i}]")))
+                .collect::<PyResult<_>>()?,
             precision,
         };
         decoder.check().map_err(|e| PyValueError::new_err(format!("{NAME}: {e}")))?;

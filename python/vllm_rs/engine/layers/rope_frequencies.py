@@ -6,6 +6,7 @@ same table."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -44,6 +45,12 @@ def rope_inv_freq(config: TransformerConfig, factors: np.ndarray | None = None) 
     smoothed = (one - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def local_rope_inv_freq(config: TransformerConfig) -> np.ndarray:
+    """The inverse frequencies of Gemma 3's windowed layers: their own base
+    (`local_rope_theta`), never scaled."""
+    return rope_inv_freq(replace(config, rope_theta=config.local_rope_theta or config.rope_theta, rope_scaling=None))
 
 
 def rope_attention_factor(config: TransformerConfig) -> float:

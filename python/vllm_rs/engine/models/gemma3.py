@@ -15,8 +15,6 @@ head, HF parameter names), so weights load and linear layers pack
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -24,7 +22,7 @@ from torch import nn
 
 from vllm_rs.engine.layers.attention import AttentionMetadata, PagedAttention
 from vllm_rs.engine.layers.layernorm import GemmaRMSNorm
-from vllm_rs.engine.layers.rope_frequencies import rope_inv_freq
+from vllm_rs.engine.layers.rope_frequencies import local_rope_inv_freq, rope_inv_freq
 from vllm_rs.engine.layers.rotary_embedding import apply_rope, rope_tables
 from vllm_rs.engine.model_loader.checkpoint import TransformerConfig
 from vllm_rs.engine.models.llama import CausalLM
@@ -123,10 +121,8 @@ class Gemma3ForCausalLM(CausalLM):
         """Computes both layer kinds' RoPE inverse frequencies on `device`
         (float32): the global layers' with the config's scaling (or a GGUF's
         `factors`), the local layers' from `local_rope_theta`, unscaled."""
-        c = self.config
-        self.inv_freq = torch.from_numpy(rope_inv_freq(c, factors)).to(device)
-        local = replace(c, rope_theta=c.local_rope_theta or c.rope_theta, rope_scaling=None)
-        self.local_inv_freq = torch.from_numpy(rope_inv_freq(local)).to(device)
+        self.inv_freq = torch.from_numpy(rope_inv_freq(self.config, factors)).to(device)
+        self.local_inv_freq = torch.from_numpy(local_rope_inv_freq(self.config)).to(device)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, logits_indices: torch.Tensor

@@ -1,5 +1,6 @@
 """The native step: a Llama-family model (`llama.CausalLM`: Llama, Mistral,
-Qwen2, Qwen3, Granite, SmolLM3, Phi-3 and their kin) whose every linear
+Qwen2, Qwen3, Granite, SmolLM3, Phi-3 and their kin) or a Gemma 3 text
+model (`gemma3.Gemma3ForCausalLM`) whose every linear
 layer the Rust kernel reads in place runs a whole forward pass in one call
 of `vllm_rs._core.DecoderStack` (rust/kernels/src/decoder.rs): the same
 weights (a GGUF file's blocks, or a half-precision checkpoint's rows), the
@@ -21,7 +22,7 @@ import numpy as np
 from vllm_rs import _core
 from vllm_rs.engine.cpu_threads import kernel_threads
 from vllm_rs.engine.layers.gguf_blocks import GgufBlocks
-from vllm_rs.engine.layers.rope_frequencies import rope_attention_factor
+from vllm_rs.engine.layers.rope_frequencies import local_rope_inv_freq, rope_attention_factor
 from vllm_rs.engine.model_loader.checkpoint import TransformerConfig
 
 #: A layer's linear projections, in the order `DecoderStack` takes them.
@@ -31,9 +32,19 @@ LAYER_LINEARS = (
 )  # fmt: skip
 
 
+#: A Gemma 3 layer's norms beyond Llama's two, each `hidden` wide.
+GEMMA3_LAYER_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+def is_gemma3(config: TransformerConfig) -> bool:
+    """Whether `config` is a Gemma 3 text model (`gemma3.Gemma3ForCausalLM`)."""
+    return config.model_type == "gemma3_text"
+
+
 def decoder_weight_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
-    """Every weight a `llama.CausalLM` of `config` holds, by Hugging Face
-    name, with its shape (`lm_head.weight` only when not tied)."""
+    """Every weight a `llama.CausalLM` (or a `gemma3.Gemma3ForCausalLM`) of
+    `config` holds, by Hugging Face name, with its shape (`lm_head.weight`
+    only when not tied)."""
     c = config
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size)}
@@ -54,8 +65,9 @@ def decoder_weight_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...
             shapes[f"{layer}.self_attn.o_proj.bias"] = (c.hidden_size,)
         if c.qk_norm:
             shapes[f"{layer}.self_attn.q_norm.weight"] = shapes[f"{layer}.self_attn.k_norm.weight"] = (c.head_dim,)
-        shapes[f"{layer}.input_layernorm.weight"] = (c.hidden_size,)
-        shapes[f"{layer}.post_attention_layernorm.weight"] = (c.hidden_size,)
+        norms = ("input_layernorm", "post_attention_layernorm", *(GEMMA3_LAYER_NORMS if is_gemma3(c) else ()))
+        for norm in norms:
+            shapes[f"{layer}.{norm}.weight"] = (c.hidden_size,)
     shapes["model.norm.weight"] = (c.hidden_size,)
     if not c.tie_word_embeddings:
         shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
@@ -85,8 +97,14 @@ def _linear(weights: Mapping[str, Any], prefix: str, weight: str | None = None) 
     return (blocks.type, blocks.rows, out_features, in_features, _floats(weights.get(f"{prefix}.bias")))
 
 
+def _gemma_norm(weight: Any) -> np.ndarray:
+    """A Gemma norm's factors: its weight is stored as the offset from 1
+    (`layernorm.GemmaRMSNorm` adds it in float32, as here)."""
+    return np.float32(1.0) + np.asarray(weight, dtype=np.float32)
+
+
 class NativeStep:
-    """A `llama.CausalLM`'s decoder layers, final norm and output head over
+    """A `llama.CausalLM`'s (or Gemma 3's) decoder layers, final norm and output head over
     `weights` (Hugging Face names: the linear ones as `GgufBlocks`, the
     norms and biases as float arrays), bound to each layer's KV cache
     (`caches`: key and value arrays `[slots, kv_heads, head_dim]`, float32 or
@@ -105,30 +123,49 @@ class NativeStep:
         precision: str = "exact",
     ):
         c = config
-        scale = c.attention_multiplier if c.attention_multiplier is not None else 1.0 / math.sqrt(c.head_dim)
+        gemma = is_gemma3(c)
+        norm = _gemma_norm if gemma else _floats
+        if gemma:
+            scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
+        else:
+            scale = c.attention_multiplier if c.attention_multiplier is not None else 1.0 / math.sqrt(c.head_dim)
+        # Gemma 3's windowed layers rotate by a table of their own base (the second).
+        inv_freqs = [_floats(inv_freq), *([local_rope_inv_freq(c)] if gemma else [])]
         layers = []
         for i in range(c.num_layers):
             layer = f"model.layers.{i}"
-            norms = (None, None)
+
+            def w(name: str, layer: str = layer) -> Any:
+                return weights[f"{layer}.{name}.weight"]
+
+            q_norm = k_norm = None
             if c.qk_norm:
-                norms = (weights[f"{layer}.self_attn.q_norm.weight"], weights[f"{layer}.self_attn.k_norm.weight"])
-            layers.append((
-                _floats(weights[f"{layer}.input_layernorm.weight"]),
-                _floats(weights[f"{layer}.post_attention_layernorm.weight"]),
-                _floats(norms[0]), _floats(norms[1]),
-                [_linear(weights, f"{layer}.{p}") for p in LAYER_LINEARS],
+                q_norm, k_norm = norm(w("self_attn.q_norm")), norm(w("self_attn.k_norm"))
+            if gemma:
+                window = c.layer_windows[i] if c.layer_windows else None
+                rope = 0 if window is None else 1
+                # Gemma's post_attention_layernorm norms the attention's output;
+                # its pre_feedforward_layernorm is the norm before the MLP.
+                pre_mlp = w("pre_feedforward_layernorm")
+                outputs = (norm(w("post_attention_layernorm")), norm(w("post_feedforward_layernorm")))
+            else:
                 # llama.CausalLM attends over every key in every layer.
-                None, not c.rope_layers or c.rope_layers[i],
-            ))  # fmt: skip
+                window, pre_mlp, outputs = None, w("post_attention_layernorm"), (None, None)
+                rope = 0 if not c.rope_layers or c.rope_layers[i] else None
+            linears = [_linear(weights, f"{layer}.{p}") for p in LAYER_LINEARS]
+            layers.append((norm(w("input_layernorm")), norm(pre_mlp), q_norm, k_norm, linears, window, rope, *outputs))
         shape = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,
                  c.rms_norm_eps, scale, c.residual_multiplier, c.rotary_dim or c.head_dim,
                  rope_attention_factor(c))  # fmt: skip
-        self.embedding_multiplier, self.logits_scaling = c.embedding_multiplier, c.logits_scaling
+        # Gemma scales its embeddings by sqrt(hidden) in their float32 (gemma3.py).
+        self.embedding_multiplier = np.float32(c.hidden_size**0.5) if gemma else c.embedding_multiplier
+        self.logits_scaling, self.logits_softcap = c.logits_scaling, c.final_logit_softcapping
         self.vocab = c.vocab_size
         self._embed = embed
         self._stack = _core.DecoderStack(
-            shape, _floats(inv_freq), layers, _floats(weights["model.norm.weight"]),
+            shape, inv_freqs, layers, norm(weights["model.norm.weight"]),
             _linear(weights, "lm_head", head_name(c)), caches, cache_dtype, precision,
+            "gelu_tanh" if gemma else "silu",
         )  # fmt: skip
 
     def forward(
@@ -153,4 +190,7 @@ class NativeStep:
         self._stack.forward(x, positions, slot_mapping, key_starts, key_slots, logits_rows, logits, kernel_threads())
         if self.logits_scaling != 1.0:
             logits /= np.float32(self.logits_scaling)
+        if self.logits_softcap is not None:
+            cap = np.float32(self.logits_softcap)
+            logits = np.tanh(logits / cap) * cap
         return logits

@@ -15,8 +15,9 @@ from torch import nn
 from vllm_rs.engine.config import EngineConfig, EngineConfigError, kv_bytes_per_token, kv_cache_dtype
 from vllm_rs.engine.cpu_threads import keep_torch_on_one_thread, kernel_threads, limit_cpu_threads
 from vllm_rs.engine.layers.attention import AttentionMetadata, DecodeBatch, SequenceSlice, attends_in_place
-from vllm_rs.engine.layers.layernorm import RMSNorm
+from vllm_rs.engine.layers.layernorm import GemmaRMSNorm, RMSNorm
 from vllm_rs.engine.layers.packed_weights import PackedLinear, every_matmul_in_kernels
+from vllm_rs.engine.models.gemma3 import Gemma3ForCausalLM
 from vllm_rs.engine.models.llama import CausalLM
 from vllm_rs.engine.models.toy_model import ToyConfig, ToyDecoder
 from vllm_rs.engine.worker.native_step import NativeStep, head_name
@@ -48,10 +49,11 @@ CUDA_KV_FRACTION = 0.9
 
 def native_step_unsupported(model: nn.Module, device: torch.device, dtype: torch.dtype) -> str | None:
     """Why `model` cannot run as a native step (None when it can): it must be
-    a `llama.CausalLM` itself (not a subclass with its own layers, not a
-    mixture of experts), on the CPU in float32, every linear layer and the
-    output head held as blocks the kernel reads, every norm float32."""
-    if type(model) is not CausalLM:
+    a `llama.CausalLM` itself or Gemma 3's (not another subclass with layers
+    of its own, not a mixture of experts), on the CPU in float32, every
+    linear layer and the output head held as blocks the kernel reads, every
+    norm float32."""
+    if type(model) not in (CausalLM, Gemma3ForCausalLM):
         return f"{type(model).__name__} has layers of its own"
     if model.config.moe is not None:
         return "its mixture-of-experts layers are not in the kernel"
@@ -62,7 +64,7 @@ def native_step_unsupported(model: nn.Module, device: torch.device, dtype: torch
         not isinstance(m, PackedLinear) or m.blocks is None for m in linears
     ):
         return "some weights are not held as blocks the kernel reads (dense float32 weights)"
-    if any(m.weight.dtype != torch.float32 for m in model.modules() if isinstance(m, RMSNorm)):
+    if any(m.weight.dtype != torch.float32 for m in model.modules() if isinstance(m, (RMSNorm, GemmaRMSNorm))):
         return "its norms are not float32"
     return None
 
