@@ -81,7 +81,8 @@ def assert_same_step(path: str, prompts: list[list[int]], quantization: str | No
     ],  # fmt: skip
 )
 def test_half_checkpoints_step_natively_as_in_torch(tmp_path, arch, dtype):
-    model = make_hf_model(arch, seed=3)
+    # Gemma 3 with its logits softcapped (the tiny logits are of order 10).
+    model = make_hf_model(arch, seed=3, **({"final_logit_softcapping": 8.0} if arch == "gemma3_text" else {}))
     path = save_safetensors(copy.deepcopy(model).to(dtype), str(tmp_path / arch))
     assert_same_step(path, _prompts(model.config.vocab_size, 4))
 
