@@ -171,9 +171,46 @@ def test_phi3_matches_transformers(tmp_path, fmt):
         path = save_safetensors(model, str(tmp_path / "phi3"))
     else:
         path = save_gguf(model, str(tmp_path / "phi3.gguf"), f16=fmt == "gguf-f16")
-    assert resolve_model(path).max_position == model.config.original_max_position_embeddings
+    assert resolve_model(path).max_position == model.config.max_position_embeddings
     core = _check_against_transformers(model, path, seed=2, quantization=None if fmt == "gguf-f16" else "none")
     assert (core.runner.executor.native_step is not None) == (fmt == "gguf-f16")
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf-f16"])
+def test_phi3_past_the_original_context_matches_transformers(tmp_path, fmt):
+    """LongRoPE's long factors, with an original context of 16: prompts past
+    it rotate every token by them (the 21- and 34-token prompts; the
+    prefix-cache hit is between two such prompts), as transformers' forward
+    pass and `generate` do; a 12-token prompt generating past 16 tokens is
+    computed again with them when it crosses, as transformers' Phi-3
+    `generate` does (its logits at every step); and a long prompt sharing a
+    block with a short one does not reuse it (its keys were rotated by the
+    short factors)."""
+    model = make_hf_model("phi3", seed=1, original_max_position_embeddings=16, max_position_embeddings=128)
+    if fmt == "safetensors":
+        path = save_safetensors(model, str(tmp_path / "phi3"))
+    else:
+        path = save_gguf(model, str(tmp_path / "phi3.gguf"), f16=True)
+    assert resolve_model(path).max_position == 128
+    quantization = None if fmt == "gguf-f16" else "none"
+    _check_against_transformers(model, path, seed=2, quantization=quantization)
+    rng = np.random.default_rng(5)
+    vocab = model.config.vocab_size
+    crossing, short = rng.integers(0, vocab, 12).tolist(), rng.integers(0, vocab, 9).tolist()
+    long = short[:8] + rng.integers(0, vocab, 12).tolist()
+    outputs, logits, core = run_engine(path, [crossing, short, long], quantization=quantization)
+    assert core.scheduler.kv_cache_manager.block_pool.hits == 0, "the long prompt reused a short-factor block"
+    with torch.no_grad():
+        expected = model.generate(
+            torch.tensor([crossing]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False,
+            pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+        )  # fmt: skip
+        assert outputs["r0"] == expected.sequences[0, len(crossing) :].tolist()
+        torch.testing.assert_close(torch.stack(logits["r0"]), torch.cat(expected.logits), atol=1e-4, rtol=0)
+        for request_id, prompt in (("r1", short), ("cached", long)):
+            full = torch.tensor([prompt + outputs[request_id][:-1]])
+            reference = model(full).logits[0, len(prompt) - 1 :]
+            torch.testing.assert_close(torch.stack(logits[request_id]), reference, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ["granite", "smollm3"])

@@ -12,6 +12,7 @@ from typing import Any
 from vllm_rs.engine.config import EngineConfig
 from vllm_rs.engine.kv_cache.block_pool import BlockPool
 from vllm_rs.engine.kv_cache.kv_cache_manager import KVCacheManager
+from vllm_rs.engine.layers.rope_frequencies import long_rope_after
 from vllm_rs.engine.model_loader.pooler_config import SUPPORTED_TASKS
 from vllm_rs.engine.pooling_params import PoolingParams, tensor_wire
 from vllm_rs.engine.protocol import (
@@ -89,7 +90,11 @@ class EngineCore:
         kv_cache_manager = None
         if blocks:
             pool = BlockPool(blocks, config.cache_config.enable_prefix_caching)
-            kv_cache_manager = KVCacheManager(pool, config.cache_config.block_size, self.runner.block_hasher())
+            transformer = config.model_config.spec.transformer
+            kv_cache_manager = KVCacheManager(
+                pool, config.cache_config.block_size, self.runner.block_hasher(),
+                long_rope_after(transformer) if transformer is not None else None,
+            )  # fmt: skip
         self.scheduler = Scheduler(
             config.scheduler_config.max_num_seqs,
             config.scheduler_config.max_num_batched_tokens,

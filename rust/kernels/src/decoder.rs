@@ -198,6 +198,9 @@ pub struct Decoder<'a> {
     /// RoPE's inverse frequencies, one table per base the layers use
     /// (Gemma 3's global and windowed layers differ; one for the others).
     pub inv_freqs: Vec<&'a [f32]>,
+    /// LongRoPE's long factors' table (Phi-3): the tokens `StepInputs::long_rope`
+    /// flags rotate by it instead of `inv_freqs[0]`.
+    pub long_inv_freq: Option<&'a [f32]>,
     /// How the projections and the output head multiply (`Exact`, or int8
     /// activations for the weight types that path reads).
     pub precision: Precision,
@@ -228,6 +231,9 @@ pub struct StepInputs<'a> {
     pub key_slots: &'a [i64],
     /// The rows whose logits are returned, in this order.
     pub logits_rows: &'a [i64],
+    /// Per token, nonzero where it rotates by the decoder's `long_inv_freq`
+    /// (its sequence is past LongRoPE's original context); None: none does.
+    pub long_rope: Option<&'a [u8]>,
 }
 
 /// Steps with at least this many tokens run their norms and activations on
@@ -272,6 +278,9 @@ impl Decoder<'_> {
         };
         for (i, table) in self.inv_freqs.iter().enumerate() {
             vector(format!("inv_freqs[{i}]"), table.len(), rotary_dim / 2)?;
+        }
+        if let Some(table) = self.long_inv_freq {
+            vector("long_inv_freq".into(), table.len(), rotary_dim / 2)?;
         }
         vector("norm".into(), self.norm.len(), hidden)?;
         linear("head".into(), &self.head, vocab, hidden)?;
@@ -363,8 +372,11 @@ impl Decoder<'_> {
                 rms_norm_in_place(&mut k, w, s.eps);
             }
             if let Some(table) = layer.rope.filter(|_| half > 0) {
-                let (cos, sin) = ropes[table]
-                    .get_or_insert_with(|| rope_tables(inputs.positions, self.inv_freqs[table], s.rope_scale));
+                let (cos, sin) = ropes[table].get_or_insert_with(|| {
+                    // LongRoPE's long factors stand in for the first table only.
+                    let long = self.long_inv_freq.zip(inputs.long_rope).filter(|_| table == 0);
+                    rope_tables(inputs.positions, self.inv_freqs[table], long, s.rope_scale)
+                });
                 rope(&mut q, cos, sin, half, s.head_dim);
                 rope(&mut k, cos, sin, half, s.head_dim);
             }
@@ -449,6 +461,12 @@ impl Decoder<'_> {
         len("slot_mapping", inputs.slot_mapping.len(), tokens)?;
         len("key_starts", inputs.key_starts.len(), tokens)?;
         len("logits", logits.len(), inputs.logits_rows.len() * s.vocab)?;
+        if let Some(flags) = inputs.long_rope {
+            len("long_rope", flags.len(), tokens)?;
+            if self.long_inv_freq.is_none() {
+                return Err(StepError::Shape("long_rope flags a step of a model without a long RoPE table".into()));
+            }
+        }
         len("caches", caches.len(), self.layers.len())?;
         let kv_row = s.kv_heads * s.head_dim;
         let cache_len = caches.first().map_or(0, |c| c.keys.as_ref().len());
@@ -620,10 +638,15 @@ fn sum_squares(x: &[f32]) -> f32 {
 }
 
 /// RoPE's `cos` and `sin` of each position and frequency, `[tokens, half]`:
-/// `(position as f32) * inv_freq` as torch forms the angles, times `scale`
-/// (LongRoPE's attention factor) where it is not 1.
-fn rope_tables(positions: &[i64], inv_freq: &[f32], scale: f32) -> (Vec<f32>, Vec<f32>) {
-    let angles = positions.iter().flat_map(|&p| inv_freq.iter().map(move |&f| p as f32 * f));
+/// `(position as f32) * inv_freq` as torch forms the angles (`long`'s table
+/// for the tokens its flags mark), times `scale` (LongRoPE's attention
+/// factor) where it is not 1.
+fn rope_tables(positions: &[i64], inv_freq: &[f32], long: Option<(&[f32], &[u8])>, scale: f32) -> (Vec<f32>, Vec<f32>) {
+    let table = |t: usize| match long {
+        Some((long_freq, flags)) if flags[t] != 0 => long_freq,
+        _ => inv_freq,
+    };
+    let angles = positions.iter().enumerate().flat_map(|(t, &p)| table(t).iter().map(move |&f| p as f32 * f));
     if scale == 1.0 {
         angles.map(|a| (a.cos(), a.sin())).unzip()
     } else {

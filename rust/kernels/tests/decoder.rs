@@ -128,6 +128,9 @@ struct Model {
     norm: Vec<f32>,
     head: Weights,
     inv_freqs: Vec<Vec<f32>>,
+    /// LongRoPE's long table and the positions from which a sequence's tokens use it.
+    long_inv_freq: Option<Vec<f32>>,
+    long_from: usize,
     activation: Activation,
     precision: Precision,
 }
@@ -180,6 +183,8 @@ impl Model {
             norm: norm(&mut rng, HIDDEN),
             head,
             inv_freqs: vec![inv_freq(10000.0)],
+            long_inv_freq: None,
+            long_from: usize::MAX,
             activation: Activation::Silu,
             precision: Precision::Exact,
         }
@@ -225,6 +230,7 @@ impl Model {
             norm: &self.norm,
             head: self.head.linear(),
             inv_freqs: self.inv_freqs.iter().map(Vec::as_slice).collect(),
+            long_inv_freq: self.long_inv_freq.as_deref(),
             precision: self.precision,
         }
     }
@@ -238,7 +244,11 @@ impl Model {
         let rope = |v: &mut [f64], p: usize, table: usize| {
             for head in v.chunks_exact_mut(HEAD_DIM) {
                 for i in 0..ROTARY / 2 {
-                    let angle = (p as f32 * self.inv_freqs[table][i]) as f64;
+                    let freqs = match &self.long_inv_freq {
+                        Some(long) if table == 0 && p >= self.long_from => long,
+                        _ => &self.inv_freqs[table],
+                    };
+                    let angle = (p as f32 * freqs[i]) as f64;
                     let (cos, sin) = (angle.cos() * ROPE_SCALE as f64, angle.sin() * ROPE_SCALE as f64);
                     let (a, b) = (head[i], head[i + ROTARY / 2]);
                     head[i] = a * cos - b * sin;
@@ -338,6 +348,7 @@ fn step(
     let slot_mapping: Vec<i64> = tokens.iter().map(|&(s, p)| slots[s].get(p).copied().unwrap_or(5)).collect();
     let key_starts: Vec<i64> = tokens.iter().map(|&(s, _)| seq_start(s)).collect();
     let logits_rows: Vec<i64> = (0..tokens.len() as i64).collect();
+    let long_rope: Vec<u8> = tokens.iter().map(|&(_, p)| u8::from(p >= model.long_from)).collect();
     let mut logits = vec![0.0f32; tokens.len() * VOCAB];
     let mut layer_caches: Vec<LayerCache<'_>> =
         caches.iter_mut().map(|(k, v)| LayerCache { keys: KvCacheMut::F32(k), values: KvCacheMut::F32(v) }).collect();
@@ -347,6 +358,7 @@ fn step(
         key_starts: &key_starts,
         key_slots: &key_slots,
         logits_rows: &logits_rows,
+        long_rope: model.long_inv_freq.is_some().then_some(long_rope.as_slice()),
     };
     model.decoder().forward(path, &mut x, &mut layer_caches, &inputs, &mut logits, threads)?;
     Ok(logits)
@@ -361,6 +373,16 @@ fn assert_close(got: &[f32], want: &[f64], what: &str) {
 #[test]
 fn prefill_then_decodes_equal_the_reference_on_every_path() {
     prefill_then_decodes_equal_the_reference(&Model::new(1));
+}
+
+#[test]
+fn long_rope_tokens_rotate_by_the_long_table() {
+    // Positions from 4 on past the "original context": the decodes at 6..9
+    // rotate by the long table, the prefill's first keys by the short one.
+    let mut model = Model::new(9);
+    model.long_inv_freq = Some(inv_freq(10000.0).iter().map(|f| f / 3.0).collect());
+    model.long_from = 4;
+    prefill_then_decodes_equal_the_reference(&model);
 }
 
 #[test]

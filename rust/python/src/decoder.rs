@@ -152,10 +152,12 @@ impl DecoderStack {
     /// `cache_dtype` (`float32`, `float16` or `bfloat16`); `precision`
     /// `exact` (the float path) or `int8` (int8 activations, see
     /// `Precision::Int8Activations` for its error bound); `activation` the
-    /// MLP gate's, `silu` or `gelu_tanh`.
+    /// MLP gate's, `silu` or `gelu_tanh`; `long_inv_freq` LongRoPE's long
+    /// factors' table, which the tokens `forward`'s `long_rope` flags use.
     #[new]
     #[pyo3(signature = (
-        shape, inv_freqs, layers, norm, head, caches, cache_dtype = "float32", precision = "exact", activation = "silu"
+        shape, inv_freqs, layers, norm, head, caches, cache_dtype = "float32", precision = "exact", activation = "silu",
+        long_inv_freq = None
     ))]
     // Python's constructor: its arguments are the keyword arguments callers see.
     #[allow(clippy::too_many_arguments)]
@@ -169,6 +171,7 @@ impl DecoderStack {
         cache_dtype: &str,
         precision: &str,
         activation: &str,
+        long_inv_freq: Option<Bound<'_, PyAny>>,
     ) -> PyResult<DecoderStack> {
         let activation = match activation {
             "silu" => Activation::Silu,
@@ -254,6 +257,7 @@ impl DecoderStack {
                 .enumerate()
                 .map(|(i, table)| exports.floats(table, &format!("inv_freqs[{i}]")))
                 .collect::<PyResult<_>>()?,
+            long_inv_freq: long_inv_freq.as_ref().map(|t| exports.floats(t, "long_inv_freq")).transpose()?,
             precision,
         };
         decoder.check().map_err(|e| PyValueError::new_err(format!("{NAME}: {e}")))?;
@@ -269,10 +273,11 @@ impl DecoderStack {
     /// cache at `slot_mapping`, then the logits of `logits_rows` into
     /// `logits` (float32 `[rows, vocab]`). `positions`, `slot_mapping` and
     /// `key_starts` are int64 `[tokens]`; token t's key at position p is in
-    /// slot `key_slots[key_starts[t] + p]`. On `threads` threads, the GIL
-    /// released. Raises ValueError for a bad shape or index (nothing
-    /// written then).
-    #[pyo3(signature = (x, positions, slot_mapping, key_starts, key_slots, logits_rows, logits, threads))]
+    /// slot `key_slots[key_starts[t] + p]`; `long_rope` (uint8 `[tokens]`,
+    /// optional) marks the tokens rotated by `long_inv_freq`. On `threads`
+    /// threads, the GIL released. Raises ValueError for a bad shape or
+    /// index (nothing written then).
+    #[pyo3(signature = (x, positions, slot_mapping, key_starts, key_slots, logits_rows, logits, threads, long_rope = None))]
     #[allow(clippy::too_many_arguments)] // the Python signature: a step's buffers and threads
     fn forward(
         &mut self,
@@ -285,6 +290,7 @@ impl DecoderStack {
         logits_rows: &Bound<'_, PyAny>,
         logits: &Bound<'_, PyAny>,
         threads: usize,
+        long_rope: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         if threads == 0 {
             return Err(PyValueError::new_err(format!("{NAME}.forward: threads must be at least 1")));
@@ -300,13 +306,15 @@ impl DecoderStack {
             ints(key_slots, "key_slots")?,
             ints(logits_rows, "logits_rows")?,
         );
-        let inputs = [
+        let flags = long_rope.map(|f| flat_for::<u8>(func, f, "long_rope", "uint8")).transpose()?;
+        let mut inputs = vec![
             ("positions", span(&pb)),
             ("slot_mapping", span(&sb)),
             ("key_starts", span(&kb)),
             ("key_slots", span(&ksb)),
             ("logits_rows", span(&rb)),
         ];
+        inputs.extend(flags.as_ref().map(|f| ("long_rope", span(f))));
         check_out(func, &xb, &inputs)?;
         check_out(func, &lb, &[inputs.as_slice(), &[("x", span(&xb))]].concat())?;
         // SAFETY: the buffers stay exported until the end of this call; x and
@@ -321,6 +329,7 @@ impl DecoderStack {
                 key_starts: slice(&kb),
                 key_slots: slice(&ksb),
                 logits_rows: slice(&rb),
+                long_rope: flags.as_ref().map(|f| slice(f)),
             };
             let (xs, ls) = (slice_mut(&xb), slice_mut(&lb));
             let decoder = &self.decoder;

@@ -3,6 +3,11 @@ holds (`Request.block_ids`), the hashes of its full blocks
 (`Request.block_hashes`), the prefix-cache lookup when a request is admitted,
 and the lookups' counts for the metrics.
 
+A sequence past LongRoPE's original context (Phi-3) has keys rotated by the
+long factors from its first token on, so its blocks are hashed apart from a
+shorter sequence's blocks of the same tokens (`LONG_ROPE_SALT`), and a
+sequence that grows past it is computed again (`crossed_long_rope`).
+
 Blocks are taken as the tokens that fill them are scheduled, as vLLM's
 scheduler takes them: a request is admitted with blocks for its known tokens
 (`allocate`), then grows block by block (`grow`). A block is registered in
@@ -19,14 +24,27 @@ if TYPE_CHECKING:
     from vllm_rs.engine.sched.request import Request
 
 
+#: Added to the cache salt of a sequence longer than `long_rope_after`.
+LONG_ROPE_SALT = "\x00longrope"
+
+
 class KVCacheManager:
     """The blocks of every request in one block pool; with a `block_hasher`
-    (and a pool that caches), full blocks are shared through the prefix cache."""
+    (and a pool that caches), full blocks are shared through the prefix
+    cache. `long_rope_after`: the original context of a model with
+    LongRoPE's long factors (`rope_frequencies.long_rope_after`)."""
 
-    def __init__(self, block_pool: BlockPool, block_size: int, block_hasher: BlockHasher | None = None):
+    def __init__(
+        self,
+        block_pool: BlockPool,
+        block_size: int,
+        block_hasher: BlockHasher | None = None,
+        long_rope_after: int | None = None,
+    ):
         self.block_pool = block_pool
         self.block_size = block_size
         self.block_hasher = block_hasher if block_pool.enable_caching else None
+        self.long_rope_after = long_rope_after
         #: Prefix-cache lookups since the last `take_prefix_cache_stats`.
         self.prefix_cache_stats = PrefixCacheStats()
 
@@ -97,7 +115,7 @@ class KVCacheManager:
             i = len(request.block_hashes)
             parent = request.block_hashes[-1] if request.block_hashes else None
             tokens = request.tokens(i * self.block_size, (i + 1) * self.block_size)
-            block_hash = self.block_hasher(parent, tokens, request.cache_salt)
+            block_hash = self.block_hasher(parent, tokens, self._salt(request))
             request.block_hashes.append(block_hash)
             self.block_pool.register(request.block_ids[i], block_hash)
 
@@ -129,6 +147,27 @@ class KVCacheManager:
         parent = None
         for i in range(count):
             tokens = request.prompt_token_ids[i * self.block_size : (i + 1) * self.block_size]
-            parent = self.block_hasher(parent, tokens, request.cache_salt)
+            parent = self.block_hasher(parent, tokens, self._salt(request))
             hashes.append(parent)
         return hashes
+
+    def crossed_long_rope(self, request: Request) -> bool:
+        """Whether the token just appended took the request past LongRoPE's
+        original context: its keys so far rotated by the short factors, so
+        it must be computed again (`recompute`) with the long ones."""
+        after = self.long_rope_after
+        return after is not None and request.num_tokens == after + 1 and request.num_prompt_tokens <= after
+
+    def recompute(self, request: Request) -> None:
+        """Releases a running request's blocks and hashes so that its next
+        steps compute every token again, from the first."""
+        self.free_preempted(request)
+        request.num_computed_tokens = 0
+
+    def _salt(self, request: Request) -> str | None:
+        """The salt of the request's first block hash: its cache salt, marked
+        for a sequence whose keys rotate by LongRoPE's long factors."""
+        after = self.long_rope_after
+        if after is not None and request.num_tokens > after:
+            return (request.cache_salt or "") + LONG_ROPE_SALT
+        return request.cache_salt

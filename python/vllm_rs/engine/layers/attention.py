@@ -59,13 +59,16 @@ class DecodeBatch:
 class AttentionMetadata:
     """Where this step's new keys go (`slot_mapping`), each request's slice,
     the one-query sequences batched together (when there are several, or
-    one whose cache is attended in place), and for each sliding window of
-    the model's layers the same step seen through it (`windows`)."""
+    one whose cache is attended in place), for each sliding window of
+    the model's layers the same step seen through it (`windows`), and the
+    tokens whose keys and queries rotate by LongRoPE's long factors."""
 
     slot_mapping: torch.Tensor
     sequences: list[SequenceSlice]
     decodes: DecodeBatch | None = None
     windows: dict[int, AttentionMetadata] = field(default_factory=dict)
+    #: Per token (bool), True where LongRoPE's long factors apply; None: nowhere.
+    long_rope: torch.Tensor | None = None
 
 
 class PagedAttention(nn.Module):

@@ -18,10 +18,8 @@ def rope_inv_freq(config: TransformerConfig, factors: np.ndarray | None = None) 
     (`linear`: all divided by the factor; `llama3`: low frequencies divided,
     high kept, the band between interpolated). `factors` (a GGUF's
     `rope_freqs`) divide the frequencies instead of a scaling config."""
-    dim = config.rotary_dim or config.head_dim
     scaling = config.rope_scaling
-    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
-    powers = np.float32(config.rope_theta) ** exponents
+    powers = _powers(config)
     one = np.float32(1.0)
     if scaling is not None and scaling["rope_type"] == "longrope":
         # transformers' LongRoPE: the factors (a GGUF's `rope_factors_short`,
@@ -47,10 +45,40 @@ def rope_inv_freq(config: TransformerConfig, factors: np.ndarray | None = None) 
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
+def long_rope_inv_freq(config: TransformerConfig) -> np.ndarray | None:
+    """LongRoPE's inverse frequencies for the tokens of a sequence past the
+    original context (`long_rope_after`): the config's long factors times
+    the base's powers, as transformers computes them; None for a model
+    without them."""
+    scaling = config.rope_scaling
+    if scaling is None or scaling["rope_type"] != "longrope" or not scaling.get("long_factor"):
+        return None
+    return np.float32(1.0) / (np.asarray(scaling["long_factor"], dtype=np.float32) * _powers(config))
+
+
+def long_rope_after(config: TransformerConfig) -> int | None:
+    """The original context of a model with LongRoPE's long factors (None
+    for the others): every token of a sequence longer than this rotates by
+    the long factors, as transformers picks them for a forward pass whose
+    longest position is past it (a sequence that grows past it is computed
+    again, as transformers' Phi-3 `generate` does:
+    `KVCacheManager.crossed_long_rope`)."""
+    if long_rope_inv_freq(config) is None:
+        return None
+    return int(config.rope_scaling["original_max_position_embeddings"])
+
+
 def local_rope_inv_freq(config: TransformerConfig) -> np.ndarray:
     """The inverse frequencies of Gemma 3's windowed layers: their own base
     (`local_rope_theta`), never scaled."""
     return rope_inv_freq(replace(config, rope_theta=config.local_rope_theta or config.rope_theta, rope_scaling=None))
+
+
+def _powers(config: TransformerConfig) -> np.ndarray:
+    """`rope_theta ** (2i / rotary_dim)` in float32, as transformers forms them."""
+    dim = config.rotary_dim or config.head_dim
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    return np.float32(config.rope_theta) ** exponents
 
 
 def rope_attention_factor(config: TransformerConfig) -> float:

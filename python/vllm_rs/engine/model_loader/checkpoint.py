@@ -14,7 +14,14 @@ import struct
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vllm_rs.engine.model_loader.gguf_file import GGML_TYPES, GgufArray, GgufFormatError, GgufHeader, read_header
+from vllm_rs.engine.model_loader.gguf_file import (
+    GGML_TYPES,
+    GgufArray,
+    GgufFormatError,
+    GgufHeader,
+    GgufTensor,
+    read_header,
+)
 
 #: Hugging Face architecture -> its `model_type`; Gemma 3 runs `models/gemma3.py`,
 #: the others `models/llama.py` (the mixtures of experts with its MLPs
@@ -283,10 +290,9 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
 
 def _phi3_settings(config: dict[str, Any], settings: dict[str, Any], where: str) -> dict[str, Any]:
     """Phi-3's partial rotary dimensions and its LongRoPE scaling (`rope_type`
-    `longrope`, or the older `su`): the short factors and the attention
-    factor, as transformers computes them for sequences within
-    `original_max_position_embeddings` (the engine keeps sequences there:
-    `ModelSpec.max_position`)."""
+    `longrope`, or the older `su`): the short factors (sequences within
+    `original_max_position_embeddings`), the long ones (beyond it) and the
+    attention factor, as transformers computes them."""
     rope = {**(config.get("rope_parameters") or {}), **(config.get("rope_scaling") or {})}
     factor = float(config.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0)))
     head_dim = settings["head_dim"]
@@ -298,10 +304,12 @@ def _phi3_settings(config: dict[str, Any], settings: dict[str, Any], where: str)
         attention = rope.get("attention_factor")
         if attention is None:
             attention = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
-        if len(rope["short_factor"]) != out["rotary_dim"] // 2:
-            raise CheckpointError(f"{where}: rope_scaling short_factor has {len(rope['short_factor'])} entries, "
-                                  f"not {out['rotary_dim'] // 2}")  # fmt: skip
+        for which in ("short_factor", "long_factor"):
+            if len(rope[which]) != out["rotary_dim"] // 2:
+                raise CheckpointError(f"{where}: rope_scaling {which} has {len(rope[which])} entries, "
+                                      f"not {out['rotary_dim'] // 2}")  # fmt: skip
         out["rope_scaling"] = {"rope_type": "longrope", "short_factor": [float(f) for f in rope["short_factor"]],
+                               "long_factor": [float(f) for f in rope["long_factor"]],
                                "attention_factor": float(attention),
                                "original_max_position_embeddings": original}  # fmt: skip
     elif kind not in (None, "default"):
@@ -551,8 +559,10 @@ def read_gguf(path: str) -> GgufInfo:
         rotary = int(key("rope.dimension_count", config.head_dim))
         scaling = None
         if "rope_factors_short.weight" in tensors:
+            # The short factors are read with the weights (GGUF_ROPE_FACTORS_RUN).
             scaling = {"rope_type": "longrope", "attention_factor": float(key("rope.scaling.attn_factor", 1.0)),
-                       "original_max_position_embeddings": int(key("rope.scaling.original_context_length"))}  # fmt: skip
+                       "original_max_position_embeddings": int(key("rope.scaling.original_context_length")),
+                       "long_factor": _gguf_floats(path, tensors.get("rope_factors_long.weight"))}  # fmt: skip
         window = int(metadata.get("phi3.attention.sliding_window") or 0)
         config = replace(config, rotary_dim=rotary, rope_scaling=scaling, sliding_window=window or None)
     elif arch == "smollm3":
@@ -600,6 +610,17 @@ def _gguf_moe_settings(
         float32_weights=arch == "llama",
     )
     return {"moe": moe, "qk_norm_whole": arch == "olmoe"}
+
+
+def _gguf_floats(path: str, tensor: GgufTensor | None) -> list[float] | None:
+    """A small F32 tensor's values (None when the file has no such tensor)."""
+    if tensor is None:
+        return None
+    if tensor.type_name != "F32":
+        raise CheckpointError(f"{path}: tensor {tensor.name} is {tensor.type_name}, not F32")
+    with open(path, "rb") as f:
+        f.seek(tensor.offset)
+        return list(struct.unpack(f"<{tensor.num_elements}f", f.read(4 * tensor.num_elements)))
 
 
 def _gguf_gemma3_settings(metadata: dict[str, Any], config: TransformerConfig) -> dict[str, Any]:

@@ -76,8 +76,8 @@ GGUF_MOE_LAYER_NAMES = {
     "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
     "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
 }
-#: A `phi3` GGUF's LongRoPE factors: the short ones are run, the long ones
-#: (beyond the original context, which the engine does not reach) are not.
+#: A `phi3` GGUF's LongRoPE factors: the short ones are read with the
+#: weights, the long ones into the config (`checkpoint._gguf_floats`).
 GGUF_ROPE_FACTORS_SHORT = "rope_factors_short.weight"
 GGUF_ROPE_FACTORS_LONG = "rope_factors_long.weight"
 #: llama.cpp's per-layer RoPE frequency factors (Llama 3.1's scaling).

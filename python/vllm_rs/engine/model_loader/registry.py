@@ -113,8 +113,8 @@ class ModelSpec:
         if self.transformer is not None:
             c = self.transformer
             longest = min(c.max_position_embeddings, c.sliding_window or c.max_position_embeddings)
-            if c.rope_scaling and c.rope_scaling["rope_type"] == "longrope":
-                # LongRoPE's short factors hold within the original context; the long ones are not run.
+            if c.rope_scaling and c.rope_scaling["rope_type"] == "longrope" and not c.rope_scaling.get("long_factor"):
+                # Without long factors (a GGUF may leave them out) only the original context is held.
                 longest = min(longest, c.rope_scaling["original_max_position_embeddings"])
             return longest
         if self.encoder is not None:

@@ -25,7 +25,7 @@ from torch import nn
 from vllm_rs.engine.layers.attention import AttentionMetadata, PagedAttention
 from vllm_rs.engine.layers.layernorm import RMSNorm
 from vllm_rs.engine.layers.moe import SparseMoeBlock
-from vllm_rs.engine.layers.rope_frequencies import rope_attention_factor, rope_inv_freq
+from vllm_rs.engine.layers.rope_frequencies import long_rope_inv_freq, rope_attention_factor, rope_inv_freq
 from vllm_rs.engine.layers.rotary_embedding import apply_rope, rope_tables
 from vllm_rs.engine.model_loader.checkpoint import TransformerConfig
 
@@ -138,6 +138,8 @@ class CausalLM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.inv_freq: torch.Tensor | None = None
+        #: LongRoPE's long factors' table (Phi-3), for `AttentionMetadata.long_rope`'s tokens.
+        self.long_inv_freq: torch.Tensor | None = None
 
     @classmethod
     def build(cls, config: TransformerConfig) -> CausalLM:
@@ -146,8 +148,11 @@ class CausalLM(nn.Module):
             return cls(config)
 
     def init_rope(self, device: torch.device, factors: np.ndarray | None = None) -> None:
-        """Computes RoPE's inverse frequencies on `device` (float32)."""
+        """Computes RoPE's inverse frequencies on `device` (float32), and
+        LongRoPE's long ones where the config has them."""
         self.inv_freq = torch.from_numpy(rope_inv_freq(self.config, factors)).to(device)
+        long = long_rope_inv_freq(self.config)
+        self.long_inv_freq = None if long is None else torch.from_numpy(long).to(device)
 
     def attention_layers(self) -> dict[str, PagedAttention]:
         """Layer name -> attention module (the forward context)."""
@@ -161,6 +166,10 @@ class CausalLM(nn.Module):
         if self.config.embedding_multiplier != 1.0:
             x = x * self.config.embedding_multiplier
         cos, sin = rope_tables(positions, self.inv_freq, x.dtype, rope_attention_factor(self.config))
+        if meta.long_rope is not None:
+            long_cos, long_sin = rope_tables(positions, self.long_inv_freq, x.dtype, rope_attention_factor(self.config))
+            rows = meta.long_rope[:, None, None]
+            cos, sin = torch.where(rows, long_cos, cos), torch.where(rows, long_sin, sin)
         for layer in self.model.layers:
             x = layer.forward(x, cos, sin, meta)
         return self.logits(x.index_select(0, logits_indices))

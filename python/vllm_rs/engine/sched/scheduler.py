@@ -164,6 +164,8 @@ class Scheduler:
             advanced.append(request)
             if request.append_token(token, self.max_model_len):
                 self._free(request)
+            elif self.kv_cache_manager is not None and self.kv_cache_manager.crossed_long_rope(request):
+                self.kv_cache_manager.recompute(request)
         if any(r.status == RequestStatus.FINISHED for r in advanced):
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
         return advanced

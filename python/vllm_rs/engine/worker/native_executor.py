@@ -19,7 +19,7 @@ import numpy as np
 from vllm_rs.engine.config import EngineConfig, kv_cache_dtype
 from vllm_rs.engine.cpu_threads import kernel_threads, limit_cpu_threads
 from vllm_rs.engine.layers.gguf_blocks import GgufBlocks, GgufRows, kernel_reads
-from vllm_rs.engine.layers.rope_frequencies import rope_inv_freq
+from vllm_rs.engine.layers.rope_frequencies import long_rope_after, rope_inv_freq
 from vllm_rs.engine.model_loader.gguf_file import read_header
 from vllm_rs.engine.model_loader.gguf_weights import (
     GGUF_ROPE_FACTORS,
@@ -110,7 +110,7 @@ class NativeExecutor:
         )  # fmt: skip
         sched = config.scheduler_config
         self.inputs = StepInputs.allocate(
-            self.block_size, sched.max_num_batched_tokens, sched.max_num_seqs, model.max_model_len
+            self.block_size, sched.max_num_batched_tokens, sched.max_num_seqs, model.max_model_len, long_rope_after(c)
         )
         logger.info(
             "%s (%s, weights kept as stored) on cpu (kernels %d): %d KV blocks of %d tokens%s; native step (no torch)",
@@ -170,4 +170,5 @@ class NativeExecutor:
         return self.native_step.forward(
             inputs.input_ids[:n], inputs.positions[:n], inputs.slot_mapping[:n],
             inputs.key_starts[:n], inputs.key_slots[: staged.num_keys], inputs.logits_indices[: staged.num_rows],
+            inputs.long_rope_flags(n),
         )  # fmt: skip

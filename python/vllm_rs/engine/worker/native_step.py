@@ -22,7 +22,7 @@ import numpy as np
 from vllm_rs import _core
 from vllm_rs.engine.cpu_threads import kernel_threads
 from vllm_rs.engine.layers.gguf_blocks import GgufBlocks
-from vllm_rs.engine.layers.rope_frequencies import local_rope_inv_freq, rope_attention_factor
+from vllm_rs.engine.layers.rope_frequencies import local_rope_inv_freq, long_rope_inv_freq, rope_attention_factor
 from vllm_rs.engine.model_loader.checkpoint import TransformerConfig
 
 #: A layer's linear projections, in the order `DecoderStack` takes them.
@@ -165,7 +165,7 @@ class NativeStep:
         self._stack = _core.DecoderStack(
             shape, inv_freqs, layers, norm(weights["model.norm.weight"]),
             _linear(weights, "lm_head", head_name(c)), caches, cache_dtype, precision,
-            "gelu_tanh" if gemma else "silu",
+            "gelu_tanh" if gemma else "silu", _floats(long_rope_inv_freq(c)),
         )  # fmt: skip
 
     def forward(
@@ -176,18 +176,22 @@ class NativeStep:
         key_starts: np.ndarray,
         key_slots: np.ndarray,
         logits_rows: np.ndarray,
+        long_rope: np.ndarray | None = None,
     ) -> np.ndarray:
         """The logits (float32 `[len(logits_rows), vocab]`) of the step whose
         tokens are `input_ids` at `positions`, writing their keys and values
         to `slot_mapping`; token t's key at position p is in slot
-        `key_slots[key_starts[t] + p]` (every array int64)."""
+        `key_slots[key_starts[t] + p]` (every array int64); `long_rope`
+        (uint8) marks the tokens rotated by LongRoPE's long factors."""
         x = self._embed(input_ids)
         if not x.flags.writeable or not x.flags.c_contiguous:
             x = np.array(x, dtype=np.float32, order="C")
         if self.embedding_multiplier != 1.0:
             x *= np.float32(self.embedding_multiplier)
         logits = np.empty((len(logits_rows), self.vocab), np.float32)
-        self._stack.forward(x, positions, slot_mapping, key_starts, key_slots, logits_rows, logits, kernel_threads())
+        self._stack.forward(
+            x, positions, slot_mapping, key_starts, key_slots, logits_rows, logits, kernel_threads(), long_rope
+        )
         if self.logits_scaling != 1.0:
             logits /= np.float32(self.logits_scaling)
         if self.logits_softcap is not None:

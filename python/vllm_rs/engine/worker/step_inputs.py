@@ -2,7 +2,8 @@
 token's id, position and cache slot, the key slots of every sequence from
 position 0 with each token's first key (`key_starts`), and the rows whose
 logits are wanted (one per sampled request, then the prompt positions whose
-logprobs were asked for). Both executors read the same staging: the native
+logprobs were asked for); for a model with LongRoPE's long factors, which
+tokens rotate by them (`long_rope`). Both executors read the same staging: the native
 one hands the arrays to Rust, the torch one copies them to its device."""
 
 from __future__ import annotations
@@ -46,18 +47,33 @@ class StepInputs:
     key_slots: np.ndarray
     key_starts: np.ndarray
     logits_indices: np.ndarray
+    #: The original context of a model with LongRoPE's long factors
+    #: (`rope_frequencies.long_rope_after`), None for the others.
+    long_rope_after: int | None = None
     #: 0 .. block_size - 1, made once: a block's slots are `block * block_size + this`.
     block_offsets: np.ndarray = field(init=False)
+    #: Per token (uint8), 1 where it rotates by LongRoPE's long factors: its
+    #: sequence is longer than `long_rope_after`.
+    long_rope: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         self.block_offsets = np.arange(self.block_size, dtype=np.int64)
+        self.long_rope = np.zeros(len(self.input_ids) if self.long_rope_after is not None else 0, np.uint8)
 
     @classmethod
-    def allocate(cls, block_size: int, max_tokens: int, max_seqs: int, max_model_len: int) -> StepInputs:
+    def allocate(
+        cls, block_size: int, max_tokens: int, max_seqs: int, max_model_len: int, long_rope_after: int | None = None
+    ) -> StepInputs:
         """Fresh arrays for steps of at most `max_tokens` tokens over
         `max_seqs` sequences of `max_model_len`."""
         sizes = step_array_sizes(max_tokens, max_seqs, max_model_len)
-        return cls(block_size, *(np.empty(n, np.int64) for n in sizes))
+        return cls(block_size, *(np.empty(n, np.int64) for n in sizes), long_rope_after)
+
+    def long_rope_flags(self, num_tokens: int) -> np.ndarray | None:
+        """The staged step's `long_rope` flags, None where no token has them."""
+        if self.long_rope_after is None or not self.long_rope[:num_tokens].any():
+            return None
+        return self.long_rope[:num_tokens]
 
     def stage(self, plan: StepPlan, state_of: Callable[[Request], CachedRequestState]) -> StagedStep:
         """Fills the arrays for `plan`; `state_of` gives the runner's state
@@ -79,6 +95,8 @@ class StepInputs:
             end_pos = start_pos + n
             ids[row : row + n] = request.tokens(start_pos, end_pos)
             positions[row : row + n] = np.arange(start_pos, end_pos)
+            if self.long_rope_after is not None:
+                self.long_rope[row : row + n] = request.num_tokens > self.long_rope_after
             blocks = np.asarray(request.block_ids[: -(-end_pos // self.block_size)], dtype=np.int64)
             all_slots = (blocks[:, None] * self.block_size + self.block_offsets).reshape(-1)[:end_pos]
             slots[row : row + n] = all_slots[start_pos:end_pos]

@@ -17,6 +17,7 @@ from vllm_rs.engine.cpu_threads import keep_torch_on_one_thread, kernel_threads,
 from vllm_rs.engine.layers.attention import AttentionMetadata, DecodeBatch, SequenceSlice, attends_in_place
 from vllm_rs.engine.layers.layernorm import GemmaRMSNorm, RMSNorm
 from vllm_rs.engine.layers.packed_weights import PackedLinear, every_matmul_in_kernels
+from vllm_rs.engine.layers.rope_frequencies import long_rope_after
 from vllm_rs.engine.models.gemma3 import Gemma3ForCausalLM
 from vllm_rs.engine.models.llama import CausalLM
 from vllm_rs.engine.models.toy_model import ToyConfig, ToyDecoder
@@ -110,7 +111,8 @@ class TorchExecutor:
         sched = config.scheduler_config
         sizes = step_array_sizes(sched.max_num_batched_tokens, sched.max_num_seqs, config.model_config.max_model_len)
         self._buffers = [CpuGpuBuffer(n, dtype=torch.int64, device=self.device) for n in sizes]
-        self.inputs = StepInputs(self.block_size, *(b.np for b in self._buffers))
+        long_after = long_rope_after(config.model_config.spec.transformer) if isinstance(self.model, CausalLM) else None
+        self.inputs = StepInputs(self.block_size, *(b.np for b in self._buffers), long_after)
         self.input_ids, self.positions, self.slot_mapping, self.key_slots, _, self.logits_indices = self._buffers
         max_keys = sizes[3]
         self.decode_rows = CpuGpuBuffer(sched.max_num_seqs, dtype=torch.int64, device=self.device)
@@ -196,6 +198,7 @@ class TorchExecutor:
             return self.native_step.forward(
                 inputs.input_ids[:n], inputs.positions[:n], inputs.slot_mapping[:n],
                 inputs.key_starts[:n], inputs.key_slots[: staged.num_keys], inputs.logits_indices[:rows],
+                inputs.long_rope_flags(n),
             )  # fmt: skip
         logits = self.model(
             self.input_ids.copy_to_gpu(n),
@@ -222,6 +225,9 @@ class TorchExecutor:
                 mask = torch.arange(seq_len, device=self.device)[None, :] <= query_pos[:, None]
             sequences.append(SequenceSlice(start, end, key_slots_gpu[key_start : key_start + seq_len], mask))
         meta = AttentionMetadata(self.slot_mapping.copy_to_gpu(num_tokens), sequences, batched)
+        long_rope = self.inputs.long_rope_flags(num_tokens)
+        if long_rope is not None:
+            meta.long_rope = torch.from_numpy(long_rope.astype(bool)).to(self.device)
         for window in self._windows:
             meta.windows[window] = self._windowed(meta, ranges, key_slots_gpu, batched, window)
         return meta
