@@ -289,6 +289,7 @@ class DecoderStack:
         cache_dtype: str = "float32",
         precision: str = "exact",
         activation: str = "silu",
+        long_inv_freq: object | None = None,
     ) -> None:
         """`shape` is `(hidden, heads, kv_heads, head_dim, intermediate,
         vocab, eps, scale, residual_scale, rotary_dim, rope_scale)`;
@@ -298,7 +299,9 @@ class DecoderStack:
         attention_output_norm, mlp_output_norm)`; a linear
         is `(ggml type id, rows (uint8), out features, in features, bias or
         None)`; `caches` one `(keys, values)` per layer of `cache_dtype`;
-        `activation` the MLP gate's (`silu` or `gelu_tanh`);
+        `activation` the MLP gate's (`silu` or `gelu_tanh`); `long_inv_freq`
+        LongRoPE's long factors' table, for the tokens `forward`'s
+        `long_rope` marks;
         `precision` `exact` (float32 products of the dequantized weights) or
         `int8` (activations quantized to int8 per block for Q8_0, Q4_0, Q4_1,
         Q5_0, Q4_K, Q5_K and Q6_K weights; its error bound is
@@ -314,8 +317,10 @@ class DecoderStack:
         logits_rows: object,
         logits: object,
         threads: int,
+        long_rope: object | None = None,
     ) -> None:
         """One step: `x` (float32 `[tokens, hidden]`, overwritten) through
         every layer, keys and values written at `slot_mapping`, the logits of
-        `logits_rows` into `logits`; the GIL released. ValueError for a bad
-        shape or index (nothing written then)."""
+        `logits_rows` into `logits`; `long_rope` (uint8 per token) marks the
+        tokens rotated by `long_inv_freq`; the GIL released. ValueError for a
+        bad shape or index (nothing written then)."""
