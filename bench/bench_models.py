@@ -51,7 +51,7 @@ source tree above it (or --llama-cpp); the converter imports `sentencepiece`
 (`~/.cache/vllm-rs/venv/bin/pip install sentencepiece`, bench-only). Without llama-server the benchmark
 exits 2 saying so: every number it reports is a ratio to it.
 
-Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_models.py [--rounds 5] [--files ...]
+Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_models.py [--rounds 5] [--files ...] [--kernel-precision int8]
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def servers(name: str, file: Path, binary: Path, opts: argparse.Namespace, resul
     kv_bytes = 16 * LLAMA_SLOT_CTX * facts.kv_bytes_per_token_f32
     steps = results / "steps-serve"
     steps.mkdir(exist_ok=True)
-    return vllm_rs_stack(file, opts.threads, None, kv_bytes, results, steps)
+    return vllm_rs_stack(file, opts.threads, None, kv_bytes, results, steps, opts.kernel_precision)
 
 
 def summary(values: list[float]) -> dict:
@@ -340,6 +340,9 @@ def parse_options() -> argparse.Namespace:
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--one-stream-requests", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kernel-precision", choices=("exact", "int8"), default="exact",
+                        help="serve's --kernel-precision: exact (float32 products, the default) or int8 (activations "
+                             "quantized per block, as llama.cpp multiplies quantized weights)")  # fmt: skip
     parser.add_argument("--llama-server", help="llama-server executable (default: $VLLM_RS_LLAMA_SERVER or PATH)")
     parser.add_argument("--llama-cpp", type=Path, help="llama.cpp's source tree (default: above llama-server)")
     parser.add_argument("--results", default="models.json", help="the results file's name in bench/results/")

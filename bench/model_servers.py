@@ -114,16 +114,26 @@ def serve_stack(*args: str, log_path: Path, log_stats: bool = False):
 
 
 @contextlib.contextmanager
-def vllm_rs_stack(gguf: Path, threads: int, dtype: str | None, kv_cache_bytes: int, log_dir: Path, step_log_dir: Path):
+def vllm_rs_stack(
+    gguf: Path,
+    threads: int,
+    dtype: str | None,
+    kv_cache_bytes: int,
+    log_dir: Path,
+    step_log_dir: Path,
+    kernel_precision: str = "exact",
+):
     """`python -m vllm_rs serve GGUF` with its engine on `threads` intra-op
     threads (OMP_NUM_THREADS) and a KV cache of `kv_cache_bytes`, one
     engine, the served model named `smollm2`, sequences capped at
-    llama-server's slot context (so one stream's budget fits one sequence);
-    the engine writes its step records to `step_log_dir` (VLLM_RS_STEP_LOG)."""
+    llama-server's slot context (so one stream's budget fits one sequence),
+    the kernel at `kernel_precision` (`--kernel-precision`); the engine
+    writes its step records to `step_log_dir` (VLLM_RS_STEP_LOG)."""
     previous = {k: os.environ.get(k) for k in (*STACK_ENV, "OMP_NUM_THREADS", STEP_LOG_ENV)}
     os.environ.update(STACK_ENV, OMP_NUM_THREADS=str(threads), **{STEP_LOG_ENV: str(step_log_dir)})
     args = ["--model", str(gguf), "--served-model-name", "smollm2", "--device", "cpu",
-            "--kv-cache-memory-bytes", str(kv_cache_bytes), "--max-model-len", str(LLAMA_SLOT_CTX)]  # fmt: skip
+            "--kv-cache-memory-bytes", str(kv_cache_bytes), "--max-model-len", str(LLAMA_SLOT_CTX),
+            "--kernel-precision", kernel_precision]  # fmt: skip
     if dtype is not None:
         args += ["--dtype", dtype]
     try:

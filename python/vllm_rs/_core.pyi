@@ -279,8 +279,15 @@ class DecoderStack:
         inv_freqs: Sequence[object],
         layers: Sequence[
             tuple[
-                object, object, object | None, object | None, Sequence[object], int | None, int | None,
-                object | None, object | None,
+                object,
+                object,
+                object | None,
+                object | None,
+                Sequence[object],
+                int | None,
+                int | None,
+                object | None,
+                object | None,
             ]
         ],
         norm: object,
