@@ -305,7 +305,8 @@ impl Decoder<'_> {
             for (what, norm) in [("q_norm", l.q_norm), ("k_norm", l.k_norm)] {
                 norm.map_or(Ok(()), |n| vector(name(what), n.len(), head_dim))?;
             }
-            for (what, norm) in [("attention_output_norm", l.attention_output_norm), ("mlp_output_norm", l.mlp_output_norm)]
+            for (what, norm) in
+                [("attention_output_norm", l.attention_output_norm), ("mlp_output_norm", l.mlp_output_norm)]
             {
                 norm.map_or(Ok(()), |n| vector(name(what), n.len(), hidden))?;
             }

@@ -11,8 +11,8 @@ mod common;
 
 use common::{paths, Rng};
 use vllm_rs_kernels::{
-    dequantize_row, Activation, Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, Precision, QuantType, Shape, StepError,
-    StepInputs,
+    dequantize_row, Activation, Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, Precision, QuantType, Shape,
+    StepError, StepInputs,
 };
 
 const HIDDEN: usize = 64;
@@ -308,7 +308,9 @@ impl Model {
                     .map(|(&g, u)| match self.activation {
                         Activation::Silu => g / (1.0 + (-g).exp()) * u,
                         Activation::GeluTanh => {
-                            0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh()) * u
+                            0.5 * g
+                                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+                                * u
                         }
                     })
                     .collect();
