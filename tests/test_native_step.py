@@ -280,16 +280,16 @@ def test_a_model_whose_shapes_do_not_fit_is_refused():
     ones = np.ones(8, np.float32)
     rows = np.zeros((8, 2 * 32), np.uint8)  # F16 rows of 32 weights
     linear = (1, rows, 8, 32, None)
-    layer = (ones, ones, None, None, [linear] * 7, None, 0, None, None)
+    layer = (ones, ones, None, None, [linear] * 7, None, 0, None, None, 0)
     shape = (32, 2, 1, 4, 32, 8, 1e-6, 0.5, 1.0, 4, 1.0)
     norm, table = np.ones(32, np.float32), np.ones(2, np.float32)
     with pytest.raises(ValueError, match=re.escape("inv_freqs[0] has 4 elements, the shapes need 2")):
         _core.DecoderStack(shape, [np.ones(4, np.float32)], [layer], norm, linear, [])
     with pytest.raises(ValueError, match="layer 0 has 6 linear layers, not 7"):
-        bad = (ones, ones, None, None, [linear] * 6, None, 0, None, None)
+        bad = (ones, ones, None, None, [linear] * 6, None, 0, None, None, 0)
         _core.DecoderStack(shape, [table], [bad], norm, linear, [])
     with pytest.raises(ValueError, match="layer 0: RoPE table 1, but the model has 1"):
-        bad = (ones, ones, None, None, [linear] * 7, None, 1, None, None)
+        bad = (ones, ones, None, None, [linear] * 7, None, 1, None, None, 0)
         _core.DecoderStack(shape, [table], [bad], norm, linear, [])
     with pytest.raises(ValueError, match='activation "relu" is not "silu" or "gelu_tanh"'):
         _core.DecoderStack(shape, [table], [layer], norm, linear, [], activation="relu")

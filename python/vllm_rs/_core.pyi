@@ -288,6 +288,7 @@ class DecoderStack:
                 int | None,
                 object | None,
                 object | None,
+                int,
             ]
         ],
         norm: object,
@@ -303,7 +304,7 @@ class DecoderStack:
         `inv_freqs` the RoPE tables; a layer is `(input_norm,
         post_attention_norm (before the MLP), q_norm, k_norm, [q, k, v, o,
         gate, up, down], window, its RoPE table's index or None,
-        attention_output_norm, mlp_output_norm)`; a linear
+        attention_output_norm, mlp_output_norm, its KV-cache group)`; a linear
         is `(ggml type id, rows (uint8), out features, in features, bias or
         None)`; `caches` one `(keys, values)` per layer of `cache_dtype`;
         `activation` the MLP gate's (`silu` or `gelu_tanh`); `long_inv_freq`
@@ -325,9 +326,11 @@ class DecoderStack:
         logits: object,
         threads: int,
         long_rope: object | None = None,
+        group_slots: Sequence[tuple[object, object]] = (),
     ) -> None:
         """One step: `x` (float32 `[tokens, hidden]`, overwritten) through
         every layer, keys and values written at `slot_mapping`, the logits of
         `logits_rows` into `logits`; `long_rope` (uint8 per token) marks the
-        tokens rotated by `long_inv_freq`; the GIL released. ValueError for a
+        tokens rotated by `long_inv_freq`; `group_slots` KV-cache groups 1,
+        2, ...'s `(slot_mapping, key_slots)`; the GIL released. ValueError for a
         bad shape or index (nothing written then)."""

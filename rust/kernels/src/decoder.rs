@@ -181,6 +181,20 @@ pub struct Layer<'a> {
     /// Which of the decoder's `inv_freqs` rotates q and k by position; None
     /// for a layer without RoPE (SmolLM3 leaves some out).
     pub rope: Option<usize>,
+    /// The KV-cache group whose slots the layer's keys and values use: 0
+    /// (`StepInputs::slot_mapping`, `key_slots`) or g (`StepInputs::groups[g - 1]`;
+    /// Gemma 3's windowed layers keep a block table of their own).
+    pub kv_group: usize,
+}
+
+/// A further KV-cache group's slots in a step, laid out as the first
+/// group's (`StepInputs::slot_mapping`, `key_slots`; the same `key_starts`).
+#[derive(Debug, Clone, Copy)]
+pub struct GroupSlots<'a> {
+    /// Each token's cache slot.
+    pub slot_mapping: &'a [i64],
+    /// The key slots of the step's sequences, each from position 0.
+    pub key_slots: &'a [i64],
 }
 
 /// The model: its layers, the final norm, the output head and RoPE's
@@ -234,6 +248,18 @@ pub struct StepInputs<'a> {
     /// Per token, nonzero where it rotates by the decoder's `long_inv_freq`
     /// (its sequence is past LongRoPE's original context); None: none does.
     pub long_rope: Option<&'a [u8]>,
+    /// The slots of KV-cache groups 1, 2, ... (empty for a model of one group).
+    pub groups: &'a [GroupSlots<'a>],
+}
+
+impl<'a> StepInputs<'a> {
+    /// KV-cache group `g`'s slots: its tokens' slots and its sequences' key slots.
+    fn group(&self, g: usize) -> GroupSlots<'a> {
+        match g {
+            0 => GroupSlots { slot_mapping: self.slot_mapping, key_slots: self.key_slots },
+            g => self.groups[g - 1],
+        }
+    }
 }
 
 /// Steps with at least this many tokens run their norms and activations on
@@ -334,7 +360,7 @@ impl Decoder<'_> {
     ) -> Result<(), StepError> {
         let s = self.shape;
         let tokens = inputs.positions.len();
-        let slots = self.check_step(x, caches, inputs, logits)?;
+        let group_slots = self.check_step(x, caches, inputs, logits)?;
         if tokens == 0 {
             return Ok(());
         }
@@ -381,7 +407,8 @@ impl Decoder<'_> {
                 rope(&mut q, cos, sin, half, s.head_dim);
                 rope(&mut k, cos, sin, half, s.head_dim);
             }
-            for (t, &slot) in inputs.slot_mapping.iter().enumerate() {
+            let group = inputs.group(layer.kv_group);
+            for (t, &slot) in group.slot_mapping.iter().enumerate() {
                 cache.keys.write_row(slot, &k[t * kv_out..(t + 1) * kv_out]);
                 cache.values.write_row(slot, &v[t * kv_out..(t + 1) * kv_out]);
             }
@@ -394,7 +421,7 @@ impl Decoder<'_> {
                 key_cache: cache.keys.as_ref(),
                 value_cache: cache.values.as_ref(),
                 rows: &keys.rows,
-                key_slots: inputs.key_slots,
+                key_slots: group.key_slots,
                 key_starts: &keys.starts,
                 lens: &keys.lens,
                 scale: s.scale,
@@ -404,7 +431,7 @@ impl Decoder<'_> {
                 heads: s.heads,
                 kv_heads: s.kv_heads,
                 head_dim: s.head_dim,
-                slots,
+                slots: group_slots[layer.kv_group],
                 seqs: tokens,
                 max_keys: keys.longest,
             };
@@ -441,14 +468,15 @@ impl Decoder<'_> {
         Ok(())
     }
 
-    /// Checks a step's buffers and every index it holds; returns the caches' slots.
+    /// Checks a step's buffers and every index it holds; returns each
+    /// KV-cache group's slots (its layers' caches all hold as many).
     fn check_step(
         &self,
         x: &[f32],
         caches: &[LayerCache<'_>],
         inputs: &StepInputs<'_>,
         logits: &[f32],
-    ) -> Result<usize, StepError> {
+    ) -> Result<Vec<usize>, StepError> {
         let s = self.shape;
         let tokens = inputs.positions.len();
         let len = |what: &str, got: usize, need: usize| {
@@ -459,7 +487,6 @@ impl Decoder<'_> {
             }
         };
         len("x", x.len(), tokens * s.hidden)?;
-        len("slot_mapping", inputs.slot_mapping.len(), tokens)?;
         len("key_starts", inputs.key_starts.len(), tokens)?;
         len("logits", logits.len(), inputs.logits_rows.len() * s.vocab)?;
         if let Some(flags) = inputs.long_rope {
@@ -470,32 +497,56 @@ impl Decoder<'_> {
         }
         len("caches", caches.len(), self.layers.len())?;
         let kv_row = s.kv_heads * s.head_dim;
-        let cache_len = caches.first().map_or(0, |c| c.keys.as_ref().len());
-        if !cache_len.is_multiple_of(kv_row) {
-            return Err(StepError::Shape(format!(
-                "a layer's cache has {cache_len} floats, not whole slots of {kv_row}"
-            )));
-        }
-        for (i, cache) in caches.iter().enumerate() {
+        let groups = 1 + inputs.groups.len();
+        // Each group's cache length: its first layer's, which its others must share.
+        let mut cache_lens: Vec<Option<usize>> = vec![None; groups];
+        for (i, (layer, cache)) in self.layers.iter().zip(caches).enumerate() {
+            if layer.kv_group >= groups {
+                return Err(StepError::Shape(format!(
+                    "layer {i} uses KV-cache group {}, but the step stages {groups}",
+                    layer.kv_group
+                )));
+            }
             let (keys, values) = (cache.keys.as_ref(), cache.values.as_ref());
-            len(&format!("layer {i} keys"), keys.len(), cache_len)?;
-            len(&format!("layer {i} values"), values.len(), cache_len)?;
+            let need = *cache_lens[layer.kv_group].get_or_insert(keys.len());
+            if !need.is_multiple_of(kv_row) {
+                return Err(StepError::Shape(format!(
+                    "a layer's cache has {need} floats, not whole slots of {kv_row}"
+                )));
+            }
+            len(&format!("layer {i} keys"), keys.len(), need)?;
+            len(&format!("layer {i} values"), values.len(), need)?;
             if !keys.same_type(&values) || !keys.same_type(&caches[0].keys.as_ref()) {
                 return Err(StepError::Shape(format!("layer {i}'s keys and values are not of the first layer's type")));
             }
         }
-        let slots = cache_len / kv_row;
-        let in_cache = |slot: i64| slot >= 0 && (slot as u64) < slots as u64;
-        if let Some((key, &slot)) = inputs.key_slots.iter().enumerate().find(|(_, &slot)| !in_cache(slot)) {
-            return Err(StepError::Shape(format!("key_slots[{key}] = {slot} is outside the cache's {slots} slots")));
+        let group_slots: Vec<usize> = cache_lens.iter().map(|l| l.unwrap_or(0) / kv_row).collect();
+        for (g, &slots) in group_slots.iter().enumerate() {
+            let group = inputs.group(g);
+            let name = |what: &str| if g == 0 { what.to_string() } else { format!("group {g} {what}") };
+            len(&name("slot_mapping"), group.slot_mapping.len(), tokens)?;
+            len(&name("key_slots"), group.key_slots.len(), inputs.key_slots.len())?;
+            let in_cache = |slot: i64| slot >= 0 && (slot as u64) < slots as u64;
+            if let Some((key, &slot)) = group.key_slots.iter().enumerate().find(|(_, &slot)| !in_cache(slot)) {
+                return Err(StepError::Shape(format!(
+                    "{}[{key}] = {slot} is outside the cache's {slots} slots",
+                    name("key_slots")
+                )));
+            }
+            if let Some((token, &slot)) = group.slot_mapping.iter().enumerate().find(|(_, &slot)| !in_cache(slot)) {
+                return Err(StepError::Token {
+                    token,
+                    what: format!(
+                        "{} {slot} is outside the cache's {slots} slots",
+                        if g == 0 { "slot".into() } else { name("slot") }
+                    ),
+                });
+            }
         }
         for token in 0..tokens {
-            let (position, slot, start) =
-                (inputs.positions[token], inputs.slot_mapping[token], inputs.key_starts[token]);
+            let (position, start) = (inputs.positions[token], inputs.key_starts[token]);
             let what = if position < 0 {
                 format!("position {position} is negative")
-            } else if !in_cache(slot) {
-                format!("slot {slot} is outside the cache's {slots} slots")
             } else if start < 0 || start as u64 + position as u64 >= inputs.key_slots.len() as u64 {
                 format!("keys {start}..={start}+{position} are outside key_slots' {} slots", inputs.key_slots.len())
             } else {
@@ -531,7 +582,7 @@ impl Decoder<'_> {
             };
             check_attention(&empty, 0, dims)?;
         }
-        Ok(slots)
+        Ok(group_slots)
     }
 }
 

@@ -11,8 +11,8 @@ mod common;
 
 use common::{paths, Rng};
 use vllm_rs_kernels::{
-    dequantize_row, Activation, Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, Precision, QuantType, Shape,
-    StepError, StepInputs,
+    dequantize_row, Activation, Decoder, GroupSlots, KvCacheMut, Layer, LayerCache, Linear, Path, Precision, QuantType,
+    Shape, StepError, StepInputs,
 };
 
 const HIDDEN: usize = 64;
@@ -114,6 +114,7 @@ struct LayerWeights {
     mlp_output_norm: Option<Vec<f32>>,
     window: Option<usize>,
     rope: Option<usize>,
+    kv_group: usize,
 }
 
 /// Two layers: the first with q/k/v biases and a window of 3 keys, the
@@ -175,6 +176,7 @@ impl Model {
                 mlp_output_norm: None,
                 window: (i == 0).then_some(3),
                 rope: (i == 0).then_some(0),
+                kv_group: 0,
             })
             .collect();
         let head = Weights::new(&mut rng, quant, VOCAB, HIDDEN, false);
@@ -225,6 +227,7 @@ impl Model {
                     mlp_output_norm: l.mlp_output_norm.as_deref(),
                     window: l.window,
                     rope: l.rope,
+                    kv_group: l.kv_group,
                 })
                 .collect(),
             norm: &self.norm,
@@ -361,6 +364,7 @@ fn step(
         key_slots: &key_slots,
         logits_rows: &logits_rows,
         long_rope: model.long_inv_freq.is_some().then_some(long_rope.as_slice()),
+        groups: &[],
     };
     model.decoder().forward(path, &mut x, &mut layer_caches, &inputs, &mut logits, threads)?;
     Ok(logits)
@@ -385,6 +389,63 @@ fn long_rope_tokens_rotate_by_the_long_table() {
     model.long_inv_freq = Some(inv_freq(10000.0).iter().map(|f| f / 3.0).collect());
     model.long_from = 4;
     prefill_then_decodes_equal_the_reference(&model);
+}
+
+#[test]
+fn a_layer_of_a_second_kv_group_reads_and_writes_its_own_slots() {
+    // Layer 0 (windowed) keeps its keys in a cache of 8 slots of its own,
+    // at slots of its own; layer 1 in the first group's 64.
+    let mut model = Model::gemma(11);
+    model.layers[0].kv_group = 1;
+    let mut rng = Rng(12);
+    let embedded: Vec<f64> = floats(&mut rng, 6 * HIDDEN, 1.0).iter().map(|&v| v as f64).collect();
+    let want = model.reference(&embedded.chunks(HIDDEN).map(<[f64]>::to_vec).collect::<Vec<_>>());
+    let (first, second): (Vec<i64>, Vec<i64>) = (vec![17, 3, 40, 41, 42, 9], vec![5, 1, 7, 2, 6, 0]);
+    let row = KV_HEADS * HEAD_DIM;
+    let (mut k0, mut v0) = (vec![f32::NAN; 8 * row], vec![f32::NAN; 8 * row]);
+    let (mut k1, mut v1) = (vec![f32::NAN; SLOTS * row], vec![f32::NAN; SLOTS * row]);
+    let mut caches = vec![
+        LayerCache { keys: KvCacheMut::F32(&mut k0), values: KvCacheMut::F32(&mut v0) },
+        LayerCache { keys: KvCacheMut::F32(&mut k1), values: KvCacheMut::F32(&mut v1) },
+    ];
+    let decoder = model.decoder();
+    for (range, rows) in [(0..4, vec![3i64]), (4..6, vec![0, 1])] {
+        let positions: Vec<i64> = range.clone().map(|p| p as i64).collect();
+        let mut x: Vec<f32> = embedded[range.start * HIDDEN..range.end * HIDDEN].iter().map(|&v| v as f32).collect();
+        let mut logits = vec![0.0f32; rows.len() * VOCAB];
+        let groups = [GroupSlots { slot_mapping: &second[range.clone()], key_slots: &second[..range.end] }];
+        let inputs = StepInputs {
+            positions: &positions,
+            slot_mapping: &first[range.clone()],
+            key_starts: &vec![0; range.len()],
+            key_slots: &first[..range.end],
+            logits_rows: &rows,
+            long_rope: None,
+            groups: &groups,
+        };
+        decoder.forward(Path::best(), &mut x, &mut caches, &inputs, &mut logits, 2).unwrap();
+        for (i, &r) in rows.iter().enumerate() {
+            let p = range.start + r as usize;
+            assert_close(&logits[i * VOCAB..(i + 1) * VOCAB], &want[p], &format!("position {p}"));
+        }
+    }
+    let no_groups = StepInputs {
+        positions: &[0],
+        slot_mapping: &[0],
+        key_starts: &[0],
+        key_slots: &[0],
+        logits_rows: &[0],
+        long_rope: None,
+        groups: &[],
+    };
+    let err = decoder.forward(Path::best(), &mut vec![0.0; HIDDEN], &mut caches, &no_groups, &mut [0.0; VOCAB], 1);
+    assert_eq!(err.unwrap_err().to_string(), "layer 0 uses KV-cache group 1, but the step stages 1");
+    drop(caches);
+    for slot in 0..8 {
+        let written = k0[slot * row..(slot + 1) * row].iter().all(|v| !v.is_nan());
+        assert_eq!(written, second.contains(&(slot as i64)), "slot {slot} of the second group's cache");
+    }
+    assert!(k1[..row].iter().all(|v| v.is_nan()), "slot 0 of the first group's cache was never written");
 }
 
 #[test]

@@ -7,7 +7,9 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use vllm_rs_kernels::{Activation, Decoder, KvCacheMut, Layer, LayerCache, Linear, Path, Precision, Shape, StepInputs};
+use vllm_rs_kernels::{
+    Activation, Decoder, GroupSlots, KvCacheMut, Layer, LayerCache, Linear, Path, Precision, Shape, StepInputs,
+};
 
 use crate::kernels::{check_out, flat_for, quant_type_for, slice, slice_mut, span};
 
@@ -21,7 +23,7 @@ struct LinearArg<'py>(u32, Bound<'py, PyAny>, usize, usize, Option<Bound<'py, Py
 /// A layer as Python passes it: `(input_norm, post_attention_norm, q_norm
 /// or None, k_norm or None, [q, k, v, o, gate, up, down], window or None,
 /// its RoPE table (an index into `inv_freqs`) or None, attention_output_norm
-/// or None, mlp_output_norm or None)`.
+/// or None, mlp_output_norm or None, its KV-cache group)`.
 #[derive(FromPyObject)]
 struct LayerArg<'py>(
     Bound<'py, PyAny>,
@@ -33,6 +35,7 @@ struct LayerArg<'py>(
     Option<usize>,
     Option<Bound<'py, PyAny>>,
     Option<Bound<'py, PyAny>>,
+    usize,
 );
 
 /// The exported buffers a `DecoderStack` reads; held so that their memory
@@ -205,7 +208,18 @@ impl DecoderStack {
         let mut exports = Exports::default();
         let mut built = Vec::with_capacity(layers.len());
         for (i, layer) in layers.iter().enumerate() {
-            let LayerArg(input_norm, post_norm, q_norm, k_norm, linears, window, rope, attention_out, mlp_out) = layer;
+            let LayerArg(
+                input_norm,
+                post_norm,
+                q_norm,
+                k_norm,
+                linears,
+                window,
+                rope,
+                attention_out,
+                mlp_out,
+                kv_group,
+            ) = layer;
             let name = |what: &str| format!("layer {i} {what}");
             let [q, k, v, o, gate, up, down] = linears.as_slice() else {
                 return Err(PyValueError::new_err(format!(
@@ -232,6 +246,7 @@ impl DecoderStack {
                 mlp_output_norm: mlp_out.as_ref().map(|n| exports.floats(n, &name("mlp_output_norm"))).transpose()?,
                 window: *window,
                 rope: *rope,
+                kv_group: *kv_group,
             });
         }
         let decoder = Decoder {
@@ -274,10 +289,14 @@ impl DecoderStack {
     /// `logits` (float32 `[rows, vocab]`). `positions`, `slot_mapping` and
     /// `key_starts` are int64 `[tokens]`; token t's key at position p is in
     /// slot `key_slots[key_starts[t] + p]`; `long_rope` (uint8 `[tokens]`,
-    /// optional) marks the tokens rotated by `long_inv_freq`. On `threads`
-    /// threads, the GIL released. Raises ValueError for a bad shape or
-    /// index (nothing written then).
-    #[pyo3(signature = (x, positions, slot_mapping, key_starts, key_slots, logits_rows, logits, threads, long_rope = None))]
+    /// optional) marks the tokens rotated by `long_inv_freq`; `group_slots`
+    /// KV-cache groups 1, 2, ...'s `(slot_mapping, key_slots)`, laid out as
+    /// the first group's. On `threads` threads, the GIL released. Raises
+    /// ValueError for a bad shape or index (nothing written then).
+    #[pyo3(signature = (
+        x, positions, slot_mapping, key_starts, key_slots, logits_rows, logits, threads, long_rope = None,
+        group_slots = Vec::new()
+    ))]
     #[allow(clippy::too_many_arguments)] // the Python signature: a step's buffers and threads
     fn forward(
         &mut self,
@@ -291,6 +310,7 @@ impl DecoderStack {
         logits: &Bound<'_, PyAny>,
         threads: usize,
         long_rope: Option<&Bound<'_, PyAny>>,
+        group_slots: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
     ) -> PyResult<()> {
         if threads == 0 {
             return Err(PyValueError::new_err(format!("{NAME}.forward: threads must be at least 1")));
@@ -307,6 +327,15 @@ impl DecoderStack {
             ints(logits_rows, "logits_rows")?,
         );
         let flags = long_rope.map(|f| flat_for::<u8>(func, f, "long_rope", "uint8")).transpose()?;
+        let groups = group_slots
+            .iter()
+            .enumerate()
+            .map(|(g, (slots, keys))| {
+                let g = g + 1;
+                let int64 = |obj, name: String| flat_for::<i64>(func, obj, &name, "int64");
+                Ok((int64(slots, format!("group {g} slot_mapping"))?, int64(keys, format!("group {g} key_slots"))?))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
         let mut inputs = vec![
             ("positions", span(&pb)),
             ("slot_mapping", span(&sb)),
@@ -315,6 +344,9 @@ impl DecoderStack {
             ("logits_rows", span(&rb)),
         ];
         inputs.extend(flags.as_ref().map(|f| ("long_rope", span(f))));
+        for (slots, keys) in &groups {
+            inputs.extend([("group slot_mapping", span(slots)), ("group key_slots", span(keys))]);
+        }
         check_out(func, &xb, &inputs)?;
         check_out(func, &lb, &[inputs.as_slice(), &[("x", span(&xb))]].concat())?;
         // SAFETY: the buffers stay exported until the end of this call; x and
@@ -323,6 +355,10 @@ impl DecoderStack {
         // numpy operation releases it.
         unsafe {
             let mut caches: Vec<LayerCache<'_>> = self.caches.iter().map(|c| c.layer()).collect();
+            let group_views: Vec<GroupSlots<'_>> = groups
+                .iter()
+                .map(|(slots, keys)| GroupSlots { slot_mapping: slice(slots), key_slots: slice(keys) })
+                .collect();
             let step = StepInputs {
                 positions: slice(&pb),
                 slot_mapping: slice(&sb),
@@ -330,6 +366,7 @@ impl DecoderStack {
                 key_slots: slice(&ksb),
                 logits_rows: slice(&rb),
                 long_rope: flags.as_ref().map(|f| slice(f)),
+                groups: &group_views,
             };
             let (xs, ls) = (slice_mut(&xb), slice_mut(&lb));
             let decoder = &self.decoder;

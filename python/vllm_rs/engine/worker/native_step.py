@@ -153,7 +153,9 @@ class NativeStep:
                 window, pre_mlp, outputs = None, w("post_attention_layernorm"), (None, None)
                 rope = 0 if not c.rope_layers or c.rope_layers[i] else None
             linears = [_linear(weights, f"{layer}.{p}") for p in LAYER_LINEARS]
-            layers.append((norm(w("input_layernorm")), norm(pre_mlp), q_norm, k_norm, linears, window, rope, *outputs))
+            layers.append((
+                norm(w("input_layernorm")), norm(pre_mlp), q_norm, k_norm, linears, window, rope, *outputs, 0,
+            ))  # fmt: skip
         shape = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,
                  c.rms_norm_eps, scale, c.residual_multiplier, c.rotary_dim or c.head_dim,
                  rope_attention_factor(c))  # fmt: skip
