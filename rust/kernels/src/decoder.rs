@@ -26,6 +26,7 @@
 use std::ops::Range;
 
 use crate::attention::{attend, check_attention};
+use crate::experts::{Expert, Experts};
 use crate::kv_cache::{KvCache, KvCacheMut};
 use crate::{
     matmuls, AttentionDims, AttentionError, DecodeInputs, Dims, Matmul, Out, Path, Precision, QuantType, ShapeError,
@@ -167,12 +168,8 @@ pub struct Layer<'a> {
     /// The norm before the MLP (Llama's `post_attention_layernorm`, Gemma 3's
     /// `pre_feedforward_layernorm`).
     pub post_attention_norm: &'a [f32],
-    /// The MLP's gate projection.
-    pub gate: Linear<'a>,
-    /// The MLP's up projection.
-    pub up: Linear<'a>,
-    /// The MLP's down projection.
-    pub down: Linear<'a>,
+    /// The MLP: dense, or a mixture of experts.
+    pub mlp: Mlp<'a>,
     /// The norm of the MLP's output before it joins the residual stream
     /// (Gemma 3's `post_feedforward_layernorm`), if the model has it.
     pub mlp_output_norm: Option<&'a [f32]>,
@@ -185,6 +182,15 @@ pub struct Layer<'a> {
     /// (`StepInputs::slot_mapping`, `key_slots`) or g (`StepInputs::groups[g - 1]`;
     /// Gemma 3's windowed layers keep a block table of their own).
     pub kv_group: usize,
+}
+
+/// A layer's MLP.
+#[derive(Debug, Clone)]
+pub enum Mlp<'a> {
+    /// One gated MLP of `Shape::intermediate` that every token runs.
+    Dense(Expert<'a>),
+    /// Routed experts (`experts.rs`).
+    Experts(Experts<'a>),
 }
 
 /// A further KV-cache group's slots in a step, laid out as the first
@@ -325,11 +331,19 @@ impl Decoder<'_> {
             linear(name("k"), &l.k, kv_out, hidden)?;
             linear(name("v"), &l.v, kv_out, hidden)?;
             linear(name("o"), &l.o, hidden, q_out)?;
-            linear(name("gate"), &l.gate, intermediate, hidden)?;
-            linear(name("up"), &l.up, intermediate, hidden)?;
-            linear(name("down"), &l.down, hidden, intermediate)?;
-            for (what, norm) in [("q_norm", l.q_norm), ("k_norm", l.k_norm)] {
-                norm.map_or(Ok(()), |n| vector(name(what), n.len(), head_dim))?;
+            match &l.mlp {
+                Mlp::Dense(d) => {
+                    linear(name("gate"), &d.gate, intermediate, hidden)?;
+                    linear(name("up"), &d.up, intermediate, hidden)?;
+                    linear(name("down"), &d.down, hidden, intermediate)?;
+                }
+                Mlp::Experts(e) => e.check(hidden, &name)?,
+            }
+            // Per head (Qwen3), or over all heads at once (OLMoE).
+            for (what, norm, whole) in [("q_norm", l.q_norm, q_out), ("k_norm", l.k_norm, kv_out)] {
+                if let Some(n) = norm.filter(|n| n.len() != whole) {
+                    vector(name(what), n.len(), head_dim)?;
+                }
             }
             for (what, norm) in
                 [("attention_output_norm", l.attention_output_norm), ("mlp_output_norm", l.mlp_output_norm)]
@@ -442,14 +456,19 @@ impl Decoder<'_> {
             add_bias(&layer.o, &mut residual);
             add_output(x, &residual, &mut h, layer.attention_output_norm, s, parallel);
             rms_norm_rows(x, &mut h, layer.post_attention_norm, s.eps, parallel);
-            matmuls(
-                path,
-                self.precision,
-                &mut [product(&layer.gate, &h, &mut gate, m), product(&layer.up, &h, &mut up, m)],
-                threads,
-            )?;
-            gated(&mut gate, &up, s.activation, parallel);
-            matmuls(path, self.precision, &mut [product(&layer.down, &gate, &mut residual, m)], threads)?;
+            match &layer.mlp {
+                Mlp::Dense(d) => {
+                    matmuls(
+                        path,
+                        self.precision,
+                        &mut [product(&d.gate, &h, &mut gate, m), product(&d.up, &h, &mut up, m)],
+                        threads,
+                    )?;
+                    gated(&mut gate, &up, s.activation, parallel);
+                    matmuls(path, self.precision, &mut [product(&d.down, &gate, &mut residual, m)], threads)?;
+                }
+                Mlp::Experts(e) => e.forward(path, self.precision, s.activation, &h, &mut residual, threads)?,
+            }
             add_output(x, &residual, &mut h, layer.mlp_output_norm, s, parallel);
         }
         let rows = inputs.logits_rows.len();
@@ -611,7 +630,7 @@ impl Keys {
 }
 
 /// A `matmuls` product of `m` rows of `x` through `l` into `y`.
-fn product<'a, 'y>(l: &Linear<'a>, x: &'a [f32], y: &'y mut [f32], m: usize) -> Matmul<'a, 'y> {
+pub(crate) fn product<'a, 'y>(l: &Linear<'a>, x: &'a [f32], y: &'y mut [f32], m: usize) -> Matmul<'a, 'y> {
     Matmul { quant: l.quant, x, w: l.rows, y, dims: Dims { m, n: l.out_features, k: l.in_features } }
 }
 
@@ -668,7 +687,7 @@ fn rms_norm_rows(x: &[f32], out: &mut [f32], w: &[f32], eps: f32, threads: usize
     });
 }
 
-/// `rms_norm` of each `w.len()`-wide piece of `x` (each head), in place.
+/// `rms_norm` of each `w.len()`-wide piece of `x` (each head, or all heads at once), in place.
 fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     for head in x.chunks_exact_mut(w.len()) {
         let scale = 1.0 / (sum_squares(head) / head.len() as f32 + eps).sqrt();
@@ -727,7 +746,7 @@ fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], half: usize, head_dim: usize) {
 }
 
 /// `gate = activation(gate) * up`, rows split across `threads`.
-fn gated(gate: &mut [f32], up: &[f32], activation: Activation, threads: usize) {
+pub(crate) fn gated(gate: &mut [f32], up: &[f32], activation: Activation, threads: usize) {
     const CHUNK: usize = 4096;
     let gate_ptr = Out(gate.as_mut_ptr());
     for_row_ranges(gate.len().div_ceil(CHUNK), threads, &|chunks| {

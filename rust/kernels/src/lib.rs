@@ -29,6 +29,7 @@ mod attention;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod decoder;
+mod experts;
 mod int8;
 #[cfg(target_arch = "x86_64")]
 mod int8_x86;
@@ -47,7 +48,8 @@ mod super_blocks;
 mod x86;
 
 pub use attention::{check_attention, decode_attention, AttentionDims, AttentionError, DecodeInputs};
-pub use decoder::{Activation, Decoder, GroupSlots, Layer, LayerCache, Linear, Shape, StepError, StepInputs};
+pub use decoder::{Activation, Decoder, GroupSlots, Layer, LayerCache, Linear, Mlp, Shape, StepError, StepInputs};
+pub use experts::{Expert, Experts};
 pub use kv_cache::{f32_to_bf16, f32_to_f16, KvCache, KvCacheMut};
 pub use quant::{dequantize_row, f16_to_f32 as dequantize_f16, QuantType, BLOCK, SUPER_BLOCK};
 

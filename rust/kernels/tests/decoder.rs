@@ -11,8 +11,8 @@ mod common;
 
 use common::{paths, Rng};
 use vllm_rs_kernels::{
-    dequantize_row, Activation, Decoder, GroupSlots, KvCacheMut, Layer, LayerCache, Linear, Path, Precision, QuantType,
-    Shape, StepError, StepInputs,
+    dequantize_row, Activation, Decoder, Expert, Experts, GroupSlots, KvCacheMut, Layer, LayerCache, Linear, Mlp, Path,
+    Precision, QuantType, Shape, StepError, StepInputs,
 };
 
 const HIDDEN: usize = 64;
@@ -112,9 +112,32 @@ struct LayerWeights {
     down: Weights,
     attention_output_norm: Option<Vec<f32>>,
     mlp_output_norm: Option<Vec<f32>>,
+    moe: Option<MoeWeights>,
     window: Option<usize>,
     rope: Option<usize>,
     kv_group: usize,
+}
+
+/// Routed experts: the router, each expert's (gate, up, down), top k,
+/// renormalized or not, a shared expert and its gate.
+struct MoeWeights {
+    router: Vec<f32>,
+    experts: Vec<[Weights; 3]>,
+    top_k: usize,
+    norm: bool,
+    shared: Option<([Weights; 3], Vec<f32>)>,
+}
+
+fn expert_weights(rng: &mut Rng, inter: usize) -> [Weights; 3] {
+    [
+        Weights::new(rng, QuantType::F16, inter, HIDDEN, false),
+        Weights::new(rng, QuantType::F16, inter, HIDDEN, false),
+        Weights::new(rng, QuantType::F16, HIDDEN, inter, false),
+    ]
+}
+
+fn expert(w: &[Weights; 3]) -> Expert<'_> {
+    Expert { gate: w[0].linear(), up: w[1].linear(), down: w[2].linear() }
 }
 
 /// Two layers: the first with q/k/v biases and a window of 3 keys, the
@@ -139,6 +162,21 @@ struct Model {
 impl Model {
     fn new(seed: u64) -> Model {
         Model::of(seed, QuantType::F16)
+    }
+
+    /// The second layer's MLP 4 routed experts of 32, top 2: renormalized,
+    /// or (`shared`) not, beside a shared expert of 64 (Qwen2-MoE).
+    fn moe(seed: u64, shared: bool) -> Model {
+        let mut model = Model::new(seed);
+        let mut rng = Rng(seed + 200);
+        model.layers[1].moe = Some(MoeWeights {
+            router: floats(&mut rng, 4 * HIDDEN, 0.5),
+            experts: (0..4).map(|_| expert_weights(&mut rng, 32)).collect(),
+            top_k: 2,
+            norm: !shared,
+            shared: shared.then(|| (expert_weights(&mut rng, 64), floats(&mut rng, HIDDEN, 0.5))),
+        });
+        model
     }
 
     fn gemma(seed: u64) -> Model {
@@ -174,6 +212,7 @@ impl Model {
                 down: Weights::new(&mut rng, quant, HIDDEN, INTER, false),
                 attention_output_norm: None,
                 mlp_output_norm: None,
+                moe: None,
                 window: (i == 0).then_some(3),
                 rope: (i == 0).then_some(0),
                 kv_group: 0,
@@ -221,9 +260,16 @@ impl Model {
                     k_norm: l.k_norm.as_deref(),
                     attention_output_norm: l.attention_output_norm.as_deref(),
                     post_attention_norm: &l.post_norm,
-                    gate: l.gate.linear(),
-                    up: l.up.linear(),
-                    down: l.down.linear(),
+                    mlp: match &l.moe {
+                        None => Mlp::Dense(Expert { gate: l.gate.linear(), up: l.up.linear(), down: l.down.linear() }),
+                        Some(m) => Mlp::Experts(Experts {
+                            router: &m.router,
+                            experts: m.experts.iter().map(expert).collect(),
+                            top_k: m.top_k,
+                            norm_topk_prob: m.norm,
+                            shared: m.shared.as_ref().map(|(w, g)| (expert(w), g.as_slice())),
+                        }),
+                    },
                     mlp_output_norm: l.mlp_output_norm.as_deref(),
                     window: l.window,
                     rope: l.rope,
@@ -304,20 +350,49 @@ impl Model {
                 }
                 x[p].iter_mut().zip(&o).for_each(|(a, b)| *a += b * RESIDUAL_SCALE as f64);
                 let h = rms(&x[p], &l.post_norm);
-                let (gate, up) = (l.gate.apply(&h), l.up.apply(&h));
-                let act: Vec<f64> = gate
-                    .iter()
-                    .zip(&up)
-                    .map(|(&g, u)| match self.activation {
-                        Activation::Silu => g / (1.0 + (-g).exp()) * u,
-                        Activation::GeluTanh => {
-                            0.5 * g
-                                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
-                                * u
+                let mlp = |w: [&Weights; 3]| {
+                    let (gate, up) = (w[0].apply(&h), w[1].apply(&h));
+                    let act: Vec<f64> = gate
+                        .iter()
+                        .zip(&up)
+                        .map(|(&g, u)| match self.activation {
+                            Activation::Silu => g / (1.0 + (-g).exp()) * u,
+                            Activation::GeluTanh => {
+                                let inner = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+                                0.5 * g * (1.0 + inner.tanh()) * u
+                            }
+                        })
+                        .collect();
+                    w[2].apply(&act)
+                };
+                let mut down = match &l.moe {
+                    None => mlp([&l.gate, &l.up, &l.down]),
+                    Some(m) => {
+                        let logits: Vec<f64> = m
+                            .router
+                            .chunks(HIDDEN)
+                            .map(|w| w.iter().zip(&h).map(|(&a, b)| a as f64 * b).sum())
+                            .collect();
+                        let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let total: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+                        let mut order: Vec<usize> = (0..logits.len()).collect();
+                        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+                        let top = &order[..m.top_k];
+                        let sum: f64 = top.iter().map(|&e| (logits[e] - max).exp() / total).sum();
+                        let mut out = vec![0.0; HIDDEN];
+                        for &e in top {
+                            let w = (logits[e] - max).exp() / total / if m.norm { sum } else { 1.0 };
+                            let [g, u, d] = &m.experts[e];
+                            out.iter_mut().zip(mlp([g, u, d])).for_each(|(o, v)| *o += w * v);
                         }
-                    })
-                    .collect();
-                let mut down = l.down.apply(&act);
+                        if let Some(([g, u, d], gate)) = &m.shared {
+                            let z: f64 = gate.iter().zip(&h).map(|(&a, b)| a as f64 * b).sum();
+                            let scale = 1.0 / (1.0 + (-z).exp());
+                            out.iter_mut().zip(mlp([g, u, d])).for_each(|(o, v)| *o += scale * v);
+                        }
+                        out
+                    }
+                };
                 if let Some(w) = &l.mlp_output_norm {
                     down = rms(&down, w);
                 }
@@ -449,6 +524,12 @@ fn a_layer_of_a_second_kv_group_reads_and_writes_its_own_slots() {
 }
 
 #[test]
+fn routed_experts_equal_the_reference_on_every_path() {
+    prefill_then_decodes_equal_the_reference(&Model::moe(13, false));
+    prefill_then_decodes_equal_the_reference(&Model::moe(14, true));
+}
+
+#[test]
 fn gemma3_layers_equal_the_reference_on_every_path() {
     prefill_then_decodes_equal_the_reference(&Model::gemma(7));
 }
@@ -557,6 +638,8 @@ fn a_bad_step_is_refused_before_the_cache_is_written() {
     bad.layers[0].rope = Some(1);
     assert_eq!(bad.check().unwrap_err().to_string(), "layer 0: RoPE table 1, but the model has 1");
     let mut bad = model.decoder();
-    bad.layers[0].up.in_features = 32;
+    if let Mlp::Dense(d) = &mut bad.layers[0].mlp {
+        d.up.in_features = 32;
+    }
     assert_eq!(bad.check().unwrap_err().to_string(), "layer 0 up is 96 x 32, the model needs 96 x 64");
 }

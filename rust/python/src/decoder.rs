@@ -240,9 +240,11 @@ impl DecoderStack {
                     .map(|n| exports.floats(n, &name("attention_output_norm")))
                     .transpose()?,
                 post_attention_norm: exports.floats(post_norm, &name("post_attention_norm"))?,
-                gate: exports.linear(gate, &name("gate"))?,
-                up: exports.linear(up, &name("up"))?,
-                down: exports.linear(down, &name("down"))?,
+                mlp: Mlp::Dense(Expert {
+                    gate: exports.linear(gate, &name("gate"))?,
+                    up: exports.linear(up, &name("up"))?,
+                    down: exports.linear(down, &name("down"))?,
+                }),
                 mlp_output_norm: mlp_out.as_ref().map(|n| exports.floats(n, &name("mlp_output_norm"))).transpose()?,
                 window: *window,
                 rope: *rope,
