@@ -89,7 +89,9 @@ class EngineCore:
         kv_cache_manager = None
         if blocks:
             pool = BlockPool(blocks, config.cache_config.enable_prefix_caching)
-            kv_cache_manager = KVCacheManager(pool, config.cache_config.block_size, self.runner.block_hasher())
+            kv_cache_manager = KVCacheManager(
+                pool, config.cache_config.block_size, self.runner.block_hasher(), config.model_config.spec.kv_window
+            )
         self.scheduler = Scheduler(
             config.scheduler_config.max_num_seqs,
             config.scheduler_config.max_num_batched_tokens,

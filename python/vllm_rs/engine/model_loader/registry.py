@@ -108,11 +108,18 @@ class ModelSpec:
         return model.vocab_size if model is not None else BYTE_VOCAB_SIZE
 
     @property
+    def kv_window(self) -> int | None:
+        """The sliding window of every layer (`TransformerConfig.kv_window`):
+        the KV cache frees what falls out of it; None when a layer reads every key."""
+        return self.transformer.kv_window if self.transformer is not None else None
+
+    @property
     def max_position(self) -> int:
         """Longest sequence the model can hold."""
         if self.transformer is not None:
             c = self.transformer
-            longest = min(c.max_position_embeddings, c.sliding_window or c.max_position_embeddings)
+            # A sliding window does not bound it: older keys are out of sight, not out of reach.
+            longest = c.max_position_embeddings
             if c.rope_scaling and c.rope_scaling["rope_type"] == "longrope":
                 # LongRoPE's short factors hold within the original context; the long ones are not run.
                 longest = min(longest, c.rope_scaling["original_max_position_embeddings"])

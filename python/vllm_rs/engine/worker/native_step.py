@@ -117,8 +117,7 @@ class NativeStep:
                 _floats(weights[f"{layer}.post_attention_layernorm.weight"]),
                 _floats(norms[0]), _floats(norms[1]),
                 [_linear(weights, f"{layer}.{p}") for p in LAYER_LINEARS],
-                # llama.CausalLM attends over every key in every layer.
-                None, not c.rope_layers or c.rope_layers[i],
+                c.layer_window(i), not c.rope_layers or c.rope_layers[i],
             ))  # fmt: skip
         shape = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,
                  c.rms_norm_eps, scale, c.residual_multiplier, c.rotary_dim or c.head_dim,

@@ -1,6 +1,8 @@
 """A step's inputs staged in host arrays (numpy, no torch): each scheduled
 token's id, position and cache slot, the key slots of every sequence from
-position 0 with each token's first key (`key_starts`), and the rows whose
+position 0 with each token's first key (`key_starts`; the keys a sliding
+window passed, whose blocks were freed, stand in as slots of block 0 that
+no query reads), and the rows whose
 logits are wanted (one per sampled request, then the prompt positions whose
 logprobs were asked for). Both executors read the same staging: the native
 one hands the arrays to Rust, the torch one copies them to its device."""
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vllm_rs.engine.kv_cache.block_pool import NULL_BLOCK
 from vllm_rs.engine.sched.output import StepPlan
 from vllm_rs.engine.sched.request import Request
 from vllm_rs.engine.worker.request_state import CachedRequestState
@@ -80,6 +83,9 @@ class StepInputs:
             ids[row : row + n] = request.tokens(start_pos, end_pos)
             positions[row : row + n] = np.arange(start_pos, end_pos)
             blocks = np.asarray(request.block_ids[: -(-end_pos // self.block_size)], dtype=np.int64)
+            # A block its sliding window passed (NULL_BLOCK) is read by no
+            # query: block 0 stands in, so that every staged slot is in the cache.
+            blocks[blocks == NULL_BLOCK] = 0
             all_slots = (blocks[:, None] * self.block_size + self.block_offsets).reshape(-1)[:end_pos]
             slots[row : row + n] = all_slots[start_pos:end_pos]
             key_slots[key_row : key_row + end_pos] = all_slots

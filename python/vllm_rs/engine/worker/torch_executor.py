@@ -14,6 +14,7 @@ from torch import nn
 
 from vllm_rs.engine.config import EngineConfig, EngineConfigError, kv_bytes_per_token, kv_cache_dtype
 from vllm_rs.engine.cpu_threads import keep_torch_on_one_thread, kernel_threads, limit_cpu_threads
+from vllm_rs.engine.kv_cache.kv_cache_manager import blocks_held_at_most
 from vllm_rs.engine.layers.attention import AttentionMetadata, DecodeBatch, SequenceSlice, attends_in_place
 from vllm_rs.engine.layers.layernorm import RMSNorm
 from vllm_rs.engine.layers.packed_weights import PackedLinear, every_matmul_in_kernels
@@ -159,7 +160,10 @@ class TorchExecutor:
         of its free memory, at most `max_num_seqs` full sequences."""
         kv_dtype = kv_cache_dtype(config.cache_config, config.model_config.dtype)
         block_bytes = kv_bytes_per_token(config.model_config.spec, kv_dtype) * self.block_size
-        per_sequence = -(-config.model_config.max_model_len // self.block_size)
+        per_sequence = blocks_held_at_most(
+            config.model_config.max_model_len, self.block_size, config.model_config.spec.kv_window,
+            config.scheduler_config.max_num_batched_tokens,
+        )  # fmt: skip
         free, _ = torch.cuda.mem_get_info(self.device)
         blocks = min(int(free * CUDA_KV_FRACTION) // block_bytes, per_sequence * config.scheduler_config.max_num_seqs)
         if blocks < per_sequence:
