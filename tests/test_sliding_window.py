@@ -72,7 +72,7 @@ def test_logits_and_greedy_match_transformers(mistral, step):
     quantization = None if step == "native" else "none"
     core = _check_against_transformers(model, paths[step], seed=1, quantization=quantization, prefix_hit=False)
     assert (core.runner.executor.native_step is not None) == (step == "native")
-    assert core.scheduler.kv_cache_manager.window == WINDOW
+    assert [group.window for group in core.scheduler.kv_cache_manager.groups] == [WINDOW]
 
 
 def _held(block_ids: list[int]) -> int:
@@ -106,8 +106,9 @@ def test_a_long_conversation_holds_its_window_not_its_length(mistral, step):
         for _, output in core.step():
             outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
         for request in core.scheduler.running:
-            most_held = max(most_held, _held(request.block_ids))
-            for block in request.block_ids:
+            (table,) = request.block_ids  # one KV-cache group
+            most_held = max(most_held, _held(table))
+            for block in table:
                 holders.setdefault(block, set()).add(request.request_id)
         most_usage = max(most_usage, core.scheduler_stats().kv_cache_usage)
     assert core.scheduler.num_preemptions == 0
@@ -150,7 +151,7 @@ def test_a_prefix_hit_needs_only_the_blocks_its_window_reads(mistral):
 
         def recording_allocate(request, step_tokens):
             admitted = allocate(request, step_tokens)
-            tables.setdefault(request.request_id, list(request.block_ids))
+            tables.setdefault(request.request_id, list(request.block_ids[0]))
             return admitted
 
         core.runner.sampler.sample = recording_sample
@@ -160,7 +161,7 @@ def test_a_prefix_hit_needs_only_the_blocks_its_window_reads(mistral):
         while core.has_work():
             core.step()
             held = core.scheduler.requests.get("first")
-            for i, block in enumerate(held.block_ids if held else []):
+            for i, block in enumerate(held.block_ids[0] if held else []):
                 tables["first"][i] = block if block != NULL_BLOCK else tables["first"][i]
         core.add_request(EngineCoreRequest("second", second, params))
         while core.has_work():

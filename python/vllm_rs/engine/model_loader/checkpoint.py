@@ -198,6 +198,23 @@ class TransformerConfig:
         windows = [self.layer_window(i) for i in range(self.num_layers)]
         return None if None in windows else max(windows)
 
+    @property
+    def kv_groups(self) -> tuple[int | None, ...]:
+        """The window of each KV-cache group (layers that share one block
+        table per request): one group where every layer or none has a
+        window (`kv_window`); else two, the global layers' (None) and then
+        the windowed layers' (their widest window), so that the windowed
+        group can free what its window passed while the global one keeps
+        every block (Gemma 3)."""
+        windows = {self.layer_window(i) for i in range(self.num_layers)}
+        if None not in windows or windows == {None}:
+            return (self.kv_window,)
+        return (None, max(w for w in windows if w is not None))
+
+    def kv_group(self, index: int) -> int:
+        """The KV-cache group of layer `index` (an index of `kv_groups`)."""
+        return 0 if len(self.kv_groups) == 1 or self.layer_window(index) is None else 1
+
     def kv_bytes_per_token(self, dtype: str) -> int:
         """KV-cache bytes one token takes over all layers."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype]

@@ -114,6 +114,22 @@ class ModelSpec:
         return self.transformer.kv_window if self.transformer is not None else None
 
     @property
+    def kv_groups(self) -> tuple[int | None, ...]:
+        """The window of each KV-cache group (`TransformerConfig.kv_groups`;
+        one global group for a model that is not a transformer)."""
+        return self.transformer.kv_groups if self.transformer is not None else (None,)
+
+    def kv_group_layers(self) -> list[int]:
+        """How many layers each KV-cache group holds (one for a model that is not a transformer)."""
+        c = self.transformer
+        if c is None:
+            return [1]
+        counts = [0] * len(c.kv_groups)
+        for i in range(c.num_layers):
+            counts[c.kv_group(i)] += 1
+        return counts
+
+    @property
     def max_position(self) -> int:
         """Longest sequence the model can hold."""
         if self.transformer is not None:

@@ -212,7 +212,7 @@ class Scheduler:
         """Gives running `request` blocks for `num_tokens` tokens, preempting
         the most recently admitted running requests while blocks are short;
         False when `request` itself had to be preempted."""
-        if num_tokens <= len(request.block_ids) * self.kv_cache_manager.block_size:
+        if num_tokens <= len(request.block_ids[0]) * self.kv_cache_manager.block_size:
             return True  # a decode inside its last block: most steps
         while not self.kv_cache_manager.grow(request, num_tokens):
             victim = self.running.pop()

@@ -2,8 +2,8 @@
 token's id, position and cache slot, the key slots of every sequence from
 position 0 with each token's first key (`key_starts`; the keys a sliding
 window passed, whose blocks were freed, stand in as slots of block 0 that
-no query reads), and the rows whose
-logits are wanted (one per sampled request, then the prompt positions whose
+no query reads), each for every KV-cache group, and the rows whose logits
+are wanted (one per sampled request, then the prompt positions whose
 logprobs were asked for). Both executors read the same staging: the native
 one hands the arrays to Rust, the torch one copies them to its device."""
 
@@ -49,6 +49,10 @@ class StepInputs:
     key_slots: np.ndarray
     key_starts: np.ndarray
     logits_indices: np.ndarray
+    #: Each further KV-cache group's `(slot_mapping, key_slots)` (a model
+    #: whose windowed layers keep a block table of their own beside the
+    #: global layers', Gemma 3): the same tokens and keys, in its blocks.
+    group_slots: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     #: 0 .. block_size - 1, made once: a block's slots are `block * block_size + this`.
     block_offsets: np.ndarray = field(init=False)
 
@@ -66,8 +70,8 @@ class StepInputs:
         """Fills the arrays for `plan`; `state_of` gives the runner's state
         of each request (a sampled request's logits row goes first, the
         prompt positions scored after all of them)."""
-        ids, positions, slots = self.input_ids, self.positions, self.slot_mapping
-        key_slots, key_starts = self.key_slots, self.key_starts
+        ids, positions, key_starts = self.input_ids, self.positions, self.key_starts
+        groups = [(self.slot_mapping, self.key_slots), *self.group_slots]
         ranges = []
         sample_requests = []
         # (request, prompt tokens scored): the logits rows of prompt positions
@@ -82,13 +86,14 @@ class StepInputs:
             end_pos = start_pos + n
             ids[row : row + n] = request.tokens(start_pos, end_pos)
             positions[row : row + n] = np.arange(start_pos, end_pos)
-            blocks = np.asarray(request.block_ids[: -(-end_pos // self.block_size)], dtype=np.int64)
-            # A block its sliding window passed (NULL_BLOCK) is read by no
-            # query: block 0 stands in, so that every staged slot is in the cache.
-            blocks[blocks == NULL_BLOCK] = 0
-            all_slots = (blocks[:, None] * self.block_size + self.block_offsets).reshape(-1)[:end_pos]
-            slots[row : row + n] = all_slots[start_pos:end_pos]
-            key_slots[key_row : key_row + end_pos] = all_slots
+            for (slots, key_slots), table in zip(groups, request.block_ids, strict=True):
+                blocks = np.asarray(table[: -(-end_pos // self.block_size)], dtype=np.int64)
+                # A block its sliding window passed (NULL_BLOCK) is read by no
+                # query: block 0 stands in, so that every staged slot is in the cache.
+                blocks[blocks == NULL_BLOCK] = 0
+                all_slots = (blocks[:, None] * self.block_size + self.block_offsets).reshape(-1)[:end_pos]
+                slots[row : row + n] = all_slots[start_pos:end_pos]
+                key_slots[key_row : key_row + end_pos] = all_slots
             key_starts[row : row + n] = key_row
             ranges.append((row, row + n, key_row, end_pos, start_pos))
             if end_pos == request.num_tokens:
