@@ -7,7 +7,10 @@ position's logits within 1e-4 of transformers' (eager attention, which
 applies the window) and greedy output equal to `generate`. The blocks the
 window has passed go back to the pool as it moves on: a conversation many
 times the window's length holds a few blocks at a time, in a cache smaller
-than the conversation, and other requests reuse them."""
+than the conversation, and other requests reuse them. Then models with
+global layers beside windowed ones (Gemma 3, Qwen2 with
+`max_window_layers`): two KV-cache groups, the windowed one freeing its
+blocks, the global one keeping them, prefix hits in both."""
 
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ from vllm_rs.engine.core import EngineCore  # noqa: E402
 from vllm_rs.engine.kv_cache.block_pool import NULL_BLOCK, BlockPool  # noqa: E402
 from vllm_rs.engine.model_loader.registry import resolve_model  # noqa: E402
 from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
+from vllm_rs.engine.worker import torch_executor  # noqa: E402
+from vllm_rs.engine.worker.native_executor import NativeExecutor, NativeStepUnsupported  # noqa: E402
 
-from tests.support.tiny_models import make_hf_model, save_safetensors  # noqa: E402
+from tests.support.tiny_models import gemma3_gguf_model, make_hf_model, save_gguf, save_safetensors  # noqa: E402
 from tests.test_real_models import _check_against_transformers, one_thread  # noqa: E402, F401
 
 #: Not a multiple of the blocks' 4 or 8 tokens: windows start inside a block.
@@ -197,3 +202,121 @@ def test_find_cached_window_takes_the_longest_prefix_whose_window_is_cached():
     pool.register(blocks[0], hashes[0])
     assert pool.find_cached_window(hashes, 4) == blocks[:3]
     assert BlockPool(8, enable_caching=False).find_cached_window(hashes, 1) == []
+
+
+# Two KV-cache groups: global layers beside windowed ones.
+
+GEMMA3_WINDOW = 8  # tests/support/tiny_models.py's tiny Gemma 3: 5 windowed layers, 1 global
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    """The tiny Gemma 3 (transformers) and its safetensors checkpoint."""
+    model = make_hf_model("gemma3_text", seed=5, **NO_SPECIAL_TOKENS)
+    return model, save_safetensors(model, str(tmp_path_factory.mktemp("tiny-gemma3-swa") / "st"))
+
+
+def test_gemma3_frees_the_windowed_layers_blocks_and_keeps_the_global_ones(gemma3):
+    """A conversation of 12 + 60 tokens (18 blocks): the global layers'
+    group holds every block, the windowed layers' group the blocks of its
+    window and a step; the KV usage weighs each group by its layers; greedy
+    output equals transformers' `generate`."""
+    model, path = gemma3
+    spec = resolve_model(path)
+    assert spec.kv_groups == (None, GEMMA3_WINDOW) and spec.kv_group_layers() == [1, 5]
+    config = make_engine_config(path, device="cpu", block_size=4, num_gpu_blocks=20, max_num_batched_tokens=8,
+                                quantization="none")  # fmt: skip
+    core = EngineCore(config)
+    kv = core.scheduler.kv_cache_manager
+    assert [(g.window, g.num_layers, g.block_pool.num_blocks) for g in kv.groups] == [(None, 1, 20), (8, 5, 20)]
+    prompt = np.random.default_rng(2).integers(0, model.config.vocab_size, 12).tolist()
+    core.add_request(EngineCoreRequest("long", prompt, {"temperature": 0.0, "max_tokens": 60}))
+    tokens: list[int] = []
+    most_windowed = 0
+    while core.has_work():
+        for _, output in core.step():
+            tokens.extend(output.new_token_ids)
+        request = core.scheduler.requests.get("long")
+        if request is None:
+            continue
+        global_table, windowed_table = request.block_ids
+        assert NULL_BLOCK not in global_table and len(windowed_table) == len(global_table)
+        most_windowed = max(most_windowed, _held(windowed_table))
+        usage = (len(global_table) + 5 * _held(windowed_table)) / (6 * 20)
+        assert core.scheduler_stats().kv_cache_usage == pytest.approx(usage)
+    # 7 keys before a step of 8 span at most 4 blocks of 4; the table grew to 18.
+    assert most_windowed <= 4 and len(windowed_table) == 18 and _held(windowed_table) <= 3
+    assert core.scheduler_stats().kv_cache_usage == 0.0
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False)
+    assert tokens == expected[0, len(prompt) :].tolist()
+
+
+def test_gemma3_prefix_hit_takes_every_global_block_and_the_windows_own(gemma3):
+    """A second prompt sharing 24 tokens (6 blocks) with a finished one: the
+    global group's table takes the 6 cached blocks, the windowed group's
+    only the 2 its window reads (7 keys before position 24), and the
+    logits equal transformers'."""
+    model, path = gemma3
+    rng = np.random.default_rng(4)
+    shared = rng.integers(0, model.config.vocab_size, 24).tolist()
+    second = shared + rng.integers(0, model.config.vocab_size, 5).tolist()
+    config = make_engine_config(path, device="cpu", block_size=4, num_gpu_blocks=64, max_num_batched_tokens=8,
+                                quantization="none")  # fmt: skip
+    core = EngineCore(config)
+    tables: dict[str, list[list[int]]] = {}
+    allocate = core.scheduler.kv_cache_manager.allocate
+
+    def recording_allocate(request, step_tokens):
+        admitted = allocate(request, step_tokens)
+        tables.setdefault(request.request_id, [list(table) for table in request.block_ids])
+        return admitted
+
+    core.scheduler.kv_cache_manager.allocate = recording_allocate
+    rows: list[np.ndarray] = []
+    sample = core.runner.sampler.sample
+
+    def recording_sample(logits, requests):
+        rows.extend(row.copy() for row, r in zip(logits, requests, strict=True) if r.request_id == "second")
+        return sample(logits, requests)
+
+    core.runner.sampler.sample = recording_sample
+    core.add_request(EngineCoreRequest("first", shared + [1, 2, 3], {"temperature": 0.0, "max_tokens": 2}))
+    while core.has_work():
+        core.step()
+    core.add_request(EngineCoreRequest("second", second, {"temperature": 0.0, "max_tokens": 1}))
+    while core.has_work():
+        core.step()
+    global_table, windowed_table = tables["second"]
+    assert NULL_BLOCK not in global_table and len(global_table) == len(windowed_table) == 8
+    assert windowed_table[:4] == [NULL_BLOCK] * 4 and NULL_BLOCK not in windowed_table[4:]
+    assert core.scheduler.requests == {} and core.scheduler.kv_cache_manager.usage == 0.0
+    with torch.no_grad():
+        reference = model(torch.tensor([second])).logits[0, -1].numpy()
+    np.testing.assert_allclose(rows[0], reference, atol=1e-4, rtol=0)
+
+
+def test_qwen2_with_some_windowed_layers_matches_transformers(tmp_path):
+    """Qwen2's `use_sliding_window` from `max_window_layers` on: layer 0
+    global, layer 1 windowed, two KV-cache groups in `llama.py`'s decoder
+    (the native step refuses them: it reads one block table)."""
+    model = make_hf_model("qwen2", seed=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
+                          **NO_SPECIAL_TOKENS)  # fmt: skip
+    assert model.config.layer_types == ["full_attention", "sliding_attention"]
+    path = save_safetensors(model, str(tmp_path / "qwen2"))
+    assert resolve_model(path).kv_groups == (None, WINDOW)
+    core = _check_against_transformers(model, path, seed=1)
+    assert core.runner.executor.native_step is None
+    half = save_safetensors(model.half(), str(tmp_path / "qwen2-f16"))  # (its last use: halved in place)
+    config = make_engine_config(half, device="cpu", max_model_len=64, num_gpu_blocks=8)
+    assert "two block tables" in torch_executor.native_step_unsupported(
+        EngineCore(config).runner.executor.model, torch.device("cpu"), torch.float32
+    )
+
+
+def test_the_native_executor_refuses_two_kv_groups(tmp_path):
+    pytest.importorskip("gguf")
+    path = save_gguf(gemma3_gguf_model(seed=6), str(tmp_path / "g.gguf"), f16=True)
+    config = make_engine_config(path, device="cpu", max_model_len=64, num_gpu_blocks=8)
+    with pytest.raises(NativeStepUnsupported, match="two block tables"):
+        NativeExecutor(config)
