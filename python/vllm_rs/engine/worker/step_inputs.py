@@ -88,9 +88,11 @@ class StepInputs:
             positions[row : row + n] = np.arange(start_pos, end_pos)
             for (slots, key_slots), table in zip(groups, request.block_ids, strict=True):
                 blocks = np.asarray(table[: -(-end_pos // self.block_size)], dtype=np.int64)
-                # A block its sliding window passed (NULL_BLOCK) is read by no
-                # query: block 0 stands in, so that every staged slot is in the cache.
-                blocks[blocks == NULL_BLOCK] = 0
+                if table[0] == NULL_BLOCK:
+                    # Blocks its sliding window passed (always the table's
+                    # first) are read by no query: block 0 stands in, so
+                    # that every staged slot is in the cache.
+                    blocks[blocks == NULL_BLOCK] = 0
                 all_slots = (blocks[:, None] * self.block_size + self.block_offsets).reshape(-1)[:end_pos]
                 slots[row : row + n] = all_slots[start_pos:end_pos]
                 key_slots[key_row : key_row + end_pos] = all_slots

@@ -50,8 +50,9 @@ CUDA_KV_FRACTION = 0.9
 def native_step_unsupported(model: nn.Module, device: torch.device, dtype: torch.dtype) -> str | None:
     """Why `model` cannot run as a native step (None when it can): it must be
     a `llama.CausalLM` itself (not a subclass with its own layers, not a
-    mixture of experts, with one KV-cache group), on the CPU in float32, every linear layer and the
-    output head held as blocks the kernel reads, every norm float32."""
+    mixture of experts, with one KV-cache group), on the CPU in float32,
+    every linear layer and the output head held as blocks the kernel reads,
+    every norm float32."""
     if type(model) is not CausalLM:
         return f"{type(model).__name__} has layers of its own"
     if model.config.moe is not None:
