@@ -28,6 +28,7 @@ from vllm_rs.engine.protocol import EngineCoreRequest  # noqa: E402
 from vllm_rs.engine.worker import torch_executor  # noqa: E402
 from vllm_rs.engine.worker.native_executor import NativeExecutor, NativeStepUnsupported  # noqa: E402
 
+from tests.support.greedy import run_to_completion  # noqa: E402
 from tests.support.tiny_models import gemma3_gguf_model, make_hf_model, save_gguf, save_safetensors  # noqa: E402
 from tests.test_real_models import _check_against_transformers, one_thread  # noqa: E402, F401
 
@@ -127,6 +128,30 @@ def test_a_long_conversation_holds_its_window_not_its_length(mistral, step):
             # (No pad token: one would mask the prompt's tokens equal to it.)
             expected = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False)
         assert outputs[f"r{i}"] == expected[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("step", ["torch", "native"])
+def test_preempted_windowed_requests_resume_exactly(mistral, step):
+    """Four requests, one with a prompt longer than the whole cache (80
+    tokens; 10 blocks of 4 hold 40), in a cache that holds two at a time:
+    some are preempted and admitted again (their computed blocks found in
+    the prefix cache, those before the window not taken), and every greedy
+    output equals transformers' `generate`."""
+    model, paths = mistral
+    config = make_engine_config(paths[step], device="cpu", block_size=4, num_gpu_blocks=10, max_num_batched_tokens=8,
+                                quantization=None if step == "native" else "none")  # fmt: skip
+    core = EngineCore(config)
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(0, model.config.vocab_size, n).tolist() for n in (80, 20, 20, 20)]
+    for i, prompt in enumerate(prompts):
+        core.add_request(EngineCoreRequest(f"r{i}", prompt, {"temperature": 0.0, "max_tokens": 30}))
+    outputs = run_to_completion(core)
+    assert core.scheduler.num_preemptions > 0
+    assert core.scheduler.kv_cache_manager.block_pool.num_free_blocks == 10
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            expected = model.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)
+        assert outputs[f"r{i}"] == expected[0, len(prompt) :].tolist(), i
 
 
 def test_a_prefix_hit_needs_only_the_blocks_its_window_reads(mistral):
