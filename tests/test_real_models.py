@@ -123,10 +123,17 @@ def run_engine(
     return outputs, logits, core
 
 
-def _check_against_transformers(model, path: str, seed: int, quantization: str | None = "none") -> EngineCore:
+def _check_against_transformers(
+    model, path: str, seed: int, quantization: str | None = "none", prefix_hit: bool = True
+) -> EngineCore:
+    """Every sampled position's logits within 1e-4 of `model`'s and greedy
+    output equal to its `generate`; the last prompt reuses two cached blocks
+    unless not `prefix_hit` (a sliding window's freed blocks may be reused
+    by then: tests/test_sliding_window.py checks its hits apart)."""
     prompts = _prompts(model.config.vocab_size, seed)
     outputs, logits, core = run_engine(path, prompts, quantization=quantization)
-    assert core.scheduler.kv_cache_manager.block_pool.hits >= 2, "the last prompt should reuse two cached blocks"
+    if prefix_hit:
+        assert core.scheduler.kv_cache_manager.block_pool.hits >= 2, "the last prompt should reuse two cached blocks"
     ids = ["r0", "r1", "r2", "r3", "cached"]
     for request_id, prompt in zip(ids, prompts, strict=True):
         generated = outputs[request_id]

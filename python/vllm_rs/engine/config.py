@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_rs.engine.cuda_probe import cuda_available
+from vllm_rs.engine.kv_cache.kv_cache_manager import blocks_held_at_most
 from vllm_rs.engine.model_loader.checkpoint import DTYPE_BYTES
 from vllm_rs.engine.model_loader.pooler_config import (
     PoolerConfig,
@@ -432,11 +433,14 @@ def size_kv_cache(
     budget holds (`--kv-cache-memory-bytes`, else `VLLM_CPU_KVCACHE_SPACE`
     GiB on the CPU), else enough for `max_num_seqs` full sequences (a real
     model on the CPU: at most `DEFAULT_CPU_KV_BYTES`; on CUDA: None, the
-    runner sizes it from free device memory). Raises EngineConfigError when
-    the budget holds no full sequence, or when on the CPU the weights and
-    the cache of every engine exceed the memory available."""
+    runner sizes it from free device memory). A full sequence is what one
+    holds at most: with a sliding window on every layer, its window and one
+    step (`blocks_held_at_most`). Raises EngineConfigError when the budget
+    holds no full sequence, or when on the CPU the weights and the cache of
+    every engine exceed the memory available."""
     block_bytes = kv_bytes_per_token(spec, kv_cache_dtype(cache, dtype)) * cache.block_size
-    min_blocks = -(-max_model_len // cache.block_size)
+    # A sliding window on every layer bounds what one sequence holds at once.
+    min_blocks = blocks_held_at_most(max_model_len, cache.block_size, spec.kv_window, scheduler.max_num_batched_tokens)
     wanted = min_blocks * scheduler.max_num_seqs
     budget, source = cache.kv_cache_memory_bytes, "--kv-cache-memory-bytes"
     if budget is None and device == "cpu" and os.environ.get(CPU_KVCACHE_SPACE_ENV):

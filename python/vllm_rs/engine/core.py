@@ -11,7 +11,7 @@ from typing import Any
 
 from vllm_rs.engine.config import EngineConfig
 from vllm_rs.engine.kv_cache.block_pool import BlockPool
-from vllm_rs.engine.kv_cache.kv_cache_manager import KVCacheManager
+from vllm_rs.engine.kv_cache.kv_cache_manager import KVCacheGroup, KVCacheManager
 from vllm_rs.engine.layers.rope_frequencies import long_rope_after
 from vllm_rs.engine.model_loader.pooler_config import SUPPORTED_TASKS
 from vllm_rs.engine.pooling_params import PoolingParams, tensor_wire
@@ -89,11 +89,15 @@ class EngineCore:
         blocks = self.runner.num_gpu_blocks
         kv_cache_manager = None
         if blocks:
-            pool = BlockPool(blocks, config.cache_config.enable_prefix_caching)
-            transformer = config.model_config.spec.transformer
+            # Each group holds `blocks` blocks of its own layers: together the cache's budget.
+            spec, caching = config.model_config.spec, config.cache_config.enable_prefix_caching
+            groups = [
+                KVCacheGroup(BlockPool(blocks, caching), window, layers)
+                for window, layers in zip(spec.kv_groups, spec.kv_group_layers(), strict=True)
+            ]
             kv_cache_manager = KVCacheManager(
-                pool, config.cache_config.block_size, self.runner.block_hasher(),
-                long_rope_after(transformer) if transformer is not None else None,
+                groups, config.cache_config.block_size, self.runner.block_hasher(),
+                long_rope_after(spec.transformer) if spec.transformer is not None else None,
             )  # fmt: skip
         self.scheduler = Scheduler(
             config.scheduler_config.max_num_seqs,

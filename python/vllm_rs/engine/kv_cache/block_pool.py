@@ -11,6 +11,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+#: The block-table entry of a block a request no longer holds because no
+#: query of its sliding window will read it again: the blocks after it keep
+#: their positions in the table.
+NULL_BLOCK = -1
+
 
 class BlockPool:
     """`num_blocks` KV-cache blocks; with `enable_caching`, full blocks are
@@ -56,6 +61,27 @@ class BlockPool:
         self.queries += len(hashes)
         self.hits += len(found)
         return found
+
+    def find_cached_window(self, hashes: Sequence[bytes], contiguous: int) -> list[int]:
+        """The blocks of the longest prefix of `hashes` whose last
+        `contiguous` (at least 1) blocks are all cached, or that is cached
+        whole when shorter: what a sliding window reads from a hit. The
+        blocks before those `contiguous` are NULL_BLOCK, cached or not."""
+        start = end = 0
+        if self.enable_caching:
+            run = 0
+            # From the longest prefix down: the first run long enough is the longest hit.
+            for i in range(len(hashes) - 1, -1, -1):
+                if hashes[i] not in self._hash_to_block:
+                    run = 0
+                    continue
+                run += 1
+                if run >= contiguous or i == 0:
+                    start, end = i, i + run
+                    break
+        self.queries += len(hashes)
+        self.hits += end
+        return [NULL_BLOCK] * start + [self._hash_to_block[h] for h in hashes[start:end]]
 
     def can_allocate(self, cached: Sequence[int], num_new: int) -> bool:
         """True when `cached` can be taken and `num_new` fresh blocks found."""

@@ -60,8 +60,9 @@ class AttentionMetadata:
     """Where this step's new keys go (`slot_mapping`), each request's slice,
     the one-query sequences batched together (when there are several, or
     one whose cache is attended in place), for each sliding window of
-    the model's layers the same step seen through it (`windows`), and the
-    tokens whose keys and queries rotate by LongRoPE's long factors."""
+    the model's layers the same step seen through it (`windows`, in the
+    slots of the KV-cache group of that window's layers), and the tokens
+    whose keys and queries rotate by LongRoPE's long factors."""
 
     slot_mapping: torch.Tensor
     sequences: list[SequenceSlice]
@@ -132,12 +133,13 @@ class PagedAttention(nn.Module):
         head_dim]`; returns `[tokens, heads * head_dim]`."""
         key_cache, value_cache = self._key_cache, self._value_cache
         gqa = self.num_kv_heads != self.num_heads
+        if self.sliding_window is not None:
+            # Its slots too: a windowed layer's blocks may be its KV-cache group's own.
+            meta = meta.windows[self.sliding_window]
         # A 16-bit cache (`--kv-cache-dtype`) holds the values rounded; they
         # are read back as the queries' dtype.
         key_cache.index_copy_(0, meta.slot_mapping, k.to(key_cache.dtype))
         value_cache.index_copy_(0, meta.slot_mapping, v.to(value_cache.dtype))
-        if self.sliding_window is not None:
-            meta = meta.windows[self.sliding_window]
         if meta.decodes is None and len(meta.sequences) == 1:
             seq = meta.sequences[0]
             if seq.start == 0 and seq.end == q.shape[0]:

@@ -193,6 +193,35 @@ class TransformerConfig:
         """The Hugging Face `model_type` of the architecture."""
         return ARCHITECTURES[self.architecture]
 
+    def layer_window(self, index: int) -> int | None:
+        """The attention window of layer `index` (None: it sees every key before its query)."""
+        return self.layer_windows[index] if self.layer_windows else self.sliding_window
+
+    @property
+    def kv_window(self) -> int | None:
+        """The widest window of any layer when every layer has one (the KV
+        cache may then drop the keys that fall out of it); None when some
+        layer sees every key."""
+        windows = [self.layer_window(i) for i in range(self.num_layers)]
+        return None if None in windows else max(windows)
+
+    @property
+    def kv_groups(self) -> tuple[int | None, ...]:
+        """The window of each KV-cache group (layers that share one block
+        table per request): one group where every layer or none has a
+        window (`kv_window`); else two, the global layers' (None) and then
+        the windowed layers' (their widest window), so that the windowed
+        group can free what its window passed while the global one keeps
+        every block (Gemma 3)."""
+        windows = {self.layer_window(i) for i in range(self.num_layers)}
+        if None not in windows or windows == {None}:
+            return (self.kv_window,)
+        return (None, max(w for w in windows if w is not None))
+
+    def kv_group(self, index: int) -> int:
+        """The KV-cache group of layer `index` (an index of `kv_groups`)."""
+        return 0 if len(self.kv_groups) == 1 or self.layer_window(index) is None else 1
+
     def kv_bytes_per_token(self, dtype: str) -> int:
         """KV-cache bytes one token takes over all layers."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype]
@@ -267,6 +296,8 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
             checkpoint_dtype=config.get("torch_dtype") or config.get("dtype"),
             sliding_window=int(sliding) if sliding else None,
         )
+        if model_type == "qwen2" and sliding:
+            settings.update(_qwen2_windows(config, int(sliding)))
         if model_type == "granite":
             settings.update(
                 embedding_multiplier=float(config.get("embedding_multiplier", 1.0)),
@@ -286,6 +317,21 @@ def config_from_hf(config: dict[str, Any], where: str) -> TransformerConfig:
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(f"{where}: missing or invalid setting {e}") from None
+
+
+def _qwen2_windows(config: dict[str, Any], window: int) -> dict[str, Any]:
+    """Qwen2's windowed layers with `use_sliding_window`: those of its
+    `layer_types`, else (as transformers reads it) those from
+    `max_window_layers` on (28 by default); the others see every key."""
+    layers = int(config["num_hidden_layers"])
+    first = int(config.get("max_window_layers", 28))
+    types = config.get("layer_types") or [
+        "sliding_attention" if i >= first else "full_attention" for i in range(layers)
+    ]
+    windows = tuple(int(window) if t == "sliding_attention" else None for t in types)
+    if len(set(windows)) == 1:
+        return {"sliding_window": windows[0]}  # every layer alike
+    return {"sliding_window": None, "layer_windows": windows}
 
 
 def _phi3_settings(config: dict[str, Any], settings: dict[str, Any], where: str) -> dict[str, Any]:

@@ -108,11 +108,34 @@ class ModelSpec:
         return model.vocab_size if model is not None else BYTE_VOCAB_SIZE
 
     @property
+    def kv_window(self) -> int | None:
+        """The sliding window of every layer (`TransformerConfig.kv_window`):
+        the KV cache frees what falls out of it; None when a layer reads every key."""
+        return self.transformer.kv_window if self.transformer is not None else None
+
+    @property
+    def kv_groups(self) -> tuple[int | None, ...]:
+        """The window of each KV-cache group (`TransformerConfig.kv_groups`;
+        one global group for a model that is not a transformer)."""
+        return self.transformer.kv_groups if self.transformer is not None else (None,)
+
+    def kv_group_layers(self) -> list[int]:
+        """How many layers each KV-cache group holds (one for a model that is not a transformer)."""
+        c = self.transformer
+        if c is None:
+            return [1]
+        counts = [0] * len(c.kv_groups)
+        for i in range(c.num_layers):
+            counts[c.kv_group(i)] += 1
+        return counts
+
+    @property
     def max_position(self) -> int:
         """Longest sequence the model can hold."""
         if self.transformer is not None:
             c = self.transformer
-            longest = min(c.max_position_embeddings, c.sliding_window or c.max_position_embeddings)
+            # A sliding window does not bound it: older keys are out of sight, not out of reach.
+            longest = c.max_position_embeddings
             if c.rope_scaling and c.rope_scaling["rope_type"] == "longrope" and not c.rope_scaling.get("long_factor"):
                 # Without long factors (a GGUF may leave them out) only the original context is held.
                 longest = min(longest, c.rope_scaling["original_max_position_embeddings"])

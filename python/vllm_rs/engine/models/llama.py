@@ -31,7 +31,8 @@ from vllm_rs.engine.model_loader.checkpoint import TransformerConfig
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention with RoPE over the paged KV cache."""
+    """Grouped-query self-attention with RoPE over the paged KV cache,
+    windowed when the layer has a sliding window (Mistral's `sliding_window`)."""
 
     def __init__(self, config: TransformerConfig, index: int):
         super().__init__()
@@ -50,8 +51,9 @@ class Attention(nn.Module):
         self.qk_norm_whole = c.qk_norm and c.qk_norm_whole
         self.rope = not c.rope_layers or c.rope_layers[index]
         self.attn = PagedAttention(
-            f"model.layers.{index}.self_attn.attn", c.num_heads, c.head_dim, c.num_kv_heads, c.attention_multiplier
-        )
+            f"model.layers.{index}.self_attn.attn", c.num_heads, c.head_dim, c.num_kv_heads, c.attention_multiplier,
+            c.layer_window(index),
+        )  # fmt: skip
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """`x`: `[tokens, hidden]`; `cos`/`sin`: `[tokens, 1, head_dim]` (`rope_tables`)."""

@@ -134,7 +134,9 @@ class Request:
     num_preemptions: int = 0
     #: Whether its first output (which carries its `PrefillStats`) went out.
     sent_prefill_stats: bool = False
-    block_ids: list[int] = field(default_factory=list)
+    #: Its block table in each KV-cache group (`KVCacheManager.groups`), all
+    #: of one length; empty while it holds no blocks.
+    block_ids: list[list[int]] = field(default_factory=list)
     #: Hashes of this request's full, computed blocks, in order.
     block_hashes: list[bytes] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING

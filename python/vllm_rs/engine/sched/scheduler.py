@@ -130,7 +130,7 @@ class Scheduler:
             request = self.waiting[0]
             if self.whole_prompts and request.num_tokens > budget:
                 break  # the next step has the budget for it
-            if self.kv_cache_manager is not None and not self.kv_cache_manager.allocate(request):
+            if self.kv_cache_manager is not None and not self.kv_cache_manager.allocate(request, budget):
                 break  # first come, first served: nobody overtakes
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
@@ -157,7 +157,9 @@ class Scheduler:
                 continue
             request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
             if self.kv_cache_manager is not None:
+                # Registered before freed: a block the window passed stays in the prefix cache.
                 self.kv_cache_manager.cache_full_blocks(request)
+                self.kv_cache_manager.free_skipped_blocks(request)
             token = sampled.get(request.request_id)
             if token is None:
                 continue
@@ -198,7 +200,10 @@ class Scheduler:
         self.finished_ids.setdefault(client_index, []).append(request_id)
 
     def _blocks_needed(self, request: Request) -> int:
-        return self.kv_cache_manager.blocks_for(min(request.max_total_tokens, self.max_model_len))
+        """The most blocks `request` holds at once (fewer than its length's
+        with a sliding window, which frees them as it moves on)."""
+        longest = min(request.max_total_tokens, self.max_model_len)
+        return self.kv_cache_manager.blocks_held_at_most(longest, self.max_num_batched_tokens)
 
     def _grow(self, request: Request, num_tokens: int) -> bool:
         """Gives `request` blocks for its first `num_tokens` tokens (always
@@ -209,7 +214,7 @@ class Scheduler:
         """Gives running `request` blocks for `num_tokens` tokens, preempting
         the most recently admitted running requests while blocks are short;
         False when `request` itself had to be preempted."""
-        if num_tokens <= len(request.block_ids) * self.kv_cache_manager.block_size:
+        if num_tokens <= len(request.block_ids[0]) * self.kv_cache_manager.block_size:
             return True  # a decode inside its last block: most steps
         while not self.kv_cache_manager.grow(request, num_tokens):
             victim = self.running.pop()

@@ -110,8 +110,9 @@ class NativeExecutor:
         )  # fmt: skip
         sched = config.scheduler_config
         self.inputs = StepInputs.allocate(
-            self.block_size, sched.max_num_batched_tokens, sched.max_num_seqs, model.max_model_len, long_rope_after(c)
-        )
+            self.block_size, sched.max_num_batched_tokens, sched.max_num_seqs, model.max_model_len,
+            len(spec.kv_groups), long_rope_after(c),
+        )  # fmt: skip
         logger.info(
             "%s (%s, weights kept as stored) on cpu (kernels %d): %d KV blocks of %d tokens%s; native step (no torch)",
             model.architecture, model.dtype, kernel_threads(), self.num_gpu_blocks, self.block_size,
@@ -170,5 +171,5 @@ class NativeExecutor:
         return self.native_step.forward(
             inputs.input_ids[:n], inputs.positions[:n], inputs.slot_mapping[:n],
             inputs.key_starts[:n], inputs.key_slots[: staged.num_keys], inputs.logits_indices[: staged.num_rows],
-            inputs.long_rope_flags(n),
+            inputs.long_rope_flags(n), [(slots[:n], keys[: staged.num_keys]) for slots, keys in inputs.group_slots],
         )  # fmt: skip

@@ -14,7 +14,7 @@ docs/real-model-speed.md, "The native step", has the measurements."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -141,20 +141,20 @@ class NativeStep:
             q_norm = k_norm = None
             if c.qk_norm:
                 q_norm, k_norm = norm(w("self_attn.q_norm")), norm(w("self_attn.k_norm"))
+            window = c.layer_window(i)
             if gemma:
-                window = c.layer_windows[i] if c.layer_windows else None
                 rope = 0 if window is None else 1
                 # Gemma's post_attention_layernorm norms the attention's output;
                 # its pre_feedforward_layernorm is the norm before the MLP.
                 pre_mlp = w("pre_feedforward_layernorm")
                 outputs = (norm(w("post_attention_layernorm")), norm(w("post_feedforward_layernorm")))
             else:
-                # llama.CausalLM attends over every key in every layer.
-                window, pre_mlp, outputs = None, w("post_attention_layernorm"), (None, None)
+                pre_mlp, outputs = w("post_attention_layernorm"), (None, None)
                 rope = 0 if not c.rope_layers or c.rope_layers[i] else None
             linears = [_linear(weights, f"{layer}.{p}") for p in LAYER_LINEARS]
             layers.append((
-                norm(w("input_layernorm")), norm(pre_mlp), q_norm, k_norm, linears, window, rope, *outputs, 0,
+                norm(w("input_layernorm")), norm(pre_mlp), q_norm, k_norm, linears, window, rope, *outputs,
+                c.kv_group(i),
             ))  # fmt: skip
         shape = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,
                  c.rms_norm_eps, scale, c.residual_multiplier, c.rotary_dim or c.head_dim,
@@ -179,12 +179,15 @@ class NativeStep:
         key_slots: np.ndarray,
         logits_rows: np.ndarray,
         long_rope: np.ndarray | None = None,
+        group_slots: Sequence[tuple[np.ndarray, np.ndarray]] = (),
     ) -> np.ndarray:
         """The logits (float32 `[len(logits_rows), vocab]`) of the step whose
         tokens are `input_ids` at `positions`, writing their keys and values
         to `slot_mapping`; token t's key at position p is in slot
         `key_slots[key_starts[t] + p]` (every array int64); `long_rope`
-        (uint8) marks the tokens rotated by LongRoPE's long factors."""
+        (uint8) marks the tokens rotated by LongRoPE's long factors;
+        `group_slots` are the further KV-cache groups' `(slot_mapping,
+        key_slots)`, laid out as the first group's."""
         x = self._embed(input_ids)
         if not x.flags.writeable or not x.flags.c_contiguous:
             x = np.array(x, dtype=np.float32, order="C")
@@ -192,8 +195,9 @@ class NativeStep:
             x *= np.float32(self.embedding_multiplier)
         logits = np.empty((len(logits_rows), self.vocab), np.float32)
         self._stack.forward(
-            x, positions, slot_mapping, key_starts, key_slots, logits_rows, logits, kernel_threads(), long_rope
-        )
+            x, positions, slot_mapping, key_starts, key_slots, logits_rows, logits, kernel_threads(), long_rope,
+            list(group_slots),
+        )  # fmt: skip
         if self.logits_scaling != 1.0:
             logits /= np.float32(self.logits_scaling)
         if self.logits_softcap is not None:

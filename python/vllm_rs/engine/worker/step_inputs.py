@@ -1,7 +1,9 @@
 """A step's inputs staged in host arrays (numpy, no torch): each scheduled
 token's id, position and cache slot, the key slots of every sequence from
-position 0 with each token's first key (`key_starts`), and the rows whose
-logits are wanted (one per sampled request, then the prompt positions whose
+position 0 with each token's first key (`key_starts`; the keys a sliding
+window passed, whose blocks were freed, stand in as slots of block 0 that
+no query reads), each for every KV-cache group, and the rows whose logits
+are wanted (one per sampled request, then the prompt positions whose
 logprobs were asked for); for a model with LongRoPE's long factors, which
 tokens rotate by them (`long_rope`). Both executors read the same staging: the native
 one hands the arrays to Rust, the torch one copies them to its device."""
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vllm_rs.engine.kv_cache.block_pool import NULL_BLOCK
 from vllm_rs.engine.sched.output import StepPlan
 from vllm_rs.engine.sched.request import Request
 from vllm_rs.engine.worker.request_state import CachedRequestState
@@ -47,6 +50,10 @@ class StepInputs:
     key_slots: np.ndarray
     key_starts: np.ndarray
     logits_indices: np.ndarray
+    #: Each further KV-cache group's `(slot_mapping, key_slots)` (a model
+    #: whose windowed layers keep a block table of their own beside the
+    #: global layers', Gemma 3): the same tokens and keys, in its blocks.
+    group_slots: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     #: The original context of a model with LongRoPE's long factors
     #: (`rope_frequencies.long_rope_after`), None for the others.
     long_rope_after: int | None = None
@@ -62,12 +69,20 @@ class StepInputs:
 
     @classmethod
     def allocate(
-        cls, block_size: int, max_tokens: int, max_seqs: int, max_model_len: int, long_rope_after: int | None = None
+        cls,
+        block_size: int,
+        max_tokens: int,
+        max_seqs: int,
+        max_model_len: int,
+        num_groups: int = 1,
+        long_rope_after: int | None = None,
     ) -> StepInputs:
         """Fresh arrays for steps of at most `max_tokens` tokens over
-        `max_seqs` sequences of `max_model_len`."""
+        `max_seqs` sequences of `max_model_len`, in `num_groups` KV-cache groups."""
         sizes = step_array_sizes(max_tokens, max_seqs, max_model_len)
-        return cls(block_size, *(np.empty(n, np.int64) for n in sizes), long_rope_after)
+        arrays = [np.empty(n, np.int64) for n in sizes]
+        groups = [(np.empty(sizes[2], np.int64), np.empty(sizes[3], np.int64)) for _ in range(num_groups - 1)]
+        return cls(block_size, *arrays, group_slots=groups, long_rope_after=long_rope_after)
 
     def long_rope_flags(self, num_tokens: int) -> np.ndarray | None:
         """The staged step's `long_rope` flags, None where no token has them."""
@@ -79,8 +94,8 @@ class StepInputs:
         """Fills the arrays for `plan`; `state_of` gives the runner's state
         of each request (a sampled request's logits row goes first, the
         prompt positions scored after all of them)."""
-        ids, positions, slots = self.input_ids, self.positions, self.slot_mapping
-        key_slots, key_starts = self.key_slots, self.key_starts
+        ids, positions, key_starts = self.input_ids, self.positions, self.key_starts
+        groups = [(self.slot_mapping, self.key_slots), *self.group_slots]
         ranges = []
         sample_requests = []
         # (request, prompt tokens scored): the logits rows of prompt positions
@@ -97,10 +112,16 @@ class StepInputs:
             positions[row : row + n] = np.arange(start_pos, end_pos)
             if self.long_rope_after is not None:
                 self.long_rope[row : row + n] = request.num_tokens > self.long_rope_after
-            blocks = np.asarray(request.block_ids[: -(-end_pos // self.block_size)], dtype=np.int64)
-            all_slots = (blocks[:, None] * self.block_size + self.block_offsets).reshape(-1)[:end_pos]
-            slots[row : row + n] = all_slots[start_pos:end_pos]
-            key_slots[key_row : key_row + end_pos] = all_slots
+            for (slots, key_slots), table in zip(groups, request.block_ids, strict=True):
+                blocks = np.asarray(table[: -(-end_pos // self.block_size)], dtype=np.int64)
+                if table[0] == NULL_BLOCK:
+                    # Blocks its sliding window passed (always the table's
+                    # first) are read by no query: block 0 stands in, so
+                    # that every staged slot is in the cache.
+                    blocks[blocks == NULL_BLOCK] = 0
+                all_slots = (blocks[:, None] * self.block_size + self.block_offsets).reshape(-1)[:end_pos]
+                slots[row : row + n] = all_slots[start_pos:end_pos]
+                key_slots[key_row : key_row + end_pos] = all_slots
             key_starts[row : row + n] = key_row
             ranges.append((row, row + n, key_row, end_pos, start_pos))
             if end_pos == request.num_tokens:

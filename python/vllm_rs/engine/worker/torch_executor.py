@@ -14,6 +14,7 @@ from torch import nn
 
 from vllm_rs.engine.config import EngineConfig, EngineConfigError, kv_bytes_per_token, kv_cache_dtype
 from vllm_rs.engine.cpu_threads import keep_torch_on_one_thread, kernel_threads, limit_cpu_threads
+from vllm_rs.engine.kv_cache.kv_cache_manager import blocks_held_at_most
 from vllm_rs.engine.layers.attention import AttentionMetadata, DecodeBatch, SequenceSlice, attends_in_place
 from vllm_rs.engine.layers.layernorm import GemmaRMSNorm, RMSNorm
 from vllm_rs.engine.layers.packed_weights import PackedLinear, every_matmul_in_kernels
@@ -111,20 +112,35 @@ class TorchExecutor:
         sched = config.scheduler_config
         sizes = step_array_sizes(sched.max_num_batched_tokens, sched.max_num_seqs, config.model_config.max_model_len)
         self._buffers = [CpuGpuBuffer(n, dtype=torch.int64, device=self.device) for n in sizes]
-        long_after = long_rope_after(config.model_config.spec.transformer) if isinstance(self.model, CausalLM) else None
-        self.inputs = StepInputs(self.block_size, *(b.np for b in self._buffers), long_after)
-        self.input_ids, self.positions, self.slot_mapping, self.key_slots, _, self.logits_indices = self._buffers
+        self.input_ids, self.positions, slot_mapping, key_slots, _, self.logits_indices = self._buffers
         max_keys = sizes[3]
         self.decode_rows = CpuGpuBuffer(sched.max_num_seqs, dtype=torch.int64, device=self.device)
         self.decode_lens = CpuGpuBuffer(sched.max_num_seqs, dtype=torch.int64, device=self.device)
-        self.decode_key_slots = CpuGpuBuffer(max_keys, dtype=torch.int64, device=self.device)
+        # Each KV-cache group's slot mapping, key slots and padded decode key
+        # slots: its layers read the same keys in blocks of its own.
+        spec = config.model_config.spec
+        self._groups = [(slot_mapping, key_slots)] + [
+            (CpuGpuBuffer(sizes[2], dtype=torch.int64, device=self.device),
+             CpuGpuBuffer(max_keys, dtype=torch.int64, device=self.device))
+            for _ in spec.kv_groups[1:]
+        ]  # fmt: skip
+        self._decode_key_slots = [CpuGpuBuffer(max_keys, dtype=torch.int64, device=self.device) for _ in self._groups]
+        groups = [(slots.np, keys.np) for slots, keys in self._groups]
+        long_after = long_rope_after(spec.transformer) if isinstance(self.model, CausalLM) else None
+        self.inputs = StepInputs(
+            self.block_size, *(b.np for b in self._buffers), group_slots=groups[1:], long_rope_after=long_after
+        )
         # The Rust decode kernel attends in place, also for one sequence;
         # torch's attention is batched only when there are several.
         self._decodes_in_place = attends_in_place(self.device, self.kv_dtype)
-        # The sliding windows of the model's layers: each step is also staged
-        # as seen through each of them (`AttentionMetadata.windows`).
+        # The sliding windows of the model's layers, each with its layers'
+        # KV-cache group: each step is also staged as seen through each of
+        # them, in that group's blocks (`AttentionMetadata.windows`).
         layers = self.model.attention_layers().values()
-        self._windows = sorted({layer.sliding_window for layer in layers if layer.sliding_window is not None})
+        windows = sorted({layer.sliding_window for layer in layers if layer.sliding_window is not None})
+        c = spec.transformer
+        group_of = {c.layer_window(i): c.kv_group(i) for i in range(c.num_layers)} if c is not None else {}
+        self._windows = [(window, group_of.get(window, 0)) for window in windows]
         self.native_step: NativeStep | None = None
         why_not = "--enforce-eager" if config.model_config.enforce_eager else None
         why_not = why_not or native_step_unsupported(self.model, self.device, self.dtype)
@@ -163,7 +179,10 @@ class TorchExecutor:
         of its free memory, at most `max_num_seqs` full sequences."""
         kv_dtype = kv_cache_dtype(config.cache_config, config.model_config.dtype)
         block_bytes = kv_bytes_per_token(config.model_config.spec, kv_dtype) * self.block_size
-        per_sequence = -(-config.model_config.max_model_len // self.block_size)
+        per_sequence = blocks_held_at_most(
+            config.model_config.max_model_len, self.block_size, config.model_config.spec.kv_window,
+            config.scheduler_config.max_num_batched_tokens,
+        )  # fmt: skip
         free, _ = torch.cuda.mem_get_info(self.device)
         blocks = min(int(free * CUDA_KV_FRACTION) // block_bytes, per_sequence * config.scheduler_config.max_num_seqs)
         if blocks < per_sequence:
@@ -198,7 +217,7 @@ class TorchExecutor:
             return self.native_step.forward(
                 inputs.input_ids[:n], inputs.positions[:n], inputs.slot_mapping[:n],
                 inputs.key_starts[:n], inputs.key_slots[: staged.num_keys], inputs.logits_indices[:rows],
-                inputs.long_rope_flags(n),
+                inputs.long_rope_flags(n), [(slots[:n], keys[: staged.num_keys]) for slots, keys in inputs.group_slots],
             )  # fmt: skip
         logits = self.model(
             self.input_ids.copy_to_gpu(n),
@@ -213,8 +232,13 @@ class TorchExecutor:
         causal mask, the decodes batched, and each sliding window's view."""
         ranges, key_row = staged.ranges, staged.num_keys
         decodes = [r for r in ranges if r[1] - r[0] == 1]
-        batched = self._stage_decodes(decodes) if len(decodes) > 1 or (decodes and self._decodes_in_place) else None
-        key_slots_gpu = self.key_slots.copy_to_gpu(key_row)
+        batch_decodes = len(decodes) > 1 or (decodes and self._decodes_in_place)
+        # Each group's (slot mapping, key slots, decode batch) on the device.
+        groups = []
+        for (slots, keys), padded in zip(self._groups, self._decode_key_slots, strict=True):
+            batched = self._stage_decodes(decodes, keys.np, padded) if batch_decodes else None
+            groups.append((slots.copy_to_gpu(num_tokens), keys.copy_to_gpu(key_row), batched))
+        slot_mapping, key_slots_gpu, batched = groups[0]
         sequences = []
         for start, end, key_start, seq_len, context in ranges:
             if batched is not None and end - start == 1:
@@ -224,23 +248,25 @@ class TorchExecutor:
                 query_pos = torch.arange(context, seq_len, device=self.device)
                 mask = torch.arange(seq_len, device=self.device)[None, :] <= query_pos[:, None]
             sequences.append(SequenceSlice(start, end, key_slots_gpu[key_start : key_start + seq_len], mask))
-        meta = AttentionMetadata(self.slot_mapping.copy_to_gpu(num_tokens), sequences, batched)
+        meta = AttentionMetadata(slot_mapping, sequences, batched)
         long_rope = self.inputs.long_rope_flags(num_tokens)
         if long_rope is not None:
             meta.long_rope = torch.from_numpy(long_rope.astype(bool)).to(self.device)
-        for window in self._windows:
-            meta.windows[window] = self._windowed(meta, ranges, key_slots_gpu, batched, window)
+        for window, group in self._windows:
+            meta.windows[window] = self._windowed(*groups[group], ranges, window)
         return meta
 
     def _windowed(
         self,
-        meta: AttentionMetadata,
-        ranges: list[tuple[int, int, int, int, int]],
+        slot_mapping: torch.Tensor,
         key_slots: torch.Tensor,
         batched: DecodeBatch | None,
+        ranges: list[tuple[int, int, int, int, int]],
         window: int,
     ) -> AttentionMetadata:
-        """The step seen through a sliding `window`: each sequence keeps the
+        """The step seen through a sliding `window`, in the blocks of the KV
+        group its layers are in (`slot_mapping`, `key_slots` and the decode
+        batch `batched` of that group): each sequence keeps the
         keys from the first one its first query sees (`query_pos - key_pos
         < window`, transformers' sliding mask) and masks, per query, those
         before its own window; the decode batch keeps each sequence's last
@@ -267,20 +293,23 @@ class TorchExecutor:
             slots = batched.key_slots.gather(1, index)
             mask = None if batched.mask is None else (columns < lens[:, None])[:, None, None, :]
             decodes = DecodeBatch(batched.rows, slots.contiguous(), lens, mask)
-        return AttentionMetadata(meta.slot_mapping, sequences, decodes)
+        return AttentionMetadata(slot_mapping, sequences, decodes)
 
-    def _stage_decodes(self, decodes: list[tuple[int, int, int, int, int]]) -> DecodeBatch:
-        """The one-token sequences of the step as one padded batch: their
-        rows, their key slots `[n, longest]` (padding repeats the sequence's
-        first key slot and is masked out, or not read by the kernel) and key
+    def _stage_decodes(
+        self, decodes: list[tuple[int, int, int, int, int]], key_slots: np.ndarray, buffer: CpuGpuBuffer
+    ) -> DecodeBatch:
+        """The one-token sequences of the step as one padded batch, their
+        keys from one group's `key_slots` (padded in `buffer`): their rows,
+        their key slots `[n, longest]` (padding repeats the sequence's first
+        key slot and is masked out, or not read by the kernel) and key
         counts."""
         n = len(decodes)
         longest = max(seq_len for _, _, _, seq_len, _ in decodes)
-        padded = self.decode_key_slots.np[: n * longest].reshape(n, longest)
+        padded = buffer.np[: n * longest].reshape(n, longest)
         for i, (start, _, key_start, seq_len, _) in enumerate(decodes):
             self.decode_rows.np[i] = start
             self.decode_lens.np[i] = seq_len
-            padded[i, :seq_len] = self.key_slots.np[key_start : key_start + seq_len]
+            padded[i, :seq_len] = key_slots[key_start : key_start + seq_len]
             # torch's attention reads the padding's keys and values and gives
             # them zero weight; a slot never written may hold NaN (the cache
             # is not zeroed), and NaN * 0 is NaN: the padding points at a key
@@ -291,5 +320,5 @@ class TorchExecutor:
         if not self._decodes_in_place:
             mask = (torch.arange(longest, device=self.device)[None, :] < lens[:, None])[:, None, None, :]
         return DecodeBatch(
-            self.decode_rows.copy_to_gpu(n), self.decode_key_slots.copy_to_gpu(n * longest).view(n, longest), lens, mask
+            self.decode_rows.copy_to_gpu(n), buffer.copy_to_gpu(n * longest).view(n, longest), lens, mask
         )
