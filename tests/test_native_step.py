@@ -78,13 +78,26 @@ def assert_same_step(path: str, prompts: list[list[int]], quantization: str | No
         ("smollm3", torch.float16),
         ("phi3", torch.bfloat16),
         ("gemma3_text", torch.bfloat16),
+        ("qwen3_moe", torch.bfloat16),
+        ("qwen2_moe", torch.float16),
+        ("olmoe", torch.bfloat16),
+        ("mixtral", torch.float16),
     ],  # fmt: skip
 )
 def test_half_checkpoints_step_natively_as_in_torch(tmp_path, arch, dtype):
     # Gemma 3 with its logits softcapped (the tiny logits are of order 10).
-    model = make_hf_model(arch, seed=3, **({"final_logit_softcapping": 8.0} if arch == "gemma3_text" else {}))
+    sizes = {"final_logit_softcapping": 8.0} if arch == "gemma3_text" else WHOLE_BLOCK_EXPERTS.get(arch, {})
+    model = make_hf_model(arch, seed=3, **sizes)
     path = save_safetensors(copy.deepcopy(model).to(dtype), str(tmp_path / arch))
     assert_same_step(path, _prompts(model.config.vocab_size, 4))
+
+
+#: The tiny Qwen-MoEs' experts with rows of whole blocks of 32 (F16, Q8_0),
+#: so that the kernel reads every expert in place.
+WHOLE_BLOCK_EXPERTS = {
+    "qwen3_moe": {"moe_intermediate_size": 64},
+    "qwen2_moe": {"moe_intermediate_size": 64, "shared_expert_intermediate_size": 96},
+}
 
 
 #: Files of several block types: legacy and K-quant blocks side by side.
@@ -106,19 +119,37 @@ def test_gguf_blocks_step_natively_as_in_torch(tmp_path, name):
     assert_same_step(path, _prompts(model.config.vocab_size, 6), quantization="gguf")
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "granite", "smollm3", "phi3", "gemma3_text"])
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "llama",
+        "qwen2",
+        "qwen3",
+        "granite",
+        "smollm3",
+        "phi3",
+        "gemma3_text",
+        "qwen3_moe",
+        "qwen2_moe",
+        "olmoe",
+        "mixtral",
+    ],
+)
 def test_gguf_files_of_every_family_step_without_torch_as_in_torch(tmp_path, arch):
     """A GGUF runs on the torch-free executor (`native_executor`), which
     reads the file by itself: the same logits as the torch modules."""
     # llama.cpp's smollm3 leaves RoPE out of every 4th layer.
     sizes = {"num_hidden_layers": 4, "no_rope_layer_interval": 4} if arch == "smollm3" else {}
+    sizes.update(WHOLE_BLOCK_EXPERTS.get(arch, {}))
     model = gemma3_gguf_model(seed=4) if arch == "gemma3_text" else make_hf_model(arch, seed=4, **sizes)
     path = save_gguf(model, str(tmp_path / f"{arch}.gguf"), f16=True)
     native = assert_same_step(path, _prompts(model.config.vocab_size, 4), quantization="gguf")
     assert isinstance(native.runner.executor, NativeExecutor)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "granite", "phi3", "gemma3_text"])
+@pytest.mark.parametrize(
+    "arch", ["llama", "qwen2", "qwen3", "granite", "phi3", "gemma3_text", "qwen3_moe", "qwen2_moe", "olmoe", "mixtral"]
+)
 def test_the_native_steps_weight_list_is_the_torch_modules(arch):
     """`decoder_weight_shapes` (what the torch-free executor reads from a
     file) names exactly the weights `llama.CausalLM` (or Gemma 3's) holds,
@@ -175,9 +206,9 @@ def test_int8_kernel_precision_without_the_native_step_is_refused(smollm2, tmp_p
         make_engine_config(smollm2, device="cpu", kernel_precision="int8", enforce_eager=True)
     with pytest.raises(EngineConfigError, match=f"{needs}, which does not run the toy model"):
         make_engine_config("toy", kernel_precision="int8")
-    moe = save_safetensors(make_hf_model("qwen3_moe", seed=1).to(torch.bfloat16), str(tmp_path / "m"))
-    config = make_engine_config(moe, device="cpu", max_model_len=64, num_gpu_blocks=8, kernel_precision="int8")
-    with pytest.raises(EngineConfigError, match=f"{needs}, which cannot run this model: its mixture-of-experts"):
+    dense = save_safetensors(make_hf_model("qwen2", seed=1), str(tmp_path / "q"))
+    config = make_engine_config(dense, device="cpu", max_model_len=64, num_gpu_blocks=8, kernel_precision="int8")
+    with pytest.raises(EngineConfigError, match=f"{needs}, which cannot run this model: some weights are not held"):
         EngineCore(config)
 
 
@@ -186,11 +217,11 @@ def test_int8_kernel_precision_without_the_native_step_is_refused(smollm2, tmp_p
     [
         ("float32 safetensors", "dense float32 weights"),
         ("dequantized gguf", "dense float32 weights"),
-        ("mixture of experts", "its mixture-of-experts layers are not in the kernel"),
+        ("enforce eager", "--enforce-eager"),
     ],
 )
 def test_where_the_native_step_does_not_run_the_engine_says_why(tmp_path, caplog, case, reason):
-    if case == "mixture of experts":
+    if case == "enforce eager":
         path = save_safetensors(make_hf_model("qwen3_moe", seed=1).to(torch.bfloat16), str(tmp_path / "m"))
     elif case == "float32 safetensors":
         path = save_safetensors(make_hf_model("qwen2", seed=1), str(tmp_path / "q"))
@@ -198,7 +229,8 @@ def test_where_the_native_step_does_not_run_the_engine_says_why(tmp_path, caplog
         path = save_gguf(make_hf_model("qwen2", seed=1), str(tmp_path / "q.gguf"), f16=True)
     quantization = "none" if case == "dequantized gguf" else None
     with caplog.at_level(logging.INFO):
-        config = make_engine_config(path, device="cpu", max_model_len=64, num_gpu_blocks=8, quantization=quantization)
+        config = make_engine_config(path, device="cpu", max_model_len=64, num_gpu_blocks=8, quantization=quantization,
+                                    enforce_eager=case == "enforce eager")  # fmt: skip
         core = EngineCore(config)
     assert core.runner.executor.native_step is None
     assert "torch step (" in caplog.text and reason in caplog.text
@@ -280,16 +312,16 @@ def test_a_model_whose_shapes_do_not_fit_is_refused():
     ones = np.ones(8, np.float32)
     rows = np.zeros((8, 2 * 32), np.uint8)  # F16 rows of 32 weights
     linear = (1, rows, 8, 32, None)
-    layer = (ones, ones, None, None, [linear] * 7, None, 0, None, None, 0)
+    layer = (ones, ones, None, None, [linear] * 7, None, 0, None, None, 0, None)
     shape = (32, 2, 1, 4, 32, 8, 1e-6, 0.5, 1.0, 4, 1.0)
     norm, table = np.ones(32, np.float32), np.ones(2, np.float32)
     with pytest.raises(ValueError, match=re.escape("inv_freqs[0] has 4 elements, the shapes need 2")):
         _core.DecoderStack(shape, [np.ones(4, np.float32)], [layer], norm, linear, [])
     with pytest.raises(ValueError, match="layer 0 has 6 linear layers, not 7"):
-        bad = (ones, ones, None, None, [linear] * 6, None, 0, None, None, 0)
+        bad = (ones, ones, None, None, [linear] * 6, None, 0, None, None, 0, None)
         _core.DecoderStack(shape, [table], [bad], norm, linear, [])
     with pytest.raises(ValueError, match="layer 0: RoPE table 1, but the model has 1"):
-        bad = (ones, ones, None, None, [linear] * 7, None, 1, None, None, 0)
+        bad = (ones, ones, None, None, [linear] * 7, None, 1, None, None, 0, None)
         _core.DecoderStack(shape, [table], [bad], norm, linear, [])
     with pytest.raises(ValueError, match='activation "relu" is not "silu" or "gelu_tanh"'):
         _core.DecoderStack(shape, [table], [layer], norm, linear, [], activation="relu")

@@ -289,6 +289,7 @@ class DecoderStack:
                 object | None,
                 object | None,
                 int,
+                tuple[object, Sequence[Sequence[object]], int, bool, tuple[Sequence[object], object] | None] | None,
             ]
         ],
         norm: object,
@@ -304,7 +305,11 @@ class DecoderStack:
         `inv_freqs` the RoPE tables; a layer is `(input_norm,
         post_attention_norm (before the MLP), q_norm, k_norm, [q, k, v, o,
         gate, up, down], window, its RoPE table's index or None,
-        attention_output_norm, mlp_output_norm, its KV-cache group)`; a linear
+        attention_output_norm, mlp_output_norm, its KV-cache group, its
+        routed experts `(router (float32), [[gate, up, down] per expert],
+        top_k, norm_topk_prob, shared expert ([gate, up, down], its gate's
+        float32 row) or None)` or None: with experts, the linear layers are
+        q, k, v, o only)`; a linear
         is `(ggml type id, rows (uint8), out features, in features, bias or
         None)`; `caches` one `(keys, values)` per layer of `cache_dtype`;
         `activation` the MLP gate's (`silu` or `gelu_tanh`); `long_inv_freq`

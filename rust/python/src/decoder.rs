@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use vllm_rs_kernels::{
-    Activation, Decoder, Expert, GroupSlots, KvCacheMut, Layer, LayerCache, Linear, Mlp, Path, Precision, Shape,
+    Activation, Decoder, Expert, Experts, GroupSlots, KvCacheMut, Layer, LayerCache, Linear, Mlp, Path, Precision, Shape,
     StepInputs,
 };
 
@@ -24,7 +24,8 @@ struct LinearArg<'py>(u32, Bound<'py, PyAny>, usize, usize, Option<Bound<'py, Py
 /// A layer as Python passes it: `(input_norm, post_attention_norm, q_norm
 /// or None, k_norm or None, [q, k, v, o, gate, up, down], window or None,
 /// its RoPE table (an index into `inv_freqs`) or None, attention_output_norm
-/// or None, mlp_output_norm or None, its KV-cache group)`.
+/// or None, mlp_output_norm or None, its KV-cache group, its routed experts
+/// or None)`; with experts, the linear layers are q, k, v and o only.
 #[derive(FromPyObject)]
 struct LayerArg<'py>(
     Bound<'py, PyAny>,
@@ -37,6 +38,20 @@ struct LayerArg<'py>(
     Option<Bound<'py, PyAny>>,
     Option<Bound<'py, PyAny>>,
     usize,
+    Option<ExpertsArg<'py>>,
+);
+
+/// A layer's routed experts as Python passes them: `(router (float32
+/// [experts, hidden]), [[gate, up, down] of each expert], top_k,
+/// norm_topk_prob, ([gate, up, down], gate weights (float32 [hidden])) of
+/// the shared expert or None)`.
+#[derive(FromPyObject)]
+struct ExpertsArg<'py>(
+    Bound<'py, PyAny>,
+    Vec<Vec<LinearArg<'py>>>,
+    usize,
+    bool,
+    Option<(Vec<LinearArg<'py>>, Bound<'py, PyAny>)>,
 );
 
 /// The exported buffers a `DecoderStack` reads; held so that their memory
@@ -65,6 +80,44 @@ impl Exports {
         let s: &'static [u8] = unsafe { std::mem::transmute::<&[u8], &'static [u8]>(slice(&buf)) };
         self.bytes.push(buf);
         Ok(s)
+    }
+
+    /// A gated MLP's `[gate, up, down]`.
+    fn expert(&mut self, args: &[LinearArg<'_>], name: &str) -> PyResult<Expert<'static>> {
+        let [gate, up, down] = args else {
+            return Err(PyValueError::new_err(format!(
+                "{NAME}: {name} has {} linear layers, not 3 (gate, up, down)",
+                args.len()
+            )));
+        };
+        Ok(Expert {
+            gate: self.linear(gate, &format!("{name} gate"))?,
+            up: self.linear(up, &format!("{name} up"))?,
+            down: self.linear(down, &format!("{name} down"))?,
+        })
+    }
+
+    /// A layer's routed experts.
+    fn experts(&mut self, arg: &ExpertsArg<'_>, name: &str) -> PyResult<Experts<'static>> {
+        let ExpertsArg(router, experts, top_k, norm_topk_prob, shared) = arg;
+        let shared = match shared {
+            Some((linears, gate)) => Some((
+                self.expert(linears, &format!("{name} shared expert"))?,
+                self.floats(gate, &format!("{name} shared expert gate"))?,
+            )),
+            None => None,
+        };
+        Ok(Experts {
+            router: self.floats(router, &format!("{name} router"))?,
+            experts: experts
+                .iter()
+                .enumerate()
+                .map(|(e, linears)| self.expert(linears, &format!("{name} expert {e}")))
+                .collect::<PyResult<_>>()?,
+            top_k: *top_k,
+            norm_topk_prob: *norm_topk_prob,
+            shared,
+        })
     }
 
     fn linear(&mut self, arg: &LinearArg<'_>, name: &str) -> PyResult<Linear<'static>> {
@@ -220,13 +273,21 @@ impl DecoderStack {
                 attention_out,
                 mlp_out,
                 kv_group,
+                experts,
             ) = layer;
             let name = |what: &str| format!("layer {i} {what}");
-            let [q, k, v, o, gate, up, down] = linears.as_slice() else {
+            // With routed experts the MLP comes apart from the linear layers.
+            let wanted = if experts.is_some() { "4 (q, k, v, o)" } else { "7 (q, k, v, o, gate, up, down)" };
+            let (attention, dense) = linears.split_at(linears.len().min(4));
+            let ([q, k, v, o], true) = (attention, dense.len() == if experts.is_some() { 0 } else { 3 }) else {
                 return Err(PyValueError::new_err(format!(
-                    "{NAME}: layer {i} has {} linear layers, not 7 (q, k, v, o, gate, up, down)",
+                    "{NAME}: layer {i} has {} linear layers, not {wanted}",
                     linears.len()
                 )));
+            };
+            let mlp = match experts {
+                Some(e) => Mlp::Experts(exports.experts(e, &format!("layer {i}"))?),
+                None => Mlp::Dense(exports.expert(dense, &format!("layer {i}"))?),
             };
             built.push(Layer {
                 input_norm: exports.floats(input_norm, &name("input_norm"))?,
@@ -241,11 +302,7 @@ impl DecoderStack {
                     .map(|n| exports.floats(n, &name("attention_output_norm")))
                     .transpose()?,
                 post_attention_norm: exports.floats(post_norm, &name("post_attention_norm"))?,
-                mlp: Mlp::Dense(Expert {
-                    gate: exports.linear(gate, &name("gate"))?,
-                    up: exports.linear(up, &name("up"))?,
-                    down: exports.linear(down, &name("down"))?,
-                }),
+                mlp,
                 mlp_output_norm: mlp_out.as_ref().map(|n| exports.floats(n, &name("mlp_output_norm"))).transpose()?,
                 window: *window,
                 rope: *rope,

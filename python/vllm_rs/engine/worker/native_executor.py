@@ -20,7 +20,7 @@ from vllm_rs.engine.config import EngineConfig, kv_cache_dtype
 from vllm_rs.engine.cpu_threads import kernel_threads, limit_cpu_threads
 from vllm_rs.engine.layers.gguf_blocks import GgufBlocks, GgufRows, kernel_reads
 from vllm_rs.engine.layers.rope_frequencies import long_rope_after, rope_inv_freq
-from vllm_rs.engine.model_loader.gguf_file import read_header
+from vllm_rs.engine.model_loader.gguf_file import GgufTensor, read_header
 from vllm_rs.engine.model_loader.gguf_weights import (
     GGUF_ROPE_FACTORS,
     GGUF_ROPE_FACTORS_LONG,
@@ -60,6 +60,15 @@ def _unsupported_by_config(config: EngineConfig) -> str | None:
     if kv_cache_dtype(config.cache_config, model.dtype) not in _CACHE_ARRAY_DTYPES:
         return f"--kv-cache-dtype {config.cache_config.cache_dtype}"
     return None
+
+
+def _weight_names(name: str | None, tensor: GgufTensor) -> list[str | None]:
+    """The Hugging Face weights a GGUF tensor (named `name`) holds: its one,
+    or each expert's where a layer's experts are stacked in one 3-D tensor
+    per projection (`ffn_*_exps`, which `gguf_tensors` splits)."""
+    if name is not None and len(tensor.shape) == 3 and ".mlp.experts." in name:
+        return [name.replace(".mlp.experts.", f".mlp.experts.{e}.") for e in range(tensor.shape[0])]
+    return [name]
 
 
 def _cache_arrays(num_slots: int, kv_heads: int, head_dim: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -134,9 +143,10 @@ class NativeExecutor:
         known = set(expected) | in_blocks | {"lm_head.weight", *GGUF_ROPE_FACTORS}
         for tensor in read_header(spec.weights_path).tensors.values():
             name = hf_name(tensor.name, layer_names)
-            if name not in known:
+            names = _weight_names(name, tensor)
+            if any(n not in known for n in names):
                 raise NativeStepUnsupported(f"the file holds {tensor.name}, which the native step does not run")
-            if name in in_blocks and not kernel_reads(tensor.type, tensor.shape[-1]):
+            if any(n in in_blocks for n in names) and not kernel_reads(tensor.type, tensor.shape[-1]):
                 raise NativeStepUnsupported(f"the kernel does not read {tensor.name}'s {tensor.type_name} in place")
         # The embeddings stay in the file (GgufRows): never dequantized here.
         tensors = gguf_tensors(spec, in_blocks | {"model.embed_tokens.weight"})

@@ -1,6 +1,6 @@
 """The native step: a Llama-family model (`llama.CausalLM`: Llama, Mistral,
-Qwen2, Qwen3, Granite, SmolLM3, Phi-3 and their kin) or a Gemma 3 text
-model (`gemma3.Gemma3ForCausalLM`) whose every linear
+Qwen2, Qwen3, Granite, SmolLM3, Phi-3, the mixtures of experts and their
+kin) or a Gemma 3 text model (`gemma3.Gemma3ForCausalLM`) whose every linear
 layer the Rust kernel reads in place runs a whole forward pass in one call
 of `vllm_rs._core.DecoderStack` (rust/kernels/src/decoder.rs): the same
 weights (a GGUF file's blocks, or a half-precision checkpoint's rows), the
@@ -25,11 +25,10 @@ from vllm_rs.engine.layers.gguf_blocks import GgufBlocks
 from vllm_rs.engine.layers.rope_frequencies import local_rope_inv_freq, long_rope_inv_freq, rope_attention_factor
 from vllm_rs.engine.model_loader.checkpoint import TransformerConfig
 
-#: A layer's linear projections, in the order `DecoderStack` takes them.
-LAYER_LINEARS = (
-    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-)  # fmt: skip
+#: A layer's attention projections, in the order `DecoderStack` takes them.
+ATTENTION_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+#: A gated MLP's projections (a dense layer's `mlp.`, each expert's), in that order.
+MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
 
 
 #: A Gemma 3 layer's norms beyond Llama's two, each `hidden` wide.
@@ -39,6 +38,27 @@ GEMMA3_LAYER_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
 def is_gemma3(config: TransformerConfig) -> bool:
     """Whether `config` is a Gemma 3 text model (`gemma3.Gemma3ForCausalLM`)."""
     return config.model_type == "gemma3_text"
+
+
+def is_sparse(config: TransformerConfig, index: int) -> bool:
+    """Whether layer `index`'s MLP is routed experts (`MoeConfig.sparse_layers`)."""
+    return config.moe is not None and config.moe.sparse_layers[index]
+
+
+def _mlp_shapes(prefix: str, intermediate: int, hidden: int) -> dict[str, tuple[int, int]]:
+    """A gated MLP's weights under `prefix`, with their shapes."""
+    return {f"{prefix}.gate_proj.weight": (intermediate, hidden), f"{prefix}.up_proj.weight": (intermediate, hidden),
+            f"{prefix}.down_proj.weight": (hidden, intermediate)}  # fmt: skip
+
+
+def _mlp_prefixes(config: TransformerConfig, index: int) -> list[str]:
+    """Layer `index`'s gated MLPs: its dense one, or each expert and the shared one."""
+    layer = f"model.layers.{index}.mlp"
+    if not is_sparse(config, index):
+        return [layer]
+    moe = config.moe
+    shared = [f"{layer}.shared_expert"] if moe.shared_expert_intermediate_size else []
+    return [*(f"{layer}.experts.{e}" for e in range(moe.num_experts)), *shared]
 
 
 def decoder_weight_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
@@ -53,17 +73,28 @@ def decoder_weight_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...
         projections = {
             "self_attn.q_proj": (q, c.hidden_size), "self_attn.k_proj": (kv, c.hidden_size),
             "self_attn.v_proj": (kv, c.hidden_size), "self_attn.o_proj": (c.hidden_size, q),
-            "mlp.gate_proj": (c.intermediate_size, c.hidden_size), "mlp.up_proj": (c.intermediate_size, c.hidden_size),
-            "mlp.down_proj": (c.hidden_size, c.intermediate_size),
         }  # fmt: skip
         for name, shape in projections.items():
             shapes[f"{layer}.{name}.weight"] = shape
+        if is_sparse(c, i):
+            moe, h = c.moe, c.hidden_size
+            shapes[f"{layer}.mlp.gate.weight"] = (moe.num_experts, h)
+            for e in range(moe.num_experts):
+                shapes.update(_mlp_shapes(f"{layer}.mlp.experts.{e}", moe.intermediate_size, h))
+            if moe.shared_expert_intermediate_size:
+                shapes.update(_mlp_shapes(f"{layer}.mlp.shared_expert", moe.shared_expert_intermediate_size, h))
+                shapes[f"{layer}.mlp.shared_expert_gate.weight"] = (1, h)
+        else:
+            shapes.update(_mlp_shapes(f"{layer}.mlp", c.intermediate_size, c.hidden_size))
         if c.qkv_bias:
             for p in "qkv":
                 shapes[f"{layer}.self_attn.{p}_proj.bias"] = (projections[f"self_attn.{p}_proj"][0],)
         if c.o_bias:
             shapes[f"{layer}.self_attn.o_proj.bias"] = (c.hidden_size,)
-        if c.qk_norm:
+        if c.qk_norm and c.qk_norm_whole:
+            # OLMoE norms all heads at once.
+            shapes[f"{layer}.self_attn.q_norm.weight"], shapes[f"{layer}.self_attn.k_norm.weight"] = (q,), (kv,)
+        elif c.qk_norm:
             shapes[f"{layer}.self_attn.q_norm.weight"] = shapes[f"{layer}.self_attn.k_norm.weight"] = (c.head_dim,)
         norms = ("input_layernorm", "post_attention_layernorm", *(GEMMA3_LAYER_NORMS if is_gemma3(c) else ()))
         for norm in norms:
@@ -82,8 +113,12 @@ def head_name(config: TransformerConfig) -> str:
 
 def linear_names(config: TransformerConfig) -> list[str]:
     """The weights the kernel must read in place for the native step to
-    run: every layer's projections and the output head."""
-    names = [f"model.layers.{i}.{p}.weight" for i in range(config.num_layers) for p in LAYER_LINEARS]
+    run: every layer's projections (each expert's) and the output head (a
+    router and a shared expert's gate may be float32)."""
+    names = []
+    for i in range(config.num_layers):
+        names += [f"model.layers.{i}.{p}.weight" for p in ATTENTION_LINEARS]
+        names += [f"{prefix}.{p}.weight" for prefix in _mlp_prefixes(config, i) for p in MLP_LINEARS]
     return [*names, head_name(config)]
 
 
@@ -95,6 +130,31 @@ def _linear(weights: Mapping[str, Any], prefix: str, weight: str | None = None) 
     blocks: GgufBlocks = weights[weight or f"{prefix}.weight"]
     out_features, in_features = blocks.shape
     return (blocks.type, blocks.rows, out_features, in_features, _floats(weights.get(f"{prefix}.bias")))
+
+
+def _dense(weight: Any) -> np.ndarray:
+    """A small weight as float32 rows: a router or a shared expert's gate,
+    float32 in a GGUF, else the blocks of a half or quantized checkpoint
+    (dequantized as the kernel reads them)."""
+    if not isinstance(weight, GgufBlocks):
+        return np.ascontiguousarray(weight, dtype=np.float32)
+    values = np.empty(weight.shape, np.float32)
+    _core.gguf_dequantize(np.ascontiguousarray(weight.rows), values, weight.type)
+    return values
+
+
+def _experts(config: TransformerConfig, weights: Mapping[str, Any], index: int) -> tuple[Any, ...]:
+    """Layer `index`'s routed experts as `DecoderStack` takes them: the
+    router (float32), each expert's projections, top k, whether the top
+    weights are renormalized, and the shared expert with its gate's float32
+    row (or None)."""
+    moe, layer = config.moe, f"model.layers.{index}.mlp"
+    experts = [[_linear(weights, f"{layer}.experts.{e}.{p}") for p in MLP_LINEARS] for e in range(moe.num_experts)]
+    shared = None
+    if moe.shared_expert_intermediate_size:
+        gate = _dense(weights[f"{layer}.shared_expert_gate.weight"]).reshape(-1)
+        shared = ([_linear(weights, f"{layer}.shared_expert.{p}") for p in MLP_LINEARS], gate)
+    return (_dense(weights[f"{layer}.gate.weight"]), experts, moe.top_k, moe.norm_topk_prob, shared)
 
 
 def _gemma_norm(weight: Any) -> np.ndarray:
@@ -151,10 +211,13 @@ class NativeStep:
             else:
                 pre_mlp, outputs = w("post_attention_layernorm"), (None, None)
                 rope = 0 if not c.rope_layers or c.rope_layers[i] else None
-            linears = [_linear(weights, f"{layer}.{p}") for p in LAYER_LINEARS]
+            linears = [_linear(weights, f"{layer}.{p}") for p in ATTENTION_LINEARS]
+            experts = _experts(c, weights, i) if is_sparse(c, i) else None
+            if experts is None:
+                linears += [_linear(weights, f"{layer}.mlp.{p}") for p in MLP_LINEARS]
             layers.append((
                 norm(w("input_layernorm")), norm(pre_mlp), q_norm, k_norm, linears, window, rope, *outputs,
-                c.kv_group(i),
+                c.kv_group(i), experts,
             ))  # fmt: skip
         shape = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,
                  c.rms_norm_eps, scale, c.residual_multiplier, c.rotary_dim or c.head_dim,

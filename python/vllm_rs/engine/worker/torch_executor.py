@@ -51,14 +51,12 @@ CUDA_KV_FRACTION = 0.9
 
 def native_step_unsupported(model: nn.Module, device: torch.device, dtype: torch.dtype) -> str | None:
     """Why `model` cannot run as a native step (None when it can): it must be
-    a `llama.CausalLM` itself or Gemma 3's (not another subclass with layers
-    of its own, not a mixture of experts), on the CPU in float32, every
-    linear layer and the output head held as blocks the kernel reads, every
-    norm float32."""
+    a `llama.CausalLM` itself (a mixture of experts included) or Gemma 3's
+    (not another subclass with layers of its own), on the CPU in float32,
+    every linear layer and the output head held as blocks the kernel reads,
+    every norm float32."""
     if type(model) not in (CausalLM, Gemma3ForCausalLM):
         return f"{type(model).__name__} has layers of its own"
-    if model.config.moe is not None:
-        return "its mixture-of-experts layers are not in the kernel"
     if device.type != "cpu" or dtype != torch.float32:
         return f"it runs on the CPU in float32, not {device.type} in {str(dtype).removeprefix('torch.')}"
     linears = [m for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
