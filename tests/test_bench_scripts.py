@@ -107,3 +107,36 @@ def test_kernel_counter_reports_a_perf_that_could_not_attach(tmp_path):
     with pytest.raises(RuntimeError, match=r"perf stat did not acknowledge 'enable' \(exit [1-9]\d*\): \S"):
         counter.__enter__()
     assert set(os.listdir("/proc/self/fd")) <= fds_before
+
+
+def test_moe_bench_serves_each_model_and_counts_active_parameters(tmp_path):
+    """bench/bench_moe.py at a tiny size, one round: it serves the MoE and
+    both dense models through `serve`, every level yields tokens, and the
+    counts hold: the MoE's active parameters are dense-active's plus its
+    routers, its total dense-total's plus its routers."""
+    import json
+
+    from bench.bench_moe import main
+
+    layers, hidden, experts = 1, 64, 4
+    argv = ["--rounds", "1", "--hidden", str(hidden), "--layers", str(layers), "--heads", "4", "--kv-heads", "2",
+            "--experts", str(experts), "--top-k", "2", "--expert-intermediate", "32", "--prompt-tokens", "8",
+            "--output-tokens", "4", "--one-stream-requests", "1", "--results-dir", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads((tmp_path / "moe.json").read_text())
+    counts = out["parameters"]
+    routers = layers * hidden * experts
+    assert counts["moe"]["active"] == counts["dense-active"]["total"] + routers
+    assert counts["moe"]["total"] == counts["dense-total"]["total"] + routers
+    assert counts["moe"]["active"] < counts["moe"]["total"]
+    for name in ("moe", "dense-active", "dense-total"):
+        assert out["rounds"][0][name]["tok_s_16"] > 0 and out["rounds"][0][name]["tok_s_1"] > 0
+    assert set(out["ratios"]) == {"moe/dense-active", "moe/dense-total"}
+
+
+def test_moe_bench_names_a_bad_option(capsys):
+    """An option out of range exits 2 naming it, before anything is written."""
+    from bench.bench_moe import main
+
+    assert main(["--top-k", "9", "--experts", "8"]) == 2
+    assert "--top-k 9 is more than --experts 8" in capsys.readouterr().err
