@@ -1,7 +1,7 @@
 """A mixture of experts against dense models through `serve`: does the MoE
 cost its active parameters, not its total?
 
-Three random-init float32 checkpoints of one shape, written with
+Three random-init checkpoints of one shape (bfloat16, `--dtype`), written with
 transformers to a temporary folder (never kept), with a byte-level
 tokenizer of 257 tokens so that the output head is a small part of a step:
 
@@ -27,12 +27,14 @@ level, medians with min-max over the rounds, and each round's ratio
 moe / dense-active and moe / dense-total; total and active parameter counts.
 Raw numbers go to bench/results/moe.json.
 
-All three run the torch step (a mixture of experts is not in the native
-kernel, and float32 safetensors are not blocks it reads), so the ratios
-compare the MoE layer (layers/moe.py: each expert run once on the tokens
-routed to it) with the dense MLP on the same executor.
+In bfloat16 all three run the native step (their weights read in place as
+BF16 rows; a mixture of experts runs each expert once over the rows routed
+to it, rust/kernels/src/experts.rs), as a user's half-precision checkpoint
+or GGUF does; `--dtype float32` runs all three on the torch step
+(layers/moe.py). Either way the ratios compare the MoE layer with the dense
+MLP on the same executor.
 
-Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_moe.py [--rounds 5] [--threads N]
+Run: ~/.cache/vllm-rs/venv/bin/python bench/bench_moe.py [--rounds 5] [--threads N] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -108,14 +110,16 @@ def parameter_counts(model, opts: argparse.Namespace) -> dict:
 
 
 def write_model(name: str, opts: argparse.Namespace, into: Path) -> tuple[Path, dict]:
-    """Writes model `name` (safetensors, float32) with the byte-level
+    """Writes model `name` (safetensors, in `opts.dtype`) with the byte-level
     tokenizer to `into/name`; returns the folder and its parameter counts."""
+    import torch
+
     from tests.support.hf_tokenizers import bytes_only_tokenizer, write_model_dir
 
     folder = into / name
     model = hf_model(name, opts)
     counts = parameter_counts(model, opts)
-    model.save_pretrained(folder, safe_serialization=True)
+    model.to(getattr(torch, opts.dtype)).save_pretrained(folder, safe_serialization=True)
     write_model_dir(bytes_only_tokenizer(), folder)
     return folder, counts
 
@@ -234,6 +238,8 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--one-stream-requests", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="the checkpoints' dtype: bfloat16 runs the native step, float32 the torch one")  # fmt: skip
     parser.add_argument("--no-total", dest="total", action="store_false", help="leave out dense-total")
     parser.add_argument("--results", default="moe.json", help="the results file's name in --results-dir")
     parser.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results", help="(and serve's logs)")
