@@ -45,6 +45,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -267,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     except BenchInputError as e:
         print(f"bench_moe.py: {e}", file=sys.stderr)
         return 2
+    # Ended by a signal, it still stops its servers (each `serve` runs in a
+    # session of its own, so nothing else would).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     opts.results_dir.mkdir(parents=True, exist_ok=True)
     out = run_bench(opts, opts.results_dir)
     (opts.results_dir / opts.results).write_text(json.dumps(out, indent=1, default=str))
