@@ -8,8 +8,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use vllm_rs_kernels::{
-    Activation, Decoder, Expert, Experts, GroupSlots, KvCacheMut, Layer, LayerCache, Linear, Mlp, Path, Precision, Shape,
-    StepInputs,
+    Activation, Decoder, Expert, Experts, GroupSlots, KvCacheMut, Layer, LayerCache, Linear, Mlp, Path, Precision,
+    Shape, StepInputs,
 };
 
 use crate::kernels::{check_out, flat_for, quant_type_for, slice, slice_mut, span};
