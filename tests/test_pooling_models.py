@@ -20,7 +20,8 @@ from vllm_rs.engine.protocol import EngineCoreRequest, FinishReason  # noqa: E40
 
 from tests.pooling_checkpoints import write_bert, write_cross_encoder, write_qwen3  # noqa: E402
 
-#: Inputs of different lengths, batched together in one step.
+#: Inputs of different lengths (3 to 17 tokens), batched together in one
+#: step: several of the encoder's attention groups (models/bert.py).
 TEXTS = [
     "the cat sat on the mat",
     "a dog",
