@@ -25,7 +25,8 @@ requests` one after another), random byte prompts of `--prompt-tokens`
 bench/clients/src/model_load.rs). Reported: output tok/s per model and
 level, medians with min-max over the rounds, and each round's ratio
 moe / dense-active and moe / dense-total; total and active parameter counts.
-Raw numbers go to bench/results/moe.json.
+Raw numbers go to bench/results/moe.json (docs/real-model-speed.md, "A mixture
+of experts against dense models", has the latest).
 
 In bfloat16 all three run the native step (their weights read in place as
 BF16 rows; a mixture of experts runs each expert once over the rows routed
