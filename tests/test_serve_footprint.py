@@ -113,7 +113,7 @@ def test_setup_byte_compiles_every_package_serve_imports():
     """scripts/compile_serving_path.py's list covers every package outside
     the standard library that the supervisor and a GGUF engine import."""
     script = Path(__file__).resolve().parents[1] / "scripts" / "compile_serving_path.py"
-    namespace: dict[str, object] = {"__name__": "compile_serving_path"}
+    namespace: dict[str, object] = {"__name__": "compile_serving_path", "__file__": str(script)}
     exec(compile(script.read_text(), str(script), "exec"), namespace)  # noqa: S102
     probe = (
         "import os, sys, importlib\n"
