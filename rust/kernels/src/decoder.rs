@@ -23,86 +23,13 @@
 //! from torch's, so logits agree within float32 rounding (the engine's
 //! tests check it on every architecture and weight format).
 
-use std::ops::Range;
-
 use crate::attention::{attend, check_attention};
 use crate::experts::{Expert, Experts};
 use crate::kv_cache::{KvCache, KvCacheMut};
-use crate::{
-    matmuls, AttentionDims, AttentionError, DecodeInputs, Dims, Matmul, Out, Path, Precision, QuantType, ShapeError,
-};
-
-/// A step or a model whose buffers do not fit together.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StepError {
-    /// A buffer's length is not what the shapes need.
-    #[error("{what} has {got} elements, the shapes need {need}")]
-    Len {
-        /// Which buffer.
-        what: String,
-        /// What it holds.
-        got: usize,
-        /// What the shapes need.
-        need: usize,
-    },
-    /// A weight's shape is not the model's.
-    #[error("{what} is {got_out} x {got_in}, the model needs {need_out} x {need_in}")]
-    Weight {
-        /// Which weight.
-        what: String,
-        /// Its output features.
-        got_out: usize,
-        /// Its input features.
-        got_in: usize,
-        /// The output features the model needs.
-        need_out: usize,
-        /// The input features the model needs.
-        need_in: usize,
-    },
-    /// The model's head counts or sizes do not fit together.
-    #[error("{0}")]
-    Shape(String),
-    /// A token's position, cache slot or keys are outside what the step holds.
-    #[error("token {token}: {what}")]
-    Token {
-        /// The token's row in the step.
-        token: usize,
-        /// What is wrong with it.
-        what: String,
-    },
-    /// A logits row is not one of the step's tokens.
-    #[error("logits row {index} is token {row}, not below the step's {tokens} tokens")]
-    LogitsRow {
-        /// Its index in `logits_rows`.
-        index: usize,
-        /// The row asked for.
-        row: i64,
-        /// Tokens of the step.
-        tokens: usize,
-    },
-    /// A projection refused its shapes.
-    #[error(transparent)]
-    Matmul(#[from] ShapeError),
-    /// Attention refused its inputs.
-    #[error(transparent)]
-    Attention(#[from] AttentionError),
-}
-
-/// A linear layer: `y = x · W^T (+ bias)`, `W` as `out_features` rows of
-/// blocks of `quant` (read in place).
-#[derive(Debug, Clone, Copy)]
-pub struct Linear<'a> {
-    /// The type of the blocks.
-    pub quant: QuantType,
-    /// The rows of blocks.
-    pub rows: &'a [u8],
-    /// Rows of `W`.
-    pub out_features: usize,
-    /// Weights per row.
-    pub in_features: usize,
-    /// Added to each output row, when the layer has one.
-    pub bias: Option<&'a [f32]>,
-}
+use crate::linear::{gated, product, Activation, Linear};
+use crate::rows::{for_row_ranges, rows_of};
+use crate::step_error::StepError;
+use crate::{matmuls, AttentionDims, DecodeInputs, Out, Path, Precision};
 
 /// The sizes and constants every layer shares.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -133,16 +60,6 @@ pub struct Shape {
     pub rope_scale: f32,
     /// The MLP's gate activation.
     pub activation: Activation,
-}
-
-/// The activation of the MLP's gate, multiplied by its up projection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    /// `silu(g) = g / (1 + exp(-g))` (SwiGLU: Llama and its kin).
-    Silu,
-    /// GELU's tanh approximation, `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))`
-    /// (GeGLU: Gemma's `gelu_pytorch_tanh`).
-    GeluTanh,
 }
 
 /// One decoder layer's weights.
@@ -629,11 +546,6 @@ impl Keys {
     }
 }
 
-/// A `matmuls` product of `m` rows of `x` through `l` into `y`.
-pub(crate) fn product<'a, 'y>(l: &Linear<'a>, x: &'a [f32], y: &'y mut [f32], m: usize) -> Matmul<'a, 'y> {
-    Matmul { quant: l.quant, x, w: l.rows, y, dims: Dims { m, n: l.out_features, k: l.in_features } }
-}
-
 /// `out`'s rows plus the layer's bias, if it has one.
 fn add_bias(l: &Linear<'_>, out: &mut [f32]) {
     if let Some(bias) = l.bias {
@@ -743,47 +655,4 @@ fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], half: usize, head_dim: usize) {
             }
         }
     }
-}
-
-/// `gate = activation(gate) * up`, rows split across `threads`.
-pub(crate) fn gated(gate: &mut [f32], up: &[f32], activation: Activation, threads: usize) {
-    const CHUNK: usize = 4096;
-    let gate_ptr = Out(gate.as_mut_ptr());
-    for_row_ranges(gate.len().div_ceil(CHUNK), threads, &|chunks| {
-        let range = chunks.start * CHUNK..(chunks.end * CHUNK).min(up.len());
-        // SAFETY: each range of chunks is its own part of `gate`.
-        let gate = unsafe { rows_of(gate_ptr, &range, 1) };
-        match activation {
-            Activation::Silu => gate.iter_mut().zip(&up[range]).for_each(|(g, &u)| *g = *g / (1.0 + (-*g).exp()) * u),
-            Activation::GeluTanh => gate.iter_mut().zip(&up[range]).for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
-        }
-    });
-}
-
-/// GELU's tanh approximation as torch computes it in float32
-/// (`0.5·x·(1 + tanh(√2·(2/√π)·0.5·(x + 0.044715·x³)))`).
-fn gelu_tanh(x: f32) -> f32 {
-    const BETA: f32 = std::f32::consts::SQRT_2 * std::f32::consts::FRAC_2_SQRT_PI * 0.5;
-    const KAPPA: f32 = 0.044715;
-    let inner = BETA * (x + KAPPA * (x * x * x));
-    0.5 * x * (1.0 + inner.tanh())
-}
-
-/// Runs `f` over `0..rows` cut into ranges, on the pool's threads when
-/// there are several.
-fn for_row_ranges(rows: usize, threads: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
-    if threads <= 1 || rows < 2 {
-        return f(0..rows);
-    }
-    let parts = crate::parts_for(threads).min(rows);
-    crate::pool::run(parts, threads, &|p| f(rows * p / parts..rows * (p + 1) / parts));
-}
-
-/// Rows `rows` (of `width`) of the buffer at `base`.
-///
-/// # Safety
-/// The rows are inside the buffer and no other thread touches them.
-unsafe fn rows_of<'o>(base: Out, rows: &Range<usize>, width: usize) -> &'o mut [f32] {
-    // SAFETY: the caller's promise.
-    unsafe { std::slice::from_raw_parts_mut(base.0.add(rows.start * width), rows.len() * width) }
 }

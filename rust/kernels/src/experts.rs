@@ -7,7 +7,8 @@
 //! experts loop adds them; Qwen2-MoE's shared expert, scaled by the sigmoid
 //! of its own gate, is added last.
 
-use crate::decoder::{gated, product, Activation, Linear, StepError};
+use crate::linear::{gated, product, Activation, Linear};
+use crate::step_error::StepError;
 use crate::{matmuls, Path, Precision};
 
 /// One expert's SwiGLU (or GeGLU) projections.

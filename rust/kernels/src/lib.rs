@@ -34,6 +34,7 @@ mod int8;
 #[cfg(target_arch = "x86_64")]
 mod int8_x86;
 mod kv_cache;
+mod linear;
 #[cfg(target_arch = "x86_64")]
 mod operands;
 #[cfg(target_arch = "x86_64")]
@@ -41,17 +42,21 @@ mod panel;
 mod pool;
 mod q8;
 mod quant;
+mod rows;
 mod scalar;
+mod step_error;
 #[cfg(target_arch = "x86_64")]
 mod super_blocks;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use attention::{check_attention, decode_attention, AttentionDims, AttentionError, DecodeInputs};
-pub use decoder::{Activation, Decoder, GroupSlots, Layer, LayerCache, Linear, Mlp, Shape, StepError, StepInputs};
+pub use decoder::{Decoder, GroupSlots, Layer, LayerCache, Mlp, Shape, StepInputs};
 pub use experts::{Expert, Experts};
 pub use kv_cache::{f32_to_bf16, f32_to_f16, KvCache, KvCacheMut};
+pub use linear::{Activation, Linear};
 pub use quant::{dequantize_row, f16_to_f32 as dequantize_f16, QuantType, BLOCK, SUPER_BLOCK};
+pub use step_error::StepError;
 
 /// A call whose buffers do not match the shapes it names.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
