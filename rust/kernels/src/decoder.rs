@@ -139,9 +139,21 @@ pub struct Decoder<'a> {
     /// flags rotate by it instead of `inv_freqs[0]`.
     pub long_inv_freq: Option<&'a [f32]>,
     /// How the projections and the output head multiply (`Exact`, or int8
-    /// activations for the weight types that path reads).
+    /// activations for the weight types that path reads) in a step of at
+    /// most `INT8_MAX_TOKENS` tokens; larger steps multiply exactly.
     pub precision: Precision,
 }
+
+/// The most tokens a step runs at int8 activations when the decoder's
+/// `precision` asks for them: the int8 path is written for decode's few rows
+/// and the exact path's panels overtake it beyond. On the 2-core AMD EPYC
+/// with AVX-512 (one thread, 2048 x 2048): at 1 row int8 took 0.35x (Q4_K)
+/// to 0.66x (Q8_0) of the exact time, at 2 rows 0.49x (Q4_K) to 1.06x
+/// (Q4_0), at 4 rows 0.82x (Q4_K) to 1.28x (Q4_0), at 16 rows 1.26-1.56x;
+/// served with every step at int8, 16 prompts of 128 tokens took 2.1-2.2x
+/// as long to their first tokens (docs/real-model-speed.md, "Int8
+/// activations (opt-in)").
+pub const INT8_MAX_TOKENS: usize = 2;
 
 /// One layer's KV cache, each half `[slots, kv_heads, head_dim]`, both of one type.
 #[derive(Debug)]
@@ -307,12 +319,13 @@ impl Decoder<'_> {
         let mut residual = vec![0.0f32; tokens * s.hidden];
         let (mut gate, mut up) = (vec![0.0f32; tokens * s.intermediate], vec![0.0f32; tokens * s.intermediate]);
         let parallel = if tokens >= PARALLEL_MIN_TOKENS { threads } else { 1 };
+        let precision = if tokens <= INT8_MAX_TOKENS { self.precision } else { Precision::Exact };
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             rms_norm_rows(x, &mut h, layer.input_norm, s.eps, parallel);
             let m = tokens;
             matmuls(
                 path,
-                self.precision,
+                precision,
                 &mut [
                     product(&layer.q, &h, &mut q, m),
                     product(&layer.k, &h, &mut k, m),
@@ -369,7 +382,7 @@ impl Decoder<'_> {
             // SAFETY: `check_step` checked every slot, start and length
             // these inputs hold (`Keys` only narrows a token's keys).
             unsafe { attend(path, &attention, &mut attended, dims, threads) };
-            matmuls(path, self.precision, &mut [product(&layer.o, &attended, &mut residual, m)], threads)?;
+            matmuls(path, precision, &mut [product(&layer.o, &attended, &mut residual, m)], threads)?;
             add_bias(&layer.o, &mut residual);
             add_output(x, &residual, &mut h, layer.attention_output_norm, s, parallel);
             rms_norm_rows(x, &mut h, layer.post_attention_norm, s.eps, parallel);
@@ -377,14 +390,14 @@ impl Decoder<'_> {
                 Mlp::Dense(d) => {
                     matmuls(
                         path,
-                        self.precision,
+                        precision,
                         &mut [product(&d.gate, &h, &mut gate, m), product(&d.up, &h, &mut up, m)],
                         threads,
                     )?;
                     gated(&mut gate, &up, s.activation, parallel);
-                    matmuls(path, self.precision, &mut [product(&d.down, &gate, &mut residual, m)], threads)?;
+                    matmuls(path, precision, &mut [product(&d.down, &gate, &mut residual, m)], threads)?;
                 }
-                Mlp::Experts(e) => e.forward(path, self.precision, s.activation, &h, &mut residual, threads)?,
+                Mlp::Experts(e) => e.forward(path, precision, s.activation, &h, &mut residual, threads)?,
             }
             add_output(x, &residual, &mut h, layer.mlp_output_norm, s, parallel);
         }
@@ -399,7 +412,7 @@ impl Decoder<'_> {
                 s.eps,
             );
         }
-        matmuls(path, self.precision, &mut [product(&self.head, &last, logits, rows)], threads)?;
+        matmuls(path, precision, &mut [product(&self.head, &last, logits, rows)], threads)?;
         add_bias(&self.head, logits);
         Ok(())
     }

@@ -51,7 +51,7 @@ mod super_blocks;
 mod x86;
 
 pub use attention::{check_attention, decode_attention, AttentionDims, AttentionError, DecodeInputs};
-pub use decoder::{Decoder, GroupSlots, Layer, LayerCache, Mlp, Shape, StepInputs};
+pub use decoder::{Decoder, GroupSlots, Layer, LayerCache, Mlp, Shape, StepInputs, INT8_MAX_TOKENS};
 pub use experts::{Expert, Experts};
 pub use kv_cache::{f32_to_bf16, f32_to_f16, KvCache, KvCacheMut};
 pub use linear::{Activation, Linear};
