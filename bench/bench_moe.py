@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.model_load import run_level  # noqa: E402
-from bench.model_servers import STACK_ENV, serve_stack  # noqa: E402
+from bench.model_servers import serve_stack, stack_environment  # noqa: E402
 
 #: The models, in the order of the first round.
 MODELS = ("moe", "dense-active", "dense-total")
@@ -135,19 +135,13 @@ def kv_cache_bytes(opts: argparse.Namespace) -> int:
 def served(folder: Path, name: str, opts: argparse.Namespace, log_dir: Path):
     """`serve` on `folder`, its engine on `opts.threads` threads; yields its
     OpenAI base URL once it is ready."""
-    saved = {k: os.environ.get(k) for k in (*STACK_ENV, "OMP_NUM_THREADS")}
-    os.environ.update(STACK_ENV, OMP_NUM_THREADS=str(opts.threads))
     args = ["--model", str(folder), "--served-model-name", name, "--device", "cpu",
             "--kv-cache-memory-bytes", str(kv_cache_bytes(opts)), "--max-model-len", str(MAX_MODEL_LEN)]  # fmt: skip
-    try:
-        with serve_stack(*args, log_path=log_dir / f"moe-serve-{name}.log") as (port, _):
-            yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key)
-            else:
-                os.environ[key] = value
+    with (
+        stack_environment(opts.threads),
+        serve_stack(*args, log_path=log_dir / f"moe-serve-{name}.log") as (port, _),
+    ):
+        yield f"http://127.0.0.1:{port}/v1"
 
 
 def prompts(opts: argparse.Namespace, seed: int) -> dict:

@@ -129,16 +129,28 @@ def vllm_rs_stack(
     llama-server's slot context (so one stream's budget fits one sequence),
     the kernel at `kernel_precision` (`--kernel-precision`); the engine
     writes its step records to `step_log_dir` (VLLM_RS_STEP_LOG)."""
-    previous = {k: os.environ.get(k) for k in (*STACK_ENV, "OMP_NUM_THREADS", STEP_LOG_ENV)}
-    os.environ.update(STACK_ENV, OMP_NUM_THREADS=str(threads), **{STEP_LOG_ENV: str(step_log_dir)})
     args = ["--model", str(gguf), "--served-model-name", "smollm2", "--device", "cpu",
             "--kv-cache-memory-bytes", str(kv_cache_bytes), "--max-model-len", str(LLAMA_SLOT_CTX),
             "--kernel-precision", kernel_precision]  # fmt: skip
     if dtype is not None:
         args += ["--dtype", dtype]
+    with (
+        stack_environment(threads, **{STEP_LOG_ENV: str(step_log_dir)}),
+        serve_stack(*args, log_path=log_dir / "models-serve.log") as (port, _),
+    ):
+        yield Served(f"http://127.0.0.1:{port}/v1", "smollm2", engine_process(port))
+
+
+@contextlib.contextmanager
+def stack_environment(threads: int, **extra: str):
+    """STACK_ENV, OMP_NUM_THREADS=`threads` and `extra` set in this process's
+    environment (which `serve_stack` passes on) for the block; each variable
+    restored, or removed where it was unset, after it."""
+    values = {**STACK_ENV, "OMP_NUM_THREADS": str(threads), **extra}
+    previous = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
-        with serve_stack(*args, log_path=log_dir / "models-serve.log") as (port, _):
-            yield Served(f"http://127.0.0.1:{port}/v1", "smollm2", engine_process(port))
+        yield
     finally:
         for key, value in previous.items():
             if value is None:

@@ -86,6 +86,22 @@ def _held(block_ids: list[int]) -> int:
     return sum(1 for block in block_ids if block != NULL_BLOCK)
 
 
+def _run_alone(core: EngineCore, prompt: list[int], max_tokens: int) -> tuple[list[int], list[tuple[list, float]]]:
+    """`prompt`'s greedy tokens, run alone through `core`, and after each
+    step that leaves it scheduled, its block tables (one per KV-cache group,
+    copied) and the cache's KV usage."""
+    core.add_request(EngineCoreRequest("alone", prompt, {"temperature": 0.0, "max_tokens": max_tokens}))
+    tokens: list[int] = []
+    steps: list[tuple[list, float]] = []
+    while core.has_work():
+        for _, output in core.step():
+            tokens.extend(output.new_token_ids)
+        request = core.scheduler.requests.get("alone")
+        if request is not None:
+            steps.append(([list(table) for table in request.block_ids], core.scheduler_stats().kv_cache_usage))
+    return tokens, steps
+
+
 @pytest.mark.parametrize("step", ["torch", "native"])
 def test_a_long_conversation_holds_its_window_not_its_length(mistral, step):
     """Two conversations of 12 + 100 tokens each (29 blocks of 4 tokens
@@ -266,20 +282,12 @@ def test_gemma3_frees_the_windowed_layers_blocks_and_keeps_the_global_ones(gemma
     kv = core.scheduler.kv_cache_manager
     assert [(g.window, g.num_layers, g.block_pool.num_blocks) for g in kv.groups] == [(None, 1, 20), (8, 5, 20)]
     prompt = np.random.default_rng(2).integers(0, model.config.vocab_size, 12).tolist()
-    core.add_request(EngineCoreRequest("long", prompt, {"temperature": 0.0, "max_tokens": 60}))
-    tokens: list[int] = []
-    most_windowed = 0
-    while core.has_work():
-        for _, output in core.step():
-            tokens.extend(output.new_token_ids)
-        request = core.scheduler.requests.get("long")
-        if request is None:
-            continue
-        global_table, windowed_table = request.block_ids
+    tokens, steps = _run_alone(core, prompt, 60)
+    for (global_table, windowed_table), usage in steps:
         assert NULL_BLOCK not in global_table and len(windowed_table) == len(global_table)
-        most_windowed = max(most_windowed, _held(windowed_table))
-        usage = (len(global_table) + 5 * _held(windowed_table)) / (6 * 20)
-        assert core.scheduler_stats().kv_cache_usage == pytest.approx(usage)
+        assert usage == pytest.approx((len(global_table) + 5 * _held(windowed_table)) / (6 * 20))
+    most_windowed = max(_held(windowed) for (_, windowed), _ in steps)
+    windowed_table = steps[-1][0][1]
     # 7 keys before a step of 8 span at most 4 blocks of 4; the table grew to 18.
     assert most_windowed <= 4 and len(windowed_table) == 18 and _held(windowed_table) <= 3
     assert core.scheduler_stats().kv_cache_usage == 0.0
@@ -359,16 +367,8 @@ def test_the_native_executor_runs_two_kv_groups(tmp_path):
     core = EngineCore(config)
     assert isinstance(core.runner.executor, NativeExecutor)
     prompt = np.random.default_rng(3).integers(0, model.config.vocab_size, 12).tolist()
-    core.add_request(EngineCoreRequest("long", prompt, {"temperature": 0.0, "max_tokens": 40}))
-    tokens: list[int] = []
-    most_windowed = 0
-    while core.has_work():
-        for _, output in core.step():
-            tokens.extend(output.new_token_ids)
-        request = core.scheduler.requests.get("long")
-        if request is not None:
-            most_windowed = max(most_windowed, _held(request.block_ids[1]))
-    assert most_windowed <= 4
+    tokens, steps = _run_alone(core, prompt, 40)
+    assert max(_held(windowed) for (_, windowed), _ in steps) <= 4
     with torch.no_grad():
         expected = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)
     assert tokens == expected[0, len(prompt) :].tolist()
