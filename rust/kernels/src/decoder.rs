@@ -26,7 +26,7 @@
 use crate::attention::{attend, check_attention};
 use crate::experts::{Expert, Experts};
 use crate::kv_cache::{KvCache, KvCacheMut};
-use crate::linear::{gated, product, Activation, Linear};
+use crate::linear::{product, Activation, Linear};
 use crate::rows::{for_row_ranges, rows_of};
 use crate::step_error::StepError;
 use crate::{matmuls, AttentionDims, DecodeInputs, Out, Path, Precision};
@@ -387,16 +387,16 @@ impl Decoder<'_> {
             add_output(x, &residual, &mut h, layer.attention_output_norm, s, parallel);
             rms_norm_rows(x, &mut h, layer.post_attention_norm, s.eps, parallel);
             match &layer.mlp {
-                Mlp::Dense(d) => {
-                    matmuls(
-                        path,
-                        precision,
-                        &mut [product(&d.gate, &h, &mut gate, m), product(&d.up, &h, &mut up, m)],
-                        threads,
-                    )?;
-                    gated(&mut gate, &up, s.activation, parallel);
-                    matmuls(path, precision, &mut [product(&d.down, &gate, &mut residual, m)], threads)?;
-                }
+                Mlp::Dense(d) => d.forward_into(
+                    path,
+                    precision,
+                    s.activation,
+                    &h,
+                    [&mut gate, &mut up],
+                    &mut residual,
+                    threads,
+                    parallel,
+                )?,
                 Mlp::Experts(e) => e.forward(path, precision, s.activation, &h, &mut residual, threads)?,
             }
             add_output(x, &residual, &mut h, layer.mlp_output_norm, s, parallel);

@@ -160,17 +160,34 @@ impl Expert<'_> {
     ) -> Result<Vec<f32>, StepError> {
         let (hidden, inter) = (self.gate.in_features, self.gate.out_features);
         let m = x.len() / hidden;
-        let (mut gate, mut up) = (vec![0.0f32; m * inter], vec![0.0f32; m * inter]);
-        matmuls(
-            path,
-            precision,
-            &mut [product(&self.gate, x, &mut gate, m), product(&self.up, x, &mut up, m)],
-            threads,
-        )?;
-        gated(&mut gate, &up, activation, 1);
-        let mut y = vec![0.0f32; m * hidden];
-        matmuls(path, precision, &mut [product(&self.down, &gate, &mut y, m)], threads)?;
+        let (mut gate, mut up, mut y) = (vec![0.0f32; m * inter], vec![0.0f32; m * inter], vec![0.0f32; m * hidden]);
+        self.forward_into(path, precision, activation, x, [&mut gate, &mut up], &mut y, threads, 1)?;
         Ok(y)
+    }
+
+    /// `y = down(activation(gate(x)) * up(x))` for the rows of `x`, with
+    /// `scratch` (two buffers of rows x intermediate) holding the gate and
+    /// up projections; the products on `threads`, the activation on
+    /// `activation_threads`.
+    // The operands of one MLP beside `matmuls`' settings and two thread counts.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward_into(
+        &self,
+        path: Path,
+        precision: Precision,
+        activation: Activation,
+        x: &[f32],
+        scratch: [&mut [f32]; 2],
+        y: &mut [f32],
+        threads: usize,
+        activation_threads: usize,
+    ) -> Result<(), StepError> {
+        let m = x.len() / self.gate.in_features;
+        let [gate, up] = scratch;
+        matmuls(path, precision, &mut [product(&self.gate, x, gate, m), product(&self.up, x, up, m)], threads)?;
+        gated(gate, up, activation, activation_threads);
+        matmuls(path, precision, &mut [product(&self.down, gate, y, m)], threads)?;
+        Ok(())
     }
 }
 
