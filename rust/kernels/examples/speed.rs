@@ -1,6 +1,6 @@
 //! Times the kernel alone (no Python): `cargo run --release -p vllm-rs-kernels
 //! --example speed -- [M] [N] [K] [TYPE (Q8_0, Q4_K, ...)] [threads]
-//! [exact|int8]`; prints
+//! [exact|int8] [PATH (Scalar, Avx2, Avx512)]`; prints
 //! milliseconds per call and the weight bytes read per second, for each path.
 //! On a shared machine the wall clock counts the time other processes held
 //! the CPU, so the figures are from the thread's own on-CPU time (Linux's
@@ -33,7 +33,8 @@ fn main() {
     }
     let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
     let mut y = vec![0.0f32; m * n];
-    for path in Path::supported() {
+    let only = args.get(6);
+    for path in Path::supported().into_iter().filter(|p| only.is_none_or(|o| format!("{p:?}") == *o)) {
         matmul(path, precision, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
         // At least 0.3 s of calls: schedstat advances at the scheduler's ticks.
         let (start, cpu_start) = (Instant::now(), on_cpu_secs());

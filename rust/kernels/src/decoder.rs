@@ -139,21 +139,10 @@ pub struct Decoder<'a> {
     /// flags rotate by it instead of `inv_freqs[0]`.
     pub long_inv_freq: Option<&'a [f32]>,
     /// How the projections and the output head multiply (`Exact`, or int8
-    /// activations for the weight types that path reads) in a step of at
-    /// most `INT8_MAX_TOKENS` tokens; larger steps multiply exactly.
+    /// activations for the weight types that path reads, in the products
+    /// whose row counts `int8_runs` names; the others multiply exactly).
     pub precision: Precision,
 }
-
-/// The most tokens a step runs at int8 activations when the decoder's
-/// `precision` asks for them: the int8 path is written for decode's few rows
-/// and the exact path's panels overtake it beyond. On the 2-core AMD EPYC
-/// with AVX-512 (one thread, 2048 x 2048): at 1 row int8 took 0.35x (Q4_K)
-/// to 0.66x (Q8_0) of the exact time, at 2 rows 0.49x (Q4_K) to 1.06x
-/// (Q4_0), at 4 rows 0.82x (Q4_K) to 1.28x (Q4_0), at 16 rows 1.26-1.56x;
-/// served with every step at int8, 16 prompts of 128 tokens took 2.1-2.2x
-/// as long to their first tokens (docs/real-model-speed.md, "Int8
-/// activations (opt-in)").
-pub const INT8_MAX_TOKENS: usize = 2;
 
 /// One layer's KV cache, each half `[slots, kv_heads, head_dim]`, both of one type.
 #[derive(Debug)]
@@ -319,7 +308,7 @@ impl Decoder<'_> {
         let mut residual = vec![0.0f32; tokens * s.hidden];
         let (mut gate, mut up) = (vec![0.0f32; tokens * s.intermediate], vec![0.0f32; tokens * s.intermediate]);
         let parallel = if tokens >= PARALLEL_MIN_TOKENS { threads } else { 1 };
-        let precision = if tokens <= INT8_MAX_TOKENS { self.precision } else { Precision::Exact };
+        let precision = self.precision;
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             rms_norm_rows(x, &mut h, layer.input_norm, s.eps, parallel);
             let m = tokens;

@@ -32,6 +32,8 @@ mod decoder;
 mod experts;
 mod int8;
 #[cfg(target_arch = "x86_64")]
+mod int8_vnni;
+#[cfg(target_arch = "x86_64")]
 mod int8_x86;
 mod kv_cache;
 mod linear;
@@ -51,8 +53,9 @@ mod super_blocks;
 mod x86;
 
 pub use attention::{check_attention, decode_attention, AttentionDims, AttentionError, DecodeInputs};
-pub use decoder::{Decoder, GroupSlots, Layer, LayerCache, Mlp, Shape, StepInputs, INT8_MAX_TOKENS};
+pub use decoder::{Decoder, GroupSlots, Layer, LayerCache, Mlp, Shape, StepInputs};
 pub use experts::{Expert, Experts};
+pub use int8::{int8_runs, INT8_FEW_ROWS};
 pub use kv_cache::{f32_to_bf16, f32_to_f16, KvCache, KvCacheMut};
 pub use linear::{Activation, Linear};
 pub use quant::{dequantize_row, f16_to_f32 as dequantize_f16, QuantType, BLOCK, SUPER_BLOCK};
@@ -154,11 +157,13 @@ pub enum Precision {
     /// the exact one by at most `sum over blocks b of max|x_b| / 254 *
     /// sum |w_b|` (plus float32 summation error): about 0.4% of `sum |x|
     /// |w|` where a block's activations are of one magnitude, more where
-    /// one outlier sets a block's scale. Its outputs do not depend on the
-    /// batch's other rows. Written for decode's few rows (a weight row
-    /// unpacked once for up to 4 activation rows): at 16 rows it is no
-    /// faster than the exact path's panels (even for Q4_K and Q6_K, 20%
-    /// slower for Q4_0, measured at 2048 x 2048).
+    /// one outlier sets a block's scale. It runs in the calls whose row
+    /// count `int8_runs` names, where it is faster than the exact path:
+    /// decode's few rows (`int8_x86.rs`) and, on a CPU with AVX-512 VNNI,
+    /// calls of many rows, prefill's among them (`int8_vnni.rs`); the
+    /// calls in between multiply exactly. Within each of the two codes an
+    /// output does not depend on the batch's other rows; between them it
+    /// moves by float32 summation order.
     Int8Activations,
 }
 
@@ -229,9 +234,14 @@ pub fn matmuls(
     for call in calls.iter() {
         check_shapes(call.quant, call.x.len(), call.w.len(), call.y.len(), call.dims)?;
     }
-    let int8 = |quant| precision == Precision::Int8Activations && int8::reads(quant);
-    let quantized: Vec<Option<q8::Q8Rows>> =
-        calls.iter().map(|c| int8(c.quant).then(|| q8::Q8Rows::quantize(c.x, c.quant.block_elems()))).collect();
+    let quantized: Vec<Option<q8::Q8Rows>> = calls
+        .iter()
+        .map(|c| {
+            let int8 = precision == Precision::Int8Activations && int8::reads(c.quant) && int8_runs(path, c.dims.m);
+            let panels = int8::runs_panels(path, c.dims.m);
+            int8.then(|| q8::Q8Rows::quantize(c.x, c.quant.block_elems(), panels))
+        })
+        .collect();
     let jobs: Vec<Job<'_>> = calls
         .iter_mut()
         .zip(&quantized)

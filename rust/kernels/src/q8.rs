@@ -13,12 +13,19 @@ pub(crate) struct Q8Rows {
     pub(crate) d: Vec<f32>,
     /// The sum of each 32 quants, `m x k / 32`.
     pub(crate) sums: Vec<i16>,
+    /// The quants plus 128 (`vpdpbusd` multiplies unsigned by signed
+    /// bytes), `m x k`; empty unless quantized `for_panels`.
+    pub(crate) biased: Vec<u8>,
+    /// Each 32's sum times its block's scale, `m x k / 32`; empty unless
+    /// quantized `for_panels`.
+    pub(crate) scaled_sums: Vec<f32>,
 }
 
 impl Q8Rows {
     /// `x` (`m x k`, `k` a multiple of `block`, `block` a multiple of 32)
-    /// quantized block by block.
-    pub(crate) fn quantize(x: &[f32], block: usize) -> Q8Rows {
+    /// quantized block by block; with what `int8_vnni.rs`'s panels read
+    /// besides where `for_panels`.
+    pub(crate) fn quantize(x: &[f32], block: usize, for_panels: bool) -> Q8Rows {
         let mut qs = vec![0i8; x.len()];
         let mut d = Vec::with_capacity(x.len() / block);
         for (xs, q) in x.chunks_exact(block).zip(qs.chunks_exact_mut(block)) {
@@ -30,7 +37,16 @@ impl Q8Rows {
             }
             d.push(scale);
         }
-        let sums = qs.chunks_exact(32).map(|q| q.iter().map(|&v| i16::from(v)).sum()).collect();
-        Q8Rows { qs, d, sums }
+        let sums: Vec<i16> = qs.chunks_exact(32).map(|q| q.iter().map(|&v| i16::from(v)).sum()).collect();
+        let (biased, scaled_sums) = if for_panels {
+            let per_block = block / 32;
+            (
+                qs.iter().map(|&q| (q as u8) ^ 0x80).collect(),
+                sums.iter().enumerate().map(|(s, &sum)| d[s / per_block] * f32::from(sum)).collect(),
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        Q8Rows { qs, d, sums, biased, scaled_sums }
     }
 }
