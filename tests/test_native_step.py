@@ -188,18 +188,24 @@ def test_int8_kernel_precision_stays_near_the_exact_step(smollm2):
     """`--kernel-precision int8` reaches the decode steps' products (their
     logits move) and stays within its bound's reach: every first decode row
     within 10% of the row's largest logit, its exact greedy token among the
-    int8 row's 5 largest; the prefills (steps of more than INT8_MAX_TOKENS
-    tokens) stay exact, bit for bit, so the first greedy tokens are equal."""
+    int8 row's 5 largest. The prefill (one step of 42 tokens) is exact, bit
+    for bit, where `int8_runs(42)` is false (a CPU without AVX-512 VNNI),
+    else within the same reach."""
+    from vllm_rs._core import int8_runs
+
     prompts = [list(range(1000, 1000 + n)) for n in (5, 37)]
     exact_out, exact_logits, _ = run_engine(smollm2, prompts, quantization=None)
     int8_out, int8_logits, core = run_engine(smollm2, prompts, quantization=None, kernel_precision="int8")
     assert core.runner.executor.native_step is not None
+    prefill_int8 = int8_runs(sum(len(p) for p in prompts))
     for request_id, rows in exact_logits.items():
-        assert torch.equal(int8_logits[request_id][0], rows[0]), f"{request_id}: the prefill's logits moved"
-        moved = (int8_logits[request_id][1] - rows[1]).abs().max().item()
-        assert 0 < moved < 0.1 * rows[1].abs().max().item(), (request_id, moved)
-        assert int8_out[request_id][0] == exact_out[request_id][0]
-        assert exact_out[request_id][1] in torch.topk(int8_logits[request_id][1], 5).indices.tolist()
+        for step in (0, 1) if prefill_int8 else (1,):
+            moved = (int8_logits[request_id][step] - rows[step]).abs().max().item()
+            assert 0 < moved < 0.1 * rows[step].abs().max().item(), (request_id, step, moved)
+            assert exact_out[request_id][step] in torch.topk(int8_logits[request_id][step], 5).indices.tolist()
+        if not prefill_int8:
+            assert torch.equal(int8_logits[request_id][0], rows[0]), f"{request_id}: the prefill's logits moved"
+            assert int8_out[request_id][0] == exact_out[request_id][0]
 
 
 def test_int8_kernel_precision_without_the_native_step_is_refused(smollm2, tmp_path):

@@ -260,8 +260,18 @@ fn paged_decode_attention(
     py.detach(|| decode_attention(Path::best(), &inputs, os, dims, threads)).map_err(|e| err(e.to_string()))
 }
 
+/// Whether a product of `rows` activation rows multiplies at int8 on this
+/// CPU's fastest path when `--kernel-precision int8` asks for it (the rest
+/// multiply exactly): decode's few rows, and on a CPU with AVX-512 VNNI the
+/// many rows of a prefill.
+#[pyfunction]
+fn int8_runs(rows: usize) -> bool {
+    vllm_rs_kernels::int8_runs(Path::best(), rows)
+}
+
 /// Adds the kernel functions to `vllm_rs._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(int8_runs, m)?)?;
     m.add_function(wrap_pyfunction!(gguf_matmul, m)?)?;
     m.add_function(wrap_pyfunction!(gguf_dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(paged_decode_attention, m)?)
