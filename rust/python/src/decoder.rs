@@ -207,9 +207,9 @@ impl DecoderStack {
     /// RoPE tables the layers use; `layers` as `LayerArg` says; `head` a linear as
     /// `LinearArg` says; `caches` one `(keys, values)` per layer, of
     /// `cache_dtype` (`float32`, `float16` or `bfloat16`); `precision`
-    /// `exact` (the float path) or `int8` (int8 activations in steps of at
-    /// most `INT8_MAX_TOKENS` tokens, see `Precision::Int8Activations` for
-    /// its error bound); `activation` the
+    /// `exact` (the float path) or `int8` (int8 activations in the products
+    /// whose row counts `int8_runs` names, see `Precision::Int8Activations`
+    /// for its error bound); `activation` the
     /// MLP gate's, `silu` or `gelu_tanh`; `long_inv_freq` LongRoPE's long
     /// factors' table, which the tokens `forward`'s `long_rope` flags use.
     #[new]
