@@ -215,10 +215,10 @@ def required_tools_schema(tools_json: str, parallel_tool_calls: bool = True) -> 
     `tool_choice: "required"`; ValueError when the tools' `$defs` clash."""
 
 def int8_runs(rows: int) -> bool:
-    """Whether a product of `rows` activation rows multiplies at int8 on this
-    CPU's fastest kernel path when `--kernel-precision int8` asks for it (the
-    others multiply exactly): decode's few rows, and on a CPU with AVX-512
-    VNNI the many rows of a prefill."""
+    """Whether a `DecoderStack` built at `precision="int8"` multiplies a
+    product of `rows` activation rows at int8 on this CPU (the others
+    multiply exactly): every product where the CPU has AVX-512 VNNI (the
+    stack repacks its weights for it), else decode's one or two rows."""
 
 def gguf_matmul(x: object, w: object, out: object, quant_type: int, n: int, k: int, threads: int) -> None:
     """`out[M,N] = x[M,K] @ W[N,K].T` with `x` and `out` C-contiguous float32

@@ -1,6 +1,6 @@
 //! Times the kernel alone (no Python): `cargo run --release -p vllm-rs-kernels
 //! --example speed -- [M] [N] [K] [TYPE (Q8_0, Q4_K, ...)] [threads]
-//! [exact|int8] [PATH (Scalar, Avx2, Avx512)]`; prints
+//! [exact|int8|packed] [PATH (Scalar, Avx2, Avx512)]`; prints
 //! milliseconds per call and the weight bytes read per second, for each path.
 //! On a shared machine the wall clock counts the time other processes held
 //! the CPU, so the figures are from the thread's own on-CPU time (Linux's
@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use vllm_rs_kernels::{matmul, Dims, Path, Precision, QuantType};
+use vllm_rs_kernels::{matmuls, Dims, Matmul, Packed, Path, Precision, QuantType};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -17,10 +17,11 @@ fn main() {
     let name = args.get(3).map_or("Q8_0", String::as_str);
     let quant = QuantType::ALL.into_iter().find(|q| q.name() == name).expect("a type name: Q8_0, Q4_K, IQ4_NL, ...");
     let threads = num(4, 1);
-    let precision = match args.get(5).map_or("exact", String::as_str) {
+    let mode = args.get(5).map_or("exact", String::as_str);
+    let precision = match mode {
         "exact" => Precision::Exact,
-        "int8" => Precision::Int8Activations,
-        other => panic!("precision {other:?} is not exact or int8"),
+        "int8" | "packed" => Precision::Int8Activations,
+        other => panic!("precision {other:?} is not exact, int8 or packed"),
     };
     // Blocks with scale 2^-8 (f16 0x1c00) and varied quants.
     let mut w = vec![0u8; n * quant.row_bytes(k)];
@@ -32,15 +33,21 @@ fn main() {
         }
     }
     let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
+    // `packed`: the weights repacked once, as a layer holds them at int8.
+    let packed = (mode == "packed").then(|| Packed::new(quant, &w, n, k).expect("this CPU and type repack"));
+    let call = |path, y: &mut [f32]| {
+        let dims = Dims { m, n, k };
+        matmuls(path, precision, &mut [Matmul { quant, x: &x, w: &w, y, dims, packed: packed.as_ref() }], threads)
+    };
     let mut y = vec![0.0f32; m * n];
     let only = args.get(6);
     for path in Path::supported().into_iter().filter(|p| only.is_none_or(|o| format!("{p:?}") == *o)) {
-        matmul(path, precision, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
+        call(path, &mut y).unwrap();
         // At least 0.3 s of calls: schedstat advances at the scheduler's ticks.
         let (start, cpu_start) = (Instant::now(), on_cpu_secs());
         let mut reps = 0u32;
         while reps < 3 || start.elapsed().as_secs_f64() < 0.3 {
-            matmul(path, precision, quant, &x, &w, &mut y, Dims { m, n, k }, threads).unwrap();
+            call(path, &mut y).unwrap();
             reps += 1;
         }
         let wall = start.elapsed().as_secs_f64() / f64::from(reps);

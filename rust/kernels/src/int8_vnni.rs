@@ -51,7 +51,7 @@ pub(crate) fn supported() -> bool {
 }
 
 /// Weights per scale of `quant` in the panels.
-fn group(quant: QuantType) -> usize {
+pub(crate) fn group(quant: QuantType) -> usize {
     if quant == QuantType::Q6K {
         16
     } else {
@@ -60,7 +60,7 @@ fn group(quant: QuantType) -> usize {
 }
 
 /// Whether `quant` has a minimum per 32 weights (`w = d q + m`).
-fn has_min(quant: QuantType) -> bool {
+pub(crate) fn has_min(quant: QuantType) -> bool {
     matches!(quant, QuantType::Q4_1 | QuantType::Q4K | QuantType::Q5K)
 }
 
@@ -171,7 +171,7 @@ impl Panel {
 /// # Safety
 /// `row` holds the row's blocks; the CPU runs the panels.
 #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn decode_row(
+pub(crate) unsafe fn decode_row(
     quant: QuantType,
     row: *const u8,
     k: usize,

@@ -40,6 +40,8 @@ mod linear;
 #[cfg(target_arch = "x86_64")]
 mod operands;
 #[cfg(target_arch = "x86_64")]
+mod packed;
+#[cfg(target_arch = "x86_64")]
 mod panel;
 mod pool;
 mod q8;
@@ -56,6 +58,14 @@ pub use attention::{check_attention, decode_attention, AttentionDims, AttentionE
 pub use decoder::{Decoder, GroupSlots, Layer, LayerCache, Mlp, Shape, StepInputs};
 pub use experts::{Expert, Experts};
 pub use int8::{int8_runs, INT8_FEW_ROWS};
+#[cfg(target_arch = "x86_64")]
+pub use packed::Packed;
+
+/// Weights repacked for the int8 path exist only on x86-64 (AVX-512 VNNI):
+/// elsewhere the type has no value, and every `Option<&Packed>` is `None`.
+#[cfg(not(target_arch = "x86_64"))]
+#[derive(Debug)]
+pub enum Packed {}
 pub use kv_cache::{f32_to_bf16, f32_to_f16, KvCache, KvCacheMut};
 pub use linear::{Activation, Linear};
 pub use quant::{dequantize_row, f16_to_f32 as dequantize_f16, QuantType, BLOCK, SUPER_BLOCK};
@@ -202,7 +212,7 @@ pub fn matmul(
     dims: Dims,
     threads: usize,
 ) -> Result<(), ShapeError> {
-    matmuls(path, precision, &mut [Matmul { quant, x, w, y, dims }], threads)
+    matmuls(path, precision, &mut [Matmul { quant, x, w, y, dims, packed: None }], threads)
 }
 
 /// One product of a `matmuls` call: `y = x · W^T`.
@@ -217,6 +227,9 @@ pub struct Matmul<'a, 'y> {
     pub y: &'y mut [f32],
     /// The shapes.
     pub dims: Dims,
+    /// `w` repacked (`Packed::new`), read instead of `w` where the product
+    /// multiplies at int8 (`packed_runs`).
+    pub packed: Option<&'a Packed>,
 }
 
 /// Several independent products in one call of the pool (the Q, K and V
@@ -234,24 +247,42 @@ pub fn matmuls(
     for call in calls.iter() {
         check_shapes(call.quant, call.x.len(), call.w.len(), call.y.len(), call.dims)?;
     }
+    fn packed<'a>(c: &Matmul<'a, '_>, path: Path, precision: Precision) -> Option<&'a Packed> {
+        #[cfg(target_arch = "x86_64")]
+        return c.packed.filter(|p| {
+            precision == Precision::Int8Activations && path == Path::Avx512 && p.fits(c.quant, c.dims.n, c.dims.k)
+        });
+        #[cfg(not(target_arch = "x86_64"))]
+        return c.packed.filter(|_| precision == Precision::Int8Activations && path == Path::Avx512);
+    }
     let quantized: Vec<Option<q8::Q8Rows>> = calls
         .iter()
         .map(|c| {
-            let int8 = precision == Precision::Int8Activations && int8::reads(c.quant) && int8_runs(path, c.dims.m);
-            let panels = int8::runs_panels(path, c.dims.m);
+            let on_packed = packed(c, path, precision).is_some();
+            let int8 = precision == Precision::Int8Activations
+                && int8::reads(c.quant)
+                && (on_packed || int8_runs(path, c.dims.m));
+            let panels = on_packed || int8::runs_panels(path, c.dims.m);
             int8.then(|| q8::Q8Rows::quantize(c.x, c.quant.block_elems(), panels))
         })
         .collect();
     let jobs: Vec<Job<'_>> = calls
         .iter_mut()
         .zip(&quantized)
-        .map(|(c, x8)| Job { quant: c.quant, x: c.x, x8: x8.as_ref(), w: c.w, y: Out(c.y.as_mut_ptr()), dims: c.dims })
+        .map(|(c, x8)| {
+            let packed = packed(c, path, precision);
+            Job { quant: c.quant, x: c.x, x8: x8.as_ref(), w: c.w, y: Out(c.y.as_mut_ptr()), dims: c.dims, packed }
+        })
         .collect();
     let parts: Vec<(usize, std::ops::Range<usize>)> = jobs
         .iter()
         .enumerate()
         .filter(|(_, job)| job.dims.m > 0)
-        .flat_map(|(i, job)| split(job.dims.n, parts_for(threads)).into_iter().map(move |cols| (i, cols)))
+        .flat_map(|(i, job)| {
+            // A packed product's parts are whole pairs of its blocks of 16 columns.
+            let align = if job.packed.is_some() { 32 } else { 8 };
+            split(job.dims.n, parts_for(threads), align).into_iter().map(move |cols| (i, cols))
+        })
         .collect();
     let run = |(i, cols): &(usize, std::ops::Range<usize>)| {
         let job = &jobs[*i];
@@ -259,6 +290,10 @@ pub fn matmuls(
         // product are disjoint and each product has its own y, so no two
         // parts write one element.
         unsafe {
+            #[cfg(target_arch = "x86_64")]
+            if let (Some(x8), Some(p)) = (job.x8, job.packed) {
+                return packed::matmul(job, x8, p, cols.clone());
+            }
             if let Some(x8) = job.x8 {
                 return int8::matmul(path, job, x8, cols.clone());
             }
@@ -309,6 +344,8 @@ pub(crate) struct Job<'a> {
     pub(crate) w: &'a [u8],
     pub(crate) y: Out,
     pub(crate) dims: Dims,
+    /// `w` repacked, where the call multiplies at int8 on it.
+    pub(crate) packed: Option<&'a Packed>,
 }
 
 /// `y`'s base pointer, shared by the threads that write disjoint columns.
@@ -318,13 +355,14 @@ pub(crate) struct Out(pub(crate) *mut f32);
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
-/// `0..n` cut into at most `parts` ranges of whole groups of 8 columns (so
-/// each thread's tiles are full), the last one taking the remainder.
-fn split(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
-    let groups = n.div_ceil(8);
+/// `0..n` cut into at most `parts` ranges of whole groups of `align`
+/// columns (so each thread's tiles are full), the last one taking the
+/// remainder.
+fn split(n: usize, parts: usize, align: usize) -> Vec<std::ops::Range<usize>> {
+    let groups = n.div_ceil(align);
     let parts = parts.min(groups).max(1);
     (0..parts)
-        .map(|p| (groups * p / parts * 8).min(n)..(groups * (p + 1) / parts * 8).min(n))
+        .map(|p| (groups * p / parts * align).min(n)..(groups * (p + 1) / parts * align).min(n))
         .filter(|r| !r.is_empty())
         .collect()
 }
@@ -337,7 +375,7 @@ mod tests {
     fn split_covers_every_column_once() {
         for n in [1, 7, 8, 9, 64, 1000] {
             for parts in 1..5 {
-                let ranges = split(n, parts);
+                let ranges = split(n, parts, 8);
                 assert!(ranges.len() <= parts);
                 assert_eq!(ranges.first().unwrap().start, 0);
                 assert_eq!(ranges.last().unwrap().end, n);

@@ -3,7 +3,7 @@
 //! MLP's gated activation.
 
 use crate::rows::{for_row_ranges, rows_of};
-use crate::{Dims, Matmul, Out, QuantType};
+use crate::{Dims, Matmul, Out, Packed, QuantType};
 
 /// A linear layer: `y = x · W^T (+ bias)`, `W` as `out_features` rows of
 /// blocks of `quant` (read in place).
@@ -19,6 +19,9 @@ pub struct Linear<'a> {
     pub in_features: usize,
     /// Added to each output row, when the layer has one.
     pub bias: Option<&'a [f32]>,
+    /// The same rows repacked for the int8 path (`Packed::new`), which its
+    /// products read instead of `rows` at `Precision::Int8Activations`.
+    pub packed: Option<&'a Packed>,
 }
 
 /// The activation of the MLP's gate, multiplied by its up projection.
@@ -33,7 +36,7 @@ pub enum Activation {
 
 /// A `matmuls` product of `m` rows of `x` through `l` into `y`.
 pub(crate) fn product<'a, 'y>(l: &Linear<'a>, x: &'a [f32], y: &'y mut [f32], m: usize) -> Matmul<'a, 'y> {
-    Matmul { quant: l.quant, x, w: l.rows, y, dims: Dims { m, n: l.out_features, k: l.in_features } }
+    Matmul { quant: l.quant, x, w: l.rows, y, dims: Dims { m, n: l.out_features, k: l.in_features }, packed: l.packed }
 }
 
 /// `gate = activation(gate) * up`, rows split across `threads`.

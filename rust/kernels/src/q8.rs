@@ -19,6 +19,9 @@ pub(crate) struct Q8Rows {
     /// Each 32's sum times its block's scale, `m x k / 32`; empty unless
     /// quantized `for_panels`.
     pub(crate) scaled_sums: Vec<f32>,
+    /// The sum of each 16 quants, `m x k / 16` (Q6_K's groups); empty
+    /// unless quantized `for_panels`.
+    pub(crate) sums16: Vec<i16>,
 }
 
 impl Q8Rows {
@@ -51,16 +54,17 @@ impl Q8Rows {
             d.push(scale);
         }
         let sums: Vec<i16> = qs.chunks_exact(32).map(|q| q.iter().map(|&v| i16::from(v)).sum()).collect();
-        let (biased, scaled_sums) = if for_panels {
+        let (biased, scaled_sums, sums16) = if for_panels {
             let per_block = block / 32;
             (
                 qs.iter().map(|&q| (q as u8) ^ 0x80).collect(),
                 sums.iter().enumerate().map(|(s, &sum)| d[s / per_block] * f32::from(sum)).collect(),
+                qs.chunks_exact(16).map(|q| q.iter().map(|&v| i16::from(v)).sum()).collect(),
             )
         } else {
-            (Vec::new(), Vec::new())
+            (Vec::new(), Vec::new(), Vec::new())
         };
-        Q8Rows { qs, d, sums, biased, scaled_sums }
+        Q8Rows { qs, d, sums, biased, scaled_sums, sums16 }
     }
 }
 

@@ -12,7 +12,7 @@ mod common;
 use common::{paths, Rng};
 use vllm_rs_kernels::{
     dequantize_row, int8_runs, Activation, Decoder, Expert, Experts, GroupSlots, KvCacheMut, Layer, LayerCache, Linear,
-    Mlp, Path, Precision, QuantType, Shape, StepError, StepInputs, INT8_FEW_ROWS,
+    Mlp, Packed, Path, Precision, QuantType, Shape, StepError, StepInputs, INT8_FEW_ROWS,
 };
 
 const HIDDEN: usize = 64;
@@ -66,6 +66,8 @@ struct Weights {
     n: usize,
     k: usize,
     bias: Option<Vec<f32>>,
+    /// The rows repacked for the int8 path (`Model::pack`).
+    packed: Option<Packed>,
 }
 
 impl Weights {
@@ -75,7 +77,7 @@ impl Weights {
         let mut dense = vec![0.0f32; n * k];
         dequantize_row(quant, &rows, &mut dense);
         let bias = bias.then(|| floats(rng, n, 0.1));
-        Weights { quant, rows, dense: dense.iter().map(|&w| w as f64).collect(), n, k, bias }
+        Weights { quant, rows, dense: dense.iter().map(|&w| w as f64).collect(), n, k, bias, packed: None }
     }
 
     fn linear(&self) -> Linear<'_> {
@@ -85,6 +87,7 @@ impl Weights {
             out_features: self.n,
             in_features: self.k,
             bias: self.bias.as_deref(),
+            packed: self.packed.as_ref(),
         }
     }
 
@@ -229,6 +232,24 @@ impl Model {
             activation: Activation::Silu,
             precision: Precision::Exact,
         }
+    }
+
+    /// Every dense layer and the head repacked for the int8 path, as
+    /// `DecoderStack` holds them at int8; false where this CPU repacks none.
+    fn pack(&mut self) -> bool {
+        let mut any = false;
+        let all = self
+            .layers
+            .iter_mut()
+            .flat_map(|l| [&mut l.q, &mut l.k, &mut l.v, &mut l.o, &mut l.gate, &mut l.up, &mut l.down]);
+        for w in all.chain([&mut self.head]) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                w.packed = Packed::new(w.quant, &w.rows, w.n, w.k);
+            }
+            any |= w.packed.is_some();
+        }
+        any
     }
 
     fn decoder(&self) -> Decoder<'_> {
@@ -591,6 +612,26 @@ fn int8_activations_reach_the_products_int8_runs_names_within_their_bound() {
                 continue;
             }
             assert_ne!(int8, exact, "{path:?}: the precision reached no product of a step of {count}");
+            if count == TOKENS && path == Path::Avx512 {
+                // Repacked at load, every product of every step runs at int8,
+                // and the many rows' give the per-call panels' bits.
+                let mut packed = Model::of(5, QuantType::Q8_0);
+                if packed.pack() {
+                    packed.precision = Precision::Int8Activations;
+                    let got = step(&packed, path, 2, &mut caches(), &[&embedded], &tokens, &slots).unwrap();
+                    assert_eq!(got, int8, "packed weights, {count} tokens");
+                    let few = &tokens[..INT8_FEW_ROWS + 2];
+                    let mid = step(&packed, path, 2, &mut caches(), &[&embedded], few, &slots).unwrap();
+                    model.precision = Precision::Exact;
+                    let exact_mid = step(&model, path, 2, &mut caches(), &[&embedded], few, &slots).unwrap();
+                    assert_ne!(mid, exact_mid, "packed weights reach a step of {} tokens", few.len());
+                    for (p, want) in want.iter().enumerate().take(few.len()) {
+                        for (&g, &w) in mid[p * VOCAB..(p + 1) * VOCAB].iter().zip(want) {
+                            assert!((g as f64 - w).abs() <= 5e-2 * (1.0 + w.abs()), "packed, token {p}: {g}, {w}");
+                        }
+                    }
+                }
+            }
             for (p, want) in want.iter().enumerate().take(count) {
                 for (i, (&g, &w)) in int8[p * VOCAB..(p + 1) * VOCAB].iter().zip(want).enumerate() {
                     assert!(

@@ -12,6 +12,8 @@ use blocks::operands;
 use common::paths;
 use proptest::prelude::*;
 use vllm_rs_kernels::{dequantize_row, int8_runs, matmul, Dims, Path, Precision, QuantType, INT8_FEW_ROWS};
+#[cfg(target_arch = "x86_64")]
+use vllm_rs_kernels::{matmuls, Matmul, Packed};
 
 /// The types the int8 path reads.
 const INT8_TYPES: [QuantType; 7] = [
@@ -214,4 +216,55 @@ fn zero_activations_give_zero() {
             );
         }
     }
+}
+
+/// `run` on weights repacked at load (`Packed`), as a layer holds them.
+#[cfg(target_arch = "x86_64")]
+fn run_packed(quant: QuantType, packed: &Packed, x: &[f32], w: &[u8], dims: Dims, threads: usize) -> Vec<f32> {
+    let mut y = vec![f32::NAN; dims.m * dims.n];
+    let call = Matmul { quant, x, w, y: &mut y, dims, packed: Some(packed) };
+    matmuls(Path::Avx512, Precision::Int8Activations, &mut [call], threads).unwrap();
+    y
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn packed_weights_keep_to_the_arithmetic_and_equal_the_panels_bit_for_bit() {
+    // Every row count multiplies packed weights at int8; from the panels'
+    // row count on, the panels decoded per call give the same bits (the
+    // same integer sums, the same float32 order); a row's outputs do not
+    // depend on its batch or the threads.
+    for quant in INT8_TYPES {
+        let (n, k) = (50, 512);
+        let (x, w) = operands(quant, 40, n, k, 41);
+        let Some(packed) = Packed::new(quant, &w, n, k) else {
+            eprintln!("this CPU has no AVX-512 VNNI: nothing repacks");
+            return;
+        };
+        let alone = run_packed(quant, &packed, &x[..k], &w, Dims { m: 1, n, k }, 1);
+        for (m, threads) in [(1, 2), (3, 1), (5, 3), (40, 2)] {
+            let dims = Dims { m, n, k };
+            let got = run_packed(quant, &packed, &x[..m * k], &w, dims, threads);
+            check(quant, &x[..m * k], &w, dims, &got);
+            assert_eq!(got[..n], alone[..], "{quant:?}: row 0 of {m} rows against alone");
+            if int8_runs(Path::Avx512, m) && m > INT8_FEW_ROWS {
+                assert_eq!(
+                    got,
+                    run(Path::Avx512, Precision::Int8Activations, quant, &x[..m * k], &w, dims, 1),
+                    "{quant:?}"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn packing_refuses_what_it_cannot_hold() {
+    let (x, w) = operands(QuantType::Q8_0, 1, 4, 64, 43);
+    let _ = x;
+    assert!(Packed::new(QuantType::Q8_0, &w[..w.len() - 1], 4, 64).is_none(), "a short buffer");
+    assert!(Packed::new(QuantType::Q8_0, &w, 4, 48).is_none(), "k not whole blocks");
+    let (_, iq) = operands(QuantType::Iq4Nl, 1, 4, 64, 43);
+    assert!(Packed::new(QuantType::Iq4Nl, &iq, 4, 64).is_none(), "a type the int8 path does not read");
 }

@@ -8,8 +8,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use vllm_rs_kernels::{
-    Activation, Decoder, Expert, Experts, GroupSlots, KvCacheMut, Layer, LayerCache, Linear, Mlp, Path, Precision,
-    Shape, StepInputs,
+    Activation, Decoder, Expert, Experts, GroupSlots, KvCacheMut, Layer, LayerCache, Linear, Mlp, Packed, Path,
+    Precision, QuantType, Shape, StepInputs,
 };
 
 use crate::kernels::{check_out, flat_for, quant_type_for, slice, slice_mut, span};
@@ -60,7 +60,33 @@ struct ExpertsArg<'py>(
 struct Exports {
     bytes: Vec<PyBuffer<u8>>,
     floats: Vec<PyBuffer<f32>>,
+    /// Whether each linear layer is also repacked for the int8 path (the
+    /// stack multiplies at int8).
+    pack: bool,
+    /// The repacked layers.
+    packed: PackedLayers,
 }
+
+/// Repacked layers from `Box::into_raw` (so that no owner moves them while
+/// the decoder reads them through `&'static` references), freed on drop.
+#[derive(Default)]
+struct PackedLayers(Vec<*mut Packed>);
+
+impl Drop for PackedLayers {
+    fn drop(&mut self) {
+        for p in self.0.drain(..) {
+            // SAFETY: from Box::into_raw, freed once; the decoder that read
+            // it is dropped before its exports (DecoderStack's field order).
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
+
+// SAFETY: the layers are only read once made, by whichever thread runs the
+// stack; `Packed` holds plain vectors.
+unsafe impl Send for PackedLayers {}
+// SAFETY: as Send: shared references only read.
+unsafe impl Sync for PackedLayers {}
 
 impl Exports {
     /// `obj`'s floats for the stack's lifetime.
@@ -123,13 +149,36 @@ impl Exports {
     fn linear(&mut self, arg: &LinearArg<'_>, name: &str) -> PyResult<Linear<'static>> {
         let LinearArg(quant, rows, out_features, in_features, bias) = arg;
         let bias = bias.as_ref().map(|b| self.floats(b, &format!("{name} bias"))).transpose()?;
+        let (quant, rows) = (quant_type_for(NAME, *quant)?, self.bytes(rows, name)?);
         Ok(Linear {
-            quant: quant_type_for(NAME, *quant)?,
-            rows: self.bytes(rows, name)?,
+            quant,
+            rows,
             out_features: *out_features,
             in_features: *in_features,
             bias,
+            packed: self.packed(quant, rows, *out_features, *in_features),
         })
+    }
+
+    /// `rows` repacked for the int8 path where the stack multiplies at int8
+    /// and this CPU and type repack (`Packed::new`), for the stack's lifetime.
+    fn packed(&mut self, quant: QuantType, rows: &[u8], n: usize, k: usize) -> Option<&'static Packed> {
+        if !self.pack {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let raw = Box::into_raw(Box::new(Packed::new(quant, rows, n, k)?));
+            self.packed.0.push(raw);
+            // SAFETY: freed only when `self` (owned by the stack) is dropped,
+            // after the decoder that holds this reference.
+            Some(unsafe { &*raw })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (quant, rows, n, k);
+            None
+        }
     }
 }
 
@@ -260,7 +309,7 @@ impl DecoderStack {
             rotary_dim,
             rope_scale,
         ) = shape;
-        let mut exports = Exports::default();
+        let mut exports = Exports { pack: precision == Precision::Int8Activations, ..Default::default() };
         let mut built = Vec::with_capacity(layers.len());
         for (i, layer) in layers.iter().enumerate() {
             let LayerArg(

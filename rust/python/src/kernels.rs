@@ -260,12 +260,16 @@ fn paged_decode_attention(
     py.detach(|| decode_attention(Path::best(), &inputs, os, dims, threads)).map_err(|e| err(e.to_string()))
 }
 
-/// Whether a product of `rows` activation rows multiplies at int8 on this
-/// CPU's fastest path when `--kernel-precision int8` asks for it (the rest
-/// multiply exactly): decode's few rows, and on a CPU with AVX-512 VNNI the
-/// many rows of a prefill.
+/// Whether a `DecoderStack` built at `precision="int8"` multiplies a
+/// product of `rows` activation rows at int8 on this CPU (the rest multiply
+/// exactly): every product where the CPU has AVX-512 VNNI (the stack
+/// repacks its weights for it), else decode's one or two rows.
 #[pyfunction]
 fn int8_runs(rows: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if vllm_rs_kernels::Packed::supported() && Path::best() == Path::Avx512 {
+        return true;
+    }
     vllm_rs_kernels::int8_runs(Path::best(), rows)
 }
 
