@@ -250,7 +250,10 @@ pub fn matmuls(
     fn packed<'a>(c: &Matmul<'a, '_>, path: Path, precision: Precision) -> Option<&'a Packed> {
         #[cfg(target_arch = "x86_64")]
         return c.packed.filter(|p| {
-            precision == Precision::Int8Activations && path == Path::Avx512 && p.fits(c.quant, c.dims.n, c.dims.k)
+            precision == Precision::Int8Activations
+                && path == Path::Avx512
+                && p.fits(c.quant, c.dims.n, c.dims.k)
+                && packed::reads_at(c.quant, c.dims.m)
         });
         #[cfg(not(target_arch = "x86_64"))]
         return c.packed.filter(|_| precision == Precision::Int8Activations && path == Path::Avx512);

@@ -143,6 +143,17 @@ impl Packed {
     }
 }
 
+/// Whether a product of `m` rows reads the repacked weights rather than
+/// the blocks (`int8_x86.rs`): at one or two rows a step reads every weight
+/// once, so bytes count, and the repacked K-quants and Q8_0 are larger than
+/// their blocks (Q6_K a byte a weight against 0.82). Two threads, one row,
+/// 32768 x 2048 (out of the caches), repacked time over the blocks':
+/// Q4_0 0.63x, Q4_1 0.63x, Q5_0 0.96x, Q4_K 1.03x, Q8_0 1.07x, Q5_K 1.49x,
+/// Q6_K 1.37x; at two rows Q4_K 0.79x, Q8_0 1.05x, Q6_K 1.25x.
+pub(crate) fn reads_at(quant: QuantType, m: usize) -> bool {
+    m > crate::int8::INT8_FEW_ROWS || matches!(quant, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0)
+}
+
 /// Columns `cols` (whole blocks of 16, but for the last) of `y = x · W^T`
 /// with `x` as `x8` (quantized `for_panels`) and `W` as `p`.
 ///
