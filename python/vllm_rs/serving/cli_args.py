@@ -151,11 +151,11 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
         default="exact",
         help="the native step's products: exact (float32 activations times the dequantized weights, the torch "
         "step's result to float32 rounding) or int8 (activations quantized to int8 per weight block and integer "
-        "dot products, llama.cpp's arithmetic, for Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K weights, in the "
-        "products where it is faster: decode of one or two requests, and on a CPU with AVX-512 VNNI products of "
-        "32 rows or more, prefills among them (2.5-3x faster kernels there); the products in between stay exact; "
-        "each product within max|x_block|/254 * sum|w_block| of the exact one, so greedy answers drift from the "
-        "exact step's after a few tokens); int8 needs the native step",
+        "dot products, llama.cpp's arithmetic, for Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K weights: on a CPU "
+        "with AVX-512 VNNI every product, its weights repacked once at load (more memory: about a quarter more "
+        "RSS on Q4_K_M), elsewhere decode of one or two requests only, the rest exact; each product within "
+        "max|x_block|/254 * sum|w_block| of the exact one, so greedy answers drift from the exact step's after a "
+        "few tokens); int8 needs the native step",
     )
     parser.add_argument(
         "--enforce-eager",
