@@ -261,7 +261,8 @@ unsafe fn sequences<const SIMD: bool>(job: &Job<'_>, seqs: std::ops::Range<usize
     let (group, kv_row) = (heads / kv_heads, kv_heads * hd);
     let mut scores = vec![0.0f32; heads * max_keys];
     // Where a 16-bit cache's rows are widened to float32.
-    let (mut key_buf, mut value_buf) = (vec![0.0f32; kv_row], vec![0.0f32; kv_row]);
+    let mut key_bufs: [Vec<f32>; KEYS_AT_ONCE] = std::array::from_fn(|_| vec![0.0f32; kv_row]);
+    let mut value_buf = vec![0.0f32; kv_row];
     for seq in seqs {
         let row = inputs.rows[seq] as usize;
         let len = inputs.lens[seq] as usize;
@@ -269,22 +270,44 @@ unsafe fn sequences<const SIMD: bool>(job: &Job<'_>, seqs: std::ops::Range<usize
         let slots = &inputs.key_slots[start..start + len];
         let scores = &mut scores[..heads * len];
         let q = &inputs.q[row * heads * hd..(row + 1) * heads * hd];
-        for (j, &slot) in slots.iter().enumerate() {
-            if SIMD {
-                // This sequence's value rows are read after all its keys:
-                // asked for now, they arrive while the keys are scored.
-                prefetch(inputs.value_cache.row_bytes(slot, kv_row));
-                if let Some(&ahead) = slots.get(j + PREFETCH_KEYS) {
-                    prefetch(inputs.key_cache.row_bytes(ahead, kv_row));
+        let mut j = 0;
+        while j < len {
+            // With SIMD, KEYS_AT_ONCE keys at a time: their dot products
+            // with a head are reduced together (`simd::dot4`).
+            let keys_now = if SIMD && j + KEYS_AT_ONCE <= len { KEYS_AT_ONCE } else { 1 };
+            let mut rows: [&[f32]; KEYS_AT_ONCE] = [&[]; KEYS_AT_ONCE];
+            for (r, (row, buf)) in rows.iter_mut().zip(key_bufs.iter_mut()).take(keys_now).enumerate() {
+                let slot = slots[j + r];
+                if SIMD {
+                    // This sequence's value rows are read after all its keys:
+                    // asked for now, they arrive while the keys are scored.
+                    prefetch(inputs.value_cache.row_bytes(slot, kv_row));
+                    if let Some(&ahead) = slots.get(j + r + PREFETCH_KEYS) {
+                        prefetch(inputs.key_cache.row_bytes(ahead, kv_row));
+                    }
+                }
+                // SAFETY: the slot was checked; with SIMD the CPU has the features.
+                *row = unsafe { inputs.key_cache.row::<SIMD>(slot, kv_row, buf) };
+            }
+            for (h, qh) in q.chunks_exact(hd).enumerate() {
+                let head = h / group * hd..(h / group + 1) * hd;
+                if keys_now == KEYS_AT_ONCE {
+                    #[cfg(target_arch = "x86_64")]
+                    {
+                        let ks =
+                            [&rows[0][head.clone()], &rows[1][head.clone()], &rows[2][head.clone()], &rows[3][head]];
+                        // SAFETY: with SIMD the CPU has the features (the caller's promise).
+                        let dots = unsafe { simd::dot4(qh, ks) };
+                        for (r, d) in dots.into_iter().enumerate() {
+                            scores[h * len + j + r] = d * inputs.scale;
+                        }
+                    }
+                } else {
+                    // SAFETY: with SIMD the CPU has the features (the caller's promise).
+                    scores[h * len + j] = unsafe { dot::<SIMD>(qh, &rows[0][head]) } * inputs.scale;
                 }
             }
-            // SAFETY: the slot was checked; with SIMD the CPU has the features.
-            let keys = unsafe { inputs.key_cache.row::<SIMD>(slot, kv_row, &mut key_buf) };
-            for (h, qh) in q.chunks_exact(hd).enumerate() {
-                let k = &keys[h / group * hd..(h / group + 1) * hd];
-                // SAFETY: with SIMD the CPU has the features (the caller's promise).
-                scores[h * len + j] = unsafe { dot::<SIMD>(qh, k) } * inputs.scale;
-            }
+            j += keys_now;
         }
         let mut sums = [0.0f32; MAX_STACK_HEADS];
         let mut heap_sums = Vec::new();
@@ -305,6 +328,28 @@ unsafe fn sequences<const SIMD: bool>(job: &Job<'_>, seqs: std::ops::Range<usize
         // is inside out (checked: row < tokens).
         let acc = unsafe { std::slice::from_raw_parts_mut(job.out.0.add(row * heads * hd), heads * hd) };
         acc.fill(0.0);
+        #[cfg(target_arch = "x86_64")]
+        if let (true, KvCache::F32(cache)) = (SIMD && hd <= 64, inputs.value_cache) {
+            // Float32 values need no widening, so each head's sum can stay
+            // in registers while its value rows are read (the same FMAs in
+            // the same order as `axpy`'s, so the same bits).
+            for (h, acc_h) in acc.chunks_exact_mut(hd).enumerate() {
+                let (probs, offset) = (&scores[h * len..(h + 1) * len], h / group * hd);
+                // SAFETY: the slots were checked; hd is a multiple of 8 up to 64.
+                unsafe { simd::weighted_sum(probs, cache, slots, kv_row, offset, acc_h) };
+            }
+        } else {
+            for (j, &slot) in slots.iter().enumerate() {
+                // SAFETY: as for the keys.
+                let values = unsafe { inputs.value_cache.row::<SIMD>(slot, kv_row, &mut value_buf) };
+                for (h, acc_h) in acc.chunks_exact_mut(hd).enumerate() {
+                    let v = &values[h / group * hd..(h / group + 1) * hd];
+                    // SAFETY: as above.
+                    unsafe { axpy::<SIMD>(scores[h * len + j], v, acc_h) };
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         for (j, &slot) in slots.iter().enumerate() {
             // SAFETY: as for the keys.
             let values = unsafe { inputs.value_cache.row::<SIMD>(slot, kv_row, &mut value_buf) };
@@ -323,6 +368,11 @@ unsafe fn sequences<const SIMD: bool>(job: &Job<'_>, seqs: std::ops::Range<usize
 
 /// Heads whose softmax sums live on the stack (more go to the heap).
 const MAX_STACK_HEADS: usize = 128;
+
+/// Keys the SIMD path scores at once: 4 dot products reduced together
+/// take 4 horizontal additions where 4 reduced one by one take 24; a
+/// 2,048-token prefill spent an eighth of its time scoring keys.
+const KEYS_AT_ONCE: usize = 4;
 
 /// How many keys ahead of the one it scores the SIMD path asks for a key row.
 const PREFETCH_KEYS: usize = 4;
@@ -410,6 +460,67 @@ mod simd {
         let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
         _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps::<1>(pair, pair)))
+    }
+
+    /// `q · k[r]` for the 4 rows of `k` (each of q's length, a multiple of
+    /// 8): one accumulator of 8 lanes per row, the 4 reduced together by
+    /// horizontal additions.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(super) fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+        debug_assert!(q.len().is_multiple_of(8) && k.iter().all(|r| r.len() == q.len()));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for i in (0..q.len()).step_by(8) {
+            // SAFETY (the loads): i + 8 <= len for q and every row.
+            unsafe {
+                let qv = _mm256_loadu_ps(q.as_ptr().add(i));
+                for (a, row) in acc.iter_mut().zip(&k) {
+                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row.as_ptr().add(i)), *a);
+                }
+            }
+        }
+        // [r0 r0 r1 r1 | ...] pairs, then [r0 r1 r2 r3] per 128-bit half.
+        let pairs = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+        let sums = _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps::<1>(pairs));
+        let mut out = [0.0f32; 4];
+        // SAFETY: 4 floats of room.
+        unsafe { _mm_storeu_ps(out.as_mut_ptr(), sums) };
+        out
+    }
+
+    /// `out = sum over j of probs[j] * row(slots[j])[offset..offset + out.len()]`
+    /// (`out` zero on entry; its length a multiple of 8, at most 64), the
+    /// sum in registers, each term added by one FMA in key order as `axpy`
+    /// adds it.
+    ///
+    /// # Safety
+    /// Every slot's row of `kv_row` floats lies in `cache`, and `offset +
+    /// out.len() <= kv_row`; the CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn weighted_sum(
+        probs: &[f32],
+        cache: &[f32],
+        slots: &[i64],
+        kv_row: usize,
+        offset: usize,
+        out: &mut [f32],
+    ) {
+        let vecs = out.len() / 8;
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (&p, &slot) in probs.iter().zip(slots) {
+            let pv = _mm256_set1_ps(p);
+            // SAFETY: the caller's bounds.
+            unsafe {
+                let row = cache.as_ptr().add(slot as usize * kv_row + offset);
+                for (v, a) in acc.iter_mut().enumerate().take(vecs) {
+                    *a = _mm256_fmadd_ps(pv, _mm256_loadu_ps(row.add(8 * v)), *a);
+                }
+            }
+        }
+        for (v, a) in acc.iter().enumerate().take(vecs) {
+            // SAFETY: 8 floats of out at 8 v < out.len().
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * v), *a) };
+        }
     }
 
     /// `acc += p * v`, 8 lanes at a time.
