@@ -328,17 +328,8 @@ unsafe fn sequences<const SIMD: bool>(job: &Job<'_>, seqs: std::ops::Range<usize
         // is inside out (checked: row < tokens).
         let acc = unsafe { std::slice::from_raw_parts_mut(job.out.0.add(row * heads * hd), heads * hd) };
         acc.fill(0.0);
-        #[cfg(target_arch = "x86_64")]
-        if let (true, KvCache::F32(cache)) = (SIMD && hd <= 64, inputs.value_cache) {
-            // Float32 values need no widening, so each head's sum can stay
-            // in registers while its value rows are read (the same FMAs in
-            // the same order as `axpy`'s, so the same bits).
-            for (h, acc_h) in acc.chunks_exact_mut(hd).enumerate() {
-                let (probs, offset) = (&scores[h * len..(h + 1) * len], h / group * hd);
-                // SAFETY: the slots were checked; hd is a multiple of 8 up to 64.
-                unsafe { simd::weighted_sum(probs, cache, slots, kv_row, offset, acc_h) };
-            }
-        } else {
+        // SAFETY: the slots were checked; with SIMD the CPU has the features.
+        if !(SIMD && unsafe { values_in_registers(job, scores, slots, acc) }) {
             for (j, &slot) in slots.iter().enumerate() {
                 // SAFETY: as for the keys.
                 let values = unsafe { inputs.value_cache.row::<SIMD>(slot, kv_row, &mut value_buf) };
@@ -349,21 +340,40 @@ unsafe fn sequences<const SIMD: bool>(job: &Job<'_>, seqs: std::ops::Range<usize
                 }
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        for (j, &slot) in slots.iter().enumerate() {
-            // SAFETY: as for the keys.
-            let values = unsafe { inputs.value_cache.row::<SIMD>(slot, kv_row, &mut value_buf) };
-            for (h, acc_h) in acc.chunks_exact_mut(hd).enumerate() {
-                let v = &values[h / group * hd..(h / group + 1) * hd];
-                // SAFETY: as above.
-                unsafe { axpy::<SIMD>(scores[h * len + j], v, acc_h) };
-            }
-        }
         for (acc_h, sum) in acc.chunks_exact_mut(hd).zip(sums.iter()) {
             let inv = 1.0 / sum;
             acc_h.iter_mut().for_each(|a| *a *= inv);
         }
     }
+}
+
+/// Where the value cache is float32 and heads are at most 64 wide, each
+/// head's weighted sum of its value rows into `acc` (zero on entry), kept
+/// in registers while the rows are read (`simd::weighted_sum`: the same FMAs
+/// in the same order as `axpy`'s, so the same bits); false, doing nothing,
+/// elsewhere (16-bit values are widened a row at a time, once for every
+/// head, by the caller's loop).
+///
+/// # Safety
+/// The call was checked; the CPU has AVX2 and FMA; `scores` holds every
+/// head's `slots.len()` weights and `acc` every head's output.
+#[inline(always)]
+unsafe fn values_in_registers(job: &Job<'_>, scores: &[f32], slots: &[i64], acc: &mut [f32]) -> bool {
+    let AttentionDims { heads, kv_heads, head_dim: hd, .. } = job.dims;
+    #[cfg(target_arch = "x86_64")]
+    if let (true, KvCache::F32(cache)) = (hd <= 64, job.inputs.value_cache) {
+        let (group, len) = (heads / kv_heads, slots.len());
+        for (h, acc_h) in acc.chunks_exact_mut(hd).enumerate() {
+            // SAFETY: the slots were checked; hd is a multiple of 8 up to 64.
+            unsafe {
+                simd::weighted_sum(&scores[h * len..(h + 1) * len], cache, slots, kv_heads * hd, h / group * hd, acc_h)
+            };
+        }
+        return true;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (heads, kv_heads, hd, scores, slots, acc);
+    false
 }
 
 /// Heads whose softmax sums live on the stack (more go to the heap).

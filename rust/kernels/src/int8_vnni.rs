@@ -21,6 +21,7 @@
 
 use std::arch::x86_64::*;
 
+use crate::int8_x86::{nibbles, q5_0, q5_k_fifth, q6_k_half};
 use crate::q8::Q8Rows;
 use crate::quant::{f16_to_f32, scale_min_k4, QuantType};
 use crate::{Dims, Job};
@@ -124,7 +125,9 @@ impl Panel {
             let min = &mut rows.min[c * (k / 32)..][..k / 32];
             if c < width {
                 // SAFETY: row c is inside w (the caller's bounds).
-                unsafe { decode_row(quant, w.add(c * row_bytes), k, q, scale, bias, min) };
+                unsafe { decode_row(quant, w.add(c * row_bytes), k, q, scale, min) };
+                // SAFETY: this CPU runs the panels.
+                unsafe { group_biases(q, bias) };
             } else {
                 q.fill(0);
                 scale.fill(0.0);
@@ -165,8 +168,8 @@ impl Panel {
 }
 
 /// One weight row of `quant` (k weights at `row`) as signed quants `q`,
-/// each group's scale and `-128 *` its quants' sum, and each 32's minimum
-/// (`w = scale * q + min`; zero for the types without one).
+/// each group's scale, and each 32's minimum (`w = scale * q + min`; zero
+/// for the types without one).
 ///
 /// # Safety
 /// `row` holds the row's blocks; the CPU runs the panels.
@@ -177,7 +180,6 @@ pub(crate) unsafe fn decode_row(
     k: usize,
     q: &mut [i8],
     scale: &mut [f32],
-    bias: &mut [i32],
     min: &mut [f32],
 ) {
     let half = |p: *const u8| f16_to_f32(unsafe { p.cast::<u16>().read_unaligned() });
@@ -215,10 +217,7 @@ pub(crate) unsafe fn decode_row(
                         for (h, v) in halves.iter_mut().enumerate() {
                             let s = 2 * pair + h;
                             if five {
-                                // Sub-block s's fifth bit is bit s of byte 16 + l: 16 where set.
-                                let bit = _mm256_set1_epi8((1u8 << s) as i8);
-                                let set = _mm256_cmpeq_epi8(_mm256_and_si256(fifth, bit), bit);
-                                *v = _mm256_or_si256(*v, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+                                *v = _mm256_or_si256(*v, q5_k_fifth(fifth, s));
                             }
                             let (sc, m) = scale_min_k4(packed, s);
                             put(b * 256 + 32 * s, *v);
@@ -229,29 +228,11 @@ pub(crate) unsafe fn decode_row(
                 }
             }
             QuantType::Q6K => {
-                let two = _mm256_set1_epi8(3);
                 for b in 0..k / 256 {
                     let block = row.add(b * 210);
                     let d = half(block.add(208));
                     for part in 0..2 {
-                        // As int8_x86.rs's dot_q6_k: 4 low bits from ql, 2 high from qh.
-                        let ql0 = _mm256_loadu_si256(block.add(64 * part).cast());
-                        let ql1 = _mm256_loadu_si256(block.add(64 * part + 32).cast());
-                        let qh = _mm256_loadu_si256(block.add(128 + 32 * part).cast());
-                        let high = |shift: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(shift, two));
-                        let six = [
-                            _mm256_or_si256(_mm256_and_si256(ql0, low), high(qh)),
-                            _mm256_or_si256(_mm256_and_si256(ql1, low), high(_mm256_srli_epi16::<2>(qh))),
-                            _mm256_or_si256(
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low),
-                                high(_mm256_srli_epi16::<4>(qh)),
-                            ),
-                            _mm256_or_si256(
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low),
-                                high(_mm256_srli_epi16::<6>(qh)),
-                            ),
-                        ];
-                        for (t, v) in six.into_iter().enumerate() {
+                        for (t, v) in q6_k_half(block, part).into_iter().enumerate() {
                             put(b * 256 + 128 * part + 32 * t, _mm256_sub_epi8(v, _mm256_set1_epi8(32)));
                         }
                     }
@@ -262,49 +243,27 @@ pub(crate) unsafe fn decode_row(
             }
             _ => unreachable!("the int8 path reads only the types `int8::reads` names"),
         }
-        // Each group's quant sum: |q + 128| summed per 8 bytes, less 128 each.
-        let size = k / bias.len();
-        for (g, bias) in bias.iter_mut().enumerate() {
-            let mut sum = 0i64;
-            for at in (g * size..(g + 1) * size).step_by(16) {
-                let v = _mm_xor_si128(_mm_loadu_si128(q.as_ptr().add(at).cast()), _mm_set1_epi8(-128));
-                let s = _mm_sad_epu8(v, _mm_setzero_si128());
-                sum += _mm_cvtsi128_si64(s) + _mm_extract_epi64::<1>(s) - 16 * 128;
-            }
-            *bias = -128 * sum as i32;
-        }
     }
 }
 
-/// The 16 bytes at `p` as 32 nibbles: low ones (weights 0..16), then high.
+/// Each group's `-128 *` the sum of its quants `q` into `bias` (one per
+/// group; each group a multiple of 16 quants).
 ///
 /// # Safety
-/// `p` holds 16 bytes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles(p: *const u8) -> __m256i {
-    // SAFETY: the caller's bounds.
-    let bytes = unsafe { _mm_loadu_si128(p.cast()) };
-    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(bytes), bytes), _mm256_set1_epi8(0x0f))
-}
-
-/// A Q5_0 block's 32 signed quants (`q - 16`).
-///
-/// # Safety
-/// `block` holds the block's 22 bytes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_0(block: *const u8) -> __m256i {
-    // As int8_x86.rs: OR-ing all bits but bit e % 8 of byte e / 8 of qh
-    // leaves 0xff exactly where weight e's fifth bit is set.
-    let spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
-    // SAFETY: the caller's bounds.
-    unsafe {
-        let qh = block.add(2).cast::<i32>().read_unaligned();
-        let bytes = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread), others);
-        let set = _mm256_cmpeq_epi8(bytes, _mm256_set1_epi8(-1));
-        _mm256_or_si256(nibbles(block.add(6)), _mm256_andnot_si256(set, _mm256_set1_epi8(0xf0u8 as i8)))
+/// The CPU runs the panels.
+#[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn group_biases(q: &[i8], bias: &mut [i32]) {
+    // |q + 128| summed per 8 bytes, less 128 each.
+    let size = q.len() / bias.len();
+    for (g, bias) in bias.iter_mut().enumerate() {
+        let mut sum = 0i64;
+        for at in (g * size..(g + 1) * size).step_by(16) {
+            // SAFETY: at + 16 <= q.len().
+            let v = unsafe { _mm_xor_si128(_mm_loadu_si128(q.as_ptr().add(at).cast()), _mm_set1_epi8(-128)) };
+            let s = _mm_sad_epu8(v, _mm_setzero_si128());
+            sum += _mm_cvtsi128_si64(s) + _mm_extract_epi64::<1>(s) - 16 * 128;
+        }
+        *bias = -128 * sum as i32;
     }
 }
 

@@ -175,7 +175,7 @@ unsafe fn dot_q4_0<const MR: usize>(w: *const u8, x: &Rows<MR>, blocks: usize) -
 /// `p` holds 16 bytes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(crate) unsafe fn nibbles(p: *const u8) -> __m256i {
     // SAFETY: the caller's bounds.
     let bytes = unsafe { _mm_loadu_si128(p.cast()) };
     _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(bytes), bytes), _mm256_set1_epi8(0x0f))
@@ -217,24 +217,36 @@ unsafe fn dot_q4_1<const MR: usize>(w: *const u8, x: &Rows<MR>, blocks: usize) -
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_0<const MR: usize>(w: *const u8, x: &Rows<MR>, blocks: usize) -> [f32; MR] {
-    // Byte e of the shuffled bits holds byte e / 8 of qh; OR-ing all bits but
-    // bit e % 8 leaves 0xff exactly where weight e's fifth bit is set.
-    let spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
     let mut acc = [_mm256_setzero_ps(); MR];
     for b in 0..blocks {
         // SAFETY: the caller's bounds.
         unsafe {
             let block = w.add(b * 22);
-            let qh = block.add(2).cast::<i32>().read_unaligned();
-            let bytes = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread), others);
-            let set = _mm256_cmpeq_epi8(bytes, _mm256_set1_epi8(-1));
-            // (q | 16) - 16 is q where the bit is set, else q - 16 is q | 0xf0.
-            let wq = _mm256_or_si256(nibbles(block.add(6)), _mm256_andnot_si256(set, _mm256_set1_epi8(0xf0u8 as i8)));
-            legacy_block(wq, half8(block), x, b, &mut acc);
+            legacy_block(q5_0(block), half8(block), x, b, &mut acc);
         }
     }
     std::array::from_fn(|r| lane_sum(acc[r]))
+}
+
+/// A Q5_0 block's 32 signed quants (`q - 16`).
+///
+/// # Safety
+/// `block` holds the block's 22 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q5_0(block: *const u8) -> __m256i {
+    // Byte e of the shuffled bits holds byte e / 8 of qh; OR-ing all bits but
+    // bit e % 8 leaves 0xff exactly where weight e's fifth bit is set.
+    let spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    // SAFETY: the caller's bounds.
+    unsafe {
+        let qh = block.add(2).cast::<i32>().read_unaligned();
+        let bytes = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread), others);
+        let set = _mm256_cmpeq_epi8(bytes, _mm256_set1_epi8(-1));
+        // (q | 16) - 16 is q where the bit is set, else q - 16 is q | 0xf0.
+        _mm256_or_si256(nibbles(block.add(6)), _mm256_andnot_si256(set, _mm256_set1_epi8(0xf0u8 as i8)))
+    }
 }
 
 /// A row of `blocks` Q4_K (`FIVE` false) or Q5_K super-blocks at `w` times
@@ -272,13 +284,8 @@ unsafe fn dot_q45_k<const FIVE: bool, const MR: usize>(w: *const u8, x: &Rows<MR
                 let mut w_low = _mm256_and_si256(bits, low);
                 let mut w_high = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), low);
                 if FIVE {
-                    // Sub-block s's fifth bit is bit s of byte 16 + l: 16 where set.
-                    let sixteen = |s: usize| {
-                        let bit = _mm256_set1_epi8((1u8 << s) as i8);
-                        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(fifth, bit), bit), _mm256_set1_epi8(16))
-                    };
-                    w_low = _mm256_or_si256(w_low, sixteen(2 * pair));
-                    w_high = _mm256_or_si256(w_high, sixteen(2 * pair + 1));
+                    w_low = _mm256_or_si256(w_low, q5_k_fifth(fifth, 2 * pair));
+                    w_high = _mm256_or_si256(w_high, q5_k_fifth(fifth, 2 * pair + 1));
                 }
                 let (sc_low, sc_high) = (_mm256_set1_epi16(scales[2 * pair]), _mm256_set1_epi16(scales[2 * pair + 1]));
                 for (r, sumi) in sumi.iter_mut().enumerate() {
@@ -308,7 +315,6 @@ unsafe fn dot_q45_k<const FIVE: bool, const MR: usize>(w: *const u8, x: &Rows<MR
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q6_k<const MR: usize>(w: *const u8, x: &Rows<MR>, blocks: usize) -> [f32; MR] {
-    let (low, two) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
     let mut acc = [_mm256_setzero_ps(); MR];
     for b in 0..blocks {
         // SAFETY: the caller's bounds.
@@ -317,26 +323,8 @@ unsafe fn dot_q6_k<const MR: usize>(w: *const u8, x: &Rows<MR>, blocks: usize) -
             let scales = block.add(192).cast::<i8>();
             let mut sumi = [_mm256_setzero_si256(); MR];
             for group in 0..2 {
-                // Weights 128 group + 32 t + l: 4 low bits from ql (bytes 0..32
-                // for t = 0, 2; 32..64 for t = 1, 3; the high nibble for t >= 2),
-                // 2 high bits from qh's bits 2t, 2t + 1; stored unsigned (q + 32).
-                let ql0 = _mm256_loadu_si256(block.add(64 * group).cast());
-                let ql1 = _mm256_loadu_si256(block.add(64 * group + 32).cast());
-                let qh = _mm256_loadu_si256(block.add(128 + 32 * group).cast());
-                let high = |shift: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(shift, two));
-                let six = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, low), high(qh)),
-                    _mm256_or_si256(_mm256_and_si256(ql1, low), high(_mm256_srli_epi16::<2>(qh))),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low),
-                        high(_mm256_srli_epi16::<4>(qh)),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low),
-                        high(_mm256_srli_epi16::<6>(qh)),
-                    ),
-                ];
-                for (t, w6) in six.into_iter().enumerate() {
+                // Weights 128 group + 32 t + l, unsigned (q + 32).
+                for (t, w6) in q6_k_half(block, group).into_iter().enumerate() {
                     let sub = 8 * group + 2 * t;
                     let scale = _mm256_set_m128i(
                         _mm_set1_epi16(i16::from(*scales.add(sub + 1))),
@@ -361,4 +349,42 @@ unsafe fn dot_q6_k<const MR: usize>(w: *const u8, x: &Rows<MR>, blocks: usize) -
         }
     }
     std::array::from_fn(|r| lane_sum(acc[r]))
+}
+
+/// 16 where bit `s` of the Q5_K bytes `fifth` (a super-block's 32 bytes at
+/// 16) is set, else 0: the fifth bit of sub-block `s`'s weight l is bit s
+/// of byte l.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn q5_k_fifth(fifth: __m256i, s: usize) -> __m256i {
+    let bit = _mm256_set1_epi8((1u8 << s) as i8);
+    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(fifth, bit), bit), _mm256_set1_epi8(16))
+}
+
+/// Weights `128 part .. 128 (part + 1)` of the Q6_K super-block at `block`,
+/// unsigned (`q + 32`), as 4 vectors of 32 (weights 128 part + 32 t + l):
+/// 4 low bits from ql (bytes 0..32 for t = 0, 2; 32..64 for t = 1, 3; the
+/// high nibble for t >= 2), 2 high bits from qh's bits 2t, 2t + 1.
+///
+/// # Safety
+/// `block` holds the super-block's 210 bytes; `part` is 0 or 1.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q6_k_half(block: *const u8, part: usize) -> [__m256i; 4] {
+    let (low, two) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+    // SAFETY: the caller's bounds.
+    let (ql0, ql1, qh) = unsafe {
+        (
+            _mm256_loadu_si256(block.add(64 * part).cast()),
+            _mm256_loadu_si256(block.add(64 * part + 32).cast()),
+            _mm256_loadu_si256(block.add(128 + 32 * part).cast()),
+        )
+    };
+    let high = |shift: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(shift, two));
+    [
+        _mm256_or_si256(_mm256_and_si256(ql0, low), high(qh)),
+        _mm256_or_si256(_mm256_and_si256(ql1, low), high(_mm256_srli_epi16::<2>(qh))),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low), high(_mm256_srli_epi16::<4>(qh))),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low), high(_mm256_srli_epi16::<6>(qh))),
+    ]
 }

@@ -99,14 +99,11 @@ impl Packed {
             scale: vec![0.0; blocks * (k / size) * LANES],
             min: if has_min(quant) { vec![0.0; blocks * (k / 32) * LANES] } else { Vec::new() },
         };
-        let (mut q, mut scale, mut bias, mut min) =
-            (vec![0i8; k], vec![0.0f32; k / size], vec![0i32; k / size], vec![0.0f32; k / 32]);
+        let (mut q, mut scale, mut min) = (vec![0i8; k], vec![0.0f32; k / size], vec![0.0f32; k / 32]);
         let o = offset(quant);
         for j in 0..n {
             // SAFETY: row j is inside rows (length checked); the CPU runs the panels.
-            unsafe {
-                decode_row(quant, rows[j * quant.row_bytes(k)..].as_ptr(), k, &mut q, &mut scale, &mut bias, &mut min)
-            };
+            unsafe { decode_row(quant, rows[j * quant.row_bytes(k)..].as_ptr(), k, &mut q, &mut scale, &mut min) };
             let (b, lane) = (j / LANES, j % LANES);
             let block = &mut packed.q[b * bytes_per_block..(b + 1) * bytes_per_block];
             for (e, &v) in q.iter().enumerate() {
